@@ -1,0 +1,371 @@
+"""``App``: the object users create, register tasks on, and connect with.
+
+An app is a name (its keys live under ``{fl:<name>}``), a registry of tasks and
+cron entries, and -- inside ``async with app`` -- a connection to the server and
+a listener that wakes producers waiting on results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar, overload
+
+from redis.asyncio.client import PubSub
+
+from fairlane.config import Settings, load_settings
+from fairlane.errors import JobNotFound, UnknownTask
+from fairlane.policy.backoff import Backoff
+from fairlane.policy.retention import Retention
+from fairlane.store.redis import Store, StoreUnavailable
+from fairlane.task import Executor, Task, TaskOptions
+
+__all__ = ["App", "CronEntry"]
+
+log = logging.getLogger("fairlane")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+RESERVED_PARAMETERS = frozenset(
+    {"tenant", "delay", "at", "deadline", "idempotency_key", "priority"}
+)
+_DEFAULTS: dict[str, Any] = {
+    "attempts": 3,
+    "backoff": Backoff(base=1.0, cap=60.0, jitter="full"),
+    "timeout": 300.0,
+    "retention": Retention(),
+    "executor": "async",
+    "retry_on": (Exception,),
+}
+_UNSET: Any = object()
+
+
+class CronEntry:
+    """A task enqueued once per tick of a cron schedule, across any number of workers."""
+
+    def __init__(self, schedule: str, task: Task[[], Any]) -> None:
+        from cronsim import CronSim, CronSimError
+
+        try:
+            CronSim(schedule, _utc_now())
+        except CronSimError as exc:
+            raise ValueError(f"bad cron schedule {schedule!r}: {exc}") from None
+        self.schedule = schedule
+        self.task = task
+
+
+def _utc_now() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+class App:
+    """A Fairlane application: tasks, cron entries, and a connection to the server."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        redis_url: str | None = None,
+        settings: Settings | None = None,
+        project_dir: Path | str | None = None,
+    ) -> None:
+        from fairlane.store.keys import namespace
+
+        namespace(name)  # validates the name
+        self.name = name
+        self.settings = settings or load_settings(project_dir=project_dir)
+        self._redis_url = redis_url
+        self.tasks: dict[str, Task[Any, Any]] = {}
+        self.crons: dict[str, CronEntry] = {}
+        self._store: Store | None = None
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._pubsub: PubSub | None = None
+        self._listener: asyncio.Task[None] | None = None
+        self.url: str | None = None
+
+    def __repr__(self) -> str:
+        return f"App({self.name!r})"
+
+    # -- declaring -------------------------------------------------------------------
+
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, Any]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        lane: str | None = None,
+        attempts: int = ...,
+        backoff: Backoff = ...,
+        timeout: float | None = ...,
+        retention: Retention = ...,
+        executor: Executor = ...,
+        retry_on: Sequence[type[BaseException]] = ...,
+    ) -> Callable[[Callable[P, Awaitable[R]] | Callable[P, R]], Task[P, R]]: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        lane: str | None = None,
+        attempts: int = _UNSET,
+        backoff: Backoff = _UNSET,
+        timeout: float | None = _UNSET,
+        retention: Retention = _UNSET,
+        executor: Executor = _UNSET,
+        retry_on: Sequence[type[BaseException]] = _UNSET,
+    ) -> Any:
+        """Register a function as a task. Every option left out is marked as a default."""
+        given = {
+            "attempts": attempts, "backoff": backoff, "timeout": timeout,
+            "retention": retention, "executor": executor, "retry_on": retry_on,
+        }
+
+        def register(func: Callable[..., Any]) -> Task[Any, Any]:
+            defaults = {k for k, v in given.items() if v is _UNSET}
+            values = {k: (_DEFAULTS[k] if v is _UNSET else v) for k, v in given.items()}
+            if lane is None:
+                defaults.add("lane")
+            options = TaskOptions(
+                name=name or f"{func.__module__}.{func.__qualname__}",
+                lane=lane or self.settings.default_lane,
+                attempts=values["attempts"],
+                backoff=values["backoff"],
+                timeout=values["timeout"],
+                retention=values["retention"],
+                executor=values["executor"],
+                retry_on=tuple(values["retry_on"]),
+                defaults=frozenset(defaults),
+            )
+            return self._register(func, options)
+
+        return register(fn) if fn is not None else register
+
+    def _register(self, func: Callable[..., Any], options: TaskOptions) -> Task[Any, Any]:
+        import inspect
+
+        clash = RESERVED_PARAMETERS & set(inspect.signature(func).parameters)
+        if clash:
+            raise ValueError(
+                f"task {options.name}: parameter names {sorted(clash)} are reserved for enqueue "
+                "options; rename them"
+            )
+        is_async = inspect.iscoroutinefunction(func)
+        if options.executor == "async" and not is_async:
+            raise ValueError(
+                f"task {options.name} is a sync function: declare executor='thread' or "
+                "executor='process' so it cannot block the event loop"
+            )
+        if options.executor != "async" and is_async:
+            raise ValueError(f"task {options.name} is async: executor must be 'async'")
+        if options.name in self.tasks:
+            raise ValueError(f"a task named {options.name!r} is already registered")
+        task: Task[Any, Any] = Task(self, func, options)
+        self.tasks[options.name] = task
+        return task
+
+    def cron(
+        self,
+        schedule: str,
+        *,
+        name: str | None = None,
+        lane: str | None = None,
+        attempts: int = 1,
+        timeout: float | None = _UNSET,
+        executor: Executor = _UNSET,
+    ) -> Callable[[Callable[[], Any]], Task[[], Any]]:
+        """Run a no-argument function once per tick of ``schedule`` (5-field cron, UTC)."""
+
+        def register(func: Callable[[], Any]) -> Task[[], Any]:
+            task = self.task(
+                name=name or f"cron:{func.__module__}.{func.__qualname__}",
+                lane=lane,
+                attempts=attempts,
+                timeout=timeout,
+                executor=executor,
+                # a tick's job is kept (and so deduplicated) for a day
+                retention=Retention(completed="1d", failed="7d"),
+            )(func)
+            self.crons[task.name] = CronEntry(schedule, task)
+            return task
+
+        return register
+
+    def get_task(self, name: str) -> Task[Any, Any]:
+        try:
+            return self.tasks[name]
+        except KeyError:
+            raise UnknownTask(f"no task named {name!r} in app {self.name!r}") from None
+
+    # -- connecting ------------------------------------------------------------------
+
+    def resolve_url(self) -> str:
+        """The server URL: the argument, else FAIRLANE_REDIS_URL / settings, else the dev server."""
+        if self._redis_url:
+            return self._redis_url
+        if self.settings.redis_url:
+            return self.settings.redis_url
+        from fairlane.store.server import ensure_dev_server
+
+        return ensure_dev_server(self.settings.server.state_dir, self.settings.server.binary)
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError(f"{self!r} is not connected: use `async with app:`")
+        return self._store
+
+    async def connect(self) -> None:
+        if self._store is not None:
+            return
+        url = await asyncio.to_thread(self.resolve_url)
+        store = Store.from_url(url, self.name)
+        try:
+            await store.connect()
+            for task in self.tasks.values():
+                keep = task.options.retention
+                await store.declare_task(task.name, keep.completed.encode(), keep.failed.encode())
+        except BaseException:
+            await store.aclose()
+            raise
+        self._store, self.url = store, url
+        log.info("fairlane app %s using server %s", self.name, _redact(url))
+
+    async def aclose(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+            self._listener = None
+        if self._pubsub is not None:
+            await self._pubsub.aclose()
+            self._pubsub = None
+        if self._store is not None:
+            await self._store.aclose()
+            self._store = None
+
+    async def __aenter__(self) -> App:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- results ---------------------------------------------------------------------
+
+    async def _ensure_listener(self) -> None:
+        if self._pubsub is not None:
+            return
+        pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(self.store.keys.done_channel)
+        self._pubsub = pubsub
+        self._listener = asyncio.create_task(self._listen(pubsub), name="fairlane-results")
+
+    async def _listen(self, pubsub: PubSub) -> None:
+        while True:
+            try:
+                message = await pubsub.get_message(timeout=30.0)
+            except (ConnectionError, OSError, StoreUnavailable):
+                await asyncio.sleep(0.5)
+                self._wake_all()  # waiters re-check the record themselves
+                continue
+            if message is None:
+                continue
+            job_id = message["data"].decode()
+            for fut in self._waiters.pop(job_id, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _wake_all(self) -> None:
+        for futures in self._waiters.values():
+            for fut in futures:
+                if not fut.done():
+                    fut.set_result(None)
+        self._waiters.clear()
+
+    async def wait_finished(self, job_id: str) -> tuple[str, bytes, bytes]:
+        """Wait (no polling) until a job is finished; returns (status, result, error)."""
+        await self._ensure_listener()
+        while True:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(job_id, []).append(fut)
+            try:
+                reply = await self.store.watch(job_id)
+                status = reply[0].decode()
+                if status == "missing":
+                    raise JobNotFound(f"no record of job {job_id}")
+                if len(reply) == 3:
+                    return status, reply[1], reply[2]
+                await fut
+            finally:
+                waiting = self._waiters.get(job_id)
+                if waiting and fut in waiting:
+                    waiting.remove(fut)
+                    if not waiting:
+                        del self._waiters[job_id]
+
+    # -- operating -------------------------------------------------------------------
+
+    async def run_worker(
+        self,
+        *,
+        lanes: Sequence[str] | None = None,
+        concurrency: int | None = None,
+        burst: bool = False,
+        handle_signals: bool = False,
+        health_port: int | None = None,
+    ) -> None:
+        """Run a worker in this process until it is stopped (or, with ``burst``, idle)."""
+        from fairlane.runtime.worker import Worker
+
+        async with self:
+            worker = Worker(
+                self,
+                lanes=list(lanes or self.settings.worker.lanes),
+                concurrency=concurrency or self.settings.worker.concurrency,
+                burst=burst,
+                health_port=health_port if health_port is not None else self.settings.worker.health_port,
+            )
+            await worker.run(handle_signals=handle_signals)
+
+    async def dead_letters(self, limit: int = 100) -> list[tuple[str, float]]:
+        """Dead-lettered job ids with the time (epoch seconds) they died, oldest first."""
+        return [(job_id, ms / 1000) for job_id, ms in await self.store.dead_letters(limit)]
+
+    async def redrive(self, job_ids: Sequence[str] = (), *, limit: int = 100) -> list[str]:
+        """Send dead-lettered jobs back to their queues with a fresh attempt budget."""
+        return await self.store.redrive(job_ids, limit)
+
+    async def stats(self) -> dict[str, int]:
+        return await self.store.stats()
+
+    async def purge(self) -> int:
+        """Delete every key of this app. Returns the number of keys removed."""
+        client = self.store.client
+        removed = 0
+        batch: list[bytes] = []
+        async for key in client.scan_iter(match=self.store.keys.match_all(), count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                removed += await client.unlink(*batch)
+                batch.clear()
+        if batch:
+            removed += await client.unlink(*batch)
+        return removed
+
+
+def _redact(url: str) -> str:
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"
+

@@ -1,0 +1,135 @@
+"""Safe payloads: task arguments and results as JSON, typed by the function's signature.
+
+Arguments are bound to the task function's signature at enqueue (so a wrong call
+fails at the call site), encoded as one JSON object of parameter name -> value,
+and decoded in the worker into the annotated types with msgspec (so typed structs,
+dataclasses, datetimes and enums round-trip). The same typed decoder checks the
+values at enqueue, so a wrong type is refused before anything is stored. Nothing
+is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+import typing
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgspec
+
+__all__ = ["ArgsCodec", "PayloadTooLarge", "decode_error", "encode_error"]
+
+_ANY: Final = Any
+
+
+class PayloadTooLarge(ValueError):
+    """An argument or result payload exceeds the configured size limit."""
+
+
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - unresolvable annotations fall back to untyped decoding
+        return {}
+
+
+class ArgsCodec:
+    """Encodes a call's arguments and decodes them back into typed values for ``fn``."""
+
+    def __init__(self, fn: Callable[..., Any], *, skip_first: bool = False) -> None:
+        self.signature = inspect.signature(fn)
+        params = list(self.signature.parameters.values())
+        if skip_first:
+            params = params[1:]
+            self.signature = self.signature.replace(parameters=params)
+        hints = _hints(fn)
+        fields: list[tuple[str, Any, Any]] = []
+        self._var_positional: str | None = None
+        self._var_keyword: str | None = None
+        for p in params:
+            hint = hints.get(p.name, _ANY)
+            if p.kind is inspect.Parameter.VAR_POSITIONAL:
+                self._var_positional = p.name
+                fields.append((p.name, list[hint], msgspec.field(default_factory=list)))
+            elif p.kind is inspect.Parameter.VAR_KEYWORD:
+                self._var_keyword = p.name
+                fields.append((p.name, dict[str, hint], msgspec.field(default_factory=dict)))
+            elif p.default is inspect.Parameter.empty:
+                fields.append((p.name, hint, msgspec.NODEFAULT))
+            else:
+                fields.append((p.name, hint, p.default))
+        required = [(n, t) for n, t, d in fields if d is msgspec.NODEFAULT]
+        optional = [(n, t, d) for n, t, d in fields if d is not msgspec.NODEFAULT]
+        self._struct = msgspec.defstruct("Arguments", [*required, *optional], forbid_unknown_fields=True)
+        self._decoder = msgspec.json.Decoder(self._struct)
+        self._encoder = msgspec.json.Encoder()
+        self._names = [n for n, _, _ in fields]
+        self.return_type: Any = hints.get("return", _ANY)
+
+    def encode(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, check: bool = True) -> bytes:
+        """Bind to the signature, encode, and (``check``) verify the values decode as typed."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"arguments do not match the task's signature: {exc}") from None
+        try:
+            blob = self._encoder.encode(bound.arguments)
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise TypeError(f"an argument cannot be encoded as JSON: {exc}") from None
+        if check:
+            try:
+                self._decoder.decode(blob)
+            except msgspec.ValidationError as exc:
+                raise TypeError(f"argument of the wrong type: {exc}") from None
+        return blob
+
+    def decode(self, blob: bytes) -> tuple[list[Any], dict[str, Any]]:
+        """The typed positional and keyword arguments to call the function with."""
+        values = self._decoder.decode(blob)
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        for p in self.signature.parameters.values():
+            value = getattr(values, p.name)
+            if p.kind is inspect.Parameter.VAR_POSITIONAL:
+                args.extend(value)
+            elif p.kind is inspect.Parameter.VAR_KEYWORD:
+                kwargs.update(value)
+            elif p.kind is inspect.Parameter.KEYWORD_ONLY:
+                kwargs[p.name] = value
+            else:
+                args.append(value)
+        return args, kwargs
+
+    def encode_result(self, value: Any) -> bytes:
+        return self._encoder.encode(value)
+
+    def decode_result(self, blob: bytes) -> Any:
+        if not blob:
+            return None
+        return msgspec.json.decode(blob, type=self.return_type, strict=False)
+
+
+class ErrorInfo(msgspec.Struct, frozen=True):
+    """How a failure is stored: its type name, message and formatted traceback."""
+
+    type: str
+    message: str
+    traceback: str = ""
+
+
+_ERROR_ENCODER: Final = msgspec.json.Encoder()
+_ERROR_DECODER: Final = msgspec.json.Decoder(ErrorInfo)
+
+
+def encode_error(exc: BaseException, *, type_name: str | None = None, tb: str | None = None) -> bytes:
+    text = tb if tb is not None else "".join(traceback.format_exception(exc))
+    name = type_name or f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
+    return _ERROR_ENCODER.encode(ErrorInfo(name, str(exc), text[-8000:]))
+
+
+def decode_error(blob: bytes) -> ErrorInfo:
+    try:
+        return _ERROR_DECODER.decode(blob)
+    except msgspec.DecodeError:
+        return ErrorInfo("UnknownError", blob.decode(errors="replace"), "")

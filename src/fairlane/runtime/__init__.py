@@ -1,0 +1,1 @@
+"""Floor 3: the runtime -- workers, leases, executors and cron."""

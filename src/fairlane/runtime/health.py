@@ -1,0 +1,82 @@
+"""Worker health: an event-loop lag monitor and a ``/health`` endpoint.
+
+The endpoint runs in its own thread, so it still answers -- with 503 -- while the
+event loop is blocked; an endpoint on the loop itself would simply hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+__all__ = ["HealthServer", "LoopMonitor"]
+
+_TICK = 0.1
+
+
+class LoopMonitor:
+    """Records when the event loop last ran, to tell how long it has been blocked."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self.last_beat = time.monotonic()
+        self.worst_lag = 0.0
+
+    async def run(self, closed: asyncio.Event) -> None:
+        while not closed.is_set():
+            before = time.monotonic()
+            try:
+                async with asyncio.timeout(_TICK):
+                    await closed.wait()
+            except TimeoutError:
+                pass
+            now = time.monotonic()
+            self.worst_lag = max(self.worst_lag, now - before - _TICK)
+            self.last_beat = now
+
+    def lag(self) -> float:
+        return max(0.0, time.monotonic() - self.last_beat - _TICK)
+
+    def healthy(self) -> bool:
+        return self.lag() <= self.threshold
+
+
+class HealthServer:
+    """Serves ``GET /health``: 200 while the loop is responsive, 503 when it has been blocked."""
+
+    def __init__(self, port: int, monitor: LoopMonitor, host: str = "127.0.0.1") -> None:
+        monitor_ref = monitor
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server hook name
+                if self.path.rstrip("/") != "/health":
+                    self.send_error(404)
+                    return
+                ok = monitor_ref.healthy()
+                body = json.dumps({"ok": ok, "loop_lag_seconds": round(monitor_ref.lag(), 3)})
+                self.send_response(200 if ok else 503)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                return
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fairlane-health",
+                                        daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

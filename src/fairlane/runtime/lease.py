@@ -1,0 +1,80 @@
+"""Keeping leases and taking them back: renewal of held jobs, reclaim sweeps.
+
+A worker renews every lease it holds in one call per ``renew_interval``; the
+reply says which leases it has lost (its writes for those would be fenced anyway,
+so it stops them) and which jobs users asked to cancel. Sweeps reclaim expired
+leases of lost workers: jittered so a fleet does not sweep in lockstep, bounded
+in work per pass, and repeated at once while a pass comes back full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Sequence
+
+from fairlane.config import LeaseSettings
+from fairlane.store.redis import Store, StoreUnavailable
+
+__all__ = ["renew_loop", "sweep_loop"]
+
+log = logging.getLogger("fairlane.worker")
+# a worker whose heartbeat is older than this many lease lengths is dropped from the registry
+_STALE_WORKER_LEASES = 3
+_MAX_PASSES = 20
+
+
+async def wait_or_stop(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep ``seconds`` unless ``stop`` is set first; True when stopping."""
+    try:
+        async with asyncio.timeout(seconds):
+            await stop.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+async def renew_loop(
+    store: Store,
+    worker_id: str,
+    lease: LeaseSettings,
+    held: Callable[[], Sequence[tuple[str, bytes]]],
+    on_lost: Callable[[list[str]], None],
+    on_cancel: Callable[[list[str]], None],
+    stop: asyncio.Event,
+) -> None:
+    lease_ms = round(lease.duration * 1000)
+    while True:
+        try:
+            lost, cancel = await store.renew(worker_id, lease_ms, list(held()))
+        except StoreUnavailable as exc:
+            log.warning("lease renewal failed, retrying: %s", exc)
+        else:
+            if lost:
+                on_lost(lost)
+            if cancel:
+                on_cancel(cancel)
+        if await wait_or_stop(stop, lease.renew_interval):
+            return
+
+
+async def sweep_loop(store: Store, lease: LeaseSettings, stop: asyncio.Event) -> None:
+    stale_ms = round(lease.duration * 1000 * _STALE_WORKER_LEASES)
+    while True:
+        spread = lease.sweep_interval * lease.sweep_jitter
+        if await wait_or_stop(stop, lease.sweep_interval + random.uniform(-spread, spread)):
+            return
+        for _ in range(_MAX_PASSES):
+            try:
+                retried, dead = await store.sweep(
+                    lease.sweep_batch, random.getrandbits(31), stale_ms
+                )
+            except StoreUnavailable as exc:
+                log.warning("reclaim sweep failed: %s", exc)
+                break
+            if retried or dead:
+                log.info("reclaimed %d expired leases (%d dead-lettered)",
+                         len(retried) + len(dead), len(dead))
+            if len(retried) + len(dead) < lease.sweep_batch:
+                break

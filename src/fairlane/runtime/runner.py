@@ -1,0 +1,161 @@
+"""Running one attempt of a job and turning what happened into an ``Outcome``.
+
+Whatever the task does -- return, raise, time out, crash its child process, be
+cancelled -- the runner returns an outcome; nothing a task does can take the
+worker down. Retry or dead-letter is decided by ``fairlane.policy.retry``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from fairlane.codec import PayloadTooLarge, encode_error
+from fairlane.policy.backoff import Backoff
+from fairlane.policy.retry import after_failure
+from fairlane.runtime.executors import (
+    ChildCrashed,
+    ExecutionTimeout,
+    ProcessExecutor,
+    RemoteError,
+    ThreadExecutor,
+)
+from fairlane.runtime.invoke import invoke_sync, target_of
+from fairlane.store.redis import FetchedJob, Outcome
+
+if TYPE_CHECKING:
+    from fairlane.app import App
+    from fairlane.task import Task
+
+__all__ = ["CancelReason", "Runner"]
+
+log = logging.getLogger("fairlane.worker")
+
+
+class CancelReason:
+    """Why the worker cancelled a running attempt."""
+
+    SHUTDOWN = "shutdown"  # grace period over: hand the job back
+    CANCELLED = "cancelled"  # the user cancelled the job
+    LEASE_LOST = "lease_lost"  # another worker may own it now; our writes would be fenced
+
+
+class _Failure(Exception):
+    """A failed attempt whose error is already encoded."""
+
+    def __init__(self, payload: bytes, *, retryable: bool) -> None:
+        self.payload = payload
+        self.retryable = retryable
+
+
+class Runner:
+    """Executes attempts for one worker, with its thread and process executors."""
+
+    def __init__(self, app: App, threads: ThreadExecutor, processes: ProcessExecutor | None) -> None:
+        self.app = app
+        self.threads = threads
+        self.processes = processes
+        self.max_result = app.settings.max_payload_bytes
+
+    async def run(self, job: FetchedJob) -> Outcome:
+        """Run one attempt. ``CancelledError`` propagates to the caller, which knows why."""
+        task = self.app.tasks.get(job.task)
+        try:
+            if task is None:
+                raise _Failure(
+                    encode_error(LookupError(f"no task named {job.task!r} in this worker"),
+                                 type_name="UnknownTask"),
+                    retryable=True,
+                )
+            payload = await self._attempt(task, job)
+        except _Failure as failure:
+            return self._failed(job, failure)
+        return Outcome(job.id, job.token, "ok", payload)
+
+    async def _attempt(self, task: Task[Any, Any], job: FetchedJob) -> bytes:
+        timeout = job.timeout or None
+        args, kwargs = self._decode(task, job)  # malformed arguments never reach the function
+        if task.options.executor == "async":
+            try:
+                async with asyncio.timeout(timeout):
+                    value = await task.fn(*args, **kwargs)
+            except TimeoutError:
+                raise _timed_out(timeout) from None
+            except Exception as exc:  # noqa: BLE001 - any task error is an attempt's outcome
+                raise _Failure(encode_error(exc), retryable=_retryable(task, exc)) from None
+            try:
+                payload = task.codec.encode_result(value)
+            except (msgspec.EncodeError, TypeError) as exc:
+                raise _Failure(encode_error(exc, type_name="ResultNotSerializable"),
+                               retryable=False) from None
+        else:
+            payload = await self._offload(task, job, timeout)
+        if len(payload) > self.max_result:
+            raise _Failure(
+                encode_error(PayloadTooLarge(
+                    f"the result is {len(payload)} bytes, over the {self.max_result}-byte limit")),
+                retryable=False,
+            )
+        return payload
+
+    async def _offload(self, task: Task[Any, Any], job: FetchedJob, timeout: float | None) -> bytes:
+        target = target_of(task.fn)
+        try:
+            if task.options.executor == "thread":
+                return await self.threads.run(invoke_sync, target, job.args, timeout)
+            if self.processes is None:
+                raise RuntimeError("this worker has no process pool")
+            return await self.processes.run(target, job.args, timeout)
+        except ExecutionTimeout:
+            raise _timed_out(timeout) from None
+        except ChildCrashed as exc:
+            raise _Failure(encode_error(exc, type_name="ChildCrashed"), retryable=True) from None
+        except RemoteError as exc:
+            raise _Failure(encode_error(exc, type_name=exc.type_name, tb=exc.traceback),
+                           retryable=_remote_retryable(task, exc.type_name)) from None
+
+    def _decode(self, task: Task[Any, Any], job: FetchedJob) -> tuple[list[Any], dict[str, Any]]:
+        try:
+            return task.codec.decode(job.args)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise _Failure(
+                encode_error(ValueError(f"stored arguments do not fit the task's signature: {exc}"),
+                             type_name="MalformedArguments"),
+                retryable=False,
+            ) from None
+
+    def _failed(self, job: FetchedJob, failure: _Failure) -> Outcome:
+        decision = after_failure(
+            job.attempt, job.max_attempts, retryable=failure.retryable,
+            backoff=_backoff(job.backoff), u=random.random(),
+        )
+        if decision.kind == "dead":
+            return Outcome(job.id, job.token, "dead", failure.payload)
+        return Outcome(job.id, job.token, "retry", failure.payload, round(decision.delay * 1000))
+
+
+def _backoff(text: str) -> Backoff:
+    try:
+        return Backoff.decode(text)
+    except ValueError:
+        return Backoff()
+
+
+def _retryable(task: Task[Any, Any], exc: BaseException) -> bool:
+    return isinstance(exc, task.options.retry_on)
+
+
+def _remote_retryable(task: Task[Any, Any], type_name: str) -> bool:
+    short = type_name.rsplit(".", 1)[-1]
+    return any(
+        cls.__name__ == short or cls in (Exception, BaseException) for cls in task.options.retry_on
+    )
+
+
+def _timed_out(timeout: float | None) -> _Failure:
+    error = TimeoutError(f"the attempt exceeded its timeout of {timeout}s")
+    return _Failure(encode_error(error, type_name="TimeoutError"), retryable=True)

@@ -1,0 +1,318 @@
+"""The worker: slots, the fetch loop, and settling finished attempts in batches.
+
+One worker process serves the lanes it was started with, running up to
+``concurrency`` attempts at once. The hot path costs one server call per batch:
+``exchange`` settles the attempts that finished since the last call and leases the
+next batch of jobs in one atomic step. When there is no work the worker blocks on
+the server (BLPOP on its lanes' wake lists) instead of polling; the enqueue script
+pushes a wake token, so a job given to an idle worker starts within a round trip.
+
+Shutdown is graceful: stop fetching, give in-flight attempts ``grace_period`` to
+finish, then cancel the rest and hand them back to the queue unstarted (a handed
+back attempt does not count against the job's budget).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fairlane.codec import encode_error
+from fairlane.runtime.cron import cron_loop
+from fairlane.runtime.executors import ProcessExecutor, ThreadExecutor
+from fairlane.runtime.health import HealthServer, LoopMonitor
+from fairlane.runtime.lease import renew_loop, sweep_loop, wait_or_stop
+from fairlane.runtime.runner import CancelReason, Runner
+from fairlane.store.redis import FetchedJob, Outcome, StoreUnavailable
+
+if TYPE_CHECKING:
+    from fairlane.app import App
+
+__all__ = ["Worker", "WorkerStats"]
+
+log = logging.getLogger("fairlane.worker")
+_RECONNECT_CAP = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    """A snapshot of a worker's counters."""
+
+    running: int
+    fetched: int
+    settled: int
+    fenced: int
+    fetch_calls: int
+    ack_calls: int
+
+
+@dataclass(slots=True)
+class _Running:
+    job: FetchedJob
+    task: asyncio.Task[None]
+
+
+class Worker:
+    """Runs jobs of an app's lanes until stopped."""
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        lanes: Sequence[str],
+        concurrency: int,
+        burst: bool = False,
+        health_port: int | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if not lanes:
+            raise ValueError("a worker needs at least one lane")
+        settings = app.settings
+        self.app = app
+        self.lanes = list(dict.fromkeys(lanes))
+        self.concurrency = concurrency
+        self.burst = burst
+        self.lease = settings.lease
+        self.batch = settings.worker.fetch_batch
+        self.grace = settings.worker.grace_period
+        self.idle_block = settings.worker.idle_block
+        self.health_port = health_port
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
+        self._running: dict[str, _Running] = {}
+        self._outcomes: list[Outcome] = []
+        self._cancel_reasons: dict[str, str] = {}
+        self._stopping = asyncio.Event()
+        self._closed = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._outcome_ready = asyncio.Event()
+        self._fetched = self._settled = self._fenced = 0
+        self._fetch_calls = self._ack_calls = 0
+
+    # -- control ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the worker to stop: it stops fetching and drains gracefully."""
+        if not self._stopping.is_set():
+            log.info("worker %s stopping (grace %.1fs)", self.id, self.grace)
+        self._stopping.set()
+
+    def statistics(self) -> WorkerStats:
+        return WorkerStats(
+            running=len(self._running), fetched=self._fetched, settled=self._settled,
+            fenced=self._fenced, fetch_calls=self._fetch_calls, ack_calls=self._ack_calls,
+        )
+
+    async def run(self, *, handle_signals: bool = False) -> None:
+        """Serve until ``stop()`` (or SIGTERM/SIGINT with ``handle_signals``)."""
+        loop = asyncio.get_running_loop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        log.info("worker %s serving lanes %s of app %s (concurrency %d)",
+                 self.id, ",".join(self.lanes), self.app.name, self.concurrency)
+        try:
+            async with AsyncExitStack() as stack:
+                runner = await self._start_executors(stack)
+                await self._serve(runner)
+        finally:
+            if handle_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+
+    async def _start_executors(self, stack: AsyncExitStack) -> Runner:
+        settings = self.app.settings.worker
+        threads = ThreadExecutor(settings.thread_pool_size)
+        stack.push_async_callback(threads.aclose)
+        processes = None
+        if any(t.options.executor == "process" for t in self.app.tasks.values()):
+            size = settings.process_pool_size or os.cpu_count() or 1
+            processes = ProcessExecutor(size, "fairlane.runtime.invoke:invoke_sync")
+            await processes.start()
+            stack.push_async_callback(processes.aclose)
+        return Runner(self.app, threads, processes)
+
+    async def _serve(self, runner: Runner) -> None:
+        self._runner = runner
+        monitor = LoopMonitor(self.app.settings.worker.loop_block_threshold)
+        store = self.app.store
+        async with AsyncExitStack() as stack:
+            if self.health_port is not None:
+                health = HealthServer(self.health_port, monitor)
+                health.start()
+                stack.callback(health.stop)
+            async with asyncio.TaskGroup() as services:
+                services.create_task(monitor.run(self._closed))
+                services.create_task(renew_loop(
+                    store, self.id, self.lease, self._held, self._lost, self._cancel_requested,
+                    self._closed,
+                ))
+                services.create_task(sweep_loop(store, self.lease, self._closed))
+                services.create_task(cron_loop(self.app.crons, self._stopping))
+                services.create_task(self._ack_loop())
+                async with asyncio.TaskGroup() as jobs:
+                    await self._fetch_loop(jobs)
+                    await self._drain()
+                await self._flush()
+                self._closed.set()
+        log.info("worker %s stopped", self.id)
+
+    # -- fetching --------------------------------------------------------------------
+
+    async def _fetch_loop(self, jobs: asyncio.TaskGroup) -> None:
+        lease_ms = round(self.lease.duration * 1000)
+        failures = 0
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._running)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            outcomes, self._outcomes = self._outcomes, []
+            try:
+                fetched = await self.app.store.exchange(
+                    self.id, self.lanes, min(free, self.batch), lease_ms, outcomes
+                )
+            except StoreUnavailable as exc:
+                self._outcomes[:0] = outcomes
+                failures += 1
+                delay = min(_RECONNECT_CAP, 0.1 * 2**failures)
+                log.warning("fetch failed (%s); retrying in %.1fs", exc, delay)
+                await wait_or_stop(self._stopping, delay)
+                continue
+            failures = 0
+            self._fetch_calls += 1
+            self._count_settled(outcomes, fetched.ack_codes)
+            for job in fetched.jobs:
+                self._running[job.id] = _Running(job, jobs.create_task(self._run_job(job)))
+            self._fetched += len(fetched.jobs)
+            if fetched.jobs:
+                continue
+            if self.burst and not self._running and not self._outcomes:
+                log.info("worker %s: no work left (burst)", self.id)
+                return
+            await self._idle_wait(fetched.next_due_ms)
+
+    async def _idle_wait(self, next_due_ms: int | None) -> None:
+        timeout = self.idle_block if next_due_ms is None else min(self.idle_block, next_due_ms / 1000)
+        if timeout <= 0:
+            return
+        waiter = asyncio.ensure_future(self.app.store.wait_for_work(self.lanes, timeout))
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        freed = asyncio.ensure_future(self._slot_freed.wait())
+        self._slot_freed.clear()
+        try:
+            await asyncio.wait({waiter, stopper, freed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for fut in (waiter, stopper, freed):
+                fut.cancel()
+            await asyncio.gather(waiter, stopper, freed, return_exceptions=True)
+
+    # -- running ---------------------------------------------------------------------
+
+    async def _run_job(self, job: FetchedJob) -> None:
+        outcome: Outcome | None
+        try:
+            outcome = await self._runner.run(job)
+        except asyncio.CancelledError:
+            outcome = self._interrupted(job)
+        finally:
+            self._running.pop(job.id, None)
+            self._slot_freed.set()
+        if outcome is not None:
+            self._outcomes.append(outcome)
+            self._outcome_ready.set()
+
+    def _interrupted(self, job: FetchedJob) -> Outcome | None:
+        reason = self._cancel_reasons.pop(job.id, CancelReason.SHUTDOWN)
+        if reason == CancelReason.LEASE_LOST:
+            return None
+        if reason == CancelReason.CANCELLED:
+            err = encode_error(asyncio.CancelledError("the job was cancelled while running"),
+                               type_name="Cancelled")
+            return Outcome(job.id, job.token, "cancel", err)
+        return Outcome(job.id, job.token, "release")
+
+    def _held(self) -> list[tuple[str, bytes]]:
+        return [(job_id, r.job.token) for job_id, r in self._running.items()]
+
+    def _interrupt(self, ids: list[str], reason: str) -> None:
+        for job_id in ids:
+            running = self._running.get(job_id)
+            if running is not None:
+                self._cancel_reasons[job_id] = reason
+                running.task.cancel()
+
+    def _lost(self, ids: list[str]) -> None:
+        log.warning("lost the lease of %d job(s); stopping them: %s", len(ids), ids[:5])
+        self._interrupt(ids, CancelReason.LEASE_LOST)
+
+    def _cancel_requested(self, ids: list[str]) -> None:
+        self._interrupt(ids, CancelReason.CANCELLED)
+
+    async def _drain(self) -> None:
+        if self._running:
+            log.info("waiting up to %.1fs for %d running job(s)", self.grace, len(self._running))
+            deadline = time.monotonic() + self.grace
+            while self._running and time.monotonic() < deadline:
+                self._slot_freed.clear()
+                await wait_or_stop(self._slot_freed, deadline - time.monotonic())
+        leftover = list(self._running)
+        if leftover:
+            log.warning("handing back %d unfinished job(s)", len(leftover))
+            self._interrupt(leftover, CancelReason.SHUTDOWN)
+
+    # -- settling --------------------------------------------------------------------
+
+    async def _ack_loop(self) -> None:
+        while not self._closed.is_set():
+            if await self._wait_outcome():
+                return
+            # let attempts finishing in this same loop turn join the batch
+            await asyncio.sleep(0)
+            await self._flush()
+
+    async def _wait_outcome(self) -> bool:
+        """Wait for an outcome to settle; True when the worker has closed."""
+        self._outcome_ready.clear()
+        if self._outcomes:
+            return False
+        closed = asyncio.ensure_future(self._closed.wait())
+        ready = asyncio.ensure_future(self._outcome_ready.wait())
+        try:
+            await asyncio.wait({closed, ready}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+            ready.cancel()
+            await asyncio.gather(closed, ready, return_exceptions=True)
+        return self._closed.is_set() and not self._outcomes
+
+    async def _flush(self) -> None:
+        for attempt in range(6):
+            outcomes, self._outcomes = self._outcomes, []
+            if not outcomes:
+                return
+            try:
+                codes = await self.app.store.ack(self.lanes, outcomes)
+            except StoreUnavailable as exc:
+                self._outcomes[:0] = outcomes
+                log.warning("settling %d outcome(s) failed: %s", len(outcomes), exc)
+                await asyncio.sleep(min(_RECONNECT_CAP, 0.1 * 2**attempt))
+                continue
+            self._ack_calls += 1
+            self._count_settled(outcomes, codes)
+
+    def _count_settled(self, outcomes: Sequence[Outcome], codes: Sequence[int]) -> None:
+        stale = sum(1 for c in codes if c == 0)
+        self._settled += len(outcomes) - stale
+        if stale:
+            self._fenced += stale
+            log.warning("%d late write(s) rejected: their lease had passed to another worker", stale)

@@ -1,0 +1,161 @@
+"""Every Redis key Fairlane uses: its pattern, its type and who writes it.
+
+This module is the single source of truth for key names. Nothing else in the
+package spells a key; the Lua library derives the per-job and per-tenant keys
+from the namespace prefix it is handed in ``KEYS[1]`` (see below).
+
+All keys of one app live under one hash tag, ``{fl:<app>}``, so that every script
+touches a single slot and runs unchanged on Redis Cluster. (Issue #8 splits an app
+into several shards, each with its own tag ``{fl:<app>:<shard>}``; the layout
+inside a shard stays as written here.)
+
+Fixed keys are passed to scripts in ``KEYS``. Two families cannot be named before a
+script runs, because the script itself decides which job or tenant it touches
+(a fetch pops whichever job is next): per-job hashes and per-tenant queues. Scripts
+build those from the namespace prefix in ``KEYS[1]``; they always share the
+namespace's hash tag, so they hash to the same slot as the declared keys.
+
+============================  =====  ====================================  ==========================
+pattern (after the prefix)    type   holds                                 written by
+============================  =====  ====================================  ==========================
+``fence``                     str    fencing-token counter (INCR)          fetch
+``leases``                    zset   running job id -> lease expiry (ms)   fetch, renew, ack, sweep
+``stats``                     hash   counters (fenced, reclaimed, ...)     every script
+``idem``                      hash   idempotency key -> job id             enqueue, retention trim
+``dead``                      zset   dead-lettered job id -> time (ms)     ack, sweep, redrive
+``workers``                   zset   worker id -> last heartbeat (ms)      renew (heartbeat)
+``tasks``                     set    task names with retention indexes     ack, sweep
+``lane:<lane>:tenants``       list   tenants with waiting work (rotation)  enqueue, fetch, promote
+``lane:<lane>:delayed``       zset   job id -> run-at time (ms)            enqueue, ack (retry), sweep
+``lane:<lane>:wake``          list   wake tokens for blocked workers       enqueue, fetch; BLPOP by workers
+``job:<id>`` (derived)        hash   the job: spec and state fields        enqueue, fetch, ack, ...
+``q:<lane>:<tenant>`` (der.)  zset   waiting job ids, score = order        enqueue, fetch, cancel
+``kept:<task>:ok`` (derived)  zset   completed job id -> finish (ms)       ack (retention index)
+``kept:<task>:failed`` (der.) zset   failed/expired/cancelled -> (ms)      ack, sweep, cancel
+============================  =====  ====================================  ==========================
+
+Pub/sub channel ``<prefix>done`` carries the id of a finished job that a producer
+is waiting on (only jobs whose ``w`` flag is set are published).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["JOB_FIELDS", "AppKeys", "LaneKeys", "namespace"]
+
+
+def namespace(app: str) -> str:
+    """The key prefix of an app, hash tag included."""
+    if not app or any(c in app for c in "{}: \t\n"):
+        raise ValueError(f"app name must be non-empty and free of braces, colons and spaces: {app!r}")
+    return f"{{fl:{app}}}:"
+
+
+@dataclass(frozen=True, slots=True)
+class LaneKeys:
+    """The fixed keys of one lane."""
+
+    tenants: str
+    delayed: str
+    wake: str
+
+    def as_list(self) -> list[str]:
+        return [self.tenants, self.delayed, self.wake]
+
+
+@dataclass(frozen=True, slots=True)
+class AppKeys:
+    """The fixed keys of one app (one scheduling shard)."""
+
+    prefix: str
+
+    @classmethod
+    def for_app(cls, app: str) -> AppKeys:
+        return cls(namespace(app))
+
+    @property
+    def fence(self) -> str:
+        return self.prefix + "fence"
+
+    @property
+    def leases(self) -> str:
+        return self.prefix + "leases"
+
+    @property
+    def stats(self) -> str:
+        return self.prefix + "stats"
+
+    @property
+    def idem(self) -> str:
+        return self.prefix + "idem"
+
+    @property
+    def dead(self) -> str:
+        return self.prefix + "dead"
+
+    @property
+    def workers(self) -> str:
+        return self.prefix + "workers"
+
+    @property
+    def tasks(self) -> str:
+        return self.prefix + "tasks"
+
+    @property
+    def done_channel(self) -> str:
+        return self.prefix + "done"
+
+    def lane(self, lane: str) -> LaneKeys:
+        base = f"{self.prefix}lane:{lane}:"
+        return LaneKeys(tenants=base + "tenants", delayed=base + "delayed", wake=base + "wake")
+
+    def job(self, job_id: str) -> str:
+        """A job's hash; scripts derive the same name (``prefix .. 'job:' .. id``)."""
+        return f"{self.prefix}job:{job_id}"
+
+    def tenant_queue(self, lane: str, tenant: str) -> str:
+        return f"{self.prefix}q:{lane}:{tenant}"
+
+    def kept(self, task: str, outcome: str) -> str:
+        return f"{self.prefix}kept:{task}:{outcome}"
+
+    def common(self) -> list[str]:
+        """The fixed keys every script receives first, in the order the Lua library expects."""
+        return [
+            self.fence, self.leases, self.stats, self.idem, self.dead, self.workers, self.tasks,
+        ]
+
+    def match_all(self) -> str:
+        """A SCAN pattern matching every key of the app (for purge)."""
+        return self.prefix.replace("{", "\\{").replace("}", "\\}") + "*"
+
+
+#: Fields of a job hash, as written by the Lua library.
+JOB_FIELDS: dict[str, str] = {
+    "task": "task name",
+    "tenant": "tenant the job belongs to",
+    "lane": "lane that runs it",
+    "prio": "priority within the tenant (higher runs first)",
+    "args": "encoded arguments (JSON)",
+    "max": "attempt budget",
+    "bo": "backoff: 'base,cap,jitter'",
+    "to": "timeout in seconds (0 = none)",
+    "dl": "deadline, server ms (absent = none)",
+    "idem": "idempotency key (absent = none)",
+    "rc": "retention of completed records: 'count,age_ms' (-1 = unbounded)",
+    "rf": "retention of failed records: 'count,age_ms'",
+    "enq": "enqueued at, server ms",
+    "run": "eligible to run at, server ms",
+    "seq": "FIFO order within a priority",
+    "st": "status",
+    "att": "attempts started",
+    "tok": "fencing token of the current lease",
+    "wk": "worker holding the lease",
+    "start": "last attempt started at, server ms",
+    "fin": "finished at, server ms",
+    "res": "encoded result (JSON)",
+    "err": "last error (JSON: type, message, traceback)",
+    "w": "1 when a producer waits on the result",
+    "cx": "1 when cancellation was requested while running",
+}

@@ -1,0 +1,562 @@
+#!lua name=__LIBRARY__
+--[[
+Fairlane's store: every state change of a job, each one atomic.
+
+Keys. Every function receives the app's fixed keys first, in this order
+(fairlane/store/keys.py, AppKeys.common):
+  KEYS[1] fence    string  fencing-token counter
+  KEYS[2] leases   zset    running job id -> lease expiry (server ms)
+  KEYS[3] stats    hash    counters; also the 'seq' FIFO counter
+  KEYS[4] idem     hash    idempotency key -> job id
+  KEYS[5] dead     zset    dead-lettered job id -> time (ms)
+  KEYS[6] workers  zset    worker id -> last heartbeat (ms)
+  KEYS[7] tasks    hash    task name -> 'rc|rf' retention of its records
+followed by the keys of the lanes the caller names (tenants, delayed, wake per
+lane). Per-job hashes (job:<id>), per-tenant queues (q:<lane>:<tenant>),
+retention indexes (kept:<task>:<outcome>) and lane keys are derived from the
+prefix of KEYS[1], so they always carry the same hash tag (same cluster slot).
+
+Time is always the server's (TIME), never a client's.
+
+Job status: queued, scheduled, running, completed, failed, cancelled, expired.
+A job id is in exactly one of: a tenant queue (queued), a lane's delayed set
+(scheduled), the leases set (running), or none (finished).
+--]]
+
+local FENCE, LEASES, STATS, IDEM, DEAD, WORKERS, TASKS = 1, 2, 3, 4, 5, 6, 7
+local TERMINAL = {completed = true, failed = true, cancelled = true, expired = true}
+-- priorities are clamped to +-PRIO_LIMIT so that prio * 2^40 + seq stays exact in a double
+local PRIO_SPAN = 1099511627776
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function prefix(keys)
+  return string.sub(keys[FENCE], 1, -6)
+end
+
+local function lane_key(p, lane, what)
+  return p .. 'lane:' .. lane .. ':' .. what
+end
+
+local function job_key(p, id)
+  return p .. 'job:' .. id
+end
+
+local function order_score(prio, seq)
+  return -tonumber(prio) * PRIO_SPAN + tonumber(seq)
+end
+
+local function wake(p, lane)
+  local wk = lane_key(p, lane, 'wake')
+  if redis.call('LLEN', wk) == 0 then
+    redis.call('LPUSH', wk, '1')
+  end
+end
+
+-- A scheduled job may be due sooner than a blocked worker's timeout: wake one worker
+-- so that it re-reads the time of the next scheduled job.
+local function wake_for_schedule(p, lane)
+  wake(p, lane)
+end
+
+-- Put a job in its tenant's queue; the tenant joins the lane's rotation if it had no work.
+local function push_ready(p, lane, tenant, id, prio, seq)
+  local q = p .. 'q:' .. lane .. ':' .. tenant
+  if redis.call('ZCARD', q) == 0 then
+    redis.call('RPUSH', lane_key(p, lane, 'tenants'), tenant)
+  end
+  redis.call('ZADD', q, order_score(prio, seq), id)
+end
+
+local function split2(spec)
+  local a, b = string.match(spec, '^(-?%d+),(-?%d+)$')
+  return tonumber(a), tonumber(b)
+end
+
+local function remove_record(keys, p, id)
+  local jk = job_key(p, id)
+  local idem = redis.call('HGET', jk, 'idem')
+  if idem and redis.call('HGET', keys[IDEM], idem) == id then
+    redis.call('HDEL', keys[IDEM], idem)
+  end
+  redis.call('ZREM', keys[DEAD], id)
+  redis.call('DEL', jk)
+end
+
+-- Bounded trim of one retention index: at most `budget` records per call, so the
+-- cost per finished job stays constant and the index still converges to its bounds.
+local function trim(keys, p, idx, spec, now, budget)
+  local count, age = split2(spec)
+  if count and count >= 0 then
+    local over = redis.call('ZCARD', idx) - count
+    if over > 0 then
+      local popped = redis.call('ZPOPMIN', idx, math.min(over, budget))
+      for i = 1, #popped, 2 do
+        remove_record(keys, p, popped[i])
+      end
+    end
+  end
+  if age and age >= 0 then
+    local old = redis.call('ZRANGE', idx, '-inf', now - age, 'BYSCORE', 'LIMIT', 0, budget)
+    for _, oid in ipairs(old) do
+      redis.call('ZREM', idx, oid)
+      remove_record(keys, p, oid)
+    end
+  end
+end
+
+-- Record a finished job in its task's retention index and trim the index.
+local function keep(keys, p, id, task, outcome, now)
+  local spec = redis.call('HGET', job_key(p, id), outcome == 'ok' and 'rc' or 'rf') or '-1,-1'
+  local idx = p .. 'kept:' .. task .. ':' .. outcome
+  redis.call('ZADD', idx, now, id)
+  trim(keys, p, idx, spec, now, 10)
+end
+
+local function notify(p, jk, id)
+  if redis.call('HGET', jk, 'w') then
+    redis.call('PUBLISH', p .. 'done', id)
+  end
+end
+
+local function finish(keys, p, id, status, field, payload, now)
+  local jk = job_key(p, id)
+  if field then
+    redis.call('HSET', jk, 'st', status, 'fin', now, field, payload)
+  else
+    redis.call('HSET', jk, 'st', status, 'fin', now)
+  end
+  redis.call('HINCRBY', keys[STATS], status, 1)
+  local task = redis.call('HGET', jk, 'task')
+  local outcome = status == 'completed' and 'ok' or 'failed'
+  keep(keys, p, id, task, outcome, now)
+  notify(p, jk, id)
+end
+
+local function dead_letter(keys, p, id, err, now)
+  redis.call('ZADD', keys[DEAD], now, id)
+  finish(keys, p, id, 'failed', 'err', err, now)
+end
+
+local function expire(keys, p, id, reason, now)
+  finish(keys, p, id, 'expired', 'err', reason, now)
+end
+
+local EXPIRED_ERR = '{"type":"DeadlineExceeded","message":"the deadline passed before the job could run","traceback":""}'
+
+-- Schedule a retry `delay` ms from now, unless that is past the job's deadline.
+local function schedule_retry(keys, p, id, delay, err, now)
+  local jk = job_key(p, id)
+  local f = redis.call('HMGET', jk, 'dl', 'lane')
+  local run_at = now + delay
+  if f[1] and run_at > tonumber(f[1]) then
+    redis.call('HSET', jk, 'err', err)
+    expire(keys, p, id, EXPIRED_ERR, now)
+    return 'expired'
+  end
+  redis.call('HSET', jk, 'st', 'scheduled', 'run', run_at, 'err', err)
+  redis.call('ZADD', lane_key(p, f[2], 'delayed'), run_at, id)
+  redis.call('HINCRBY', keys[STATS], 'retried', 1)
+  wake_for_schedule(p, f[2])
+  return 'scheduled'
+end
+
+-- The backoff of fairlane/policy/backoff.py: min(cap, base * 2^(n-1)) with jitter u in [0,1).
+local function backoff_ms(spec, attempt, u)
+  local base, cap, jitter = string.match(spec or '', '^([^,]+),([^,]+),(%a+)$')
+  if not base then
+    return 0
+  end
+  local raw = math.min(tonumber(cap), tonumber(base) * 2 ^ math.min(math.max(attempt, 1) - 1, 62))
+  local d = raw
+  if jitter == 'full' then
+    d = raw * u
+  elseif jitter == 'equal' then
+    d = raw / 2 + raw / 2 * u
+  end
+  return math.floor(d * 1000)
+end
+
+---------------------------------------------------------------------------- enqueue
+
+local ENQ_FIELDS = 14
+
+-- ARGV: lane, n, then n x (id, tenant, prio, task, args, max, bo, to, rc, rf, idem,
+--       delay_ms, at_ms, deadline) ; deadline is '' (none), '+ms' (relative) or absolute ms.
+-- Returns a flat list: id, code per job (1 created, 0 existing via idempotency key,
+-- -1 deadline already past: nothing written).
+local function enqueue(keys, args)
+  local p, now = prefix(keys), now_ms()
+  local lane, n = args[1], tonumber(args[2])
+  local out, ready = {}, false
+  for i = 0, n - 1 do
+    local b = 2 + i * ENQ_FIELDS
+    local id, tenant, prio, idem = args[b + 1], args[b + 2], args[b + 3], args[b + 11]
+    local existing = idem ~= '' and redis.call('HGET', keys[IDEM], idem)
+    if existing and redis.call('EXISTS', job_key(p, existing)) == 1 then
+      out[#out + 1] = existing
+      out[#out + 1] = 0
+    else
+      local run_at = now
+      if args[b + 13] ~= '' then
+        run_at = tonumber(args[b + 13])
+      elseif args[b + 12] ~= '' then
+        run_at = now + tonumber(args[b + 12])
+      end
+      local dl = args[b + 14]
+      if string.sub(dl, 1, 1) == '+' then
+        dl = tostring(now + tonumber(string.sub(dl, 2)))
+      end
+      if dl ~= '' and (tonumber(dl) <= now or tonumber(dl) < run_at) then
+        out[#out + 1] = id
+        out[#out + 1] = -1
+      else
+        local seq = redis.call('HINCRBY', keys[STATS], 'seq', 1)
+        local jk = job_key(p, id)
+        local st = run_at > now and 'scheduled' or 'queued'
+        redis.call('HSET', jk, 'task', args[b + 4], 'tenant', tenant, 'lane', lane, 'prio', prio,
+          'args', args[b + 5], 'max', args[b + 6], 'bo', args[b + 7], 'to', args[b + 8],
+          'rc', args[b + 9], 'rf', args[b + 10], 'enq', now, 'run', run_at, 'seq', seq,
+          'st', st, 'att', 0)
+        if dl ~= '' then
+          redis.call('HSET', jk, 'dl', dl)
+        end
+        if idem ~= '' then
+          redis.call('HSET', jk, 'idem', idem)
+          redis.call('HSET', keys[IDEM], idem, id)
+        end
+        if st == 'scheduled' then
+          redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
+        else
+          push_ready(p, lane, tenant, id, prio, seq)
+          ready = true
+        end
+        out[#out + 1] = id
+        out[#out + 1] = 1
+      end
+    end
+  end
+  if ready then
+    wake(p, lane)
+  elseif n > 0 then
+    wake_for_schedule(p, lane)
+  end
+  return out
+end
+
+---------------------------------------------------------------------------- ack
+
+local ACK_FIELDS = 5
+
+-- Apply a batch of outcomes, each fenced by its lease token.
+-- Entries: id, token, kind (ok | retry | dead | cancel | release), payload, delay_ms.
+-- Returns one code per entry: 1 applied, 0 rejected as stale (counted in stats 'fenced').
+local function apply_acks(keys, p, args, first, n, now)
+  local codes = {}
+  for i = 0, n - 1 do
+    local b = first + i * ACK_FIELDS
+    local id, tok, kind, payload = args[b], args[b + 1], args[b + 2], args[b + 3]
+    local jk = job_key(p, id)
+    local f = redis.call('HMGET', jk, 'st', 'tok')
+    if f[1] ~= 'running' or f[2] ~= tok then
+      redis.call('HINCRBY', keys[STATS], 'fenced', 1)
+      codes[#codes + 1] = 0
+    else
+      redis.call('ZREM', keys[LEASES], id)
+      redis.call('HDEL', jk, 'tok', 'wk', 'cx')
+      if kind == 'ok' then
+        finish(keys, p, id, 'completed', 'res', payload, now)
+      elseif kind == 'retry' then
+        schedule_retry(keys, p, id, tonumber(args[b + 4]), payload, now)
+      elseif kind == 'dead' then
+        dead_letter(keys, p, id, payload, now)
+      elseif kind == 'cancel' then
+        finish(keys, p, id, 'cancelled', 'err', payload, now)
+      else -- release: handed back unstarted by a stopping worker; the attempt is not counted
+        local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq')
+        redis.call('HINCRBY', jk, 'att', -1)
+        redis.call('HSET', jk, 'st', 'queued')
+        push_ready(p, r[1], r[2], id, r[3], r[4])
+        wake(p, r[1])
+      end
+      codes[#codes + 1] = 1
+    end
+  end
+  return codes
+end
+
+---------------------------------------------------------------------------- fetch
+
+local function promote_due(keys, p, lane, now, limit)
+  local dk = lane_key(p, lane, 'delayed')
+  local due = redis.call('ZRANGE', dk, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  for _, id in ipairs(due) do
+    redis.call('ZREM', dk, id)
+    local f = redis.call('HMGET', job_key(p, id), 'st', 'tenant', 'prio', 'seq')
+    if f[1] == 'scheduled' then
+      redis.call('HSET', job_key(p, id), 'st', 'queued')
+      push_ready(p, lane, f[2], id, f[3], f[4])
+    end
+  end
+end
+
+local MALFORMED_ERR = '{"type":"MalformedJob","message":"the stored job record is incomplete or corrupt; it was not executed","traceback":""}'
+
+-- Pop the next runnable job of a lane (tenants in rotation), or nil when the lane is empty.
+-- Jobs that cannot run (expired, malformed, stale entries) are settled on the way.
+local function pop_job(keys, p, lane, now)
+  local tenants = lane_key(p, lane, 'tenants')
+  while true do
+    local tenant = redis.call('LPOP', tenants)
+    if not tenant then
+      return nil
+    end
+    local q = p .. 'q:' .. lane .. ':' .. tenant
+    local popped = redis.call('ZPOPMIN', q)
+    if redis.call('ZCARD', q) > 0 then
+      redis.call('RPUSH', tenants, tenant)
+    end
+    local id = popped[1]
+    if id then
+      local jk = job_key(p, id)
+      local f = redis.call('HMGET', jk, 'st', 'task', 'args', 'max', 'dl')
+      if f[1] == 'queued' then
+        if not f[2] or not f[3] or not tonumber(f[4]) then
+          redis.call('HINCRBY', keys[STATS], 'malformed', 1)
+          dead_letter(keys, p, id, MALFORMED_ERR, now)
+        elseif f[5] and tonumber(f[5]) < now then
+          expire(keys, p, id, EXPIRED_ERR, now)
+        else
+          return id, jk
+        end
+      elseif not f[1] then
+        redis.call('HINCRBY', keys[STATS], 'missing', 1)
+      end
+    end
+  end
+end
+
+-- ARGV from `first`: worker, n, lease_ms, promote_limit, n_lanes, lanes...
+-- Returns: n_jobs, ms until the next scheduled job (-1 none), then per job
+--          id, token, attempt, task, args, timeout, deadline, tenant, max, backoff, enqueued, seq-free.
+local function fetch(keys, p, args, first, now)
+  local worker, n, lease = args[first], tonumber(args[first + 1]), tonumber(args[first + 2])
+  local promote_limit, n_lanes = tonumber(args[first + 3]), tonumber(args[first + 4])
+  local lanes = {}
+  for i = 1, n_lanes do
+    lanes[i] = args[first + 4 + i]
+    promote_due(keys, p, lanes[i], now, promote_limit)
+  end
+  local out = {0, -1}
+  local got, empty, li = 0, 0, 0
+  while got < n and empty < n_lanes do
+    li = li % n_lanes + 1
+    local id, jk = pop_job(keys, p, lanes[li], now)
+    if id then
+      empty = 0
+      got = got + 1
+      local tok = redis.call('INCR', keys[FENCE])
+      local att = redis.call('HINCRBY', jk, 'att', 1)
+      redis.call('HSET', jk, 'st', 'running', 'tok', tok, 'wk', worker, 'start', now)
+      redis.call('ZADD', keys[LEASES], now + lease, id)
+      local f = redis.call('HMGET', jk, 'task', 'args', 'to', 'dl', 'tenant', 'max', 'bo', 'enq')
+      local o = #out
+      out[o + 1], out[o + 2], out[o + 3] = id, tok, att
+      for k = 1, 8 do
+        out[o + 3 + k] = f[k] or ''
+      end
+    else
+      empty = empty + 1
+    end
+  end
+  out[1] = got
+  local next_due = -1
+  for i = 1, n_lanes do
+    local lk = lane_key(p, lanes[i], 'tenants')
+    if got > 0 and redis.call('LLEN', lk) > 0 then
+      wake(p, lanes[i])
+    end
+    local head = redis.call('ZRANGE', lane_key(p, lanes[i], 'delayed'), 0, 0, 'WITHSCORES')
+    if head[2] then
+      local due = math.max(0, tonumber(head[2]) - now)
+      if next_due < 0 or due < next_due then
+        next_due = due
+      end
+    end
+  end
+  out[2] = next_due
+  return out
+end
+
+-- ARGV: n_acks, acks..., then the fetch arguments. One round trip settles the
+-- finished jobs of a worker and hands it the next batch.
+local function exchange(keys, args)
+  local p, now = prefix(keys), now_ms()
+  local n_acks = tonumber(args[1])
+  local codes = apply_acks(keys, p, args, 2, n_acks, now)
+  local out = fetch(keys, p, args, 2 + n_acks * ACK_FIELDS, now)
+  out[#out + 1] = codes
+  return out
+end
+
+local function ack(keys, args)
+  return apply_acks(keys, prefix(keys), args, 2, tonumber(args[1]), now_ms())
+end
+
+---------------------------------------------------------------------------- leases
+
+-- ARGV: worker, lease_ms, then pairs (id, token). Extends every lease still held
+-- and records the worker's heartbeat. Returns {lost ids, ids whose cancellation was requested}.
+local function renew(keys, args)
+  local p, now = prefix(keys), now_ms()
+  local worker, lease = args[1], tonumber(args[2])
+  redis.call('ZADD', keys[WORKERS], now, worker)
+  local lost, cancel = {}, {}
+  for i = 3, #args, 2 do
+    local id = args[i]
+    local f = redis.call('HMGET', job_key(p, id), 'st', 'tok', 'cx')
+    if f[1] == 'running' and f[2] == args[i + 1] then
+      redis.call('ZADD', keys[LEASES], 'XX', now + lease, id)
+      if f[3] then
+        cancel[#cancel + 1] = id
+      end
+    else
+      lost[#lost + 1] = id
+    end
+  end
+  return {lost, cancel}
+end
+
+local LOST_ERR = '{"type":"LeaseExpired","message":"the lease expired: the worker running attempt %d was lost","traceback":""}'
+
+-- ARGV: limit, random seed, stale_worker_ms. Reclaims up to `limit` expired leases:
+-- each counts as an attempt; a job out of attempts is dead-lettered, others are
+-- retried after their backoff. Also trims retention indexes by age.
+-- Returns {reclaimed ids, dead-lettered ids}.
+local function sweep(keys, args)
+  local p, now = prefix(keys), now_ms()
+  local limit = tonumber(args[1])
+  math.randomseed(tonumber(args[2]))
+  local expired = redis.call('ZRANGE', keys[LEASES], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  local retried, dead = {}, {}
+  for _, id in ipairs(expired) do
+    redis.call('ZREM', keys[LEASES], id)
+    local jk = job_key(p, id)
+    local f = redis.call('HMGET', jk, 'st', 'att', 'max', 'bo')
+    if f[1] == 'running' then
+      redis.call('HDEL', jk, 'tok', 'wk')
+      redis.call('HINCRBY', keys[STATS], 'reclaimed', 1)
+      local att = tonumber(f[2]) or 0
+      local err = string.format(LOST_ERR, att)
+      if att >= (tonumber(f[3]) or 1) then
+        dead_letter(keys, p, id, err, now)
+        dead[#dead + 1] = id
+      else
+        schedule_retry(keys, p, id, backoff_ms(f[4], att, math.random()), err, now)
+        retried[#retried + 1] = id
+      end
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', keys[WORKERS], '-inf', now - tonumber(args[3]))
+  local specs = redis.call('HGETALL', keys[TASKS])
+  for i = 1, #specs, 2 do
+    local rc, rf = string.match(specs[i + 1], '^(.-)|(.*)$')
+    trim(keys, p, p .. 'kept:' .. specs[i] .. ':ok', rc, now, 100)
+    trim(keys, p, p .. 'kept:' .. specs[i] .. ':failed', rf, now, 100)
+  end
+  return {retried, dead}
+end
+
+---------------------------------------------------------------------------- queries and control
+
+-- ARGV: task, 'rc|rf'. Records a task's retention so sweeps can trim its records by age.
+local function declare_task(keys, args)
+  redis.call('HSET', keys[TASKS], args[1], args[2])
+  return 1
+end
+
+-- ARGV: id. Cancels a waiting job at once; a running one is asked to stop (its
+-- worker learns on its next lease renewal). Returns the status after the call.
+local function cancel(keys, args)
+  local p, now = prefix(keys), now_ms()
+  local id = args[1]
+  local jk = job_key(p, id)
+  local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant')
+  local st = f[1]
+  if not st then
+    return 'missing'
+  end
+  if st == 'queued' then
+    local q = p .. 'q:' .. f[2] .. ':' .. f[3]
+    redis.call('ZREM', q, id)
+    if redis.call('ZCARD', q) == 0 then
+      redis.call('LREM', lane_key(p, f[2], 'tenants'), 0, f[3])
+    end
+  elseif st == 'scheduled' then
+    redis.call('ZREM', lane_key(p, f[2], 'delayed'), id)
+  elseif st == 'running' then
+    redis.call('HSET', jk, 'cx', '1')
+    return 'cancelling'
+  else
+    return st
+  end
+  finish(keys, p, id, 'cancelled', 'err',
+    '{"type":"Cancelled","message":"the job was cancelled","traceback":""}', now)
+  return 'cancelled'
+end
+
+-- ARGV: id. Returns {status, result, error} for a finished job; for any other job it
+-- sets the waiter flag (so its completion is published) and returns {status}.
+local function watch(keys, args)
+  local p = prefix(keys)
+  local jk = job_key(p, args[1])
+  local f = redis.call('HMGET', jk, 'st', 'res', 'err')
+  if not f[1] then
+    return {'missing'}
+  end
+  if TERMINAL[f[1]] then
+    return {f[1], f[2] or '', f[3] or ''}
+  end
+  redis.call('HSET', jk, 'w', '1')
+  return {f[1]}
+end
+
+-- ARGV: limit, ids... (none = the oldest `limit`). Sends dead-lettered jobs back to
+-- their queues with a fresh attempt budget. Returns the ids re-driven.
+local function redrive(keys, args)
+  local p, now = prefix(keys), now_ms()
+  local ids = {}
+  for i = 2, #args do
+    ids[#ids + 1] = args[i]
+  end
+  if #ids == 0 then
+    ids = redis.call('ZRANGE', keys[DEAD], 0, tonumber(args[1]) - 1)
+  end
+  local done = {}
+  for _, id in ipairs(ids) do
+    local jk = job_key(p, id)
+    local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'prio', 'seq', 'task')
+    if f[1] == 'failed' and redis.call('ZREM', keys[DEAD], id) == 1 then
+      redis.call('ZREM', p .. 'kept:' .. f[6] .. ':failed', id)
+      redis.call('HSET', jk, 'st', 'queued', 'att', 0, 'run', now)
+      redis.call('HDEL', jk, 'fin', 'err', 'res')
+      push_ready(p, f[2], f[3], id, f[4], f[5])
+      wake(p, f[2])
+      done[#done + 1] = id
+    end
+  end
+  return done
+end
+
+redis.register_function('__PREFIX__enqueue', enqueue)
+redis.register_function('__PREFIX__exchange', exchange)
+redis.register_function('__PREFIX__ack', ack)
+redis.register_function('__PREFIX__renew', renew)
+redis.register_function('__PREFIX__sweep', sweep)
+redis.register_function('__PREFIX__declare_task', declare_task)
+redis.register_function('__PREFIX__cancel', cancel)
+redis.register_function('__PREFIX__watch', watch)
+redis.register_function('__PREFIX__redrive', redrive)

@@ -1,0 +1,285 @@
+"""Typed calls into the Lua library: the store's whole surface.
+
+``Store`` owns one connection pool to one server (or one shard), loads the
+function library on connect, and turns each script's flat reply into typed
+values. It makes no policy decisions: the worker and the app decide; the scripts
+apply those decisions atomically with the server's clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from fairlane.store.keys import AppKeys
+
+__all__ = [
+    "AckKind",
+    "Fetched",
+    "FetchedJob",
+    "NewJob",
+    "Outcome",
+    "Store",
+    "StoreUnavailable",
+]
+
+_SOURCE: Final = files("fairlane.store").joinpath("lua/fairlane.lua").read_text()
+# The library is named after its content so that workers of two releases sharing a
+# server during a rolling deploy each call the code they were written against.
+_VERSION: Final = hashlib.sha256(_SOURCE.encode()).hexdigest()[:10]
+_FN: Final = f"fl{_VERSION}_"
+LIBRARY_CODE: Final = _SOURCE.replace("__LIBRARY__", f"fairlane_{_VERSION}").replace(
+    "__PREFIX__", _FN
+)
+
+AckKind = str  # "ok" | "retry" | "dead" | "cancel" | "release"
+_ENQ_FIELDS: Final = 14
+_FETCH_FIELDS: Final = 11
+
+
+class StoreUnavailable(ConnectionError):
+    """The server cannot be reached (or stopped answering within the timeout)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """One job as the enqueue script takes it. Times are in milliseconds."""
+
+    id: str
+    tenant: str
+    priority: int
+    task: str
+    args: bytes
+    max_attempts: int
+    backoff: str
+    timeout: float
+    keep_completed: str
+    keep_failed: str
+    idempotency_key: str = ""
+    delay_ms: int | None = None
+    at_ms: int | None = None
+    deadline: str = ""  # "" none, "+ms" relative, or absolute ms
+
+    def flat(self) -> list[str | bytes | int | float]:
+        return [
+            self.id, self.tenant, self.priority, self.task, self.args, self.max_attempts,
+            self.backoff, self.timeout, self.keep_completed, self.keep_failed,
+            self.idempotency_key,
+            "" if self.delay_ms is None else self.delay_ms,
+            "" if self.at_ms is None else self.at_ms,
+            self.deadline,
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedJob:
+    """A job handed to a worker, with the lease token that fences its writes."""
+
+    id: str
+    token: bytes
+    attempt: int
+    task: str
+    args: bytes
+    timeout: float
+    deadline_ms: int | None
+    tenant: str
+    max_attempts: int
+    backoff: str
+    enqueued_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    jobs: list[FetchedJob]
+    next_due_ms: int | None  # time until the next scheduled job of the lanes, if any
+    ack_codes: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A settled attempt, sent back fenced by its token."""
+
+    id: str
+    token: bytes
+    kind: AckKind
+    payload: bytes = b""
+    delay_ms: int = 0
+
+    def flat(self) -> tuple[str, bytes, str, bytes, int]:
+        return (self.id, self.token, self.kind, self.payload, self.delay_ms)
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Store:
+    """The typed face of one server (or shard) for one app."""
+
+    def __init__(self, client: aioredis.Redis, app: str) -> None:
+        self.client = client
+        self.keys = AppKeys.for_app(app)
+        self._common = self.keys.common()
+
+    @classmethod
+    def from_url(cls, url: str, app: str, *, max_connections: int = 64) -> Store:
+        client = aioredis.Redis.from_url(
+            url,
+            decode_responses=False,
+            max_connections=max_connections,
+            socket_connect_timeout=5.0,
+            health_check_interval=30,
+        )
+        return cls(client, app)
+
+    async def connect(self) -> None:
+        """Check the server answers and load the function library."""
+        await self._call(self.client.ping)
+        await self.load_library()
+
+    async def load_library(self) -> None:
+        await self._call(self.client.function_load, LIBRARY_CODE, replace=True)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreUnavailable(f"the Redis server is unreachable: {exc}") from exc
+
+    async def fcall(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Call a library function, reloading the library once if the server lost it."""
+        try:
+            return await self._call(self.client.fcall, _FN + name, len(keys), *keys, *args)
+        except ResponseError as exc:
+            if "Function not found" not in str(exc):
+                raise
+            await self.load_library()
+            return await self._call(self.client.fcall, _FN + name, len(keys), *keys, *args)
+
+    def _lane_keys(self, lanes: Sequence[str]) -> list[str]:
+        out = list(self._common)
+        for lane in lanes:
+            out.extend(self.keys.lane(lane).as_list())
+        return out
+
+    # -- producer side ----------------------------------------------------------------
+
+    async def enqueue(self, lane: str, jobs: Sequence[NewJob]) -> list[tuple[str, int]]:
+        """Store jobs atomically; returns (id, code) per job: 1 new, 0 existing, -1 refused."""
+        args: list[Any] = [lane, len(jobs)]
+        for job in jobs:
+            args.extend(job.flat())
+        reply = await self.fcall("enqueue", self._lane_keys([lane]), args)
+        return [(_s(reply[i]), int(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+    async def declare_task(self, task: str, keep_completed: str, keep_failed: str) -> None:
+        await self.fcall("declare_task", self._common, [task, f"{keep_completed}|{keep_failed}"])
+
+    async def cancel(self, job_id: str) -> str:
+        return _s(await self.fcall("cancel", self._common, [job_id]))
+
+    async def watch(self, job_id: str) -> list[bytes]:
+        return list(await self.fcall("watch", self._common, [job_id]))
+
+    async def job_fields(self, job_id: str, *fields: str) -> list[bytes | None]:
+        return list(await self._call(self.client.hmget, self.keys.job(job_id), list(fields)))
+
+    async def job_record(self, job_id: str) -> dict[str, bytes]:
+        raw = await self._call(self.client.hgetall, self.keys.job(job_id))
+        return {_s(k): v for k, v in raw.items()}
+
+    async def redrive(self, ids: Sequence[str] = (), limit: int = 100) -> list[str]:
+        reply = await self.fcall("redrive", self._common, [limit, *ids])
+        return [_s(x) for x in reply]
+
+    async def dead_letters(self, limit: int = 100) -> list[tuple[str, float]]:
+        raw = await self._call(self.client.zrange, self.keys.dead, 0, limit - 1, withscores=True)
+        return [(_s(member), float(score)) for member, score in raw]
+
+    async def stats(self) -> dict[str, int]:
+        raw = await self._call(self.client.hgetall, self.keys.stats)
+        return {_s(k): int(v) for k, v in raw.items()}
+
+    # -- worker side ------------------------------------------------------------------
+
+    async def exchange(
+        self,
+        worker: str,
+        lanes: Sequence[str],
+        want: int,
+        lease_ms: int,
+        outcomes: Sequence[Outcome] = (),
+        promote_limit: int = 1000,
+    ) -> Fetched:
+        """Settle ``outcomes`` and fetch up to ``want`` jobs, in one round trip."""
+        args: list[Any] = [len(outcomes)]
+        for outcome in outcomes:
+            args.extend(outcome.flat())
+        args.extend([worker, want, lease_ms, promote_limit, len(lanes), *lanes])
+        reply = await self.fcall("exchange", self._lane_keys(lanes), args)
+        return _parse_fetched(reply)
+
+    async def ack(self, lanes: Sequence[str], outcomes: Sequence[Outcome]) -> list[int]:
+        args: list[Any] = [len(outcomes)]
+        for outcome in outcomes:
+            args.extend(outcome.flat())
+        return [int(c) for c in await self.fcall("ack", self._lane_keys(lanes), args)]
+
+    async def renew(
+        self, worker: str, lease_ms: int, held: Sequence[tuple[str, bytes]]
+    ) -> tuple[list[str], list[str]]:
+        """Extend held leases; returns (ids whose lease is lost, ids asked to cancel)."""
+        args: list[Any] = [worker, lease_ms]
+        for job_id, token in held:
+            args.extend((job_id, token))
+        lost, cancel = await self.fcall("renew", self._common, args)
+        return [_s(x) for x in lost], [_s(x) for x in cancel]
+
+    async def sweep(self, limit: int, seed: int, stale_worker_ms: int) -> tuple[list[str], list[str]]:
+        """Reclaim expired leases; returns (ids scheduled for retry, ids dead-lettered)."""
+        retried, dead = await self.fcall("sweep", self._common, [limit, seed, stale_worker_ms])
+        return [_s(x) for x in retried], [_s(x) for x in dead]
+
+    async def wait_for_work(self, lanes: Sequence[str], timeout: float) -> bool:
+        """Block until a lane is woken or ``timeout`` s pass; True when woken."""
+        wake_keys = [self.keys.lane(lane).wake for lane in lanes]
+        # BLPOP takes whole-second or fractional timeouts; 0 would block forever.
+        reply = await self._call(self.client.blpop, wake_keys, timeout=max(timeout, 0.001))
+        return reply is not None
+
+
+def _parse_fetched(reply: list[Any]) -> Fetched:
+    count, next_due = int(reply[0]), int(reply[1])
+    jobs: list[FetchedJob] = []
+    base = 2
+    for _ in range(count):
+        r = reply[base : base + _FETCH_FIELDS]
+        jobs.append(
+            FetchedJob(
+                id=_s(r[0]),
+                token=r[1] if isinstance(r[1], bytes) else str(r[1]).encode(),
+                attempt=int(r[2]),
+                task=_s(r[3]),
+                args=r[4],
+                timeout=float(r[5] or 0),
+                deadline_ms=int(r[6]) if r[6] else None,
+                tenant=_s(r[7]),
+                max_attempts=int(r[8] or 1),
+                backoff=_s(r[9]),
+                enqueued_ms=int(r[10] or 0),
+            )
+        )
+        base += _FETCH_FIELDS
+    codes = [int(c) for c in reply[base]] if len(reply) > base else []
+    return Fetched(jobs, None if next_due < 0 else next_due, codes)

@@ -1,0 +1,309 @@
+"""What users declare and hold: ``Task`` (a registered function) and ``Job`` (one enqueued call).
+
+``Task.enqueue`` binds the call to the function's signature and checks argument
+types at the call site; everything it sends is validated before one byte is
+written, so a bad call never leaves a half-stored job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
+
+from fairlane.codec import ArgsCodec, PayloadTooLarge, decode_error
+from fairlane.errors import JobCancelled, JobExpired, JobNotFound, TaskFailed
+from fairlane.policy.backoff import Backoff
+from fairlane.policy.retention import Retention
+from fairlane.store.redis import NewJob
+
+if TYPE_CHECKING:
+    from fairlane.app import App
+
+__all__ = ["Job", "JobInfo", "Task", "TaskOptions"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+Executor = Literal["async", "thread", "process"]
+TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
+PRIORITY_LIMIT = 1000
+Seconds = float | int | timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOptions:
+    """A task's effective settings; ``defaults`` names those left at their default."""
+
+    name: str
+    lane: str
+    attempts: int
+    backoff: Backoff
+    timeout: float | None
+    retention: Retention
+    executor: Executor
+    retry_on: tuple[type[BaseException], ...]
+    defaults: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"task {self.name}: attempts must be >= 1, got {self.attempts}")
+        if self.timeout is not None and self.timeout <= 0:
+            raise ValueError(f"task {self.name}: timeout must be > 0, got {self.timeout}")
+        if self.executor not in ("async", "thread", "process"):
+            raise ValueError(f"task {self.name}: executor must be async, thread or process")
+
+
+def _seconds(value: Seconds, what: str) -> float:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if seconds < 0:
+        raise ValueError(f"{what} cannot be negative: {value!r}")
+    return seconds
+
+
+def _epoch_ms(moment: datetime, what: str) -> int:
+    if moment.tzinfo is None:
+        raise ValueError(f"{what} must be timezone-aware (e.g. datetime.now(UTC)): {moment!r}")
+    return int(moment.timestamp() * 1000)
+
+
+def new_job_id() -> str:
+    """Time-ordered, unique without coordination: milliseconds then 64 random bits."""
+    return f"{time.time_ns() // 1_000_000:011x}{os.urandom(8).hex()}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """A snapshot of a job's record."""
+
+    id: str
+    status: str
+    task: str
+    tenant: str
+    attempts: int
+    max_attempts: int
+    enqueued_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+
+
+def _when(raw: bytes | None) -> datetime | None:
+    return datetime.fromtimestamp(int(raw) / 1000, UTC) if raw else None
+
+
+class Job(Generic[R]):
+    """A handle on one enqueued job."""
+
+    __slots__ = ("_task", "created", "id")
+
+    def __init__(self, task: Task[Any, R], job_id: str, *, created: bool = True) -> None:
+        self._task = task
+        self.id = job_id
+        self.created = created  # False when an idempotency key matched an existing job
+
+    def __repr__(self) -> str:
+        return f"Job({self._task.name!r}, {self.id!r})"
+
+    async def status(self) -> str:
+        """queued, scheduled, running, completed, failed, cancelled or expired."""
+        (st,) = await self._task.app.store.job_fields(self.id, "st")
+        if st is None:
+            raise JobNotFound(f"no record of job {self.id}")
+        return st.decode()
+
+    async def info(self) -> JobInfo:
+        rec = await self._task.app.store.job_record(self.id)
+        if not rec:
+            raise JobNotFound(f"no record of job {self.id}")
+        err = rec.get("err")
+        return JobInfo(
+            id=self.id,
+            status=rec["st"].decode(),
+            task=rec.get("task", b"").decode(),
+            tenant=rec.get("tenant", b"").decode(),
+            attempts=int(rec.get("att", 0)),
+            max_attempts=int(rec.get("max", 1)),
+            enqueued_at=_when(rec.get("enq")),
+            finished_at=_when(rec.get("fin")),
+            error=decode_error(err).message if err else None,
+        )
+
+    async def cancel(self) -> str:
+        """Cancel the job; returns the resulting status (``cancelling`` if it was running)."""
+        return await self._task.app.store.cancel(self.id)
+
+    async def result(self, timeout: float | None = None) -> R:
+        """Wait for the job to finish and return its result, or raise its failure."""
+        async with asyncio.timeout(timeout):
+            status, res, err = await self._task.app.wait_finished(self.id)
+        if status == "completed":
+            return self._task.codec.decode_result(res)  # type: ignore[no-any-return]
+        info = decode_error(err)
+        kind = {"cancelled": JobCancelled, "expired": JobExpired}.get(status, TaskFailed)
+        raise kind(self.id, info.type, info.message, info.traceback)
+
+
+class Task(Generic[P, R]):
+    """A function registered with an app, enqueued by name."""
+
+    def __init__(self, app: App, fn: Callable[P, Awaitable[R]] | Callable[P, R], options: TaskOptions):
+        self.app = app
+        self.fn = fn
+        self.options = options
+        self.codec = ArgsCodec(fn)
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    @property
+    def name(self) -> str:
+        return self.options.name
+
+    def __repr__(self) -> str:
+        return f"Task({self.name!r}, lane={self.options.lane!r})"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R] | R:
+        """Call the function directly, in this process (no queue)."""
+        return self.fn(*args, **kwargs)
+
+    def bind(self, *args: P.args, **kwargs: P.kwargs) -> BoundCall[R]:
+        """A call checked statically against the signature; ``await .enqueue(tenant=...)``."""
+        return BoundCall(self, args, kwargs)
+
+    async def enqueue(
+        self,
+        *args: Any,
+        tenant: str = "default",
+        delay: Seconds | None = None,
+        at: datetime | None = None,
+        deadline: datetime | Seconds | None = None,
+        idempotency_key: str | None = None,
+        priority: int = 0,
+        **kwargs: Any,
+    ) -> Job[R]:
+        """Enqueue one call. Arguments are checked against the signature here, at the call site."""
+        blob = self.encode_args(args, kwargs)
+        job = self.new_job(blob, tenant, delay, at, deadline, idempotency_key, priority)
+        (handle,) = await self._store([job])
+        return handle
+
+    async def enqueue_many(
+        self,
+        calls: Iterable[Sequence[Any]],
+        *,
+        tenant: str = "default",
+        delay: Seconds | None = None,
+        at: datetime | None = None,
+        deadline: datetime | Seconds | None = None,
+        priority: int = 0,
+    ) -> list[Job[R]]:
+        """Enqueue many calls (each a tuple of positional arguments) in one round trip."""
+        jobs = [
+            self.new_job(self.encode_args(tuple(call), {}), tenant, delay, at, deadline, None, priority)
+            for call in calls
+        ]
+        return await self._store(jobs) if jobs else []
+
+    def encode_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+        blob = self.codec.encode(args, kwargs)
+        limit = self.app.settings.max_payload_bytes
+        if len(blob) > limit:
+            raise PayloadTooLarge(
+                f"arguments of {self.name} are {len(blob)} bytes, over the {limit}-byte limit "
+                "(max_payload_bytes)"
+            )
+        return blob
+
+    def new_job(
+        self,
+        blob: bytes,
+        tenant: str,
+        delay: Seconds | None,
+        at: datetime | None,
+        deadline: datetime | Seconds | None,
+        idempotency_key: str | None,
+        priority: int,
+    ) -> NewJob:
+        if not tenant or len(tenant) > 200:
+            raise ValueError(f"tenant must be a non-empty string of at most 200 characters: {tenant!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {priority!r}")
+        if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
+            raise ValueError(f"priority must be within +-{PRIORITY_LIMIT}, got {priority}")
+        if delay is not None and at is not None:
+            raise ValueError("give either delay= or at=, not both")
+        delay_ms = None if delay is None else round(_seconds(delay, "delay") * 1000)
+        at_ms = None if at is None else _epoch_ms(at, "at")
+        opts = self.options
+        return NewJob(
+            id=new_job_id(),
+            tenant=tenant,
+            priority=priority,
+            task=opts.name,
+            args=blob,
+            max_attempts=opts.attempts,
+            backoff=opts.backoff.encode(),
+            timeout=opts.timeout or 0,
+            keep_completed=opts.retention.completed.encode(),
+            keep_failed=opts.retention.failed.encode(),
+            idempotency_key=idempotency_key or "",
+            delay_ms=delay_ms,
+            at_ms=at_ms,
+            deadline=_deadline(deadline),
+        )
+
+    async def _store(self, jobs: list[NewJob]) -> list[Job[R]]:
+        replies = await self.app.store.enqueue(self.options.lane, jobs)
+        handles: list[Job[R]] = []
+        for job_id, code in replies:
+            if code < 0:
+                raise ValueError(f"job {job_id}: its deadline has already passed (server time)")
+            handles.append(Job(self, job_id, created=code == 1))
+        return handles
+
+
+def _deadline(deadline: datetime | Seconds | None) -> str:
+    if deadline is None:
+        return ""
+    if isinstance(deadline, datetime):
+        ms = _epoch_ms(deadline, "deadline")
+        if ms <= time.time() * 1000:
+            raise ValueError(f"the deadline is in the past: {deadline.isoformat()}")
+        return str(ms)
+    seconds = _seconds(deadline, "deadline")
+    if seconds == 0:
+        raise ValueError("a deadline of 0 seconds has already passed")
+    return f"+{round(seconds * 1000)}"
+
+
+class BoundCall(Generic[R]):
+    """A call of a task with its arguments bound, awaiting its enqueue options."""
+
+    __slots__ = ("_args", "_kwargs", "_task")
+
+    def __init__(self, task: Task[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._task, self._args, self._kwargs = task, args, kwargs
+
+    async def enqueue(
+        self,
+        *,
+        tenant: str = "default",
+        delay: Seconds | None = None,
+        at: datetime | None = None,
+        deadline: datetime | Seconds | None = None,
+        idempotency_key: str | None = None,
+        priority: int = 0,
+    ) -> Job[R]:
+        return await self._task.enqueue(
+            *self._args,
+            tenant=tenant,
+            delay=delay,
+            at=at,
+            deadline=deadline,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            **self._kwargs,
+        )
