@@ -7,7 +7,6 @@ worker down. Retry or dead-letter is decided by ``fairlane.policy.retry``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from typing import TYPE_CHECKING, Any
@@ -40,6 +39,7 @@ class CancelReason:
     """Why the worker cancelled a running attempt."""
 
     SHUTDOWN = "shutdown"  # grace period over: hand the job back
+    TIMEOUT = "timeout"  # an async attempt ran past its timeout
     CANCELLED = "cancelled"  # the user cancelled the job
     LEASE_LOST = "lease_lost"  # another worker may own it now; our writes would be fenced
 
@@ -80,11 +80,9 @@ class Runner:
         timeout = job.timeout or None
         args, kwargs = self._decode(task, job)  # malformed arguments never reach the function
         if task.options.executor == "async":
+            # the worker enforces an async attempt's timeout with one timer per job
             try:
-                async with asyncio.timeout(timeout):
-                    value = await task.fn(*args, **kwargs)
-            except TimeoutError:
-                raise _timed_out(timeout) from None
+                value = await task.fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - any task error is an attempt's outcome
                 raise _Failure(encode_error(exc), retryable=_retryable(task, exc)) from None
             try:
@@ -127,6 +125,15 @@ class Runner:
                              type_name="MalformedArguments"),
                 retryable=False,
             ) from None
+
+    def timed_out(self, job: FetchedJob) -> Outcome:
+        """The outcome of an attempt the worker stopped at its timeout."""
+        return self._failed(job, _timed_out(job.timeout or None))
+
+    def uses_timer(self, job: FetchedJob) -> bool:
+        """Whether the worker must time this attempt (executors time their own calls)."""
+        task = self.app.tasks.get(job.task)
+        return bool(job.timeout) and task is not None and task.options.executor == "async"
 
     def _failed(self, job: FetchedJob, failure: _Failure) -> Outcome:
         decision = after_failure(

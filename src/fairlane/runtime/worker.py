@@ -93,7 +93,10 @@ class Worker:
         self._stopping = asyncio.Event()
         self._closed = asyncio.Event()
         self._slot_freed = asyncio.Event()
-        self._outcome_ready = asyncio.Event()
+        self._flush_needed = asyncio.Event()
+        # True while the fetch loop will call `exchange` soon, which carries outcomes
+        # along; only an idle fetch loop leaves settling to the ack loop.
+        self._carrier_active = True
         self._fetched = self._settled = self._fenced = 0
         self._fetch_calls = self._ack_calls = 0
 
@@ -177,10 +180,11 @@ class Worker:
                 await self._slot_freed.wait()
                 continue
             outcomes, self._outcomes = self._outcomes, []
+            # Leasing at most half the slots per call keeps one batch running while the
+            # server prepares the next, so the worker and the server work side by side.
+            want = min(free, self.batch, max(1, self.concurrency // 2))
             try:
-                fetched = await self.app.store.exchange(
-                    self.id, self.lanes, min(free, self.batch), lease_ms, outcomes
-                )
+                fetched = await self.app.store.exchange(self.id, self.lanes, want, lease_ms, outcomes)
             except StoreUnavailable as exc:
                 self._outcomes[:0] = outcomes
                 failures += 1
@@ -200,41 +204,55 @@ class Worker:
                 log.info("worker %s: no work left (burst)", self.id)
                 return
             await self._idle_wait(fetched.next_due_ms)
+        self._carrier_active = False
+        self._flush_needed.set()
 
     async def _idle_wait(self, next_due_ms: int | None) -> None:
         timeout = self.idle_block if next_due_ms is None else min(self.idle_block, next_due_ms / 1000)
         if timeout <= 0:
             return
+        self._carrier_active = False
+        if self._outcomes:
+            self._flush_needed.set()
         waiter = asyncio.ensure_future(self.app.store.wait_for_work(self.lanes, timeout))
         stopper = asyncio.ensure_future(self._stopping.wait())
-        freed = asyncio.ensure_future(self._slot_freed.wait())
-        self._slot_freed.clear()
         try:
-            await asyncio.wait({waiter, stopper, freed}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for fut in (waiter, stopper, freed):
+            self._carrier_active = True
+            for fut in (waiter, stopper):
                 fut.cancel()
-            await asyncio.gather(waiter, stopper, freed, return_exceptions=True)
+            await asyncio.gather(waiter, stopper, return_exceptions=True)
 
     # -- running ---------------------------------------------------------------------
 
     async def _run_job(self, job: FetchedJob) -> None:
         outcome: Outcome | None
+        timer = None
+        if self._runner.uses_timer(job):
+            loop = asyncio.get_running_loop()
+            timer = loop.call_at(loop.time() + job.timeout, self._interrupt, [job.id],
+                                 CancelReason.TIMEOUT)
         try:
             outcome = await self._runner.run(job)
         except asyncio.CancelledError:
             outcome = self._interrupted(job)
         finally:
+            if timer is not None:
+                timer.cancel()
             self._running.pop(job.id, None)
             self._slot_freed.set()
         if outcome is not None:
             self._outcomes.append(outcome)
-            self._outcome_ready.set()
+            if not self._carrier_active:
+                self._flush_needed.set()
 
     def _interrupted(self, job: FetchedJob) -> Outcome | None:
         reason = self._cancel_reasons.pop(job.id, CancelReason.SHUTDOWN)
         if reason == CancelReason.LEASE_LOST:
             return None
+        if reason == CancelReason.TIMEOUT:
+            return self._runner.timed_out(job)
         if reason == CancelReason.CANCELLED:
             err = encode_error(asyncio.CancelledError("the job was cancelled while running"),
                                type_name="Cancelled")
@@ -273,27 +291,27 @@ class Worker:
     # -- settling --------------------------------------------------------------------
 
     async def _ack_loop(self) -> None:
-        while not self._closed.is_set():
-            if await self._wait_outcome():
+        """Settles outcomes while the fetch loop is idle (otherwise `exchange` carries them)."""
+        while True:
+            if await self._wait_flush_needed():
                 return
             # let attempts finishing in this same loop turn join the batch
             await asyncio.sleep(0)
-            await self._flush()
+            if not self._carrier_active:
+                await self._flush()
 
-    async def _wait_outcome(self) -> bool:
-        """Wait for an outcome to settle; True when the worker has closed."""
-        self._outcome_ready.clear()
-        if self._outcomes:
-            return False
+    async def _wait_flush_needed(self) -> bool:
+        """Wait until outcomes need settling here; True when the worker has closed."""
         closed = asyncio.ensure_future(self._closed.wait())
-        ready = asyncio.ensure_future(self._outcome_ready.wait())
+        needed = asyncio.ensure_future(self._flush_needed.wait())
         try:
-            await asyncio.wait({closed, ready}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({closed, needed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             closed.cancel()
-            ready.cancel()
-            await asyncio.gather(closed, ready, return_exceptions=True)
-        return self._closed.is_set() and not self._outcomes
+            needed.cancel()
+            await asyncio.gather(closed, needed, return_exceptions=True)
+        self._flush_needed.clear()
+        return self._closed.is_set()
 
     async def _flush(self) -> None:
         for attempt in range(6):

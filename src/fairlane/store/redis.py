@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any, Final
 
+import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -41,8 +42,14 @@ LIBRARY_CODE: Final = _SOURCE.replace("__LIBRARY__", f"fairlane_{_VERSION}").rep
 )
 
 AckKind = str  # "ok" | "retry" | "dead" | "cancel" | "release"
-_ENQ_FIELDS: Final = 14
-_FETCH_FIELDS: Final = 11
+# Batches travel as one msgpack argument / reply: one argument to pack instead of
+# five per job, and one buffer to parse instead of eleven reply elements per job.
+_PACK: Final = msgspec.msgpack.Encoder()
+# [next_due_ms, ack codes, jobs]; each job as fetch returns it in the Lua library
+_FetchReply = tuple[
+    int, list[int], list[tuple[str, str, int, str, str, float, int, str, int, str, int]]
+]
+_UNPACK_FETCH: Final = msgspec.msgpack.Decoder(_FetchReply)
 
 
 class StoreUnavailable(ConnectionError):
@@ -68,15 +75,15 @@ class NewJob:
     at_ms: int | None = None
     deadline: str = ""  # "" none, "+ms" relative, or absolute ms
 
-    def flat(self) -> list[str | bytes | int | float]:
-        return [
-            self.id, self.tenant, self.priority, self.task, self.args, self.max_attempts,
+    def flat(self) -> tuple[str | bytes | int | float, ...]:
+        return (
+            self.id, self.tenant, self.priority, self.task, self.args.decode(), self.max_attempts,
             self.backoff, self.timeout, self.keep_completed, self.keep_failed,
             self.idempotency_key,
             "" if self.delay_ms is None else self.delay_ms,
             "" if self.at_ms is None else self.at_ms,
             self.deadline,
-        ]
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +120,9 @@ class Outcome:
     payload: bytes = b""
     delay_ms: int = 0
 
-    def flat(self) -> tuple[str, bytes, str, bytes, int]:
-        return (self.id, self.token, self.kind, self.payload, self.delay_ms)
+    def flat(self) -> tuple[str, str, str, str, int]:
+        # the server's msgpack reads no binary type: payloads are UTF-8 JSON, sent as text
+        return (self.id, self.token.decode(), self.kind, self.payload.decode(), self.delay_ms)
 
 
 def _s(value: bytes | str) -> str:
@@ -177,10 +185,8 @@ class Store:
 
     async def enqueue(self, lane: str, jobs: Sequence[NewJob]) -> list[tuple[str, int]]:
         """Store jobs atomically; returns (id, code) per job: 1 new, 0 existing, -1 refused."""
-        args: list[Any] = [lane, len(jobs)]
-        for job in jobs:
-            args.extend(job.flat())
-        reply = await self.fcall("enqueue", self._lane_keys([lane]), args)
+        blob = _PACK.encode([job.flat() for job in jobs])
+        reply = await self.fcall("enqueue", self._lane_keys([lane]), [lane, blob])
         return [(_s(reply[i]), int(reply[i + 1])) for i in range(0, len(reply), 2)]
 
     async def declare_task(self, task: str, keep_completed: str, keep_failed: str) -> None:
@@ -223,18 +229,15 @@ class Store:
         promote_limit: int = 1000,
     ) -> Fetched:
         """Settle ``outcomes`` and fetch up to ``want`` jobs, in one round trip."""
-        args: list[Any] = [len(outcomes)]
-        for outcome in outcomes:
-            args.extend(outcome.flat())
-        args.extend([worker, want, lease_ms, promote_limit, len(lanes), *lanes])
-        reply = await self.fcall("exchange", self._lane_keys(lanes), args)
+        blob = _PACK.encode(
+            ([o.flat() for o in outcomes], worker, want, lease_ms, promote_limit, list(lanes))
+        )
+        reply = await self.fcall("exchange", self._lane_keys(lanes), [blob])
         return _parse_fetched(reply)
 
     async def ack(self, lanes: Sequence[str], outcomes: Sequence[Outcome]) -> list[int]:
-        args: list[Any] = [len(outcomes)]
-        for outcome in outcomes:
-            args.extend(outcome.flat())
-        return [int(c) for c in await self.fcall("ack", self._lane_keys(lanes), args)]
+        blob = _PACK.encode([o.flat() for o in outcomes])
+        return [int(c) for c in await self.fcall("ack", self._lane_keys(lanes), [blob])]
 
     async def renew(
         self, worker: str, lease_ms: int, held: Sequence[tuple[str, bytes]]
@@ -259,27 +262,22 @@ class Store:
         return reply is not None
 
 
-def _parse_fetched(reply: list[Any]) -> Fetched:
-    count, next_due = int(reply[0]), int(reply[1])
-    jobs: list[FetchedJob] = []
-    base = 2
-    for _ in range(count):
-        r = reply[base : base + _FETCH_FIELDS]
-        jobs.append(
-            FetchedJob(
-                id=_s(r[0]),
-                token=r[1] if isinstance(r[1], bytes) else str(r[1]).encode(),
-                attempt=int(r[2]),
-                task=_s(r[3]),
-                args=r[4],
-                timeout=float(r[5] or 0),
-                deadline_ms=int(r[6]) if r[6] else None,
-                tenant=_s(r[7]),
-                max_attempts=int(r[8] or 1),
-                backoff=_s(r[9]),
-                enqueued_ms=int(r[10] or 0),
-            )
+def _parse_fetched(reply: bytes) -> Fetched:
+    next_due, codes, raw = _UNPACK_FETCH.decode(reply)
+    jobs = [
+        FetchedJob(
+            id=r[0],
+            token=r[1].encode(),
+            attempt=r[2],
+            task=r[3],
+            args=r[4].encode(),
+            timeout=r[5],
+            deadline_ms=r[6] or None,
+            tenant=r[7],
+            max_attempts=r[8],
+            backoff=r[9],
+            enqueued_ms=r[10],
         )
-        base += _FETCH_FIELDS
-    codes = [int(c) for c in reply[base]] if len(reply) > base else []
+        for r in raw
+    ]
     return Fetched(jobs, None if next_due < 0 else next_due, codes)

@@ -56,12 +56,6 @@ local function wake(p, lane)
   end
 end
 
--- A scheduled job may be due sooner than a blocked worker's timeout: wake one worker
--- so that it re-reads the time of the next scheduled job.
-local function wake_for_schedule(p, lane)
-  wake(p, lane)
-end
-
 -- Put a job in its tenant's queue; the tenant joins the lane's rotation if it had no work.
 local function push_ready(p, lane, tenant, id, prio, seq)
   local q = p .. 'q:' .. lane .. ':' .. tenant
@@ -76,13 +70,15 @@ local function split2(spec)
   return tonumber(a), tonumber(b)
 end
 
-local function remove_record(keys, p, id)
+local function remove_record(keys, p, id, failed)
   local jk = job_key(p, id)
   local idem = redis.call('HGET', jk, 'idem')
   if idem and redis.call('HGET', keys[IDEM], idem) == id then
     redis.call('HDEL', keys[IDEM], idem)
   end
-  redis.call('ZREM', keys[DEAD], id)
+  if failed then
+    redis.call('ZREM', keys[DEAD], id)
+  end
   redis.call('DEL', jk)
 end
 
@@ -90,12 +86,13 @@ end
 -- cost per finished job stays constant and the index still converges to its bounds.
 local function trim(keys, p, idx, spec, now, budget)
   local count, age = split2(spec)
+  local failed = string.sub(idx, -7) == ':failed'
   if count and count >= 0 then
     local over = redis.call('ZCARD', idx) - count
     if over > 0 then
       local popped = redis.call('ZPOPMIN', idx, math.min(over, budget))
       for i = 1, #popped, 2 do
-        remove_record(keys, p, popped[i])
+        remove_record(keys, p, popped[i], failed)
       end
     end
   end
@@ -103,64 +100,94 @@ local function trim(keys, p, idx, spec, now, budget)
     local old = redis.call('ZRANGE', idx, '-inf', now - age, 'BYSCORE', 'LIMIT', 0, budget)
     for _, oid in ipairs(old) do
       redis.call('ZREM', idx, oid)
-      remove_record(keys, p, oid)
+      remove_record(keys, p, oid, failed)
     end
   end
 end
 
--- Record a finished job in its task's retention index and trim the index.
-local function keep(keys, p, id, task, outcome, now)
-  local spec = redis.call('HGET', job_key(p, id), outcome == 'ok' and 'rc' or 'rf') or '-1,-1'
-  local idx = p .. 'kept:' .. task .. ':' .. outcome
-  redis.call('ZADD', idx, now, id)
-  trim(keys, p, idx, spec, now, 10)
+-- Effects gathered during one call and written once at its end, so that a batch
+-- costs one command per effect instead of one per job: counters, and finished jobs
+-- to add to each retention index.
+local function new_effects()
+  return {counts = {}, kept = {}}
 end
 
-local function notify(p, jk, id)
-  if redis.call('HGET', jk, 'w') then
-    redis.call('PUBLISH', p .. 'done', id)
+local function count(fx, name, n)
+  fx.counts[name] = (fx.counts[name] or 0) + (n or 1)
+end
+
+local function keep(fx, idx, spec, id)
+  local k = fx.kept[idx]
+  if not k then
+    k = {spec = spec or '-1,-1', ids = {}}
+    fx.kept[idx] = k
+  end
+  k.ids[#k.ids + 1] = id
+end
+
+local function apply_effects(keys, p, fx, now)
+  for name, n in pairs(fx.counts) do
+    redis.call('HINCRBY', keys[STATS], name, n)
+  end
+  for idx, k in pairs(fx.kept) do
+    local zargs = {}
+    for i, id in ipairs(k.ids) do
+      zargs[2 * i - 1] = now
+      zargs[2 * i] = id
+    end
+    redis.call('ZADD', idx, unpack(zargs))
+    -- trims at most a few more records than it adds, so a steady flow stays bounded
+    trim(keys, p, idx, k.spec, now, #k.ids + 10)
   end
 end
 
-local function finish(keys, p, id, status, field, payload, now)
+-- Settle a job for good. `meta` holds its task, rc, rf and w fields when the caller
+-- already read them (the hot path); otherwise they are read here.
+local function finish(keys, p, id, status, field, payload, now, tally, meta)
   local jk = job_key(p, id)
   if field then
     redis.call('HSET', jk, 'st', status, 'fin', now, field, payload)
   else
     redis.call('HSET', jk, 'st', status, 'fin', now)
   end
-  redis.call('HINCRBY', keys[STATS], status, 1)
-  local task = redis.call('HGET', jk, 'task')
-  local outcome = status == 'completed' and 'ok' or 'failed'
-  keep(keys, p, id, task, outcome, now)
-  notify(p, jk, id)
+  count(tally, status)
+  meta = meta or redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w')
+  if status == 'completed' then
+    keep(tally, p .. 'kept:' .. meta[1] .. ':ok', meta[2], id)
+  else
+    keep(tally, p .. 'kept:' .. meta[1] .. ':failed', meta[3], id)
+  end
+  if meta[4] then
+    redis.call('PUBLISH', p .. 'done', id)
+  end
 end
 
-local function dead_letter(keys, p, id, err, now)
+local function dead_letter(keys, p, id, err, now, tally, meta)
   redis.call('ZADD', keys[DEAD], now, id)
-  finish(keys, p, id, 'failed', 'err', err, now)
+  finish(keys, p, id, 'failed', 'err', err, now, tally, meta)
 end
 
-local function expire(keys, p, id, reason, now)
-  finish(keys, p, id, 'expired', 'err', reason, now)
+local function expire(keys, p, id, reason, now, tally, meta)
+  finish(keys, p, id, 'expired', 'err', reason, now, tally, meta)
 end
 
 local EXPIRED_ERR = '{"type":"DeadlineExceeded","message":"the deadline passed before the job could run","traceback":""}'
 
 -- Schedule a retry `delay` ms from now, unless that is past the job's deadline.
-local function schedule_retry(keys, p, id, delay, err, now)
+local function schedule_retry(keys, p, id, delay, err, now, tally)
   local jk = job_key(p, id)
   local f = redis.call('HMGET', jk, 'dl', 'lane')
   local run_at = now + delay
   if f[1] and run_at > tonumber(f[1]) then
     redis.call('HSET', jk, 'err', err)
-    expire(keys, p, id, EXPIRED_ERR, now)
+    expire(keys, p, id, EXPIRED_ERR, now, tally)
     return 'expired'
   end
   redis.call('HSET', jk, 'st', 'scheduled', 'run', run_at, 'err', err)
   redis.call('ZADD', lane_key(p, f[2], 'delayed'), run_at, id)
-  redis.call('HINCRBY', keys[STATS], 'retried', 1)
-  wake_for_schedule(p, f[2])
+  count(tally, 'retried')
+  -- the retry may be due sooner than a blocked worker's timeout: wake one to re-read it
+  wake(p, f[2])
   return 'scheduled'
 end
 
@@ -182,45 +209,47 @@ end
 
 ---------------------------------------------------------------------------- enqueue
 
-local ENQ_FIELDS = 14
-
--- ARGV: lane, n, then n x (id, tenant, prio, task, args, max, bo, to, rc, rf, idem,
---       delay_ms, at_ms, deadline) ; deadline is '' (none), '+ms' (relative) or absolute ms.
+-- ARGV: lane, msgpack array of jobs, each
+--   [id, tenant, prio, task, args, max, bo, to, rc, rf, idem, delay_ms, at_ms, deadline]
+-- with '' for an absent idem/delay/at/deadline; deadline is '+ms' (relative) or absolute ms.
 -- Returns a flat list: id, code per job (1 created, 0 existing via idempotency key,
 -- -1 deadline already past: nothing written).
 local function enqueue(keys, args)
   local p, now = prefix(keys), now_ms()
-  local lane, n = args[1], tonumber(args[2])
-  local out, ready = {}, false
-  for i = 0, n - 1 do
-    local b = 2 + i * ENQ_FIELDS
-    local id, tenant, prio, idem = args[b + 1], args[b + 2], args[b + 3], args[b + 11]
+  local lane = args[1]
+  local jobs = cmsgpack.unpack(args[2])
+  local out, tally = {}, new_effects()
+  -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
+  local seq = redis.call('HINCRBY', keys[STATS], 'seq', #jobs) - #jobs
+  for _, j in ipairs(jobs) do
+    seq = seq + 1
+    local id, tenant, prio, idem = j[1], j[2], j[3], j[11]
     local existing = idem ~= '' and redis.call('HGET', keys[IDEM], idem)
     if existing and redis.call('EXISTS', job_key(p, existing)) == 1 then
       out[#out + 1] = existing
       out[#out + 1] = 0
     else
       local run_at = now
-      if args[b + 13] ~= '' then
-        run_at = tonumber(args[b + 13])
-      elseif args[b + 12] ~= '' then
-        run_at = now + tonumber(args[b + 12])
+      if j[13] ~= '' then
+        run_at = tonumber(j[13])
+      elseif j[12] ~= '' then
+        run_at = now + tonumber(j[12])
       end
-      local dl = args[b + 14]
+      local dl = j[14]
       if string.sub(dl, 1, 1) == '+' then
-        dl = tostring(now + tonumber(string.sub(dl, 2)))
+        dl = now + tonumber(string.sub(dl, 2))
+      elseif dl ~= '' then
+        dl = tonumber(dl)
       end
-      if dl ~= '' and (tonumber(dl) <= now or tonumber(dl) < run_at) then
+      if dl ~= '' and (dl <= now or dl < run_at) then
         out[#out + 1] = id
         out[#out + 1] = -1
       else
-        local seq = redis.call('HINCRBY', keys[STATS], 'seq', 1)
         local jk = job_key(p, id)
         local st = run_at > now and 'scheduled' or 'queued'
-        redis.call('HSET', jk, 'task', args[b + 4], 'tenant', tenant, 'lane', lane, 'prio', prio,
-          'args', args[b + 5], 'max', args[b + 6], 'bo', args[b + 7], 'to', args[b + 8],
-          'rc', args[b + 9], 'rf', args[b + 10], 'enq', now, 'run', run_at, 'seq', seq,
-          'st', st, 'att', 0)
+        redis.call('HSET', jk, 'task', j[4], 'tenant', tenant, 'lane', lane, 'prio', prio,
+          'args', j[5], 'max', j[6], 'bo', j[7], 'to', j[8], 'rc', j[9], 'rf', j[10],
+          'enq', now, 'run', run_at, 'seq', seq, 'st', st, 'att', 0)
         if dl ~= '' then
           redis.call('HSET', jk, 'dl', dl)
         end
@@ -232,49 +261,46 @@ local function enqueue(keys, args)
           redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
         else
           push_ready(p, lane, tenant, id, prio, seq)
-          ready = true
         end
         out[#out + 1] = id
         out[#out + 1] = 1
       end
     end
   end
-  if ready then
+  apply_effects(keys, p, tally, now)
+  if #jobs > 0 then
+    -- a scheduled job may be due sooner than a blocked worker's timeout: wake one either way
     wake(p, lane)
-  elseif n > 0 then
-    wake_for_schedule(p, lane)
   end
   return out
 end
 
 ---------------------------------------------------------------------------- ack
 
-local ACK_FIELDS = 5
-
--- Apply a batch of outcomes, each fenced by its lease token.
--- Entries: id, token, kind (ok | retry | dead | cancel | release), payload, delay_ms.
+-- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
+-- [id, token, kind (ok | retry | dead | cancel | release), payload, delay_ms].
 -- Returns one code per entry: 1 applied, 0 rejected as stale (counted in stats 'fenced').
-local function apply_acks(keys, p, args, first, n, now)
-  local codes = {}
-  for i = 0, n - 1 do
-    local b = first + i * ACK_FIELDS
-    local id, tok, kind, payload = args[b], args[b + 1], args[b + 2], args[b + 3]
+local function apply_acks(keys, p, acks, now, tally)
+  local codes, released = {}, {}
+  for i, a in ipairs(acks) do
+    local id, kind, payload = a[1], a[3], a[4]
     local jk = job_key(p, id)
-    local f = redis.call('HMGET', jk, 'st', 'tok')
-    if f[1] ~= 'running' or f[2] ~= tok then
-      redis.call('HINCRBY', keys[STATS], 'fenced', 1)
-      codes[#codes + 1] = 0
+    local f = redis.call('HMGET', jk, 'st', 'tok', 'task', 'rc', 'rf', 'w')
+    if f[1] ~= 'running' or f[2] ~= a[2] then
+      count(tally, 'fenced')
+      codes[i] = 0
     else
-      redis.call('ZREM', keys[LEASES], id)
-      redis.call('HDEL', jk, 'tok', 'wk', 'cx')
+      -- the status leaves 'running' below, which alone fences any later write of this token
+      released[#released + 1] = id
+      local meta = {f[3], f[4], f[5], f[6]}
       if kind == 'ok' then
-        finish(keys, p, id, 'completed', 'res', payload, now)
+        finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
       elseif kind == 'retry' then
-        schedule_retry(keys, p, id, tonumber(args[b + 4]), payload, now)
+        schedule_retry(keys, p, id, tonumber(a[5]), payload, now, tally)
       elseif kind == 'dead' then
-        dead_letter(keys, p, id, payload, now)
+        dead_letter(keys, p, id, payload, now, tally, meta)
       elseif kind == 'cancel' then
-        finish(keys, p, id, 'cancelled', 'err', payload, now)
+        finish(keys, p, id, 'cancelled', 'err', payload, now, tally, meta)
       else -- release: handed back unstarted by a stopping worker; the attempt is not counted
         local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq')
         redis.call('HINCRBY', jk, 'att', -1)
@@ -282,8 +308,13 @@ local function apply_acks(keys, p, args, first, n, now)
         push_ready(p, r[1], r[2], id, r[3], r[4])
         wake(p, r[1])
       end
-      codes[#codes + 1] = 1
+      codes[i] = 1
     end
+  end
+  -- dropped before anything is fetched, so a job settled and leased again in one
+  -- exchange keeps its new lease
+  if #released > 0 then
+    redis.call('ZREM', keys[LEASES], unpack(released))
   end
   return codes
 end
@@ -305,9 +336,10 @@ end
 
 local MALFORMED_ERR = '{"type":"MalformedJob","message":"the stored job record is incomplete or corrupt; it was not executed","traceback":""}'
 
--- Pop the next runnable job of a lane (tenants in rotation), or nil when the lane is empty.
+-- Pop the next runnable job of a lane (tenants in rotation), or nil when the lane is
+-- empty. Returns the id and the job's fields: st, task, args, max, dl, to, tenant, bo, enq, att.
 -- Jobs that cannot run (expired, malformed, stale entries) are settled on the way.
-local function pop_job(keys, p, lane, now)
+local function pop_job(keys, p, lane, now, tally)
   local tenants = lane_key(p, lane, 'tenants')
   while true do
     local tenant = redis.call('LPOP', tenants)
@@ -322,64 +354,65 @@ local function pop_job(keys, p, lane, now)
     local id = popped[1]
     if id then
       local jk = job_key(p, id)
-      local f = redis.call('HMGET', jk, 'st', 'task', 'args', 'max', 'dl')
+      local f = redis.call('HMGET', jk, 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant', 'bo', 'enq',
+        'att')
       if f[1] == 'queued' then
         if not f[2] or not f[3] or not tonumber(f[4]) then
-          redis.call('HINCRBY', keys[STATS], 'malformed', 1)
-          dead_letter(keys, p, id, MALFORMED_ERR, now)
+          count(tally, 'malformed')
+          dead_letter(keys, p, id, MALFORMED_ERR, now, tally)
         elseif f[5] and tonumber(f[5]) < now then
-          expire(keys, p, id, EXPIRED_ERR, now)
+          expire(keys, p, id, EXPIRED_ERR, now, tally)
         else
-          return id, jk
+          return id, jk, f
         end
       elseif not f[1] then
-        redis.call('HINCRBY', keys[STATS], 'missing', 1)
+        count(tally, 'missing')
       end
     end
   end
 end
 
--- ARGV from `first`: worker, n, lease_ms, promote_limit, n_lanes, lanes...
--- Returns: n_jobs, ms until the next scheduled job (-1 none), then per job
---          id, token, attempt, task, args, timeout, deadline, tenant, max, backoff, enqueued, seq-free.
-local function fetch(keys, p, args, first, now)
-  local worker, n, lease = args[first], tonumber(args[first + 1]), tonumber(args[first + 2])
-  local promote_limit, n_lanes = tonumber(args[first + 3]), tonumber(args[first + 4])
-  local lanes = {}
-  for i = 1, n_lanes do
-    lanes[i] = args[first + 4 + i]
-    promote_due(keys, p, lanes[i], now, promote_limit)
+-- Lease up to `n` jobs of `lanes` (taken in turn) to `worker`. Returns the jobs, each
+-- [id, token, attempt, task, args, timeout, deadline, tenant, max, backoff, enqueued],
+-- and the ms until the lanes' next scheduled job (-1 when none).
+local function fetch(keys, p, worker, n, lease, promote_limit, lanes, now, tally)
+  for _, lane in ipairs(lanes) do
+    promote_due(keys, p, lane, now, promote_limit)
   end
-  local out = {0, -1}
-  local got, empty, li = 0, 0, 0
-  while got < n and empty < n_lanes do
+  local popped = {}
+  local empty, li, n_lanes = 0, 0, #lanes
+  while #popped < n and empty < n_lanes do
     li = li % n_lanes + 1
-    local id, jk = pop_job(keys, p, lanes[li], now)
+    local id, jk, f = pop_job(keys, p, lanes[li], now, tally)
     if id then
       empty = 0
-      got = got + 1
-      local tok = redis.call('INCR', keys[FENCE])
-      local att = redis.call('HINCRBY', jk, 'att', 1)
-      redis.call('HSET', jk, 'st', 'running', 'tok', tok, 'wk', worker, 'start', now)
-      redis.call('ZADD', keys[LEASES], now + lease, id)
-      local f = redis.call('HMGET', jk, 'task', 'args', 'to', 'dl', 'tenant', 'max', 'bo', 'enq')
-      local o = #out
-      out[o + 1], out[o + 2], out[o + 3] = id, tok, att
-      for k = 1, 8 do
-        out[o + 3 + k] = f[k] or ''
-      end
+      popped[#popped + 1] = {id, jk, f}
     else
       empty = empty + 1
     end
   end
-  out[1] = got
-  local next_due = -1
-  for i = 1, n_lanes do
-    local lk = lane_key(p, lanes[i], 'tenants')
-    if got > 0 and redis.call('LLEN', lk) > 0 then
-      wake(p, lanes[i])
+  local jobs = {}
+  if #popped > 0 then
+    local tok = redis.call('INCRBY', keys[FENCE], #popped) - #popped
+    local zargs = {}
+    for i, e in ipairs(popped) do
+      local id, jk, f = e[1], e[2], e[3]
+      tok = tok + 1
+      local att = (tonumber(f[10]) or 0) + 1
+      redis.call('HSET', jk, 'st', 'running', 'tok', tok, 'att', att, 'wk', worker, 'start', now)
+      zargs[2 * i - 1] = now + lease
+      zargs[2 * i] = id
+      jobs[i] = {id, tostring(tok), att, f[2], f[3], tonumber(f[6]) or 0,
+        tonumber(f[5]) or 0, f[7] or '', tonumber(f[4]), f[8] or '', tonumber(f[9]) or 0}
     end
-    local head = redis.call('ZRANGE', lane_key(p, lanes[i], 'delayed'), 0, 0, 'WITHSCORES')
+    redis.call('ZADD', keys[LEASES], unpack(zargs))
+  end
+  local next_due = -1
+  for _, lane in ipairs(lanes) do
+    if #jobs > 0 and redis.call('LLEN', lane_key(p, lane, 'tenants')) > 0 then
+      wake(p, lane)
+    end
+    local head = redis.call('ZRANGE', lane_key(p, lane, 'delayed'), 0, 0, 'WITHSCORES')
     if head[2] then
       local due = math.max(0, tonumber(head[2]) - now)
       if next_due < 0 or due < next_due then
@@ -387,23 +420,28 @@ local function fetch(keys, p, args, first, now)
       end
     end
   end
-  out[2] = next_due
-  return out
+  return jobs, next_due
 end
 
--- ARGV: n_acks, acks..., then the fetch arguments. One round trip settles the
--- finished jobs of a worker and hands it the next batch.
+-- ARGV: msgpack [acks, worker, n, lease_ms, promote_limit, lanes]. One round trip
+-- settles a worker's finished attempts and leases it the next batch.
+-- Returns msgpack [next_due_ms, ack codes, jobs].
 local function exchange(keys, args)
   local p, now = prefix(keys), now_ms()
-  local n_acks = tonumber(args[1])
-  local codes = apply_acks(keys, p, args, 2, n_acks, now)
-  local out = fetch(keys, p, args, 2 + n_acks * ACK_FIELDS, now)
-  out[#out + 1] = codes
-  return out
+  local a = cmsgpack.unpack(args[1])
+  local tally = new_effects()
+  local codes = apply_acks(keys, p, a[1], now, tally)
+  local jobs, next_due = fetch(keys, p, a[2], a[3], a[4], a[5], a[6], now, tally)
+  apply_effects(keys, p, tally, now)
+  return cmsgpack.pack({next_due, codes, jobs})
 end
 
+-- ARGV: msgpack array of acks. Returns the codes as a plain array.
 local function ack(keys, args)
-  return apply_acks(keys, prefix(keys), args, 2, tonumber(args[1]), now_ms())
+  local p, now, tally = prefix(keys), now_ms(), new_effects()
+  local codes = apply_acks(keys, p, cmsgpack.unpack(args[1]), now, tally)
+  apply_effects(keys, p, tally, now)
+  return codes
 end
 
 ---------------------------------------------------------------------------- leases
@@ -441,25 +479,26 @@ local function sweep(keys, args)
   local limit = tonumber(args[1])
   math.randomseed(tonumber(args[2]))
   local expired = redis.call('ZRANGE', keys[LEASES], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
-  local retried, dead = {}, {}
+  local retried, dead, tally = {}, {}, new_effects()
   for _, id in ipairs(expired) do
     redis.call('ZREM', keys[LEASES], id)
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'st', 'att', 'max', 'bo')
     if f[1] == 'running' then
       redis.call('HDEL', jk, 'tok', 'wk')
-      redis.call('HINCRBY', keys[STATS], 'reclaimed', 1)
+      count(tally, 'reclaimed')
       local att = tonumber(f[2]) or 0
       local err = string.format(LOST_ERR, att)
       if att >= (tonumber(f[3]) or 1) then
-        dead_letter(keys, p, id, err, now)
+        dead_letter(keys, p, id, err, now, tally)
         dead[#dead + 1] = id
       else
-        schedule_retry(keys, p, id, backoff_ms(f[4], att, math.random()), err, now)
+        schedule_retry(keys, p, id, backoff_ms(f[4], att, math.random()), err, now, tally)
         retried[#retried + 1] = id
       end
     end
   end
+  apply_effects(keys, p, tally, now)
   redis.call('ZREMRANGEBYSCORE', keys[WORKERS], '-inf', now - tonumber(args[3]))
   local specs = redis.call('HGETALL', keys[TASKS])
   for i = 1, #specs, 2 do
@@ -503,8 +542,10 @@ local function cancel(keys, args)
   else
     return st
   end
+  local tally = new_effects()
   finish(keys, p, id, 'cancelled', 'err',
-    '{"type":"Cancelled","message":"the job was cancelled","traceback":""}', now)
+    '{"type":"Cancelled","message":"the job was cancelled","traceback":""}', now, tally)
+  apply_effects(keys, p, tally, now)
   return 'cancelled'
 end
 

@@ -1,0 +1,10 @@
+# The commands the README gives.
+.PHONY: test example lint bench
+test:
+	./scripts/test
+example:
+	./scripts/example
+lint:
+	.venv/bin/ruff check src tests benchmarks && .venv/bin/ruff format --check src tests benchmarks && .venv/bin/mypy
+bench:
+	.venv/bin/fairlane bench

@@ -1,0 +1,197 @@
+"""Shared pieces of the command line: consoles, loading ``MODULE:APP``, running coroutines.
+
+Exit codes used by every command: 0 success, 1 a runtime failure (server unreachable,
+a check failed), 2 a usage problem (bad arguments, an app that cannot be imported or
+settings that do not load).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import redis
+import typer
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rich.console import Console
+from rich.markup import escape
+
+from fairlane.app import App
+from fairlane.config import ConfigError, Settings, load_settings
+from fairlane.store.keys import AppKeys
+from fairlane.store.redis import StoreUnavailable
+from fairlane.store.server import ServerNotFound, ServerStartError, dev_server_status
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
+    "AppSpec",
+    "RedisUrl",
+    "ServerTarget",
+    "console",
+    "err_console",
+    "fail",
+    "live_workers",
+    "load_app",
+    "locate_server",
+    "redact",
+    "run",
+    "settings_or_fail",
+]
+
+T = TypeVar("T")
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+AppSpec = Annotated[
+    str,
+    typer.Argument(
+        metavar="MODULE:APP",
+        help="Where the app is: a module path and the App's attribute, e.g. myproject.tasks:app "
+        "(the attribute defaults to `app`). The working directory is importable.",
+        show_default=False,
+    ),
+]
+RedisUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--redis-url",
+        metavar="URL",
+        help="Server URL (redis://, rediss:// or unix://); overrides the app's and the "
+        "settings' URL.",
+        show_default=False,
+    ),
+]
+
+
+def console() -> Console:
+    """A console on stdout, built per use so it follows redirection and $COLUMNS."""
+    return Console(highlight=False, soft_wrap=False)
+
+
+def err_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
+    """Print ``message`` as an error on stderr and exit with ``code``."""
+    err_console().print(f"[bold red]error:[/] {escape(message)}")
+    raise typer.Exit(code)
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for printing."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+
+
+def settings_or_fail() -> Settings:
+    try:
+        return load_settings()
+    except ConfigError as exc:
+        fail(str(exc), EXIT_USAGE)
+
+
+def _import_module(name: str) -> Any:
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)  # like other worker CLIs: the project is importable
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (name == missing or name.startswith(missing + ".")):
+            fail(
+                f"cannot import module {name!r}: no such module (looked in {cwd} and sys.path)",
+                EXIT_USAGE,
+            )
+        _print_import_traceback(exc)
+        fail(f"importing {name!r} failed: {exc}", EXIT_USAGE)
+    except ConfigError as exc:
+        fail(f"importing {name!r} failed: {exc}", EXIT_USAGE)
+    except Exception as exc:  # noqa: BLE001 - any error in user code is reported, then exit 2
+        _print_import_traceback(exc)
+        fail(f"importing {name!r} failed: {type(exc).__name__}: {exc}", EXIT_USAGE)
+
+
+def _print_import_traceback(exc: BaseException) -> None:
+    err_console().print(escape("".join(traceback.format_exception(exc)).rstrip()), style="dim")
+
+
+def load_app(spec: str, redis_url: str | None = None) -> App:
+    """Import ``MODULE:APP`` and return the App; exit 2 with a clear message if it is not one.
+
+    ``redis_url`` (from ``--redis-url``) replaces the URL the app would otherwise use.
+    """
+    module_name, _, attribute = spec.partition(":")
+    attribute = attribute or "app"
+    if not module_name or not all(part.isidentifier() for part in module_name.split(".")):
+        fail(f"{spec!r} is not MODULE:APP (e.g. myproject.tasks:app)", EXIT_USAGE)
+    obj: Any = _import_module(module_name)
+    for part in attribute.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            fail(f"module {module_name!r} has no attribute {attribute!r}", EXIT_USAGE)
+    if not isinstance(obj, App):
+        fail(f"{spec} is a {type(obj).__name__}, not a fairlane.App", EXIT_USAGE)
+    if redis_url:
+        obj._redis_url = redis_url  # the command line wins over App(redis_url=...) and settings
+    return obj
+
+
+@dataclass(frozen=True)
+class ServerTarget:
+    """The server a command talks to, found without starting anything."""
+
+    url: str | None  # None when nothing is configured and the dev server is not running
+    source: str
+
+
+def locate_server(settings: Settings, explicit: str | None = None, app: App | None = None) -> ServerTarget:
+    """Which server an app (or the settings) would use; never starts the dev server."""
+    if explicit:
+        return ServerTarget(explicit, "--redis-url")
+    if app is not None and app._redis_url:
+        return ServerTarget(app._redis_url, "App(redis_url=...)")
+    if settings.redis_url:
+        return ServerTarget(settings.redis_url, "the redis_url setting")
+    status = dev_server_status(settings.server.state_dir)
+    where = f"the local dev server in {status.state_dir}"
+    return ServerTarget(status.url if status.running else None, where)
+
+
+def live_workers(client: redis.Redis, app_name: str, max_age: float) -> list[tuple[str, float]]:
+    """Workers of the app whose heartbeat is younger than ``max_age`` s, with their age (s)."""
+    seconds, micros = client.time()
+    now_ms = int(seconds) * 1000 + int(micros) // 1000
+    raw = client.zrangebyscore(
+        AppKeys.for_app(app_name).workers, now_ms - max_age * 1000, "+inf", withscores=True
+    )
+    found = []
+    for member, score in raw:
+        name = member.decode() if isinstance(member, bytes) else str(member)
+        found.append((name, max(0.0, (now_ms - float(score)) / 1000)))
+    return sorted(found, key=lambda item: item[1])
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro``; an unreachable or unstartable server becomes a clear error and exit 1."""
+    try:
+        return asyncio.run(coro)
+    except StoreUnavailable as exc:
+        fail(f"{exc} (check --redis-url / FAIRLANE_REDIS_URL; `fairlane doctor` helps)")
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        fail(f"the Redis server is unreachable: {exc}")
+    except (ServerNotFound, ServerStartError) as exc:
+        fail(f"the local dev server could not be started: {exc}")
