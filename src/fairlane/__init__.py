@@ -1,11 +1,11 @@
 """Fairlane: a fair, bounded, durable task queue for multi-tenant AI platforms.
 
-    from fairlane import App, Backoff, Retention
+from fairlane import App, Backoff, Retention
 
-    app = App("agents")
+app = App("agents")
 
-    @app.task(lane="light", attempts=5, backoff=Backoff(base=2.0, cap=120.0))
-    async def classify(text: str) -> str: ...
+@app.task(lane="light", attempts=5, backoff=Backoff(base=2.0, cap=120.0))
+async def classify(text: str) -> str: ...
 """
 
 from fairlane.app import App

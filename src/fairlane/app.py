@@ -9,21 +9,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
+from cronsim import CronSim, CronSimError
 from redis.asyncio.client import PubSub
 
 from fairlane.config import Settings, load_settings
 from fairlane.errors import JobNotFound, UnknownTask
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
+from fairlane.runtime.worker import Worker
+from fairlane.store.keys import namespace
 from fairlane.store.redis import Store, StoreUnavailable
+from fairlane.store.server import ensure_dev_server
 from fairlane.task import Executor, Task, TaskOptions
 
-__all__ = ["App", "CronEntry"]
+__all__ = ["App", "CronEntry", "TaskDecorator"]
 
 log = logging.getLogger("fairlane")
 P = ParamSpec("P")
@@ -43,12 +49,19 @@ _DEFAULTS: dict[str, Any] = {
 _UNSET: Any = object()
 
 
+class TaskDecorator(Protocol):
+    """Turns a function into a task; an async function's task returns what it awaits."""
+
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[R]], /) -> Task[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+
+
 class CronEntry:
     """A task enqueued once per tick of a cron schedule, across any number of workers."""
 
     def __init__(self, schedule: str, task: Task[[], Any]) -> None:
-        from cronsim import CronSim, CronSimError
-
         try:
             CronSim(schedule, _utc_now())
         except CronSimError as exc:
@@ -57,9 +70,7 @@ class CronEntry:
         self.task = task
 
 
-def _utc_now() -> Any:
-    from datetime import UTC, datetime
-
+def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
@@ -74,8 +85,6 @@ class App:
         settings: Settings | None = None,
         project_dir: Path | str | None = None,
     ) -> None:
-        from fairlane.store.keys import namespace
-
         namespace(name)  # validates the name
         self.name = name
         self.settings = settings or load_settings(project_dir=project_dir)
@@ -94,11 +103,13 @@ class App:
     # -- declaring -------------------------------------------------------------------
 
     @overload
-    def task(self, fn: Callable[P, R], /) -> Task[P, Any]: ...
+    def task(self, fn: Callable[P, Awaitable[R]], /) -> Task[P, R]: ...
 
     @overload
     def task(
         self,
+        fn: None = None,
+        /,
         *,
         name: str | None = None,
         lane: str | None = None,
@@ -108,7 +119,7 @@ class App:
         retention: Retention = ...,
         executor: Executor = ...,
         retry_on: Sequence[type[BaseException]] = ...,
-    ) -> Callable[[Callable[P, Awaitable[R]] | Callable[P, R]], Task[P, R]]: ...
+    ) -> TaskDecorator: ...
 
     def task(
         self,
@@ -117,17 +128,21 @@ class App:
         *,
         name: str | None = None,
         lane: str | None = None,
-        attempts: int = _UNSET,
-        backoff: Backoff = _UNSET,
-        timeout: float | None = _UNSET,
-        retention: Retention = _UNSET,
-        executor: Executor = _UNSET,
-        retry_on: Sequence[type[BaseException]] = _UNSET,
+        attempts: Any = _UNSET,
+        backoff: Any = _UNSET,
+        timeout: Any = _UNSET,
+        retention: Any = _UNSET,
+        executor: Any = _UNSET,
+        retry_on: Any = _UNSET,
     ) -> Any:
         """Register a function as a task. Every option left out is marked as a default."""
-        given = {
-            "attempts": attempts, "backoff": backoff, "timeout": timeout,
-            "retention": retention, "executor": executor, "retry_on": retry_on,
+        given: dict[str, Any] = {
+            "attempts": attempts,
+            "backoff": backoff,
+            "timeout": timeout,
+            "retention": retention,
+            "executor": executor,
+            "retry_on": retry_on,
         }
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -151,8 +166,6 @@ class App:
         return register(fn) if fn is not None else register
 
     def _register(self, func: Callable[..., Any], options: TaskOptions) -> Task[Any, Any]:
-        import inspect
-
         clash = RESERVED_PARAMETERS & set(inspect.signature(func).parameters)
         if clash:
             raise ValueError(
@@ -214,8 +227,6 @@ class App:
             return self._redis_url
         if self.settings.redis_url:
             return self.settings.redis_url
-        from fairlane.store.server import ensure_dev_server
-
         return ensure_dev_server(self.settings.server.state_dir, self.settings.server.binary)
 
     @property
@@ -247,7 +258,7 @@ class App:
                 await self._listener
             self._listener = None
         if self._pubsub is not None:
-            await self._pubsub.aclose()
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
             self._pubsub = None
         if self._store is not None:
             await self._store.aclose()
@@ -325,15 +336,15 @@ class App:
         health_port: int | None = None,
     ) -> None:
         """Run a worker in this process until it is stopped (or, with ``burst``, idle)."""
-        from fairlane.runtime.worker import Worker
-
         async with self:
             worker = Worker(
                 self,
                 lanes=list(lanes or self.settings.worker.lanes),
                 concurrency=concurrency or self.settings.worker.concurrency,
                 burst=burst,
-                health_port=health_port if health_port is not None else self.settings.worker.health_port,
+                health_port=health_port
+                if health_port is not None
+                else self.settings.worker.health_port,
             )
             await worker.run(handle_signals=handle_signals)
 
@@ -368,4 +379,3 @@ def _redact(url: str) -> str:
         return url
     scheme, rest = url.split("://", 1)
     return f"{scheme}://***@{rest.split('@', 1)[1]}"
-

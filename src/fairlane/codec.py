@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import traceback
+import types
 import typing
 from collections.abc import Callable
 from typing import Any, Final
@@ -30,7 +31,7 @@ class PayloadTooLarge(ValueError):
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
     try:
         return typing.get_type_hints(fn)
-    except Exception:  # noqa: BLE001 - unresolvable annotations fall back to untyped decoding
+    except Exception:
         return {}
 
 
@@ -51,17 +52,27 @@ class ArgsCodec:
             hint = hints.get(p.name, _ANY)
             if p.kind is inspect.Parameter.VAR_POSITIONAL:
                 self._var_positional = p.name
-                fields.append((p.name, list[hint], msgspec.field(default_factory=list)))
+                fields.append(
+                    (p.name, types.GenericAlias(list, (hint,)), msgspec.field(default_factory=list))
+                )
             elif p.kind is inspect.Parameter.VAR_KEYWORD:
                 self._var_keyword = p.name
-                fields.append((p.name, dict[str, hint], msgspec.field(default_factory=dict)))
+                fields.append(
+                    (
+                        p.name,
+                        types.GenericAlias(dict, (str, hint)),
+                        msgspec.field(default_factory=dict),
+                    )
+                )
             elif p.default is inspect.Parameter.empty:
                 fields.append((p.name, hint, msgspec.NODEFAULT))
             else:
                 fields.append((p.name, hint, p.default))
         required = [(n, t) for n, t, d in fields if d is msgspec.NODEFAULT]
         optional = [(n, t, d) for n, t, d in fields if d is not msgspec.NODEFAULT]
-        self._struct = msgspec.defstruct("Arguments", [*required, *optional], forbid_unknown_fields=True)
+        self._struct = msgspec.defstruct(
+            "Arguments", [*required, *optional], forbid_unknown_fields=True
+        )
         self._decoder = msgspec.json.Decoder(self._struct)
         self._encoder = msgspec.json.Encoder()
         self._names = [n for n, _, _ in fields]
@@ -75,7 +86,7 @@ class ArgsCodec:
             raise TypeError(f"arguments do not match the task's signature: {exc}") from None
         try:
             blob = self._encoder.encode(bound.arguments)
-        except (TypeError, msgspec.EncodeError) as exc:
+        except (TypeError, UnicodeEncodeError, msgspec.EncodeError) as exc:
             raise TypeError(f"an argument cannot be encoded as JSON: {exc}") from None
         if check:
             try:
@@ -122,7 +133,9 @@ _ERROR_ENCODER: Final = msgspec.json.Encoder()
 _ERROR_DECODER: Final = msgspec.json.Decoder(ErrorInfo)
 
 
-def encode_error(exc: BaseException, *, type_name: str | None = None, tb: str | None = None) -> bytes:
+def encode_error(
+    exc: BaseException, *, type_name: str | None = None, tb: str | None = None
+) -> bytes:
     text = tb if tb is not None else "".join(traceback.format_exception(exc))
     name = type_name or f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
     return _ERROR_ENCODER.encode(ErrorInfo(name, str(exc), text[-8000:]))

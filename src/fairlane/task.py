@@ -150,7 +150,9 @@ class Job(Generic[R]):
 class Task(Generic[P, R]):
     """A function registered with an app, enqueued by name."""
 
-    def __init__(self, app: App, fn: Callable[P, Awaitable[R]] | Callable[P, R], options: TaskOptions):
+    def __init__(
+        self, app: App, fn: Callable[P, Awaitable[R]] | Callable[P, R], options: TaskOptions
+    ):
         self.app = app
         self.fn = fn
         self.options = options
@@ -186,7 +188,15 @@ class Task(Generic[P, R]):
     ) -> Job[R]:
         """Enqueue one call. Arguments are checked against the signature here, at the call site."""
         blob = self.encode_args(args, kwargs)
-        job = self.new_job(blob, tenant, delay, at, deadline, idempotency_key, priority)
+        job = self.new_job(
+            blob,
+            tenant=tenant,
+            delay=delay,
+            at=at,
+            deadline=deadline,
+            idempotency_key=idempotency_key,
+            priority=priority,
+        )
         (handle,) = await self._store([job])
         return handle
 
@@ -202,7 +212,15 @@ class Task(Generic[P, R]):
     ) -> list[Job[R]]:
         """Enqueue many calls (each a tuple of positional arguments) in one round trip."""
         jobs = [
-            self.new_job(self.encode_args(tuple(call), {}), tenant, delay, at, deadline, None, priority)
+            self.new_job(
+                self.encode_args(tuple(call), {}),
+                tenant=tenant,
+                delay=delay,
+                at=at,
+                deadline=deadline,
+                idempotency_key=None,
+                priority=priority,
+            )
             for call in calls
         ]
         return await self._store(jobs) if jobs else []
@@ -220,6 +238,7 @@ class Task(Generic[P, R]):
     def new_job(
         self,
         blob: bytes,
+        *,
         tenant: str,
         delay: Seconds | None,
         at: datetime | None,
@@ -228,7 +247,9 @@ class Task(Generic[P, R]):
         priority: int,
     ) -> NewJob:
         if not tenant or len(tenant) > 200:
-            raise ValueError(f"tenant must be a non-empty string of at most 200 characters: {tenant!r}")
+            raise ValueError(
+                f"tenant must be a non-empty string of at most 200 characters: {tenant!r}"
+            )
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"priority must be an int, got {priority!r}")
         if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:

@@ -19,7 +19,7 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 
 
 def parse_duration(value: str | float | int | timedelta) -> float:
-    """Seconds from ``30``, ``1.5``, ``"500ms"``, ``"90s"``, ``"15m"``, ``"12h"``, ``"7d"``, ``"2w"``."""
+    """Seconds from a number or a string such as ``"500ms"``, ``"90s"``, ``"12h"``, ``"7d"``."""
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, int | float):
@@ -74,7 +74,9 @@ class Keep:
         return " / ".join(parts) if parts else "forever"
 
 
-KeepSpec = int | str | float | timedelta | tuple[int | None, str | float | timedelta | None] | Keep | None
+KeepSpec = (
+    int | str | float | timedelta | tuple[int | None, str | float | timedelta | None] | Keep | None
+)
 
 DEFAULT_COMPLETED: KeepSpec = (1000, "1d")
 DEFAULT_FAILED: KeepSpec = (10000, "7d")

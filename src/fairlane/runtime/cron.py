@@ -11,13 +11,12 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from cronsim import CronSim
 
 from fairlane.runtime.lease import wait_or_stop
 from fairlane.store.redis import StoreUnavailable
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fairlane.app import CronEntry

@@ -51,7 +51,7 @@ class HealthServer:
         monitor_ref = monitor
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the http.server hook name
+            def do_GET(self) -> None:
                 if self.path.rstrip("/") != "/health":
                     self.send_error(404)
                     return
@@ -62,12 +62,13 @@ class HealthServer:
                 self.end_headers()
                 self.wfile.write(body.encode())
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: object) -> None:
                 return
 
         self._server = ThreadingHTTPServer((host, port), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fairlane-health",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="fairlane-health", daemon=True
+        )
 
     @property
     def port(self) -> int:

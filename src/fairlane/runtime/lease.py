@@ -36,6 +36,7 @@ async def wait_or_stop(stop: asyncio.Event, seconds: float) -> bool:
 
 
 async def renew_loop(
+    *,
     store: Store,
     worker_id: str,
     lease: LeaseSettings,
@@ -74,7 +75,10 @@ async def sweep_loop(store: Store, lease: LeaseSettings, stop: asyncio.Event) ->
                 log.warning("reclaim sweep failed: %s", exc)
                 break
             if retried or dead:
-                log.info("reclaimed %d expired leases (%d dead-lettered)",
-                         len(retried) + len(dead), len(dead))
+                log.info(
+                    "reclaimed %d expired leases (%d dead-lettered)",
+                    len(retried) + len(dead),
+                    len(dead),
+                )
             if len(retried) + len(dead) < lease.sweep_batch:
                 break

@@ -55,7 +55,9 @@ class _Failure(Exception):
 class Runner:
     """Executes attempts for one worker, with its thread and process executors."""
 
-    def __init__(self, app: App, threads: ThreadExecutor, processes: ProcessExecutor | None) -> None:
+    def __init__(
+        self, app: App, threads: ThreadExecutor, processes: ProcessExecutor | None
+    ) -> None:
         self.app = app
         self.threads = threads
         self.processes = processes
@@ -67,8 +69,10 @@ class Runner:
         try:
             if task is None:
                 raise _Failure(
-                    encode_error(LookupError(f"no task named {job.task!r} in this worker"),
-                                 type_name="UnknownTask"),
+                    encode_error(
+                        LookupError(f"no task named {job.task!r} in this worker"),
+                        type_name="UnknownTask",
+                    ),
                     retryable=True,
                 )
             payload = await self._attempt(task, job)
@@ -83,19 +87,23 @@ class Runner:
             # the worker enforces an async attempt's timeout with one timer per job
             try:
                 value = await task.fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - any task error is an attempt's outcome
+            except Exception as exc:
                 raise _Failure(encode_error(exc), retryable=_retryable(task, exc)) from None
             try:
                 payload = task.codec.encode_result(value)
             except (msgspec.EncodeError, TypeError) as exc:
-                raise _Failure(encode_error(exc, type_name="ResultNotSerializable"),
-                               retryable=False) from None
+                raise _Failure(
+                    encode_error(exc, type_name="ResultNotSerializable"), retryable=False
+                ) from None
         else:
             payload = await self._offload(task, job, timeout)
         if len(payload) > self.max_result:
             raise _Failure(
-                encode_error(PayloadTooLarge(
-                    f"the result is {len(payload)} bytes, over the {self.max_result}-byte limit")),
+                encode_error(
+                    PayloadTooLarge(
+                        f"the result is {len(payload)} bytes, over the {self.max_result}-byte limit"
+                    )
+                ),
                 retryable=False,
             )
         return payload
@@ -113,16 +121,20 @@ class Runner:
         except ChildCrashed as exc:
             raise _Failure(encode_error(exc, type_name="ChildCrashed"), retryable=True) from None
         except RemoteError as exc:
-            raise _Failure(encode_error(exc, type_name=exc.type_name, tb=exc.traceback),
-                           retryable=_remote_retryable(task, exc.type_name)) from None
+            raise _Failure(
+                encode_error(exc, type_name=exc.type_name, tb=exc.traceback),
+                retryable=_remote_retryable(task, exc.type_name),
+            ) from None
 
     def _decode(self, task: Task[Any, Any], job: FetchedJob) -> tuple[list[Any], dict[str, Any]]:
         try:
             return task.codec.decode(job.args)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise _Failure(
-                encode_error(ValueError(f"stored arguments do not fit the task's signature: {exc}"),
-                             type_name="MalformedArguments"),
+                encode_error(
+                    ValueError(f"stored arguments do not fit the task's signature: {exc}"),
+                    type_name="MalformedArguments",
+                ),
                 retryable=False,
             ) from None
 
@@ -137,8 +149,11 @@ class Runner:
 
     def _failed(self, job: FetchedJob, failure: _Failure) -> Outcome:
         decision = after_failure(
-            job.attempt, job.max_attempts, retryable=failure.retryable,
-            backoff=_backoff(job.backoff), u=random.random(),
+            job.attempt,
+            job.max_attempts,
+            retryable=failure.retryable,
+            backoff=_backoff(job.backoff),
+            u=random.random(),
         )
         if decision.kind == "dead":
             return Outcome(job.id, job.token, "dead", failure.payload)

@@ -110,8 +110,12 @@ class Worker:
 
     def statistics(self) -> WorkerStats:
         return WorkerStats(
-            running=len(self._running), fetched=self._fetched, settled=self._settled,
-            fenced=self._fenced, fetch_calls=self._fetch_calls, ack_calls=self._ack_calls,
+            running=len(self._running),
+            fetched=self._fetched,
+            settled=self._settled,
+            fenced=self._fenced,
+            fetch_calls=self._fetch_calls,
+            ack_calls=self._ack_calls,
         )
 
     async def run(self, *, handle_signals: bool = False) -> None:
@@ -120,8 +124,13 @@ class Worker:
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
-        log.info("worker %s serving lanes %s of app %s (concurrency %d)",
-                 self.id, ",".join(self.lanes), self.app.name, self.concurrency)
+        log.info(
+            "worker %s serving lanes %s of app %s (concurrency %d)",
+            self.id,
+            ",".join(self.lanes),
+            self.app.name,
+            self.concurrency,
+        )
         try:
             async with AsyncExitStack() as stack:
                 runner = await self._start_executors(stack)
@@ -154,10 +163,17 @@ class Worker:
                 stack.callback(health.stop)
             async with asyncio.TaskGroup() as services:
                 services.create_task(monitor.run(self._closed))
-                services.create_task(renew_loop(
-                    store, self.id, self.lease, self._held, self._lost, self._cancel_requested,
-                    self._closed,
-                ))
+                services.create_task(
+                    renew_loop(
+                        store=store,
+                        worker_id=self.id,
+                        lease=self.lease,
+                        held=self._held,
+                        on_lost=self._lost,
+                        on_cancel=self._cancel_requested,
+                        stop=self._closed,
+                    )
+                )
                 services.create_task(sweep_loop(store, self.lease, self._closed))
                 services.create_task(cron_loop(self.app.crons, self._stopping))
                 services.create_task(self._ack_loop())
@@ -184,7 +200,9 @@ class Worker:
             # server prepares the next, so the worker and the server work side by side.
             want = min(free, self.batch, max(1, self.concurrency // 2))
             try:
-                fetched = await self.app.store.exchange(self.id, self.lanes, want, lease_ms, outcomes)
+                fetched = await self.app.store.exchange(
+                    self.id, self.lanes, want, lease_ms, outcomes
+                )
             except StoreUnavailable as exc:
                 self._outcomes[:0] = outcomes
                 failures += 1
@@ -208,7 +226,9 @@ class Worker:
         self._flush_needed.set()
 
     async def _idle_wait(self, next_due_ms: int | None) -> None:
-        timeout = self.idle_block if next_due_ms is None else min(self.idle_block, next_due_ms / 1000)
+        timeout = (
+            self.idle_block if next_due_ms is None else min(self.idle_block, next_due_ms / 1000)
+        )
         if timeout <= 0:
             return
         self._carrier_active = False
@@ -231,8 +251,9 @@ class Worker:
         timer = None
         if self._runner.uses_timer(job):
             loop = asyncio.get_running_loop()
-            timer = loop.call_at(loop.time() + job.timeout, self._interrupt, [job.id],
-                                 CancelReason.TIMEOUT)
+            timer = loop.call_at(
+                loop.time() + job.timeout, self._interrupt, [job.id], CancelReason.TIMEOUT
+            )
         try:
             outcome = await self._runner.run(job)
         except asyncio.CancelledError:
@@ -254,8 +275,9 @@ class Worker:
         if reason == CancelReason.TIMEOUT:
             return self._runner.timed_out(job)
         if reason == CancelReason.CANCELLED:
-            err = encode_error(asyncio.CancelledError("the job was cancelled while running"),
-                               type_name="Cancelled")
+            err = encode_error(
+                asyncio.CancelledError("the job was cancelled while running"), type_name="Cancelled"
+            )
             return Outcome(job.id, job.token, "cancel", err)
         return Outcome(job.id, job.token, "release")
 
@@ -333,4 +355,6 @@ class Worker:
         self._settled += len(outcomes) - stale
         if stale:
             self._fenced += stale
-            log.warning("%d late write(s) rejected: their lease had passed to another worker", stale)
+            log.warning(
+                "%d late write(s) rejected: their lease had passed to another worker", stale
+            )

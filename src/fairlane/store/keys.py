@@ -15,24 +15,24 @@ script runs, because the script itself decides which job or tenant it touches
 build those from the namespace prefix in ``KEYS[1]``; they always share the
 namespace's hash tag, so they hash to the same slot as the declared keys.
 
-============================  =====  ====================================  ==========================
-pattern (after the prefix)    type   holds                                 written by
-============================  =====  ====================================  ==========================
-``fence``                     str    fencing-token counter (INCR)          fetch
-``leases``                    zset   running job id -> lease expiry (ms)   fetch, renew, ack, sweep
-``stats``                     hash   counters (fenced, reclaimed, ...)     every script
-``idem``                      hash   idempotency key -> job id             enqueue, retention trim
-``dead``                      zset   dead-lettered job id -> time (ms)     ack, sweep, redrive
-``workers``                   zset   worker id -> last heartbeat (ms)      renew (heartbeat)
-``tasks``                     set    task names with retention indexes     ack, sweep
-``lane:<lane>:tenants``       list   tenants with waiting work (rotation)  enqueue, fetch, promote
-``lane:<lane>:delayed``       zset   job id -> run-at time (ms)            enqueue, ack (retry), sweep
-``lane:<lane>:wake``          list   wake tokens for blocked workers       enqueue, fetch; BLPOP by workers
-``job:<id>`` (derived)        hash   the job: spec and state fields        enqueue, fetch, ack, ...
-``q:<lane>:<tenant>`` (der.)  zset   waiting job ids, score = order        enqueue, fetch, cancel
-``kept:<task>:ok`` (derived)  zset   completed job id -> finish (ms)       ack (retention index)
-``kept:<task>:failed`` (der.) zset   failed/expired/cancelled -> (ms)      ack, sweep, cancel
-============================  =====  ====================================  ==========================
+=========================  =====  =================================  ========================
+pattern (after the prefix)  type   holds                              written by
+=========================  =====  =================================  ========================
+``fence``                  str    fencing-token counter              fetch
+``leases``                 zset   running job id -> expiry (ms)      fetch, renew, ack, sweep
+``stats``                  hash   counters; the FIFO ``seq``         every script
+``idem``                   hash   idempotency key -> job id          enqueue, retention trim
+``dead``                   zset   dead-lettered job id -> time (ms)  ack, sweep, redrive
+``workers``                zset   worker id -> heartbeat (ms)        renew, sweep
+``tasks``                  hash   task -> its retention specs        declare_task
+``lane:<l>:tenants``       list   tenants with waiting work          enqueue, fetch, cancel
+``lane:<l>:delayed``       zset   job id -> run-at time (ms)         enqueue, ack, sweep
+``lane:<l>:wake``          list   wake tokens; workers BLPOP it      enqueue, fetch, ack
+``job:<id>`` (derived)     hash   spec and state (JOB_FIELDS)        every script
+``q:<l>:<t>`` (derived)    zset   waiting job ids by order           enqueue, fetch, cancel
+``kept:<task>:ok`` (der.)  zset   completed job id -> finish (ms)    ack (retention index)
+``kept:<task>:failed``     zset   failed/expired/cancelled -> (ms)   ack, sweep, cancel
+=========================  =====  =================================  ========================
 
 Pub/sub channel ``<prefix>done`` carries the id of a finished job that a producer
 is waiting on (only jobs whose ``w`` flag is set are published).
@@ -48,7 +48,9 @@ __all__ = ["JOB_FIELDS", "AppKeys", "LaneKeys", "namespace"]
 def namespace(app: str) -> str:
     """The key prefix of an app, hash tag included."""
     if not app or any(c in app for c in "{}: \t\n"):
-        raise ValueError(f"app name must be non-empty and free of braces, colons and spaces: {app!r}")
+        raise ValueError(
+            f"app name must be non-empty and free of braces, colons and spaces: {app!r}"
+        )
     return f"{{fl:{app}}}:"
 
 
@@ -123,7 +125,13 @@ class AppKeys:
     def common(self) -> list[str]:
         """The fixed keys every script receives first, in the order the Lua library expects."""
         return [
-            self.fence, self.leases, self.stats, self.idem, self.dead, self.workers, self.tasks,
+            self.fence,
+            self.leases,
+            self.stats,
+            self.idem,
+            self.dead,
+            self.workers,
+            self.tasks,
         ]
 
     def match_all(self) -> str:

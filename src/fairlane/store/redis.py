@@ -77,8 +77,16 @@ class NewJob:
 
     def flat(self) -> tuple[str | bytes | int | float, ...]:
         return (
-            self.id, self.tenant, self.priority, self.task, self.args.decode(), self.max_attempts,
-            self.backoff, self.timeout, self.keep_completed, self.keep_failed,
+            self.id,
+            self.tenant,
+            self.priority,
+            self.task,
+            self.args.decode(),
+            self.max_attempts,
+            self.backoff,
+            self.timeout,
+            self.keep_completed,
+            self.keep_failed,
             self.idempotency_key,
             "" if self.delay_ms is None else self.delay_ms,
             "" if self.at_ms is None else self.at_ms,
@@ -219,7 +227,7 @@ class Store:
 
     # -- worker side ------------------------------------------------------------------
 
-    async def exchange(
+    async def exchange(  # noqa: PLR0917 - mirrors the script's arguments
         self,
         worker: str,
         lanes: Sequence[str],
@@ -249,7 +257,9 @@ class Store:
         lost, cancel = await self.fcall("renew", self._common, args)
         return [_s(x) for x in lost], [_s(x) for x in cancel]
 
-    async def sweep(self, limit: int, seed: int, stale_worker_ms: int) -> tuple[list[str], list[str]]:
+    async def sweep(
+        self, limit: int, seed: int, stale_worker_ms: int
+    ) -> tuple[list[str], list[str]]:
         """Reclaim expired leases; returns (ids scheduled for retry, ids dead-lettered)."""
         retried, dead = await self.fcall("sweep", self._common, [limit, seed, stale_worker_ms])
         return [_s(x) for x in retried], [_s(x) for x in dead]
