@@ -336,7 +336,9 @@ class App:
         health_port: int | None = None,
     ) -> None:
         """Run a worker in this process until it is stopped (or, with ``burst``, idle)."""
-        async with self:
+        owns_connection = self._store is None
+        await self.connect()
+        try:
             worker = Worker(
                 self,
                 lanes=list(lanes or self.settings.worker.lanes),
@@ -347,6 +349,9 @@ class App:
                 else self.settings.worker.health_port,
             )
             await worker.run(handle_signals=handle_signals)
+        finally:
+            if owns_connection:
+                await self.aclose()
 
     async def dead_letters(self, limit: int = 100) -> list[tuple[str, float]]:
         """Dead-lettered job ids with the time (epoch seconds) they died, oldest first."""

@@ -95,7 +95,7 @@ class ArgsCodec:
                 raise TypeError(f"argument of the wrong type: {exc}") from None
         return blob
 
-    def decode(self, blob: bytes) -> tuple[list[Any], dict[str, Any]]:
+    def decode(self, blob: bytes | str) -> tuple[list[Any], dict[str, Any]]:
         """The typed positional and keyword arguments to call the function with."""
         values = self._decoder.decode(blob)
         args: list[Any] = []

@@ -40,7 +40,7 @@ async def renew_loop(
     store: Store,
     worker_id: str,
     lease: LeaseSettings,
-    held: Callable[[], Sequence[tuple[str, bytes]]],
+    held: Callable[[], Sequence[tuple[str, str]]],
     on_lost: Callable[[list[str]], None],
     on_cancel: Callable[[list[str]], None],
     stop: asyncio.Event,

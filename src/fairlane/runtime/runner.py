@@ -78,7 +78,7 @@ class Runner:
             payload = await self._attempt(task, job)
         except _Failure as failure:
             return self._failed(job, failure)
-        return Outcome(job.id, job.token, "ok", payload)
+        return Outcome(job.id, job.token, "ok", payload.decode())
 
     async def _attempt(self, task: Task[Any, Any], job: FetchedJob) -> bytes:
         timeout = job.timeout or None
@@ -112,10 +112,10 @@ class Runner:
         target = target_of(task.fn)
         try:
             if task.options.executor == "thread":
-                return await self.threads.run(invoke_sync, target, job.args, timeout)
+                return await self.threads.run(invoke_sync, target, job.args.encode(), timeout)
             if self.processes is None:
                 raise RuntimeError("this worker has no process pool")
-            return await self.processes.run(target, job.args, timeout)
+            return await self.processes.run(target, job.args.encode(), timeout)
         except ExecutionTimeout:
             raise _timed_out(timeout) from None
         except ChildCrashed as exc:
@@ -156,8 +156,10 @@ class Runner:
             u=random.random(),
         )
         if decision.kind == "dead":
-            return Outcome(job.id, job.token, "dead", failure.payload)
-        return Outcome(job.id, job.token, "retry", failure.payload, round(decision.delay * 1000))
+            return Outcome(job.id, job.token, "dead", failure.payload.decode())
+        return Outcome(
+            job.id, job.token, "retry", failure.payload.decode(), round(decision.delay * 1000)
+        )
 
 
 def _backoff(text: str) -> Backoff:

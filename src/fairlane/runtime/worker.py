@@ -278,10 +278,10 @@ class Worker:
             err = encode_error(
                 asyncio.CancelledError("the job was cancelled while running"), type_name="Cancelled"
             )
-            return Outcome(job.id, job.token, "cancel", err)
+            return Outcome(job.id, job.token, "cancel", err.decode())
         return Outcome(job.id, job.token, "release")
 
-    def _held(self) -> list[tuple[str, bytes]]:
+    def _held(self) -> list[tuple[str, str]]:
         return [(job_id, r.job.token) for job_id, r in self._running.items()]
 
     def _interrupt(self, ids: list[str], reason: str) -> None:

@@ -46,10 +46,6 @@ AckKind = str  # "ok" | "retry" | "dead" | "cancel" | "release"
 # five per job, and one buffer to parse instead of eleven reply elements per job.
 _PACK: Final = msgspec.msgpack.Encoder()
 # [next_due_ms, ack codes, jobs]; each job as fetch returns it in the Lua library
-_FetchReply = tuple[
-    int, list[int], list[tuple[str, str, int, str, str, float, int, str, int, str, int]]
-]
-_UNPACK_FETCH: Final = msgspec.msgpack.Decoder(_FetchReply)
 
 
 class StoreUnavailable(ConnectionError):
@@ -94,17 +90,19 @@ class NewJob:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class FetchedJob:
-    """A job handed to a worker, with the lease token that fences its writes."""
+class FetchedJob(msgspec.Struct, array_like=True, frozen=True):
+    """A job handed to a worker, with the lease token that fences its writes.
+
+    Decoded straight from the fetch reply (the field order is the Lua library's).
+    """
 
     id: str
-    token: bytes
+    token: str
     attempt: int
     task: str
-    args: bytes
-    timeout: float
-    deadline_ms: int | None
+    args: str  # JSON text
+    timeout: float  # seconds; 0 = none
+    deadline_ms: int  # server ms; 0 = none
     tenant: str
     max_attempts: int
     backoff: str
@@ -118,19 +116,24 @@ class Fetched:
     ack_codes: list[int]
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """A settled attempt, sent back fenced by its token."""
+class Outcome(msgspec.Struct, array_like=True, frozen=True):
+    """A settled attempt, sent back fenced by its token (encoded as the script reads it)."""
 
     id: str
-    token: bytes
+    token: str
     kind: AckKind
-    payload: bytes = b""
+    # the server's msgpack reads no binary type: payloads are UTF-8 JSON, sent as text
+    payload: str = ""
     delay_ms: int = 0
 
-    def flat(self) -> tuple[str, str, str, str, int]:
-        # the server's msgpack reads no binary type: payloads are UTF-8 JSON, sent as text
-        return (self.id, self.token.decode(), self.kind, self.payload.decode(), self.delay_ms)
+    def __post_init__(self) -> None:
+        # accept the bytes a caller may hold; the wire needs text
+        payload: object = self.payload
+        if isinstance(payload, bytes):
+            msgspec.structs.force_setattr(self, "payload", payload.decode())
+        token: object = self.token
+        if isinstance(token, bytes):
+            msgspec.structs.force_setattr(self, "token", token.decode())
 
 
 def _s(value: bytes | str) -> str:
@@ -237,18 +240,16 @@ class Store:
         promote_limit: int = 1000,
     ) -> Fetched:
         """Settle ``outcomes`` and fetch up to ``want`` jobs, in one round trip."""
-        blob = _PACK.encode(
-            ([o.flat() for o in outcomes], worker, want, lease_ms, promote_limit, list(lanes))
-        )
+        blob = _PACK.encode((outcomes, worker, want, lease_ms, promote_limit, lanes))
         reply = await self.fcall("exchange", self._lane_keys(lanes), [blob])
         return _parse_fetched(reply)
 
     async def ack(self, lanes: Sequence[str], outcomes: Sequence[Outcome]) -> list[int]:
-        blob = _PACK.encode([o.flat() for o in outcomes])
+        blob = _PACK.encode(outcomes)
         return [int(c) for c in await self.fcall("ack", self._lane_keys(lanes), [blob])]
 
     async def renew(
-        self, worker: str, lease_ms: int, held: Sequence[tuple[str, bytes]]
+        self, worker: str, lease_ms: int, held: Sequence[tuple[str, str]]
     ) -> tuple[list[str], list[str]]:
         """Extend held leases; returns (ids whose lease is lost, ids asked to cancel)."""
         args: list[Any] = [worker, lease_ms]
@@ -272,22 +273,10 @@ class Store:
         return reply is not None
 
 
+# [next_due_ms, ack codes, jobs]
+_UNPACK_FETCH: Final = msgspec.msgpack.Decoder(tuple[int, list[int], list[FetchedJob]])
+
+
 def _parse_fetched(reply: bytes) -> Fetched:
-    next_due, codes, raw = _UNPACK_FETCH.decode(reply)
-    jobs = [
-        FetchedJob(
-            id=r[0],
-            token=r[1].encode(),
-            attempt=r[2],
-            task=r[3],
-            args=r[4].encode(),
-            timeout=r[5],
-            deadline_ms=r[6] or None,
-            tenant=r[7],
-            max_attempts=r[8],
-            backoff=r[9],
-            enqueued_ms=r[10],
-        )
-        for r in raw
-    ]
+    next_due, codes, jobs = _UNPACK_FETCH.decode(reply)
     return Fetched(jobs, None if next_due < 0 else next_due, codes)

@@ -152,10 +152,11 @@ local function finish(keys, p, id, status, field, payload, now, tally, meta)
   end
   count(tally, status)
   meta = meta or redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w')
+  local task = meta[1] or '' -- a corrupt record without a task name must still settle
   if status == 'completed' then
-    keep(tally, p .. 'kept:' .. meta[1] .. ':ok', meta[2], id)
+    keep(tally, p .. 'kept:' .. task .. ':ok', meta[2], id)
   else
-    keep(tally, p .. 'kept:' .. meta[1] .. ':failed', meta[3], id)
+    keep(tally, p .. 'kept:' .. task .. ':failed', meta[3], id)
   end
   if meta[4] then
     redis.call('PUBLISH', p .. 'done', id)
@@ -336,40 +337,63 @@ end
 
 local MALFORMED_ERR = '{"type":"MalformedJob","message":"the stored job record is incomplete or corrupt; it was not executed","traceback":""}'
 
--- Pop the next runnable job of a lane (tenants in rotation), or nil when the lane is
--- empty. Returns the id and the job's fields: st, task, args, max, dl, to, tenant, bo, enq, att.
--- Jobs that cannot run (expired, malformed, stale entries) are settled on the way.
-local function pop_job(keys, p, lane, now, tally)
+-- Check a job popped from a tenant queue. Returns its fields (st, task, args, max,
+-- dl, to, tenant, bo, enq, att) when it can run; settles it and returns nil when it
+-- cannot (expired, malformed, or a stale entry).
+local function runnable(keys, p, id, now, tally)
+  local f = redis.call('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
+    'bo', 'enq', 'att')
+  if f[1] == 'queued' then
+    if not f[2] or not f[3] or not tonumber(f[4]) then
+      count(tally, 'malformed')
+      dead_letter(keys, p, id, MALFORMED_ERR, now, tally)
+    elseif f[5] and tonumber(f[5]) < now then
+      expire(keys, p, id, EXPIRED_ERR, now, tally)
+    else
+      return f
+    end
+  elseif not f[1] then
+    count(tally, 'missing')
+  end
+  return nil
+end
+
+-- One round of the lane's tenant rotation: the tenants at the head of the rotation
+-- (at most `want` of them) each give up to ceil(want / tenants) jobs, in priority
+-- then FIFO order; served tenants that still have work go to the back. With one
+-- tenant this takes a whole batch in one pop; with many it is plain round robin.
+-- Appends {id, fields} to `popped` and returns false when the lane has no tenants.
+local function pop_round(keys, p, lane, want, now, tally, popped)
   local tenants = lane_key(p, lane, 'tenants')
-  while true do
-    local tenant = redis.call('LPOP', tenants)
-    if not tenant then
-      return nil
+  local heads = redis.call('LRANGE', tenants, 0, want - 1)
+  if #heads == 0 then
+    return false
+  end
+  local per = math.ceil(want / #heads)
+  local served, again, got = 0, {}, 0
+  for _, tenant in ipairs(heads) do
+    if got >= want then
+      break
     end
+    served = served + 1
     local q = p .. 'q:' .. lane .. ':' .. tenant
-    local popped = redis.call('ZPOPMIN', q)
-    if redis.call('ZCARD', q) > 0 then
-      redis.call('RPUSH', tenants, tenant)
-    end
-    local id = popped[1]
-    if id then
-      local jk = job_key(p, id)
-      local f = redis.call('HMGET', jk, 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant', 'bo', 'enq',
-        'att')
-      if f[1] == 'queued' then
-        if not f[2] or not f[3] or not tonumber(f[4]) then
-          count(tally, 'malformed')
-          dead_letter(keys, p, id, MALFORMED_ERR, now, tally)
-        elseif f[5] and tonumber(f[5]) < now then
-          expire(keys, p, id, EXPIRED_ERR, now, tally)
-        else
-          return id, jk, f
-        end
-      elseif not f[1] then
-        count(tally, 'missing')
+    local ids = redis.call('ZPOPMIN', q, math.min(per, want - got))
+    for i = 1, #ids, 2 do
+      local f = runnable(keys, p, ids[i], now, tally)
+      if f then
+        popped[#popped + 1] = {ids[i], f}
+        got = got + 1
       end
     end
+    if redis.call('ZCARD', q) > 0 then
+      again[#again + 1] = tenant
+    end
   end
+  redis.call('LTRIM', tenants, served, -1)
+  if #again > 0 then
+    redis.call('RPUSH', tenants, unpack(again))
+  end
+  return true
 end
 
 -- Lease up to `n` jobs of `lanes` (taken in turn) to `worker`. Returns the jobs, each
@@ -379,24 +403,28 @@ local function fetch(keys, p, worker, n, lease, promote_limit, lanes, now, tally
   for _, lane in ipairs(lanes) do
     promote_due(keys, p, lane, now, promote_limit)
   end
-  local popped = {}
-  local empty, li, n_lanes = 0, 0, #lanes
-  while #popped < n and empty < n_lanes do
-    li = li % n_lanes + 1
-    local id, jk, f = pop_job(keys, p, lanes[li], now, tally)
-    if id then
-      empty = 0
-      popped[#popped + 1] = {id, jk, f}
-    else
-      empty = empty + 1
+  -- lanes are served in turn, each round asking for an even share of what is left
+  local popped, live = {}, {}
+  for i, lane in ipairs(lanes) do
+    live[i] = lane
+  end
+  while #popped < n and #live > 0 do
+    local still = {}
+    for _, lane in ipairs(live) do
+      local want = math.ceil((n - #popped) / #live)
+      if want > 0 and pop_round(keys, p, lane, want, now, tally, popped) then
+        still[#still + 1] = lane
+      end
     end
+    live = still
   end
   local jobs = {}
   if #popped > 0 then
     local tok = redis.call('INCRBY', keys[FENCE], #popped) - #popped
     local zargs = {}
     for i, e in ipairs(popped) do
-      local id, jk, f = e[1], e[2], e[3]
+      local id, f = e[1], e[2]
+      local jk = job_key(p, id)
       tok = tok + 1
       local att = (tonumber(f[10]) or 0) + 1
       redis.call('HSET', jk, 'st', 'running', 'tok', tok, 'att', att, 'wk', worker, 'start', now)
@@ -581,7 +609,7 @@ local function redrive(keys, args)
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'prio', 'seq', 'task')
     if f[1] == 'failed' and redis.call('ZREM', keys[DEAD], id) == 1 then
-      redis.call('ZREM', p .. 'kept:' .. f[6] .. ':failed', id)
+      redis.call('ZREM', p .. 'kept:' .. (f[6] or '') .. ':failed', id)
       redis.call('HSET', jk, 'st', 'queued', 'att', 0, 'run', now)
       redis.call('HDEL', jk, 'fin', 'err', 'res')
       push_ready(p, f[2], f[3], id, f[4], f[5])
