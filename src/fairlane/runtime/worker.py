@@ -181,6 +181,7 @@ class Worker:
                     await self._fetch_loop(jobs)
                     await self._drain()
                 await self._flush()
+                await self._leave()
                 self._closed.set()
         log.info("worker %s stopped", self.id)
 
@@ -201,7 +202,7 @@ class Worker:
             want = min(free, self.batch, max(1, self.concurrency // 2))
             try:
                 fetched = await self.app.store.exchange(
-                    self.id, self.lanes, want, lease_ms, outcomes
+                    self.id, self.lanes, want, lease_ms, outcomes, idle_ms=self._idle_ms()
                 )
             except StoreUnavailable as exc:
                 self._outcomes[:0] = outcomes
@@ -213,28 +214,44 @@ class Worker:
             failures = 0
             self._fetch_calls += 1
             self._count_settled(outcomes, fetched.ack_codes)
-            for job in fetched.jobs:
-                self._running[job.id] = _Running(job, jobs.create_task(self._run_job(job)))
-            self._fetched += len(fetched.jobs)
+            self._start(jobs, fetched.jobs)
             if fetched.jobs:
                 continue
             if self.burst and not self._running and not self._outcomes:
                 log.info("worker %s: no work left (burst)", self.id)
+                self._stopping.set()  # also ends the cron loop, which waits on it
                 return
-            await self._idle_wait(fetched.next_due_ms)
+            handed = await self._idle_wait(fetched.next_due_ms)
+            if handed is not None:
+                self._start(jobs, [handed])
         self._carrier_active = False
         self._flush_needed.set()
 
-    async def _idle_wait(self, next_due_ms: int | None) -> None:
+    def _start(self, jobs: asyncio.TaskGroup, fetched: Sequence[FetchedJob]) -> None:
+        for job in fetched:
+            self._running[job.id] = _Running(job, jobs.create_task(self._run_job(job)))
+        self._fetched += len(fetched)
+
+    def _idle_ms(self) -> int:
+        """How long to stay registered idle if given nothing (0: do not register)."""
+        if self.burst or self._stopping.is_set():
+            return 0
+        # outlives the longest block, so a registered worker is always listening
+        return round((self.idle_block + 1.0) * 1000)
+
+    async def _idle_wait(self, next_due_ms: int | None) -> FetchedJob | None:
+        """Block until work arrives; returns a job an enqueue handed straight to us."""
         timeout = (
             self.idle_block if next_due_ms is None else min(self.idle_block, next_due_ms / 1000)
         )
         if timeout <= 0:
-            return
+            return None
         self._carrier_active = False
         if self._outcomes:
             self._flush_needed.set()
-        waiter = asyncio.ensure_future(self.app.store.wait_for_work(self.lanes, timeout))
+        waiter = asyncio.ensure_future(
+            self.app.store.wait_for_work(self.lanes, timeout, self.id if self._idle_ms() else None)
+        )
         stopper = asyncio.ensure_future(self._stopping.wait())
         try:
             await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -242,7 +259,10 @@ class Worker:
             self._carrier_active = True
             for fut in (waiter, stopper):
                 fut.cancel()
-            await asyncio.gather(waiter, stopper, return_exceptions=True)
+            results = await asyncio.gather(waiter, stopper, return_exceptions=True)
+        # A job handed over is leased to us; if the wait was cut short after the server
+        # sent it, its lease expires and it is reclaimed -- never lost.
+        return results[0] if isinstance(results[0], FetchedJob) else None
 
     # -- running ---------------------------------------------------------------------
 
@@ -349,6 +369,23 @@ class Worker:
                 continue
             self._ack_calls += 1
             self._count_settled(outcomes, codes)
+
+    async def _leave(self) -> None:
+        """Stop being handed jobs, and hand back any that reached the inbox meanwhile."""
+        lease_ms = round(self.lease.duration * 1000)
+        try:
+            fetched = await self.app.store.exchange(self.id, self.lanes, 0, lease_ms, idle_ms=0)
+            if fetched.jobs:
+                log.info("handing back %d job(s) given while stopping", len(fetched.jobs))
+                await self.app.store.ack(
+                    self.lanes, [Outcome(j.id, j.token, "release") for j in fetched.jobs]
+                )
+        except StoreUnavailable as exc:
+            log.warning(
+                "could not hand back jobs given while stopping (they will be "
+                "reclaimed when their leases expire): %s",
+                exc,
+            )
 
     def _count_settled(self, outcomes: Sequence[Outcome], codes: Sequence[int]) -> None:
         stale = sum(1 for c in codes if c == 0)

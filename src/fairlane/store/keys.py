@@ -28,6 +28,8 @@ pattern (after the prefix)  type   holds                              written by
 ``lane:<l>:tenants``       list   tenants with waiting work          enqueue, fetch, cancel
 ``lane:<l>:delayed``       zset   job id -> run-at time (ms)         enqueue, ack, sweep
 ``lane:<l>:wake``          list   wake tokens; workers BLPOP it      enqueue, fetch, ack
+``lane:<l>:idle``          zset   'worker|lease_ms' -> lapses (ms)   exchange, enqueue
+``inbox:<w>`` (derived)    list   jobs handed to an idle worker      enqueue; exchange drains
 ``job:<id>`` (derived)     hash   spec and state (JOB_FIELDS)        every script
 ``q:<l>:<t>`` (derived)    zset   waiting job ids by order           enqueue, fetch, cancel
 ``kept:<task>:ok`` (der.)  zset   completed job id -> finish (ms)    ack (retention index)
@@ -61,9 +63,10 @@ class LaneKeys:
     tenants: str
     delayed: str
     wake: str
+    idle: str
 
     def as_list(self) -> list[str]:
-        return [self.tenants, self.delayed, self.wake]
+        return [self.tenants, self.delayed, self.wake, self.idle]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,16 @@ class AppKeys:
 
     def lane(self, lane: str) -> LaneKeys:
         base = f"{self.prefix}lane:{lane}:"
-        return LaneKeys(tenants=base + "tenants", delayed=base + "delayed", wake=base + "wake")
+        return LaneKeys(
+            tenants=base + "tenants",
+            delayed=base + "delayed",
+            wake=base + "wake",
+            idle=base + "idle",
+        )
+
+    def inbox(self, worker: str) -> str:
+        """Jobs handed straight to an idle worker; the worker blocks on it."""
+        return f"{self.prefix}inbox:{worker}"
 
     def job(self, job_id: str) -> str:
         """A job's hash; scripts derive the same name (``prefix .. 'job:' .. id``)."""

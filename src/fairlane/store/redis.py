@@ -155,6 +155,9 @@ class Store:
             decode_responses=False,
             max_connections=max_connections,
             socket_connect_timeout=5.0,
+            # redis-py 8 defaults reads to a 5 s timeout, which cuts an idle worker's
+            # BLPOP (idle_block, 5 s) short and drops its connection every time
+            socket_timeout=None,
             health_check_interval=30,
         )
         return cls(client, app)
@@ -238,9 +241,15 @@ class Store:
         lease_ms: int,
         outcomes: Sequence[Outcome] = (),
         promote_limit: int = 1000,
+        idle_ms: int = 0,
     ) -> Fetched:
-        """Settle ``outcomes`` and fetch up to ``want`` jobs, in one round trip."""
-        blob = _PACK.encode((outcomes, worker, want, lease_ms, promote_limit, lanes))
+        """Settle ``outcomes`` and fetch up to ``want`` jobs, in one round trip.
+
+        Jobs handed to the worker's inbox come first (even past ``want``). With
+        ``idle_ms`` the worker, if given nothing, is registered idle for that long,
+        so that enqueues hand their jobs straight to it (see ``wait_for_work``).
+        """
+        blob = _PACK.encode((outcomes, worker, want, lease_ms, promote_limit, lanes, idle_ms))
         reply = await self.fcall("exchange", self._lane_keys(lanes), [blob])
         return _parse_fetched(reply)
 
@@ -265,16 +274,30 @@ class Store:
         retried, dead = await self.fcall("sweep", self._common, [limit, seed, stale_worker_ms])
         return [_s(x) for x in retried], [_s(x) for x in dead]
 
-    async def wait_for_work(self, lanes: Sequence[str], timeout: float) -> bool:
-        """Block until a lane is woken or ``timeout`` s pass; True when woken."""
+    async def wait_for_work(
+        self, lanes: Sequence[str], timeout: float, worker: str | None = None
+    ) -> FetchedJob | bool:
+        """Block until work arrives or ``timeout`` s pass.
+
+        Returns the job an enqueue handed to ``worker``'s inbox (already leased to it),
+        True when a lane was woken (fetch to see what is there), False on timeout.
+        """
         wake_keys = [self.keys.lane(lane).wake for lane in lanes]
-        # BLPOP takes whole-second or fractional timeouts; 0 would block forever.
+        if worker is not None:
+            wake_keys.insert(0, self.keys.inbox(worker))
+        # BLPOP takes fractional timeouts; 0 would block forever.
         reply = await self._call(self.client.blpop, wake_keys, timeout=max(timeout, 0.001))
-        return reply is not None
+        if reply is None:
+            return False
+        key, value = reply
+        if worker is not None and _s(key) == wake_keys[0]:
+            return _UNPACK_JOB.decode(value)
+        return True
 
 
 # [next_due_ms, ack codes, jobs]
 _UNPACK_FETCH: Final = msgspec.msgpack.Decoder(tuple[int, list[int], list[FetchedJob]])
+_UNPACK_JOB: Final = msgspec.msgpack.Decoder(FetchedJob)
 
 
 def _parse_fetched(reply: bytes) -> Fetched:

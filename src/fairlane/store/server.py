@@ -55,7 +55,7 @@ _POLL_START = 0.01
 _POLL_MAX = 0.1
 
 
-class ServerNotFound(RuntimeError):  # noqa: N818 - public name fixed by the API
+class ServerNotFound(RuntimeError):
     """No Redis/Valkey server binary could be found."""
 
 

@@ -11,7 +11,7 @@ Keys. Every function receives the app's fixed keys first, in this order
   KEYS[5] dead     zset    dead-lettered job id -> time (ms)
   KEYS[6] workers  zset    worker id -> last heartbeat (ms)
   KEYS[7] tasks    hash    task name -> 'rc|rf' retention of its records
-followed by the keys of the lanes the caller names (tenants, delayed, wake per
+followed by the keys of the lanes the caller names (tenants, delayed, wake, idle per
 lane). Per-job hashes (job:<id>), per-tenant queues (q:<lane>:<tenant>),
 retention indexes (kept:<task>:<outcome>) and lane keys are derived from the
 prefix of KEYS[1], so they always carry the same hash tag (same cluster slot).
@@ -208,74 +208,6 @@ local function backoff_ms(spec, attempt, u)
   return math.floor(d * 1000)
 end
 
----------------------------------------------------------------------------- enqueue
-
--- ARGV: lane, msgpack array of jobs, each
---   [id, tenant, prio, task, args, max, bo, to, rc, rf, idem, delay_ms, at_ms, deadline]
--- with '' for an absent idem/delay/at/deadline; deadline is '+ms' (relative) or absolute ms.
--- Returns a flat list: id, code per job (1 created, 0 existing via idempotency key,
--- -1 deadline already past: nothing written).
-local function enqueue(keys, args)
-  local p, now = prefix(keys), now_ms()
-  local lane = args[1]
-  local jobs = cmsgpack.unpack(args[2])
-  local out, tally = {}, new_effects()
-  -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
-  local seq = redis.call('HINCRBY', keys[STATS], 'seq', #jobs) - #jobs
-  for _, j in ipairs(jobs) do
-    seq = seq + 1
-    local id, tenant, prio, idem = j[1], j[2], j[3], j[11]
-    local existing = idem ~= '' and redis.call('HGET', keys[IDEM], idem)
-    if existing and redis.call('EXISTS', job_key(p, existing)) == 1 then
-      out[#out + 1] = existing
-      out[#out + 1] = 0
-    else
-      local run_at = now
-      if j[13] ~= '' then
-        run_at = tonumber(j[13])
-      elseif j[12] ~= '' then
-        run_at = now + tonumber(j[12])
-      end
-      local dl = j[14]
-      if string.sub(dl, 1, 1) == '+' then
-        dl = now + tonumber(string.sub(dl, 2))
-      elseif dl ~= '' then
-        dl = tonumber(dl)
-      end
-      if dl ~= '' and (dl <= now or dl < run_at) then
-        out[#out + 1] = id
-        out[#out + 1] = -1
-      else
-        local jk = job_key(p, id)
-        local st = run_at > now and 'scheduled' or 'queued'
-        redis.call('HSET', jk, 'task', j[4], 'tenant', tenant, 'lane', lane, 'prio', prio,
-          'args', j[5], 'max', j[6], 'bo', j[7], 'to', j[8], 'rc', j[9], 'rf', j[10],
-          'enq', now, 'run', run_at, 'seq', seq, 'st', st, 'att', 0)
-        if dl ~= '' then
-          redis.call('HSET', jk, 'dl', dl)
-        end
-        if idem ~= '' then
-          redis.call('HSET', jk, 'idem', idem)
-          redis.call('HSET', keys[IDEM], idem, id)
-        end
-        if st == 'scheduled' then
-          redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
-        else
-          push_ready(p, lane, tenant, id, prio, seq)
-        end
-        out[#out + 1] = id
-        out[#out + 1] = 1
-      end
-    end
-  end
-  apply_effects(keys, p, tally, now)
-  if #jobs > 0 then
-    -- a scheduled job may be due sooner than a blocked worker's timeout: wake one either way
-    wake(p, lane)
-  end
-  return out
-end
-
 ---------------------------------------------------------------------------- ack
 
 -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
@@ -337,6 +269,83 @@ end
 
 local MALFORMED_ERR = '{"type":"MalformedJob","message":"the stored job record is incomplete or corrupt; it was not executed","traceback":""}'
 
+-- Well-formed multi-byte UTF-8 sequences (no overlongs, no surrogates, <= U+10FFFF).
+local UTF8_SEQS = {
+  '[\194-\223][\128-\191]',
+  '\224[\160-\191][\128-\191]', '[\225-\236][\128-\191][\128-\191]',
+  '\237[\128-\159][\128-\191]', '[\238-\239][\128-\191][\128-\191]',
+  '\240[\144-\191][\128-\191][\128-\191]',
+  '[\241-\243][\128-\191][\128-\191][\128-\191]',
+  '\244[\128-\143][\128-\191][\128-\191]',
+}
+
+-- Whether `s` is valid UTF-8: the worker decodes a fetched job's text fields strictly,
+-- so one corrupt byte would fail the decoding of its whole batch. Fast for ASCII.
+local function utf8_ok(s)
+  if not s or not string.find(s, '[\128-\255]') then
+    return true
+  end
+  for _, seq in ipairs(UTF8_SEQS) do
+    s = string.gsub(s, seq, '.') -- an ASCII stand-in, so that leftovers cannot join up
+  end
+  return not string.find(s, '[\128-\255]')
+end
+
+-- Lease popped jobs ({id, fields} as `runnable` returns them) to `worker`: one fencing
+-- token each, the attempt counted, one ZADD for all the leases. Returns the rows a
+-- worker receives: [id, token, attempt, task, args, timeout, deadline, tenant, max,
+-- backoff, enqueued].
+local function lease_jobs(keys, p, popped, worker, lease, now)
+  local jobs = {}
+  if #popped == 0 then
+    return jobs
+  end
+  local tok = redis.call('INCRBY', keys[FENCE], #popped) - #popped
+  local zargs = {}
+  for i, e in ipairs(popped) do
+    local id, f = e[1], e[2]
+    tok = tok + 1
+    local att = (tonumber(f[10]) or 0) + 1
+    redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', tok, 'att', att, 'wk', worker,
+      'start', now)
+    zargs[2 * i - 1] = now + lease
+    zargs[2 * i] = id
+    jobs[i] = {id, tostring(tok), att, f[2], f[3], tonumber(f[6]) or 0,
+      tonumber(f[5]) or 0, f[7] or '', tonumber(f[4]), f[8] or '', tonumber(f[9]) or 0}
+  end
+  redis.call('ZADD', keys[LEASES], unpack(zargs))
+  return jobs
+end
+
+-- Idle workers. A worker about to block registers in its lanes' `idle` sets (member
+-- 'worker|lease_ms', score = when the registration lapses). An enqueue that finds one
+-- leases it a job on the spot and pushes the job into the worker's inbox, which the
+-- worker is blocked on: the job starts after one hop instead of a wake-up and a fetch.
+-- Jobs in an inbox are leased, so a worker that died meanwhile loses nothing: the
+-- lease expires and the job is reclaimed. Its next exchange drains its inbox.
+local function inbox_key(p, worker)
+  return p .. 'inbox:' .. worker
+end
+
+local function claim_idle_worker(p, lane, now)
+  local idle = lane_key(p, lane, 'idle')
+  redis.call('ZREMRANGEBYSCORE', idle, '-inf', now)
+  local found = redis.call('ZRANGE', idle, 0, 0)
+  if not found[1] then
+    return nil
+  end
+  redis.call('ZREM', idle, found[1])
+  local worker, lease = string.match(found[1], '^(.*)|(%d+)$')
+  return worker, tonumber(lease)
+end
+
+local function hand_off(keys, p, worker, lease, id, f, now)
+  local rows = lease_jobs(keys, p, {{id, f}}, worker, lease, now)
+  local inbox = inbox_key(p, worker)
+  redis.call('RPUSH', inbox, cmsgpack.pack(rows[1]))
+  redis.call('PEXPIRE', inbox, lease)
+end
+
 -- Check a job popped from a tenant queue. Returns its fields (st, task, args, max,
 -- dl, to, tenant, bo, enq, att) when it can run; settles it and returns nil when it
 -- cannot (expired, malformed, or a stale entry).
@@ -344,7 +353,8 @@ local function runnable(keys, p, id, now, tally)
   local f = redis.call('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
     'bo', 'enq', 'att')
   if f[1] == 'queued' then
-    if not f[2] or not f[3] or not tonumber(f[4]) then
+    if not f[2] or not f[3] or not tonumber(f[4])
+      or not (utf8_ok(f[2]) and utf8_ok(f[3]) and utf8_ok(f[7]) and utf8_ok(f[8])) then
       count(tally, 'malformed')
       dead_letter(keys, p, id, MALFORMED_ERR, now, tally)
     elseif f[5] and tonumber(f[5]) < now then
@@ -418,23 +428,7 @@ local function fetch(keys, p, worker, n, lease, promote_limit, lanes, now, tally
     end
     live = still
   end
-  local jobs = {}
-  if #popped > 0 then
-    local tok = redis.call('INCRBY', keys[FENCE], #popped) - #popped
-    local zargs = {}
-    for i, e in ipairs(popped) do
-      local id, f = e[1], e[2]
-      local jk = job_key(p, id)
-      tok = tok + 1
-      local att = (tonumber(f[10]) or 0) + 1
-      redis.call('HSET', jk, 'st', 'running', 'tok', tok, 'att', att, 'wk', worker, 'start', now)
-      zargs[2 * i - 1] = now + lease
-      zargs[2 * i] = id
-      jobs[i] = {id, tostring(tok), att, f[2], f[3], tonumber(f[6]) or 0,
-        tonumber(f[5]) or 0, f[7] or '', tonumber(f[4]), f[8] or '', tonumber(f[9]) or 0}
-    end
-    redis.call('ZADD', keys[LEASES], unpack(zargs))
-  end
+  local jobs = lease_jobs(keys, p, popped, worker, lease, now)
   local next_due = -1
   for _, lane in ipairs(lanes) do
     if #jobs > 0 and redis.call('LLEN', lane_key(p, lane, 'tenants')) > 0 then
@@ -451,15 +445,112 @@ local function fetch(keys, p, worker, n, lease, promote_limit, lanes, now, tally
   return jobs, next_due
 end
 
--- ARGV: msgpack [acks, worker, n, lease_ms, promote_limit, lanes]. One round trip
--- settles a worker's finished attempts and leases it the next batch.
+---------------------------------------------------------------------------- enqueue
+
+-- ARGV: lane, msgpack array of jobs, each
+--   [id, tenant, prio, task, args, max, bo, to, rc, rf, idem, delay_ms, at_ms, deadline]
+-- with '' for an absent idem/delay/at/deadline; deadline is '+ms' (relative) or absolute ms.
+-- Returns a flat list: id, code per job (1 created, 0 existing via idempotency key,
+-- -1 deadline already past: nothing written).
+local function enqueue(keys, args)
+  local p, now = prefix(keys), now_ms()
+  local lane = args[1]
+  local jobs = cmsgpack.unpack(args[2])
+  local out, tally = {}, new_effects()
+  local idle_worker, idle_lease = claim_idle_worker(p, lane, now)
+  -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
+  local seq = redis.call('HINCRBY', keys[STATS], 'seq', #jobs) - #jobs
+  for _, j in ipairs(jobs) do
+    seq = seq + 1
+    local id, tenant, prio, idem = j[1], j[2], j[3], j[11]
+    local existing = idem ~= '' and redis.call('HGET', keys[IDEM], idem)
+    if existing and redis.call('EXISTS', job_key(p, existing)) == 1 then
+      out[#out + 1] = existing
+      out[#out + 1] = 0
+    else
+      local run_at = now
+      if j[13] ~= '' then
+        run_at = tonumber(j[13])
+      elseif j[12] ~= '' then
+        run_at = now + tonumber(j[12])
+      end
+      local dl = j[14]
+      if string.sub(dl, 1, 1) == '+' then
+        dl = now + tonumber(string.sub(dl, 2))
+      elseif dl ~= '' then
+        dl = tonumber(dl)
+      end
+      if dl ~= '' and (dl <= now or dl < run_at) then
+        out[#out + 1] = id
+        out[#out + 1] = -1
+      else
+        local jk = job_key(p, id)
+        local st = run_at > now and 'scheduled' or 'queued'
+        redis.call('HSET', jk, 'task', j[4], 'tenant', tenant, 'lane', lane, 'prio', prio,
+          'args', j[5], 'max', j[6], 'bo', j[7], 'to', j[8], 'rc', j[9], 'rf', j[10],
+          'enq', now, 'run', run_at, 'seq', seq, 'st', st, 'att', 0)
+        if dl ~= '' then
+          redis.call('HSET', jk, 'dl', dl)
+        end
+        if idem ~= '' then
+          redis.call('HSET', jk, 'idem', idem)
+          redis.call('HSET', keys[IDEM], idem, id)
+        end
+        if st == 'scheduled' then
+          redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
+        elseif idle_worker then
+          -- fields as `runnable` returns them: st, task, args, max, dl, to, tenant, bo, enq, att
+          hand_off(keys, p, idle_worker, idle_lease, id,
+            {st, j[4], j[5], j[6], dl ~= '' and dl or nil, j[8], tenant, j[7], now, 0}, now)
+          idle_worker = nil
+        else
+          push_ready(p, lane, tenant, id, prio, seq)
+        end
+        out[#out + 1] = id
+        out[#out + 1] = 1
+      end
+    end
+  end
+  apply_effects(keys, p, tally, now)
+  if #jobs > 0 then
+    -- a scheduled job may be due sooner than a blocked worker's timeout: wake one either way
+    wake(p, lane)
+  end
+  return out
+end
+
+-- ARGV: msgpack [acks, worker, n, lease_ms, promote_limit, lanes, idle_ms]. One round
+-- trip settles a worker's finished attempts and leases it the next batch: first what
+-- was handed to its inbox, then up to n more. With idle_ms > 0 and nothing to give,
+-- the worker is registered idle for idle_ms (it is about to block on its inbox).
 -- Returns msgpack [next_due_ms, ack codes, jobs].
 local function exchange(keys, args)
   local p, now = prefix(keys), now_ms()
   local a = cmsgpack.unpack(args[1])
+  local worker, n, lease, lanes, idle_ms = a[2], a[3], a[4], a[6], tonumber(a[7]) or 0
   local tally = new_effects()
   local codes = apply_acks(keys, p, a[1], now, tally)
-  local jobs, next_due = fetch(keys, p, a[2], a[3], a[4], a[5], a[6], now, tally)
+  local member = worker .. '|' .. lease
+  for _, lane in ipairs(lanes) do
+    redis.call('ZREM', lane_key(p, lane, 'idle'), member)
+  end
+  local inbox = inbox_key(p, worker)
+  local handed = redis.call('LRANGE', inbox, 0, -1)
+  local jobs, next_due = {}, -1
+  if #handed > 0 then
+    redis.call('DEL', inbox)
+  end
+  if n > #handed then
+    jobs, next_due = fetch(keys, p, worker, n - #handed, lease, a[5], lanes, now, tally)
+  end
+  for i = #handed, 1, -1 do
+    table.insert(jobs, 1, cmsgpack.unpack(handed[i]))
+  end
+  if #jobs == 0 and idle_ms > 0 then
+    for _, lane in ipairs(lanes) do
+      redis.call('ZADD', lane_key(p, lane, 'idle'), now + idle_ms, member)
+    end
+  end
   apply_effects(keys, p, tally, now)
   return cmsgpack.pack({next_due, codes, jobs})
 end
