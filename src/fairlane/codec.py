@@ -76,16 +76,22 @@ class ArgsCodec:
         self._decoder = msgspec.json.Decoder(self._struct)
         self._encoder = msgspec.json.Encoder()
         self._names = [n for n, _, _ in fields]
+        # a call of plain positional arguments binds by position, without inspect
+        self._plain = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+        self._required = len(required)
         self.return_type: Any = hints.get("return", _ANY)
 
     def encode(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, check: bool = True) -> bytes:
         """Bind to the signature, encode, and (``check``) verify the values decode as typed."""
+        if self._plain and not kwargs and self._required <= len(args) <= len(self._names):
+            arguments = dict(zip(self._names, args, strict=False))
+        else:
+            try:
+                arguments = self.signature.bind(*args, **kwargs).arguments
+            except TypeError as exc:
+                raise TypeError(f"arguments do not match the task's signature: {exc}") from None
         try:
-            bound = self.signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(f"arguments do not match the task's signature: {exc}") from None
-        try:
-            blob = self._encoder.encode(bound.arguments)
+            blob = self._encoder.encode(arguments)
         except (TypeError, UnicodeEncodeError, msgspec.EncodeError) as exc:
             raise TypeError(f"an argument cannot be encoded as JSON: {exc}") from None
         if check:
@@ -138,7 +144,16 @@ def encode_error(
 ) -> bytes:
     text = tb if tb is not None else "".join(traceback.format_exception(exc))
     name = type_name or f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
-    return _ERROR_ENCODER.encode(ErrorInfo(name, str(exc), text[-8000:]))
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not lose the failure
+        message = f"<unprintable {type(exc).__name__}>"
+    return _ERROR_ENCODER.encode(ErrorInfo(_utf8(name), _utf8(message), _utf8(text[-8000:])))
+
+
+def _utf8(text: str) -> str:
+    """``text`` with lone surrogates escaped, so that it always encodes as UTF-8 JSON."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def decode_error(blob: bytes) -> ErrorInfo:

@@ -8,7 +8,7 @@ written, so a bad call never leaves a half-stored job.
 from __future__ import annotations
 
 import asyncio
-import os
+import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -73,7 +73,45 @@ def _epoch_ms(moment: datetime, what: str) -> int:
 
 def new_job_id() -> str:
     """Time-ordered, unique without coordination: milliseconds then 64 random bits."""
-    return f"{time.time_ns() // 1_000_000:011x}{os.urandom(8).hex()}"
+    return f"{time.time_ns() // 1_000_000:011x}{random.getrandbits(64):016x}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Placement:
+    """Where and when jobs go, validated once per enqueue call (a batch shares it)."""
+
+    tenant: str
+    priority: int
+    delay_ms: int | None
+    at_ms: int | None
+    deadline: str
+
+    @classmethod
+    def of(
+        cls,
+        tenant: str,
+        delay: Seconds | None,
+        at: datetime | None,
+        deadline: datetime | Seconds | None,
+        priority: int,
+    ) -> _Placement:
+        if not isinstance(tenant, str) or not tenant or len(tenant) > 200:
+            raise ValueError(
+                f"tenant must be a non-empty string of at most 200 characters: {tenant!r}"
+            )
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {priority!r}")
+        if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
+            raise ValueError(f"priority must be within +-{PRIORITY_LIMIT}, got {priority}")
+        if delay is not None and at is not None:
+            raise ValueError("give either delay= or at=, not both")
+        return cls(
+            tenant=tenant,
+            priority=priority,
+            delay_ms=None if delay is None else round(_seconds(delay, "delay") * 1000),
+            at_ms=None if at is None else _epoch_ms(at, "at"),
+            deadline=_deadline(deadline),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +195,11 @@ class Task(Generic[P, R]):
         self.fn = fn
         self.options = options
         self.codec = ArgsCodec(fn)
+        # encoded once: every job of the task carries the same settings
+        self._backoff = options.backoff.encode()
+        self._timeout = options.timeout or 0.0
+        self._keep_completed = options.retention.completed.encode()
+        self._keep_failed = options.retention.failed.encode()
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -211,18 +254,8 @@ class Task(Generic[P, R]):
         priority: int = 0,
     ) -> list[Job[R]]:
         """Enqueue many calls (each a tuple of positional arguments) in one round trip."""
-        jobs = [
-            self.new_job(
-                self.encode_args(tuple(call), {}),
-                tenant=tenant,
-                delay=delay,
-                at=at,
-                deadline=deadline,
-                idempotency_key=None,
-                priority=priority,
-            )
-            for call in calls
-        ]
+        when = _Placement.of(tenant, delay, at, deadline, priority)
+        jobs = [self._job(self.encode_args(tuple(call), {}), when, "") for call in calls]
         return await self._store(jobs) if jobs else []
 
     def encode_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
@@ -246,34 +279,25 @@ class Task(Generic[P, R]):
         idempotency_key: str | None,
         priority: int,
     ) -> NewJob:
-        if not tenant or len(tenant) > 200:
-            raise ValueError(
-                f"tenant must be a non-empty string of at most 200 characters: {tenant!r}"
-            )
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, got {priority!r}")
-        if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
-            raise ValueError(f"priority must be within +-{PRIORITY_LIMIT}, got {priority}")
-        if delay is not None and at is not None:
-            raise ValueError("give either delay= or at=, not both")
-        delay_ms = None if delay is None else round(_seconds(delay, "delay") * 1000)
-        at_ms = None if at is None else _epoch_ms(at, "at")
-        opts = self.options
+        when = _Placement.of(tenant, delay, at, deadline, priority)
+        return self._job(blob, when, idempotency_key or "")
+
+    def _job(self, blob: bytes, when: _Placement, idempotency_key: str) -> NewJob:
         return NewJob(
-            id=new_job_id(),
-            tenant=tenant,
-            priority=priority,
-            task=opts.name,
-            args=blob,
-            max_attempts=opts.attempts,
-            backoff=opts.backoff.encode(),
-            timeout=opts.timeout or 0,
-            keep_completed=opts.retention.completed.encode(),
-            keep_failed=opts.retention.failed.encode(),
-            idempotency_key=idempotency_key or "",
-            delay_ms=delay_ms,
-            at_ms=at_ms,
-            deadline=_deadline(deadline),
+            new_job_id(),
+            when.tenant,
+            when.priority,
+            self.name,
+            blob.decode(),
+            self.options.attempts,
+            self._backoff,
+            self._timeout,
+            self._keep_completed,
+            self._keep_failed,
+            idempotency_key,
+            when.delay_ms,
+            when.at_ms,
+            when.deadline,
         )
 
     async def _store(self, jobs: list[NewJob]) -> list[Job[R]]:

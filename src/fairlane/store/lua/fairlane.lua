@@ -449,7 +449,8 @@ end
 
 -- ARGV: lane, msgpack array of jobs, each
 --   [id, tenant, prio, task, args, max, bo, to, rc, rf, idem, delay_ms, at_ms, deadline]
--- with '' for an absent idem/delay/at/deadline; deadline is '+ms' (relative) or absolute ms.
+-- with nil for an absent delay/at, '' for an absent idem/deadline; a deadline is '+ms'
+-- (relative) or absolute ms.
 -- Returns a flat list: id, code per job (1 created, 0 existing via idempotency key,
 -- -1 deadline already past: nothing written).
 local function enqueue(keys, args)
@@ -469,9 +470,9 @@ local function enqueue(keys, args)
       out[#out + 1] = 0
     else
       local run_at = now
-      if j[13] ~= '' then
+      if j[13] then
         run_at = tonumber(j[13])
-      elseif j[12] ~= '' then
+      elseif j[12] then
         run_at = now + tonumber(j[12])
       end
       local dl = j[14]
