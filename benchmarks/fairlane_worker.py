@@ -1,0 +1,88 @@
+"""The Fairlane side's app and tasks, and its worker process.
+
+Run as ``python -m benchmarks.fairlane_worker``.
+
+The benchmark starts this script in a separate process so that the worker has an
+event loop of its own, as in production. It reports on stdout, one JSON line per
+event: ``ready`` just before ``App.run_worker`` is called (the worker still has to
+connect), ``counts`` (the commands it has sent) on SIGUSR1, and ``exit`` when it is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from benchmarks.common import emit, install_counter
+from fairlane import App, Backoff, Task
+
+NOOP, STAMP, NAP = "bench.noop", "bench.stamp", "bench.nap"
+
+
+@dataclass(frozen=True, slots=True)
+class BenchApp:
+    app: App
+    noop: Task[[int], int]
+    stamp: Task[[], int]
+    nap: Task[[float], float]
+
+
+def make_app(name: str, url: str) -> BenchApp:
+    """The benchmark's app, declared identically by the producer and the workers."""
+    app = App(name, redis_url=url)
+
+    @app.task(name=NOOP)
+    async def noop(n: int) -> int:
+        return n
+
+    @app.task(name=STAMP)
+    async def stamp() -> int:
+        return time.time_ns()
+
+    # no backoff: a reclaimed job is runnable again as soon as it is swept
+    @app.task(name=NAP, backoff=Backoff(base=0.0, cap=0.0, jitter="none"))
+    async def nap(seconds: float) -> float:
+        await asyncio.sleep(seconds)
+        return seconds
+
+    return BenchApp(app, noop, stamp, nap)
+
+
+async def _serve(args: argparse.Namespace, sink: Counter[str]) -> None:
+    bench = make_app(args.app, args.url)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGUSR1, lambda: emit("counts", commands=dict(sink)))
+    main = asyncio.current_task()
+    assert main is not None
+    # until the worker installs its own handlers (graceful stop), SIGTERM cancels the start
+    loop.add_signal_handler(signal.SIGTERM, main.cancel)
+    emit("ready")
+    with contextlib.suppress(asyncio.CancelledError):
+        await bench.app.run_worker(
+            concurrency=args.concurrency, burst=args.burst, handle_signals=True
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--app", required=True)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--burst", action="store_true")
+    args = parser.parse_args(argv)
+    # neither system logs per job at WARNING, so logging costs the same on both sides
+    logging.basicConfig(level=logging.WARNING)
+    sink = install_counter(process_wide=True)
+    assert sink is not None
+    asyncio.run(_serve(args, sink))
+    emit("exit", commands=dict(sink))
+
+
+if __name__ == "__main__":
+    main()
