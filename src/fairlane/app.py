@@ -27,7 +27,7 @@ from fairlane.runtime.worker import Worker
 from fairlane.store.keys import namespace
 from fairlane.store.redis import Store, StoreUnavailable
 from fairlane.store.server import ensure_dev_server
-from fairlane.task import Executor, Task, TaskOptions
+from fairlane.task import Executor, Job, Task, TaskOptions
 
 __all__ = ["App", "CronEntry", "TaskDecorator"]
 
@@ -199,6 +199,12 @@ class App:
         """Run a no-argument function once per tick of ``schedule`` (5-field cron, UTC)."""
 
         def register(func: Callable[[], Any]) -> Task[[], Any]:
+            try:  # each tick enqueues a call without arguments
+                inspect.signature(func).bind()
+            except TypeError:
+                raise ValueError(
+                    f"cron task {func.__qualname__} must be callable without arguments"
+                ) from None
             task = self.task(
                 name=name or f"cron:{func.__module__}.{func.__qualname__}",
                 lane=lane,
@@ -208,10 +214,18 @@ class App:
                 # a tick's job is kept (and so deduplicated) for a day
                 retention=Retention(completed="1d", failed="7d"),
             )(func)
-            self.crons[task.name] = CronEntry(schedule, task)
+            try:
+                self.crons[task.name] = CronEntry(schedule, task)
+            except ValueError:
+                del self.tasks[task.name]  # a refused cron leaves no task behind
+                raise
             return task
 
         return register
+
+    async def enqueue(self, task_name: str, /, *args: Any, **kwargs: Any) -> Job[Any]:
+        """Enqueue a task by its name (``UnknownTask`` if the app has none of that name)."""
+        return await self.get_task(task_name).enqueue(*args, **kwargs)
 
     def get_task(self, name: str) -> Task[Any, Any]:
         try:

@@ -119,13 +119,26 @@ def _import_module(name: str) -> Any:
         fail(f"importing {name!r} failed: {exc}", EXIT_USAGE)
     except ConfigError as exc:
         fail(f"importing {name!r} failed: {exc}", EXIT_USAGE)
-    except Exception as exc:  # noqa: BLE001 - any error in user code is reported, then exit 2
+    except Exception as exc:  # any error in user code is reported, then exit 2
         _print_import_traceback(exc)
         fail(f"importing {name!r} failed: {type(exc).__name__}: {exc}", EXIT_USAGE)
 
 
 def _print_import_traceback(exc: BaseException) -> None:
-    err_console().print(escape("".join(traceback.format_exception(exc)).rstrip()), style="dim")
+    """The traceback of a failed import, without the import machinery's own frames."""
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if frame.filename != __file__
+        and not frame.filename.startswith("<frozen")
+        and os.path.basename(os.path.dirname(frame.filename)) != "importlib"
+    ]
+    lines = [
+        "Traceback (most recent call last):\n",
+        *traceback.format_list(frames),
+        *traceback.format_exception_only(exc),
+    ]
+    err_console().print(escape("".join(lines).rstrip()), style="dim")
 
 
 def load_app(spec: str, redis_url: str | None = None) -> App:
@@ -158,7 +171,9 @@ class ServerTarget:
     source: str
 
 
-def locate_server(settings: Settings, explicit: str | None = None, app: App | None = None) -> ServerTarget:
+def locate_server(
+    settings: Settings, explicit: str | None = None, app: App | None = None
+) -> ServerTarget:
     """Which server an app (or the settings) would use; never starts the dev server."""
     if explicit:
         return ServerTarget(explicit, "--redis-url")
@@ -173,12 +188,13 @@ def locate_server(settings: Settings, explicit: str | None = None, app: App | No
 
 def live_workers(client: redis.Redis, app_name: str, max_age: float) -> list[tuple[str, float]]:
     """Workers of the app whose heartbeat is younger than ``max_age`` s, with their age (s)."""
-    seconds, micros = client.time()
+    reply: Any = client.time()
+    seconds, micros = reply
     now_ms = int(seconds) * 1000 + int(micros) // 1000
-    raw = client.zrangebyscore(
+    raw: Any = client.zrangebyscore(
         AppKeys.for_app(app_name).workers, now_ms - max_age * 1000, "+inf", withscores=True
     )
-    found = []
+    found: list[tuple[str, float]] = []
     for member, score in raw:
         name = member.decode() if isinstance(member, bytes) else str(member)
         found.append((name, max(0.0, (now_ms - float(score)) / 1000)))

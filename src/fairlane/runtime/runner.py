@@ -19,6 +19,7 @@ from fairlane.policy.retry import after_failure
 from fairlane.runtime.executors import (
     ChildCrashed,
     ExecutionTimeout,
+    ExecutorError,
     ProcessExecutor,
     RemoteError,
     ThreadExecutor,
@@ -87,11 +88,11 @@ class Runner:
             # the worker enforces an async attempt's timeout with one timer per job
             try:
                 value = await task.fn(*args, **kwargs)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # sys.exit() in a task must not stop the worker
                 raise _Failure(encode_error(exc), retryable=_retryable(task, exc)) from None
             try:
                 payload = task.codec.encode_result(value)
-            except (msgspec.EncodeError, TypeError) as exc:
+            except (msgspec.EncodeError, TypeError, ValueError) as exc:  # ValueError: bad UTF-8
                 raise _Failure(
                     encode_error(exc, type_name="ResultNotSerializable"), retryable=False
                 ) from None
@@ -125,6 +126,10 @@ class Runner:
                 encode_error(exc, type_name=exc.type_name, tb=exc.traceback),
                 retryable=_remote_retryable(task, exc.type_name),
             ) from None
+        except ExecutorError:
+            raise
+        except (Exception, SystemExit) as exc:  # a thread task's own exception, unchanged
+            raise _Failure(encode_error(exc), retryable=_retryable(task, exc)) from None
 
     def _decode(self, task: Task[Any, Any], job: FetchedJob) -> tuple[list[Any], dict[str, Any]]:
         try:

@@ -1,0 +1,39 @@
+"""The ``fairlane`` command line.
+
+``fairlane worker MODULE:APP`` runs a worker; ``purge``, ``inspect``, ``dead`` and ``job``
+operate an app; ``doctor``, ``config`` and ``server`` look after the environment;
+``example`` runs the quickstart. Each command lives in a submodule of this package.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from fairlane.cli.example import example
+from fairlane.cli.ops import dead_app, inspect_app, job_app, purge
+from fairlane.cli.system import config_app, doctor, server_app
+from fairlane.cli.worker import worker
+
+__all__ = ["cli", "main"]
+
+cli = typer.Typer(
+    name="fairlane",
+    help="Fairlane: a fair, bounded, durable task queue on Redis or Valkey.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # locals may hold server passwords
+)
+cli.command(no_args_is_help=True)(worker)
+cli.command(no_args_is_help=True)(purge)
+cli.add_typer(inspect_app, name="inspect")
+cli.add_typer(dead_app, name="dead")
+cli.add_typer(job_app, name="job")
+cli.command()(doctor)
+cli.add_typer(config_app, name="config")
+cli.add_typer(server_app, name="server")
+cli.command()(example)
+
+
+def main() -> None:
+    """Entry point of the ``fairlane`` script."""
+    cli()

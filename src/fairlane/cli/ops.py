@@ -1,0 +1,337 @@
+"""Operating an app: ``purge``, ``inspect tasks``, ``dead list|redrive``, ``job status|cancel``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from cronsim import CronSim
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from fairlane.app import App
+from fairlane.cli._common import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    AppSpec,
+    RedisUrl,
+    console,
+    fail,
+    load_app,
+    redact,
+    run,
+)
+from fairlane.codec import decode_error
+from fairlane.config import WorkerSettings
+from fairlane.policy.retention import Keep
+
+__all__ = ["dead_app", "inspect_app", "job_app", "purge"]
+
+inspect_app = typer.Typer(help="Look at an app's declarations.", no_args_is_help=True)
+dead_app = typer.Typer(help="Dead-lettered jobs: list them, send them back.", no_args_is_help=True)
+job_app = typer.Typer(help="One job: its status, or cancel it.", no_args_is_help=True)
+
+_ERROR_WIDTH = 80
+
+
+# -- purge -----------------------------------------------------------------------------
+
+
+async def _count_keys(app: App) -> tuple[str, int]:
+    async with app:
+        count = 0
+        async for _ in app.store.client.scan_iter(match=app.store.keys.match_all(), count=1000):
+            count += 1
+        return app.url or "?", count
+
+
+async def _purge(app: App) -> int:
+    async with app:
+        return await app.purge()
+
+
+def purge(
+    app_spec: AppSpec,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Delete every key of MODULE:APP: queued and running jobs, results, dead letters, stats."""
+    app = load_app(app_spec, redis_url)
+    if not yes:
+        url, count = run(_count_keys(app))
+        typer.confirm(
+            f"Delete all {count} keys of app {app.name!r} on {redact(url)}? "
+            "Queued jobs are lost and running ones cannot report back",
+            abort=True,
+        )
+    removed = run(_purge(app))
+    console().print(f"purged app {app.name!r}: removed {removed} key(s)")
+
+
+# -- inspect tasks -----------------------------------------------------------------------
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "none"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _keep(keep: Keep) -> str:
+    parts = []
+    if keep.count is not None:
+        parts.append(f"{keep.count}")
+    if keep.age is not None:
+        parts.append(_duration(keep.age))
+    return ", ".join(parts) if parts else "forever"
+
+
+def _cell(value: str, default: bool) -> Text:
+    if default:
+        return Text(f"{value} (default)", style="dim")
+    return Text(value)
+
+
+@inspect_app.command("tasks")
+def inspect_tasks(app_spec: AppSpec) -> None:
+    """One row per task with its effective options; options left at their default are marked."""
+    app = load_app(app_spec)
+    concurrency = app.settings.worker.concurrency
+    concurrency_default = concurrency == WorkerSettings.model_fields["concurrency"].default
+    table = Table(title=f"tasks of app {app.name!r}", title_justify="left")
+    for column in (
+        "name",
+        "lane",
+        "executor",
+        "attempts",
+        "backoff",
+        "timeout",
+        "retention",
+        "retry_on",
+        "concurrency",
+    ):
+        table.add_column(column, overflow="fold", no_wrap=column == "name")
+    for name in sorted(app.tasks):
+        options = app.tasks[name].options
+        defaults = options.defaults
+        backoff = options.backoff
+        table.add_row(
+            Text(name),
+            _cell(options.lane, "lane" in defaults),
+            _cell(options.executor, "executor" in defaults),
+            _cell(str(options.attempts), "attempts" in defaults),
+            _cell(
+                f"{_duration(backoff.base)}..{_duration(backoff.cap)} {backoff.jitter}",
+                "backoff" in defaults,
+            ),
+            _cell(_duration(options.timeout), "timeout" in defaults),
+            _cell(
+                f"ok: {_keep(options.retention.completed)}; "
+                f"failed: {_keep(options.retention.failed)}",
+                "retention" in defaults,
+            ),
+            _cell(", ".join(cls.__name__ for cls in options.retry_on), "retry_on" in defaults),
+            _cell(f"{concurrency} per worker", concurrency_default),
+        )
+    out = console()
+    if app.tasks:
+        out.print(table)
+    else:
+        out.print(f"app {app.name!r} has no tasks")
+    if app.crons:
+        _print_crons(app)
+
+
+def _print_crons(app: App) -> None:
+    table = Table(title="cron entries (UTC)", title_justify="left")
+    for column in ("task", "schedule", "lane", "next run"):
+        table.add_column(column, overflow="fold")
+    now = datetime.now(UTC)
+    for name in sorted(app.crons):
+        entry = app.crons[name]
+        upcoming: datetime = next(CronSim(entry.schedule, now))
+        table.add_row(
+            name, entry.schedule, entry.task.options.lane, upcoming.strftime("%Y-%m-%d %H:%M:%SZ")
+        )
+    console().print(table)
+
+
+# -- dead letters -----------------------------------------------------------------------
+
+
+def _when(epoch_seconds: float | None) -> str:
+    if epoch_seconds is None:
+        return "-"
+    return datetime.fromtimestamp(epoch_seconds, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _ms(raw: bytes | None) -> float | None:
+    return int(raw) / 1000 if raw else None
+
+
+def _error_text(raw: bytes | None, width: int | None = _ERROR_WIDTH) -> str:
+    if not raw:
+        return "-"
+    try:
+        info = decode_error(raw)
+    except Exception:  # a malformed record is still listed, raw
+        return raw.decode("utf-8", "replace")[:width]
+    text = f"{info.type}: {info.message}"
+    if width is not None and len(text) > width:
+        text = text[: width - 3] + "..."
+    return text
+
+
+async def _dead_rows(app: App, limit: int) -> list[tuple[str, float, dict[str, bytes]]]:
+    async with app:
+        rows = []
+        for job_id, died in await app.dead_letters(limit):
+            rows.append((job_id, died, await app.store.job_record(job_id)))
+        return rows
+
+
+@dead_app.command("list")
+def dead_list(
+    app_spec: AppSpec,
+    limit: Annotated[int, typer.Option(min=1, help="Most jobs to list, oldest first.")] = 100,
+    redis_url: RedisUrl = None,
+) -> None:
+    """List dead-lettered jobs: id, task, tenant, attempts, when it died, its last error."""
+    app = load_app(app_spec, redis_url)
+    rows = run(_dead_rows(app, limit))
+    out = console()
+    if not rows:
+        out.print(f"no dead-lettered jobs in app {app.name!r}")
+        return
+    table = Table(title=f"dead letters of app {app.name!r} (oldest first)", title_justify="left")
+    for column in ("id", "task", "tenant", "attempts", "died at", "last error"):
+        table.add_column(column, overflow="fold", no_wrap=column == "id")
+    for job_id, died, record in rows:
+        table.add_row(
+            job_id,
+            record.get("task", b"?").decode(),
+            record.get("tenant", b"?").decode(),
+            f"{record.get('att', b'?').decode()}/{record.get('max', b'?').decode()}",
+            _when(died),
+            _error_text(record.get("err")) if record else "(record removed)",
+        )
+    out.print(table)
+
+
+async def _redrive(app: App, ids: list[str]) -> list[str]:
+    """Redrive ``ids``, or (none given) every dead letter."""
+    async with app:
+        if ids:
+            return await app.redrive(ids)
+        done: list[str] = []
+        while True:  # each pass takes the oldest dead letters; stop when none move
+            moved = await app.redrive(limit=500)
+            done += moved
+            if not moved:
+                return done
+
+
+@dead_app.command("redrive")
+def dead_redrive(
+    app_spec: AppSpec,
+    ids: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="[IDS]...", help="Job ids to send back.", show_default=False),
+    ] = None,
+    every: Annotated[
+        bool, typer.Option("--all", help="Send back every dead-lettered job.")
+    ] = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Send dead-lettered jobs back to their queues with a fresh attempt budget."""
+    wanted = list(dict.fromkeys(ids or []))
+    if bool(wanted) == every:
+        fail("give job ids or --all (not both)", EXIT_USAGE)
+    app = load_app(app_spec, redis_url)
+    moved = run(_redrive(app, wanted))
+    console().print(f"redrove {len(moved)} job(s)")
+    missed = [job_id for job_id in wanted if job_id not in set(moved)]
+    if missed:
+        fail(f"not dead-lettered (unknown or not failed): {', '.join(missed)}")
+
+
+# -- one job ---------------------------------------------------------------------------
+
+
+async def _record(app: App, job_id: str) -> dict[str, bytes]:
+    async with app:
+        return await app.store.job_record(job_id)
+
+
+@job_app.command("status")
+def job_status(
+    app_spec: AppSpec,
+    job_id: Annotated[str, typer.Argument(metavar="JOB_ID", show_default=False)],
+    redis_url: RedisUrl = None,
+) -> None:
+    """Show a job's record: status, task, tenant, attempts, times, result or last error."""
+    app = load_app(app_spec, redis_url)
+    record = run(_record(app, job_id))
+    if not record:
+        fail(
+            f"no record of job {job_id} in app {app.name!r} (never enqueued, or removed by "
+            "retention)"
+        )
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for label, value in _job_fields(job_id, record):
+        table.add_row(label, escape(value))
+    console().print(table)
+
+
+def _job_fields(job_id: str, rec: dict[str, bytes]) -> list[tuple[str, str]]:
+    def text(key: str) -> str:
+        raw = rec.get(key)
+        return raw.decode("utf-8", "replace") if raw else "-"
+
+    rows = [
+        ("id", job_id),
+        ("status", text("st") + (" (cancel requested)" if rec.get("cx") else "")),
+        ("task", text("task")),
+        ("tenant", text("tenant")),
+        ("lane", text("lane")),
+        ("attempts", f"{text('att') if rec.get('att') else '0'} of {text('max')}"),
+        ("enqueued", _when(_ms(rec.get("enq")))),
+        ("started", _when(_ms(rec.get("start")))),
+        ("finished", _when(_ms(rec.get("fin")))),
+    ]
+    if rec.get("res"):
+        result = text("res")
+        rows.append(("result", result if len(result) <= 500 else result[:497] + "..."))
+    if rec.get("err"):
+        rows.append(("error", _error_text(rec.get("err"), None)))
+    return rows
+
+
+async def _cancel(app: App, job_id: str) -> str:
+    async with app:
+        return await app.store.cancel(job_id)
+
+
+@job_app.command("cancel")
+def job_cancel(
+    app_spec: AppSpec,
+    job_id: Annotated[str, typer.Argument(metavar="JOB_ID", show_default=False)],
+    redis_url: RedisUrl = None,
+) -> None:
+    """Cancel a job: a waiting one at once, a running one at its worker's next lease renewal."""
+    app = load_app(app_spec, redis_url)
+    status = run(_cancel(app, job_id))
+    messages = {
+        "cancelled": f"job {job_id} cancelled",
+        "cancelling": f"job {job_id} is running: its worker has been asked to stop it",
+    }
+    if status == "missing":
+        fail(f"no record of job {job_id} in app {app.name!r}", EXIT_FAILURE)
+    console().print(messages.get(status, f"job {job_id} is already {status}: nothing to cancel"))

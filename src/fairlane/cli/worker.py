@@ -1,0 +1,245 @@
+"""``fairlane worker``: run a worker, restart it on code changes, or health-check one."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import shlex
+import sys
+import urllib.error
+import urllib.request
+from typing import Annotated, Any
+
+import redis
+import typer
+from redis.exceptions import RedisError
+from rich.logging import RichHandler
+
+from fairlane.app import App
+from fairlane.cli._common import (
+    EXIT_USAGE,
+    AppSpec,
+    RedisUrl,
+    console,
+    err_console,
+    fail,
+    live_workers,
+    load_app,
+    locate_server,
+    redact,
+    run,
+    settings_or_fail,
+)
+
+__all__ = ["worker"]
+
+log = logging.getLogger("fairlane.cli")
+_HTTP_TIMEOUT = 3.0
+
+
+def worker(
+    app_spec: AppSpec,
+    *,
+    lanes: Annotated[
+        str | None,
+        typer.Option(
+            "--lanes",
+            metavar="LANES",
+            help="Comma-separated lanes to serve, e.g. light,heavy (default: the "
+            "worker.lanes setting).",
+            show_default=False,
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Most jobs run at once (default: the worker.concurrency setting, 50).",
+            show_default=False,
+        ),
+    ] = None,
+    burst: Annotated[
+        bool, typer.Option("--burst", help="Exit once there is no work left.")
+    ] = False,
+    reload: Annotated[
+        bool,
+        typer.Option(
+            "--reload",
+            help="Development: restart the worker when a Python file under the working "
+            "directory changes (needs fairlane\\[reload]).",
+        ),
+    ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Health check, not a worker: exit 0 when a worker of the app sent a "
+            "heartbeat within lease.duration (and /health on --health-port answers 200), "
+            "else 1.",
+        ),
+    ] = False,
+    health_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            metavar="PORT",
+            help="Serve GET /health on 127.0.0.1:PORT (with --check: the port to probe).",
+            show_default=False,
+        ),
+    ] = None,
+    redis_url: RedisUrl = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
+) -> None:
+    """Run a worker for MODULE:APP until SIGTERM/SIGINT (graceful), or with --burst until idle."""
+    if reload and (check or burst):
+        fail("--reload cannot be combined with --check or --burst", EXIT_USAGE)
+    if check:
+        _check(load_app(app_spec, redis_url), health_port)
+        return
+    if reload:
+        _reload(
+            _child_argv(
+                app_spec,
+                lanes=lanes,
+                concurrency=concurrency,
+                health_port=health_port,
+                redis_url=redis_url,
+                verbose=verbose,
+            )
+        )
+        return
+    _configure_logging(verbose)
+    app = load_app(app_spec, redis_url)
+    lane_list = _split_lanes(lanes) if lanes is not None else None
+    target = locate_server(app.settings, redis_url, app)
+    if target.url is None:
+        log.info("no Redis URL configured: using %s (starting it if needed)", target.source)
+    else:
+        log.info("using server %s (from %s)", redact(target.url), target.source)
+    run(
+        app.run_worker(
+            lanes=lane_list,
+            concurrency=concurrency,
+            burst=burst,
+            handle_signals=True,
+            health_port=health_port,
+        )
+    )
+
+
+def _split_lanes(text: str) -> list[str]:
+    lanes = [lane.strip() for lane in text.split(",") if lane.strip()]
+    if not lanes:
+        fail("--lanes needs at least one lane name", EXIT_USAGE)
+    return lanes
+
+
+def _configure_logging(verbose: bool) -> None:
+    level = logging.DEBUG if verbose else logging.INFO
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = RichHandler(console=err_console(), show_path=False, rich_tracebacks=True)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    logging.getLogger("fairlane").setLevel(level)
+
+
+# -- --check ---------------------------------------------------------------------------
+
+
+def _check(app: App, health_port: int | None) -> None:
+    """Exit 0 if a worker of ``app`` is alive (and its /health answers), else exit 1."""
+    target = locate_server(app.settings, None, app)
+    if target.url is None:
+        fail(f"unhealthy: {target.source} is not running")
+    max_age = app.settings.lease.duration
+    client = redis.Redis.from_url(target.url, socket_connect_timeout=3.0, socket_timeout=3.0)
+    try:
+        workers = live_workers(client, app.name, max_age)
+    except RedisError as exc:
+        fail(f"unhealthy: the server at {redact(target.url)} is unreachable: {exc}")
+    finally:
+        client.close()
+    if not workers:
+        fail(
+            f"unhealthy: no worker of app {app.name!r} has sent a heartbeat in the last "
+            f"{max_age:g}s (lease.duration)"
+        )
+    newest_id, newest_age = workers[0]
+    if health_port is not None:
+        problem = _probe_health(health_port)
+        if problem:
+            fail(f"unhealthy: {problem}")
+    console().print(
+        f"ok: {len(workers)} live worker(s) of app {app.name!r}; newest heartbeat "
+        f"{newest_age:.1f}s ago ({newest_id})"
+        + (f"; /health on port {health_port} answers 200" if health_port is not None else "")
+    )
+
+
+def _probe_health(port: int) -> str | None:
+    url = f"http://127.0.0.1:{port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT) as response:
+            status = int(response.status)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", "replace")[:200]
+        return f"{url} answered {exc.code}: {detail}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"nothing answers at {url}: {getattr(exc, 'reason', exc)}"
+    return None if status == 200 else f"{url} answered {status}"
+
+
+# -- --reload --------------------------------------------------------------------------
+
+
+def _child_argv(
+    app_spec: str,
+    *,
+    lanes: str | None,
+    concurrency: int | None,
+    health_port: int | None,
+    redis_url: str | None,
+    verbose: bool,
+) -> list[str]:
+    argv = ["worker", app_spec]
+    if lanes is not None:
+        argv += ["--lanes", lanes]
+    if concurrency is not None:
+        argv += ["--concurrency", str(concurrency)]
+    if health_port is not None:
+        argv += ["--health-port", str(health_port)]
+    if redis_url:
+        argv += ["--redis-url", redis_url]
+    if verbose:
+        argv.append("--verbose")
+    return argv
+
+
+def _reload(argv: list[str]) -> None:
+    """Run ``fairlane <argv>`` in a child process, restarting it when Python files change."""
+    try:
+        watchfiles: Any = importlib.import_module("watchfiles")  # the optional reload extra
+    except ImportError:
+        fail("--reload needs watchfiles: pip install 'fairlane[reload]'", EXIT_USAGE)
+    command = shlex.join([sys.executable, "-m", "fairlane.cli", *argv])
+    grace = settings_or_fail().worker.grace_period
+    cwd = os.getcwd()
+    err_console().print(f"[dim]watching {cwd} for changes to *.py; the worker restarts on each[/]")
+
+    def changed(changes: set[tuple[Any, str]]) -> None:
+        names = sorted({os.path.relpath(path, cwd) for _, path in changes})
+        err_console().print(f"[yellow]changed:[/] {', '.join(names[:5])}; restarting the worker")
+
+    watchfiles.run_process(
+        cwd,
+        target=command,
+        target_type="command",
+        watch_filter=watchfiles.PythonFilter(),
+        callback=changed,
+        sigint_timeout=int(grace) + 5,  # the worker drains for up to grace_period on SIGINT
+    )
+    raise typer.Exit(0)
