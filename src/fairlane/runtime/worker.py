@@ -181,8 +181,9 @@ class Worker:
                     await self._fetch_loop(jobs)
                     await self._drain()
                 await self._flush()
-                await self._leave()
                 self._closed.set()
+            # after the renewals have stopped, so no heartbeat follows the goodbye
+            await self._leave()
         log.info("worker %s stopped", self.id)
 
     # -- fetching --------------------------------------------------------------------
@@ -374,11 +375,11 @@ class Worker:
         """Stop being handed jobs, and hand back any that reached the inbox meanwhile."""
         lease_ms = round(self.lease.duration * 1000)
         try:
-            fetched = await self.app.store.exchange(self.id, self.lanes, 0, lease_ms, idle_ms=0)
-            if fetched.jobs:
-                log.info("handing back %d job(s) given while stopping", len(fetched.jobs))
+            handed = await self.app.store.leave(self.id, lease_ms, self.lanes)
+            if handed:
+                log.info("handing back %d job(s) given while stopping", len(handed))
                 await self.app.store.ack(
-                    self.lanes, [Outcome(j.id, j.token, "release") for j in fetched.jobs]
+                    self.lanes, [Outcome(j.id, j.token, "release") for j in handed]
                 )
         except StoreUnavailable as exc:
             log.warning(

@@ -239,6 +239,11 @@ class Store:
         reply = await self.fcall("exchange", self._lane_keys(lanes), [blob])
         return _parse_fetched(reply)
 
+    async def leave(self, worker: str, lease_ms: int, lanes: Sequence[str]) -> list[FetchedJob]:
+        """Deregister a stopping worker; returns jobs handed to it that it must hand back."""
+        blob = _PACK.encode((worker, lease_ms, lanes))
+        return _UNPACK_JOBS.decode(await self.fcall("leave", self._lane_keys(lanes), [blob]))
+
     async def ack(self, lanes: Sequence[str], outcomes: Sequence[Outcome]) -> list[int]:
         blob = _PACK.encode(outcomes)
         return [int(c) for c in await self.fcall("ack", self._lane_keys(lanes), [blob])]
@@ -284,6 +289,7 @@ class Store:
 # [next_due_ms, ack codes, jobs]
 _UNPACK_FETCH: Final = msgspec.msgpack.Decoder(tuple[int, list[int], list[FetchedJob]])
 _UNPACK_JOB: Final = msgspec.msgpack.Decoder(FetchedJob)
+_UNPACK_JOBS: Final = msgspec.msgpack.Decoder(list[FetchedJob])
 
 
 def _parse_fetched(reply: bytes) -> Fetched:

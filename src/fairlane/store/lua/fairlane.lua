@@ -556,6 +556,27 @@ local function exchange(keys, args)
   return cmsgpack.pack({next_due, codes, jobs})
 end
 
+-- ARGV: msgpack [worker, lease_ms, lanes]. A stopping worker leaves: it is no longer
+-- idle nor alive, and the jobs handed to its inbox meanwhile are returned (still
+-- leased to it) so that it can hand them back.
+local function leave(keys, args)
+  local p = prefix(keys)
+  local a = cmsgpack.unpack(args[1])
+  local worker, member = a[1], a[1] .. '|' .. a[2]
+  for _, lane in ipairs(a[3]) do
+    redis.call('ZREM', lane_key(p, lane, 'idle'), member)
+  end
+  redis.call('ZREM', keys[WORKERS], worker)
+  local inbox = inbox_key(p, worker)
+  local handed = redis.call('LRANGE', inbox, 0, -1)
+  redis.call('DEL', inbox)
+  local jobs = {}
+  for i, row in ipairs(handed) do
+    jobs[i] = cmsgpack.unpack(row)
+  end
+  return cmsgpack.pack(jobs)
+end
+
 -- ARGV: msgpack array of acks. Returns the codes as a plain array.
 local function ack(keys, args)
   local p, now, tally = prefix(keys), now_ms(), new_effects()
@@ -715,6 +736,7 @@ end
 redis.register_function('__PREFIX__enqueue', enqueue)
 redis.register_function('__PREFIX__exchange', exchange)
 redis.register_function('__PREFIX__ack', ack)
+redis.register_function('__PREFIX__leave', leave)
 redis.register_function('__PREFIX__renew', renew)
 redis.register_function('__PREFIX__sweep', sweep)
 redis.register_function('__PREFIX__declare_task', declare_task)
