@@ -71,11 +71,11 @@ class ExecutorError(Exception):
     """Base class for failures of the executor itself rather than of the task."""
 
 
-class ExecutorClosed(ExecutorError):  # noqa: N818 -- public API names
+class ExecutorClosed(ExecutorError):
     """The executor was closed before or while the call ran."""
 
 
-class ChildCrashed(ExecutorError):  # noqa: N818
+class ChildCrashed(ExecutorError):
     """The child process died during the call (segfault, ``os._exit``, SIGKILL/OOM)."""
 
     def __init__(self, exitcode: int | None) -> None:
@@ -83,7 +83,7 @@ class ChildCrashed(ExecutorError):  # noqa: N818
         self.exitcode = exitcode  # negative: killed by that signal number
 
 
-class ExecutionTimeout(ExecutorError):  # noqa: N818
+class ExecutionTimeout(ExecutorError):
     """The call exceeded its timeout (a process child has been killed and replaced)."""
 
 
@@ -328,7 +328,7 @@ class ProcessExecutor:
             await self.aclose(grace=0)
             raise failures[0]
 
-    async def run(self, target: str, payload: bytes, timeout: float | None) -> bytes:  # noqa: ASYNC109
+    async def run(self, target: str, payload: bytes, timeout: float | None) -> bytes:
         """Run ``invoker(target, payload)`` in a free child and return its result bytes.
 
         Waits for a free child for as long as the caller lets it (cancel to bound it); the
@@ -582,7 +582,7 @@ class ThreadExecutor:
         invoker: Invoker,
         target: str,
         payload: bytes,
-        timeout: float | None,  # noqa: ASYNC109 -- a per-call timeout is the API
+        timeout: float | None,
     ) -> bytes:
         """Run ``invoker(target, payload)`` in a thread; the timeout excludes waiting for one."""
         loop = asyncio.get_running_loop()
