@@ -256,14 +256,20 @@ class App:
         store = Store.from_url(url, self.name)
         try:
             await store.connect()
-            for task in self.tasks.values():
-                keep = task.options.retention
-                await store.declare_task(task.name, keep.completed.encode(), keep.failed.encode())
+            self._store = store
+            await self.declare_tasks()
         except BaseException:
+            self._store = None
             await store.aclose()
             raise
-        self._store, self.url = store, url
+        self.url = url
         log.info("fairlane app %s using server %s", self.name, _redact(url))
+
+    async def declare_tasks(self) -> None:
+        """Record each task's retention on the server, where sweeps read it."""
+        for task in self.tasks.values():
+            keep = task.options.retention
+            await self.store.declare_task(task.name, keep.completed.encode(), keep.failed.encode())
 
     async def aclose(self) -> None:
         if self._listener is not None:

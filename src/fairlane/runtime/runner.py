@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -24,7 +25,7 @@ from fairlane.runtime.executors import (
     RemoteError,
     ThreadExecutor,
 )
-from fairlane.runtime.invoke import invoke_sync, target_of
+from fairlane.runtime.invoke import target_of
 from fairlane.store.redis import FetchedJob, Outcome
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ class Runner:
                     encode_error(exc, type_name="ResultNotSerializable"), retryable=False
                 ) from None
         else:
-            payload = await self._offload(task, job, timeout)
+            payload = await self._offload(task, job, timeout, (args, kwargs))
         if len(payload) > self.max_result:
             raise _Failure(
                 encode_error(
@@ -109,11 +110,19 @@ class Runner:
             )
         return payload
 
-    async def _offload(self, task: Task[Any, Any], job: FetchedJob, timeout: float | None) -> bytes:
+    async def _offload(
+        self,
+        task: Task[Any, Any],
+        job: FetchedJob,
+        timeout: float | None,
+        call: tuple[list[Any], dict[str, Any]],
+    ) -> bytes:
         target = target_of(task.fn)
         try:
             if task.options.executor == "thread":
-                return await self.threads.run(invoke_sync, target, job.args.encode(), timeout)
+                # a thread calls the function itself: no import by path, so a task
+                # defined anywhere (even inside a function) runs
+                return await self.threads.run(_direct(task, *call), target, b"", timeout)
             if self.processes is None:
                 raise RuntimeError("this worker has no process pool")
             return await self.processes.run(target, job.args.encode(), timeout)
@@ -128,6 +137,10 @@ class Runner:
             ) from None
         except ExecutorError:
             raise
+        except _Unserializable as exc:
+            raise _Failure(
+                encode_error(exc.error, type_name="ResultNotSerializable"), retryable=False
+            ) from None
         except (Exception, SystemExit) as exc:  # a thread task's own exception, unchanged
             raise _Failure(encode_error(exc), retryable=_retryable(task, exc)) from None
 
@@ -165,6 +178,27 @@ class Runner:
         return Outcome(
             job.id, job.token, "retry", failure.payload.decode(), round(decision.delay * 1000)
         )
+
+
+class _Unserializable(Exception):
+    """A thread task's result could not be encoded (not the task's own failure)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _direct(
+    task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]
+) -> Callable[[str, bytes], bytes]:
+    def invoke(_target: str, _payload: bytes) -> bytes:
+        value = task.fn(*args, **kwargs)
+        try:
+            return task.codec.encode_result(value)
+        except (msgspec.EncodeError, TypeError, ValueError) as exc:
+            raise _Unserializable(exc) from exc
+
+    return invoke
 
 
 def _backoff(text: str) -> Backoff:

@@ -156,6 +156,9 @@ class Worker:
         self._runner = runner
         monitor = LoopMonitor(self.app.settings.worker.loop_block_threshold)
         store = self.app.store
+        # tasks registered after the app connected are declared too, so that sweeps
+        # trim every task's records by age
+        await self.app.declare_tasks()
         async with AsyncExitStack() as stack:
             if self.health_port is not None:
                 health = HealthServer(self.health_port, monitor)
