@@ -7,22 +7,26 @@ attempt numbers, the same fenced acks, the same reclaims. It is pure: no Redis, 
 asyncio, no clock. Every operation is given ``now=`` (server milliseconds): the time
 the script would have read with ``TIME``.
 
-What it covers: enqueue (optionally delayed), fetch, lease renewal, acks (``ok``,
-``retry``, ``dead``, ``release``) fenced by tokens, and the reclaim sweep. Deadlines,
-idempotency keys, cancellation, retention trimming and malformed records are outside
-it: the scripts' handling of those is tested on its own.
+What it covers: enqueue (optionally delayed), fetch, the hand-off of new jobs to idle
+workers, lease renewal, acks (``ok``, ``retry``, ``dead``, ``release``) fenced by
+tokens, and the reclaim sweep. Deadlines, idempotency keys, cancellation, retention
+trimming, worker heartbeats and malformed records are outside it.
 
 Rules, as in the scripts:
 
-* **Order.** Each lane keeps a rotation of the tenants that have waiting work; a fetch
-  pops the tenant at the head, takes that tenant's best job and puts the tenant at the
-  tail if it has more. Within a tenant, higher priority first, then FIFO by ``seq``
-  (a job keeps its ``seq`` for life, so a retried or released job goes back to its
-  original place). A fetch over several lanes takes one job per lane in turn and stops
-  when it has ``n`` jobs or every lane came up empty.
-* **Attempts** are counted when a job is fetched; a ``release`` (a stopping worker
-  handing a job back unstarted) gives the attempt back.
-* **Fencing.** Every fetch draws a new token from one counter, so tokens only grow.
+* **Order.** Each lane keeps a rotation of the tenants that have waiting work. A fetch
+  of ``n`` jobs over several lanes goes in rounds: in each round every lane still
+  giving work is asked, in the order given, for an even share ``ceil(left / lanes)`` of
+  what is still wanted. A lane asked for ``want`` jobs serves the first ``want`` tenants
+  of its rotation, each giving up to ``ceil(want / tenants served)`` jobs (fewer once
+  ``want`` is reached); the served tenants leave the head of the rotation and those
+  with work left rejoin at the tail, in order. A lane with no tenants drops out; the
+  fetch ends with ``n`` jobs or no lane left. Within a tenant, higher priority first,
+  then FIFO by ``seq`` (a job keeps its ``seq`` for life, so a retried or released job
+  goes back to its original place).
+* **Attempts** are counted when a job is leased (fetched or handed off); a ``release``
+  (a stopping worker handing a job back unstarted) gives the attempt back.
+* **Fencing.** Every lease draws a new token from one counter, so tokens only grow.
   An ack or a renewal is applied only if the job is running under that very token;
   otherwise the ack is rejected and counted as ``fenced``.
 * **Reclaim.** A sweep at ``now`` takes up to ``limit`` leases that expired at or before
@@ -30,8 +34,20 @@ Rules, as in the scripts:
   interrupted: with ``attempts >= max_attempts`` the job is dead-lettered, otherwise it
   is scheduled ``delay_ms`` later (the scripts use the job's backoff; here the delay is
   given).
+* **Hand-off.** A fetch that gives a worker nothing, asked with ``idle_ms``, registers
+  it idle on its lanes until ``now + idle_ms`` (as ``worker|lease_ms``; the worker's
+  next fetch with that lease ends the registration). At the batch's first job that
+  is due now, an enqueue claims the lane's registration that lapses soonest (dropping
+  lapsed ones, ties by member) and leases that job straight to the worker -- a token,
+  an attempt, a lease of the registered length -- into its inbox instead of a queue.
+  A batch of only scheduled jobs claims nobody. A fetch returns the worker's inbox
+  first (even beyond ``n``, and then fetches only ``n`` minus those), the worker's
+  blocking wait takes the inbox's oldest entry, a stopping worker's ``leave`` ends its
+  registrations and takes its whole inbox (to hand it back), and an inbox vanishes once
+  it has been left longer than the last lease handed into it.
 * **Promotion.** A fetch first moves the due scheduled jobs (``run_at <= now``, earliest
-  first, ties by id) of its lanes back into their tenants' queues.
+  first, ties by id) of its lanes back into their tenants' queues (the scripts cap this
+  at a promote limit per call, 1000 by default; the model has no cap).
 
 Invariants (``check_invariants``):
 
@@ -51,7 +67,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-__all__ = ["AckKind", "Grant", "ModelJob", "QueueModel", "Status"]
+__all__ = ["AckKind", "Batch", "Grant", "ModelJob", "NewJob", "QueueModel", "Status"]
 
 Status = Literal["queued", "scheduled", "running", "completed", "failed"]
 AckKind = Literal["ok", "retry", "dead", "release"]
@@ -62,11 +78,26 @@ FINISHED: frozenset[str] = frozenset({"completed", "failed"})
 
 
 class Grant(NamedTuple):
-    """A job handed to a worker by ``fetch``."""
+    """A job leased to a worker: by ``fetch``, or handed to its inbox by an enqueue."""
 
     id: str
     token: int
     attempt: int
+
+
+class Batch(NamedTuple):
+    """What ``fetch`` gives a worker, and the ms until its lanes' next scheduled job."""
+
+    jobs: list[Grant]
+    next_due: int | None
+
+
+class NewJob(NamedTuple):
+    id: str
+    tenant: str
+    prio: int
+    max_attempts: int
+    delay_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -98,6 +129,9 @@ class QueueModel:
         self.delayed: dict[str, dict[str, int]] = {}  # lane -> id -> run_at
         self.leases: dict[str, int] = {}  # id -> expiry
         self.dead: dict[str, int] = {}  # id -> time dead-lettered
+        self.idle: dict[str, dict[str, int]] = {}  # lane -> 'worker|lease_ms' -> lapses at
+        self.inbox: dict[str, list[Grant]] = {}  # worker -> jobs handed to it, oldest first
+        self.inbox_expiry: dict[str, int] = {}  # worker -> when its inbox vanishes
         self.stats: Counter[str] = Counter()
 
     # -- producer ---------------------------------------------------------------------
@@ -113,42 +147,81 @@ class QueueModel:
         now: int,
         delay_ms: int = 0,
     ) -> None:
-        if job_id in self.jobs:
-            raise ValueError(f"job {job_id} already exists")
-        self.seq += 1
-        run_at = now + delay_ms
-        job = ModelJob(
-            job_id, tenant, lane, prio, self.seq, max_attempts,
-            "scheduled" if run_at > now else "queued", run_at,
-        )  # fmt: skip
-        self.jobs[job_id] = job
-        if job.status == "scheduled":
-            self.delayed.setdefault(lane, {})[job_id] = run_at
-        else:
-            self._push_ready(job)
+        self.enqueue_batch(lane, [NewJob(job_id, tenant, prio, max_attempts, delay_ms)], now=now)
+
+    def enqueue_batch(self, lane: str, batch: list[NewJob], *, now: int) -> None:
+        """Enqueue jobs in one call (at most one idle worker is handed a job)."""
+        ids = [spec.id for spec in batch]
+        if len(set(ids)) < len(ids) or any(i in self.jobs for i in ids):
+            raise ValueError(f"job ids must be new: {ids}")
+        can_hand_off = True
+        for spec in batch:
+            self.seq += 1
+            run_at = now + spec.delay_ms
+            job = ModelJob(
+                spec.id, spec.tenant, lane, spec.prio, self.seq, spec.max_attempts,
+                "scheduled" if run_at > now else "queued", run_at,
+            )  # fmt: skip
+            self.jobs[spec.id] = job
+            if job.status == "scheduled":
+                self.delayed.setdefault(lane, {})[spec.id] = run_at
+                continue
+            idle = self._claim_idle(lane, now) if can_hand_off else None
+            can_hand_off = False
+            if idle is not None:
+                worker, lease_ms = idle
+                self.inbox.setdefault(worker, []).append(self._lease(job, worker, lease_ms, now))
+                self.inbox_expiry[worker] = now + lease_ms
+            else:
+                self._push_ready(job)
 
     # -- worker -----------------------------------------------------------------------
 
     def fetch(
-        self, worker: str, lanes: list[str], n: int, lease_ms: int, *, now: int
-    ) -> list[Grant]:
+        self, worker: str, lanes: list[str], n: int, lease_ms: int, *, now: int, idle_ms: int = 0
+    ) -> Batch:
+        member = f"{worker}|{lease_ms}"
+        for lane in lanes:
+            self.idle.get(lane, {}).pop(member, None)
+        handed = self._inbox(worker, now)
+        self.inbox.pop(worker, None)
+        self.inbox_expiry.pop(worker, None)
+        if n <= len(handed):
+            return Batch(handed, None)
         for lane in lanes:
             self._promote_due(lane, now)
         grants: list[Grant] = []
-        empty, li = 0, -1
-        while len(grants) < n and empty < len(lanes):
-            li = (li + 1) % len(lanes)
-            job = self._pop(lanes[li])
-            if job is None:
-                empty += 1
-                continue
-            empty = 0
-            self.fence += 1
-            job.attempts += 1
-            job.status, job.token, job.worker = "running", self.fence, worker
-            self.leases[job.id] = now + lease_ms
-            grants.append(Grant(job.id, self.fence, job.attempts))
-        return grants
+        live, want = list(lanes), n - len(handed)
+        while len(grants) < want and live:
+            still = []
+            for lane in live:
+                share = -(-(want - len(grants)) // len(live))
+                if share > 0 and self._pop_round(lane, share, grants, worker, lease_ms, now):
+                    still.append(lane)
+            live = still
+        if not handed and not grants and idle_ms > 0:
+            for lane in lanes:
+                self.idle.setdefault(lane, {})[member] = now + idle_ms
+        return Batch(handed + grants, self.next_due(lanes, now=now))
+
+    def leave(self, worker: str, lanes: list[str], lease_ms: int, *, now: int) -> list[Grant]:
+        """A stopping worker deregisters; returns its inbox (still leased to it) to hand back."""
+        for lane in lanes:
+            self.idle.get(lane, {}).pop(f"{worker}|{lease_ms}", None)
+        handed = self._inbox(worker, now)
+        self.inbox.pop(worker, None)
+        self.inbox_expiry.pop(worker, None)
+        return handed
+
+    def take_handed(self, worker: str, *, now: int) -> Grant | None:
+        """The worker's blocking wait: the oldest job in its inbox, if any."""
+        handed = self._inbox(worker, now)
+        if not handed:
+            return None
+        grant = handed.pop(0)
+        if not handed:
+            del self.inbox[worker], self.inbox_expiry[worker]
+        return grant
 
     def next_due(self, lanes: list[str], *, now: int) -> int | None:
         """Milliseconds until the next scheduled job of ``lanes`` is due (after a fetch)."""
@@ -173,6 +246,9 @@ class QueueModel:
         job.lease_lost = False
         if kind == "ok":
             self._finish(job, "completed", now)
+        elif kind == "retry" and job.attempts >= job.max_attempts:
+            # the store itself holds the budget: a retry past it is a dead letter
+            self._dead_letter(job, now)
         elif kind == "retry":
             self._schedule(job, now + delay_ms)
         elif kind == "dead":
@@ -239,6 +315,30 @@ class QueueModel:
 
     # -- internals --------------------------------------------------------------------
 
+    def _claim_idle(self, lane: str, now: int) -> tuple[str, int] | None:
+        registered = self.idle.get(lane, {})
+        for member, lapses in list(registered.items()):
+            if lapses <= now:
+                del registered[member]
+        if not registered:
+            return None
+        member = min(registered, key=lambda m: (registered[m], m))
+        del registered[member]
+        worker, lease_ms = member.rsplit("|", 1)
+        return worker, int(lease_ms)
+
+    def _inbox(self, worker: str, now: int) -> list[Grant]:
+        if worker in self.inbox_expiry and now > self.inbox_expiry[worker]:
+            del self.inbox[worker], self.inbox_expiry[worker]
+        return self.inbox.get(worker, [])
+
+    def _lease(self, job: ModelJob, worker: str, lease_ms: int, now: int) -> Grant:
+        self.fence += 1
+        job.attempts += 1
+        job.status, job.token, job.worker = "running", self.fence, worker
+        self.leases[job.id] = now + lease_ms
+        return Grant(job.id, self.fence, job.attempts)
+
     def _holds(self, job_id: str, token: int) -> bool:
         job = self.jobs.get(job_id)
         return job is not None and job.status == "running" and job.token == token
@@ -249,18 +349,32 @@ class QueueModel:
             self.rotation.setdefault(job.lane, []).append(job.tenant)
         bisect.insort(queue, (-job.prio * PRIO_SPAN + job.seq, job.id))
 
-    def _pop(self, lane: str) -> ModelJob | None:
+    def _pop_round(  # noqa: PLR0917 - a fetch's own arguments, passed on
+        self, lane: str, want: int, grants: list[Grant], worker: str, lease_ms: int, now: int
+    ) -> bool:
+        """One round of the lane's rotation (``pop_round`` in Lua); False if it has no tenants."""
         tenants = self.rotation.get(lane, [])
-        while tenants:
-            tenant = tenants.pop(0)
+        heads = tenants[:want]
+        if not heads:
+            return False
+        per = -(-want // len(heads))
+        served, got, again = 0, 0, []
+        for tenant in heads:
+            if got >= want:
+                break
+            served += 1
             queue = self.queues[(lane, tenant)]
-            _, job_id = queue.pop(0)
+            taken = queue[: min(per, want - got)]
+            del queue[: len(taken)]
+            for _, job_id in taken:
+                job = self.jobs[job_id]
+                if job.status == "queued":
+                    grants.append(self._lease(job, worker, lease_ms, now))
+                    got += 1
             if queue:
-                tenants.append(tenant)
-            job = self.jobs[job_id]
-            if job.status == "queued":
-                return job
-        return None
+                again.append(tenant)
+        self.rotation[lane] = tenants[served:] + again
+        return True
 
     def _promote_due(self, lane: str, now: int) -> None:
         for job_id, run_at in self.delayed_ids(lane):

@@ -218,7 +218,7 @@ local function apply_acks(keys, p, acks, now, tally)
   for i, a in ipairs(acks) do
     local id, kind, payload = a[1], a[3], a[4]
     local jk = job_key(p, id)
-    local f = redis.call('HMGET', jk, 'st', 'tok', 'task', 'rc', 'rf', 'w')
+    local f = redis.call('HMGET', jk, 'st', 'tok', 'task', 'rc', 'rf', 'w', 'att', 'max')
     if f[1] ~= 'running' or f[2] ~= a[2] then
       count(tally, 'fenced')
       codes[i] = 0
@@ -228,6 +228,9 @@ local function apply_acks(keys, p, acks, now, tally)
       local meta = {f[3], f[4], f[5], f[6]}
       if kind == 'ok' then
         finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
+      elseif kind == 'retry' and (tonumber(f[7]) or 0) >= (tonumber(f[8]) or 1) then
+        -- the store holds the attempt budget itself: a retry past it is a dead letter
+        dead_letter(keys, p, id, payload, now, tally, meta)
       elseif kind == 'retry' then
         schedule_retry(keys, p, id, tonumber(a[5]), payload, now, tally)
       elseif kind == 'dead' then
@@ -458,7 +461,7 @@ local function enqueue(keys, args)
   local lane = args[1]
   local jobs = cmsgpack.unpack(args[2])
   local out, tally = {}, new_effects()
-  local idle_worker, idle_lease = claim_idle_worker(p, lane, now)
+  local can_hand_off = true
   -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
   local seq = redis.call('HINCRBY', keys[STATS], 'seq', #jobs) - #jobs
   for _, j in ipairs(jobs) do
@@ -499,13 +502,20 @@ local function enqueue(keys, args)
         end
         if st == 'scheduled' then
           redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
-        elseif idle_worker then
-          -- fields as `runnable` returns them: st, task, args, max, dl, to, tenant, bo, enq, att
-          hand_off(keys, p, idle_worker, idle_lease, id,
-            {st, j[4], j[5], j[6], dl ~= '' and dl or nil, j[8], tenant, j[7], now, 0}, now)
-          idle_worker = nil
         else
-          push_ready(p, lane, tenant, id, prio, seq)
+          -- the first ready job of a batch goes straight to an idle worker, if one waits
+          local idle_worker, idle_lease
+          if can_hand_off then
+            idle_worker, idle_lease = claim_idle_worker(p, lane, now)
+            can_hand_off = false
+          end
+          if idle_worker then
+            -- fields as `runnable` returns them: st, task, args, max, dl, to, tenant, bo, enq, att
+            hand_off(keys, p, idle_worker, idle_lease, id,
+              {st, j[4], j[5], j[6], dl ~= '' and dl or nil, j[8], tenant, j[7], now, 0}, now)
+          else
+            push_ready(p, lane, tenant, id, prio, seq)
+          end
         end
         out[#out + 1] = id
         out[#out + 1] = 1

@@ -1,0 +1,1 @@
+"""Fault tests: real worker processes killed, stopped and crashed against a real server."""
