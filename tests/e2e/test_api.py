@@ -16,8 +16,6 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import msgspec
 import pytest
-from tests.e2e import helpers
-from tests.e2e.helpers import WAIT, app_keys, make_app, running_worker
 
 from fairlane import (
     App,
@@ -32,6 +30,8 @@ from fairlane import (
 )
 from fairlane.codec import PayloadTooLarge
 from fairlane.store.keys import JOB_FIELDS
+from tests.e2e import helpers
+from tests.e2e.helpers import WAIT, app_keys, make_app, running_worker
 
 pytestmark = pytest.mark.anyio
 

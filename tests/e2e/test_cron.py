@@ -11,11 +11,11 @@ import pytest
 from cronsim import CronSim
 from hypothesis import given
 from hypothesis import strategies as st
-from tests.e2e.helpers import eventually, make_app, running_worker
 
 from fairlane import App, Job
 from fairlane.runtime.cron import CRON_TENANT, tick_key
 from fairlane.store.keys import AppKeys
+from tests.e2e.helpers import eventually, make_app, running_worker
 
 pytestmark = pytest.mark.anyio
 

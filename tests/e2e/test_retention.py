@@ -10,10 +10,10 @@ import asyncio
 import time
 
 import pytest
-from tests.e2e.helpers import WAIT, app_keys, eventually, make_app, running_worker
 
 from fairlane import Backoff, JobNotFound, Retention, TaskFailed
 from fairlane.store.keys import AppKeys
+from tests.e2e.helpers import WAIT, app_keys, eventually, make_app, running_worker
 
 pytestmark = pytest.mark.anyio
 
