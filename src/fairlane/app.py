@@ -88,13 +88,14 @@ class App:
         namespace(name)  # validates the name
         self.name = name
         self.settings = settings or load_settings(project_dir=project_dir)
-        self._redis_url = redis_url
+        self.redis_url = redis_url
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.crons: dict[str, CronEntry] = {}
         self._store: Store | None = None
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._pubsub: PubSub | None = None
         self._listener: asyncio.Task[None] | None = None
+        # the server URL in use once connected (``redis_url`` is the one asked for)
         self.url: str | None = None
 
     def __repr__(self) -> str:
@@ -237,8 +238,8 @@ class App:
 
     def resolve_url(self) -> str:
         """The server URL: the argument, else FAIRLANE_REDIS_URL / settings, else the dev server."""
-        if self._redis_url:
-            return self._redis_url
+        if self.redis_url:
+            return self.redis_url
         if self.settings.redis_url:
             return self.settings.redis_url
         return ensure_dev_server(self.settings.server.state_dir, self.settings.server.binary)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypedDict, TypeVar, Unpack
 
 from fairlane.codec import ArgsCodec, PayloadTooLarge, decode_error
 from fairlane.errors import JobCancelled, JobExpired, JobNotFound, TaskFailed
@@ -24,7 +24,7 @@ from fairlane.store.redis import NewJob
 if TYPE_CHECKING:
     from fairlane.app import App
 
-__all__ = ["Job", "JobInfo", "Task", "TaskOptions"]
+__all__ = ["BoundCall", "EnqueueOptions", "Job", "JobInfo", "Task", "TaskOptions"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -324,6 +324,17 @@ def _deadline(deadline: datetime | Seconds | None) -> str:
     return f"+{round(seconds * 1000)}"
 
 
+class EnqueueOptions(TypedDict, total=False):
+    """The options of ``Task.enqueue``, for calls that pass them along."""
+
+    tenant: str
+    delay: Seconds | None
+    at: datetime | None
+    deadline: datetime | Seconds | None
+    idempotency_key: str | None
+    priority: int
+
+
 class BoundCall(Generic[R]):
     """A call of a task with its arguments bound, awaiting its enqueue options."""
 
@@ -332,23 +343,5 @@ class BoundCall(Generic[R]):
     def __init__(self, task: Task[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._task, self._args, self._kwargs = task, args, kwargs
 
-    async def enqueue(
-        self,
-        *,
-        tenant: str = "default",
-        delay: Seconds | None = None,
-        at: datetime | None = None,
-        deadline: datetime | Seconds | None = None,
-        idempotency_key: str | None = None,
-        priority: int = 0,
-    ) -> Job[R]:
-        return await self._task.enqueue(
-            *self._args,
-            tenant=tenant,
-            delay=delay,
-            at=at,
-            deadline=deadline,
-            idempotency_key=idempotency_key,
-            priority=priority,
-            **self._kwargs,
-        )
+    async def enqueue(self, **options: Unpack[EnqueueOptions]) -> Job[R]:
+        return await self._task.enqueue(*self._args, **options, **self._kwargs)

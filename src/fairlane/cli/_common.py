@@ -159,7 +159,7 @@ def load_app(spec: str, redis_url: str | None = None) -> App:
     if not isinstance(obj, App):
         fail(f"{spec} is a {type(obj).__name__}, not a fairlane.App", EXIT_USAGE)
     if redis_url:
-        obj._redis_url = redis_url  # the command line wins over App(redis_url=...) and settings
+        obj.redis_url = redis_url  # the command line wins over App(redis_url=...) and settings
     return obj
 
 
@@ -177,8 +177,8 @@ def locate_server(
     """Which server an app (or the settings) would use; never starts the dev server."""
     if explicit:
         return ServerTarget(explicit, "--redis-url")
-    if app is not None and app._redis_url:
-        return ServerTarget(app._redis_url, "App(redis_url=...)")
+    if app is not None and app.redis_url:
+        return ServerTarget(app.redis_url, "App(redis_url=...)")
     if settings.redis_url:
         return ServerTarget(settings.redis_url, "the redis_url setting")
     status = dev_server_status(settings.server.state_dir)

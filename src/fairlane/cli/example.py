@@ -63,7 +63,7 @@ def example(
         fail(str(exc), EXIT_USAGE)
     app = demo.app
     if redis_url:
-        app._redis_url = redis_url
+        app.redis_url = redis_url
     outcomes = run(_demo(app, jobs, timeout))
     _summarise(outcomes)
     if not all(outcome.ok for outcome in outcomes):
