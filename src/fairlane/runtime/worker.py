@@ -94,6 +94,7 @@ class Worker:
         self._closed = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self._flush_needed = asyncio.Event()
+        self._idle_waiter: asyncio.Future[FetchedJob | bool] | None = None
         # True while the fetch loop will call `exchange` soon, which carries outcomes
         # along; only an idle fetch loop leaves settling to the ack loop.
         self._carrier_active = True
@@ -107,6 +108,8 @@ class Worker:
         if not self._stopping.is_set():
             log.info("worker %s stopping (grace %.1fs)", self.id, self.grace)
         self._stopping.set()
+        if self._idle_waiter is not None:
+            self._idle_waiter.cancel()
 
     def statistics(self) -> WorkerStats:
         return WorkerStats(
@@ -248,7 +251,7 @@ class Worker:
         timeout = (
             self.idle_block if next_due_ms is None else min(self.idle_block, next_due_ms / 1000)
         )
-        if timeout <= 0:
+        if timeout <= 0 or self._stopping.is_set():
             return None
         self._carrier_active = False
         if self._outcomes:
@@ -256,17 +259,24 @@ class Worker:
         waiter = asyncio.ensure_future(
             self.app.store.wait_for_work(self.lanes, timeout, self.id if self._idle_ms() else None)
         )
-        stopper = asyncio.ensure_future(self._stopping.wait())
+        # `stop()` cancels this wait directly: one future to wake on, not a race of two
+        self._idle_waiter = waiter
         try:
-            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            woken = await waiter
+        except asyncio.CancelledError:
+            if not (self._stopping.is_set() and waiter.cancelled()):
+                raise
+            # A job handed over is leased to us; if the wait was cut short after the
+            # server sent it, its lease expires and it is reclaimed -- never lost.
+            return None
+        except StoreUnavailable as exc:
+            log.warning("waiting for work failed (%s); retrying", exc)
+            await wait_or_stop(self._stopping, 1.0)
+            return None
         finally:
+            self._idle_waiter = None
             self._carrier_active = True
-            for fut in (waiter, stopper):
-                fut.cancel()
-            results = await asyncio.gather(waiter, stopper, return_exceptions=True)
-        # A job handed over is leased to us; if the wait was cut short after the server
-        # sent it, its lease expires and it is reclaimed -- never lost.
-        return results[0] if isinstance(results[0], FetchedJob) else None
+        return woken if isinstance(woken, FetchedJob) else None
 
     # -- running ---------------------------------------------------------------------
 
