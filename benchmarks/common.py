@@ -29,6 +29,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 
+from fairlane.store.redis import unlink_matching
+
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # commands that take a sub-command, which commandstats names "container|sub"
@@ -331,13 +333,4 @@ async def wait_until(
 
 async def delete_matching(client: aioredis.Redis, pattern: str) -> int:
     """Delete every key matching ``pattern`` (the benchmark cleans up its namespaces)."""
-    removed = 0
-    batch: list[bytes] = []
-    async for key in client.scan_iter(match=pattern, count=1000):
-        batch.append(key)
-        if len(batch) >= 500:
-            removed += await client.unlink(*batch)
-            batch.clear()
-    if batch:
-        removed += await client.unlink(*batch)
-    return removed
+    return await unlink_matching(client, pattern)

@@ -6,6 +6,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from fairlane.store.redis import redact_url
+
 PHASES = ("throughput", "latency", "enqueue", "idle", "recovery")
 
 
@@ -39,13 +41,5 @@ class Config:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["url"] = redact(self.url)
+        out["url"] = redact_url(self.url)
         return out
-
-
-def redact(url: str) -> str:
-    """The URL without its password."""
-    if "@" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"

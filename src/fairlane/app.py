@@ -25,7 +25,7 @@ from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.runtime.worker import Worker
 from fairlane.store.keys import namespace
-from fairlane.store.redis import Store, StoreUnavailable
+from fairlane.store.redis import Store, StoreUnavailable, redact_url, unlink_matching
 from fairlane.store.server import ensure_dev_server
 from fairlane.task import Executor, Job, Task, TaskOptions
 
@@ -264,7 +264,7 @@ class App:
             await store.aclose()
             raise
         self.url = url
-        log.info("fairlane app %s using server %s", self.name, _redact(url))
+        log.info("fairlane app %s using server %s", self.name, redact_url(url))
 
     async def declare_tasks(self) -> None:
         """Record each task's retention on the server, where sweeps read it."""
@@ -387,21 +387,4 @@ class App:
 
     async def purge(self) -> int:
         """Delete every key of this app. Returns the number of keys removed."""
-        client = self.store.client
-        removed = 0
-        batch: list[bytes] = []
-        async for key in client.scan_iter(match=self.store.keys.match_all(), count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                removed += await client.unlink(*batch)
-                batch.clear()
-        if batch:
-            removed += await client.unlink(*batch)
-        return removed
-
-
-def _redact(url: str) -> str:
-    if "@" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"
+        return await unlink_matching(self.store.client, self.store.keys.match_all())

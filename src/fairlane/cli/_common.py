@@ -41,7 +41,6 @@ __all__ = [
     "live_workers",
     "load_app",
     "locate_server",
-    "redact",
     "run",
     "settings_or_fail",
 ]
@@ -85,14 +84,6 @@ def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
     """Print ``message`` as an error on stderr and exit with ``code``."""
     err_console().print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
-
-
-def redact(url: str) -> str:
-    """``url`` without its password, for printing."""
-    if "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
 
 
 def settings_or_fail() -> Settings:

@@ -18,10 +18,11 @@ import typer
 from rich.table import Table
 
 from fairlane.app import App
-from fairlane.cli._common import EXIT_FAILURE, EXIT_USAGE, RedisUrl, console, fail, redact, run
+from fairlane.cli._common import EXIT_FAILURE, EXIT_USAGE, RedisUrl, console, fail, run
 from fairlane.config import ConfigError
 from fairlane.errors import TaskFailed
 from fairlane.runtime.worker import Worker
+from fairlane.store.redis import redact_url
 from fairlane.task import Job
 
 __all__ = ["example"]
@@ -100,7 +101,9 @@ async def _demo(app: App, count: int, timeout: float) -> list[_Outcome]:
     out = console()
     async with app:
         lanes = sorted({task.options.lane for task in app.tasks.values()})
-        out.print(f"server {redact(app.url or '?')}; worker in-process on lanes {', '.join(lanes)}")
+        out.print(
+            f"server {redact_url(app.url or '?')}; worker in-process on lanes {', '.join(lanes)}"
+        )
         worker = Worker(app, lanes=lanes, concurrency=app.settings.worker.concurrency)
         serving = asyncio.create_task(worker.run(), name="fairlane-example-worker")
         waits: list[asyncio.Task[_Outcome]] = []

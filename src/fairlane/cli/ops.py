@@ -20,12 +20,12 @@ from fairlane.cli._common import (
     console,
     fail,
     load_app,
-    redact,
     run,
 )
 from fairlane.codec import decode_error
 from fairlane.config import WorkerSettings
 from fairlane.policy.retention import Keep
+from fairlane.store.redis import redact_url
 
 __all__ = ["dead_app", "inspect_app", "job_app", "purge"]
 
@@ -62,7 +62,7 @@ def purge(
     if not yes:
         url, count = run(_count_keys(app))
         typer.confirm(
-            f"Delete all {count} keys of app {app.name!r} on {redact(url)}? "
+            f"Delete all {count} keys of app {app.name!r} on {redact_url(url)}? "
             "Queued jobs are lost and running ones cannot report back",
             abort=True,
         )

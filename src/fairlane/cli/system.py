@@ -23,10 +23,10 @@ from fairlane.cli._common import (
     live_workers,
     load_app,
     locate_server,
-    redact,
     settings_or_fail,
 )
 from fairlane.config import ConfigError, explain_settings
+from fairlane.store.redis import redact_url
 from fairlane.store.server import (
     ServerNotFound,
     ServerStartError,
@@ -80,14 +80,14 @@ def doctor(
             f"no Redis URL is configured and {target.source} is not running: give --redis-url, "
             "set FAIRLANE_REDIS_URL, or start it with `fairlane server start`"
         )
-    out.print(f"server {redact(target.url)} [dim](from {escape(target.source)})[/]")
+    out.print(f"server {redact_url(target.url)} [dim](from {escape(target.source)})[/]")
     client = redis.Redis.from_url(target.url, socket_connect_timeout=5.0, socket_timeout=5.0)
     try:
         findings = _diagnose(client)
         if app is not None:
             findings.append(_workers_finding(client, app.name, settings.lease.duration))
     except RedisError as exc:
-        fail(f"the server at {redact(target.url)} is unreachable: {exc}")
+        fail(f"the server at {redact_url(target.url)} is unreachable: {exc}")
     finally:
         client.close()
     table = Table(show_header=False, box=None, pad_edge=False)
@@ -268,7 +268,7 @@ def config_view(
     table.add_column("source", overflow="fold")
     for origin in origins:
         value = origin.value
-        shown = redact(value) if origin.key == "redis_url" and isinstance(value, str) else value
+        shown = redact_url(value) if origin.key == "redis_url" and isinstance(value, str) else value
         style = "dim" if origin.source == "default" else ""
         table.add_row(
             origin.key,

@@ -27,10 +27,10 @@ from fairlane.cli._common import (
     live_workers,
     load_app,
     locate_server,
-    redact,
     run,
     settings_or_fail,
 )
+from fairlane.store.redis import redact_url
 
 __all__ = ["worker"]
 
@@ -117,7 +117,7 @@ def worker(
     if target.url is None:
         log.info("no Redis URL configured: using %s (starting it if needed)", target.source)
     else:
-        log.info("using server %s (from %s)", redact(target.url), target.source)
+        log.info("using server %s (from %s)", redact_url(target.url), target.source)
     run(
         app.run_worker(
             lanes=lane_list,
@@ -160,7 +160,7 @@ def _check(app: App, health_port: int | None) -> None:
     try:
         workers = live_workers(client, app.name, max_age)
     except RedisError as exc:
-        fail(f"unhealthy: the server at {redact(target.url)} is unreachable: {exc}")
+        fail(f"unhealthy: the server at {redact_url(target.url)} is unreachable: {exc}")
     finally:
         client.close()
     if not workers:

@@ -30,6 +30,8 @@ __all__ = [
     "Outcome",
     "Store",
     "StoreUnavailable",
+    "redact_url",
+    "unlink_matching",
 ]
 
 _SOURCE: Final = files("fairlane.store").joinpath("lua/fairlane.lua").read_text()
@@ -120,6 +122,28 @@ class Outcome(msgspec.Struct, array_like=True, frozen=True):
         token: object = self.token
         if isinstance(token, bytes):
             msgspec.structs.force_setattr(self, "token", token.decode())
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, for logs and messages."""
+    if "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+
+
+async def unlink_matching(client: aioredis.Redis, pattern: str) -> int:
+    """Delete every key matching a SCAN ``pattern``, in batches; returns how many."""
+    removed = 0
+    batch: list[bytes] = []
+    async for key in client.scan_iter(match=pattern, count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            removed += await client.unlink(*batch)
+            batch.clear()
+    if batch:
+        removed += await client.unlink(*batch)
+    return removed
 
 
 def _s(value: bytes | str) -> str:
