@@ -2,13 +2,15 @@
 
 ``fairlane worker MODULE:APP`` runs a worker; ``purge``, ``inspect``, ``dead`` and ``job``
 operate an app; ``doctor``, ``config`` and ``server`` look after the environment;
-``example`` runs the quickstart. Each command lives in a submodule of this package.
+``example`` runs the quickstart;
+``bench`` measures. Each command lives in a submodule of this package.
 """
 
 from __future__ import annotations
 
 import typer
 
+from fairlane.cli.bench import bench
 from fairlane.cli.example import example
 from fairlane.cli.ops import dead_app, inspect_app, job_app, purge
 from fairlane.cli.system import config_app, doctor, server_app
@@ -32,6 +34,7 @@ cli.command()(doctor)
 cli.add_typer(config_app, name="config")
 cli.add_typer(server_app, name="server")
 cli.command()(example)
+cli.command()(bench)
 
 
 def main() -> None:
