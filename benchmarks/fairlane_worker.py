@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from benchmarks.common import emit, install_counter
 from fairlane import App, Backoff, Task
+from fairlane.runtime.loop import run as run_loop
 
 NOOP, STAMP, NAP = "bench.noop", "bench.stamp", "bench.nap"
 
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
     sink = install_counter(process_wide=True)
     assert sink is not None
-    asyncio.run(_serve(args, sink))
+    run_loop(_serve(args, sink))
     emit("exit", commands=dict(sink))
 
 

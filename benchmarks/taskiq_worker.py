@@ -24,6 +24,7 @@ from taskiq.api import run_receiver_task
 from taskiq_redis import RedisAsyncResultBackend, RedisStreamBroker
 
 from benchmarks.common import emit, install_counter
+from fairlane.runtime.loop import run as run_loop
 
 NOOP, STAMP, NAP = "bench.noop", "bench.stamp", "bench.nap"
 DEFAULT_IDLE_TIMEOUT_MS = 600_000  # taskiq-redis' default
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
     sink = install_counter(process_wide=True)
     assert sink is not None
-    asyncio.run(_serve(args, sink))
+    # taskiq's own worker command runs on uvloop when installed, as Fairlane's does
+    run_loop(_serve(args, sink))
     emit("exit", commands=dict(sink))
 
 

@@ -7,7 +7,6 @@ settings that do not load).
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import os
 import sys
@@ -25,6 +24,7 @@ from rich.markup import escape
 
 from fairlane.app import App
 from fairlane.config import ConfigError, Settings, load_settings
+from fairlane.runtime.loop import run as run_loop
 from fairlane.store.keys import AppKeys
 from fairlane.store.redis import StoreUnavailable
 from fairlane.store.server import ServerNotFound, ServerStartError, dev_server_status
@@ -195,7 +195,7 @@ def live_workers(client: redis.Redis, app_name: str, max_age: float) -> list[tup
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro``; an unreachable or unstartable server becomes a clear error and exit 1."""
     try:
-        return asyncio.run(coro)
+        return run_loop(coro)
     except StoreUnavailable as exc:
         fail(f"{exc} (check --redis-url / FAIRLANE_REDIS_URL; `fairlane doctor` helps)")
     except (RedisConnectionError, RedisTimeoutError) as exc:
