@@ -29,7 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 
-from fairlane.store.redis import unlink_matching
+from fairlane.store.redis import HiredisPacking, unlink_matching
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -85,19 +85,26 @@ def install_counter(*, process_wide: bool = False) -> Counter[str] | None:
     if process_wide and _Counting.process_sink is None:
         _Counting.process_sink = Counter()
     if not _Counting.installed:
-        original = AbstractConnection.pack_command
-
-        def pack_command(self: AbstractConnection, *args: Any) -> list[bytes]:
-            sink = _SINK.get()
-            if sink is None:
-                sink = _Counting.process_sink
-            if sink is not None:
-                sink[command_name(args)] += 1
-            return original(self, *args)
-
-        AbstractConnection.pack_command = pack_command  # type: ignore[method-assign]
+        # Fairlane's connections pack with hiredis (HiredisPacking); others with redis-py
+        for cls in (AbstractConnection, HiredisPacking):
+            _count_packing(cls)
         _Counting.installed = True
     return _Counting.process_sink
+
+
+def _count_packing(cls: type[Any]) -> None:
+    original = cls.pack_command
+
+    def pack_command(self: Any, *args: Any) -> list[bytes]:
+        sink = _SINK.get()
+        if sink is None:
+            sink = _Counting.process_sink
+        if sink is not None:
+            sink[command_name(args)] += 1
+        result: list[bytes] = original(self, *args)
+        return result
+
+    cls.pack_command = pack_command
 
 
 @contextlib.contextmanager

@@ -126,7 +126,7 @@ class Outcome(msgspec.Struct, array_like=True, frozen=True):
             msgspec.structs.force_setattr(self, "token", token.decode())
 
 
-class _HiredisPacking:
+class HiredisPacking:
     """Packs commands with hiredis's C packer.
 
     redis-py's asyncio connections pack each command in Python, which costs more than
@@ -140,15 +140,15 @@ class _HiredisPacking:
         return [hiredis.pack_command(args)]
 
 
-class _TcpConnection(_HiredisPacking, Connection):
+class _TcpConnection(HiredisPacking, Connection):
     pass
 
 
-class _UnixConnection(_HiredisPacking, UnixDomainSocketConnection):
+class _UnixConnection(HiredisPacking, UnixDomainSocketConnection):
     pass
 
 
-class _TlsConnection(_HiredisPacking, SSLConnection):
+class _TlsConnection(HiredisPacking, SSLConnection):
     pass
 
 
