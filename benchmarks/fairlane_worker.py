@@ -23,7 +23,7 @@ from benchmarks.common import emit, install_counter
 from fairlane import App, Backoff, Task
 from fairlane.runtime.loop import run as run_loop
 
-NOOP, STAMP, NAP = "bench.noop", "bench.stamp", "bench.nap"
+NOOP, STAMP, NAP, WORK = "bench.noop", "bench.stamp", "bench.nap", "bench.work"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,7 @@ class BenchApp:
     noop: Task[[int], int]
     stamp: Task[[], int]
     nap: Task[[float], float]
+    work: Task[[float], int]
 
 
 def make_app(name: str, url: str) -> BenchApp:
@@ -52,7 +53,13 @@ def make_app(name: str, url: str) -> BenchApp:
         await asyncio.sleep(seconds)
         return seconds
 
-    return BenchApp(app, noop, stamp, nap)
+    @app.task(name=WORK)
+    async def work(seconds: float) -> int:
+        started = time.time_ns()
+        await asyncio.sleep(seconds)  # a model or tool call: the slot is held, the loop free
+        return started
+
+    return BenchApp(app, noop, stamp, nap, work)
 
 
 async def _serve(args: argparse.Namespace, sink: Counter[str]) -> None:
