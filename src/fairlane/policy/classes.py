@@ -1,0 +1,426 @@
+"""Service classes: shares of one lane's capacity, with floors, lending and borrowing.
+
+A lane has a capacity of ``C`` slots (the live sum of its workers' slots). Its
+service classes share those slots the way Kubernetes API Priority and Fairness
+shares a server's seats between priority levels. Nothing here preempts: a decision
+only says which class's head job may start *now*, given
+
+* ``C``, each class's in-flight slots ``f``,
+* the width ``w`` (in slots) of each class's head job (``None``: nothing waiting),
+* optionally each class's whole waiting demand ``d`` in slots (default ``w``).
+
+Derivation (all integers, computed afresh from ``C`` on every call):
+
+* **Nominal** ``n = floor(nominal_share * C)`` (floor with a 1e-9 tolerance, so that
+  ``0.29 * 100`` is 29). Shares of the non-batch classes sum to at most 1, so the
+  nominals never oversubscribe ``C``; the leftover ``C - sum(n)`` is nobody's.
+* **Assured** ``a = max(min_slots, n)``: APF's assured concurrency. Floors *can*
+  oversubscribe a small ``C``; nothing is scaled down then. Every class keeps its
+  ``a``, they cannot all hold it at once, and free slots go to the waiting classes
+  below their assured level in rank order (below), so under full contention the
+  holdings split roughly in proportion to the assured levels.
+* **Lending.** A class may lend ``L = floor(lendable * a)`` of its assured slots; the
+  rest ``a - L`` is a reserve kept free for its own next arrivals. Its **claim** on
+  the free slots is ``max(0, min(a, max(f + d, a - L)) - f)``: the slots of its
+  assured level it keeps for waiting work or in reserve. Waiting work counts here
+  (``d > 0``) only while the head fits the assured level (``f + w <= a``, and not too
+  wide); a head that must borrow is protected by holding (rule 5) instead -- were it
+  to claim too, two wide heads could each claim what the other needs, for ever.
+  Free slots no class claims (idle lendable slots, the unassigned leftover) are
+  **spare**.
+* **Borrowing.** A class may hold up to its **ceiling**: ``C`` if ``borrowable`` is
+  ``None``, else ``min(C, a + floor(borrowable * n))`` -- ``borrowable`` is how far
+  above its assured level it may go, as a fraction of its nominal (APF's
+  borrowing limit). **Max width** is the widest job it could ever start with
+  everyone else idle: ``max(min(a, C), min(ceiling, C - sum of the others' a - L))``.
+* **Batch** classes have nominal 0, floor 0 and ceiling ``C``: they are assured
+  nothing, lend nothing, claim nothing, and start only when no non-batch class may
+  start. Their waiting work is never counted in ``Allocation.pressure``, so it
+  triggers nothing (no scale-up).
+
+Rules, for a class with head width ``w`` (``F`` = free slots ``max(0, C - sum f)``):
+
+1. ``w`` above its max width: ``too-wide``; it waits (for ``C`` to grow), claims only
+   its reserve, and holds nobody back.
+2. ``f + w <= a`` (**within assured**): it may start iff ``w <= F``.
+3. Otherwise it **borrows**: iff ``f + w <= ceiling``, ``w <= F`` and ``w <= F - the
+   other classes' claims`` (it takes only spare), no better-ranked class is held
+   (rule 5), and -- for a batch class -- no non-batch class may start.
+4. **Rank**: non-batch before batch, then the lowest ``f / a`` (classes with ``a = 0``
+   after the others, by fewest in flight), ties by declared order (the table's order:
+   ``guaranteed``, ``standard``, ``batch``). ``next_class`` serves the best-ranked
+   class that may start.
+5. **Wide jobs.** A class's head job is never overtaken inside its class (only heads
+   are offered). Across classes, a class that is within its bounds (not too wide,
+   not at its ceiling) but blocked for lack of free or spare slots *holds* them:
+   no worse-ranked class may borrow until it has started. Within-assured starts are
+   never held back (they are owed), and they only use their own claims.
+
+Postconditions (``tests/policy/test_classes.py`` checks them on a virtual clock):
+
+P1. Starting the chosen job never makes the in-flight total exceed ``C``.
+P2. A class within its assured level whose head fits the free slots may start, and
+    ``next_class`` returns it or a better-ranked class (lower ``f / a``).
+P3. A borrowing start leaves at least the other classes' claims free: a class's
+    waiting demand up to its assured level and its reserve are never lent, so a
+    returning lender gets the next freed slots until it is back at ``a``; borrowed
+    work is never cut short.
+P4. A class never holds more than its ceiling by starting work, and never starts
+    beyond its assured level except from spare.
+P5. A batch class starts only when no non-batch class may start and only on spare,
+    so a returning class reclaims batch's slots within one batch job's duration.
+P6. A busy class cannot keep another below its assured level: its borrowing stops
+    at the other's claim, whatever the rank (for heads that fit the other's
+    assured level; a wider head relies on P7).
+P7. A head job no wider than its class's max width eventually starts once the
+    others' demand allows: nothing in its class overtakes it, and no worse-ranked
+    class borrows the slots it is waiting for.
+
+``lent`` in the snapshot is an attribution for metrics only, never used to decide:
+borrowed work counts against the unassigned leftover first, then against the
+lenders' idle lendable slots, then against their other idle assured slots (only
+after ``C`` shrank), each in reverse declared order. Everything is O(classes), but
+for sorting them by rank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+__all__ = [
+    "DEFAULT_CLASSES",
+    "Allocation",
+    "ClassTable",
+    "ClassView",
+    "Reason",
+    "ServiceClass",
+    "allocate",
+    "assured_slots",
+    "may_start",
+    "next_class",
+]
+
+Reason = Literal[
+    "idle", "assured", "borrow", "no-slots", "no-spare", "ceiling", "held", "yield", "too-wide"
+]
+"""Why a class may or may not start its head job; ``assured`` and ``borrow`` may."""
+
+_STARTS: frozenset[str] = frozenset({"assured", "borrow"})
+_BLOCKED: frozenset[str] = frozenset({"no-slots", "no-spare", "held"})
+_EPS = 1e-9
+_BAD_NAME_CHARS = "{}:| \t\n"
+
+
+def _floor(x: float) -> int:
+    return math.floor(x + _EPS)
+
+
+def _fraction(label: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{label} must be within [0, 1], got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceClass:
+    """One class of a lane: its nominal share of ``C``, a floor, and lending bounds."""
+
+    name: str
+    nominal_share: float = 0.0
+    """Fraction of the lane's capacity it is assured (before the floor)."""
+    min_slots: int = 0
+    """A floor on its assured slots, whatever ``C`` is."""
+    lendable: float = 1.0
+    """Fraction of its assured slots it lends while idle; the rest stays free for it."""
+    borrowable: float | None = None
+    """How far above its assured level it may go, as a fraction of its nominal; None: to C."""
+    batch: bool = False
+    """Runs only on spare no other class may use now; its waiting never counts as pressure."""
+
+    def __post_init__(self) -> None:
+        if not self.name or any(c in self.name for c in _BAD_NAME_CHARS):
+            raise ValueError(
+                f"class name must be non-empty, no braces/colons/|/spaces: {self.name!r}"
+            )
+        _fraction("nominal_share", self.nominal_share)
+        _fraction("lendable", self.lendable)
+        if isinstance(self.min_slots, bool) or not isinstance(self.min_slots, int):
+            raise TypeError(f"min_slots must be an int, got {self.min_slots!r}")
+        if self.min_slots < 0:
+            raise ValueError(f"min_slots must be >= 0, got {self.min_slots}")
+        if self.borrowable is not None and not 0.0 <= self.borrowable < math.inf:
+            raise ValueError(f"borrowable must be >= 0 and finite, or None: {self.borrowable!r}")
+        if self.batch and (self.nominal_share or self.min_slots or self.borrowable is not None):
+            raise ValueError(
+                f"batch class {self.name!r} must have nominal_share 0, min_slots 0, borrowable None"
+            )
+
+    def nominal(self, capacity: int) -> int:
+        return _floor(self.nominal_share * capacity)
+
+    def assured(self, capacity: int) -> int:
+        return max(self.min_slots, self.nominal(capacity))
+
+    def lend_limit(self, capacity: int) -> int:
+        return _floor(self.lendable * self.assured(capacity))
+
+    def ceiling(self, capacity: int) -> int:
+        if self.borrowable is None:
+            return capacity
+        bound = self.assured(capacity) + _floor(self.borrowable * self.nominal(capacity))
+        return min(capacity, bound)
+
+
+DEFAULT_CLASSES: tuple[ServiceClass, ...] = (
+    ServiceClass("guaranteed", nominal_share=0.6, min_slots=1, lendable=0.5),
+    ServiceClass("standard", nominal_share=0.4, min_slots=1, lendable=1.0, borrowable=1.0),
+    ServiceClass("batch", batch=True),
+)
+"""Guaranteed keeps half its share free for itself even when idle and may borrow up to
+``C``; standard lends all of its share and may borrow up to twice its nominal; batch runs
+on spare only."""
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class ClassTable:
+    """The classes of one lane, in declared order (the rank tie-break)."""
+
+    classes: tuple[ServiceClass, ...]
+
+    def __init__(self, classes: Iterable[ServiceClass] = DEFAULT_CLASSES) -> None:
+        items = tuple(classes)
+        if not items:
+            raise ValueError("a class table needs at least one class")
+        names = [c.name for c in items]
+        if len(set(names)) != len(names):
+            raise ValueError(f"class names must be unique: {names}")
+        total = sum(c.nominal_share for c in items if not c.batch)
+        if total > 1.0 + _EPS:
+            raise ValueError(f"nominal shares of non-batch classes sum to {total:.6g} > 1")
+        object.__setattr__(self, "classes", items)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.classes)
+
+    def __iter__(self) -> Iterator[ServiceClass]:
+        return iter(self.classes)
+
+    def __len__(self) -> int:
+        return len(self.classes)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def __getitem__(self, name: str) -> ServiceClass:
+        for c in self.classes:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassView:
+    """One class in an ``Allocation``: its levels, its use, and the verdict on its head."""
+
+    name: str
+    assured: int
+    ceiling: int
+    max_width: int
+    in_flight: int
+    waiting: int | None
+    """Width of its head job, None when nothing waits."""
+    claim: int
+    """Free slots kept for it (its waiting demand up to ``assured``, and its reserve)."""
+    borrowed: int
+    """Slots it holds above its assured level."""
+    lent: int
+    """Slots of its idle assured level held by borrowers (an attribution, see module doc)."""
+    reason: Reason
+
+    @property
+    def may_start(self) -> bool:
+        return self.reason in _STARTS
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A snapshot of one decision: who may start, who is next, and why."""
+
+    capacity: int
+    free: int
+    unassigned: int
+    """``C`` minus the assured levels; negative when floors oversubscribe ``C``."""
+    chosen: str | None
+    classes: tuple[ClassView, ...]
+    pressure: int
+    """Slots of waiting non-batch work, the signal to scale on; batch waiting never adds."""
+
+    def __getitem__(self, name: str) -> ClassView:
+        for view in self.classes:
+            if view.name == name:
+                return view
+        raise KeyError(name)
+
+
+def assured_slots(table: ClassTable, capacity: int) -> dict[str, int]:
+    """Each class's assured slots ``max(min_slots, floor(nominal_share * capacity))``."""
+    _check_capacity(capacity)
+    return {c.name: c.assured(capacity) for c in table}
+
+
+def _check_capacity(capacity: int) -> None:
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0, got {capacity}")
+
+
+def _read(
+    table: ClassTable,
+    in_flight: Mapping[str, int],
+    waiting_width: Mapping[str, int | None],
+    demand: Mapping[str, int] | None,
+) -> tuple[list[int], list[int | None], list[int]]:
+    for mapping in (in_flight, waiting_width, demand or {}):
+        unknown = set(mapping) - set(table.names)
+        if unknown:
+            raise ValueError(f"unknown service classes: {sorted(unknown)}")
+    f = [in_flight.get(name, 0) for name in table.names]
+    w = [waiting_width.get(name) for name in table.names]
+    d = [(demand or {}).get(name, 0) for name in table.names]
+    if min(f) < 0 or min(d) < 0 or any(x is not None and x < 1 for x in w):
+        raise ValueError("in-flight and demand must be >= 0 and head widths >= 1")
+    return f, w, [0 if w_i is None else max(d_i, w_i) for d_i, w_i in zip(d, w, strict=True)]
+
+
+def _rank_key(c: ServiceClass, index: int, f: int, a: int) -> tuple[bool, bool, Fraction, int]:
+    return (c.batch, a == 0, Fraction(f, a) if a else Fraction(f), index)
+
+
+def _judge(
+    w: int | None, f: int, a: int, *, ceiling: int, widest: int, free: int, spare: int
+) -> Reason:
+    """Rules 1-3 for one class, before holds and batch yielding."""
+    if w is None:
+        return "idle"
+    if w > widest:
+        return "too-wide"
+    if f + w <= a:
+        return "assured" if w <= free else "no-slots"
+    if f + w > ceiling:
+        return "ceiling"
+    if w > free:
+        return "no-slots"
+    return "borrow" if w <= spare else "no-spare"
+
+
+def _lent(a: list[int], f: list[int], lend: list[int], capacity: int) -> list[int]:
+    idle = [max(0, a_i - f_i) for a_i, f_i in zip(a, f, strict=True)]
+    excess = sum(max(0, f_i - a_i) for a_i, f_i in zip(a, f, strict=True))
+    left = max(0, excess - max(0, capacity - sum(a)))
+    lent = [0] * len(a)
+    for bound in ([min(x, y) for x, y in zip(idle, lend, strict=True)], idle):
+        for i in reversed(range(len(a))):
+            take = min(left, bound[i] - lent[i])
+            lent[i] += take
+            left -= take
+    return lent
+
+
+def allocate(
+    table: ClassTable,
+    capacity: int,
+    in_flight: Mapping[str, int],
+    waiting_width: Mapping[str, int | None],
+    *,
+    demand: Mapping[str, int] | None = None,
+) -> Allocation:
+    """The full decision for one lane state (see the module docstring for the rules)."""
+    _check_capacity(capacity)
+    f, w, d = _read(table, in_flight, waiting_width, demand)
+    cls = table.classes
+    a = [c.assured(capacity) for c in cls]
+    lend = [c.lend_limit(capacity) for c in cls]
+    ceil = [c.ceiling(capacity) for c in cls]
+    reserves = sum(a) - sum(lend)
+    widest = [
+        max(min(a[i], capacity), min(ceil[i], capacity - reserves + a[i] - lend[i]))
+        for i in range(len(cls))
+    ]
+    pressure = sum(d_i for d_i, c in zip(d, cls, strict=True) if not c.batch)
+    # Waiting work claims slots only while its head fits the assured level (rule 1, claims).
+    owed = [
+        d_i if w_i is not None and f_i + w_i <= min(a_i, top) else 0
+        for d_i, w_i, f_i, a_i, top in zip(d, w, f, a, widest, strict=True)
+    ]
+    claim = [max(0, min(a[i], max(f[i] + owed[i], a[i] - lend[i])) - f[i]) for i in range(len(cls))]
+    free = max(0, capacity - sum(f))
+    order = sorted(range(len(cls)), key=lambda i: _rank_key(cls[i], i, f[i], a[i]))
+    reasons: list[Reason] = ["idle"] * len(cls)
+    held = False
+    nonbatch_starts = False
+    claimed = sum(claim)
+    for i in order:
+        spare = free - (claimed - claim[i])
+        r = _judge(w[i], f[i], a[i], ceiling=ceil[i], widest=widest[i], free=free, spare=spare)
+        if r == "borrow" and held:
+            r = "held"
+        elif r == "borrow" and cls[i].batch and nonbatch_starts:
+            r = "yield"
+        held = held or r in _BLOCKED
+        nonbatch_starts = nonbatch_starts or (r in _STARTS and not cls[i].batch)
+        reasons[i] = r
+    lent = _lent(a, f, lend, capacity)
+    views = tuple(
+        ClassView(
+            name=c.name,
+            assured=a[i],
+            ceiling=ceil[i],
+            max_width=widest[i],
+            in_flight=f[i],
+            waiting=w[i],
+            claim=claim[i],
+            borrowed=max(0, f[i] - a[i]),
+            lent=lent[i],
+            reason=reasons[i],
+        )
+        for i, c in enumerate(cls)
+    )
+    chosen = next((cls[i].name for i in order if reasons[i] in _STARTS), None)
+    return Allocation(
+        capacity=capacity,
+        free=free,
+        unassigned=capacity - sum(a),
+        chosen=chosen,
+        classes=views,
+        pressure=pressure,
+    )
+
+
+def next_class(
+    table: ClassTable,
+    capacity: int,
+    in_flight: Mapping[str, int],
+    waiting_width: Mapping[str, int | None],
+    *,
+    demand: Mapping[str, int] | None = None,
+) -> str | None:
+    """The class whose head job should start now, or None if no class may start."""
+    return allocate(table, capacity, in_flight, waiting_width, demand=demand).chosen
+
+
+def may_start(
+    table: ClassTable,
+    capacity: int,
+    in_flight: Mapping[str, int],
+    waiting_width: Mapping[str, int | None],
+    name: str,
+    *,
+    demand: Mapping[str, int] | None = None,
+) -> bool:
+    """Whether class ``name`` may start its head job now (it may not be the one served first)."""
+    if name not in table:
+        raise ValueError(f"unknown service class: {name!r}")
+    return allocate(table, capacity, in_flight, waiting_width, demand=demand)[name].may_start
