@@ -464,7 +464,7 @@ async def test_bad_times_are_refused_and_store_nothing(redis_url: str, namespace
             await noop.enqueue(delay=10, deadline=2)
         with pytest.raises(ValueError, match="deadline"):
             await noop.enqueue_many([(), ()], delay=10, deadline=2)
-        for pattern in ("job:*", "q:*", "lane:*:delayed", "lane:*:tenants", "idem"):
+        for pattern in ("job:*", "q:*", "lane:*:delayed", "lane:*:fair", "idem"):
             assert await app_keys(redis_url, namespace, pattern) == set(), pattern
 
 
@@ -557,7 +557,7 @@ async def test_tenants_take_turns(redis_url: str, namespace: str) -> None:
     assert len(order) == 55
     small_at = [i for i, t in enumerate(order) if t == "small"]
     assert len(small_at) == 5
-    # round-robin: the small tenant's jobs interleave with the big one's, they are not all last
+    # fair dispatch: the small tenant's jobs interleave with the big one's, they are not all last
     assert max(small_at) < 15, order
 
 

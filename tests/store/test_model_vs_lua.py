@@ -9,10 +9,10 @@ acks of every kind, acks with stale tokens, worker crashes and reclaim sweeps --
 requires the same replies: the same jobs in the same order with the same tokens and
 attempt numbers, the same fenced acks, the same reclaims. After every step the whole
 store is compared with the model (every job's status and attempts, tenant queues in
-order, rotations, delayed sets, idle registrations, inboxes, leases and dead letters with
-their times, counters) and checked on its own: every job is in exactly one place, none
-over its attempt budget. ``test_hand_off_edges`` walks fixed steps through the hand-off's
-corners, which random runs reach rarely.
+order, fair tags and virtual times, delayed sets, idle registrations, inboxes, leases
+and dead letters with their times, counters) and checked on its own: every job is in
+exactly one place, none over its attempt budget. ``test_hand_off_edges`` walks fixed
+steps through the hand-off's corners, which random runs reach rarely.
 
 Time is exact, not approximate. The scripts read the server clock; the model is told the
 same instant, read back from what the script wrote (a fetch's ``start``, a retry's
@@ -347,7 +347,8 @@ class LuaVsModel(RuleBasedStateMachine):
         for lane, tenant in PAIRS:
             pipe.zrange(k.tenant_queue(lane, tenant), 0, -1)
         for lane in LANES:
-            pipe.lrange(k.lane(lane).tenants, 0, -1)
+            pipe.zrange(k.lane(lane).fair, 0, -1, withscores=True)
+            pipe.hgetall(k.lane(lane).vt)
             pipe.zrange(k.lane(lane).delayed, 0, -1, withscores=True)
             pipe.zrange(k.lane(lane).idle, 0, -1, withscores=True)
         for worker in WORKERS:
@@ -363,7 +364,8 @@ class LuaVsModel(RuleBasedStateMachine):
         rest = iter(replies[len(self.ids) :])
         snap.queues = {pair: [i.decode() for i in next(rest)] for pair in PAIRS}
         for lane in LANES:
-            snap.rotations[lane] = [t.decode() for t in next(rest)]
+            snap.fair[lane] = {t.decode(): float(tag) for t, tag in next(rest)}
+            snap.vt[lane] = {f.decode(): float(v) for f, v in next(rest).items()}
             snap.delayed[lane] = [(i.decode(), _ms(s)) for i, s in next(rest)]
             snap.idle[lane] = {m.decode(): _ms(s) for m, s in next(rest)}
         for worker in WORKERS:
@@ -403,7 +405,12 @@ class LuaVsModel(RuleBasedStateMachine):
         for lane, tenant in PAIRS:
             assert snap.queues[(lane, tenant)] == model.queue_ids(lane, tenant), (lane, tenant)
         for lane in LANES:
-            assert snap.rotations[lane] == model.rotation.get(lane, []), f"rotation of {lane}"
+            assert snap.fair[lane] == model.fair.get(lane, {}), f"fair tags of {lane}"
+            vt = snap.vt[lane]
+            assert vt.get("V", 0.0) == model.vtime.get(lane, 0.0), f"virtual time of {lane}"
+            assert vt.get("run", 0.0) == model.running[lane], f"in-flight work of {lane}"
+            finish = {f[2:]: v for f, v in vt.items() if f.startswith("f:")}
+            assert finish == model.finish.get(lane, {}), f"finish tags of {lane}"
             assert snap.delayed[lane] == model.delayed_ids(lane), f"delayed set of {lane}"
             assert snap.idle[lane] == model.idle.get(lane, {}), f"idle workers of {lane}"
         for worker in WORKERS:
@@ -426,7 +433,8 @@ def check(machine: LuaVsModel) -> None:
 class Snapshot:
     jobs: dict[str, tuple[str, int, int, int | None]] = field(default_factory=dict)
     queues: dict[tuple[str, str], list[str]] = field(default_factory=dict)
-    rotations: dict[str, list[str]] = field(default_factory=dict)
+    fair: dict[str, dict[str, float]] = field(default_factory=dict)
+    vt: dict[str, dict[str, float]] = field(default_factory=dict)
     delayed: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     idle: dict[str, dict[str, int]] = field(default_factory=dict)
     inboxes: dict[str, list[Grant]] = field(default_factory=dict)
@@ -451,14 +459,15 @@ def test_lua_agrees_with_model(redis_url: str) -> None:
 
 
 def test_model_order_and_reclaim() -> None:
-    """The oracle's own rules on a hand-checked case: rotation, priority, FIFO, dead-letter."""
+    """The oracle's own rules on a hand-checked case: fair order, priority, FIFO, dead-letter."""
     model = QueueModel()
     for n, tenant in enumerate(["t1", "t1", "t2"]):
         model.enqueue(f"j{n}", tenant, "a", 0, 1, now=0)
     model.enqueue("j3", "t1", "a", 1, 1, now=0)
     grants = model.fetch("w", ["a"], 4, 10, now=0).jobs
-    # one round: t1 and t2 each give up to 2 (t1: j3 by priority, then j0); then t1 again
-    assert [g.id for g in grants] == ["j3", "j0", "j2", "j1"]
+    # fair order: t1 and t2 both start at tag 0 (ties by name): t1 gives j3 (priority),
+    # then t2 (tag 0 < t1's 1) gives j2, then t1, alone, gives j0 and j1
+    assert [g.id for g in grants] == ["j3", "j2", "j0", "j1"]
     assert [g.token for g in grants] == [1, 2, 3, 4]
     assert model.sweep(10, now=9) == ([], [])
     assert model.sweep(10, now=10) == ([], ["j0", "j1", "j2", "j3"])  # expiry, then id

@@ -14,16 +14,24 @@ trimming, worker heartbeats and malformed records are outside it.
 
 Rules, as in the scripts:
 
-* **Order.** Each lane keeps a rotation of the tenants that have waiting work. A fetch
-  of ``n`` jobs over several lanes goes in rounds: in each round every lane still
-  giving work is asked, in the order given, for an even share ``ceil(left / lanes)`` of
-  what is still wanted. A lane asked for ``want`` jobs serves the first ``want`` tenants
-  of its rotation, each giving up to ``ceil(want / tenants served)`` jobs (fewer once
-  ``want`` is reached); the served tenants leave the head of the rotation and those
-  with work left rejoin at the tail, in order. A lane with no tenants drops out; the
-  fetch ends with ``n`` jobs or no lane left. Within a tenant, higher priority first,
-  then FIFO by ``seq`` (a job keeps its ``seq`` for life, so a retried or released job
-  goes back to its original place).
+* **Order.** Tenants share a lane by start-time fair queuing, one work unit per job
+  (``fairlane.policy.fairqueue`` derives it and its bounds). Each lane has a virtual
+  time ``V``, its in-flight work ``run`` (leased jobs not yet settled), a start tag for
+  each tenant with waiting work, and the finish tag of each idle tenant that has run.
+  A tenant becomes active (its first waiting job arrives) with start tag
+  ``max(finish tag, V - run / active tenants)`` (``V`` alone when none is active): it
+  starts level with the work the others have finished, not merely dispatched, and an
+  idle tenant's credit is bounded by the work in flight. A lane asked for ``want`` jobs
+  repeatedly takes the active tenant with the smallest tag (ties: smaller name): a sole
+  active tenant gives up to ``want`` jobs at once, otherwise one; each job dispatched
+  sets ``V = max(V, tag)`` and adds 1 to the tag; a tenant left without waiting jobs
+  becomes idle and keeps its tag as its finish tag. A fetch of ``n`` jobs over several
+  lanes goes in rounds: in each round every lane still giving work is asked, in the
+  order given, for an even share ``ceil(left / lanes)`` of what is still wanted; a lane
+  with no active tenant drops out. Within a tenant, higher priority first, then FIFO by
+  ``seq`` (a job keeps its ``seq`` for life, so a retried or released job goes back to
+  its original place). ``run`` grows as jobs are leased and shrinks as they settle
+  (after all the acks of one call) or are reclaimed.
 * **Attempts** are counted when a job is leased (fetched or handed off); a ``release``
   (a stopping worker handing a job back unstarted) gives the attempt back.
 * **Fencing.** Every lease draws a new token from one counter, so tokens only grow.
@@ -55,7 +63,8 @@ Invariants (``check_invariants``):
    queue, ``scheduled`` in its lane's delayed set, ``running`` in the leases, and
    ``completed`` / ``failed`` in none of them (a failed job is in the dead-letter set).
    No job is lost and none is both finished and pending.
-2. A tenant is in its lane's rotation exactly once while it has waiting jobs, else not.
+2. A tenant is active in its lane exactly while it has waiting jobs; ``run`` equals the
+   lane's running jobs.
 3. ``0 <= attempts <= max_attempts``; a running job has made at least one attempt.
 4. Running jobs hold distinct tokens, none above the counter; only running jobs hold one.
 """
@@ -124,7 +133,10 @@ class QueueModel:
         self.jobs: dict[str, ModelJob] = {}
         self.seq = 0
         self.fence = 0
-        self.rotation: dict[str, list[str]] = {}  # lane -> tenants with waiting work
+        self.fair: dict[str, dict[str, float]] = {}  # lane -> active tenant -> start tag
+        self.finish: dict[str, dict[str, float]] = {}  # lane -> idle tenant -> finish tag
+        self.vtime: dict[str, float] = {}  # lane -> V
+        self.running: Counter[str] = Counter()  # lane -> in-flight jobs
         self.queues: dict[tuple[str, str], list[tuple[int, str]]] = {}  # sorted (score, id)
         self.delayed: dict[str, dict[str, int]] = {}  # lane -> id -> run_at
         self.leases: dict[str, int] = {}  # id -> expiry
@@ -196,7 +208,7 @@ class QueueModel:
             still = []
             for lane in live:
                 share = -(-(want - len(grants)) // len(live))
-                if share > 0 and self._pop_round(lane, share, grants, worker, lease_ms, now):
+                if share > 0 and self._pop_fair(lane, share, grants, worker, lease_ms, now):
                     still.append(lane)
             live = still
         if not handed and not grants and idle_ms > 0:
@@ -242,6 +254,7 @@ class QueueModel:
             return False
         job = self.jobs[job_id]
         del self.leases[job_id]
+        self.running[job.lane] -= 1
         job.token = job.worker = None
         job.lease_lost = False
         if kind == "ok":
@@ -267,6 +280,7 @@ class QueueModel:
         for _, job_id in expired:
             job = self.jobs[job_id]
             del self.leases[job_id]
+            self.running[job.lane] -= 1
             job.token = job.worker = None
             job.lease_lost = True
             self.stats["reclaimed"] += 1
@@ -304,11 +318,11 @@ class QueueModel:
             assert (job.token is not None) == (job.status == "running"), f"{job.id} token"
             assert job.status != "running" or job.attempts >= 1, f"{job.id} runs unattempted"
         for (lane, tenant), queue in self.queues.items():
-            count = self.rotation.get(lane, []).count(tenant)
-            assert count == (1 if queue else 0), f"tenant {tenant} of {lane} in rotation {count}x"
-        for lane, tenants in self.rotation.items():
-            for tenant in tenants:
-                assert self.queues.get((lane, tenant)), f"idle tenant {tenant} in {lane} rotation"
+            active = tenant in self.fair.get(lane, {})
+            assert active == bool(queue), f"tenant {tenant} of {lane}: active {active}"
+        lanes = Counter(j.lane for j in self.jobs.values() if j.status == "running")
+        for lane in set(lanes) | set(self.running):
+            assert self.running[lane] == lanes[lane], f"in-flight count of {lane}"
         tokens = [j.token for j in self.jobs.values() if j.token is not None]
         assert len(tokens) == len(set(tokens)), "two running jobs share a token"
         assert all(t <= self.fence for t in tokens), "a token above the counter"
@@ -333,6 +347,7 @@ class QueueModel:
         return self.inbox.get(worker, [])
 
     def _lease(self, job: ModelJob, worker: str, lease_ms: int, now: int) -> Grant:
+        self.running[job.lane] += 1
         self.fence += 1
         job.attempts += 1
         job.status, job.token, job.worker = "running", self.fence, worker
@@ -346,35 +361,51 @@ class QueueModel:
     def _push_ready(self, job: ModelJob) -> None:
         queue = self.queues.setdefault((job.lane, job.tenant), [])
         if not queue:
-            self.rotation.setdefault(job.lane, []).append(job.tenant)
+            self._activate(job.lane, job.tenant)
         bisect.insort(queue, (-job.prio * PRIO_SPAN + job.seq, job.id))
 
-    def _pop_round(  # noqa: PLR0917 - a fetch's own arguments, passed on
+    def _activate(self, lane: str, tenant: str) -> None:
+        active = self.fair.setdefault(lane, {})
+        start = self.vtime.get(lane, 0.0)
+        if active:
+            start -= self.running[lane] / len(active)
+        finish = self.finish.get(lane, {}).pop(tenant, None)
+        if finish is not None and finish > start:
+            start = finish
+        active[tenant] = start
+
+    def _deactivate(self, lane: str, tenant: str, tag: float) -> None:
+        del self.fair[lane][tenant]
+        self.finish.setdefault(lane, {})[tenant] = tag
+
+    def _pop_fair(  # noqa: PLR0917 - a fetch's own arguments, passed on
         self, lane: str, want: int, grants: list[Grant], worker: str, lease_ms: int, now: int
     ) -> bool:
-        """One round of the lane's rotation (``pop_round`` in Lua); False if it has no tenants."""
-        tenants = self.rotation.get(lane, [])
-        heads = tenants[:want]
-        if not heads:
-            return False
-        per = -(-want // len(heads))
-        served, got, again = 0, 0, []
-        for tenant in heads:
-            if got >= want:
-                break
-            served += 1
+        """Up to ``want`` jobs in fair order (``pop_fair`` in Lua); False if none is active."""
+        active = self.fair.get(lane, {})
+        v = self.vtime.get(lane, 0.0)
+        got, any_active = 0, False
+        while got < want and active:
+            any_active = True
+            tenant = min(active, key=lambda t: (active[t], t))
+            tag = active[tenant]
+            take = want - got if len(active) == 1 else 1
             queue = self.queues[(lane, tenant)]
-            taken = queue[: min(per, want - got)]
+            taken = queue[:take]
             del queue[: len(taken)]
             for _, job_id in taken:
                 job = self.jobs[job_id]
                 if job.status == "queued":
                     grants.append(self._lease(job, worker, lease_ms, now))
                     got += 1
+                    v = max(v, tag)
+                    tag += 1
             if queue:
-                again.append(tenant)
-        self.rotation[lane] = tenants[served:] + again
-        return True
+                active[tenant] = tag
+            else:
+                self._deactivate(lane, tenant, tag)
+        self.vtime[lane] = v
+        return any_active
 
     def _promote_due(self, lane: str, now: int) -> None:
         for job_id, run_at in self.delayed_ids(lane):

@@ -25,7 +25,8 @@ pattern (after the prefix)  type   holds                              written by
 ``dead``                   zset   dead-lettered job id -> time (ms)  ack, sweep, redrive
 ``workers``                zset   worker id -> heartbeat (ms)        renew, sweep
 ``tasks``                  hash   task -> its retention specs        declare_task
-``lane:<l>:tenants``       list   tenants with waiting work          enqueue, fetch, cancel
+``lane:<l>:fair``          zset   active tenant -> start tag         enqueue, fetch, cancel
+``lane:<l>:vt``            hash   V, in-flight ``run``, ``f:<t>``      enqueue, fetch, ack, sweep
 ``lane:<l>:delayed``       zset   job id -> run-at time (ms)         enqueue, ack, sweep
 ``lane:<l>:wake``          list   wake tokens; workers BLPOP it      enqueue, fetch, ack
 ``lane:<l>:idle``          zset   'worker|lease_ms' -> lapses (ms)   exchange, enqueue
@@ -60,13 +61,14 @@ def namespace(app: str) -> str:
 class LaneKeys:
     """The fixed keys of one lane."""
 
-    tenants: str
+    fair: str
+    vt: str
     delayed: str
     wake: str
     idle: str
 
     def as_list(self) -> list[str]:
-        return [self.tenants, self.delayed, self.wake, self.idle]
+        return [self.fair, self.vt, self.delayed, self.wake, self.idle]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +116,8 @@ class AppKeys:
     def lane(self, lane: str) -> LaneKeys:
         base = f"{self.prefix}lane:{lane}:"
         return LaneKeys(
-            tenants=base + "tenants",
+            fair=base + "fair",
+            vt=base + "vt",
             delayed=base + "delayed",
             wake=base + "wake",
             idle=base + "idle",

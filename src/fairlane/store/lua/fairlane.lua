@@ -11,7 +11,7 @@ Keys. Every function receives the app's fixed keys first, in this order
   KEYS[5] dead     zset    dead-lettered job id -> time (ms)
   KEYS[6] workers  zset    worker id -> last heartbeat (ms)
   KEYS[7] tasks    hash    task name -> 'rc|rf' retention of its records
-followed by the keys of the lanes the caller names (tenants, delayed, wake, idle per
+followed by the keys of the lanes the caller names (fair, vt, delayed, wake, idle per
 lane). Per-job hashes (job:<id>), per-tenant queues (q:<lane>:<tenant>),
 retention indexes (kept:<task>:<outcome>) and lane keys are derived from the
 prefix of KEYS[1], so they always carry the same hash tag (same cluster slot).
@@ -56,13 +56,53 @@ local function wake(p, lane)
   end
 end
 
--- Put a job in its tenant's queue; the tenant joins the lane's rotation if it had no work.
+-- Fair dispatch between a lane's tenants: start-time fair queuing by work units
+-- (fairlane/policy/fairqueue.py derives it and states its bounds). `fair` holds the
+-- tenants with waiting work, scored by their start tag; `vt` holds the lane's virtual
+-- time V, its in-flight work `run`, and the finish tags `f:<tenant>` of idle tenants.
+-- A tenant that becomes active starts at max(F_t, V - run / active tenants): level
+-- with the work the others have *finished*, so a newcomer is not made to wait behind
+-- work that was merely dispatched first, and a returning tenant's credit is bounded
+-- by the work in flight -- never by how long it was idle.
+local function activate(p, lane, tenant)
+  local vt = lane_key(p, lane, 'vt')
+  local fair = lane_key(p, lane, 'fair')
+  local f = redis.call('HMGET', vt, 'V', 'run', 'f:' .. tenant)
+  local start = tonumber(f[1]) or 0
+  local active = redis.call('ZCARD', fair)
+  if active > 0 then
+    start = start - (tonumber(f[2]) or 0) / active
+  end
+  local finish = tonumber(f[3])
+  if finish then
+    if finish > start then
+      start = finish
+    end
+    redis.call('HDEL', vt, 'f:' .. tenant)
+  end
+  redis.call('ZADD', fair, start, tenant)
+end
+
+-- Put a job in its tenant's queue; the tenant becomes active if it had no work.
 local function push_ready(p, lane, tenant, id, prio, seq)
   local q = p .. 'q:' .. lane .. ':' .. tenant
   if redis.call('ZCARD', q) == 0 then
-    redis.call('RPUSH', lane_key(p, lane, 'tenants'), tenant)
+    activate(p, lane, tenant)
   end
   redis.call('ZADD', q, order_score(prio, seq), id)
+end
+
+-- A tenant whose queue emptied leaves the active set; its tag is kept as its finish tag.
+local function deactivate(p, lane, tenant, tag)
+  redis.call('ZREM', lane_key(p, lane, 'fair'), tenant)
+  redis.call('HSET', lane_key(p, lane, 'vt'), 'f:' .. tenant, tag)
+end
+
+-- In-flight work per lane, for the activation rule above.
+local function add_running(p, counts)
+  for lane, n in pairs(counts) do
+    redis.call('HINCRBY', lane_key(p, lane, 'vt'), 'run', n)
+  end
 end
 
 local function split2(spec)
@@ -218,13 +258,15 @@ local function apply_acks(keys, p, acks, now, tally)
   for i, a in ipairs(acks) do
     local id, kind, payload = a[1], a[3], a[4]
     local jk = job_key(p, id)
-    local f = redis.call('HMGET', jk, 'st', 'tok', 'task', 'rc', 'rf', 'w', 'att', 'max')
+    local f = redis.call('HMGET', jk, 'st', 'tok', 'task', 'rc', 'rf', 'w', 'att', 'max', 'lane')
     if f[1] ~= 'running' or f[2] ~= a[2] then
       count(tally, 'fenced')
       codes[i] = 0
     else
       -- the status leaves 'running' below, which alone fences any later write of this token
       released[#released + 1] = id
+      -- settled at once, so that a job handed back below sees the lane's true load
+      redis.call('HINCRBY', lane_key(p, f[9], 'vt'), 'run', -1)
       local meta = {f[3], f[4], f[5], f[6]}
       if kind == 'ok' then
         finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
@@ -304,9 +346,10 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
     return jobs
   end
   local tok = redis.call('INCRBY', keys[FENCE], #popped) - #popped
-  local zargs = {}
+  local zargs, running = {}, {}
   for i, e in ipairs(popped) do
     local id, f = e[1], e[2]
+    running[e[3]] = (running[e[3]] or 0) + 1
     tok = tok + 1
     local att = (tonumber(f[10]) or 0) + 1
     redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', tok, 'att', att, 'wk', worker,
@@ -317,6 +360,7 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
       tonumber(f[5]) or 0, f[7] or '', tonumber(f[4]), f[8] or '', tonumber(f[9]) or 0}
   end
   redis.call('ZADD', keys[LEASES], unpack(zargs))
+  add_running(p, running)
   return jobs
 end
 
@@ -342,8 +386,8 @@ local function claim_idle_worker(p, lane, now)
   return worker, tonumber(lease)
 end
 
-local function hand_off(keys, p, worker, lease, id, f, now)
-  local rows = lease_jobs(keys, p, {{id, f}}, worker, lease, now)
+local function hand_off(keys, p, worker, lease, id, f, lane, now)
+  local rows = lease_jobs(keys, p, {{id, f, lane}}, worker, lease, now)
   local inbox = inbox_key(p, worker)
   redis.call('RPUSH', inbox, cmsgpack.pack(rows[1]))
   redis.call('PEXPIRE', inbox, lease)
@@ -371,42 +415,48 @@ local function runnable(keys, p, id, now, tally)
   return nil
 end
 
--- One round of the lane's tenant rotation: the tenants at the head of the rotation
--- (at most `want` of them) each give up to ceil(want / tenants) jobs, in priority
--- then FIFO order; served tenants that still have work go to the back. With one
--- tenant this takes a whole batch in one pop; with many it is plain round robin.
--- Appends {id, fields} to `popped` and returns false when the lane has no tenants.
-local function pop_round(keys, p, lane, want, now, tally, popped)
-  local tenants = lane_key(p, lane, 'tenants')
-  local heads = redis.call('LRANGE', tenants, 0, want - 1)
-  if #heads == 0 then
-    return false
-  end
-  local per = math.ceil(want / #heads)
-  local served, again, got = 0, {}, 0
-  for _, tenant in ipairs(heads) do
-    if got >= want then
+-- Dispatch up to `want` jobs of a lane in fair order: the active tenant with the
+-- smallest start tag gives its head job (priority, then FIFO), V moves up to that tag,
+-- and the tenant's tag grows by the job's work (1 unit per job until estimates exist).
+-- A sole active tenant gives its jobs in one pop. Ties go to the smaller tenant name.
+-- Appends {id, fields, lane} to `popped`; returns false when the lane has no tenants.
+local function pop_fair(keys, p, lane, want, now, tally, popped)
+  local fair = lane_key(p, lane, 'fair')
+  local vt = lane_key(p, lane, 'vt')
+  local v = tonumber(redis.call('HGET', vt, 'V')) or 0
+  local got, any = 0, false
+  while got < want do
+    local head = redis.call('ZRANGE', fair, 0, 0, 'WITHSCORES')
+    if not head[1] then
       break
     end
-    served = served + 1
+    any = true
+    local tenant, tag = head[1], tonumber(head[2])
     local q = p .. 'q:' .. lane .. ':' .. tenant
-    local ids = redis.call('ZPOPMIN', q, math.min(per, want - got))
+    local take = 1
+    if redis.call('ZCARD', fair) == 1 then
+      take = want - got
+    end
+    local ids = redis.call('ZPOPMIN', q, take)
     for i = 1, #ids, 2 do
       local f = runnable(keys, p, ids[i], now, tally)
       if f then
-        popped[#popped + 1] = {ids[i], f}
+        popped[#popped + 1] = {ids[i], f, lane}
         got = got + 1
+        if tag > v then
+          v = tag
+        end
+        tag = tag + 1
       end
     end
     if redis.call('ZCARD', q) > 0 then
-      again[#again + 1] = tenant
+      redis.call('ZADD', fair, tag, tenant)
+    else
+      deactivate(p, lane, tenant, tag)
     end
   end
-  redis.call('LTRIM', tenants, served, -1)
-  if #again > 0 then
-    redis.call('RPUSH', tenants, unpack(again))
-  end
-  return true
+  redis.call('HSET', vt, 'V', v)
+  return any
 end
 
 -- Lease up to `n` jobs of `lanes` (taken in turn) to `worker`. Returns the jobs, each
@@ -425,7 +475,7 @@ local function fetch(keys, p, worker, n, lease, promote_limit, lanes, now, tally
     local still = {}
     for _, lane in ipairs(live) do
       local want = math.ceil((n - #popped) / #live)
-      if want > 0 and pop_round(keys, p, lane, want, now, tally, popped) then
+      if want > 0 and pop_fair(keys, p, lane, want, now, tally, popped) then
         still[#still + 1] = lane
       end
     end
@@ -434,7 +484,7 @@ local function fetch(keys, p, worker, n, lease, promote_limit, lanes, now, tally
   local jobs = lease_jobs(keys, p, popped, worker, lease, now)
   local next_due = -1
   for _, lane in ipairs(lanes) do
-    if #jobs > 0 and redis.call('LLEN', lane_key(p, lane, 'tenants')) > 0 then
+    if #jobs > 0 and redis.call('ZCARD', lane_key(p, lane, 'fair')) > 0 then
       wake(p, lane)
     end
     local head = redis.call('ZRANGE', lane_key(p, lane, 'delayed'), 0, 0, 'WITHSCORES')
@@ -512,7 +562,7 @@ local function enqueue(keys, args)
           if idle_worker then
             -- fields as `runnable` returns them: st, task, args, max, dl, to, tenant, bo, enq, att
             hand_off(keys, p, idle_worker, idle_lease, id,
-              {st, j[4], j[5], j[6], dl ~= '' and dl or nil, j[8], tenant, j[7], now, 0}, now)
+              {st, j[4], j[5], j[6], dl ~= '' and dl or nil, j[8], tenant, j[7], now, 0}, lane, now)
           else
             push_ready(p, lane, tenant, id, prio, seq)
           end
@@ -634,9 +684,10 @@ local function sweep(keys, args)
   for _, id in ipairs(expired) do
     redis.call('ZREM', keys[LEASES], id)
     local jk = job_key(p, id)
-    local f = redis.call('HMGET', jk, 'st', 'att', 'max', 'bo')
+    local f = redis.call('HMGET', jk, 'st', 'att', 'max', 'bo', 'lane')
     if f[1] == 'running' then
       redis.call('HDEL', jk, 'tok', 'wk')
+      add_running(p, {[f[5]] = -1})
       count(tally, 'reclaimed')
       local att = tonumber(f[2]) or 0
       local err = string.format(LOST_ERR, att)
@@ -683,7 +734,11 @@ local function cancel(keys, args)
     local q = p .. 'q:' .. f[2] .. ':' .. f[3]
     redis.call('ZREM', q, id)
     if redis.call('ZCARD', q) == 0 then
-      redis.call('LREM', lane_key(p, f[2], 'tenants'), 0, f[3])
+      -- the tag stays as it was: cancelling and queueing again gains nothing
+      local tag = redis.call('ZSCORE', lane_key(p, f[2], 'fair'), f[3])
+      if tag then
+        deactivate(p, f[2], f[3], tag)
+      end
     end
   elseif st == 'scheduled' then
     redis.call('ZREM', lane_key(p, f[2], 'delayed'), id)
