@@ -28,6 +28,7 @@ from fairlane.store.keys import namespace
 from fairlane.store.redis import Store, StoreUnavailable, redact_url, unlink_matching
 from fairlane.store.server import ensure_dev_server
 from fairlane.task import Executor, Job, Task, TaskOptions
+from fairlane.tenants import Tenants
 
 __all__ = ["App", "CronEntry", "TaskDecorator"]
 
@@ -91,6 +92,7 @@ class App:
         self.redis_url = redis_url
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.crons: dict[str, CronEntry] = {}
+        self.tenants = Tenants(self)
         self._store: Store | None = None
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._pubsub: PubSub | None = None

@@ -903,3 +903,48 @@ async def test_run_worker_in_burst_mode_leaves_the_app_usable(
             await app.run_worker(concurrency=4, burst=True)
         assert {await j.status() for j in jobs} == {"completed"}
         assert [await j.result(timeout=WAIT) for j in jobs] == [3 * n for n in range(20)]
+
+
+# -- tenant weights -------------------------------------------------------------------------------
+
+
+async def test_backlogged_tenants_share_dispatches_by_weight(
+    redis_url: str, namespace: str
+) -> None:
+    app = make_app(namespace, redis_url)
+    order: list[str] = []
+
+    @app.task
+    async def work(owner: str) -> None:
+        order.append(owner)
+
+    async with app:
+        await app.tenants.configure("heavy", weight=3)
+        assert await app.tenants.weight("heavy") == 3.0
+        assert await app.tenants.weight("light") == 1.0
+        jobs = [
+            *await work.enqueue_many([("heavy",)] * 60, tenant="heavy"),
+            *await work.enqueue_many([("light",)] * 60, tenant="light"),
+        ]
+        async with running_worker(app, concurrency=1):
+            async with asyncio.timeout(WAIT):
+                for job in jobs:
+                    await job.result()
+        await app.tenants.reset("heavy")
+        assert await app.tenants.weight("heavy") == 1.0
+    first = order[:40]
+    # weights 3:1 while both are backlogged: 30 and 10 of 40, within one job
+    assert 29 <= first.count("heavy") <= 31, first
+
+
+async def test_bad_tenant_settings_are_refused(redis_url: str, namespace: str) -> None:
+    app = make_app(namespace, redis_url)
+    async with app:
+        for weight in (0, -1, float("nan"), float("inf"), 2e6):
+            with pytest.raises(ValueError, match="weight"):
+                await app.tenants.configure("acme", weight=weight)
+        with pytest.raises(TypeError):
+            await app.tenants.configure("acme", weight="3")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="tenant"):
+            await app.tenants.configure("", weight=2)
+        assert await app.tenants.weight("acme") == 1.0

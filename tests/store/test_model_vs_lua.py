@@ -297,6 +297,15 @@ class LuaVsModel(RuleBasedStateMachine):
                 del jobs[job_id]
 
     @precondition(lambda self: any(self.held.values()))
+    @rule(
+        tenant=st.sampled_from(TENANTS),
+        weight=st.sampled_from([None, 0.5, 1.0, 2.0, 3.0, 7.5]),
+    )
+    def configure(self, tenant: str, weight: float | None) -> None:
+        """A tenant's weight changes at run time: both sides apply it from its next dispatch."""
+        self.run(self.store.configure_tenant(tenant, weight))
+        self.model.configure(tenant, weight)
+
     @rule(worker=st.sampled_from(WORKERS))
     def renew(self, worker: str) -> None:
         held = self.held[worker]

@@ -24,7 +24,8 @@ Rules, as in the scripts:
   idle tenant's credit is bounded by the work in flight. A lane asked for ``want`` jobs
   repeatedly takes the active tenant with the smallest tag (ties: smaller name): a sole
   active tenant gives up to ``want`` jobs at once, otherwise one; each job dispatched
-  sets ``V = max(V, tag)`` and adds 1 to the tag; a tenant left without waiting jobs
+  sets ``V = max(V, tag)`` and adds ``1 / weight`` to the tag (weights are set with
+  ``configure``, default 1, and apply from the next dispatch); a tenant left without waiting jobs
   becomes idle and keeps its tag as its finish tag. A fetch of ``n`` jobs over several
   lanes goes in rounds: in each round every lane still giving work is asked, in the
   order given, for an even share ``ceil(left / lanes)`` of what is still wanted; a lane
@@ -137,6 +138,7 @@ class QueueModel:
         self.finish: dict[str, dict[str, float]] = {}  # lane -> idle tenant -> finish tag
         self.vtime: dict[str, float] = {}  # lane -> V
         self.running: Counter[str] = Counter()  # lane -> in-flight jobs
+        self.weights: dict[str, float] = {}  # tenant -> fair-share weight (absent: 1)
         self.queues: dict[tuple[str, str], list[tuple[int, str]]] = {}  # sorted (score, id)
         self.delayed: dict[str, dict[str, int]] = {}  # lane -> id -> run_at
         self.leases: dict[str, int] = {}  # id -> expiry
@@ -186,6 +188,13 @@ class QueueModel:
                 self.inbox_expiry[worker] = now + lease_ms
             else:
                 self._push_ready(job)
+
+    def configure(self, tenant: str, weight: float | None) -> None:
+        """A tenant's fair-share weight (None: the default, 1); applies from its next dispatch."""
+        if weight is None:
+            self.weights.pop(tenant, None)
+        else:
+            self.weights[tenant] = weight
 
     # -- worker -----------------------------------------------------------------------
 
@@ -389,6 +398,7 @@ class QueueModel:
             any_active = True
             tenant = min(active, key=lambda t: (active[t], t))
             tag = active[tenant]
+            step = 1 / self.weights.get(tenant, 1.0)
             take = want - got if len(active) == 1 else 1
             queue = self.queues[(lane, tenant)]
             taken = queue[:take]
@@ -399,7 +409,7 @@ class QueueModel:
                     grants.append(self._lease(job, worker, lease_ms, now))
                     got += 1
                     v = max(v, tag)
-                    tag += 1
+                    tag += step
             if queue:
                 active[tenant] = tag
             else:

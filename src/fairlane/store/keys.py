@@ -25,6 +25,7 @@ pattern (after the prefix)  type   holds                              written by
 ``dead``                   zset   dead-lettered job id -> time (ms)  ack, sweep, redrive
 ``workers``                zset   worker id -> heartbeat (ms)        renew, sweep
 ``tasks``                  hash   task -> its retention specs        declare_task
+``weights``                hash   tenant -> fair-share weight        configure_tenant
 ``lane:<l>:fair``          zset   active tenant -> start tag         enqueue, fetch, cancel
 ``lane:<l>:vt``            hash   V, in-flight ``run``, ``f:<t>``      enqueue, fetch, ack, sweep
 ``lane:<l>:delayed``       zset   job id -> run-at time (ms)         enqueue, ack, sweep
@@ -110,6 +111,10 @@ class AppKeys:
         return self.prefix + "tasks"
 
     @property
+    def weights(self) -> str:
+        return self.prefix + "weights"
+
+    @property
     def done_channel(self) -> str:
         return self.prefix + "done"
 
@@ -147,6 +152,7 @@ class AppKeys:
             self.dead,
             self.workers,
             self.tasks,
+            self.weights,
         ]
 
     def match_all(self) -> str:

@@ -252,6 +252,15 @@ class Store:
     async def declare_task(self, task: str, keep_completed: str, keep_failed: str) -> None:
         await self.fcall("declare_task", self._common, [task, f"{keep_completed}|{keep_failed}"])
 
+    async def configure_tenant(self, tenant: str, weight: float | None) -> None:
+        """Set a tenant's fair-share weight (None: back to the default of 1)."""
+        value = "" if weight is None else repr(float(weight))
+        await self.fcall("configure_tenant", self._common, [tenant, value])
+
+    async def tenant_weight(self, tenant: str) -> float:
+        raw = await self._call(self.client.hget, self.keys.weights, tenant)
+        return float(raw) if raw is not None else 1.0
+
     async def cancel(self, job_id: str) -> str:
         return _s(await self.fcall("cancel", self._common, [job_id]))
 

@@ -11,6 +11,7 @@ Keys. Every function receives the app's fixed keys first, in this order
   KEYS[5] dead     zset    dead-lettered job id -> time (ms)
   KEYS[6] workers  zset    worker id -> last heartbeat (ms)
   KEYS[7] tasks    hash    task name -> 'rc|rf' retention of its records
+  KEYS[8] weights  hash    tenant -> fair-share weight (absent = 1)
 followed by the keys of the lanes the caller names (fair, vt, delayed, wake, idle per
 lane). Per-job hashes (job:<id>), per-tenant queues (q:<lane>:<tenant>),
 retention indexes (kept:<task>:<outcome>) and lane keys are derived from the
@@ -23,7 +24,7 @@ A job id is in exactly one of: a tenant queue (queued), a lane's delayed set
 (scheduled), the leases set (running), or none (finished).
 --]]
 
-local FENCE, LEASES, STATS, IDEM, DEAD, WORKERS, TASKS = 1, 2, 3, 4, 5, 6, 7
+local FENCE, LEASES, STATS, IDEM, DEAD, WORKERS, TASKS, WEIGHTS = 1, 2, 3, 4, 5, 6, 7, 8
 local TERMINAL = {completed = true, failed = true, cancelled = true, expired = true}
 -- priorities are clamped to +-PRIO_LIMIT so that prio * 2^40 + seq stays exact in a double
 local PRIO_SPAN = 1099511627776
@@ -417,7 +418,8 @@ end
 
 -- Dispatch up to `want` jobs of a lane in fair order: the active tenant with the
 -- smallest start tag gives its head job (priority, then FIFO), V moves up to that tag,
--- and the tenant's tag grows by the job's work (1 unit per job until estimates exist).
+-- and the tenant's tag grows by the job's work over the tenant's weight (work is 1
+-- unit per job until estimates exist).
 -- A sole active tenant gives its jobs in one pop. Ties go to the smaller tenant name.
 -- Appends {id, fields, lane} to `popped`; returns false when the lane has no tenants.
 local function pop_fair(keys, p, lane, want, now, tally, popped)
@@ -432,6 +434,7 @@ local function pop_fair(keys, p, lane, want, now, tally, popped)
     end
     any = true
     local tenant, tag = head[1], tonumber(head[2])
+    local step = 1 / (tonumber(redis.call('HGET', keys[WEIGHTS], tenant)) or 1)
     local q = p .. 'q:' .. lane .. ':' .. tenant
     local take = 1
     if redis.call('ZCARD', fair) == 1 then
@@ -446,7 +449,7 @@ local function pop_fair(keys, p, lane, want, now, tally, popped)
         if tag > v then
           v = tag
         end
-        tag = tag + 1
+        tag = tag + step
       end
     end
     if redis.call('ZCARD', q) > 0 then
@@ -719,6 +722,17 @@ local function declare_task(keys, args)
   return 1
 end
 
+-- ARGV: tenant, weight ('' = back to the default, 1). A new weight applies from the
+-- tenant's next dispatch.
+local function configure_tenant(keys, args)
+  if args[2] == '' then
+    redis.call('HDEL', keys[WEIGHTS], args[1])
+  else
+    redis.call('HSET', keys[WEIGHTS], args[1], args[2])
+  end
+  return 1
+end
+
 -- ARGV: id. Cancels a waiting job at once; a running one is asked to stop (its
 -- worker learns on its next lease renewal). Returns the status after the call.
 local function cancel(keys, args)
@@ -808,3 +822,4 @@ redis.register_function('__PREFIX__declare_task', declare_task)
 redis.register_function('__PREFIX__cancel', cancel)
 redis.register_function('__PREFIX__watch', watch)
 redis.register_function('__PREFIX__redrive', redrive)
+redis.register_function('__PREFIX__configure_tenant', configure_tenant)
