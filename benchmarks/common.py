@@ -325,6 +325,22 @@ class WorkerProcess:
         self._log.close()
 
 
+async def idle_counts(
+    worker: WorkerProcess, meter: Meter, *, settle: float, seconds: float
+) -> tuple[Counter[str], Counter[str]]:
+    """Start ``worker`` with nothing to do, let it settle, then count what it sends in
+    ``seconds``: (server statistics, the worker's own count)."""
+    await worker.start()
+    await asyncio.sleep(settle)
+    before = await worker.counts()
+    await meter.reset()
+    await asyncio.sleep(seconds)
+    calls = await meter.calls()
+    counted = await worker.counts() - before
+    await worker.stop()
+    return calls, counted
+
+
 async def wait_until(
     check: Callable[[], Awaitable[bool]], *, interval: float = 0.005, timeout: float = 600.0
 ) -> float:

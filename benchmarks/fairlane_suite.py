@@ -21,6 +21,7 @@ from benchmarks.common import (
     call_report,
     counting,
     delete_matching,
+    idle_counts,
     mismatch,
     percentile,
     script_commands,
@@ -207,14 +208,9 @@ async def idle(cfg: Config, meter: Meter) -> dict[str, Any]:
     name = f"flbench_{cfg.run_id}_idle"
     worker = _worker(cfg, name, cfg.concurrency)
     try:
-        await worker.start()
-        await asyncio.sleep(cfg.idle_settle)
-        before = await worker.counts()
-        await meter.reset()
-        await asyncio.sleep(cfg.idle_seconds)
-        calls = await meter.calls()
-        counted = await worker.counts() - before
-        await worker.stop()
+        calls, counted = await idle_counts(
+            worker, meter, settle=cfg.idle_settle, seconds=cfg.idle_seconds
+        )
     finally:
         await worker.close()
         await _cleanup(meter, name)

@@ -23,6 +23,7 @@ from benchmarks.common import (
     call_report,
     counting,
     delete_matching,
+    idle_counts,
     script_commands,
     wait_until,
 )
@@ -203,14 +204,9 @@ async def idle(cfg: Config, meter: Meter) -> dict[str, Any]:
     ns = f"tqbench_{cfg.run_id}_idle"
     worker = _worker(cfg, ns, cfg.concurrency)
     try:
-        await worker.start()
-        await asyncio.sleep(cfg.idle_settle)
-        before = await worker.counts()
-        await meter.reset()
-        await asyncio.sleep(cfg.idle_seconds)
-        calls = await meter.calls()
-        counted = await worker.counts() - before
-        await worker.stop()
+        calls, counted = await idle_counts(
+            worker, meter, settle=cfg.idle_settle, seconds=cfg.idle_seconds
+        )
     finally:
         await worker.close()
         await _cleanup(meter, ns)
