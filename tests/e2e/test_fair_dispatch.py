@@ -22,10 +22,13 @@ FLOOD, QUIET, CONCURRENCY = 200, 10, 10
 async def _flood_starts_before_quiet_done(redis_url: str, namespace: str, *, fair: bool) -> int:
     app = make_app(namespace, redis_url)
     started: list[str] = []
+    in_full_swing = asyncio.Event()
 
     @app.task
     async def work(owner: str, seconds: float) -> None:
         started.append(owner)
+        if len(started) >= 3 * CONCURRENCY:
+            in_full_swing.set()
         await asyncio.sleep(seconds)
 
     flood_tenant, quiet_tenant = ("flood", "quiet") if fair else ("shared", "shared")
@@ -33,8 +36,7 @@ async def _flood_starts_before_quiet_done(redis_url: str, namespace: str, *, fai
         flood = await work.enqueue_many([("flood", 0.02)] * FLOOD, tenant=flood_tenant)
         async with running_worker(app, concurrency=CONCURRENCY):
             async with asyncio.timeout(WAIT):
-                while len(started) < 3 * CONCURRENCY:  # the flood is in full swing
-                    await asyncio.sleep(0.005)
+                await in_full_swing.wait()
                 arrival = len(started)
                 quiet = await work.enqueue_many([("quiet", 0.005)] * QUIET, tenant=quiet_tenant)
                 for job in [*quiet, *flood]:
