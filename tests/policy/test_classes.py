@@ -21,7 +21,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairlane.policy.classes import (
-    DEFAULT_CLASSES,
     Allocation,
     ClassTable,
     ServiceClass,
@@ -31,7 +30,14 @@ from fairlane.policy.classes import (
     next_class,
 )
 
-DEFAULT = ClassTable(DEFAULT_CLASSES)
+# A table with a reserve (guaranteed keeps half its share free) and a borrowing cap
+# (standard stops at twice its nominal): the rules' corners show on it.
+RESERVED_CLASSES = (
+    ServiceClass("guaranteed", nominal_share=0.6, min_slots=1, lendable=0.5),
+    ServiceClass("standard", nominal_share=0.4, min_slots=1, lendable=1.0, borrowable=1.0),
+    ServiceClass("batch", batch=True),
+)
+DEFAULT = ClassTable(RESERVED_CLASSES)
 SHARE_MARGIN = 0.02  # long-run slot shares must be within 2 points of the oracle
 
 
@@ -372,7 +378,7 @@ def test_two_wide_heads_do_not_deadlock() -> None:
 @pytest.mark.parametrize(
     ("classes", "capacity", "durations", "expected"),
     [
-        (DEFAULT_CLASSES, 20, {"guaranteed": 100, "standard": 70, "batch": 30}, None),
+        (RESERVED_CLASSES, 20, {"guaranteed": 100, "standard": 70, "batch": 30}, None),
         (
             (
                 ServiceClass("gold", nominal_share=0.5),

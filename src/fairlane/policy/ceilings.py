@@ -37,6 +37,11 @@ import math
 from dataclasses import dataclass
 
 __all__ = [
+    "DURATION_ALPHA",
+    "F_MAX",
+    "F_MIN",
+    "RATE_BUCKETS",
+    "RATE_WIDTH_MS",
     "DurationMean",
     "RateWindow",
     "TenantLimits",
@@ -47,6 +52,15 @@ __all__ = [
 ]
 
 _EPS = 1e-9
+
+#: The store's signal windows and pressure bounds (written into its scripts).
+RATE_BUCKETS = 6
+RATE_WIDTH_MS = 10_000
+DURATION_ALPHA = 0.1
+F_MIN = 0.25
+"""Under pressure a ceiling shrinks to at most this fraction (never below the floor)."""
+F_MAX = 2.0
+"""With the pool idle a ceiling stretches to this multiple, so bursts use spare slots."""
 
 
 def _ceil(x: float) -> int:

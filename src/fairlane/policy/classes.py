@@ -175,13 +175,15 @@ class ServiceClass:
 
 
 DEFAULT_CLASSES: tuple[ServiceClass, ...] = (
-    ServiceClass("guaranteed", nominal_share=0.6, min_slots=1, lendable=0.5),
-    ServiceClass("standard", nominal_share=0.4, min_slots=1, lendable=1.0, borrowable=1.0),
+    ServiceClass("guaranteed", nominal_share=0.6, min_slots=1),
+    ServiceClass("standard", nominal_share=0.4, min_slots=1),
     ServiceClass("batch", batch=True),
 )
-"""Guaranteed keeps half its share free for itself even when idle and may borrow up to
-``C``; standard lends all of its share and may borrow up to twice its nominal; batch runs
-on spare only."""
+"""Guaranteed is assured 60 % of the lane, standard 40 %; each lends all of its idle
+share and may borrow up to ``C``, so a fleet running one class uses every slot; batch
+runs on spare only. A class that must start at once even after a batch flood keeps a
+reserve (``lendable < 1``); nothing is preempted, so without one it waits at most for
+one borrowed job to finish."""
 
 
 @dataclass(frozen=True, slots=True, init=False)

@@ -26,14 +26,27 @@ pattern (after the prefix)  type   holds                              written by
 ``workers``                zset   worker id -> heartbeat (ms)        renew, sweep
 ``tasks``                  hash   task -> its retention specs        declare_task
 ``weights``                hash   tenant -> fair-share weight        configure_tenant
-``lane:<l>:fair``          zset   active tenant -> start tag         enqueue, fetch, cancel
-``lane:<l>:vt``            hash   V, in-flight ``run``, ``f:<t>``      enqueue, fetch, ack, sweep
+``fleet``                  hash   worker -> 'slots|lane,lane'        exchange, leave, sweep
+``tlimits``                hash   tenant -> 'floor,max,bfloor,bpct'  configure_limits
+``thr``                    hash   throttle keys, grants, parked jobs  fetch, ack, sweep, cancel
+``thr:wait``               zset   throttle waiters (lex, per key)    fetch, ack, sweep, cancel
+``lane:<l>:state``         hash   C, ``f:<c>``/``d:<c>`` in-flight/     exchange, enqueue, fetch,
+                                  waiting slots, class ``table``     ack, sweep, declare_lane
+``lane:<l>:cap``           hash   worker -> slots (its capacity)     exchange, leave, sweep
 ``lane:<l>:delayed``       zset   job id -> run-at time (ms)         enqueue, ack, sweep
 ``lane:<l>:wake``          list   wake tokens; workers BLPOP it      enqueue, fetch, ack
 ``lane:<l>:idle``          zset   'worker|lease_ms' -> lapses (ms)   exchange, enqueue
 ``inbox:<w>`` (derived)    list   jobs handed to an idle worker      enqueue; exchange drains
 ``job:<id>`` (derived)     hash   spec and state (JOB_FIELDS)        every script
-``q:<l>:<t>`` (derived)    zset   waiting job ids by order           enqueue, fetch, cancel
+``lane:<l>:c:<c>:fair``    zset   active tenant -> start tag         enqueue, fetch, cancel
+ (derived)
+``lane:<l>:c:<c>:vt``      hash   V, in-flight ``run``, ``f:<t>``      enqueue, fetch, ack, sweep
+ (derived)
+``lane:<l>:c:<c>:granted`` zset   throttle-granted job -> grant no.  fetch, ack, sweep, cancel
+ (derived)
+``q:<l>:<c>:<t>`` (der.)   zset   waiting job ids by order           enqueue, fetch, cancel
+``sig:<t>`` (derived)      hash   rate ring ``s<i>``/``c<i>``, mean    enqueue, ack
+                                  duration ``dm``, ``dn`` samples
 ``kept:<task>:ok`` (der.)  zset   completed job id -> finish (ms)    ack (retention index)
 ``kept:<task>:failed``     zset   failed/expired/cancelled -> (ms)   ack, sweep, cancel
 =========================  =====  =================================  ========================
@@ -62,14 +75,14 @@ def namespace(app: str) -> str:
 class LaneKeys:
     """The fixed keys of one lane."""
 
-    fair: str
-    vt: str
+    state: str
+    cap: str
     delayed: str
     wake: str
     idle: str
 
     def as_list(self) -> list[str]:
-        return [self.fair, self.vt, self.delayed, self.wake, self.idle]
+        return [self.state, self.cap, self.delayed, self.wake, self.idle]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,14 +128,30 @@ class AppKeys:
         return self.prefix + "weights"
 
     @property
+    def fleet(self) -> str:
+        return self.prefix + "fleet"
+
+    @property
+    def tlimits(self) -> str:
+        return self.prefix + "tlimits"
+
+    @property
+    def throttles(self) -> str:
+        return self.prefix + "thr"
+
+    @property
+    def throttle_waiters(self) -> str:
+        return self.prefix + "thr:wait"
+
+    @property
     def done_channel(self) -> str:
         return self.prefix + "done"
 
     def lane(self, lane: str) -> LaneKeys:
         base = f"{self.prefix}lane:{lane}:"
         return LaneKeys(
-            fair=base + "fair",
-            vt=base + "vt",
+            state=base + "state",
+            cap=base + "cap",
             delayed=base + "delayed",
             wake=base + "wake",
             idle=base + "idle",
@@ -136,8 +165,12 @@ class AppKeys:
         """A job's hash; scripts derive the same name (``prefix .. 'job:' .. id``)."""
         return f"{self.prefix}job:{job_id}"
 
-    def tenant_queue(self, lane: str, tenant: str) -> str:
-        return f"{self.prefix}q:{lane}:{tenant}"
+    def tenant_queue(self, lane: str, service_class: str, tenant: str) -> str:
+        return f"{self.prefix}q:{lane}:{service_class}:{tenant}"
+
+    def class_key(self, lane: str, service_class: str, what: str) -> str:
+        """A class's ``fair``, ``vt`` or ``granted`` key (scripts derive the same name)."""
+        return f"{self.prefix}lane:{lane}:c:{service_class}:{what}"
 
     def kept(self, task: str, outcome: str) -> str:
         return f"{self.prefix}kept:{task}:{outcome}"
@@ -153,6 +186,10 @@ class AppKeys:
             self.workers,
             self.tasks,
             self.weights,
+            self.fleet,
+            self.tlimits,
+            self.throttles,
+            self.throttle_waiters,
         ]
 
     def match_all(self) -> str:
@@ -187,4 +224,8 @@ JOB_FIELDS: dict[str, str] = {
     "err": "last error (JSON: type, message, traceback)",
     "w": "1 when a producer waits on the result",
     "cx": "1 when cancellation was requested while running",
+    "cls": "service class",
+    "sl": "worker slots it occupies",
+    "lim": "throttle keys and limits (msgpack [[key, limit], ..], absent = none)",
+    "ttok": "token of the throttle grant it holds (absent = none)",
 }

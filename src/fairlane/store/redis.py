@@ -8,10 +8,8 @@ apply those decisions atomically with the server's clock.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib.resources import files
 from typing import Any, Final
 
 import hiredis
@@ -22,28 +20,26 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from fairlane.policy.ceilings import TenantLimits
+from fairlane.policy.classes import ClassTable
 from fairlane.store.keys import AppKeys
+from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE, encode_classes
 
 __all__ = [
     "AckKind",
     "Fetched",
     "FetchedJob",
+    "LaneState",
     "NewJob",
     "Outcome",
     "Store",
     "StoreUnavailable",
+    "TenantSignal",
     "redact_url",
     "unlink_matching",
 ]
 
-_SOURCE: Final = files("fairlane.store").joinpath("lua/fairlane.lua").read_text()
-# The library is named after its content so that workers of two releases sharing a
-# server during a rolling deploy each call the code they were written against.
-_VERSION: Final = hashlib.sha256(_SOURCE.encode()).hexdigest()[:10]
-_FN: Final = f"fl{_VERSION}_"
-LIBRARY_CODE: Final = _SOURCE.replace("__LIBRARY__", f"fairlane_{_VERSION}").replace(
-    "__PREFIX__", _FN
-)
+_FN: Final = FUNCTION_PREFIX
 
 AckKind = str  # "ok" | "retry" | "dead" | "cancel" | "release"
 # Batches travel as one msgpack argument / reply: one argument to pack instead of
@@ -73,6 +69,9 @@ class NewJob(msgspec.Struct, array_like=True):
     delay_ms: int | None = None
     at_ms: int | None = None
     deadline: str = ""  # "" none, "+ms" relative, or absolute ms
+    service_class: str = "standard"
+    slots: int = 1
+    limits: list[tuple[str, int]] = msgspec.field(default_factory=list)  # sorted by key
 
     def __post_init__(self) -> None:
         args: object = self.args
@@ -97,6 +96,27 @@ class FetchedJob(msgspec.Struct, array_like=True, frozen=True):
     max_attempts: int
     backoff: str
     enqueued_ms: int
+    slots: int = 1  # worker slots the job occupies
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSignal:
+    """A tenant's concurrency limit now (None: no settings) and what it follows."""
+
+    limit: int | None
+    rate_per_min: float
+    mean_duration_s: float
+    capacity: int
+    load: int
+
+
+@dataclass(frozen=True, slots=True)
+class LaneState:
+    """A lane's cached capacity (live workers' slots) and its classes' slots."""
+
+    capacity: int
+    in_flight: dict[str, int]
+    waiting: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +277,47 @@ class Store:
         value = "" if weight is None else repr(float(weight))
         await self.fcall("configure_tenant", self._common, [tenant, value])
 
+    async def configure_tenant_limits(self, tenant: str, limits: TenantLimits | None) -> None:
+        """Set a tenant's concurrency settings (None: no tenant key at all)."""
+        value = ""
+        if limits is not None:
+            cap = -1 if limits.max_concurrency is None else limits.max_concurrency
+            value = f"{limits.floor},{cap},{limits.burst_floor},{limits.burst_pct!r}"
+        await self.fcall("configure_limits", self._common, [tenant, value])
+
+    async def tenant_limits(self, tenant: str) -> TenantLimits | None:
+        raw = await self._call(self.client.hget, self.keys.tlimits, tenant)
+        if raw is None:
+            return None
+        floor, cap, burst_floor, burst_pct = _s(raw).split(",")
+        return TenantLimits(
+            floor=int(floor),
+            max_concurrency=None if int(cap) < 0 else int(cap),
+            burst_floor=int(burst_floor),
+            burst_pct=float(burst_pct),
+        )
+
+    async def tenant_limit_now(self, lane: str, tenant: str) -> TenantSignal:
+        """The tenant's concurrency limit in ``lane`` now, and the signals behind it."""
+        limit, rate, mean, cap, load = await self.fcall(
+            "tenant_limit_now", self._lane_keys([lane]), [lane, tenant]
+        )
+        return TenantSignal(
+            None if int(limit) < 0 else int(limit), float(rate), float(mean), int(cap), int(load)
+        )
+
+    async def declare_lane(self, lane: str, classes: ClassTable) -> None:
+        """Record a lane's service classes; the next decision in the lane uses them."""
+        await self.fcall("declare_lane", self._lane_keys([lane]), [lane, encode_classes(classes)])
+
+    async def lane_state(self, lane: str) -> LaneState:
+        """A lane's capacity and its classes' in-flight and waiting slots, as cached."""
+        raw = await self._call(self.client.hgetall, self.keys.lane(lane).state)
+        fields = {_s(k): _s(v) for k, v in raw.items()}
+        in_flight = {k[2:]: int(v) for k, v in fields.items() if k.startswith("f:")}
+        waiting = {k[2:]: int(v) for k, v in fields.items() if k.startswith("d:")}
+        return LaneState(int(fields.get("C", 0)), in_flight, waiting)
+
     async def tenant_weight(self, tenant: str) -> float:
         raw = await self._call(self.client.hget, self.keys.weights, tenant)
         return float(raw) if raw is not None else 1.0
@@ -297,14 +358,18 @@ class Store:
         outcomes: Sequence[Outcome] = (),
         promote_limit: int = 1000,
         idle_ms: int = 0,
+        slots: int | None = None,
     ) -> Fetched:
-        """Settle ``outcomes`` and fetch up to ``want`` jobs, in one round trip.
+        """Settle ``outcomes`` and fetch up to ``want`` slots of work, in one round trip.
 
         Jobs handed to the worker's inbox come first (even past ``want``). With
         ``idle_ms`` the worker, if given nothing, is registered idle for that long,
         so that enqueues hand their jobs straight to it (see ``wait_for_work``).
+        ``slots`` is the worker's size, counted in its lanes' capacity from its first
+        exchange until it leaves or goes stale (default: ``want``).
         """
-        blob = _PACK.encode((outcomes, worker, want, lease_ms, promote_limit, lanes, idle_ms))
+        size = want if slots is None else slots
+        blob = _PACK.encode((outcomes, worker, want, lease_ms, promote_limit, lanes, idle_ms, size))
         reply = await self.fcall("exchange", self._lane_keys(lanes), [blob])
         return _parse_fetched(reply)
 

@@ -1,0 +1,69 @@
+"""The Lua library as the server loads it: its source assembled, named and parameterised.
+
+``lua/fairlane.lua`` is the library; it pulls in ``lua/classes.lua`` and
+``lua/throttle.lua`` where it says ``-- @include <file>``. Constants the policy core
+owns (the default service classes, the ceilings' signal windows and pressure bounds)
+are written into the source here, so the scripts and the policy never disagree on them.
+The library is named after its content so that workers of two releases sharing a
+server during a rolling deploy each call the code they were written against.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from importlib.resources import files
+from typing import Final
+
+from fairlane.policy import ceilings
+from fairlane.policy.classes import DEFAULT_CLASSES, ServiceClass
+
+__all__ = ["FUNCTION_PREFIX", "LIBRARY_CODE", "encode_classes"]
+
+_LUA = files("fairlane.store").joinpath("lua")
+_INCLUDE = re.compile(r"^-- @include ([\w.]+)$", re.MULTILINE)
+
+
+def encode_classes(classes: Iterable[ServiceClass]) -> str:
+    """A class table as the scripts read it: JSON ``[[name, share, min, lendable,
+    borrowable (-1 = up to C), batch (0/1)], ..]`` in declared order."""
+    return json.dumps(
+        [
+            [
+                c.name,
+                c.nominal_share,
+                c.min_slots,
+                c.lendable,
+                -1 if c.borrowable is None else c.borrowable,
+                int(c.batch),
+            ]
+            for c in classes
+        ],
+        separators=(",", ":"),
+    )
+
+
+def _assemble() -> str:
+    main = _LUA.joinpath("fairlane.lua").read_text()
+    source = _INCLUDE.sub(lambda m: _LUA.joinpath(m.group(1)).read_text(), main)
+    constants = {
+        "__DEFAULT_CLASSES__": encode_classes(DEFAULT_CLASSES),
+        "__RATE_BUCKETS__": str(ceilings.RATE_BUCKETS),
+        "__RATE_WIDTH_MS__": str(ceilings.RATE_WIDTH_MS),
+        "__F_MIN__": repr(ceilings.F_MIN),
+        "__F_MAX__": repr(ceilings.F_MAX),
+        "__DURATION_ALPHA__": repr(ceilings.DURATION_ALPHA),
+    }
+    for name, value in constants.items():
+        source = source.replace(name, value)
+    return source
+
+
+_SOURCE: Final = _assemble()
+_VERSION: Final = hashlib.sha256(_SOURCE.encode()).hexdigest()[:10]
+FUNCTION_PREFIX: Final = f"fl{_VERSION}_"
+LIBRARY_CODE: Final = _SOURCE.replace("__LIBRARY__", f"fairlane_{_VERSION}").replace(
+    "__PREFIX__", FUNCTION_PREFIX
+)

@@ -1,0 +1,131 @@
+-- Service classes: which class of a lane may start its head job now
+-- (fairlane/policy/classes.py states the rules and proves them; this is its twin).
+-- A table is an array of classes, each {name, nominal_share, min_slots, lendable,
+-- borrowable (-1 = up to C), batch (0/1)}, in declared order.
+
+local CLASS_EPS = 1e-9
+local DEFAULT_CLASSES = [=[__DEFAULT_CLASSES__]=]
+
+local function floor_eps(x)
+  return math.floor(x + CLASS_EPS)
+end
+
+-- The class table of a lane (its declared JSON, or the defaults).
+local function class_table(state_key)
+  return cjson.decode(redis.call('HGET', state_key, 'table') or DEFAULT_CLASSES)
+end
+
+local function class_index(tbl, name)
+  for i, c in ipairs(tbl) do
+    if c[1] == name then
+      return i
+    end
+  end
+  return nil
+end
+
+-- The levels of every class at capacity `cap` (they depend on nothing else, so a
+-- dispatch computes them once): assured a, lendable L, ceiling, max width, batch.
+local function class_levels(tbl, cap)
+  local lv = {n = #tbl, cap = cap, a = {}, lend = {}, ceiling = {}, widest = {}, batch = {}}
+  local sum_a, sum_lend = 0, 0
+  for i, c in ipairs(tbl) do
+    local nominal = floor_eps(c[2] * cap)
+    local a = math.max(c[3], nominal)
+    lv.a[i], lv.lend[i], lv.batch[i] = a, floor_eps(c[4] * a), c[6] == 1
+    lv.ceiling[i] = cap
+    if c[5] >= 0 then
+      lv.ceiling[i] = math.min(cap, a + floor_eps(c[5] * nominal))
+    end
+    sum_a, sum_lend = sum_a + a, sum_lend + lv.lend[i]
+  end
+  local reserves = sum_a - sum_lend
+  for i = 1, lv.n do
+    local a = lv.a[i]
+    lv.widest[i] = math.max(math.min(a, cap), math.min(lv.ceiling[i], cap - reserves + a - lv.lend[i]))
+  end
+  return lv
+end
+
+-- Rank: non-batch before batch, then lowest f / a (a = 0 after the others, by f),
+-- then declared order.
+local function rank_before(lv, f, x, y)
+  if lv.batch[x] ~= lv.batch[y] then
+    return not lv.batch[x]
+  end
+  local ax, ay = lv.a[x], lv.a[y]
+  if (ax == 0) ~= (ay == 0) then
+    return ax ~= 0
+  end
+  local lx, ly
+  if ax == 0 then
+    lx, ly = f[x], f[y]
+  else
+    lx, ly = f[x] * ay, f[y] * ax
+  end
+  if lx ~= ly then
+    return lx < ly
+  end
+  return x < y
+end
+
+local function judge(w, f, a, ceiling, widest, free, spare)
+  if not w then
+    return 'idle'
+  end
+  if w > widest then
+    return 'too-wide'
+  end
+  if f + w <= a then
+    return w <= free and 'assured' or 'no-slots'
+  end
+  if f + w > ceiling then
+    return 'ceiling'
+  end
+  if w > free then
+    return 'no-slots'
+  end
+  return w <= spare and 'borrow' or 'no-spare'
+end
+
+local BLOCKED = {['no-slots'] = true, ['no-spare'] = true, held = true}
+
+-- The index of the class whose head should start, or nil, given the levels `lv`,
+-- `f[i]` slots in flight, `w[i]` head width (nil: nothing waits), `d[i]` waiting slots.
+local function choose_class(lv, f, w, d)
+  local n, cap = lv.n, lv.cap
+  local sum_f, claimed, claim, order = 0, 0, {}, {}
+  for i = 1, n do
+    local a, fi, wi = lv.a[i], f[i], w[i]
+    sum_f = sum_f + fi
+    local owed = 0
+    if wi and fi + wi <= math.min(a, lv.widest[i]) then
+      owed = math.max(d[i], wi)
+    end
+    claim[i] = math.max(0, math.min(a, math.max(fi + owed, a - lv.lend[i])) - fi)
+    claimed = claimed + claim[i]
+    -- insertion sort: a lane has a handful of classes
+    local j = #order
+    while j > 0 and rank_before(lv, f, i, order[j]) do
+      order[j + 1] = order[j]
+      j = j - 1
+    end
+    order[j + 1] = i
+  end
+  local free = math.max(0, cap - sum_f)
+  -- the first class in rank order that may start is the one served, so a batch class
+  -- is only reached when no better-ranked class may start (P5): no 'yield' check needed
+  local held = false
+  for _, i in ipairs(order) do
+    local spare = free - (claimed - claim[i])
+    local why = judge(w[i], f[i], lv.a[i], lv.ceiling[i], lv.widest[i], free, spare)
+    if why == 'borrow' and held then
+      why = 'held'
+    end
+    if why == 'assured' or why == 'borrow' then
+      return i
+    end
+    held = held or BLOCKED[why] == true
+  end
+  return nil
+end
