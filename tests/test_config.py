@@ -200,6 +200,7 @@ def test_explain_reports_every_leaf_in_model_order(tmp_path: Path) -> None:
         "redis_url",
         "max_payload_bytes",
         "default_lane",
+        "lanes_file",
         "lease.duration",
         "lease.renew_interval",
         "lease.sweep_interval",
@@ -218,7 +219,7 @@ def test_explain_reports_every_leaf_in_model_order(tmp_path: Path) -> None:
         "server.binary",
     ]
     assert all(row.source == "default" for row in rows)
-    assert rows[3] == SettingOrigin("lease.duration", 30.0, "default")
+    assert rows[4] == SettingOrigin("lease.duration", 30.0, "default")
 
 
 def test_explain_reports_each_source(tmp_path: Path) -> None:

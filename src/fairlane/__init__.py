@@ -1,8 +1,10 @@
 """Fairlane: a fair, bounded, durable task queue for multi-tenant AI platforms.
 
-from fairlane import App, Backoff, Retention
+from fairlane import App, Backoff, Retention, ServiceClass
 
 app = App("agents")
+app.lane("heavy", classes=[ServiceClass("interactive", nominal_share=0.7, min_slots=2),
+                           ServiceClass("bulk", batch=True)])
 
 @app.task(lane="light", attempts=5, backoff=Backoff(base=2.0, cap=120.0))
 async def classify(text: str) -> str: ...
@@ -17,22 +19,30 @@ from fairlane.errors import (
     TaskFailed,
     UnknownTask,
 )
+from fairlane.lanes import load_lanes
 from fairlane.policy.backoff import Backoff
+from fairlane.policy.ceilings import TenantLimits
+from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.policy.retention import Retention
 from fairlane.store.redis import StoreUnavailable
 from fairlane.task import Job, Task
 
 __all__ = [
+    "DEFAULT_CLASSES",
     "App",
     "Backoff",
+    "ClassTable",
     "FairlaneError",
     "Job",
     "JobCancelled",
     "JobExpired",
     "JobNotFound",
     "Retention",
+    "ServiceClass",
     "StoreUnavailable",
     "Task",
     "TaskFailed",
+    "TenantLimits",
     "UnknownTask",
+    "load_lanes",
 ]

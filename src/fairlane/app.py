@@ -1,8 +1,8 @@
 """``App``: the object users create, register tasks on, and connect with.
 
-An app is a name (its keys live under ``{fl:<name>}``), a registry of tasks and
-cron entries, and -- inside ``async with app`` -- a connection to the server and
-a listener that wakes producers waiting on results.
+An app is a name (its keys live under ``{fl:<name>}``), a registry of tasks, cron
+entries and lanes' class tables, and -- inside ``async with app`` -- a connection to
+the server and a listener that wakes producers waiting on results.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ParamSpec, Protocol, TypeVar, overload
@@ -21,7 +21,9 @@ from redis.asyncio.client import PubSub
 
 from fairlane.config import Settings, load_settings
 from fairlane.errors import JobNotFound, UnknownTask
+from fairlane.lanes import LaneClasses, LaneTables, check_limits, load_lanes
 from fairlane.policy.backoff import Backoff
+from fairlane.policy.classes import ClassTable
 from fairlane.policy.retention import Retention
 from fairlane.runtime.worker import Worker
 from fairlane.store.keys import namespace
@@ -37,7 +39,17 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 RESERVED_PARAMETERS = frozenset(
-    {"tenant", "delay", "at", "deadline", "idempotency_key", "priority"}
+    {
+        "tenant",
+        "delay",
+        "at",
+        "deadline",
+        "idempotency_key",
+        "priority",
+        "service_class",
+        "slots",
+        "limits",
+    }
 )
 _DEFAULTS: dict[str, Any] = {
     "attempts": 3,
@@ -46,6 +58,9 @@ _DEFAULTS: dict[str, Any] = {
     "retention": Retention(),
     "executor": "async",
     "retry_on": (Exception,),
+    "service_class": "standard",
+    "slots": 1,
+    "limits": None,
 }
 _UNSET: Any = object()
 
@@ -85,6 +100,7 @@ class App:
         redis_url: str | None = None,
         settings: Settings | None = None,
         project_dir: Path | str | None = None,
+        lanes: Mapping[str, LaneClasses] | None = None,
     ) -> None:
         namespace(name)  # validates the name
         self.name = name
@@ -92,6 +108,13 @@ class App:
         self.redis_url = redis_url
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.crons: dict[str, CronEntry] = {}
+        self.lane_tables = LaneTables()
+        if self.settings.lanes_file is not None:
+            path = self.settings.lanes_file
+            for lane, table in load_lanes(path).items():
+                self.lane_tables.declare(lane, table, source=f"lanes_file {path}")
+        for lane, classes in (lanes or {}).items():
+            self.lane_tables.declare(lane, classes, source="App(lanes=...)")
         self.tenants = Tenants(self)
         self._store: Store | None = None
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
@@ -104,6 +127,33 @@ class App:
         return f"App({self.name!r})"
 
     # -- declaring -------------------------------------------------------------------
+
+    def lane(self, name: str, *, classes: LaneClasses) -> ClassTable:
+        """Declare a lane's service classes (a lane not declared uses ``DEFAULT_CLASSES``)."""
+        table = self.lane_tables.declare(name, classes, source="app.lane()")
+        try:
+            for task in self.tasks.values():
+                if task.options.lane == name:
+                    self._check_class(task.options)
+        except ValueError:
+            self.lane_tables.forget(name)  # a refused declaration leaves nothing behind
+            raise
+        return table
+
+    @property
+    def lanes(self) -> dict[str, ClassTable]:
+        """The lanes declared on this app, with their class tables."""
+        return dict(self.lane_tables.items())
+
+    def lane_classes(self, lane: str) -> ClassTable:
+        """The class table jobs of ``lane`` are dispatched by: as declared, else the default."""
+        return self.lane_tables.table(lane)
+
+    def _check_class(self, options: TaskOptions) -> None:
+        try:
+            self.lane_tables.check_class(options.lane, options.service_class)
+        except ValueError as exc:
+            raise ValueError(f"task {options.name}: {exc}") from None
 
     @overload
     def task(self, fn: Callable[P, Awaitable[R]], /) -> Task[P, R]: ...
@@ -122,6 +172,9 @@ class App:
         retention: Retention = ...,
         executor: Executor = ...,
         retry_on: Sequence[type[BaseException]] = ...,
+        service_class: str = ...,
+        slots: int = ...,
+        limits: Mapping[str, int] | None = ...,
     ) -> TaskDecorator: ...
 
     def task(
@@ -137,8 +190,15 @@ class App:
         retention: Any = _UNSET,
         executor: Any = _UNSET,
         retry_on: Any = _UNSET,
+        service_class: Any = _UNSET,
+        slots: Any = _UNSET,
+        limits: Any = _UNSET,
     ) -> Any:
-        """Register a function as a task. Every option left out is marked as a default."""
+        """Register a function as a task. Every option left out is marked as a default.
+
+        ``service_class``, ``slots`` and ``limits`` are the defaults of the task's jobs;
+        each enqueue may change them.
+        """
         given: dict[str, Any] = {
             "attempts": attempts,
             "backoff": backoff,
@@ -146,6 +206,9 @@ class App:
             "retention": retention,
             "executor": executor,
             "retry_on": retry_on,
+            "service_class": service_class,
+            "slots": slots,
+            "limits": limits,
         }
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -153,8 +216,13 @@ class App:
             values = {k: (_DEFAULTS[k] if v is _UNSET else v) for k, v in given.items()}
             if lane is None:
                 defaults.add("lane")
+            task_name = name or f"{func.__module__}.{func.__qualname__}"
+            try:
+                task_limits = check_limits(values["limits"])
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"task {task_name}: {exc}") from None
             options = TaskOptions(
-                name=name or f"{func.__module__}.{func.__qualname__}",
+                name=task_name,
                 lane=lane or self.settings.default_lane,
                 attempts=values["attempts"],
                 backoff=values["backoff"],
@@ -162,8 +230,14 @@ class App:
                 retention=values["retention"],
                 executor=values["executor"],
                 retry_on=tuple(values["retry_on"]),
+                service_class=values["service_class"],
+                slots=values["slots"],
+                limits=task_limits,
                 defaults=frozenset(defaults),
             )
+            # a lane declared later is checked by `lane()`; an undeclared one at connect
+            if self.lane_tables.is_declared(options.lane):
+                self._check_class(options)
             return self._register(func, options)
 
         return register(fn) if fn is not None else register
@@ -198,6 +272,9 @@ class App:
         attempts: int = 1,
         timeout: float | None = _UNSET,
         executor: Executor = _UNSET,
+        service_class: str = _UNSET,
+        slots: int = _UNSET,
+        limits: Mapping[str, int] | None = _UNSET,
     ) -> Callable[[Callable[[], Any]], Task[[], Any]]:
         """Run a no-argument function once per tick of ``schedule`` (5-field cron, UTC)."""
 
@@ -214,6 +291,9 @@ class App:
                 attempts=attempts,
                 timeout=timeout,
                 executor=executor,
+                service_class=service_class,
+                slots=slots,
+                limits=limits,
                 # a tick's job is kept (and so deduplicated) for a day
                 retention=Retention(completed="1d", failed="7d"),
             )(func)
@@ -255,12 +335,14 @@ class App:
     async def connect(self) -> None:
         if self._store is not None:
             return
+        self.check_lanes()
         url = await asyncio.to_thread(self.resolve_url)
         store = Store.from_url(url, self.name)
         try:
             await store.connect()
             self._store = store
             await self.declare_tasks()
+            await self.declare_lanes()
         except BaseException:
             self._store = None
             await store.aclose()
@@ -273,6 +355,16 @@ class App:
         for task in self.tasks.values():
             keep = task.options.retention
             await self.store.declare_task(task.name, keep.completed.encode(), keep.failed.encode())
+
+    def check_lanes(self) -> None:
+        """Raise ``ValueError`` if a task's service class is not in its lane's table."""
+        for task in self.tasks.values():
+            self._check_class(task.options)
+
+    async def declare_lanes(self) -> None:
+        """Record each declared lane's class table on the server, where dispatch reads it."""
+        for lane, table in self.lane_tables.items():
+            await self.store.declare_lane(lane, table)
 
     async def aclose(self) -> None:
         if self._listener is not None:

@@ -93,7 +93,11 @@ class WorkerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    concurrency: int = Field(default=50, ge=1, description="Most jobs a worker runs at once.")
+    concurrency: int = Field(
+        default=50,
+        ge=1,
+        description="A worker's slots: jobs it runs at once, a job of slots=N taking N.",
+    )
     lanes: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["default"],
         min_length=1,
@@ -184,9 +188,22 @@ class Settings(BaseSettings):
     default_lane: str = Field(
         default="default", min_length=1, description="Lane of jobs that name none."
     )
+    lanes_file: Path | None = Field(
+        default=None,
+        description="TOML file of lanes' service classes ([[lanes.<name>.classes]]); "
+        "relative to the project directory.",
+    )
     lease: LeaseSettings = Field(default_factory=LeaseSettings, description="Job leases.")
     worker: WorkerSettings = Field(default_factory=WorkerSettings, description="Workers.")
     server: ServerSettings = Field(default_factory=ServerSettings, description="Dev server.")
+
+    @field_validator("lanes_file")
+    @classmethod
+    def _anchor_lanes_file(cls, value: Path | None) -> Path | None:
+        """A relative path is the project's, wherever the process was started."""
+        if value is None or value.is_absolute():
+            return value
+        return _current_context().project_dir / value
 
     @classmethod
     def settings_customise_sources(

@@ -10,13 +10,23 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypedDict, TypeVar, Unpack
 
+import msgspec
+
 from fairlane.codec import ArgsCodec, PayloadTooLarge, decode_error
 from fairlane.errors import JobCancelled, JobExpired, JobNotFound, TaskFailed
+from fairlane.lanes import (
+    DEFAULT_CLASS,
+    check_lane,
+    check_limits,
+    check_service_class,
+    check_slots,
+    merge_limits,
+)
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.store.redis import NewJob
@@ -47,9 +57,20 @@ class TaskOptions:
     retention: Retention
     executor: Executor
     retry_on: tuple[type[BaseException], ...]
+    service_class: str = DEFAULT_CLASS
+    slots: int = 1
+    limits: tuple[tuple[str, int], ...] = ()
+    """Throttle keys and limits every job of the task names, sorted by key."""
     defaults: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
+        try:
+            check_lane(self.lane)
+            check_service_class(self.service_class)
+            check_slots(self.slots)
+            check_limits(dict(self.limits))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"task {self.name}: {exc}") from None
         if self.attempts < 1:
             raise ValueError(f"task {self.name}: attempts must be >= 1, got {self.attempts}")
         if self.timeout is not None and self.timeout <= 0:
@@ -115,6 +136,35 @@ class _Placement:
 
 
 @dataclass(frozen=True, slots=True)
+class _Demand:
+    """What jobs ask of their lane: a service class, a width in slots, throttle limits."""
+
+    service_class: str
+    slots: int
+    limits: list[tuple[str, int]]
+
+    @classmethod
+    def of(
+        cls,
+        task: Task[Any, Any],
+        service_class: str | None,
+        slots: int | None,
+        limits: Mapping[str, int] | None,
+    ) -> _Demand:
+        options = task.options
+        name = (
+            options.service_class if service_class is None else check_service_class(service_class)
+        )
+        # checked here, not only by the store: a refused job must leave nothing behind
+        task.app.lane_tables.check_class(options.lane, name)
+        return cls(
+            service_class=name,
+            slots=options.slots if slots is None else check_slots(slots),
+            limits=list(merge_limits(options.limits, check_limits(limits))),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class JobInfo:
     """A snapshot of a job's record."""
 
@@ -127,6 +177,21 @@ class JobInfo:
     enqueued_at: datetime | None
     finished_at: datetime | None
     error: str | None
+    service_class: str = DEFAULT_CLASS
+    slots: int = 1
+    limits: dict[str, int] = field(default_factory=dict)
+
+
+_LIMITS = msgspec.msgpack.Decoder(list[tuple[str, int]])
+
+
+def _limits(raw: bytes | None) -> dict[str, int]:
+    if not raw:
+        return {}
+    try:
+        return dict(_LIMITS.decode(raw))
+    except msgspec.DecodeError:
+        return {}  # a record is shown as it is; a malformed field hides nothing else
 
 
 def _when(raw: bytes | None) -> datetime | None:
@@ -168,6 +233,9 @@ class Job(Generic[R]):
             enqueued_at=_when(rec.get("enq")),
             finished_at=_when(rec.get("fin")),
             error=decode_error(err).message if err else None,
+            service_class=rec.get("cls", DEFAULT_CLASS.encode()).decode(),
+            slots=int(rec.get("sl", 1)),
+            limits=_limits(rec.get("lim")),
         )
 
     async def cancel(self) -> str:
@@ -227,9 +295,16 @@ class Task(Generic[P, R]):
         deadline: datetime | Seconds | None = None,
         idempotency_key: str | None = None,
         priority: int = 0,
+        service_class: str | None = None,
+        slots: int | None = None,
+        limits: Mapping[str, int] | None = None,
         **kwargs: Any,
     ) -> Job[R]:
-        """Enqueue one call. Arguments are checked against the signature here, at the call site."""
+        """Enqueue one call. Arguments are checked against the signature here, at the call site.
+
+        ``service_class`` and ``slots`` replace the task's; ``limits`` are added to the
+        task's (a key named by both takes this call's limit).
+        """
         blob = self.encode_args(args, kwargs)
         job = self.new_job(
             blob,
@@ -239,6 +314,9 @@ class Task(Generic[P, R]):
             deadline=deadline,
             idempotency_key=idempotency_key,
             priority=priority,
+            service_class=service_class,
+            slots=slots,
+            limits=limits,
         )
         (handle,) = await self._store([job])
         return handle
@@ -252,10 +330,17 @@ class Task(Generic[P, R]):
         at: datetime | None = None,
         deadline: datetime | Seconds | None = None,
         priority: int = 0,
+        service_class: str | None = None,
+        slots: int | None = None,
+        limits: Mapping[str, int] | None = None,
     ) -> list[Job[R]]:
-        """Enqueue many calls (each a tuple of positional arguments) in one round trip."""
+        """Enqueue many calls (each a tuple of positional arguments) in one round trip.
+
+        Every call is checked before anything is sent: one bad call stores no job.
+        """
         when = _Placement.of(tenant, delay, at, deadline, priority)
-        jobs = [self._job(self.encode_args(tuple(call), {}), when, "") for call in calls]
+        demand = _Demand.of(self, service_class, slots, limits)
+        jobs = [self._job(self.encode_args(tuple(call), {}), when, demand, "") for call in calls]
         return await self._store(jobs) if jobs else []
 
     def encode_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
@@ -278,11 +363,15 @@ class Task(Generic[P, R]):
         deadline: datetime | Seconds | None,
         idempotency_key: str | None,
         priority: int,
+        service_class: str | None = None,
+        slots: int | None = None,
+        limits: Mapping[str, int] | None = None,
     ) -> NewJob:
         when = _Placement.of(tenant, delay, at, deadline, priority)
-        return self._job(blob, when, idempotency_key or "")
+        demand = _Demand.of(self, service_class, slots, limits)
+        return self._job(blob, when, demand, idempotency_key or "")
 
-    def _job(self, blob: bytes, when: _Placement, idempotency_key: str) -> NewJob:
+    def _job(self, blob: bytes, when: _Placement, demand: _Demand, idempotency_key: str) -> NewJob:
         return NewJob(
             new_job_id(),
             when.tenant,
@@ -298,6 +387,9 @@ class Task(Generic[P, R]):
             when.delay_ms,
             when.at_ms,
             when.deadline,
+            service_class=demand.service_class,
+            slots=demand.slots,
+            limits=demand.limits,
         )
 
     async def _store(self, jobs: list[NewJob]) -> list[Job[R]]:
@@ -333,6 +425,9 @@ class EnqueueOptions(TypedDict, total=False):
     deadline: datetime | Seconds | None
     idempotency_key: str | None
     priority: int
+    service_class: str | None
+    slots: int | None
+    limits: Mapping[str, int] | None
 
 
 class BoundCall(Generic[R]):

@@ -1,28 +1,70 @@
 """Tenants' run-time settings, kept in the server so every worker sees a change at once.
 
-Today a tenant has one setting, its fair-share weight: inside a lane, tenants with
-waiting work share dispatches in proportion to their weights (start-time fair
-queuing; see ``fairlane.policy.fairqueue``). A change applies from the tenant's next
-dispatch, with no redeploy and no restart.
+A tenant has a fair-share weight -- inside a lane, tenants with waiting work share
+dispatches in proportion to their weights (start-time fair queuing; see
+``fairlane.policy.fairqueue``) -- and concurrency settings: a floor it always gets, a
+hard cap, and burst room on top of what it earns (``fairlane.policy.ceilings``). A
+change applies from the tenant's next dispatch, with no redeploy and no restart.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
+
+from fairlane.policy.ceilings import TenantLimits
 
 if TYPE_CHECKING:
     from fairlane.app import App
 
-__all__ = ["MAX_WEIGHT", "Tenants"]
+__all__ = ["MAX_WEIGHT", "TenantSetting", "Tenants"]
 
 #: Weights are relative; a bound keeps a typo from starving everyone else for good.
 MAX_WEIGHT = 1_000_000.0
+#: Counts travel through Lua numbers and msgpack; this keeps them exact.
+_MAX_COUNT = 2**31 - 1
+_MAX_BURST_PCT = 1000.0
+
+TenantSetting = Literal["weight", "floor", "max_concurrency", "burst_floor", "burst_pct"]
+_LIMIT_FIELDS: tuple[TenantSetting, ...] = ("floor", "max_concurrency", "burst_floor", "burst_pct")
+_DEFAULT_LIMITS = TenantLimits()
 
 
 def _check_tenant(tenant: str) -> None:
     if not isinstance(tenant, str) or not tenant or len(tenant) > 200:
         raise ValueError(f"tenant must be a non-empty string of at most 200 characters: {tenant!r}")
+
+
+def _check_weight(weight: float) -> float:
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        raise TypeError(f"weight must be a number, got {weight!r}")
+    if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+        raise ValueError(f"weight must be > 0 and at most {MAX_WEIGHT:g}, got {weight!r}")
+    return float(weight)
+
+
+def _check_count(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if not 0 <= value <= _MAX_COUNT:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def _check_pct(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"burst_pct must be a number, got {value!r}")
+    if not (math.isfinite(value) and 0 <= value <= _MAX_BURST_PCT):
+        raise ValueError(
+            f"burst_pct must be >= 0 and at most {_MAX_BURST_PCT:g} (a fraction: 0.5 is 50%), "
+            f"got {value!r}"
+        )
+    return float(value)
+
+
+def _is_default(limits: TenantLimits) -> bool:
+    return all(getattr(limits, f) == getattr(_DEFAULT_LIMITS, f) for f in _LIMIT_FIELDS)
 
 
 class Tenants:
@@ -31,23 +73,76 @@ class Tenants:
     def __init__(self, app: App) -> None:
         self._app = app
 
-    async def configure(self, tenant: str, *, weight: float | None = None) -> None:
-        """Change a tenant's settings; those left as None stay as they are."""
-        _check_tenant(tenant)
-        if weight is None:
-            return
-        if isinstance(weight, bool) or not isinstance(weight, int | float):
-            raise TypeError(f"weight must be a number, got {weight!r}")
-        if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
-            raise ValueError(f"weight must be > 0 and at most {MAX_WEIGHT:g}, got {weight!r}")
-        await self._app.store.configure_tenant(tenant, float(weight))
+    async def configure(
+        self,
+        tenant: str,
+        *,
+        weight: float | None = None,
+        floor: int | None = None,
+        max_concurrency: int | None = None,
+        burst_floor: int | None = None,
+        burst_pct: float | None = None,
+    ) -> None:
+        """Change a tenant's settings; those left as None stay as they are.
 
-    async def reset(self, tenant: str) -> None:
-        """Put a tenant back on the defaults (weight 1)."""
+        Every value is checked before anything is written. To lift a setting (the cap
+        included) use ``reset(tenant, "max_concurrency")``.
+        """
         _check_tenant(tenant)
-        await self._app.store.configure_tenant(tenant, None)
+        given: dict[str, int | float] = {}
+        if floor is not None:
+            given["floor"] = _check_count("floor", floor)
+        if max_concurrency is not None:
+            given["max_concurrency"] = _check_count("max_concurrency", max_concurrency)
+        if burst_floor is not None:
+            given["burst_floor"] = _check_count("burst_floor", burst_floor)
+        if burst_pct is not None:
+            given["burst_pct"] = _check_pct(burst_pct)
+        new_weight = None if weight is None else _check_weight(weight)
+        limits = None
+        if given:
+            # the store keeps whole settings: merge so that setting one keeps the others
+            current = await self._app.store.tenant_limits(tenant) or _DEFAULT_LIMITS
+            limits = dataclasses.replace(current, **given)  # type: ignore[arg-type]
+        if new_weight is not None:
+            await self._app.store.configure_tenant(tenant, new_weight)
+        if limits is not None:
+            await self._app.store.configure_tenant_limits(tenant, limits)
+
+    async def reset(self, tenant: str, *settings: TenantSetting) -> None:
+        """Put a tenant's settings back on the defaults: those named, or all of them.
+
+        Defaults: weight 1, floor 1, no cap, no burst room.
+        """
+        _check_tenant(tenant)
+        unknown = sorted(set(settings) - {"weight", *_LIMIT_FIELDS})
+        if unknown:
+            raise ValueError(
+                f"unknown tenant settings {unknown}; they are weight, {', '.join(_LIMIT_FIELDS)}"
+            )
+        names = set(settings) or {"weight", *_LIMIT_FIELDS}
+        store = self._app.store
+        limits: TenantLimits | None = None
+        clear_limits = names >= set(_LIMIT_FIELDS)
+        if not clear_limits and names & set(_LIMIT_FIELDS):
+            current = await store.tenant_limits(tenant)
+            if current is not None:
+                back = {name: getattr(_DEFAULT_LIMITS, name) for name in names - {"weight"}}
+                limits = dataclasses.replace(current, **back)
+                clear_limits = _is_default(limits)
+        if "weight" in names:
+            await store.configure_tenant(tenant, None)
+        if clear_limits:
+            await store.configure_tenant_limits(tenant, None)
+        elif limits is not None:
+            await store.configure_tenant_limits(tenant, limits)
 
     async def weight(self, tenant: str) -> float:
         """The tenant's current weight (1 unless configured)."""
         _check_tenant(tenant)
         return await self._app.store.tenant_weight(tenant)
+
+    async def limits(self, tenant: str) -> TenantLimits | None:
+        """The tenant's concurrency settings, or None when it has none (the defaults apply)."""
+        _check_tenant(tenant)
+        return await self._app.store.tenant_limits(tenant)

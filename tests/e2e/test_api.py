@@ -18,18 +18,23 @@ import msgspec
 import pytest
 
 from fairlane import (
+    DEFAULT_CLASSES,
     App,
     Backoff,
+    ClassTable,
     Job,
     JobCancelled,
     JobExpired,
     JobNotFound,
+    ServiceClass,
     StoreUnavailable,
     TaskFailed,
+    TenantLimits,
     UnknownTask,
 )
 from fairlane.codec import PayloadTooLarge
 from fairlane.store.keys import JOB_FIELDS
+from fairlane.store.library import encode_classes
 from tests.e2e import helpers
 from tests.e2e.helpers import WAIT, app_keys, make_app, running_worker
 
@@ -948,3 +953,187 @@ async def test_bad_tenant_settings_are_refused(redis_url: str, namespace: str) -
         with pytest.raises(ValueError, match="tenant"):
             await app.tenants.configure("", weight=2)
         assert await app.tenants.weight("acme") == 1.0
+
+
+async def test_tenant_concurrency_settings_round_trip(redis_url: str, namespace: str) -> None:
+    app = make_app(namespace, redis_url)
+    async with app:
+        assert await app.tenants.limits("acme") is None
+        await app.tenants.configure("acme", floor=2, max_concurrency=10)
+        assert await app.tenants.limits("acme") == TenantLimits(floor=2, max_concurrency=10)
+        # one setting at a time keeps the others; the weight is separate
+        await app.tenants.configure("acme", burst_pct=0.5, weight=4)
+        await app.tenants.configure("acme", burst_floor=3)
+        expected = TenantLimits(floor=2, max_concurrency=10, burst_floor=3, burst_pct=0.5)
+        assert await app.tenants.limits("acme") == expected
+        assert await app.tenants.weight("acme") == 4.0
+        # nothing is written when any value is refused
+        with pytest.raises(ValueError, match="below the floor"):
+            await app.tenants.configure("acme", max_concurrency=1, weight=9)
+        with pytest.raises(TypeError, match="floor must be an int"):
+            await app.tenants.configure("acme", floor=True)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="max_concurrency must be an int"):
+            await app.tenants.configure("acme", max_concurrency=2.5)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="burst_floor must be >= 0"):
+            await app.tenants.configure("acme", burst_floor=-1)
+        for pct in (-0.1, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="burst_pct"):
+                await app.tenants.configure("acme", burst_pct=pct)
+        with pytest.raises(TypeError, match="burst_pct must be a number"):
+            await app.tenants.configure("acme", burst_pct=False)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="unknown tenant settings"):
+            await app.tenants.reset("acme", "cap")  # type: ignore[arg-type]
+        assert await app.tenants.limits("acme") == expected
+        assert await app.tenants.weight("acme") == 4.0
+        # reset lifts the named settings, or all of them
+        await app.tenants.reset("acme", "max_concurrency", "burst_floor")
+        assert await app.tenants.limits("acme") == TenantLimits(floor=2, burst_pct=0.5)
+        assert await app.tenants.weight("acme") == 4.0
+        await app.tenants.reset("acme", "floor", "burst_pct")  # all back to the defaults
+        assert await app.tenants.limits("acme") is None
+        await app.tenants.configure("acme", max_concurrency=5, weight=2)
+        await app.tenants.reset("acme")
+        assert await app.tenants.limits("acme") is None
+        assert await app.tenants.weight("acme") == 1.0
+
+
+# -- lanes, classes, slots and limits -------------------------------------------------------------
+
+
+async def _declared_table(app: App, lane: str) -> bytes | None:
+    raw: bytes | None = await app.store.client.hget(app.store.keys.lane(lane).state, "table")
+    return raw
+
+
+async def test_lanes_are_declared_when_the_app_connects_and_the_worker_starts(
+    redis_url: str, namespace: str
+) -> None:
+    gpu = ClassTable([ServiceClass("train", nominal_share=0.5), ServiceClass("bulk", batch=True)])
+    app = App(namespace, redis_url=redis_url, settings=helpers.fast_settings(), lanes={"gpu": gpu})
+    async with app:
+        assert await _declared_table(app, "gpu") == encode_classes(gpu).encode()
+        assert await _declared_table(app, "default") is None  # undeclared: the defaults
+        late = [ServiceClass("only", nominal_share=1.0)]
+        app.lane("late", classes=late)
+        assert await _declared_table(app, "late") is None
+        async with running_worker(app, lanes=["late"]):
+            await helpers.eventually(
+                lambda: _is_declared(app, "late", encode_classes(late).encode())
+            )
+
+
+async def _is_declared(app: App, lane: str, table: bytes) -> bool:
+    return await _declared_table(app, lane) == table
+
+
+async def test_enqueue_carries_class_slots_and_limits(redis_url: str, namespace: str) -> None:
+    app = make_app(namespace, redis_url)
+    app.lane("gpu", classes=[ServiceClass("train", nominal_share=0.5), *DEFAULT_CLASSES[1:]])
+
+    @app.task(lane="gpu", service_class="train", slots=2, limits={"model:big": 8})
+    async def fit(n: int, *, tag: str = "") -> int:
+        return n
+
+    async with app:
+        job = await fit.enqueue(1)
+        info = await job.info()
+        assert (info.service_class, info.slots, info.limits) == ("train", 2, {"model:big": 8})
+        # a call's class and slots replace the task's; its limits add to the task's
+        job = await fit.enqueue(
+            2, service_class="batch", slots=1, limits={"doc:884": 4, "model:big": 2}
+        )
+        info = await job.info()
+        assert (info.service_class, info.slots) == ("batch", 1)
+        assert info.limits == {"doc:884": 4, "model:big": 2}
+        job = await fit.bind(3, tag="x").enqueue(service_class="standard", limits={"u:1": 1})
+        info = await job.info()
+        assert (info.service_class, info.slots) == ("standard", 2)
+        assert info.limits == {"model:big": 8, "u:1": 1}
+        job = await app.enqueue(fit.name, 4, slots=3)
+        assert (await job.info()).slots == 3
+        jobs = await fit.enqueue_many([(5,), (6,)], service_class="batch", limits={"d:1": 0})
+        for job in jobs:
+            info = await job.info()
+            assert (info.service_class, info.slots) == ("batch", 2)
+            assert info.limits == {"d:1": 0, "model:big": 8}
+
+
+async def test_bad_class_slots_and_limits_are_refused_and_store_nothing(
+    redis_url: str, namespace: str
+) -> None:
+    app = make_app(namespace, redis_url)
+    app.lane("gpu", classes=[ServiceClass("train", nominal_share=1.0)])
+
+    @app.task(lane="gpu", service_class="train")
+    async def fit(n: int) -> int:
+        return n
+
+    @app.task
+    async def plain(n: int) -> int:
+        return n
+
+    async with app:
+        before = await app_keys(redis_url, namespace)
+        with pytest.raises(ValueError, match=r"lane 'gpu' has no service class 'batch'.*train"):
+            await fit.enqueue(1, service_class="batch")
+        with pytest.raises(ValueError, match="default classes are guaranteed, standard, batch"):
+            await plain.enqueue(1, service_class="gold")
+        with pytest.raises(TypeError, match="service_class"):
+            await plain.enqueue(1, service_class="")
+        for slots in (0, -2):
+            with pytest.raises(ValueError, match="slots"):
+                await plain.enqueue(1, slots=slots)
+        for wrong in (True, 1.5, "2"):
+            with pytest.raises(TypeError, match="slots must be an int"):
+                await plain.enqueue(1, slots=wrong)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="reserved for tenants"):
+            await plain.enqueue(1, limits={"tenant:acme": 3})
+        with pytest.raises(ValueError, match="at most 16"):
+            await plain.enqueue(1, limits={f"k{i}": 1 for i in range(17)})
+        with pytest.raises(ValueError, match="newlines"):
+            await plain.enqueue(1, limits={"a\nb": 1})
+        with pytest.raises(ValueError, match=">= 0"):
+            await plain.enqueue(1, limits={"doc:1": -1})
+        with pytest.raises(TypeError, match="must be an int"):
+            await plain.enqueue(1, limits={"doc:1": False})
+        with pytest.raises(ValueError, match="has no service class"):
+            await fit.bind(1).enqueue(service_class="standard")
+        with pytest.raises(ValueError, match="has no service class"):
+            await app.enqueue(fit.name, 1, service_class="standard")
+        with pytest.raises(ValueError, match="has no service class"):
+            await fit.enqueue_many([(1,), (2,)], service_class="standard")
+        with pytest.raises(ValueError, match="reserved"):
+            await plain.enqueue_many([(1,), (2,)], limits={"tenant:x": 1})
+        assert await app_keys(redis_url, namespace) == before
+
+
+async def test_a_worker_counts_slots_not_jobs(redis_url: str, namespace: str) -> None:
+    app = make_app(namespace, redis_url)
+    app.lane("wide", classes=[ServiceClass("all", nominal_share=1.0)])
+    running: set[int] = set()
+    peak = 0
+    gate = asyncio.Event()
+
+    @app.task(lane="wide", service_class="all", slots=2)
+    async def hold(n: int) -> int:
+        nonlocal peak
+        running.add(n)
+        peak = max(peak, len(running))
+        await gate.wait()
+        running.discard(n)
+        return n
+
+    async def two_running() -> bool:
+        return len(running) == 2
+
+    async with app, running_worker(app, lanes=["wide"], concurrency=4) as worker:
+        jobs = await hold.enqueue_many([(n,) for n in range(3)])
+        await helpers.eventually(two_running)
+        await asyncio.sleep(0.3)  # the third would have started by now if it fitted
+        assert running == {0, 1} and worker.statistics().slots_in_use == 4
+        gate.set()
+        assert [await j.result(timeout=WAIT) for j in jobs] == [0, 1, 2]
+        assert peak == 2
+        # a job as wide as the worker runs too
+        assert await (await hold.enqueue(9, slots=4)).result(timeout=WAIT) == 9
+        assert worker.statistics().slots_in_use == 0

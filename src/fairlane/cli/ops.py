@@ -1,4 +1,4 @@
-"""Operating an app: ``purge``, ``inspect tasks``, ``dead list|redrive``, ``job status|cancel``."""
+"""Operating an app: ``purge``, ``inspect tasks|lanes``, ``dead list|redrive``, ``job ...``."""
 
 from __future__ import annotations
 
@@ -91,6 +91,10 @@ def _keep(keep: Keep) -> str:
     return ", ".join(parts) if parts else "forever"
 
 
+def _limits(limits: tuple[tuple[str, int], ...], default: bool) -> Text:
+    return _cell(", ".join(f"{key} <= {limit}" for key, limit in limits) or "none", default)
+
+
 def _cell(value: str, default: bool) -> Text:
     if default:
         return Text(f"{value} (default)", style="dim")
@@ -104,9 +108,14 @@ def inspect_tasks(app_spec: AppSpec) -> None:
     concurrency = app.settings.worker.concurrency
     concurrency_default = concurrency == WorkerSettings.model_fields["concurrency"].default
     table = Table(title=f"tasks of app {app.name!r}", title_justify="left")
+    # throttle limits are rare: their column is shown only when a task names some
+    show_limits = any(task.options.limits for task in app.tasks.values())
     for column in (
         "name",
         "lane",
+        "class",
+        "slots",
+        *(["limits"] if show_limits else []),
         "executor",
         "attempts",
         "backoff",
@@ -123,6 +132,9 @@ def inspect_tasks(app_spec: AppSpec) -> None:
         table.add_row(
             Text(name),
             _cell(options.lane, "lane" in defaults),
+            _cell(options.service_class, "service_class" in defaults),
+            _cell(str(options.slots), "slots" in defaults),
+            *([_limits(options.limits, "limits" in defaults)] if show_limits else []),
             _cell(options.executor, "executor" in defaults),
             _cell(str(options.attempts), "attempts" in defaults),
             _cell(
@@ -145,6 +157,34 @@ def inspect_tasks(app_spec: AppSpec) -> None:
         out.print(f"app {app.name!r} has no tasks")
     if app.crons:
         _print_crons(app)
+
+
+@inspect_app.command("lanes")
+def inspect_lanes(app_spec: AppSpec) -> None:
+    """The service classes of every lane the app declares or its tasks use."""
+    app = load_app(app_spec)
+    lanes = list(dict.fromkeys([*app.lanes, *(t.options.lane for t in app.tasks.values())]))
+    table = Table(title=f"lanes of app {app.name!r}", title_justify="left")
+    for column in ("lane", "class", "share", "min slots", "lendable", "borrowable", "batch"):
+        table.add_column(column, overflow="fold")
+    for lane in sorted(lanes):
+        default = lane not in app.lanes
+        for cls in app.lane_classes(lane):
+            borrowable = "up to C" if cls.borrowable is None else f"{cls.borrowable:g}"
+            table.add_row(
+                _cell(lane, default),
+                Text(cls.name),
+                Text(f"{cls.nominal_share:g}"),
+                Text(str(cls.min_slots)),
+                Text(f"{cls.lendable:g}"),
+                Text(borrowable),
+                Text("yes" if cls.batch else "no"),
+            )
+    out = console()
+    if lanes:
+        out.print(table)
+    else:
+        out.print(f"app {app.name!r} declares no lanes and has no tasks")
 
 
 def _print_crons(app: App) -> None:

@@ -55,7 +55,8 @@ def worker(
         int | None,
         typer.Option(
             min=1,
-            help="Most jobs run at once (default: the worker.concurrency setting, 50).",
+            help="Worker slots: jobs run at once, a job declared with slots=N taking N "
+            "(default: the worker.concurrency setting, 50).",
             show_default=False,
         ),
     ] = None,

@@ -1,7 +1,10 @@
 """The worker: slots, the fetch loop, and settling finished attempts in batches.
 
-One worker process serves the lanes it was started with, running up to
-``concurrency`` attempts at once. The hot path costs one server call per batch:
+One worker process serves the lanes it was started with. Its ``concurrency`` is its
+number of slots: a running job occupies ``job.slots`` of them (one unless it asked for
+more), and the worker leases only what fits in its free slots. The same number is the
+worker's contribution to each lane's capacity, which the server's class policy shares
+out. The hot path costs one server call per batch:
 ``exchange`` settles the attempts that finished since the last call and leases the
 next batch of jobs in one atomic step. When there is no work the worker blocks on
 the server (BLPOP on its lanes' wake lists) instead of polling; the enqueue script
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fairlane.codec import encode_error
+from fairlane.lanes import check_lane
 from fairlane.runtime.cron import cron_loop
 from fairlane.runtime.executors import ProcessExecutor, ThreadExecutor
 from fairlane.runtime.health import HealthServer, LoopMonitor
@@ -52,6 +56,7 @@ class WorkerStats:
     fenced: int
     fetch_calls: int
     ack_calls: int
+    slots_in_use: int = 0
 
 
 @dataclass(slots=True)
@@ -76,6 +81,8 @@ class Worker:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if not lanes:
             raise ValueError("a worker needs at least one lane")
+        for lane in lanes:
+            check_lane(lane)
         settings = app.settings
         self.app = app
         self.lanes = list(dict.fromkeys(lanes))
@@ -88,6 +95,8 @@ class Worker:
         self.health_port = health_port
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self._running: dict[str, _Running] = {}
+        # slots held by running jobs; above `concurrency` only briefly, after inbox hand-offs
+        self._used = 0
         self._outcomes: list[Outcome] = []
         self._cancel_reasons: dict[str, str] = {}
         self._stopping = asyncio.Event()
@@ -119,6 +128,7 @@ class Worker:
             fenced=self._fenced,
             fetch_calls=self._fetch_calls,
             ack_calls=self._ack_calls,
+            slots_in_use=self._used,
         )
 
     async def run(self, *, handle_signals: bool = False) -> None:
@@ -128,7 +138,7 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
         log.info(
-            "worker %s serving lanes %s of app %s (concurrency %d)",
+            "worker %s serving lanes %s of app %s (concurrency %d slots)",
             self.id,
             ",".join(self.lanes),
             self.app.name,
@@ -159,9 +169,11 @@ class Worker:
         self._runner = runner
         monitor = LoopMonitor(self.app.settings.worker.loop_block_threshold)
         store = self.app.store
-        # tasks registered after the app connected are declared too, so that sweeps
-        # trim every task's records by age
+        # tasks and lanes declared after the app connected are recorded too, so that
+        # sweeps trim every task's records by age and dispatch uses every lane's classes
+        self.app.check_lanes()
         await self.app.declare_tasks()
+        await self.app.declare_lanes()
         async with AsyncExitStack() as stack:
             if self.health_port is not None:
                 health = HealthServer(self.health_port, monitor)
@@ -197,19 +209,27 @@ class Worker:
     async def _fetch_loop(self, jobs: asyncio.TaskGroup) -> None:
         lease_ms = round(self.lease.duration * 1000)
         failures = 0
+        # Capped budgets (below) keep the worker and the server busy side by side, but a
+        # job wider than the cap would never be leased: the first call, and the first
+        # after each idle wait, ask for every free slot.
+        widen = True
         while not self._stopping.is_set():
-            free = self.concurrency - len(self._running)
-            if free <= 0:
+            free = self.concurrency - self._used
+            if free <= 0:  # below 0 after a hand-off wider than what was free
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
             outcomes, self._outcomes = self._outcomes, []
-            # Leasing at most half the slots per call keeps one batch running while the
-            # server prepares the next, so the worker and the server work side by side.
-            want = min(free, self.batch, max(1, self.concurrency // 2))
+            want = free if widen else self._budget(free)
             try:
                 fetched = await self.app.store.exchange(
-                    self.id, self.lanes, want, lease_ms, outcomes, idle_ms=self._idle_ms()
+                    self.id,
+                    self.lanes,
+                    want,
+                    lease_ms,
+                    outcomes,
+                    idle_ms=self._idle_ms(),
+                    slots=self.concurrency,
                 )
             except StoreUnavailable as exc:
                 self._outcomes[:0] = outcomes
@@ -219,24 +239,36 @@ class Worker:
                 await wait_or_stop(self._stopping, delay)
                 continue
             failures = 0
+            widen = False
             self._fetch_calls += 1
             self._count_settled(outcomes, fetched.ack_codes)
             self._start(jobs, fetched.jobs)
             if fetched.jobs:
                 continue
             if self.burst and not self._running and not self._outcomes:
+                if want < free:  # an empty reply to a capped ask says nothing of wider jobs
+                    widen = True
+                    continue
                 log.info("worker %s: no work left (burst)", self.id)
                 self._stopping.set()  # also ends the cron loop, which waits on it
                 return
             handed = await self._idle_wait(fetched.next_due_ms)
+            widen = True
             if handed is not None:
                 self._start(jobs, [handed])
         self._carrier_active = False
         self._flush_needed.set()
 
+    def _budget(self, free: int) -> int:
+        """How many slots to lease in the next call of a busy worker."""
+        # Leasing at most half the slots per call keeps one batch running while the
+        # server prepares the next, so the worker and the server work side by side.
+        return min(free, self.batch, max(1, self.concurrency // 2))
+
     def _start(self, jobs: asyncio.TaskGroup, fetched: Sequence[FetchedJob]) -> None:
         for job in fetched:
             self._running[job.id] = _Running(job, jobs.create_task(self._run_job(job)))
+            self._used += job.slots
         self._fetched += len(fetched)
 
     def _idle_ms(self) -> int:
@@ -295,7 +327,12 @@ class Worker:
         finally:
             if timer is not None:
                 timer.cancel()
-            self._running.pop(job.id, None)
+            # each attempt gives back what it took, even if a newer lease of the same job
+            # (lost, then leased to us again) has taken its entry meanwhile
+            self._used -= job.slots
+            running = self._running.get(job.id)
+            if running is not None and running.job is job:
+                del self._running[job.id]
             self._slot_freed.set()
         if outcome is not None:
             self._outcomes.append(outcome)

@@ -1,0 +1,310 @@
+"""Lanes as users declare them, and what one job asks of its lane.
+
+This module owns the lane side of the public API: the service-class table of each
+lane, declared in Python (``ClassTable`` / ``ServiceClass``) or read from a TOML file
+(``load_lanes``), and the checks of the per-job options that spend a lane's resources:
+the service class, the slot width and the throttle limits. It is pure -- no Redis, no
+asyncio; the rules by which classes share a lane are in ``fairlane.policy.classes``.
+
+A lane that is never declared uses ``DEFAULT_CLASSES`` (guaranteed, standard, batch).
+
+TOML layout (``load_lanes``; the ``lanes_file`` setting reads the same)::
+
+    [[lanes.heavy.classes]]
+    name = "interactive"
+    nominal_share = 0.7
+    min_slots = 2
+    lendable = 0.5
+
+    [[lanes.heavy.classes]]
+    name = "bulk"
+    batch = true
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import tomllib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from fairlane.config import ConfigError
+from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
+
+__all__ = [
+    "DEFAULT_CLASS",
+    "MAX_LIMIT_KEYS",
+    "MAX_LIMIT_KEY_LENGTH",
+    "RESERVED_LIMIT_PREFIX",
+    "LaneClasses",
+    "LaneTables",
+    "check_lane",
+    "check_limits",
+    "check_service_class",
+    "check_slots",
+    "class_table",
+    "load_lanes",
+    "merge_limits",
+    "parse_lanes",
+]
+
+LaneClasses = ClassTable | Iterable[ServiceClass]
+"""What a lane declaration accepts: a table, or its classes in rank tie-break order."""
+
+DEFAULT_CLASS = "standard"
+MAX_LIMIT_KEYS = 16
+MAX_LIMIT_KEY_LENGTH = 200
+#: ``tenant:<name>`` is the key of the tenant's own concurrency limit, set by
+#: ``app.tenants.configure``; a job naming it could raise or lower another's limit.
+RESERVED_LIMIT_PREFIX = "tenant:"
+#: Counts travel through Lua numbers and msgpack; this keeps them exact and encodable.
+_MAX_COUNT = 2**31 - 1
+_MAX_LANE_LENGTH = 100
+# a colon would make ``q:<lane>:<tenant>`` keys of two lanes collide
+_BAD_LANE_CHARS = "{}:| \t\n\r\0"
+_DEFAULT_TABLE = ClassTable(DEFAULT_CLASSES)
+_CLASS_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ServiceClass))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# -- lanes and their tables ------------------------------------------------------------------
+
+
+def check_lane(lane: object) -> str:
+    """A valid lane name, or ``ValueError``."""
+    if (
+        not isinstance(lane, str)
+        or not lane
+        or len(lane) > _MAX_LANE_LENGTH
+        or any(c in lane for c in _BAD_LANE_CHARS)
+    ):
+        raise ValueError(
+            f"lane name must be a non-empty string of at most {_MAX_LANE_LENGTH} characters "
+            f"without braces, colons, '|' or whitespace: {lane!r}"
+        )
+    return lane
+
+
+def class_table(classes: LaneClasses) -> ClassTable:
+    """``classes`` as a ``ClassTable`` (checked: unique names, shares summing to at most 1)."""
+    if isinstance(classes, ClassTable):
+        return classes
+    if isinstance(classes, str | bytes | Mapping) or not isinstance(classes, Iterable):
+        raise TypeError(f"classes must be a ClassTable or ServiceClass objects, got {classes!r}")
+    items = tuple(classes)
+    for item in items:
+        if not isinstance(item, ServiceClass):
+            raise TypeError(f"classes must be ServiceClass objects, got {item!r}")
+    return ClassTable(items)
+
+
+class LaneTables:
+    """The class tables an app declared, by lane; undeclared lanes get ``DEFAULT_CLASSES``."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, ClassTable] = {}
+        self._sources: dict[str, str] = {}
+
+    def declare(self, lane: str, classes: LaneClasses, *, source: str) -> ClassTable:
+        """Record ``lane``'s table; a lane is declared once (``source`` names where, for errors)."""
+        check_lane(lane)
+        if lane in self._tables:
+            raise ValueError(
+                f"lane {lane!r} is already declared (by {self._sources[lane]}); "
+                "declare each lane once"
+            )
+        table = class_table(classes)
+        self._tables[lane] = table
+        self._sources[lane] = source
+        return table
+
+    def forget(self, lane: str) -> None:
+        self._tables.pop(lane, None)
+        self._sources.pop(lane, None)
+
+    def table(self, lane: str) -> ClassTable:
+        """The lane's table: as declared, else the default one."""
+        return self._tables.get(lane, _DEFAULT_TABLE)
+
+    def is_declared(self, lane: str) -> bool:
+        return lane in self._tables
+
+    def items(self) -> list[tuple[str, ClassTable]]:
+        return list(self._tables.items())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._tables))
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def check_class(self, lane: str, service_class: str) -> str:
+        """``service_class`` if ``lane`` has it, else ``ValueError`` listing the lane's classes."""
+        table = self.table(lane)
+        if service_class not in table:
+            how = "declared" if lane in self._tables else "default"
+            raise ValueError(
+                f"lane {lane!r} has no service class {service_class!r}; its {how} classes are "
+                f"{', '.join(table.names)}"
+            )
+        return service_class
+
+
+# -- what a job asks of its lane -------------------------------------------------------------
+
+
+def check_service_class(value: object) -> str:
+    """The form of a class name (whether the lane has it is ``LaneTables.check_class``)."""
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"service_class must be a non-empty string, got {value!r}")
+    return value
+
+
+def check_slots(value: object) -> int:
+    """A job's width: how many of a worker's slots it occupies while it runs."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"slots must be an int, got {value!r}")
+    if not 1 <= value <= _MAX_COUNT:
+        raise ValueError(f"slots must be at least 1 (and below 2**31), got {value}")
+    return value
+
+
+def check_limits(limits: Mapping[str, int] | None) -> tuple[tuple[str, int], ...]:
+    """Throttle keys and their limits, checked, sorted by key (the order the store takes)."""
+    if limits is None:
+        return ()
+    if not isinstance(limits, Mapping):
+        raise TypeError(f"limits must be a mapping of key to limit, got {limits!r}")
+    if len(limits) > MAX_LIMIT_KEYS:
+        raise ValueError(f"a job may name at most {MAX_LIMIT_KEYS} limit keys, got {len(limits)}")
+    for key, limit in limits.items():
+        _check_limit_key(key)
+        if not isinstance(limit, int) or isinstance(limit, bool):
+            raise TypeError(f"limit of {key!r} must be an int, got {limit!r}")
+        if not 0 <= limit <= _MAX_COUNT:
+            raise ValueError(f"limit of {key!r} must be >= 0 (and below 2**31), got {limit}")
+    return tuple(sorted(limits.items()))
+
+
+def _check_limit_key(key: object) -> None:
+    if (
+        not isinstance(key, str)
+        or not key
+        or len(key) > MAX_LIMIT_KEY_LENGTH
+        or "\n" in key
+        or "\0" in key
+    ):
+        raise ValueError(
+            f"limit keys must be non-empty strings of at most {MAX_LIMIT_KEY_LENGTH} "
+            f"characters without newlines or NUL: {key!r}"
+        )
+    if key.startswith(RESERVED_LIMIT_PREFIX):
+        raise ValueError(
+            f"limit key {key!r}: keys starting with {RESERVED_LIMIT_PREFIX!r} are reserved for "
+            "tenants' own limits; set those with app.tenants.configure(tenant, max_concurrency=...)"
+        )
+
+
+def merge_limits(
+    base: tuple[tuple[str, int], ...], extra: tuple[tuple[str, int], ...]
+) -> tuple[tuple[str, int], ...]:
+    """A task's limits with a call's added (a key in both takes the call's limit)."""
+    if not extra:
+        return base
+    if not base:
+        return extra
+    merged = dict(base) | dict(extra)
+    if len(merged) > MAX_LIMIT_KEYS:
+        raise ValueError(
+            f"a job may name at most {MAX_LIMIT_KEYS} limit keys; the task's and the call's "
+            f"together name {len(merged)}"
+        )
+    return tuple(sorted(merged.items()))
+
+
+# -- TOML ------------------------------------------------------------------------------------
+
+
+def load_lanes(path: Path | str) -> dict[str, ClassTable]:
+    """Read ``[[lanes.<name>.classes]]`` tables from a TOML file; ``ConfigError`` if invalid."""
+    try:
+        with Path(path).open("rb") as handle:
+            data = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"invalid TOML in {path}: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read lanes file {path}: {exc}") from exc
+    return parse_lanes(data, source=str(path))
+
+
+def parse_lanes(data: Mapping[str, Any], *, source: str = "lanes") -> dict[str, ClassTable]:
+    """Lane tables from parsed TOML (a top-level ``lanes`` table); errors name the entry."""
+    extra = sorted(set(data) - {"lanes"})
+    if extra:
+        raise ConfigError(
+            f"{source}: unknown top-level keys {extra}; lanes go under [lanes.<name>]"
+        )
+    lanes = data.get("lanes", {})
+    if not isinstance(lanes, Mapping):
+        raise ConfigError(f"{source}: 'lanes' must be a table of lanes")
+    tables: dict[str, ClassTable] = {}
+    for lane, body in lanes.items():
+        where = f"{source}: lanes.{lane}"
+        try:
+            check_lane(lane)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if not isinstance(body, Mapping) or set(body) != {"classes"}:
+            raise ConfigError(
+                f"{where} must hold exactly one key, 'classes': an array of tables "
+                f"([[lanes.{lane}.classes]])"
+            )
+        entries = body["classes"]
+        if not isinstance(entries, list):
+            raise ConfigError(f"{where}.classes must be an array of tables")
+        classes = [_parse_class(entry, f"{where}.classes[{i}]") for i, entry in enumerate(entries)]
+        try:
+            tables[lane] = ClassTable(classes)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return tables
+
+
+def _parse_class(entry: object, where: str) -> ServiceClass:
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where} must be a table")
+    for key in entry:
+        if key not in _CLASS_FIELDS:
+            close = difflib.get_close_matches(str(key), list(_CLASS_FIELDS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"{where}: unknown key {key!r}{hint} (keys: {', '.join(_CLASS_FIELDS)})"
+            )
+    if "name" not in entry:
+        raise ConfigError(f"{where}: every class needs a name")
+    for key, value in entry.items():
+        _check_toml_value(key, value, where)
+    try:
+        return ServiceClass(**entry)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _check_toml_value(key: str, value: object, where: str) -> None:
+    if key == "name":
+        ok, wanted = isinstance(value, str), "a string"
+    elif key == "batch":
+        ok, wanted = isinstance(value, bool), "true or false"
+    elif key == "min_slots":
+        ok, wanted = _is_int(value), "an integer"
+    else:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        wanted = "a finite number (leave borrowable out for no limit)"
+    if not ok:
+        raise ConfigError(f"{where}.{key} must be {wanted}, got {value!r}")
