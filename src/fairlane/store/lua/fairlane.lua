@@ -105,14 +105,32 @@ local function activate(p, lane, cls, tenant)
 end
 
 -- Put a job in its tenant's queue; the tenant becomes active if it had no work. The
--- class's waiting demand `d:<class>` grows by the job's slots.
-local function push_ready(p, lane, cls, tenant, id, prio, seq, slots)
+-- class's waiting demand `d:<class>` grows by the job's slots. With `batch` (an
+-- enqueue's pushes) the demand is added up and written by `flush_pushes`, and a queue
+-- already pushed to is known to be active.
+local function push_ready(p, lane, cls, tenant, id, prio, seq, slots, batch)
   local q = tenant_queue(p, lane, cls, tenant)
-  if redis.call('ZCARD', q) == 0 then
-    activate(p, lane, cls, tenant)
+  if not (batch and batch.active[q]) then
+    if redis.call('ZCARD', q) == 0 then
+      activate(p, lane, cls, tenant)
+    end
+    if batch then
+      batch.active[q] = true
+    end
   end
   redis.call('ZADD', q, order_score(prio, seq), id)
-  redis.call('HINCRBY', lane_key(p, lane, 'state'), 'd:' .. cls, tonumber(slots) or 1)
+  if batch then
+    batch.d[cls] = (batch.d[cls] or 0) + (tonumber(slots) or 1)
+  else
+    redis.call('HINCRBY', lane_key(p, lane, 'state'), 'd:' .. cls, tonumber(slots) or 1)
+  end
+end
+
+local function flush_pushes(p, lane, batch)
+  for cls, n in pairs(batch.d) do
+    redis.call('HINCRBY', lane_key(p, lane, 'state'), 'd:' .. cls, n)
+  end
+  batch.d = {}
 end
 
 -- A tenant whose queue emptied leaves the active set; its tag is kept as its finish tag.
@@ -137,9 +155,27 @@ local function lane_waiting(p, lane)
 end
 
 -- A running attempt of a job ended: the class's in-flight slots and work shrink.
-local function settle_running(p, lane, cls, slots)
-  redis.call('HINCRBY', class_key(p, lane, cls, 'vt'), 'run', -1)
+local function settle_running(p, lane, cls, slots, jobs)
+  redis.call('HINCRBY', class_key(p, lane, cls, 'vt'), 'run', -(jobs or 1))
   redis.call('HINCRBY', lane_key(p, lane, 'state'), 'f:' .. cls, -(tonumber(slots) or 1))
+end
+
+-- Settlements of one ack batch, added up per lane and class and written at once.
+local function add_settled(settled, lane, cls, slots)
+  local key = lane .. '\0' .. cls
+  local e = settled[key]
+  if not e then
+    e = {lane, cls, 0, 0}
+    settled[key] = e
+  end
+  e[3], e[4] = e[3] + 1, e[4] + (tonumber(slots) or 1)
+end
+
+local function flush_settled(p, settled)
+  for key, e in pairs(settled) do
+    settle_running(p, e[1], e[2], e[4], e[3])
+    settled[key] = nil
+  end
 end
 
 -- A throttle handed job `id` the slots of grant `token`: it waits at the front of its
@@ -319,7 +355,7 @@ end
 -- [id, token, kind (ok | retry | dead | cancel | release), payload, delay_ms].
 -- Returns one code per entry: 1 applied, 0 rejected as stale (counted in stats 'fenced').
 local function apply_acks(keys, p, acks, now, tally)
-  local codes, released, freed, limited = {}, {}, {}, {}
+  local codes, released, freed, limited, settled = {}, {}, {}, {}, {}
   for i, a in ipairs(acks) do
     local id, kind, payload = a[1], a[3], a[4]
     local jk = job_key(p, id)
@@ -331,8 +367,7 @@ local function apply_acks(keys, p, acks, now, tally)
     else
       -- the status leaves 'running' below, which alone fences any later write of this token
       released[#released + 1] = id
-      -- settled at once, so that a job handed back below sees the lane's true load
-      settle_running(p, f[9], f[10], f[11])
+      add_settled(settled, f[9], f[10] or DEFAULT_CLASS, f[11])
       freed[f[9]] = true
       release_throttle(keys, p, id, f[12])
       local tenant = f[13] or ''
@@ -356,6 +391,8 @@ local function apply_acks(keys, p, acks, now, tally)
         finish(keys, p, id, 'cancelled', 'err', payload, now, tally, meta)
       else -- release: handed back unstarted by a stopping worker; the attempt is not counted
         local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq')
+        -- written first, so that the job handed back sees the lane's true load
+        flush_settled(p, settled)
         redis.call('HINCRBY', jk, 'att', -1)
         redis.call('HSET', jk, 'st', 'queued')
         push_ready(p, r[1], f[10], r[2], id, r[3], r[4], f[11])
@@ -366,6 +403,7 @@ local function apply_acks(keys, p, acks, now, tally)
   end
   -- dropped before anything is fetched, so a job settled and leased again in one
   -- exchange keeps its new lease
+  flush_settled(p, settled)
   if #released > 0 then
     redis.call('ZREM', keys[LEASES], unpack(released))
   end
@@ -513,11 +551,11 @@ end
 -- tenant settings, virtual times) and what it changed but has not written yet (the
 -- classes' in-flight, waiting and granted slots as deltas, V), so that a job costs a
 -- few commands instead of one per fact. `flush` writes the deltas.
-local function new_dispatch(keys, p, lane, now, tally)
+local function new_dispatch(keys, p, lane, budget, now, tally)
   local sk = lane_key(p, lane, 'state')
   local cx = {keys = keys, p = p, lane = lane, now = now, tally = tally, sk = sk,
-    tbl = class_table(sk), weights = {}, tlimits = {}, vt = {}, delta = {}, peek = {},
-    f = {}, d = {}, g = {}, heads = {}, w = {}, cap = 0}
+    tbl = class_table(sk), weights = {}, tlimits = {}, vt = {}, delta = {}, runs = {},
+    f = {}, d = {}, g = {}, heads = {}, w = {}, cap = 0, batch = math.min(budget, 100)}
   cx.fields = {'C'}
   for i, c in ipairs(cx.tbl) do
     local n = #cx.fields
@@ -530,7 +568,33 @@ local function bump(cx, field, n)
   cx.delta[field] = (cx.delta[field] or 0) + n
 end
 
+-- A run: the tenant a class took its last job from, the ids next in its queue (read
+-- in one call), the ids taken but not yet removed, and -- while it is the class's only
+-- active tenant -- its start tag, kept here until the run ends.
+local function flush_run(cx, cls)
+  local run = cx.runs[cls]
+  if not run then
+    return
+  end
+  if #run.taken > 0 then
+    redis.call('ZREM', tenant_queue(cx.p, cx.lane, cls, run.tenant), unpack(run.taken))
+    run.taken = {}
+  end
+  if run.tag_dirty then
+    redis.call('ZADD', class_key(cx.p, cx.lane, cls, 'fair'), run.tag, run.tenant)
+    run.tag_dirty = false
+  end
+end
+
+local function read_run(cx, cls, run)
+  run.ids = redis.call('ZRANGE', tenant_queue(cx.p, cx.lane, cls, run.tenant), 0, cx.batch - 1)
+  run.pos = 1
+end
+
 local function flush_dispatch(cx)
+  for cls in pairs(cx.runs) do
+    flush_run(cx, cls)
+  end
   for field, n in pairs(cx.delta) do
     if n ~= 0 then
       redis.call('HINCRBY', cx.sk, field, n)
@@ -565,23 +629,29 @@ local function class_head(cx, i)
       return {'g', g, tonumber(redis.call('HGET', job_key(p, g), 'sl')) or 1}
     end
   end
-  local head = redis.call('ZRANGE', class_key(p, lane, cls, 'fair'), 0, 0, 'WITHSCORES')
-  if not head[1] then
-    return false
-  end
-  local id
-  local peek = cx.peek[cls]
-  if peek and peek[1] == head[1] then
-    id = peek[2]
+  local run = cx.runs[cls]
+  local tenant, tag, id
+  if run and run.sole then
+    tenant, tag, id = run.tenant, run.tag, run.ids[run.pos]
   else
-    id = redis.call('ZRANGE', tenant_queue(p, lane, cls, head[1]), 0, 0)[1]
+    local head = redis.call('ZRANGE', class_key(p, lane, cls, 'fair'), 0, 0, 'WITHSCORES')
+    if not head[1] then
+      return false
+    end
+    tenant, tag = head[1], tonumber(head[2])
+    if run and run.tenant == tenant then
+      id = run.ids[run.pos]
+    else
+      id = redis.call('ZRANGE', tenant_queue(p, lane, cls, tenant), 0, 0)[1]
+    end
   end
   local width = id and tonumber(redis.call('HGET', job_key(p, id), 'sl')) or 1
-  return {'q', id, width, head[1], tonumber(head[2])}
+  return {'q', id, width, tenant, tag}
 end
 
 local function load_state(cx)
   flush_dispatch(cx)
+  cx.runs = {}
   local v = redis.call('HMGET', cx.sk, unpack(cx.fields))
   cx.cap = tonumber(v[1]) or 0
   if not cx.levels or cx.levels.cap ~= cx.cap then
@@ -592,22 +662,33 @@ local function load_state(cx)
     cx.d[i] = math.max(0, tonumber(v[3 * i]) or 0)
     cx.g[i] = math.max(0, tonumber(v[3 * i + 1]) or 0)
   end
-  cx.peek = {}
   for i = 1, #cx.tbl do
     cx.heads[i] = class_head(cx, i)
     cx.w[i] = cx.heads[i] and cx.heads[i][3] or nil
   end
 end
 
--- Take a class's fair head: pop the tenant's head job, move V up to the tenant's tag,
+-- Take a class's fair head: take the tenant's head job, move V up to the tenant's tag,
 -- and charge the tenant one work unit over its weight (1 per job until estimates
 -- exist); a tenant left with no waiting job becomes idle. Returns the job's id and
 -- fields (nil fields when it cannot run).
 local function take_fair_head(cx, cls, h)
   local p, lane, tenant, tag = cx.p, cx.lane, h[4], h[5]
-  local q = tenant_queue(p, lane, cls, tenant)
-  local id = redis.call('ZPOPMIN', q)[1]
-  local f = id and runnable(cx.keys, p, id, cx.now, cx.tally)
+  local run = cx.runs[cls]
+  if not run or run.tenant ~= tenant then
+    flush_run(cx, cls)
+    run = {tenant = tenant, taken = {},
+      sole = redis.call('ZCARD', class_key(p, lane, cls, 'fair')) == 1}
+    read_run(cx, cls, run)
+    cx.runs[cls] = run
+  end
+  local id = run.ids[run.pos]
+  local f
+  if id then
+    run.pos = run.pos + 1
+    run.taken[#run.taken + 1] = id
+    f = runnable(cx.keys, p, id, cx.now, cx.tally)
+  end
   if f then
     local v = cx.vt[cls]
     if not v then
@@ -619,13 +700,20 @@ local function take_fair_head(cx, cls, h)
     end
     tag = tag + 1 / weight_of(cx, tenant)
   end
-  local next_id = redis.call('ZRANGE', q, 0, 0)[1]
-  if next_id then
-    redis.call('ZADD', class_key(p, lane, cls, 'fair'), tag, tenant)
-    cx.peek[cls] = {tenant, next_id}
+  if not run.ids[run.pos] then
+    flush_run(cx, cls)
+    read_run(cx, cls, run)
+  end
+  run.tag = tag
+  if run.ids[run.pos] then
+    if run.sole then
+      run.tag_dirty = true
+    else
+      redis.call('ZADD', class_key(p, lane, cls, 'fair'), tag, tenant)
+    end
   else
     deactivate(p, lane, cls, tenant, tag)
-    cx.peek[cls] = nil
+    cx.runs[cls] = nil
   end
   return id, f
 end
@@ -687,7 +775,7 @@ end
 -- Appends {id, fields, lane} to `popped`. Returns the slots given and whether the
 -- lane stopped for want of budget (so it might give more).
 local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
-  local cx = new_dispatch(keys, p, lane, now, tally)
+  local cx = new_dispatch(keys, p, lane, budget, now, tally)
   load_state(cx)
   local given = 0
   while true do
@@ -793,7 +881,7 @@ local function enqueue(keys, args)
   local jobs = cmsgpack.unpack(args[2])
   local out, tally = {}, new_effects()
   local tbl = class_table(lane_key(p, lane, 'state'))
-  local ready, submitted = false, {}
+  local ready, submitted, pushes = false, {}, {active = {}, d = {}}
   -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
   local seq = redis.call('HINCRBY', keys[STATS], 'seq', #jobs) - #jobs
   for _, j in ipairs(jobs) do
@@ -842,7 +930,7 @@ local function enqueue(keys, args)
         if st == 'scheduled' then
           redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
         else
-          push_ready(p, lane, cls, tenant, id, prio, seq, slots)
+          push_ready(p, lane, cls, tenant, id, prio, seq, slots, pushes)
           ready = true
         end
         submitted[tenant] = (submitted[tenant] or 0) + 1
@@ -851,6 +939,7 @@ local function enqueue(keys, args)
       end
     end
   end
+  flush_pushes(p, lane, pushes)
   for tenant, n in pairs(submitted) do
     if redis.call('HEXISTS', keys[TLIMITS], tenant) == 1 then
       note_submissions(p, tenant, n, now)
