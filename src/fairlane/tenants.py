@@ -99,15 +99,15 @@ class Tenants:
         if burst_pct is not None:
             given["burst_pct"] = _check_pct(burst_pct)
         new_weight = None if weight is None else _check_weight(weight)
-        limits = None
         if given:
-            # the store keeps whole settings: merge so that setting one keeps the others
-            current = await self._app.store.tenant_limits(tenant) or _DEFAULT_LIMITS
-            limits = dataclasses.replace(current, **given)  # type: ignore[arg-type]
+            # a merge with the current settings, so that setting one keeps the others;
+            # checked (TenantLimits) before it is written, in one atomic step
+            def merged(current: TenantLimits | None) -> TenantLimits:
+                return dataclasses.replace(current or _DEFAULT_LIMITS, **given)  # type: ignore[arg-type]
+
+            await self._app.store.update_tenant_limits(tenant, merged)
         if new_weight is not None:
             await self._app.store.configure_tenant(tenant, new_weight)
-        if limits is not None:
-            await self._app.store.configure_tenant_limits(tenant, limits)
 
     async def reset(self, tenant: str, *settings: TenantSetting) -> None:
         """Put a tenant's settings back on the defaults: those named, or all of them.
@@ -122,20 +122,20 @@ class Tenants:
             )
         names = set(settings) or {"weight", *_LIMIT_FIELDS}
         store = self._app.store
-        limits: TenantLimits | None = None
-        clear_limits = names >= set(_LIMIT_FIELDS)
-        if not clear_limits and names & set(_LIMIT_FIELDS):
-            current = await store.tenant_limits(tenant)
-            if current is not None:
-                back = {name: getattr(_DEFAULT_LIMITS, name) for name in names - {"weight"}}
+        if names >= set(_LIMIT_FIELDS):
+            await store.configure_tenant_limits(tenant, None)
+        elif names & set(_LIMIT_FIELDS):
+            back = {name: getattr(_DEFAULT_LIMITS, name) for name in names - {"weight"}}
+
+            def restored(current: TenantLimits | None) -> TenantLimits | None:
+                if current is None:
+                    return None
                 limits = dataclasses.replace(current, **back)
-                clear_limits = _is_default(limits)
+                return None if _is_default(limits) else limits
+
+            await store.update_tenant_limits(tenant, restored)
         if "weight" in names:
             await store.configure_tenant(tenant, None)
-        if clear_limits:
-            await store.configure_tenant_limits(tenant, None)
-        elif limits is not None:
-            await store.configure_tenant_limits(tenant, limits)
 
     async def weight(self, tenant: str) -> float:
         """The tenant's current weight (1 unless configured)."""

@@ -997,6 +997,27 @@ async def test_tenant_concurrency_settings_round_trip(redis_url: str, namespace:
         assert await app.tenants.weight("acme") == 1.0
 
 
+async def test_concurrent_configures_of_one_tenant_lose_nothing(
+    redis_url: str, namespace: str
+) -> None:
+    apps = [make_app(namespace, redis_url) for _ in range(2)]
+    async with apps[0], apps[1]:
+        for round_ in range(1, 6):
+            await asyncio.gather(
+                apps[0].tenants.configure("acme", floor=round_),
+                apps[1].tenants.configure("acme", burst_floor=round_),
+                apps[0].tenants.configure("acme", max_concurrency=10 * round_),
+                apps[1].tenants.configure("acme", burst_pct=round_ / 10),
+            )
+            expected = TenantLimits(
+                floor=round_,
+                max_concurrency=10 * round_,
+                burst_floor=round_,
+                burst_pct=round_ / 10,
+            )
+            assert await apps[0].tenants.limits("acme") == expected
+
+
 # -- lanes, classes, slots and limits -------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ apply those decisions atomically with the server's clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -279,23 +279,37 @@ class Store:
 
     async def configure_tenant_limits(self, tenant: str, limits: TenantLimits | None) -> None:
         """Set a tenant's concurrency settings (None: no tenant key at all)."""
-        value = ""
-        if limits is not None:
-            cap = -1 if limits.max_concurrency is None else limits.max_concurrency
-            value = f"{limits.floor},{cap},{limits.burst_floor},{limits.burst_pct!r}"
-        await self.fcall("configure_limits", self._common, [tenant, value])
+        await self.fcall("configure_limits", self._common, [tenant, _encode_limits(limits)])
+
+    async def update_tenant_limits(
+        self, tenant: str, change: Callable[[TenantLimits | None], TenantLimits | None]
+    ) -> TenantLimits | None:
+        """Replace a tenant's settings by ``change(current)`` as one atomic step.
+
+        Optimistic: the read and the write run under WATCH, and the whole step is
+        retried if any tenant's settings changed in between, so two clients
+        configuring different fields of one tenant never lose either change.
+        """
+
+        async def step(pipe: Any) -> TenantLimits | None:
+            new = change(_decode_limits(await pipe.hget(self.keys.tlimits, tenant)))
+            pipe.multi()
+            pipe.fcall(
+                _FN + "configure_limits",
+                len(self._common),
+                *self._common,
+                tenant,
+                _encode_limits(new),
+            )
+            return new
+
+        result: TenantLimits | None = await self._call(
+            self.client.transaction, step, self.keys.tlimits, value_from_callable=True
+        )
+        return result
 
     async def tenant_limits(self, tenant: str) -> TenantLimits | None:
-        raw = await self._call(self.client.hget, self.keys.tlimits, tenant)
-        if raw is None:
-            return None
-        floor, cap, burst_floor, burst_pct = _s(raw).split(",")
-        return TenantLimits(
-            floor=int(floor),
-            max_concurrency=None if int(cap) < 0 else int(cap),
-            burst_floor=int(burst_floor),
-            burst_pct=float(burst_pct),
-        )
+        return _decode_limits(await self._call(self.client.hget, self.keys.tlimits, tenant))
 
     async def tenant_limit_now(self, lane: str, tenant: str) -> TenantSignal:
         """The tenant's concurrency limit in ``lane`` now, and the signals behind it."""
@@ -424,6 +438,25 @@ class Store:
 _UNPACK_FETCH: Final = msgspec.msgpack.Decoder(tuple[int, list[int], list[FetchedJob]])
 _UNPACK_JOB: Final = msgspec.msgpack.Decoder(FetchedJob)
 _UNPACK_JOBS: Final = msgspec.msgpack.Decoder(list[FetchedJob])
+
+
+def _encode_limits(limits: TenantLimits | None) -> str:
+    if limits is None:
+        return ""
+    cap = -1 if limits.max_concurrency is None else limits.max_concurrency
+    return f"{limits.floor},{cap},{limits.burst_floor},{limits.burst_pct!r}"
+
+
+def _decode_limits(raw: bytes | str | None) -> TenantLimits | None:
+    if raw is None:
+        return None
+    floor, cap, burst_floor, burst_pct = _s(raw).split(",")
+    return TenantLimits(
+        floor=int(floor),
+        max_concurrency=None if int(cap) < 0 else int(cap),
+        burst_floor=int(burst_floor),
+        burst_pct=float(burst_pct),
+    )
 
 
 def _parse_fetched(reply: bytes) -> Fetched:
