@@ -179,3 +179,39 @@ async def test_a_wide_job_occupies_its_slots(redis_url: str, namespace: str) -> 
                 await job.result(timeout=WAIT)
     assert rec.peak["slots"] <= 6, rec.peak
     assert rec.peak["wide"] == 2, rec.peak
+
+
+async def test_a_flood_in_one_lane_leaves_another_lanes_capacity_alone(
+    redis_url: str, namespace: str
+) -> None:
+    app = make_app(namespace, redis_url)
+    rec = Recorder()
+
+    @app.task(lane="heavy")
+    async def render(labels: list[str], seconds: float) -> None:
+        await rec.run(labels, seconds)
+
+    @app.task(lane="light")
+    async def ping(labels: list[str], seconds: float) -> None:
+        await rec.run(labels, seconds)
+
+    async with app:
+        flood = await render.enqueue_many([(["heavy"], 1.0)] * 8)
+        async with (
+            running_worker(app, lanes=["heavy"], concurrency=4),
+            running_worker(app, lanes=["light"], concurrency=2),
+        ):
+            await rec.wait_until("heavy", 4)
+            quick = await ping.enqueue_many([(["light"], 0.0)] * 6)
+            for job in quick:
+                await job.result(timeout=WAIT)
+            # all light work ran while the heavy lane's first jobs were still running
+            assert rec.running["heavy"] == 4
+            assert rec.started.count("heavy") == 4
+            for job in flood:
+                await job.result(timeout=WAIT)
+        heavy = await app.store.lane_state("heavy")
+        light = await app.store.lane_state("light")
+    # each lane counted only its own workers' slots, and both left when they stopped
+    assert (heavy.capacity, light.capacity) == (0, 0)
+    assert rec.peak["heavy"] == 4 and rec.peak["light"] <= 2
