@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from fairlane import App, ServiceClass
+from fairlane.task import Task
 from tests.e2e.helpers import WAIT, make_app, running_worker
 
 pytestmark = pytest.mark.anyio
@@ -51,9 +52,9 @@ class Recorder:
                 await self.changed.wait()
 
 
-def _app(namespace: str, redis_url: str) -> tuple[App, Recorder]:
+def _app(namespace: str, redis_url: str) -> tuple[App, Task[[list[str], float], None], Recorder]:
+    """An app whose guaranteed class keeps a quarter of the lane free even while idle."""
     app = make_app(namespace, redis_url)
-    # guaranteed keeps a quarter of the lane free for itself even while it is idle
     app.lane(
         "default",
         classes=[
@@ -62,18 +63,19 @@ def _app(namespace: str, redis_url: str) -> tuple[App, Recorder]:
             ServiceClass("batch", batch=True),
         ],
     )
-    return app, Recorder()
-
-
-async def test_a_guaranteed_job_is_not_delayed_by_a_batch_flood(
-    redis_url: str, namespace: str
-) -> None:
-    app, rec = _app(namespace, redis_url)
+    rec = Recorder()
 
     @app.task
     async def work(labels: list[str], seconds: float) -> None:
         await rec.run(labels, seconds)
 
+    return app, work, rec
+
+
+async def test_a_guaranteed_job_is_not_delayed_by_a_batch_flood(
+    redis_url: str, namespace: str
+) -> None:
+    app, work, rec = _app(namespace, redis_url)
     async with app:
         # long batch jobs: none finishes while the guaranteed job arrives and starts
         flood = await work.enqueue_many(
@@ -97,12 +99,7 @@ async def test_a_guaranteed_job_is_not_delayed_by_a_batch_flood(
 async def test_batch_borrows_idle_capacity_and_gives_it_back(
     redis_url: str, namespace: str
 ) -> None:
-    app, rec = _app(namespace, redis_url)
-
-    @app.task
-    async def work(labels: list[str], seconds: float) -> None:
-        await rec.run(labels, seconds)
-
+    app, work, rec = _app(namespace, redis_url)
     async with app:
         flood = await work.enqueue_many(
             [(["batch"], 0.05)] * 300, tenant="bulk", service_class="batch"

@@ -1165,25 +1165,25 @@ local function declare_task(keys, args)
   return 1
 end
 
--- ARGV: tenant, weight ('' = back to the default, 1). A new weight applies from the
--- tenant's next dispatch.
-local function configure_tenant(keys, args)
-  if args[2] == '' then
-    redis.call('HDEL', keys[WEIGHTS], args[1])
+-- A tenant's setting in hash `key`: set to `value`, or removed when `value` is ''.
+local function set_tenant_setting(key, tenant, value)
+  if value == '' then
+    redis.call('HDEL', key, tenant)
   else
-    redis.call('HSET', keys[WEIGHTS], args[1], args[2])
+    redis.call('HSET', key, tenant, value)
   end
   return 1
 end
 
+-- ARGV: tenant, weight ('' = back to the default, 1). A new weight applies from the
+-- tenant's next dispatch.
+local function configure_tenant(keys, args)
+  return set_tenant_setting(keys[WEIGHTS], args[1], args[2])
+end
+
 -- ARGV: tenant, concurrency settings 'floor,max,burst_floor,burst_pct' ('' = none).
 local function configure_limits(keys, args)
-  if args[2] == '' then
-    redis.call('HDEL', keys[TLIMITS], args[1])
-  else
-    redis.call('HSET', keys[TLIMITS], args[1], args[2])
-  end
-  return 1
+  return set_tenant_setting(keys[TLIMITS], args[1], args[2])
 end
 
 -- ARGV: lane, its class table as JSON (classes.lua). Applies from the next decision.
