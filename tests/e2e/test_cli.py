@@ -452,6 +452,25 @@ def test_config_view_reports_a_bad_setting(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_inspect_load_shows_capacity_and_class_use(
+    project: ModuleType, redis_url: str
+) -> None:
+    async with project.app:
+        await project.add.enqueue_many([(n, n) for n in range(5)], tenant="acme")
+        # a worker that leased 3 jobs and holds them: 4 slots, 3 in flight, 2 waiting
+        fetched = await project.app.store.exchange("inspector", ["default"], 3, 60_000, slots=4)
+        assert len(fetched.jobs) == 3
+    result = await ainvoke(["inspect", "load", spec(project), "--redis-url", redis_url])
+    assert result.exit_code == 0, result.output
+    assert "lane 'default': capacity 4 slots, 1 free, 2 waiting" in result.output
+    default, heavy = result.output.split("lane 'heavy'")
+    row = _row(default, "standard")
+    cells = [cell.strip() for cell in row.strip("│ ").split("│")]
+    assert cells[:3] == ["standard", "3", "2"], row
+    assert cells[-1] == "borrow", row  # beyond its assured 1, on guaranteed's idle share
+    assert heavy.startswith(": capacity 0 slots"), heavy
+
+
 async def test_dead_list_and_redrive_round_trip(
     project: ModuleType, redis_url: str, namespace: str, tmp_path: Path, client: aioredis.Redis
 ) -> None:

@@ -12,6 +12,7 @@ import typer
 
 from fairlane.cli.bench import bench
 from fairlane.cli.example import example
+from fairlane.cli.load import inspect_load
 from fairlane.cli.ops import dead_app, inspect_app, job_app, purge
 from fairlane.cli.system import config_app, doctor, server_app
 from fairlane.cli.worker import worker
@@ -27,6 +28,7 @@ cli = typer.Typer(
 )
 cli.command(no_args_is_help=True)(worker)
 cli.command(no_args_is_help=True)(purge)
+inspect_app.command("load")(inspect_load)
 cli.add_typer(inspect_app, name="inspect")
 cli.add_typer(dead_app, name="dead")
 cli.add_typer(job_app, name="job")

@@ -1,0 +1,68 @@
+"""``fairlane inspect load``: each lane's live capacity and what its classes hold.
+
+It reads the lane's cached capacity and its classes' in-flight and waiting slots from
+the server, then asks the class policy (``fairlane.policy.classes.allocate``) what it
+would decide for that state: each class's assured slots, ceiling, claim, what it
+borrowed or lent, and why its head job may or may not start now.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from fairlane.app import App
+from fairlane.cli._common import AppSpec, RedisUrl, console, load_app, run
+from fairlane.policy.classes import Allocation, allocate
+from fairlane.store.redis import LaneState
+
+__all__ = ["inspect_load"]
+
+
+async def _lane_states(app: App, lanes: list[str]) -> dict[str, LaneState]:
+    async with app:
+        return {lane: await app.store.lane_state(lane) for lane in lanes}
+
+
+def _allocation(app: App, lane: str, state: LaneState) -> Allocation:
+    table = app.lane_classes(lane)
+    known = set(table.names)
+    in_flight = {k: max(0, v) for k, v in state.in_flight.items() if k in known}
+    waiting = {k: max(0, v) for k, v in state.waiting.items() if k in known}
+    # the head's width is not kept in the lane's state: a waiting class is shown with a
+    # one-slot head, which is what most jobs are
+    heads: dict[str, int | None] = {name: 1 if waiting.get(name) else None for name in known}
+    return allocate(table, state.capacity, in_flight, heads, demand=waiting)
+
+
+def inspect_load(app_spec: AppSpec, redis_url: RedisUrl = None) -> None:
+    """Each lane's live capacity (its workers' slots) and its classes' share of it."""
+    app = load_app(app_spec, redis_url)
+    lanes = sorted({*app.lanes, *(t.options.lane for t in app.tasks.values())})
+    states = run(_lane_states(app, lanes))
+    out = console()
+    for lane in lanes:
+        state = states[lane]
+        alloc = _allocation(app, lane, state)
+        table = Table(
+            title=f"lane {lane!r}: capacity {alloc.capacity} slots, {alloc.free} free, "
+            f"{alloc.pressure} waiting (non-batch)",
+            title_justify="left",
+        )
+        columns = ("class", "in flight", "waiting", "assured", "ceiling", "claim", "borrowed")
+        for column in (*columns, "lent", "next head"):
+            table.add_column(column)
+        for view in alloc.classes:
+            table.add_row(
+                view.name,
+                str(view.in_flight),
+                str(state.waiting.get(view.name, 0)),
+                str(view.assured),
+                str(view.ceiling),
+                str(view.claim),
+                str(view.borrowed),
+                str(view.lent),
+                view.reason,
+            )
+        out.print(table)
+    if not lanes:
+        out.print(f"app {app.name!r} declares no lanes and has no tasks")
