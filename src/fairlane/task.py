@@ -232,7 +232,8 @@ class Job(Generic[R]):
         return f"Job({self._task.name!r}, {self.id!r})"
 
     async def status(self) -> str:
-        """queued, scheduled, running, completed, failed, cancelled or expired."""
+        """queued, throttled (waiting for room on a throttle key), scheduled, running,
+        completed, failed, cancelled or expired."""
         (st,) = await self._task.app.store.job_fields(self.id, "st")
         if st is None:
             raise JobNotFound(f"no record of job {self.id}")
