@@ -718,6 +718,19 @@ local function take_fair_head(cx, cls, h)
   return id, f
 end
 
+-- The pressure on a lane, for tenant ceilings: slots running, and slots waiting in
+-- non-batch classes (batch work waits for spare slots and presses on nobody).
+local function lane_load(levels, f, d)
+  local load = 0
+  for i = 1, levels.n do
+    load = load + f[i]
+    if not levels.batch[i] then
+      load = load + d[i]
+    end
+  end
+  return load
+end
+
 -- The throttle keys of a job ({{key, limit}, ..} sorted): its own `limits`, and its
 -- tenant's key when the tenant has concurrency settings.
 local function job_limits(cx, f)
@@ -732,10 +745,7 @@ local function job_limits(cx, f)
     cx.tlimits[tenant] = configured
   end
   if configured then
-    local load = 0
-    for i = 1, #cx.tbl do
-      load = load + cx.f[i] + cx.d[i]
-    end
+    local load = lane_load(cx.levels, cx.f, cx.d)
     local own = tenant_limit(cx.keys, cx.p, tenant, cx.cap, load, cx.now)
     limits[#limits + 1] = {'tenant:' .. tenant, own}
     table.sort(limits, function(x, y) return x[1] < y[1] end)
@@ -1197,17 +1207,9 @@ end
 -- the signals it came from: {limit, rate per minute, mean duration, C, load}.
 local function tenant_limit_now(keys, args)
   local p, now = prefix(keys), now_ms()
-  local sk = lane_key(p, args[1], 'state')
-  local v = redis.call('HGETALL', sk)
-  local cap, load = 0, 0
-  for i = 1, #v, 2 do
-    local name = v[i]
-    if name == 'C' then
-      cap = tonumber(v[i + 1])
-    elseif string.sub(name, 1, 2) == 'f:' or string.sub(name, 1, 2) == 'd:' then
-      load = load + math.max(0, tonumber(v[i + 1]) or 0)
-    end
-  end
+  local cx = new_dispatch(keys, p, args[1], 1, now, new_effects())
+  load_state(cx)
+  local cap, load = cx.cap, lane_load(cx.levels, cx.f, cx.d)
   local limit = tenant_limit(keys, p, args[2], cap, load, now) or -1
   local mean = tonumber(redis.call('HGET', sig_key(p, args[2]), 'dm')) or 0
   return {limit, tostring(rate_per_min(p, args[2], now)), tostring(mean), cap, load}
