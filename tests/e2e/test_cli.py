@@ -471,6 +471,7 @@ async def test_inspect_load_shows_capacity_and_class_use(
     assert heavy.startswith(": capacity 0 slots"), heavy
 
 
+@pytest.mark.anyio
 async def test_dead_list_and_redrive_round_trip(
     project: ModuleType, redis_url: str, namespace: str, tmp_path: Path, client: aioredis.Redis
 ) -> None:
