@@ -1,31 +1,48 @@
 """The Lua library against its reference model (``fairlane.policy.model``), step by step.
 
 A hypothesis state machine drives the real scripts (through ``fairlane.store.redis.Store``
-on the real server) and ``QueueModel`` with the same operations -- enqueue, fetch (with or
-without settling the worker's jobs in the same call, and registering the worker idle when
-it gets nothing), the blocking wait that takes a job handed to an idle worker, a
-stopping worker's leave, renew,
-acks of every kind, acks with stale tokens, worker crashes and reclaim sweeps -- and
-requires the same replies: the same jobs in the same order with the same tokens and
-attempt numbers, the same fenced acks, the same reclaims. After every step the whole
-store is compared with the model (every job's status and attempts, tenant queues in
-order, fair tags and virtual times, delayed sets, idle registrations, inboxes, leases
-and dead letters with their times, counters) and checked on its own: every job is in
-exactly one place, none over its attempt budget. ``test_hand_off_edges`` walks fixed
-steps through the hand-off's corners, which random runs reach rarely.
+on the real server) and ``QueueModel`` with the same operations -- enqueue (with service
+classes, widths of 1-3 slots and throttle keys), exchanges (registering workers of 1, 2
+and 3 slots, settling the worker's jobs in the same call or not, registering the worker
+idle when it gets nothing), the blocking wait that takes a job handed to an idle worker,
+a stopping worker's leave, renew, acks of every kind, acks with stale tokens, tenant
+weights and concurrency settings, worker crashes, reclaim sweeps (with or without the
+stale-worker sweep), and a drain -- and requires the same replies: the same jobs in the
+same order with the same tokens, attempt numbers and widths, the same fenced acks, the
+same reclaims. After every step the whole store is compared with the model (every job's
+status, attempts, token and throttle grant; tenant queues in order, fair tags and virtual
+times per class; granted sets; lane capacity, registrations and in-flight/waiting slots
+per class; throttle keys with their limits, use, references, holders and waiter queues;
+delayed sets, idle registrations, inboxes, heartbeats, leases, dead letters, counters)
+and checked on its own:
+
+* every job is in exactly one place, none over its attempt budget;
+* a class's in-flight slots are its running jobs' widths, its waiting slots its queued
+  jobs' widths, ``C`` the sum of its registered workers' slots;
+* no throttle key is over its limit, and a key with waiters is full;
+* no slot idles while an eligible job waits: when ``next_class`` (on the store's own
+  state) names a class, the lane's next dispatch starts that class's head job, unless
+  its throttle keys park it;
+* a drain (a worker of 6 slots on both lanes, every running job acked) finishes every
+  job that is not scheduled for later: the ``drain`` rule, and at the end of every run.
+
+Lane ``a`` runs the default classes; lane ``b`` a table with a reserve and a borrowing
+cap. Tenant limits are static (floor == max_concurrency, no burst), so they do not
+depend on the signals' timing; ``test_ceilings_lua.py`` checks the time-dependent ones.
 
 Time is exact, not approximate. The scripts read the server clock; the model is told the
-same instant, read back from what the script wrote (a fetch's ``start``, a retry's
-``run``, a finish's ``fin``, a renewed lease's expiry, an idle registration's end). Where
-a call writes no time the instant cannot matter: leases are either long (10 min, never
-expiring during a run) or 1 ms, and before a sweep the test waits until every 1 ms lease
-has expired, so the sweep reclaims all of them (and so writes its time) or has nothing
-to reclaim. Retries are due at once (backoff ``0,0,none``, ack delay 0) or in 10 minutes.
+same instant, read back from what the script wrote (an exchange's or renewal's heartbeat,
+a retry's ``run``, a finish's ``fin``, an enqueue's ``enq``). Where a call writes no
+time the instant cannot matter: leases are either long (10 min, never expiring during a
+run) or 1 ms, and before a sweep the test waits until every 1 ms lease has expired, so
+the sweep reclaims all of them (and so writes its time) or has nothing to reclaim.
+Retries are due at once (backoff ``0,0,none``, ack delay 0) or in 10 minutes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import secrets
 import time
 from collections import Counter
@@ -47,7 +64,9 @@ from hypothesis.stateful import (
 )
 
 from fairlane.policy.backoff import Backoff
-from fairlane.policy.model import FINISHED, AckKind, Batch, Grant, QueueModel
+from fairlane.policy.ceilings import TenantLimits
+from fairlane.policy.classes import ClassTable, ServiceClass, next_class
+from fairlane.policy.model import FINISHED, Ack, AckKind, Batch, Grant, QueueModel
 from fairlane.policy.model import NewJob as ModelNewJob
 from fairlane.policy.retry import after_failure
 from fairlane.store.redis import FetchedJob, NewJob, Outcome, Store
@@ -55,31 +74,51 @@ from fairlane.store.redis import FetchedJob, NewJob, Outcome, Store
 T = TypeVar("T")
 
 LANES = ("a", "b")
+CUSTOM = ClassTable((
+    ServiceClass("gold", nominal_share=0.5, min_slots=1, lendable=0.5, borrowable=0.5),
+    ServiceClass("standard", nominal_share=0.3, min_slots=1),
+    ServiceClass("bulk", batch=True),
+))  # fmt: skip
+TABLES = {"a": ClassTable(), "b": CUSTOM}
 TENANTS = ("t1", "t2", "t3")
-WORKERS = ("w1", "w2", "w3")
+WORKERS = {"w1": 1, "w2": 2, "w3": 3}  # worker -> its slots
+DRAINER, DRAIN_SLOTS = "wd", 6
+STATIC = {"t2": TenantLimits(floor=2, max_concurrency=2)}  # floor == max: static
+KEY_LIMITS = {"k1": 1, "k2": 2}  # fixed limits; k3 is given 1 or 2 by each job
 LONG = 600_000  # ms: a lease, renewal or delay that never runs out during a test
 SHORT = 1  # ms: a lease that has run out by the next sweep
 TASK = "model.job"
 ERROR = '{"type":"Boom","message":"failed","traceback":""}'
 NO_WAIT = Backoff(0, 0, "none")
-PAIRS = [(lane, tenant) for lane in LANES for tenant in TENANTS]
-COUNTERS = ("fenced", "reclaimed", "retried", "completed", "failed")
+COUNTERS = ("fenced", "reclaimed", "retried", "completed", "failed", "throttled")
 
 lane_orders = st.sampled_from([("a",), ("b",), ("a", "b"), ("b", "a")])
+limit_sets = st.sampled_from([
+    (), (), (), (("k1", 1),), (("k2", 2),), (("k1", 1), ("k2", 2)), (("k3", 1),),
+    (("k1", 1), ("k3", 2)), (("k2", 2), ("k3", 1)),
+])  # fmt: skip
 new_jobs = st.lists(
     st.tuples(
         st.sampled_from(TENANTS),
         st.integers(-1, 1),  # priority
         st.integers(1, 3),  # attempts
         st.sampled_from([0, 0, 0, LONG]),  # delay
+        st.sampled_from([0, 0, 1, 1, 2, 3]),  # class: an index in the lane's table (3: unknown)
+        st.sampled_from([1, 1, 2, 3]),  # width in slots
+        limit_sets,
     ),
     min_size=1,
-    max_size=3,
+    max_size=4,
 )
+JobSpec = tuple[str, int, int, int, int, int, tuple[tuple[str, int], ...]]
 
 
 def _ms(reply: Any) -> int:
     return int(float(reply))
+
+
+def _s(value: bytes) -> str:
+    return value.decode()
 
 
 class LuaVsModel(RuleBasedStateMachine):
@@ -94,24 +133,35 @@ class LuaVsModel(RuleBasedStateMachine):
         self.client = redis.Redis.from_url(self.redis_url)
         self.run(self.store.connect())
         self.model = QueueModel()
-        self.ids: list[str] = []
+        self.ids: list[str] = []  # every job id stored
+        self.next_id = 0
         # worker -> id -> (token, attempt) of the jobs it believes it holds
-        self.held: dict[str, dict[str, tuple[str, int]]] = {w: {} for w in WORKERS}
+        self.held: dict[str, dict[str, tuple[str, int]]] = {w: {} for w in [*WORKERS, DRAINER]}
         self.issued: list[tuple[str, str]] = []  # every (id, token) a fetch handed out
         self.now = 0
+        self.clean = False  # the last step was checked and agreed
+        self.run(self.store.declare_lane("b", CUSTOM))
+        self.model.declare_lane("b", CUSTOM)
+        for tenant, limits in STATIC.items():
+            self.run(self.store.configure_tenant_limits(tenant, limits))
+            self.model.configure_limits(tenant, limits)
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
 
     def teardown(self) -> None:
         try:
-            keys = list(self.client.scan_iter(match=self.keys.match_all(), count=500))
-            if keys:
-                self.client.delete(*keys)
+            if self.clean:  # a run that agreed so far must also drain
+                self.drain_all()
         finally:
-            self.client.close()
-            self.run(self.store.aclose())
-            self.loop.close()
+            try:
+                keys = list(self.client.scan_iter(match=self.keys.match_all(), count=500))
+                if keys:
+                    self.client.delete(*keys)
+            finally:
+                self.client.close()
+                self.run(self.store.aclose())
+                self.loop.close()
 
     # -- time -------------------------------------------------------------------------
 
@@ -131,18 +181,24 @@ class LuaVsModel(RuleBasedStateMachine):
         assert value is not None, f"{job_id} has no {name}"
         return int(value)
 
+    def beat_ms(self, worker: str) -> int:
+        """The heartbeat the last exchange or renewal of ``worker`` wrote: its instant."""
+        return _ms(self.client.zscore(self.keys.workers, worker))
+
     # -- operations -------------------------------------------------------------------
 
     def _pending(self) -> int:
         return sum(1 for job in self.model.jobs.values() if job.status not in FINISHED)
 
-    @precondition(lambda self: self._pending() < 12)
+    @precondition(lambda self: self._pending() < 16)
     @rule(lane=st.sampled_from(LANES), specs=new_jobs)
-    def enqueue(self, lane: str, specs: list[tuple[str, int, int, int]]) -> None:
+    def enqueue(self, lane: str, specs: list[JobSpec]) -> None:
+        self.clean = False
+        names = TABLES[lane].names
         jobs = []
-        for tenant, prio, attempts, delay in specs:
-            job_id = f"j{len(self.ids):03d}"
-            self.ids.append(job_id)
+        for tenant, prio, attempts, delay, cls, width, limits in specs:
+            job_id = f"j{self.next_id:03d}"
+            self.next_id += 1
             jobs.append(
                 NewJob(
                     id=job_id,
@@ -156,18 +212,33 @@ class LuaVsModel(RuleBasedStateMachine):
                     keep_completed="-1,-1",
                     keep_failed="-1,-1",
                     delay_ms=delay,
+                    service_class=names[cls] if cls < len(names) else "unknown",
+                    slots=width,
+                    limits=list(limits),
                 )
             )
         replies = self.run(self.store.enqueue(lane, jobs))
-        assert replies == [(job.id, 1) for job in jobs]
-        now = self.at(self.field_ms(jobs[0].id, "enq"))
-        specs = [
-            ModelNewJob(j.id, j.tenant, j.priority, j.max_attempts, j.delay_ms or 0) for j in jobs
+        stored = [j.id for j, (_, code) in zip(jobs, replies, strict=True) if code == 1]
+        self.ids += stored
+        now = self.at(self.field_ms(stored[0], "enq") if stored else None)
+        batch = [
+            ModelNewJob(
+                j.id,
+                j.tenant,
+                j.priority,
+                j.max_attempts,
+                j.delay_ms or 0,
+                j.service_class,
+                j.slots,
+                tuple(j.limits),
+            )
+            for j in jobs
         ]
-        self.model.enqueue_batch(lane, specs, now=now)
+        codes = self.model.enqueue_batch(lane, batch, now=now)
+        assert replies == [(j.id, c) for j, c in zip(jobs, codes, strict=True)]
 
     @rule(
-        worker=st.sampled_from(WORKERS),
+        worker=st.sampled_from(sorted(WORKERS)),
         lanes=lane_orders,
         n=st.integers(1, 3),
         short=st.booleans(),
@@ -180,39 +251,45 @@ class LuaVsModel(RuleBasedStateMachine):
         """One exchange: settle the worker's jobs as done (or not), take its inbox, fetch;
         if it got nothing, register it idle (only with long leases, whose inbox never
         expires during a test)."""
-        lease = SHORT if short else LONG
-        idle_ms = 0 if short else idle_ms
+        self.clean = False
+        self.exchange(worker, lanes, n, SHORT if short else LONG, settle=settle, idle_ms=idle_ms)
+
+    def exchange(
+        self,
+        worker: str,
+        lanes: tuple[str, ...],
+        n: int,
+        lease: int,
+        *,
+        settle: bool,
+        idle_ms: int,
+    ) -> list[FetchedJob]:
+        idle_ms = 0 if lease == SHORT else idle_ms
+        slots = WORKERS.get(worker, DRAIN_SLOTS)
         held = self.held[worker]
         outcomes = [Outcome(i, tok, "ok", "1") for i, (tok, _) in held.items()] if settle else []
-        in_inbox = len(self.model.inbox.get(worker, []))
         fetched = self.run(
-            self.store.exchange(worker, list(lanes), n, lease, outcomes, idle_ms=idle_ms)
+            self.store.exchange(
+                worker, list(lanes), n, lease, outcomes, idle_ms=idle_ms, slots=slots
+            )
         )
-        assert len(fetched.ack_codes) == len(outcomes)
-        applied = [o.id for o, c in zip(outcomes, fetched.ack_codes, strict=True) if c]
-        if fetched.jobs[in_inbox:]:  # leased by this call (inbox jobs were leased before)
-            written: int | None = self.field_ms(fetched.jobs[in_inbox].id, "start")
-        elif applied:
-            written = self.field_ms(applied[0], "fin")
-        elif not fetched.jobs and idle_ms:
-            idle = self.client.zscore(self.keys.lane(lanes[0]).idle, f"{worker}|{lease}")
-            written = _ms(idle) - idle_ms
-        else:
-            written = None
-        now = self.at(written)
-        expected_codes = [int(self.model.ack(o.id, int(o.token), "ok", now=now)) for o in outcomes]
-        assert fetched.ack_codes == expected_codes
+        now = self.at(self.beat_ms(worker))
+        acks = [Ack(o.id, int(o.token)) for o in outcomes]
+        codes, expected = self.model.exchange(
+            worker, list(lanes), n, lease, acks, now=now, idle_ms=idle_ms, slots=slots
+        )
+        assert fetched.ack_codes == [int(c) for c in codes]
         if settle:
             held.clear()
-        expected = self.model.fetch(worker, list(lanes), n, lease, now=now, idle_ms=idle_ms)
         got = [Grant(j.id, int(j.token), j.attempt) for j in fetched.jobs]
         assert got == expected.jobs, f"fetch: lua {got} != model {expected.jobs}"
-        assert (fetched.next_due_ms is None) == (expected.next_due is None)
-        if written is not None:  # the instant is exact, so is the wait
-            assert fetched.next_due_ms == expected.next_due
+        assert fetched.next_due_ms == expected.next_due
         for job in fetched.jobs:
-            assert job.task == TASK and job.max_attempts == self.model.jobs[job.id].max_attempts
+            model_job = self.model.jobs[job.id]
+            assert job.task == TASK and job.max_attempts == model_job.max_attempts
+            assert job.slots == model_job.slots, f"{job.id} width"
             self._take(worker, job.id, job.token, job.attempt)
+        return fetched.jobs
 
     def _take(self, worker: str, job_id: str, token: str, attempt: int) -> None:
         self.held[worker][job_id] = (token, attempt)
@@ -223,11 +300,8 @@ class LuaVsModel(RuleBasedStateMachine):
     def wait(self, data: st.DataObject) -> None:
         """The blocking wait of a worker that was handed a job: it gets the oldest one.
         (Only for non-empty inboxes: an empty wait blocks for the server's timer tick.)"""
-        self.take_handed(
-            data.draw(st.sampled_from(sorted(w for w, i in self.model.inbox.items() if i)))
-        )
-
-    def take_handed(self, worker: str) -> None:
+        self.clean = False
+        worker = data.draw(st.sampled_from(sorted(w for w, i in self.model.inbox.items() if i)))
         reply = self.run(self.store.wait_for_work(LANES, 0.001, worker))
         expected = self.model.take_handed(worker, now=self.at(None))
         assert expected is not None
@@ -235,10 +309,13 @@ class LuaVsModel(RuleBasedStateMachine):
         assert Grant(reply.id, int(reply.token), reply.attempt) == expected
         self._take(worker, reply.id, reply.token, reply.attempt)
 
-    @rule(worker=st.sampled_from(WORKERS), short=st.booleans())
+    @rule(worker=st.sampled_from(sorted(WORKERS)), short=st.booleans())
     def leave(self, worker: str, short: bool) -> None:
         """A stopping worker deregisters and takes back what was handed to it meanwhile."""
-        lease = SHORT if short else LONG
+        self.clean = False
+        self._leave(worker, SHORT if short else LONG)
+
+    def _leave(self, worker: str, lease: int) -> None:
         handed = self.run(self.store.leave(worker, lease, list(LANES)))
         expected = self.model.leave(worker, list(LANES), lease, now=self.at(None))
         assert [Grant(j.id, int(j.token), j.attempt) for j in handed] == expected
@@ -257,6 +334,7 @@ class LuaVsModel(RuleBasedStateMachine):
     def ack(self, data: st.DataObject, result: str, delay: int) -> None:
         """Settle a held job as a worker would: done, failed (retried while attempts are
         left, as ``after_failure`` decides), failed for good, or handed back unstarted."""
+        self.clean = False
         worker, job_id = data.draw(st.sampled_from(self._held_jobs()), label="job")
         self.settle(worker, job_id, result, delay)
 
@@ -274,6 +352,8 @@ class LuaVsModel(RuleBasedStateMachine):
             written = self.field_ms(job_id, "fin")
         elif code and kind == "retry":
             written = self.field_ms(job_id, "run") - outcome.delay_ms
+        elif code:  # a release feeds no duration: its instant does not matter
+            written = None
         now = self.at(written)
         applied = self.model.ack(job_id, int(token), kind, now=now, delay_ms=outcome.delay_ms)
         assert code == int(applied), f"ack {kind} of {job_id}: lua {code}, model {applied}"
@@ -286,6 +366,7 @@ class LuaVsModel(RuleBasedStateMachine):
     @rule(data=st.data(), kind=st.sampled_from(["ok", "retry", "dead", "release"]))
     def ack_stale(self, data: st.DataObject, kind: AckKind) -> None:
         """A write under a token that is no longer the job's is always refused."""
+        self.clean = False
         job_id, token = data.draw(st.sampled_from(self._stale()), label="stale")
         before = self.run(self.store.stats()).get("fenced", 0)
         (code,) = self.run(self.store.ack(LANES, [Outcome(job_id, token, kind, ERROR)]))
@@ -303,17 +384,28 @@ class LuaVsModel(RuleBasedStateMachine):
     )
     def configure(self, tenant: str, weight: float | None) -> None:
         """A tenant's weight changes at run time: both sides apply it from its next dispatch."""
+        self.clean = False
         self.run(self.store.configure_tenant(tenant, weight))
         self.model.configure(tenant, weight)
 
-    @rule(worker=st.sampled_from(WORKERS))
+    @precondition(lambda self: any(self.held.values()))
+    @rule(limit=st.sampled_from([None, 1, 2]))
+    def configure_limits(self, limit: int | None) -> None:
+        """Tenant t3's concurrency settings come and go (static: floor == max)."""
+        self.clean = False
+        limits = None if limit is None else TenantLimits(floor=limit, max_concurrency=limit)
+        self.run(self.store.configure_tenant_limits("t3", limits))
+        self.model.configure_limits("t3", limits)
+
+    @rule(worker=st.sampled_from(sorted(WORKERS)))
     def renew(self, worker: str) -> None:
+        self.clean = False
         held = self.held[worker]
         tokens = [(i, tok) for i, (tok, _) in held.items()]
         lost, cancel = self.run(self.store.renew(worker, LONG, tokens))
         assert cancel == []
-        kept = [i for i in held if i not in lost]
-        now = self.at(_ms(self.client.zscore(self.keys.leases, kept[0])) - LONG if kept else None)
+        now = self.at(self.beat_ms(worker))
+        self.model.heartbeat(worker, now=now)
         expected = [
             i for i, (tok, _) in held.items() if not self.model.renew(i, int(tok), LONG, now=now)
         ]
@@ -322,29 +414,70 @@ class LuaVsModel(RuleBasedStateMachine):
             del held[job_id]
 
     @precondition(lambda self: any(self.held.values()))
-    @rule(worker=st.sampled_from(WORKERS))
+    @rule(worker=st.sampled_from(sorted(WORKERS)))
     def crash(self, worker: str) -> None:
         """The worker dies: its jobs stay leased until their leases run out."""
+        self.clean = False
         self.held[worker].clear()
 
-    @precondition(lambda self: self.model.leases)
-    @rule(limit=st.integers(1, 4))
-    def sweep(self, limit: int) -> None:
+    @precondition(lambda self: self.model.leases or self.model.heartbeats)
+    @rule(limit=st.integers(1, 4), stale=st.booleans())
+    def sweep(self, limit: int, stale: bool) -> None:
+        """Reclaim expired leases; with ``stale``, every worker counts as stale (its
+        heartbeat is at or before now) and up to ``limit`` of them are deregistered."""
+        self.clean = False
         short = [t for t in self.model.leases.values() if t < self.now + LONG // 2]
         if short:  # let every short lease run out first
             deadline = time.monotonic() + 5
             while self.server_ms() < max(short):
                 assert time.monotonic() < deadline, "the server clock does not advance"
                 time.sleep(0.001)
-        retried, dead = self.run(self.store.sweep(limit, secrets.randbits(31), 10**9))
+        stale_ms = 0 if stale else 10**9
+        retried, dead = self.run(self.store.sweep(limit, secrets.randbits(31), stale_ms))
         if retried:
             written: int | None = self.field_ms(retried[0], "run")
         elif dead:
             written = self.field_ms(dead[0], "fin")
         else:
             written = None
-        expected = self.model.sweep(limit, now=self.at(written), delay_ms=0)
+        expected = self.model.sweep(
+            limit, now=self.at(written), delay_ms=0, stale_ms=0 if stale else None
+        )
         assert (retried, dead) == expected, f"sweep: lua {(retried, dead)}, model {expected}"
+
+    @precondition(lambda self: self._pending() >= 6)
+    @rule()
+    def drain(self) -> None:
+        self.clean = False
+        self.drain_all()
+
+    def drain_all(self) -> None:
+        """With capacity (a worker of 6 slots on both lanes) and every running job acked,
+        every job that is not scheduled for later finishes."""
+        for _ in range(100):
+            running = sorted(
+                (j.id, j.token) for j in self.model.jobs.values() if j.token is not None
+            )
+            if running:
+                outcomes = [Outcome(i, str(tok), "ok", "1") for i, tok in running]
+                codes = self.run(self.store.ack(LANES, outcomes))
+                now = self.at(self.field_ms(running[0][0], "fin"))
+                assert codes == [int(self.model.ack(i, tok, "ok", now=now)) for i, tok in running]
+                for jobs in self.held.values():
+                    for i in [
+                        i for i, (tok, _) in jobs.items() if self.model.jobs[i].token != int(tok)
+                    ]:
+                        del jobs[i]
+            given = self.exchange(DRAINER, LANES, DRAIN_SLOTS, LONG, settle=False, idle_ms=0)
+            self.check_all()
+            if not running and not given:
+                break
+        self.held[DRAINER].clear()
+        for job in self.model.jobs.values():
+            later = job.status == "scheduled" and job.run_at > self.now
+            assert job.status in FINISHED or later, f"{job.id} is left {job.status} by a drain"
+        self._leave(DRAINER, LONG)
+        self.check_all()
 
     # -- the whole store, after every step ---------------------------------------------
 
@@ -352,98 +485,255 @@ class LuaVsModel(RuleBasedStateMachine):
         """Every key of the app, read atomically."""
         k, pipe = self.keys, self.client.pipeline(transaction=True)
         for job_id in self.ids:
-            pipe.hmget(k.job(job_id), ["st", "att", "max", "tok"])
-        for lane, tenant in PAIRS:
-            pipe.zrange(k.tenant_queue(lane, tenant), 0, -1)
+            pipe.hmget(k.job(job_id), ["st", "att", "max", "tok", "ttok", "cls", "sl", "lane"])
+        units = [(lane, cls) for lane in LANES for cls in TABLES[lane].names]
+        for lane, cls in units:
+            for tenant in TENANTS:
+                pipe.zrange(k.tenant_queue(lane, cls, tenant), 0, -1)
+            pipe.zrange(k.class_key(lane, cls, "fair"), 0, -1, withscores=True)
+            pipe.hgetall(k.class_key(lane, cls, "vt"))
+            pipe.zrange(k.class_key(lane, cls, "granted"), 0, -1, withscores=True)
         for lane in LANES:
-            pipe.zrange(k.lane(lane).fair, 0, -1, withscores=True)
-            pipe.hgetall(k.lane(lane).vt)
+            pipe.hgetall(k.lane(lane).state)
+            pipe.hgetall(k.lane(lane).cap)
             pipe.zrange(k.lane(lane).delayed, 0, -1, withscores=True)
             pipe.zrange(k.lane(lane).idle, 0, -1, withscores=True)
-        for worker in WORKERS:
+        for worker in [*WORKERS, DRAINER]:
             pipe.lrange(k.inbox(worker), 0, -1)
         pipe.zrange(k.leases, 0, -1, withscores=True)
         pipe.zrange(k.dead, 0, -1, withscores=True)
         pipe.hgetall(k.stats)
         pipe.get(k.fence)
-        replies = pipe.execute()
+        pipe.zrange(k.workers, 0, -1, withscores=True)
+        pipe.hgetall(k.fleet)
+        pipe.hgetall(k.throttles)
+        pipe.zrange(k.throttle_waiters, 0, -1)
+        replies = iter(pipe.execute())
         snap = Snapshot()
-        for job_id, (st_, att, max_, tok) in zip(self.ids, replies, strict=False):
-            snap.jobs[job_id] = (st_.decode(), int(att), int(max_), tok and int(tok))
-        rest = iter(replies[len(self.ids) :])
-        snap.queues = {pair: [i.decode() for i in next(rest)] for pair in PAIRS}
+        for job_id in self.ids:
+            st_, att, max_, tok, ttok, cls, sl, lane = next(replies)
+            snap.jobs[job_id] = JobRow(
+                _s(st_), int(att), int(max_), tok and int(tok), ttok and int(ttok),
+                _s(cls), int(sl), _s(lane),
+            )  # fmt: skip
+        for lane, cls in units:
+            for tenant in TENANTS:
+                snap.queues[(lane, cls, tenant)] = [_s(i) for i in next(replies)]
+            snap.fair[(lane, cls)] = {_s(t): float(tag) for t, tag in next(replies)}
+            snap.vt[(lane, cls)] = {_s(f): float(v) for f, v in next(replies).items()}
+            snap.granted[(lane, cls)] = [(_s(i), int(s)) for i, s in next(replies)]
         for lane in LANES:
-            snap.fair[lane] = {t.decode(): float(tag) for t, tag in next(rest)}
-            snap.vt[lane] = {f.decode(): float(v) for f, v in next(rest).items()}
-            snap.delayed[lane] = [(i.decode(), _ms(s)) for i, s in next(rest)]
-            snap.idle[lane] = {m.decode(): _ms(s) for m, s in next(rest)}
-        for worker in WORKERS:
-            rows = [msgspec.msgpack.decode(r, type=FetchedJob) for r in next(rest)]
+            state = {_s(f): _s(v) for f, v in next(replies).items()}
+            snap.state[lane] = {f: int(v) for f, v in state.items() if f != "table"}
+            snap.cap[lane] = {_s(w): int(v) for w, v in next(replies).items()}
+            snap.delayed[lane] = [(_s(i), _ms(s)) for i, s in next(replies)]
+            snap.idle[lane] = {_s(m): _ms(s) for m, s in next(replies)}
+        for worker in [*WORKERS, DRAINER]:
+            rows = [msgspec.msgpack.decode(r, type=FetchedJob) for r in next(replies)]
             snap.inboxes[worker] = [Grant(j.id, int(j.token), j.attempt) for j in rows]
-        snap.leases = {i.decode(): _ms(s) for i, s in next(rest)}
-        snap.dead = {i.decode(): _ms(s) for i, s in next(rest)}
-        snap.stats = {key.decode(): int(v) for key, v in next(rest).items()}
-        snap.fence = int(next(rest) or 0)
+        snap.leases = {_s(i): _ms(s) for i, s in next(replies)}
+        snap.dead = {_s(i): _ms(s) for i, s in next(replies)}
+        snap.stats = {_s(key): int(v) for key, v in next(replies).items()}
+        snap.fence = int(next(replies) or 0)
+        snap.workers = {_s(w): _ms(s) for w, s in next(replies)}
+        snap.fleet = {_s(w): _s(v) for w, v in next(replies).items()}
+        snap.thr = {_s(f): _s(v) for f, v in next(replies).items()}
+        for member in next(replies):
+            key, _, job_id = _s(member).split("\0")
+            snap.waiters.setdefault(key, []).append(job_id)
         return snap
 
     @invariant()
-    def every_job_in_one_place(self) -> None:
-        """On the store alone: each job in exactly one place that matches its status,
-        none over its attempt budget (whatever the model says)."""
+    def check_all(self) -> None:
         snap = self.snapshot()
-        queued = Counter(i for q in snap.queues.values() for i in q)
-        scheduled = Counter(i for d in snap.delayed.values() for i, _ in d)
-        for job_id, (status, att, max_, tok) in snap.jobs.items():
-            finished = status in ("completed", "failed", "cancelled", "expired")
-            places = [queued[job_id], scheduled[job_id], int(job_id in snap.leases), int(finished)]
-            assert sorted(places) == [0, 0, 0, 1], f"{job_id} ({status}) is in {places}"
-            expected = {"queued": 0, "scheduled": 1, "running": 2}.get(status, 3)
-            assert places[expected] == 1, f"{job_id} is {status} but in {places}"
-            assert att <= max_, f"{job_id}: {att} attempts over {max_}"
-            # a finished job may keep its last token: its status alone fences that token
-            assert tok is not None or status != "running", f"{job_id} runs without a token"
+        self.every_job_in_one_place(snap)
+        self.store_matches_model(snap)
+        self.no_slot_idles(snap)
+        self.clean = True
 
-    @invariant()
-    def store_matches_model(self) -> None:
-        model, snap = self.model, self.snapshot()
-        model.check_invariants()
-        for job_id, (status, att, _, tok) in snap.jobs.items():
-            job = model.jobs[job_id]
-            assert (status, att) == (job.status, job.attempts), f"{job_id}: {snap.jobs[job_id]}"
-            assert status != "running" or tok == job.token, f"{job_id} token {tok} != {job}"
-        for lane, tenant in PAIRS:
-            assert snap.queues[(lane, tenant)] == model.queue_ids(lane, tenant), (lane, tenant)
+    def every_job_in_one_place(self, snap: Snapshot) -> None:
+        """On the store alone: each job in exactly one place that matches its status,
+        none over its attempt budget, the lanes' slots and the throttle keys consistent
+        (whatever the model says)."""
+        queued = Counter(i for q in snap.queues.values() for i in q)
+        granted = Counter(i for g in snap.granted.values() for i, _ in g)
+        parked = Counter(i for w in snap.waiters.values() for i in w)
+        scheduled = Counter(i for d in snap.delayed.values() for i, _ in d)
+        for job_id, row in snap.jobs.items():
+            finished = row.status in ("completed", "failed", "cancelled", "expired")
+            places = [
+                queued[job_id] + granted[job_id], parked[job_id], scheduled[job_id],
+                int(job_id in snap.leases), int(finished),
+            ]  # fmt: skip
+            assert sorted(places) == [0, 0, 0, 0, 1], f"{job_id} ({row.status}) is in {places}"
+            expected = {"queued": 0, "throttled": 1, "scheduled": 2, "running": 3}
+            assert places[expected.get(row.status, 4)] == 1, f"{job_id} is {row.status}: {places}"
+            assert granted[job_id] == (row.status == "queued" and row.ttok is not None)
+            assert row.attempts <= row.max_attempts, f"{job_id}: over its attempt budget"
+            # a finished job may keep its last token: its status alone fences that token
+            assert row.token is not None or row.status != "running", f"{job_id} has no token"
         for lane in LANES:
-            assert snap.fair[lane] == model.fair.get(lane, {}), f"fair tags of {lane}"
-            vt = snap.vt[lane]
-            assert vt.get("V", 0.0) == model.vtime.get(lane, 0.0), f"virtual time of {lane}"
-            assert vt.get("run", 0.0) == model.running[lane], f"in-flight work of {lane}"
-            finish = {f[2:]: v for f, v in vt.items() if f.startswith("f:")}
-            assert finish == model.finish.get(lane, {}), f"finish tags of {lane}"
+            state = snap.state[lane]
+            assert state.get("C", 0) == sum(snap.cap[lane].values()), f"capacity of {lane}"
+            for cls in TABLES[lane].names:
+                mine = [r for r in snap.jobs.values() if (r.lane, r.cls) == (lane, cls)]
+                f = sum(r.slots for r in mine if r.status == "running")
+                d = sum(r.slots for r in mine if r.status == "queued")
+                assert state.get(f"f:{cls}", 0) == f, f"in-flight slots of {lane}/{cls}"
+                assert state.get(f"d:{cls}", 0) == d, f"waiting slots of {lane}/{cls}"
+                g = len(snap.granted[(lane, cls)])
+                assert state.get(f"g:{cls}", 0) == g, f"granted jobs of {lane}/{cls}"
+        for key, use in snap.throttle_use().items():
+            limit = int(snap.thr[f"l:{key}"])
+            fixed = KEY_LIMITS.get(key) or (
+                STATIC.get(key[7:]) if key.startswith("tenant:") else None
+            )
+            # a key whose limit moves (k3, t3's key) may hold more than its latest limit:
+            # lowering a limit preempts nobody -- but never more than the highest it had
+            assert use <= (limit if fixed else 2), f"key {key}: {use} in use over {limit}"
+            assert not snap.waiters.get(key) or use >= limit, f"key {key} idles with waiters"
+
+    def store_matches_model(self, snap: Snapshot) -> None:
+        model = self.model
+        model.check_invariants()
+        for job_id, row in snap.jobs.items():
+            job = model.jobs[job_id]
+            assert (row.status, row.attempts) == (job.status, job.attempts), f"{job_id}: {row}"
+            assert row.status != "running" or row.token == job.token, f"{job_id} token: {job}"
+            assert (row.cls, row.slots) == (job.cls, job.slots), f"{job_id} class: {row}"
+            assert row.ttok == job.ttok, f"{job_id} throttle grant: {row}, {job}"
+        for lane in LANES:
+            lm = model.lane(lane)
+            for cls in TABLES[lane].names:
+                cq = lm.cls(cls)
+                for tenant in TENANTS:
+                    assert snap.queues[(lane, cls, tenant)] == cq.queue_ids(tenant), (lane, cls)
+                assert snap.fair[(lane, cls)] == cq.fair, f"fair tags of {lane}/{cls}"
+                vt = snap.vt[(lane, cls)]
+                assert vt.get("V", 0.0) == cq.vtime, f"virtual time of {lane}/{cls}"
+                assert vt.get("run", 0.0) == cq.run, f"in-flight work of {lane}/{cls}"
+                finish = {f[2:]: v for f, v in vt.items() if f.startswith("f:")}
+                assert finish == cq.finish, f"finish tags of {lane}/{cls}"
+                assert snap.granted[(lane, cls)] == [(i, t) for t, i in cq.granted], f"{lane}/{cls}"
+            state = {f: v for f, v in snap.state[lane].items() if v}
+            expected = {f"f:{c}": v for c, v in lm.in_flight.items() if v}
+            expected.update({f"d:{c}": v for c, v in lm.waiting.items() if v})
+            grants = {c: len(cq.granted) for c, cq in lm.classes.items()}
+            expected.update({f"g:{c}": n for c, n in grants.items() if n})
+            if lm.capacity:
+                expected["C"] = lm.capacity
+            assert state == expected, f"state of {lane}: {state} != {expected}"
+            assert snap.cap[lane] == lm.cap, f"registrations of {lane}"
             assert snap.delayed[lane] == model.delayed_ids(lane), f"delayed set of {lane}"
-            assert snap.idle[lane] == model.idle.get(lane, {}), f"idle workers of {lane}"
-        for worker in WORKERS:
+            assert snap.idle[lane] == lm.idle, f"idle workers of {lane}"
+        for worker in [*WORKERS, DRAINER]:
             assert snap.inboxes[worker] == model.inbox.get(worker, []), f"inbox of {worker}"
         assert snap.leases == model.leases
         assert snap.dead == model.dead
         assert snap.fence == model.fence
+        assert snap.workers == model.heartbeats
+        fleet = {w: f"{s}|{','.join(lanes)}" for w, (s, lanes) in model.fleet.items()}
+        assert snap.fleet == fleet
         counters = {c: snap.stats.get(c, 0) for c in COUNTERS}
         assert counters == {c: model.stats[c] for c in COUNTERS}
         assert not set(snap.stats) - {*COUNTERS, "seq"}, f"unexpected counters: {snap.stats}"
         assert snap.stats.get("seq", 0) == model.seq
+        self.throttles_match(snap)
+
+    def throttles_match(self, snap: Snapshot) -> None:
+        thr, stats = self.model.throttles, self.model.throttles.statistics()
+        keys = {s.key: (s.in_use, s.limit) for s in stats.keys}
+        lua_keys = {k[2:]: (int(snap.thr.get(f"u:{k[2:]}", 0)), int(v))
+                    for k, v in snap.thr.items() if k.startswith("l:")}  # fmt: skip
+        assert lua_keys == keys, f"throttle keys: lua {lua_keys}, model {keys}"
+        refs: Counter[str] = Counter()
+        for job_id in self.model.jobs:
+            refs.update(thr.holds(job_id) or thr.wants(job_id) or ())
+        lua_refs = {k[2:]: int(v) for k, v in snap.thr.items() if k.startswith("r:") and int(v)}
+        assert lua_refs == dict(refs), "throttle references"
+        waiters = {s.key: list(thr.waiters(s.key)) for s in stats.keys if s.waiters}
+        assert snap.waiters == waiters, f"waiters: lua {snap.waiters}, model {waiters}"
+        held, parked = {}, {}
+        for job_id in self.model.jobs:
+            if thr.holds(job_id) is not None:
+                held[job_id] = "\t".join([str(thr.token(job_id)), *(thr.holds(job_id) or ())])
+            if thr.parked_on(job_id) is not None:
+                parked[job_id] = (thr.parked_on(job_id), thr.wants(job_id))
+        assert {k[2:]: v for k, v in snap.thr.items() if k.startswith("h:")} == held
+        lua_parked = {}
+        for k, v in snap.thr.items():
+            if k.startswith("p:"):
+                at, _, _, *names = v.split("\t")
+                lua_parked[k[2:]] = (at, tuple(names))
+        assert lua_parked == parked
+        assert int(snap.thr.get("tok", 0)) == stats.acquired + stats.handoffs
+        assert int(snap.thr.get("handoffs", 0)) == stats.handoffs
+        assert int(snap.thr.get("moves", 0)) == stats.moves
+
+    def no_slot_idles(self, snap: Snapshot) -> None:
+        """When the class rules (``next_class`` on the store's own lane state and heads)
+        let a class start, the lane's next dispatch starts that class's head job (and
+        so gives something) -- unless its throttle keys park it. So no slot idles while
+        an eligible job waits for anything but a fetch."""
+        for lane in LANES:
+            table, state = TABLES[lane], snap.state[lane]
+            heads: dict[str, str | None] = {}
+            for cls in table.names:
+                granted = snap.granted[(lane, cls)]
+                fair = snap.fair[(lane, cls)]
+                if granted:
+                    heads[cls] = granted[0][0]
+                elif fair:
+                    tenant = min(fair, key=lambda t: (fair[t], t))
+                    heads[cls] = snap.queues[(lane, cls, tenant)][0]
+                else:
+                    heads[cls] = None
+            chosen = next_class(
+                table,
+                state.get("C", 0),
+                {c: state.get(f"f:{c}", 0) for c in table.names},
+                {c: snap.jobs[h].slots if h else None for c, h in heads.items()},
+                demand={c: state.get(f"d:{c}", 0) for c in table.names},
+            )
+            if chosen is None:
+                continue
+            head = heads[chosen]
+            assert head is not None
+            probe = copy.deepcopy(self.model)
+            taken, _, _ = probe._dispatch(lane, 10**6, self.now)
+            started = [job.id for job in taken]
+            # parked, it holds nothing, and may be handed a slot again in the same
+            # dispatch (by a later job raising a key's limit); a granted head never parks
+            job = probe.jobs[head]
+            parked = snap.jobs[head].ttok is None and head not in probe.queue_ids(
+                lane, job.tenant, chosen
+            )
+            assert head in started or parked, (
+                f"{lane}: class {chosen} may start {head}, the next fetch starts {started}"
+            )
 
 
-def check(machine: LuaVsModel) -> None:
-    machine.every_job_in_one_place()
-    machine.store_matches_model()
+@dataclass
+class JobRow:
+    status: str
+    attempts: int
+    max_attempts: int
+    token: int | None
+    ttok: int | None
+    cls: str
+    slots: int
+    lane: str
 
 
 @dataclass
 class Snapshot:
-    jobs: dict[str, tuple[str, int, int, int | None]] = field(default_factory=dict)
-    queues: dict[tuple[str, str], list[str]] = field(default_factory=dict)
-    fair: dict[str, dict[str, float]] = field(default_factory=dict)
-    vt: dict[str, dict[str, float]] = field(default_factory=dict)
+    jobs: dict[str, JobRow] = field(default_factory=dict)
+    queues: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
+    fair: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    vt: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    granted: dict[tuple[str, str], list[tuple[str, int]]] = field(default_factory=dict)
+    state: dict[str, dict[str, int]] = field(default_factory=dict)
+    cap: dict[str, dict[str, int]] = field(default_factory=dict)
     delayed: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     idle: dict[str, dict[str, int]] = field(default_factory=dict)
     inboxes: dict[str, list[Grant]] = field(default_factory=dict)
@@ -451,16 +741,28 @@ class Snapshot:
     dead: dict[str, int] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     fence: int = 0
+    workers: dict[str, int] = field(default_factory=dict)
+    fleet: dict[str, str] = field(default_factory=dict)
+    thr: dict[str, str] = field(default_factory=dict)
+    waiters: dict[str, list[str]] = field(default_factory=dict)
+
+    def throttle_use(self) -> dict[str, int]:
+        """Every live throttle key's slots in use."""
+        return {k[2:]: int(self.thr.get(f"u:{k[2:]}", 0)) for k in self.thr if k.startswith("l:")}
 
 
-@pytest.mark.timeout(600)  # a pass takes seconds; shrinking a failure can take minutes
+def check(machine: LuaVsModel) -> None:
+    machine.check_all()
+
+
+@pytest.mark.timeout(600)  # a pass takes about a minute; shrinking a failure can take longer
 def test_lua_agrees_with_model(redis_url: str) -> None:
     machine = type("LuaVsModelOn", (LuaVsModel,), {"redis_url": redis_url})
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=100,
-            stateful_step_count=40,
+            max_examples=250,
+            stateful_step_count=50,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
         ),
@@ -475,7 +777,7 @@ def test_model_order_and_reclaim() -> None:
     model.enqueue("j3", "t1", "a", 1, 1, now=0)
     grants = model.fetch("w", ["a"], 4, 10, now=0).jobs
     # fair order: t1 and t2 both start at tag 0 (ties by name): t1 gives j3 (priority),
-    # then t2 (tag 0 < t1's 1) gives j2, then t1, alone, gives j0 and j1
+    # then t2 (tag 0 < t1's 1) gives j2, then t1 gives j0 and j1
     assert [g.id for g in grants] == ["j3", "j2", "j0", "j1"]
     assert [g.token for g in grants] == [1, 2, 3, 4]
     assert model.sweep(10, now=9) == ([], [])
@@ -503,15 +805,15 @@ def test_model_sweep_bounds_and_fences(limit: int) -> None:
 def test_model_hand_off_to_an_idle_worker() -> None:
     model = QueueModel()
     assert model.fetch("w", ["a"], 2, 100, now=0, idle_ms=50) == Batch([], None)
-    assert model.idle == {"a": {"w|100": 50}}
+    assert model.lane("a").idle == {"w|100": 50} and model.lane("a").capacity == 2
     batch = [
         ModelNewJob("j0", "t", 0, 1, 10),
         ModelNewJob("j1", "t", 0, 1),
         ModelNewJob("j2", "t", 0, 1),
     ]
     model.enqueue_batch("a", batch, now=1)
-    # the first job due now goes to the idle worker, leased; the claim is spent
-    assert model.inbox == {"w": [Grant("j1", 1, 1)]} and model.idle == {"a": {}}
+    # the lane's next job goes to the idle worker, leased; the registration is spent
+    assert model.inbox == {"w": [Grant("j1", 1, 1)]} and model.lane("a").idle == {}
     assert model.leases == {"j1": 101} and model.queue_ids("a", "t") == ["j2"]
     assert model.take_handed("w", now=2) == Grant("j1", 1, 1)
     assert model.take_handed("w", now=2) is None
@@ -522,14 +824,60 @@ def test_model_hand_off_to_an_idle_worker() -> None:
     model.check_invariants()
 
 
+def test_model_classes_widths_and_throttles() -> None:
+    """Classes, widths and throttle keys on hand-checked cases."""
+    model = QueueModel()
+    model.fetch("w", ["a"], 1, 100, now=0, slots=3)  # C = 3: guaranteed and standard a = 1
+    jobs = [
+        ModelNewJob("wide", "t", 0, 1, slots=3),
+        ModelNewJob("g1", "t", 0, 1, cls="guaranteed"),
+        ModelNewJob("g2", "u", 0, 1, cls="guaranteed"),
+    ]
+    assert model.enqueue_batch("a", jobs, now=1) == [1, 1, 1]
+    assert model.enqueue_batch("a", [ModelNewJob("x", "t", 0, 1, cls="nope")], now=1) == [-2]
+    # g1 starts within guaranteed's assured slot; then the wide standard head (ranked
+    # first, f/a = 0) is blocked for free slots and holds them: g2 may not borrow
+    assert [g.id for g in model.fetch("w", ["a"], 3, 100, now=2).jobs] == ["g1"]
+    assert model.lane("a").in_flight["guaranteed"] == 1
+    assert model.lane("a").waiting == {"standard": 3, "guaranteed": 1}
+    token = model.jobs["g1"].token
+    assert token is not None and model.ack("g1", token, "ok", now=3)
+    # g2 is owed its assured slot (its claim leaves the wide job no spare)
+    assert [g.id for g in model.fetch("w", ["a"], 3, 100, now=4).jobs] == ["g2"]
+    token = model.jobs["g2"].token
+    assert token is not None and model.ack("g2", token, "ok", now=5)
+    assert [g.id for g in model.fetch("w", ["a"], 3, 100, now=6).jobs] == ["wide"]
+    model.check_invariants()
+
+    model = QueueModel()
+    keyed = [ModelNewJob(f"k{n}", "t", 0, 1, limits=(("k", 1),)) for n in range(2)]
+    model.enqueue_batch("a", keyed, now=0)
+    # k0 takes k's only slot, k1 parks on k (holding nothing); the budget is not spent
+    assert [g.id for g in model.fetch("w", ["a"], 2, 100, now=1).jobs] == ["k0"]
+    assert model.jobs["k1"].status == "throttled" and model.throttles.waiters("k") == ("k1",)
+    assert model.stats["throttled"] == 1 and model.lane("a").waiting["standard"] == 0
+    token = model.jobs["k0"].token
+    assert token is not None and model.ack("k0", token, "ok", now=2)
+    # k0's release hands the slot to k1: granted, it is its class's head
+    assert model.jobs["k1"].status == "queued" and model.jobs["k1"].ttok == 2
+    assert model.lane("a").waiting["standard"] == 1
+    assert [g.id for g in model.fetch("w", ["a"], 2, 100, now=3).jobs] == ["k1"]
+    model.check_invariants()
+
+
 def test_hand_off_edges(redis_url: str) -> None:
     """Fixed steps through the hand-off's corners, on the real store and the model."""
     machine = type("LuaVsModelOn", (LuaVsModel,), {"redis_url": redis_url})()
+    plain = ((), 0, 1)  # limits, class index, width
+
+    def jobs(*specs: tuple[str, int, int, int]) -> list[JobSpec]:
+        return [(t, p, a, d, plain[1], plain[2], plain[0]) for t, p, a, d in specs]
+
     try:
         machine.fetch("w1", ("a",), 1, short=False, settle=False, idle_ms=LONG)  # idle on a
         check(machine)
-        # the delayed job does not count; the first due one goes to w1, the rest queue
-        machine.enqueue("a", [("t1", 0, 2, LONG), ("t1", 0, 2, 0), ("t2", 0, 2, 0)])
+        # the delayed job does not count; the lane's next job goes to w1, the rest queue
+        machine.enqueue("a", jobs(("t1", 0, 2, LONG), ("t1", 0, 2, 0), ("t2", 0, 2, 0)))
         check(machine)
         assert machine.model.inbox == {"w1": [Grant("j001", 1, 1)]}
         machine.fetch("w2", ("a",), 1, short=False, settle=False, idle_ms=0)  # j002
@@ -541,17 +889,24 @@ def test_hand_off_edges(redis_url: str) -> None:
         assert machine.model.delayed_ids("a")[0][0] == "j002"
         # an enqueue of only delayed jobs claims nobody: the next due job goes to w3
         machine.fetch("w3", ("b",), 2, short=False, settle=False, idle_ms=LONG)
-        machine.enqueue("b", [("t1", 0, 1, LONG)])
-        machine.enqueue("b", [("t1", 0, 1, 0)])
+        machine.enqueue("b", jobs(("t1", 0, 1, LONG)))
+        machine.enqueue("b", jobs(("t1", 0, 1, 0)))
         check(machine)
-        assert machine.model.inbox.get("w3") and not machine.model.queue_ids("b", "t1")
+        assert machine.model.inbox.get("w3") and not machine.model.queue_ids("b", "t1", "gold")
         # a registration with a 1 ms life has lapsed by the next millisecond
         machine.fetch("w3", ("b", "a"), 3, short=False, settle=True, idle_ms=0)
         machine.fetch("w3", ("b",), 1, short=False, settle=True, idle_ms=1)
         check(machine)
         time.sleep(0.003)
-        machine.enqueue("b", [("t1", 0, 1, 0)])
+        machine.enqueue("b", jobs(("t1", 0, 1, 0)))
         check(machine)
         assert not machine.model.inbox.get("w3")
+        # a worker registered on a then b, then gone, is uncounted in both
+        machine.exchange("w2", ("b",), 1, LONG, settle=True, idle_ms=0)
+        check(machine)
+        machine.leave("w2", short=False)
+        check(machine)
+        assert "w2" not in machine.model.lane("a").cap and "w2" not in machine.model.lane("b").cap
+        machine.drain()
     finally:
         machine.teardown()

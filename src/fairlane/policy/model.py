@@ -3,38 +3,76 @@
 The model is the oracle: ``tests/store/test_model_vs_lua.py`` drives it and the real
 scripts (``fairlane/store/lua/fairlane.lua``) with the same operations and requires the
 same answers -- the same jobs in the same order with the same fencing tokens and
-attempt numbers, the same fenced acks, the same reclaims. It is pure: no Redis, no
-asyncio, no clock. Every operation is given ``now=`` (server milliseconds): the time
-the script would have read with ``TIME``.
+attempt numbers, the same fenced acks, the same reclaims, the same lane, class and
+throttle state. It is pure: no Redis, no asyncio, no clock. Every operation is given
+``now=`` (server milliseconds): the time the script would have read with ``TIME``.
 
-What it covers: enqueue (optionally delayed), fetch, the hand-off of new jobs to idle
-workers, lease renewal, acks (``ok``, ``retry``, ``dead``, ``release``) fenced by
-tokens, and the reclaim sweep. Deadlines, idempotency keys, cancellation, retention
-trimming, worker heartbeats and malformed records are outside it.
+It is built from the policy modules, which decide; the model only composes them:
+``fairlane.policy.classes.next_class`` chooses the class that starts,
+``fairlane.policy.throttle.Throttles`` admits or parks a job on its throttle keys, and
+``fairlane.policy.ceilings.tenant_limit`` gives a tenant's limit. The lanes' state and
+the steps of one dispatch live in ``fairlane.policy.model_dispatch``.
+
+What it covers: enqueue (optionally delayed) with a service class, a width in worker
+slots and throttle keys, fetch (an exchange: worker registration, acks, then the
+fetch), the hand-off to idle workers, a stopping worker's leave, lease renewal and
+heartbeats, acks (``ok``, ``retry``, ``dead``, ``release``) fenced by tokens, the
+reclaim sweep and its stale-worker deregistration, lane class tables, tenant weights
+and tenant concurrency settings. Deadlines, idempotency keys, cancellation, redrive,
+retention trimming, malformed records and the promote limit are outside it.
 
 Rules, as in the scripts:
 
-* **Order.** Tenants share a lane by start-time fair queuing, one work unit per job
-  (``fairlane.policy.fairqueue`` derives it and its bounds). Each lane has a virtual
-  time ``V``, its in-flight work ``run`` (leased jobs not yet settled), a start tag for
-  each tenant with waiting work, and the finish tag of each idle tenant that has run.
-  A tenant becomes active (its first waiting job arrives) with start tag
-  ``max(finish tag, V - run / active tenants)`` (``V`` alone when none is active): it
-  starts level with the work the others have finished, not merely dispatched, and an
-  idle tenant's credit is bounded by the work in flight. A lane asked for ``want`` jobs
-  repeatedly takes the active tenant with the smallest tag (ties: smaller name): a sole
-  active tenant gives up to ``want`` jobs at once, otherwise one; each job dispatched
-  sets ``V = max(V, tag)`` and adds ``1 / weight`` to the tag (weights are set with
-  ``configure``, default 1, and apply from the next dispatch); a tenant left without waiting jobs
-  becomes idle and keeps its tag as its finish tag. A fetch of ``n`` jobs over several
-  lanes goes in rounds: in each round every lane still giving work is asked, in the
-  order given, for an even share ``ceil(left / lanes)`` of what is still wanted; a lane
-  with no active tenant drops out. Within a tenant, higher priority first, then FIFO by
-  ``seq`` (a job keeps its ``seq`` for life, so a retried or released job goes back to
-  its original place). ``run`` grows as jobs are leased and shrinks as they settle
-  (after all the acks of one call) or are reclaimed.
-* **Attempts** are counted when a job is leased (fetched or handed off); a ``release``
-  (a stopping worker handing a job back unstarted) gives the attempt back.
+* **Lanes, classes, capacity.** A lane has a class table (``declare_lane``; default
+  ``fairlane.policy.classes.DEFAULT_CLASSES``). A job names a class of its lane's table
+  (default ``standard``; an unknown class is refused, code -2, nothing written) and a
+  width ``slots``. The lane's capacity ``C`` is the sum of its registered workers'
+  slots. An exchange registers its worker (``slots``, default ``n``) in each lane it
+  names where it is not registered yet (the first registration counts) and records the
+  heartbeat ``now``; the worker's fleet entry lists every lane it is registered in.
+  ``leave`` and the sweep of stale workers (heartbeat at or before ``now - stale_ms``,
+  earliest first, ties by name, at most ``limit``) deregister a worker from all those
+  lanes. Per class, ``f`` is its running slots and ``d`` its waiting slots (queued jobs
+  in tenant queues and granted jobs; parked jobs are not counted).
+* **Order within a class.** Tenants share one class of one lane by start-time fair
+  queuing, one work unit per job (``fairlane.policy.fairqueue`` derives it). Each
+  (lane, class) has a virtual time ``V``, its in-flight work ``run`` (leased jobs not
+  yet settled), a start tag for each tenant with waiting work, and the finish tag of
+  each idle tenant that has run. A tenant becomes active (its first waiting job
+  arrives) with start tag ``max(finish tag, V - run / active tenants)`` (``V`` alone
+  when none is active). The class's fair head is the active tenant with the smallest
+  tag (ties: smaller name), and its first job (higher priority first, then FIFO by
+  ``seq``; a job keeps its ``seq`` for life). Taking it sets ``V = max(V, tag)`` and
+  adds ``1 / weight`` to the tag (weights apply from the next dispatch); a tenant left
+  without waiting jobs becomes idle, keeping its tag as its finish tag. A class's
+  **head** is its granted job with the smallest grant token, else its fair head.
+* **Dispatch of a lane** with a budget of ``b`` slots: repeatedly ask
+  ``next_class(table, C, f, head widths, demand=d)``; stop when it names no class, or
+  when the chosen head is wider than what is left of ``b`` (the lane then stopped *for
+  want of budget*). Otherwise take the head (``d`` shrinks by its width): a granted
+  job is admitted already; a fair head is charged to its tenant and then, if it names
+  throttle keys or its tenant has concurrency settings, tries its keys
+  (``Throttles.try_acquire`` with its own ``{key: limit}`` and ``tenant:<tenant>`` at
+  ``ceilings.tenant_limit(settings, rate, mean duration, C, f + d of the lane,
+  f_min=F_MIN, f_max=F_MAX)``, priority and ``seq``): admitted, it holds the grant;
+  parked, it becomes ``throttled`` (counted) and holds nothing. Waiters a call admits
+  (``Handoff``) become ``queued`` in their class's granted set (``d`` grows). A job
+  taken and admitted adds its width to ``f``.
+* **Fetch** of ``n`` slots over several lanes: first the worker's inbox (even beyond
+  ``n``); if the inbox's slots leave ``left > 0`` of ``n``, the due scheduled jobs of
+  its lanes are promoted (``run_at <= now``, earliest first, ties by id) and ``left``
+  slots are fetched in rounds: in each round every lane still live is dispatched,
+  in the order given, with an even share ``ceil(left / live lanes)`` of what is still
+  wanted; a lane stays live only if it stopped for want of budget and gave something.
+  All the jobs taken are then leased in order.
+* **Releases.** Every end of a running attempt (ack of any kind, reclaim) settles it
+  (``f`` and ``run`` shrink) and releases its throttle grant (``Throttles.release``
+  with its token), whose hand-offs enter the granted sets; an ack other than
+  ``release`` of a tenant with settings feeds its duration (``now - start``) to the
+  tenant's ``DurationMean``, and an enqueue feeds its submissions to the tenant's
+  ``RateWindow`` (only while the tenant has settings).
+* **Attempts** are counted when a job is leased; a ``release`` (a stopping worker
+  handing a job back unstarted) gives the attempt back and queues the job again.
 * **Fencing.** Every lease draws a new token from one counter, so tokens only grow.
   An ack or a renewal is applied only if the job is running under that very token;
   otherwise the ack is rejected and counted as ``fenced``.
@@ -45,54 +83,71 @@ Rules, as in the scripts:
   given).
 * **Hand-off.** A fetch that gives a worker nothing, asked with ``idle_ms``, registers
   it idle on its lanes until ``now + idle_ms`` (as ``worker|lease_ms``; the worker's
-  next fetch with that lease ends the registration). At the batch's first job that
-  is due now, an enqueue claims the lane's registration that lapses soonest (dropping
-  lapsed ones, ties by member) and leases that job straight to the worker -- a token,
-  an attempt, a lease of the registered length -- into its inbox instead of a queue.
-  A batch of only scheduled jobs claims nobody. A fetch returns the worker's inbox
-  first (even beyond ``n``, and then fetches only ``n`` minus those), the worker's
-  blocking wait takes the inbox's oldest entry, a stopping worker's ``leave`` ends its
-  registrations and takes its whole inbox (to hand it back), and an inbox vanishes once
-  it has been left longer than the last lease handed into it.
-* **Promotion.** A fetch first moves the due scheduled jobs (``run_at <= now``, earliest
-  first, ties by id) of its lanes back into their tenants' queues (the scripts cap this
-  at a promote limit per call, 1000 by default; the model has no cap).
+  next fetch with that lease ends the registration). An enqueue whose batch queued a
+  job due now drops the lane's lapsed registrations (lapsing at or before ``now``) and,
+  if one is left, dispatches the lane with a budget of 1 slot: the jobs taken (the
+  lane's next job by the rules above, not necessarily a new one) are leased to the
+  registration that lapses soonest (ties by member), which is then spent, into its
+  worker's inbox (a token, an attempt, a lease of the registered length). A fetch
+  returns the inbox first, the blocking wait takes its oldest entry, ``leave`` takes
+  the whole inbox (to hand it back), and an inbox vanishes once it has been left
+  longer than the last lease handed into it.
 
 Invariants (``check_invariants``):
 
 1. Every job is in exactly one place, matching its status: ``queued`` in its tenant's
-   queue, ``scheduled`` in its lane's delayed set, ``running`` in the leases, and
-   ``completed`` / ``failed`` in none of them (a failed job is in the dead-letter set).
-   No job is lost and none is both finished and pending.
-2. A tenant is active in its lane exactly while it has waiting jobs; ``run`` equals the
-   lane's running jobs.
+   queue or (with a throttle grant) in its class's granted set, ``throttled`` in one
+   throttle waiter queue, ``scheduled`` in its lane's delayed set, ``running`` in the
+   leases, ``completed`` / ``failed`` in none (a failed job is in the dead-letter set).
+2. A tenant is active in a class exactly while it has waiting jobs there; ``run``
+   equals the class's running jobs, ``f`` the sum of their widths, ``d`` the sum of
+   the widths of its queued jobs.
 3. ``0 <= attempts <= max_attempts``; a running job has made at least one attempt.
 4. Running jobs hold distinct tokens, none above the counter; only running jobs hold one.
+5. A job holds a throttle grant (with its token) exactly while it is granted or running
+   with a ``ttok``; a throttle key with waiters is full (``Throttles``' I3).
 """
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
-__all__ = ["AckKind", "Batch", "Grant", "ModelJob", "NewJob", "QueueModel", "Status"]
+from fairlane.policy.ceilings import (
+    RATE_BUCKETS,
+    RATE_WIDTH_MS,
+    DurationMean,
+    RateWindow,
+    TenantLimits,
+)
+from fairlane.policy.classes import ClassTable
+from fairlane.policy.model_dispatch import (
+    DEFAULT_CLASS,
+    PRIO_SPAN,
+    Grant,
+    LaneDispatch,
+    LaneModel,
+    ModelJob,
+    Status,
+)
 
-Status = Literal["queued", "scheduled", "running", "completed", "failed"]
+__all__ = [
+    "FINISHED",
+    "PRIO_SPAN",
+    "Ack",
+    "AckKind",
+    "Batch",
+    "Grant",
+    "LaneModel",
+    "ModelJob",
+    "NewJob",
+    "QueueModel",
+    "Status",
+]
+
 AckKind = Literal["ok", "retry", "dead", "release"]
-
-#: The order score of a queued job is ``-prio * PRIO_SPAN + seq`` (``order_score`` in Lua).
-PRIO_SPAN = 1 << 40
 FINISHED: frozenset[str] = frozenset({"completed", "failed"})
-
-
-class Grant(NamedTuple):
-    """A job leased to a worker: by ``fetch``, or handed to its inbox by an enqueue."""
-
-    id: str
-    token: int
-    attempt: int
 
 
 class Batch(NamedTuple):
@@ -108,45 +163,51 @@ class NewJob(NamedTuple):
     prio: int
     max_attempts: int
     delay_ms: int = 0
+    cls: str = DEFAULT_CLASS
+    slots: int = 1
+    limits: tuple[tuple[str, int], ...] = ()
 
 
-@dataclass(slots=True)
-class ModelJob:
+class Ack(NamedTuple):
+    """One outcome an exchange settles before it fetches."""
+
     id: str
-    tenant: str
-    lane: str
-    prio: int
-    seq: int
-    max_attempts: int
-    status: Status
-    run_at: int
-    attempts: int = 0
-    token: int | None = None
-    worker: str | None = None
-    finished_at: int | None = None
-    lease_lost: bool = False  # the last failure was a reclaimed lease
+    token: int
+    kind: AckKind = "ok"
+    delay_ms: int = 0
 
 
-class QueueModel:
+class QueueModel(LaneDispatch):
     """The state of one app's jobs and the operations of the Lua library on it."""
 
     def __init__(self) -> None:
-        self.jobs: dict[str, ModelJob] = {}
+        super().__init__()
         self.seq = 0
         self.fence = 0
-        self.fair: dict[str, dict[str, float]] = {}  # lane -> active tenant -> start tag
-        self.finish: dict[str, dict[str, float]] = {}  # lane -> idle tenant -> finish tag
-        self.vtime: dict[str, float] = {}  # lane -> V
-        self.running: Counter[str] = Counter()  # lane -> in-flight jobs
-        self.weights: dict[str, float] = {}  # tenant -> fair-share weight (absent: 1)
-        self.queues: dict[tuple[str, str], list[tuple[int, str]]] = {}  # sorted (score, id)
-        self.delayed: dict[str, dict[str, int]] = {}  # lane -> id -> run_at
         self.leases: dict[str, int] = {}  # id -> expiry
         self.dead: dict[str, int] = {}  # id -> time dead-lettered
-        self.idle: dict[str, dict[str, int]] = {}  # lane -> 'worker|lease_ms' -> lapses at
         self.inbox: dict[str, list[Grant]] = {}  # worker -> jobs handed to it, oldest first
         self.inbox_expiry: dict[str, int] = {}  # worker -> when its inbox vanishes
-        self.stats: Counter[str] = Counter()
+
+    # -- configuration ----------------------------------------------------------------
+
+    def declare_lane(self, lane: str, table: ClassTable) -> None:
+        """A lane's class table; applies from the next decision."""
+        self.lane(lane).table = table
+
+    def configure(self, tenant: str, weight: float | None) -> None:
+        """A tenant's fair-share weight (None: the default, 1); applies from its next dispatch."""
+        if weight is None:
+            self.weights.pop(tenant, None)
+        else:
+            self.weights[tenant] = weight
+
+    def configure_limits(self, tenant: str, limits: TenantLimits | None) -> None:
+        """A tenant's concurrency settings (None: none; its signals are kept)."""
+        if limits is None:
+            self.tenant_limits.pop(tenant, None)
+        else:
+            self.tenant_limits[tenant] = limits
 
     # -- producer ---------------------------------------------------------------------
 
@@ -163,72 +224,118 @@ class QueueModel:
     ) -> None:
         self.enqueue_batch(lane, [NewJob(job_id, tenant, prio, max_attempts, delay_ms)], now=now)
 
-    def enqueue_batch(self, lane: str, batch: list[NewJob], *, now: int) -> None:
-        """Enqueue jobs in one call (at most one idle worker is handed a job)."""
+    def enqueue_batch(self, lane: str, batch: Sequence[NewJob], *, now: int) -> list[int]:
+        """Enqueue jobs in one call; returns a code per job (1 stored, -2 unknown class)."""
         ids = [spec.id for spec in batch]
         if len(set(ids)) < len(ids) or any(i in self.jobs for i in ids):
             raise ValueError(f"job ids must be new: {ids}")
-        can_hand_off = True
+        table = self.lane(lane).table
+        codes: list[int] = []
+        submitted: Counter[str] = Counter()
+        ready = False
         for spec in batch:
             self.seq += 1
+            if spec.cls not in table:
+                codes.append(-2)
+                continue
             run_at = now + spec.delay_ms
             job = ModelJob(
                 spec.id, spec.tenant, lane, spec.prio, self.seq, spec.max_attempts,
                 "scheduled" if run_at > now else "queued", run_at,
+                cls=spec.cls, slots=spec.slots, limits=tuple(sorted(spec.limits)),
             )  # fmt: skip
             self.jobs[spec.id] = job
             if job.status == "scheduled":
-                self.delayed.setdefault(lane, {})[spec.id] = run_at
-                continue
-            idle = self._claim_idle(lane, now) if can_hand_off else None
-            can_hand_off = False
-            if idle is not None:
-                worker, lease_ms = idle
-                self.inbox.setdefault(worker, []).append(self._lease(job, worker, lease_ms, now))
-                self.inbox_expiry[worker] = now + lease_ms
+                self.lane(lane).delayed[spec.id] = run_at
             else:
                 self._push_ready(job)
+                ready = True
+            submitted[spec.tenant] += 1
+            codes.append(1)
+        for tenant, n in submitted.items():
+            if tenant in self.tenant_limits:
+                window = self.rates.setdefault(tenant, RateWindow(RATE_BUCKETS, RATE_WIDTH_MS))
+                window.add(now, n)
+        if ready:
+            self._hand_off(lane, now)
+        return codes
 
-    def configure(self, tenant: str, weight: float | None) -> None:
-        """A tenant's fair-share weight (None: the default, 1); applies from its next dispatch."""
-        if weight is None:
-            self.weights.pop(tenant, None)
-        else:
-            self.weights[tenant] = weight
+    def _hand_off(self, name: str, now: int) -> None:
+        registered = self.lane(name).idle
+        for member, lapses in list(registered.items()):
+            if lapses <= now:
+                del registered[member]
+        if not registered:
+            return
+        member = min(registered, key=lambda m: (registered[m], m))
+        taken, _, _ = self._dispatch(name, 1, now)
+        if not taken:
+            return
+        del registered[member]
+        worker, lease = member.rsplit("|", 1)
+        lease_ms = int(lease)
+        inbox = self.inbox.setdefault(worker, [])
+        inbox.extend(self._lease(job, worker, lease_ms, now) for job in taken)
+        self.inbox_expiry[worker] = now + lease_ms
 
     # -- worker -----------------------------------------------------------------------
 
     def fetch(
-        self, worker: str, lanes: list[str], n: int, lease_ms: int, *, now: int, idle_ms: int = 0
+        self,
+        worker: str,
+        lanes: list[str],
+        n: int,
+        lease_ms: int,
+        *,
+        now: int,
+        idle_ms: int = 0,
+        slots: int | None = None,
     ) -> Batch:
+        """An exchange without acks."""
+        return self.exchange(worker, lanes, n, lease_ms, now=now, idle_ms=idle_ms, slots=slots)[1]
+
+    def exchange(
+        self,
+        worker: str,
+        lanes: list[str],
+        n: int,
+        lease_ms: int,
+        acks: Sequence[Ack] = (),
+        *,
+        now: int,
+        idle_ms: int = 0,
+        slots: int | None = None,
+    ) -> tuple[list[bool], Batch]:
+        """Register the worker, settle ``acks``, then fetch up to ``n`` slots of work."""
+        self._register(worker, n if slots is None else slots, lanes, now)
+        codes = [self.ack(a.id, a.token, a.kind, now=now, delay_ms=a.delay_ms) for a in acks]
         member = f"{worker}|{lease_ms}"
         for lane in lanes:
-            self.idle.get(lane, {}).pop(member, None)
+            self.lane(lane).idle.pop(member, None)
         handed = self._inbox(worker, now)
         self.inbox.pop(worker, None)
         self.inbox_expiry.pop(worker, None)
-        if n <= len(handed):
-            return Batch(handed, None)
-        for lane in lanes:
-            self._promote_due(lane, now)
+        left = n - sum(self.jobs[g.id].slots for g in handed)
         grants: list[Grant] = []
-        live, want = list(lanes), n - len(handed)
-        while len(grants) < want and live:
-            still = []
-            for lane in live:
-                share = -(-(want - len(grants)) // len(live))
-                if share > 0 and self._pop_fair(lane, share, grants, worker, lease_ms, now):
-                    still.append(lane)
-            live = still
+        next_due = None
+        if left > 0:
+            grants = self._fetch(worker, lanes, left, lease_ms, now)
+            next_due = self.next_due(lanes, now=now)
         if not handed and not grants and idle_ms > 0:
             for lane in lanes:
-                self.idle.setdefault(lane, {})[member] = now + idle_ms
-        return Batch(handed + grants, self.next_due(lanes, now=now))
+                self.lane(lane).idle[member] = now + idle_ms
+        return codes, Batch(handed + grants, next_due)
+
+    def _fetch(self, worker: str, lanes: list[str], want: int, lease: int, now: int) -> list[Grant]:
+        for lane in lanes:
+            self._promote_due(lane, now)
+        return [self._lease(job, worker, lease, now) for job in self._rounds(lanes, want, now)]
 
     def leave(self, worker: str, lanes: list[str], lease_ms: int, *, now: int) -> list[Grant]:
         """A stopping worker deregisters; returns its inbox (still leased to it) to hand back."""
         for lane in lanes:
-            self.idle.get(lane, {}).pop(f"{worker}|{lease_ms}", None)
+            self.lane(lane).idle.pop(f"{worker}|{lease_ms}", None)
+        self._deregister(worker)
         handed = self._inbox(worker, now)
         self.inbox.pop(worker, None)
         self.inbox_expiry.pop(worker, None)
@@ -246,7 +353,7 @@ class QueueModel:
 
     def next_due(self, lanes: list[str], *, now: int) -> int | None:
         """Milliseconds until the next scheduled job of ``lanes`` is due (after a fetch)."""
-        times = [t for lane in lanes for t in self.delayed.get(lane, {}).values()]
+        times = [t for lane in lanes for t in self.lane(lane).delayed.values()]
         return max(0, min(times) - now) if times else None
 
     def renew(self, job_id: str, token: int, lease_ms: int, *, now: int) -> bool:
@@ -256,6 +363,10 @@ class QueueModel:
         self.leases[job_id] = now + lease_ms
         return True
 
+    def heartbeat(self, worker: str, *, now: int) -> None:
+        """A renewal call's heartbeat (it registers no capacity)."""
+        self.heartbeats[worker] = now
+
     def ack(self, job_id: str, token: int, kind: AckKind, *, now: int, delay_ms: int = 0) -> bool:
         """Settle an attempt; False when the token is stale (the ack is fenced)."""
         if not self._holds(job_id, token):
@@ -263,7 +374,11 @@ class QueueModel:
             return False
         job = self.jobs[job_id]
         del self.leases[job_id]
-        self.running[job.lane] -= 1
+        self._settle_running(job)
+        self._release_throttle(job)
+        if kind != "release" and job.tenant in self.tenant_limits:
+            mean = self.durations.setdefault(job.tenant, DurationMean())
+            mean.observe(max(0, now - (job.started_at or now)) / 1000)
         job.token = job.worker = None
         job.lease_lost = False
         if kind == "ok":
@@ -281,15 +396,19 @@ class QueueModel:
             self._push_ready(job)
         return True
 
-    def sweep(self, limit: int, *, now: int, delay_ms: int = 0) -> tuple[list[str], list[str]]:
-        """Reclaim up to ``limit`` expired leases; returns (ids retried, ids dead-lettered)."""
+    def sweep(
+        self, limit: int, *, now: int, delay_ms: int = 0, stale_ms: int | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Reclaim up to ``limit`` expired leases, then deregister up to ``limit`` workers
+        whose heartbeat is ``stale_ms`` old (None: none); returns (retried, dead-lettered)."""
         expired = sorted((t, i) for i, t in self.leases.items() if t <= now)[:limit]
         retried: list[str] = []
         dead: list[str] = []
         for _, job_id in expired:
             job = self.jobs[job_id]
             del self.leases[job_id]
-            self.running[job.lane] -= 1
+            self._settle_running(job)
+            self._release_throttle(job)
             job.token = job.worker = None
             job.lease_lost = True
             self.stats["reclaimed"] += 1
@@ -299,56 +418,53 @@ class QueueModel:
             else:
                 self._schedule(job, now + delay_ms)
                 retried.append(job_id)
+        if stale_ms is not None:
+            beats = sorted((t, w) for w, t in self.heartbeats.items() if t <= now - stale_ms)
+            for _, worker in beats[:limit]:
+                self._deregister(worker)
         return retried, dead
 
     # -- queries ----------------------------------------------------------------------
 
-    def queue_ids(self, lane: str, tenant: str) -> list[str]:
-        """A tenant's waiting jobs in the order they will run."""
-        return [job_id for _, job_id in self.queues.get((lane, tenant), [])]
-
-    def delayed_ids(self, lane: str) -> list[tuple[str, int]]:
-        """A lane's scheduled jobs with their run times, in promotion order."""
-        items = self.delayed.get(lane, {})
-        return sorted(items.items(), key=lambda item: (item[1], item[0]))
+    def queue_ids(self, lane: str, tenant: str, cls: str = DEFAULT_CLASS) -> list[str]:
+        """A tenant's waiting jobs in one class, in the order they will run."""
+        return self.lane(lane).cls(cls).queue_ids(tenant)
 
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant."""
-        queued = Counter(i for q in self.queues.values() for _, i in q)
-        scheduled = Counter(i for d in self.delayed.values() for i in d)
+        queued: Counter[str] = Counter()
+        granted: Counter[str] = Counter()
+        scheduled: Counter[str] = Counter()
+        for lane in self.lanes.values():
+            scheduled.update(lane.delayed.keys())
+            for cq in lane.classes.values():
+                queued.update(i for q in cq.queues.values() for _, i in q)
+                granted.update(i for _, i in cq.granted)
+        thr = self.throttles
         for job in self.jobs.values():
-            places = (queued[job.id], scheduled[job.id], int(job.id in self.leases))
+            places = (
+                queued[job.id], granted[job.id], int(thr.parked_on(job.id) is not None),
+                scheduled[job.id], int(job.id in self.leases),
+            )  # fmt: skip
             expected = {
-                "queued": (1, 0, 0), "scheduled": (0, 1, 0), "running": (0, 0, 1),
-            }.get(job.status, (0, 0, 0))  # fmt: skip
+                "queued": (int(job.ttok is None), int(job.ttok is not None), 0, 0, 0),
+                "throttled": (0, 0, 1, 0, 0),
+                "scheduled": (0, 0, 0, 1, 0),
+                "running": (0, 0, 0, 0, 1),
+            }.get(job.status, (0, 0, 0, 0, 0))
             assert places == expected, f"{job.id} ({job.status}) is in {places}"
             assert (job.id in self.dead) == (job.status == "failed"), f"{job.id} dead set"
             assert 0 <= job.attempts <= job.max_attempts, f"{job.id} attempts {job.attempts}"
             assert (job.token is not None) == (job.status == "running"), f"{job.id} token"
             assert job.status != "running" or job.attempts >= 1, f"{job.id} runs unattempted"
-        for (lane, tenant), queue in self.queues.items():
-            active = tenant in self.fair.get(lane, {})
-            assert active == bool(queue), f"tenant {tenant} of {lane}: active {active}"
-        lanes = Counter(j.lane for j in self.jobs.values() if j.status == "running")
-        for lane in set(lanes) | set(self.running):
-            assert self.running[lane] == lanes[lane], f"in-flight count of {lane}"
+            assert thr.token(job.id) == job.ttok, f"{job.id} throttle grant {job.ttok}"
+            assert job.ttok is None or job.status in ("queued", "running"), f"{job.id} grant"
+        self._check_lanes()
         tokens = [j.token for j in self.jobs.values() if j.token is not None]
         assert len(tokens) == len(set(tokens)), "two running jobs share a token"
         assert all(t <= self.fence for t in tokens), "a token above the counter"
 
     # -- internals --------------------------------------------------------------------
-
-    def _claim_idle(self, lane: str, now: int) -> tuple[str, int] | None:
-        registered = self.idle.get(lane, {})
-        for member, lapses in list(registered.items()):
-            if lapses <= now:
-                del registered[member]
-        if not registered:
-            return None
-        member = min(registered, key=lambda m: (registered[m], m))
-        del registered[member]
-        worker, lease_ms = member.rsplit("|", 1)
-        return worker, int(lease_ms)
 
     def _inbox(self, worker: str, now: int) -> list[Grant]:
         if worker in self.inbox_expiry and now > self.inbox_expiry[worker]:
@@ -356,10 +472,10 @@ class QueueModel:
         return self.inbox.get(worker, [])
 
     def _lease(self, job: ModelJob, worker: str, lease_ms: int, now: int) -> Grant:
-        self.running[job.lane] += 1
+        self.lane(job.lane).cls(job.cls).run += 1
         self.fence += 1
         job.attempts += 1
-        job.status, job.token, job.worker = "running", self.fence, worker
+        job.status, job.token, job.worker, job.started_at = "running", self.fence, worker, now
         self.leases[job.id] = now + lease_ms
         return Grant(job.id, self.fence, job.attempts)
 
@@ -367,68 +483,9 @@ class QueueModel:
         job = self.jobs.get(job_id)
         return job is not None and job.status == "running" and job.token == token
 
-    def _push_ready(self, job: ModelJob) -> None:
-        queue = self.queues.setdefault((job.lane, job.tenant), [])
-        if not queue:
-            self._activate(job.lane, job.tenant)
-        bisect.insort(queue, (-job.prio * PRIO_SPAN + job.seq, job.id))
-
-    def _activate(self, lane: str, tenant: str) -> None:
-        active = self.fair.setdefault(lane, {})
-        start = self.vtime.get(lane, 0.0)
-        if active:
-            start -= self.running[lane] / len(active)
-        finish = self.finish.get(lane, {}).pop(tenant, None)
-        if finish is not None and finish > start:
-            start = finish
-        active[tenant] = start
-
-    def _deactivate(self, lane: str, tenant: str, tag: float) -> None:
-        del self.fair[lane][tenant]
-        self.finish.setdefault(lane, {})[tenant] = tag
-
-    def _pop_fair(  # noqa: PLR0917 - a fetch's own arguments, passed on
-        self, lane: str, want: int, grants: list[Grant], worker: str, lease_ms: int, now: int
-    ) -> bool:
-        """Up to ``want`` jobs in fair order (``pop_fair`` in Lua); False if none is active."""
-        active = self.fair.get(lane, {})
-        v = self.vtime.get(lane, 0.0)
-        got, any_active = 0, False
-        while got < want and active:
-            any_active = True
-            tenant = min(active, key=lambda t: (active[t], t))
-            tag = active[tenant]
-            step = 1 / self.weights.get(tenant, 1.0)
-            take = want - got if len(active) == 1 else 1
-            queue = self.queues[(lane, tenant)]
-            taken = queue[:take]
-            del queue[: len(taken)]
-            for _, job_id in taken:
-                job = self.jobs[job_id]
-                if job.status == "queued":
-                    grants.append(self._lease(job, worker, lease_ms, now))
-                    got += 1
-                    v = max(v, tag)
-                    tag += step
-            if queue:
-                active[tenant] = tag
-            else:
-                self._deactivate(lane, tenant, tag)
-        self.vtime[lane] = v
-        return any_active
-
-    def _promote_due(self, lane: str, now: int) -> None:
-        for job_id, run_at in self.delayed_ids(lane):
-            if run_at > now:
-                break
-            del self.delayed[lane][job_id]
-            job = self.jobs[job_id]
-            job.status = "queued"
-            self._push_ready(job)
-
     def _schedule(self, job: ModelJob, run_at: int) -> None:
         job.status, job.run_at = "scheduled", run_at
-        self.delayed.setdefault(job.lane, {})[job.id] = run_at
+        self.lane(job.lane).delayed[job.id] = run_at
         self.stats["retried"] += 1
 
     def _finish(self, job: ModelJob, status: Literal["completed", "failed"], now: int) -> None:

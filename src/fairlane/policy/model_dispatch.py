@@ -1,0 +1,343 @@
+"""The lanes of the reference model: capacity, service classes, fair queues and dispatch.
+
+``fairlane.policy.model`` states the rules; this module holds the per-lane state and
+the steps the scripts run inside one call (``dispatch_lane`` and the fetch's rounds,
+``push_ready``, ``enter_granted``, the throttle release, worker registration and
+promotion in ``fairlane.lua``), and checks the lanes' invariants. The decisions are the
+policy modules' own: ``fairlane.policy.classes.next_class`` picks the class,
+``fairlane.policy.throttle.Throttles`` admits or parks, ``fairlane.policy.ceilings``
+gives a tenant's limit. This module only composes them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+from fairlane.policy import ceilings
+from fairlane.policy.ceilings import DurationMean, RateWindow, TenantLimits
+from fairlane.policy.classes import ClassTable, next_class
+from fairlane.policy.throttle import Acquired, Handoff, Throttles
+
+__all__ = [
+    "DEFAULT_CLASS",
+    "PRIO_SPAN",
+    "ClassQueue",
+    "Grant",
+    "Head",
+    "LaneDispatch",
+    "LaneModel",
+    "ModelJob",
+    "Status",
+]
+
+Status = Literal["queued", "throttled", "scheduled", "running", "completed", "failed"]
+
+#: The order score of a queued job is ``-prio * PRIO_SPAN + seq`` (``order_score`` in Lua).
+PRIO_SPAN = 1 << 40
+DEFAULT_CLASS = "standard"
+
+
+class Grant(NamedTuple):
+    """A job leased to a worker: by ``fetch``, or handed to its inbox by an enqueue."""
+
+    id: str
+    token: int
+    attempt: int
+
+
+@dataclass(slots=True)
+class ModelJob:
+    id: str
+    tenant: str
+    lane: str
+    prio: int
+    seq: int
+    max_attempts: int
+    status: Status
+    run_at: int
+    cls: str = DEFAULT_CLASS
+    slots: int = 1
+    limits: tuple[tuple[str, int], ...] = ()  # its own throttle keys and limits
+    attempts: int = 0
+    token: int | None = None
+    worker: str | None = None
+    started_at: int | None = None  # when its last attempt was leased
+    ttok: int | None = None  # the throttle grant it holds
+    finished_at: int | None = None
+    lease_lost: bool = False  # the last failure was a reclaimed lease
+
+
+@dataclass(slots=True)
+class ClassQueue:
+    """One class of one lane: its tenants' fair queue and its throttle-granted jobs."""
+
+    fair: dict[str, float] = field(default_factory=dict)  # active tenant -> start tag
+    finish: dict[str, float] = field(default_factory=dict)  # idle tenant -> finish tag
+    vtime: float = 0.0  # V
+    run: int = 0  # leased jobs not yet settled
+    queues: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # sorted
+    granted: list[tuple[int, str]] = field(default_factory=list)  # sorted (grant token, id)
+
+    def queue_ids(self, tenant: str) -> list[str]:
+        return [job_id for _, job_id in self.queues.get(tenant, [])]
+
+
+@dataclass(slots=True)
+class LaneModel:
+    """One lane: its class table, capacity, class slots, classes, delayed and idle sets."""
+
+    table: ClassTable = field(default_factory=ClassTable)
+    cap: dict[str, int] = field(default_factory=dict)  # registered worker -> slots
+    in_flight: Counter[str] = field(default_factory=Counter)  # class -> running slots
+    waiting: Counter[str] = field(default_factory=Counter)  # class -> queued/granted slots
+    classes: dict[str, ClassQueue] = field(default_factory=dict)
+    delayed: dict[str, int] = field(default_factory=dict)  # id -> run_at
+    idle: dict[str, int] = field(default_factory=dict)  # 'worker|lease_ms' -> lapses at
+
+    @property
+    def capacity(self) -> int:
+        """``C``: the slots of the workers registered in the lane."""
+        return sum(self.cap.values())
+
+    def cls(self, name: str) -> ClassQueue:
+        return self.classes.setdefault(name, ClassQueue())
+
+
+class Head(NamedTuple):
+    """A class's head job: granted (``kind='g'``) or its fair head tenant's first job."""
+
+    kind: Literal["g", "q"]
+    id: str
+    width: int
+    tenant: str
+    tag: float
+
+
+class LaneDispatch:
+    """The state of the lanes and the steps of one call on them (``QueueModel``'s base)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, ModelJob] = {}
+        self.lanes: dict[str, LaneModel] = {}
+        self.throttles = Throttles()
+        self.weights: dict[str, float] = {}  # tenant -> fair-share weight (absent: 1)
+        self.tenant_limits: dict[str, TenantLimits] = {}
+        self.rates: dict[str, RateWindow] = {}  # tenant -> submissions (while it has limits)
+        self.durations: dict[str, DurationMean] = {}  # tenant -> attempt durations (s)
+        self.stats: Counter[str] = Counter()
+        self.heartbeats: dict[str, int] = {}  # worker -> last heartbeat
+        self.fleet: dict[str, tuple[int, list[str]]] = {}  # worker -> (slots, its lanes)
+
+    def lane(self, name: str) -> LaneModel:
+        return self.lanes.setdefault(name, LaneModel())
+
+    # -- fair queues ------------------------------------------------------------------
+
+    def _push_ready(self, job: ModelJob) -> None:
+        lane = self.lane(job.lane)
+        cq = lane.cls(job.cls)
+        queue = cq.queues.setdefault(job.tenant, [])
+        if not queue:
+            self._activate(cq, job.tenant)
+        bisect.insort(queue, (-job.prio * PRIO_SPAN + job.seq, job.id))
+        lane.waiting[job.cls] += job.slots
+
+    @staticmethod
+    def _activate(cq: ClassQueue, tenant: str) -> None:
+        start = cq.vtime
+        if cq.fair:
+            start -= cq.run / len(cq.fair)
+        finish = cq.finish.pop(tenant, None)
+        if finish is not None and finish > start:
+            start = finish
+        cq.fair[tenant] = start
+
+    def _head(self, lane: LaneModel, cls: str) -> Head | None:
+        cq = lane.cls(cls)
+        if cq.granted:
+            job = self.jobs[cq.granted[0][1]]
+            return Head("g", job.id, job.slots, job.tenant, 0.0)
+        if not cq.fair:
+            return None
+        tenant = min(cq.fair, key=lambda t: (cq.fair[t], t))
+        job = self.jobs[cq.queues[tenant][0][1]]
+        return Head("q", job.id, job.slots, tenant, cq.fair[tenant])
+
+    def _take_fair_head(self, cq: ClassQueue, head: Head) -> None:
+        """Pop the head, move V up to the tenant's tag and charge it ``1 / weight``."""
+        queue = cq.queues[head.tenant]
+        queue.pop(0)
+        cq.vtime = max(cq.vtime, head.tag)
+        tag = head.tag + 1 / self.weights.get(head.tenant, 1.0)
+        if queue:
+            cq.fair[head.tenant] = tag
+        else:
+            del cq.fair[head.tenant]
+            cq.finish[head.tenant] = tag
+
+    # -- throttles --------------------------------------------------------------------
+
+    def tenant_limit(self, tenant: str, capacity: int, load: int, *, now: int) -> int | None:
+        """The tenant's concurrency limit now (``ceilings.tenant_limit``); None: no settings."""
+        settings = self.tenant_limits.get(tenant)
+        if settings is None:
+            return None
+        window = self.rates.get(tenant)
+        rate = window.per_minute(now) if window is not None else 0.0
+        mean = self.durations[tenant].value() if tenant in self.durations else 0.0
+        return ceilings.tenant_limit(
+            settings, rate, mean, capacity, load, f_min=ceilings.F_MIN, f_max=ceilings.F_MAX
+        )
+
+    def _acquire(self, job: ModelJob, lane: LaneModel, now: int) -> bool:
+        """The job's throttle keys (its own, and its tenant's): admitted, or parked."""
+        limits = dict(job.limits)
+        load = sum(lane.in_flight.values()) + sum(lane.waiting.values())
+        own = self.tenant_limit(job.tenant, lane.capacity, load, now=now)
+        if own is not None:
+            limits[f"tenant:{job.tenant}"] = own
+        if not limits:
+            return True
+        result = self.throttles.try_acquire(job.id, limits, job.prio, job.seq)
+        self._enter_granted(result.handoffs)
+        if isinstance(result, Acquired):
+            job.ttok = result.token
+            return True
+        job.status = "throttled"
+        self.stats["throttled"] += 1
+        return False
+
+    def _enter_granted(self, handoffs: tuple[Handoff, ...] | list[Handoff]) -> None:
+        for handoff in handoffs:
+            job = self.jobs[handoff.job_id]
+            job.status, job.ttok = "queued", handoff.token
+            lane = self.lane(job.lane)
+            bisect.insort(lane.cls(job.cls).granted, (handoff.token, job.id))
+            lane.waiting[job.cls] += job.slots
+
+    def _release_throttle(self, job: ModelJob) -> None:
+        if job.ttok is not None:
+            token, job.ttok = job.ttok, None
+            self._enter_granted(self.throttles.release(job.id, token))
+
+    # -- dispatch ---------------------------------------------------------------------
+
+    def choose(self, lane: LaneModel) -> tuple[str | None, dict[str, Head | None]]:
+        """The class ``next_class`` lets start now in ``lane``, and every class's head."""
+        heads = {name: self._head(lane, name) for name in lane.table.names}
+        widths = {name: (h.width if h else None) for name, h in heads.items()}
+        chosen = next_class(
+            lane.table,
+            lane.capacity,
+            {name: max(0, lane.in_flight[name]) for name in lane.table.names},
+            widths,
+            demand={name: max(0, lane.waiting[name]) for name in lane.table.names},
+        )
+        return chosen, heads
+
+    def _dispatch(self, name: str, budget: int, now: int) -> tuple[list[ModelJob], int, bool]:
+        """Up to ``budget`` slots of ``name``'s work; returns the jobs taken, their slots,
+        and whether the lane stopped for want of budget."""
+        lane = self.lane(name)
+        taken: list[ModelJob] = []
+        given = 0
+        while True:
+            chosen, heads = self.choose(lane)
+            if chosen is None:
+                return taken, given, False
+            head = heads[chosen]
+            assert head is not None
+            if head.width > budget - given:
+                return taken, given, True
+            lane.waiting[chosen] -= head.width
+            job, cq = self.jobs[head.id], lane.cls(chosen)
+            if head.kind == "g":
+                cq.granted.pop(0)
+                admitted = True
+            else:
+                self._take_fair_head(cq, head)
+                admitted = self._acquire(job, lane, now)
+            if admitted:
+                taken.append(job)
+                given += head.width
+                lane.in_flight[chosen] += head.width
+
+    def _settle_running(self, job: ModelJob) -> None:
+        lane = self.lane(job.lane)
+        lane.cls(job.cls).run -= 1
+        lane.in_flight[job.cls] -= job.slots
+
+    def _rounds(self, lanes: list[str], want: int, now: int) -> list[ModelJob]:
+        """The jobs a fetch of ``want`` slots takes from ``lanes``, in rounds of even shares."""
+        taken: list[ModelJob] = []
+        live, given = list(lanes), 0
+        while given < want and live:
+            still = []
+            for lane in live:
+                share = -(-(want - given) // len(live))
+                if share > 0:
+                    jobs, got, more = self._dispatch(lane, share, now)
+                    taken += jobs
+                    given += got
+                    if more and got > 0:
+                        still.append(lane)
+            live = still
+        return taken
+
+    # -- capacity ---------------------------------------------------------------------
+
+    def _register(self, worker: str, slots: int, lanes: list[str], now: int) -> None:
+        self.heartbeats[worker] = now
+        added = [lane for lane in lanes if worker not in self.lane(lane).cap]
+        for lane in added:
+            self.lane(lane).cap[worker] = slots
+        if added:
+            known = self.fleet.get(worker, (slots, []))[1]
+            self.fleet[worker] = (slots, known + [lane for lane in lanes if lane not in known])
+
+    def _deregister(self, worker: str) -> None:
+        self.heartbeats.pop(worker, None)
+        entry = self.fleet.pop(worker, None)
+        for lane in entry[1] if entry else []:
+            self.lane(lane).cap.pop(worker, None)
+
+    # -- scheduled jobs ---------------------------------------------------------------
+
+    def delayed_ids(self, lane: str) -> list[tuple[str, int]]:
+        """A lane's scheduled jobs with their run times, in promotion order."""
+        items = self.lane(lane).delayed
+        return sorted(items.items(), key=lambda item: (item[1], item[0]))
+
+    def _promote_due(self, lane: str, now: int) -> None:
+        for job_id, run_at in self.delayed_ids(lane):
+            if run_at > now:
+                break
+            del self.lane(lane).delayed[job_id]
+            job = self.jobs[job_id]
+            job.status = "queued"
+            self._push_ready(job)
+
+    # -- invariants -------------------------------------------------------------------
+
+    def _check_lanes(self) -> None:
+        """Invariants 2 and 5 (see ``fairlane.policy.model``), for every lane and key."""
+        thr = self.throttles
+        for name, lane in self.lanes.items():
+            running = [j for j in self.jobs.values() if j.lane == name and j.status == "running"]
+            waiting = [j for j in self.jobs.values() if j.lane == name and j.status == "queued"]
+            for cls, cq in lane.classes.items():
+                for tenant, queue in cq.queues.items():
+                    active = tenant in cq.fair
+                    assert active == bool(queue), f"tenant {tenant} of {name}/{cls}: {active}"
+                mine = [j for j in running if j.cls == cls]
+                assert cq.run == len(mine), f"in-flight work of {name}/{cls}"
+            for cls in set(lane.in_flight) | set(lane.waiting) | {j.cls for j in running}:
+                f = sum(j.slots for j in running if j.cls == cls)
+                d = sum(j.slots for j in waiting if j.cls == cls)
+                assert lane.in_flight[cls] == f, f"in-flight slots of {name}/{cls}"
+                assert lane.waiting[cls] == d, f"waiting slots of {name}/{cls}"
+        for key in thr.statistics().keys:
+            assert not key.waiters or key.in_use >= key.limit, f"key {key.key} idles"
