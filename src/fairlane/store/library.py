@@ -1,7 +1,11 @@
 """The Lua library as the server loads it: its source assembled, named and parameterised.
 
-``lua/fairlane.lua`` is the library; it pulls in ``lua/classes.lua`` and
-``lua/throttle.lua`` where it says ``-- @include <file>``. Constants the policy core
+``lua/fairlane.lua`` is the library: its header, helpers and entry points. It pulls
+in the other files of ``lua/`` where it says ``-- @include <file>``, in dependency
+order: ``classes`` (the class rules), ``throttle`` (throttle keys, tenant ceilings),
+``fairqueue`` (tenants within a class), ``records`` (settling records), ``lease``
+(handing jobs out), ``dispatch`` (which jobs a worker gets) and ``control`` (queries
+and declarations). Constants the policy core
 owns (the default service classes, the ceilings' signal windows and pressure bounds)
 are written into the source here, so the scripts and the policy never disagree on them.
 The library is named after its content so that workers of two releases sharing a

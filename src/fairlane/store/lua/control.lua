@@ -1,0 +1,138 @@
+-- Queries and control: task and lane declarations, tenant settings, cancel, watch,
+-- redrive.
+
+-- ARGV: task, 'rc|rf'. Records a task's retention so sweeps can trim its records by age.
+local function declare_task(keys, args)
+  redis.call('HSET', keys[TASKS], args[1], args[2])
+  return 1
+end
+
+-- A tenant's setting in hash `key`: set to `value`, or removed when `value` is ''.
+local function set_tenant_setting(key, tenant, value)
+  if value == '' then
+    redis.call('HDEL', key, tenant)
+  else
+    redis.call('HSET', key, tenant, value)
+  end
+  return 1
+end
+
+-- ARGV: tenant, weight ('' = back to the default, 1). A new weight applies from the
+-- tenant's next dispatch.
+local function configure_tenant(keys, args)
+  return set_tenant_setting(keys[WEIGHTS], args[1], args[2])
+end
+
+-- ARGV: tenant, concurrency settings 'floor,max,burst_floor,burst_pct' ('' = none).
+local function configure_limits(keys, args)
+  return set_tenant_setting(keys[TLIMITS], args[1], args[2])
+end
+
+-- ARGV: lane, its class table as JSON (classes.lua). Applies from the next decision.
+local function declare_lane(keys, args)
+  cjson.decode(args[2])
+  redis.call('HSET', lane_key(prefix(keys), args[1], 'state'), 'table', args[2])
+  return 1
+end
+
+-- ARGV: lane, tenant. The tenant's concurrency limit now (-1: it has no settings), and
+-- the signals it came from: {limit, rate per minute, mean duration, C, load}.
+local function tenant_limit_now(keys, args)
+  local p, now = prefix(keys), now_ms()
+  local cx = new_dispatch(keys, p, args[1], 1, now, new_effects())
+  load_state(cx)
+  local cap, load = cx.cap, lane_load(cx.levels, cx.f, cx.d)
+  local limit = tenant_limit(keys, p, args[2], cap, load, now) or -1
+  local mean = tonumber(redis.call('HGET', sig_key(p, args[2]), 'dm')) or 0
+  return {limit, tostring(rate_per_min(p, args[2], now)), tostring(mean), cap, load}
+end
+
+-- ARGV: id. Cancels a waiting job at once; a running one is asked to stop (its
+-- worker learns on its next lease renewal). Returns the status after the call.
+local function cancel(keys, args)
+  local p, now = prefix(keys), now_ms()
+  local id = args[1]
+  local jk = job_key(p, id)
+  local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'cls', 'sl', 'ttok')
+  local st, cls = f[1], f[4] or DEFAULT_CLASS
+  if not st then
+    return 'missing'
+  end
+  if st == 'queued' and f[6] then
+    if redis.call('ZREM', class_key(p, f[2], cls, 'granted'), id) == 1 then
+      local sk = lane_key(p, f[2], 'state')
+      redis.call('HINCRBY', sk, 'd:' .. cls, -(tonumber(f[5]) or 1))
+      redis.call('HINCRBY', sk, 'g:' .. cls, -1)
+    end
+    release_throttle(keys, p, id, f[6])
+  elseif st == 'queued' then
+    local q = tenant_queue(p, f[2], cls, f[3])
+    if redis.call('ZREM', q, id) == 1 then
+      redis.call('HINCRBY', lane_key(p, f[2], 'state'), 'd:' .. cls, -(tonumber(f[5]) or 1))
+    end
+    if redis.call('ZCARD', q) == 0 then
+      -- the tag stays as it was: cancelling and queueing again gains nothing
+      local tag = redis.call('ZSCORE', class_key(p, f[2], cls, 'fair'), f[3])
+      if tag then
+        deactivate(p, f[2], cls, f[3], tag)
+      end
+    end
+  elseif st == 'throttled' then
+    thr_cancel_waiter(keys, id)
+  elseif st == 'scheduled' then
+    redis.call('ZREM', lane_key(p, f[2], 'delayed'), id)
+  elseif st == 'running' then
+    redis.call('HSET', jk, 'cx', '1')
+    return 'cancelling'
+  else
+    return st
+  end
+  local tally = new_effects()
+  finish(keys, p, id, 'cancelled', 'err',
+    '{"type":"Cancelled","message":"the job was cancelled","traceback":""}', now, tally)
+  apply_effects(keys, p, tally, now)
+  return 'cancelled'
+end
+
+-- ARGV: id. Returns {status, result, error} for a finished job; for any other job it
+-- sets the waiter flag (so its completion is published) and returns {status}.
+local function watch(keys, args)
+  local p = prefix(keys)
+  local jk = job_key(p, args[1])
+  local f = redis.call('HMGET', jk, 'st', 'res', 'err')
+  if not f[1] then
+    return {'missing'}
+  end
+  if TERMINAL[f[1]] then
+    return {f[1], f[2] or '', f[3] or ''}
+  end
+  redis.call('HSET', jk, 'w', '1')
+  return {f[1]}
+end
+
+-- ARGV: limit, ids... (none = the oldest `limit`). Sends dead-lettered jobs back to
+-- their queues with a fresh attempt budget. Returns the ids re-driven.
+local function redrive(keys, args)
+  local p, now = prefix(keys), now_ms()
+  local ids = {}
+  for i = 2, #args do
+    ids[#ids + 1] = args[i]
+  end
+  if #ids == 0 then
+    ids = redis.call('ZRANGE', keys[DEAD], 0, tonumber(args[1]) - 1)
+  end
+  local done = {}
+  for _, id in ipairs(ids) do
+    local jk = job_key(p, id)
+    local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'prio', 'seq', 'task', 'cls', 'sl')
+    if f[1] == 'failed' and redis.call('ZREM', keys[DEAD], id) == 1 then
+      redis.call('ZREM', p .. 'kept:' .. (f[6] or '') .. ':failed', id)
+      redis.call('HSET', jk, 'st', 'queued', 'att', 0, 'run', now)
+      redis.call('HDEL', jk, 'fin', 'err', 'res')
+      push_ready(p, f[2], f[7] or DEFAULT_CLASS, f[3], id, f[4], f[5], f[8])
+      wake(p, f[2])
+      done[#done + 1] = id
+    end
+  end
+  return done
+end

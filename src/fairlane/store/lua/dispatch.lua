@@ -1,0 +1,331 @@
+-- Dispatch: which waiting jobs a worker gets, by the class rules, fair queuing
+-- between tenants and throttle keys.
+
+-- One dispatch's view of a lane: what it read once (class table, capacity, weights,
+-- tenant settings, virtual times) and what it changed but has not written yet (the
+-- classes' in-flight, waiting and granted slots as deltas, V), so that a job costs a
+-- few commands instead of one per fact. `flush` writes the deltas.
+local function new_dispatch(keys, p, lane, budget, now, tally)
+  local sk = lane_key(p, lane, 'state')
+  local cx = {keys = keys, p = p, lane = lane, now = now, tally = tally, sk = sk,
+    tbl = class_table(sk), weights = {}, tlimits = {}, vt = {}, delta = {}, runs = {},
+    f = {}, d = {}, g = {}, heads = {}, w = {}, cap = 0, batch = math.min(budget, 100)}
+  cx.fields = {'C'}
+  for i, c in ipairs(cx.tbl) do
+    local n = #cx.fields
+    cx.fields[n + 1], cx.fields[n + 2], cx.fields[n + 3] = 'f:' .. c[1], 'd:' .. c[1], 'g:' .. c[1]
+  end
+  return cx
+end
+
+local function bump(cx, field, n)
+  cx.delta[field] = (cx.delta[field] or 0) + n
+end
+
+-- A run: the tenant a class took its last job from, the ids next in its queue (read
+-- in one call), the ids taken but not yet removed, and -- while it is the class's only
+-- active tenant -- its start tag, kept here until the run ends.
+local function flush_run(cx, cls)
+  local run = cx.runs[cls]
+  if not run then
+    return
+  end
+  if #run.taken > 0 then
+    redis.call('ZREM', tenant_queue(cx.p, cx.lane, cls, run.tenant), unpack(run.taken))
+    run.taken = {}
+  end
+  if run.tag_dirty then
+    redis.call('ZADD', class_key(cx.p, cx.lane, cls, 'fair'), run.tag, run.tenant)
+    run.tag_dirty = false
+  end
+end
+
+local function read_run(cx, cls, run)
+  run.ids = redis.call('ZRANGE', tenant_queue(cx.p, cx.lane, cls, run.tenant), 0, cx.batch - 1)
+  run.pos = 1
+end
+
+local function flush_dispatch(cx)
+  for cls in pairs(cx.runs) do
+    flush_run(cx, cls)
+  end
+  for field, n in pairs(cx.delta) do
+    if n ~= 0 then
+      redis.call('HINCRBY', cx.sk, field, n)
+    end
+  end
+  cx.delta = {}
+  for cls, v in pairs(cx.vt) do
+    if v.dirty then
+      redis.call('HSET', class_key(cx.p, cx.lane, cls, 'vt'), 'V', v.value)
+      v.dirty = false
+    end
+  end
+end
+
+local function weight_of(cx, tenant)
+  local wt = cx.weights[tenant]
+  if not wt then
+    wt = tonumber(redis.call('HGET', cx.keys[WEIGHTS], tenant)) or 1
+    cx.weights[tenant] = wt
+  end
+  return wt
+end
+
+-- The head job of class i: the oldest grant, else the queue head of the active tenant
+-- with the smallest start tag. Returns {kind ('g' | 'q'), id, width, tenant, tag}, or
+-- false when the class has nothing waiting.
+local function class_head(cx, i)
+  local p, lane, cls = cx.p, cx.lane, cx.tbl[i][1]
+  if cx.g[i] > 0 then
+    local g = redis.call('ZRANGE', class_key(p, lane, cls, 'granted'), 0, 0)[1]
+    if g then
+      return {'g', g, tonumber(redis.call('HGET', job_key(p, g), 'sl')) or 1}
+    end
+  end
+  local run = cx.runs[cls]
+  local tenant, tag, id
+  if run and run.sole then
+    tenant, tag, id = run.tenant, run.tag, run.ids[run.pos]
+  else
+    local head = redis.call('ZRANGE', class_key(p, lane, cls, 'fair'), 0, 0, 'WITHSCORES')
+    if not head[1] then
+      return false
+    end
+    tenant, tag = head[1], tonumber(head[2])
+    if run and run.tenant == tenant then
+      id = run.ids[run.pos]
+    else
+      id = redis.call('ZRANGE', tenant_queue(p, lane, cls, tenant), 0, 0)[1]
+    end
+  end
+  local width = id and tonumber(redis.call('HGET', job_key(p, id), 'sl')) or 1
+  return {'q', id, width, tenant, tag}
+end
+
+local function load_state(cx)
+  flush_dispatch(cx)
+  cx.runs = {}
+  local v = redis.call('HMGET', cx.sk, unpack(cx.fields))
+  cx.cap = tonumber(v[1]) or 0
+  if not cx.levels or cx.levels.cap ~= cx.cap then
+    cx.levels = class_levels(cx.tbl, cx.cap)
+  end
+  for i = 1, #cx.tbl do
+    cx.f[i] = math.max(0, tonumber(v[3 * i - 1]) or 0)
+    cx.d[i] = math.max(0, tonumber(v[3 * i]) or 0)
+    cx.g[i] = math.max(0, tonumber(v[3 * i + 1]) or 0)
+  end
+  for i = 1, #cx.tbl do
+    cx.heads[i] = class_head(cx, i)
+    cx.w[i] = cx.heads[i] and cx.heads[i][3] or nil
+  end
+end
+
+-- Take a class's fair head: take the tenant's head job, move V up to the tenant's tag,
+-- and charge the tenant one work unit over its weight (1 per job until estimates
+-- exist); a tenant left with no waiting job becomes idle. Returns the job's id and
+-- fields (nil fields when it cannot run).
+local function take_fair_head(cx, cls, h)
+  local p, lane, tenant, tag = cx.p, cx.lane, h[4], h[5]
+  local run = cx.runs[cls]
+  if not run or run.tenant ~= tenant then
+    flush_run(cx, cls)
+    run = {tenant = tenant, taken = {},
+      sole = redis.call('ZCARD', class_key(p, lane, cls, 'fair')) == 1}
+    read_run(cx, cls, run)
+    cx.runs[cls] = run
+  end
+  local id = run.ids[run.pos]
+  local f
+  if id then
+    run.pos = run.pos + 1
+    run.taken[#run.taken + 1] = id
+    f = runnable(cx.keys, p, id, cx.now, cx.tally)
+  end
+  if f then
+    local v = cx.vt[cls]
+    if not v then
+      v = {value = tonumber(redis.call('HGET', class_key(p, lane, cls, 'vt'), 'V')) or 0}
+      cx.vt[cls] = v
+    end
+    if tag > v.value then
+      v.value, v.dirty = tag, true
+    end
+    tag = tag + 1 / weight_of(cx, tenant)
+  end
+  if not run.ids[run.pos] then
+    flush_run(cx, cls)
+    read_run(cx, cls, run)
+  end
+  run.tag = tag
+  if run.ids[run.pos] then
+    if run.sole then
+      run.tag_dirty = true
+    else
+      redis.call('ZADD', class_key(p, lane, cls, 'fair'), tag, tenant)
+    end
+  else
+    deactivate(p, lane, cls, tenant, tag)
+    cx.runs[cls] = nil
+  end
+  return id, f
+end
+
+-- The pressure on a lane, for tenant ceilings: slots running, and slots waiting in
+-- non-batch classes (batch work waits for spare slots and presses on nobody).
+local function lane_load(levels, f, d)
+  local load = 0
+  for i = 1, levels.n do
+    load = load + f[i]
+    if not levels.batch[i] then
+      load = load + d[i]
+    end
+  end
+  return load
+end
+
+-- The throttle keys of a job ({{key, limit}, ..} sorted): its own `limits`, and its
+-- tenant's key when the tenant has concurrency settings.
+local function job_limits(cx, f)
+  local limits = {}
+  if f[13] then
+    limits = cmsgpack.unpack(f[13])
+  end
+  local tenant = f[7]
+  local configured = cx.tlimits[tenant]
+  if configured == nil then
+    configured = redis.call('HEXISTS', cx.keys[TLIMITS], tenant) == 1
+    cx.tlimits[tenant] = configured
+  end
+  if configured then
+    local load = lane_load(cx.levels, cx.f, cx.d)
+    local own = tenant_limit(cx.keys, cx.p, tenant, cx.cap, load, cx.now)
+    limits[#limits + 1] = {'tenant:' .. tenant, own}
+    table.sort(limits, function(x, y) return x[1] < y[1] end)
+  end
+  return limits
+end
+
+-- Pass a job popped from the fair queue through its throttle keys. Returns whether it
+-- was admitted, and whether waiters were handed slots on the way (the lane's state
+-- must then be read again).
+local function admit(cx, id, f)
+  local limits = job_limits(cx, f)
+  if #limits == 0 then
+    return true, false
+  end
+  local token, handoffs = thr_acquire(cx.keys, id, limits, f[14] or 0, f[15] or 0)
+  local moved = #handoffs > 0
+  if moved then
+    flush_dispatch(cx)
+    enter_all_granted(cx.p, handoffs)
+  end
+  if token then
+    redis.call('HSET', job_key(cx.p, id), 'ttok', token)
+    return true, moved
+  end
+  redis.call('HSET', job_key(cx.p, id), 'st', 'throttled')
+  count(cx.tally, 'throttled')
+  return false, moved
+end
+
+-- Dispatch up to `budget` slots of a lane's work to a worker. Each step asks the
+-- class rules (classes.lua) which class's head job may start given the lane's cached
+-- capacity C, its classes' in-flight and waiting slots; a head wider than what is
+-- left of the budget ends the step (nothing in a class overtakes its head). A job
+-- popped from the fair queue then passes its throttle keys: it is admitted, or it
+-- parks (status 'throttled', holding nothing) and the next head is tried.
+-- Appends {id, fields, lane} to `popped`. Returns the slots given and whether the
+-- lane stopped for want of budget (so it might give more).
+local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
+  local cx = new_dispatch(keys, p, lane, budget, now, tally)
+  load_state(cx)
+  local given = 0
+  while true do
+    local x = choose_class(cx.levels, cx.f, cx.w, cx.d)
+    local h = x and cx.heads[x]
+    if not h or h[3] > budget - given then
+      flush_dispatch(cx)
+      return given, h and true or false
+    end
+    local cls = cx.tbl[x][1]
+    bump(cx, 'd:' .. cls, -h[3])
+    cx.d[x] = math.max(0, cx.d[x] - h[3])
+    local id, jf, dirty = h[2], nil, false
+    if h[1] == 'g' then
+      redis.call('ZREM', class_key(p, lane, cls, 'granted'), id)
+      bump(cx, 'g:' .. cls, -1)
+      cx.g[x] = cx.g[x] - 1
+      jf = runnable(keys, p, id, now, tally)
+      -- a grant that cannot run passed its slots on, maybe into this lane
+      dirty = not jf
+    else
+      id, jf = take_fair_head(cx, cls, h)
+      if jf then
+        local admitted
+        admitted, dirty = admit(cx, id, jf)
+        if not admitted then
+          jf = nil
+        end
+      end
+    end
+    if jf then
+      popped[#popped + 1] = {id, jf, lane}
+      given = given + h[3]
+      cx.f[x] = cx.f[x] + h[3]
+      bump(cx, 'f:' .. cls, h[3])
+    end
+    if dirty then
+      load_state(cx)
+    else
+      cx.heads[x] = class_head(cx, x)
+      cx.w[x] = cx.heads[x] and cx.heads[x][3] or nil
+    end
+  end
+end
+
+-- Lease up to `n` slots of work from `lanes` (taken in turn) to `worker`. Returns the
+-- jobs, each [id, token, attempt, task, args, timeout, deadline, tenant, max, backoff,
+-- enqueued, slots], and the ms until the lanes' next scheduled job (-1 when none).
+local function fetch(keys, p, worker, n, lease, promote_limit, lanes, now, tally)
+  for _, lane in ipairs(lanes) do
+    promote_due(keys, p, lane, now, promote_limit)
+  end
+  -- lanes are served in turn, each round asking for an even share of what is left
+  local popped, live, given, busy = {}, {}, 0, {}
+  for i, lane in ipairs(lanes) do
+    live[i] = lane
+  end
+  while given < n and #live > 0 do
+    local still = {}
+    for _, lane in ipairs(live) do
+      local want = math.ceil((n - given) / #live)
+      if want > 0 then
+        local got, more = dispatch_lane(keys, p, lane, want, now, tally, popped)
+        given = given + got
+        busy[lane] = more
+        if more and got > 0 then
+          still[#still + 1] = lane
+        end
+      end
+    end
+    live = still
+  end
+  local jobs = lease_jobs(keys, p, popped, worker, lease, now)
+  local next_due = -1
+  for _, lane in ipairs(lanes) do
+    if busy[lane] then
+      -- work may be left that another worker could take
+      wake(p, lane)
+    end
+    local head = redis.call('ZRANGE', lane_key(p, lane, 'delayed'), 0, 0, 'WITHSCORES')
+    if head[2] then
+      local due = math.max(0, tonumber(head[2]) - now)
+      if next_due < 0 or due < next_due then
+        next_due = due
+      end
+    end
+  end
+  return jobs, next_due
+end

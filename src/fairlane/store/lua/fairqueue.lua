@@ -1,0 +1,140 @@
+-- Tenants within a class: their queues, start-time fair queuing's activation and
+-- idling, the classes' in-flight and waiting slots, and jobs a throttle granted slots.
+
+-- Per-class keys of a lane: `fair` (active tenant -> start tag), `vt` (V, in-flight
+-- `run`, idle tenants' finish tags `f:<tenant>`), `granted` (jobs a throttle handed a
+-- slot to, by grant token: they start before the fair queue's head).
+local function class_key(p, lane, cls, what)
+  return p .. 'lane:' .. lane .. ':c:' .. cls .. ':' .. what
+end
+
+local function tenant_queue(p, lane, cls, tenant)
+  return p .. 'q:' .. lane .. ':' .. cls .. ':' .. tenant
+end
+
+-- Fair dispatch between a class's tenants: start-time fair queuing by work units
+-- (fairlane/policy/fairqueue.py derives it and states its bounds). A tenant that
+-- becomes active starts at max(F_t, V - run / active tenants): level with the work
+-- the others have *finished*, so a newcomer is not made to wait behind work that was
+-- merely dispatched first, and a returning tenant's credit is bounded by the work in
+-- flight -- never by how long it was idle.
+local function activate(p, lane, cls, tenant)
+  local vt = class_key(p, lane, cls, 'vt')
+  local fair = class_key(p, lane, cls, 'fair')
+  local f = redis.call('HMGET', vt, 'V', 'run', 'f:' .. tenant)
+  local start = tonumber(f[1]) or 0
+  local active = redis.call('ZCARD', fair)
+  if active > 0 then
+    start = start - (tonumber(f[2]) or 0) / active
+  end
+  local finish = tonumber(f[3])
+  if finish then
+    if finish > start then
+      start = finish
+    end
+    redis.call('HDEL', vt, 'f:' .. tenant)
+  end
+  redis.call('ZADD', fair, start, tenant)
+end
+
+-- Put a job in its tenant's queue; the tenant becomes active if it had no work. The
+-- class's waiting demand `d:<class>` grows by the job's slots. With `batch` (an
+-- enqueue's pushes) the demand is added up and written by `flush_pushes`, and a queue
+-- already pushed to is known to be active.
+local function push_ready(p, lane, cls, tenant, id, prio, seq, slots, batch)
+  local q = tenant_queue(p, lane, cls, tenant)
+  if not (batch and batch.active[q]) then
+    if redis.call('ZCARD', q) == 0 then
+      activate(p, lane, cls, tenant)
+    end
+    if batch then
+      batch.active[q] = true
+    end
+  end
+  redis.call('ZADD', q, order_score(prio, seq), id)
+  if batch then
+    batch.d[cls] = (batch.d[cls] or 0) + (tonumber(slots) or 1)
+  else
+    redis.call('HINCRBY', lane_key(p, lane, 'state'), 'd:' .. cls, tonumber(slots) or 1)
+  end
+end
+
+local function flush_pushes(p, lane, batch)
+  for cls, n in pairs(batch.d) do
+    redis.call('HINCRBY', lane_key(p, lane, 'state'), 'd:' .. cls, n)
+  end
+  batch.d = {}
+end
+
+-- A tenant whose queue emptied leaves the active set; its tag is kept as its finish tag.
+local function deactivate(p, lane, cls, tenant, tag)
+  redis.call('ZREM', class_key(p, lane, cls, 'fair'), tenant)
+  redis.call('HSET', class_key(p, lane, cls, 'vt'), 'f:' .. tenant, tag)
+end
+
+-- Whether any class of a lane has work waiting for a slot.
+local function lane_waiting(p, lane)
+  local sk = lane_key(p, lane, 'state')
+  local fields = {}
+  for i, c in ipairs(class_table(sk)) do
+    fields[i] = 'd:' .. c[1]
+  end
+  for _, v in ipairs(redis.call('HMGET', sk, unpack(fields))) do
+    if (tonumber(v) or 0) > 0 then
+      return true
+    end
+  end
+  return false
+end
+
+-- A running attempt of a job ended: the class's in-flight slots and work shrink.
+local function settle_running(p, lane, cls, slots, jobs)
+  redis.call('HINCRBY', class_key(p, lane, cls, 'vt'), 'run', -(jobs or 1))
+  redis.call('HINCRBY', lane_key(p, lane, 'state'), 'f:' .. cls, -(tonumber(slots) or 1))
+end
+
+-- Settlements of one ack batch, added up per lane and class and written at once.
+local function add_settled(settled, lane, cls, slots)
+  local key = lane .. '\0' .. cls
+  local e = settled[key]
+  if not e then
+    e = {lane, cls, 0, 0}
+    settled[key] = e
+  end
+  e[3], e[4] = e[3] + 1, e[4] + (tonumber(slots) or 1)
+end
+
+local function flush_settled(p, settled)
+  for key, e in pairs(settled) do
+    settle_running(p, e[1], e[2], e[4], e[3])
+    settled[key] = nil
+  end
+end
+
+-- A throttle handed job `id` the slots of grant `token`: it waits at the front of its
+-- class (in the granted set) for a worker slot.
+local function enter_granted(p, id, token)
+  local jk = job_key(p, id)
+  local f = redis.call('HMGET', jk, 'lane', 'cls', 'sl')
+  redis.call('HSET', jk, 'st', 'queued', 'ttok', token)
+  redis.call('ZADD', class_key(p, f[1], f[2], 'granted'), token, id)
+  local sk = lane_key(p, f[1], 'state')
+  redis.call('HINCRBY', sk, 'd:' .. f[2], tonumber(f[3]) or 1)
+  redis.call('HINCRBY', sk, 'g:' .. f[2], 1)
+  wake(p, f[1])
+end
+
+local function enter_all_granted(p, handoffs)
+  for _, h in ipairs(handoffs) do
+    enter_granted(p, h[1], h[2])
+  end
+  return #handoffs > 0
+end
+
+-- Release a job's throttle grant, if it holds one, and pass the slots on.
+local function release_throttle(keys, p, id, token)
+  if token then
+    redis.call('HDEL', job_key(p, id), 'ttok')
+    enter_all_granted(p, thr_release(keys, id, token))
+  end
+end

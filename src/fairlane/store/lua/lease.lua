@@ -1,0 +1,131 @@
+-- Handing jobs out: promotion of due scheduled jobs, checks on a popped record,
+-- leases with fencing tokens, and direct hand-off to idle workers.
+
+local function promote_due(keys, p, lane, now, limit)
+  local dk = lane_key(p, lane, 'delayed')
+  local due = redis.call('ZRANGE', dk, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  for _, id in ipairs(due) do
+    redis.call('ZREM', dk, id)
+    local f = redis.call('HMGET', job_key(p, id), 'st', 'tenant', 'prio', 'seq', 'cls', 'sl')
+    if f[1] == 'scheduled' then
+      redis.call('HSET', job_key(p, id), 'st', 'queued')
+      push_ready(p, lane, f[5], f[2], id, f[3], f[4], f[6])
+    end
+  end
+end
+
+local MALFORMED_ERR = '{"type":"MalformedJob","message":"the stored job record is incomplete or corrupt; it was not executed","traceback":""}'
+
+-- Well-formed multi-byte UTF-8 sequences (no overlongs, no surrogates, <= U+10FFFF).
+local UTF8_SEQS = {
+  '[\194-\223][\128-\191]',
+  '\224[\160-\191][\128-\191]', '[\225-\236][\128-\191][\128-\191]',
+  '\237[\128-\159][\128-\191]', '[\238-\239][\128-\191][\128-\191]',
+  '\240[\144-\191][\128-\191][\128-\191]',
+  '[\241-\243][\128-\191][\128-\191][\128-\191]',
+  '\244[\128-\143][\128-\191][\128-\191]',
+}
+
+-- Whether `s` is valid UTF-8: the worker decodes a fetched job's text fields strictly,
+-- so one corrupt byte would fail the decoding of its whole batch. Fast for ASCII.
+local function utf8_ok(s)
+  if not s or not string.find(s, '[\128-\255]') then
+    return true
+  end
+  for _, seq in ipairs(UTF8_SEQS) do
+    s = string.gsub(s, seq, '.') -- an ASCII stand-in, so that leftovers cannot join up
+  end
+  return not string.find(s, '[\128-\255]')
+end
+
+-- Lease popped jobs ({id, fields, lane} as `runnable` returns them) to `worker`: one
+-- fencing token each, the attempt counted, one ZADD for all the leases; the classes'
+-- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns the rows a worker receives: [id, token,
+-- attempt, task, args, timeout, deadline, tenant, max, backoff, enqueued, slots].
+local function lease_jobs(keys, p, popped, worker, lease, now)
+  local jobs = {}
+  if #popped == 0 then
+    return jobs
+  end
+  local tok = redis.call('INCRBY', keys[FENCE], #popped) - #popped
+  local zargs, running = {}, {}
+  for i, e in ipairs(popped) do
+    local id, f, lane = e[1], e[2], e[3]
+    local cls = f[12] or DEFAULT_CLASS
+    local rk = lane .. '\0' .. cls
+    local r = running[rk]
+    if not r then
+      r = {lane, cls, 0}
+      running[rk] = r
+    end
+    r[3] = r[3] + 1
+    tok = tok + 1
+    local att = (tonumber(f[10]) or 0) + 1
+    redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', tok, 'att', att, 'wk', worker,
+      'start', now)
+    zargs[2 * i - 1] = now + lease
+    zargs[2 * i] = id
+    jobs[i] = {id, tostring(tok), att, f[2], f[3], tonumber(f[6]) or 0,
+      tonumber(f[5]) or 0, f[7] or '', tonumber(f[4]), f[8] or '', tonumber(f[9]) or 0, tonumber(f[11]) or 1}
+  end
+  redis.call('ZADD', keys[LEASES], unpack(zargs))
+  for _, r in pairs(running) do
+    redis.call('HINCRBY', class_key(p, r[1], r[2], 'vt'), 'run', r[3])
+  end
+  return jobs
+end
+
+-- Idle workers. A worker about to block registers in its lanes' `idle` sets (member
+-- 'worker|lease_ms', score = when the registration lapses). An enqueue that finds one
+-- leases it a job on the spot and pushes the job into the worker's inbox, which the
+-- worker is blocked on: the job starts after one hop instead of a wake-up and a fetch.
+-- Jobs in an inbox are leased, so a worker that died meanwhile loses nothing: the
+-- lease expires and the job is reclaimed. Its next exchange drains its inbox.
+local function inbox_key(p, worker)
+  return p .. 'inbox:' .. worker
+end
+
+local function peek_idle_worker(p, lane, now)
+  local idle = lane_key(p, lane, 'idle')
+  redis.call('ZREMRANGEBYSCORE', idle, '-inf', now)
+  local found = redis.call('ZRANGE', idle, 0, 0)[1]
+  if not found then
+    return nil
+  end
+  local worker, lease = string.match(found, '^(.*)|(%d+)$')
+  return found, worker, tonumber(lease)
+end
+
+local function hand_off(keys, p, worker, lease, popped, now)
+  local rows = lease_jobs(keys, p, popped, worker, lease, now)
+  local inbox = inbox_key(p, worker)
+  for _, row in ipairs(rows) do
+    redis.call('RPUSH', inbox, cmsgpack.pack(row))
+  end
+  redis.call('PEXPIRE', inbox, lease)
+end
+
+-- Check a job popped from a tenant queue or a granted set. Returns its fields (st,
+-- task, args, max, dl, to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok) when it
+-- can run; settles it (and frees any throttle grant it held) and returns nil when it
+-- cannot (expired, malformed, or a stale entry).
+local function runnable(keys, p, id, now, tally)
+  local f = redis.call('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
+    'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok')
+  if f[1] == 'queued' then
+    if not f[2] or not f[3] or not tonumber(f[4]) or not f[7]
+      or not (utf8_ok(f[2]) and utf8_ok(f[3]) and utf8_ok(f[7]) and utf8_ok(f[8])) then
+      count(tally, 'malformed')
+      release_throttle(keys, p, id, f[16])
+      dead_letter(keys, p, id, MALFORMED_ERR, now, tally)
+    elseif f[5] and tonumber(f[5]) < now then
+      release_throttle(keys, p, id, f[16])
+      expire(keys, p, id, EXPIRED_ERR, now, tally)
+    else
+      return f
+    end
+  elseif not f[1] then
+    count(tally, 'missing')
+  end
+  return nil
+end

@@ -1,0 +1,145 @@
+-- Job records once they settle: retention trimming, per-call effects, finishing,
+-- dead letters, expiry, and retries with backoff.
+
+local function split2(spec)
+  local a, b = string.match(spec, '^(-?%d+),(-?%d+)$')
+  return tonumber(a), tonumber(b)
+end
+
+local function remove_record(keys, p, id, failed)
+  local jk = job_key(p, id)
+  local idem = redis.call('HGET', jk, 'idem')
+  if idem and redis.call('HGET', keys[IDEM], idem) == id then
+    redis.call('HDEL', keys[IDEM], idem)
+  end
+  if failed then
+    redis.call('ZREM', keys[DEAD], id)
+  end
+  redis.call('DEL', jk)
+end
+
+-- Bounded trim of one retention index: at most `budget` records per call, so the
+-- cost per finished job stays constant and the index still converges to its bounds.
+local function trim(keys, p, idx, spec, now, budget)
+  local count, age = split2(spec)
+  local failed = string.sub(idx, -7) == ':failed'
+  if count and count >= 0 then
+    local over = redis.call('ZCARD', idx) - count
+    if over > 0 then
+      local popped = redis.call('ZPOPMIN', idx, math.min(over, budget))
+      for i = 1, #popped, 2 do
+        remove_record(keys, p, popped[i], failed)
+      end
+    end
+  end
+  if age and age >= 0 then
+    local old = redis.call('ZRANGE', idx, '-inf', now - age, 'BYSCORE', 'LIMIT', 0, budget)
+    for _, oid in ipairs(old) do
+      redis.call('ZREM', idx, oid)
+      remove_record(keys, p, oid, failed)
+    end
+  end
+end
+
+-- Effects gathered during one call and written once at its end, so that a batch
+-- costs one command per effect instead of one per job: counters, and finished jobs
+-- to add to each retention index.
+local function new_effects()
+  return {counts = {}, kept = {}}
+end
+
+local function count(fx, name, n)
+  fx.counts[name] = (fx.counts[name] or 0) + (n or 1)
+end
+
+local function keep(fx, idx, spec, id)
+  local k = fx.kept[idx]
+  if not k then
+    k = {spec = spec or '-1,-1', ids = {}}
+    fx.kept[idx] = k
+  end
+  k.ids[#k.ids + 1] = id
+end
+
+local function apply_effects(keys, p, fx, now)
+  for name, n in pairs(fx.counts) do
+    redis.call('HINCRBY', keys[STATS], name, n)
+  end
+  for idx, k in pairs(fx.kept) do
+    local zargs = {}
+    for i, id in ipairs(k.ids) do
+      zargs[2 * i - 1] = now
+      zargs[2 * i] = id
+    end
+    redis.call('ZADD', idx, unpack(zargs))
+    -- trims at most a few more records than it adds, so a steady flow stays bounded
+    trim(keys, p, idx, k.spec, now, #k.ids + 10)
+  end
+end
+
+-- Settle a job for good. `meta` holds its task, rc, rf and w fields when the caller
+-- already read them (the hot path); otherwise they are read here.
+local function finish(keys, p, id, status, field, payload, now, tally, meta)
+  local jk = job_key(p, id)
+  if field then
+    redis.call('HSET', jk, 'st', status, 'fin', now, field, payload)
+  else
+    redis.call('HSET', jk, 'st', status, 'fin', now)
+  end
+  count(tally, status)
+  meta = meta or redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w')
+  local task = meta[1] or '' -- a corrupt record without a task name must still settle
+  if status == 'completed' then
+    keep(tally, p .. 'kept:' .. task .. ':ok', meta[2], id)
+  else
+    keep(tally, p .. 'kept:' .. task .. ':failed', meta[3], id)
+  end
+  if meta[4] then
+    redis.call('PUBLISH', p .. 'done', id)
+  end
+end
+
+local function dead_letter(keys, p, id, err, now, tally, meta)
+  redis.call('ZADD', keys[DEAD], now, id)
+  finish(keys, p, id, 'failed', 'err', err, now, tally, meta)
+end
+
+local function expire(keys, p, id, reason, now, tally, meta)
+  finish(keys, p, id, 'expired', 'err', reason, now, tally, meta)
+end
+
+local EXPIRED_ERR = '{"type":"DeadlineExceeded","message":"the deadline passed before the job could run","traceback":""}'
+
+-- Schedule a retry `delay` ms from now, unless that is past the job's deadline.
+local function schedule_retry(keys, p, id, delay, err, now, tally)
+  local jk = job_key(p, id)
+  local f = redis.call('HMGET', jk, 'dl', 'lane')
+  local run_at = now + delay
+  if f[1] and run_at > tonumber(f[1]) then
+    redis.call('HSET', jk, 'err', err)
+    expire(keys, p, id, EXPIRED_ERR, now, tally)
+    return 'expired'
+  end
+  redis.call('HSET', jk, 'st', 'scheduled', 'run', run_at, 'err', err)
+  redis.call('ZADD', lane_key(p, f[2], 'delayed'), run_at, id)
+  count(tally, 'retried')
+  -- the retry may be due sooner than a blocked worker's timeout: wake one to re-read it
+  wake(p, f[2])
+  return 'scheduled'
+end
+
+-- The backoff of fairlane/policy/backoff.py: min(cap, base * 2^(n-1)) with jitter u in [0,1).
+local function backoff_ms(spec, attempt, u)
+  local base, cap, jitter = string.match(spec or '', '^([^,]+),([^,]+),(%a+)$')
+  if not base then
+    return 0
+  end
+  local raw = math.min(tonumber(cap), tonumber(base) * 2 ^ math.min(math.max(attempt, 1) - 1, 62))
+  local d = raw
+  if jitter == 'full' then
+    d = raw * u
+  elseif jitter == 'equal' then
+    d = raw / 2 + raw / 2 * u
+  end
+  return math.floor(d * 1000)
+end
