@@ -94,6 +94,25 @@ A window that starts after a weight change (weights fixed within it) keeps the b
 with ``c^max / w`` read at the smaller of the old and new weight, since (I2) holds at
 its start with the weight ``t`` was last charged at.
 
+The store's activation credit
+-----------------------------
+The store (and its reference model, ``fairlane.policy.model``) activates a tenant at
+``max(F_t, V - r / m)`` instead of rule 1's ``max(V, tag_t)``, where ``r`` is the
+class's work dispatched but not yet settled and ``m`` the number of active tenants
+(``V`` alone when none is). Dispatch moves ``V`` to ``max(V, tag)``, so ``V`` still never
+decreases. Why: workers lease ahead, so at the moment a tenant arrives up to ``r``
+units have been dispatched to the others but not yet *run*; starting at ``V`` would
+put the newcomer behind that leased work a second time. What it changes:
+
+* the newcomer's start lies in ``[V_a - r / m, S_t]``, so it is served before anyone
+  whose tag is above its own: the latency bound above holds with ``S_t - V_a <= c_t /
+  w_t`` as before, and becomes 0 jobs of others ahead when ``F_t <= V_a - r / m``;
+* (I1) weakens to ``tag_t >= V - r_max / m`` for a tenant while it catches up, so the
+  pairwise bound gains one term: ``|W_i / w_i - W_j / w_j| <= c_i^max / w_i + c_j^max /
+  w_j + r_max``, with ``r_max`` the most work in flight at an activation in the window
+  -- at most the class's slots, however long the window. A tenant's credit is bounded
+  by work in flight, never by how long it was idle, so going idle saves nothing.
+
 Redis twin (every operation O(log n))
 -------------------------------------
 * ``active`` -- sorted set, member tenant, score ``tag_t``: exactly the active
