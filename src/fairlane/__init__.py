@@ -10,6 +10,7 @@ app.lane("heavy", classes=[ServiceClass("interactive", nominal_share=0.7, min_sl
 async def classify(text: str) -> str: ...
 """
 
+from fairlane.admission import Admission, Rejected
 from fairlane.app import App
 from fairlane.errors import (
     FairlaneError,
@@ -20,23 +21,33 @@ from fairlane.errors import (
     UnknownTask,
 )
 from fairlane.lanes import load_lanes
+from fairlane.policy.admission import Coefficients, Estimate, EstimationSettings
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.policy.retention import Retention
+from fairlane.pools import FairlaneConfig, load_config
 from fairlane.store.redis import StoreUnavailable
 from fairlane.task import Job, Task
+from fairlane.usage import JobContext, context, report_usage
 
 __all__ = [
     "DEFAULT_CLASSES",
+    "Admission",
     "App",
     "Backoff",
     "ClassTable",
+    "Coefficients",
+    "Estimate",
+    "EstimationSettings",
+    "FairlaneConfig",
     "FairlaneError",
     "Job",
     "JobCancelled",
+    "JobContext",
     "JobExpired",
     "JobNotFound",
+    "Rejected",
     "Retention",
     "ServiceClass",
     "StoreUnavailable",
@@ -44,5 +55,8 @@ __all__ = [
     "TaskFailed",
     "TenantLimits",
     "UnknownTask",
+    "context",
+    "load_config",
     "load_lanes",
+    "report_usage",
 ]

@@ -14,17 +14,19 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from cronsim import CronSim, CronSimError
 from redis.asyncio.client import PubSub
 
+from fairlane.admission import Pricing
 from fairlane.config import Settings, load_settings
 from fairlane.errors import JobNotFound, UnknownTask
 from fairlane.lanes import LaneClasses, LaneTables, check_limits, load_lanes
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.classes import ClassTable
 from fairlane.policy.retention import Retention
+from fairlane.pools import FairlaneConfig, load_config
 from fairlane.runtime.worker import Worker
 from fairlane.store.keys import namespace
 from fairlane.store.redis import Store, StoreUnavailable, redact_url, unlink_matching
@@ -101,6 +103,8 @@ class App:
         settings: Settings | None = None,
         project_dir: Path | str | None = None,
         lanes: Mapping[str, LaneClasses] | None = None,
+        config: FairlaneConfig | Path | str | None = None,
+        charge: Literal["jobs", "cost"] = "cost",
     ) -> None:
         namespace(name)  # validates the name
         self.name = name
@@ -115,7 +119,23 @@ class App:
                 self.lane_tables.declare(lane, table, source=f"lanes_file {path}")
         for lane, classes in (lanes or {}).items():
             self.lane_tables.declare(lane, classes, source="App(lanes=...)")
+        if config is not None and not isinstance(config, FairlaneConfig):
+            config = load_config(config)
+        if charge not in ("jobs", "cost"):
+            raise ValueError(f'charge must be "jobs" or "cost", got {charge!r}')
+        #: how tenants are charged for fair shares: one unit per job, or what jobs cost
+        self.charge = charge
+        #: pools (lanes with admission control), retry and estimation settings
+        self.config = config or FairlaneConfig()
+        for lane, pool in self.config.pools.items():
+            self.lane_tables.declare(lane, pool.table, source="App(config=...)")
         self.tenants = Tenants(self)
+        # how declared estimates become reservations, and rejections' Retry-After
+        self.pricing = Pricing(
+            self.config.coefficients,
+            self.config.estimation,
+            self.config.retry.retry_after_policy,
+        )
         self._store: Store | None = None
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._pubsub: PubSub | None = None
@@ -362,9 +382,17 @@ class App:
             self._check_class(task.options)
 
     async def declare_lanes(self) -> None:
-        """Record each declared lane's class table on the server, where dispatch reads it."""
-        for lane, table in self.lane_tables.items():
-            await self.store.declare_lane(lane, table)
+        """Record each declared lane's class table, and its admission config, on the
+        server, where dispatch and admission read them."""
+        used = {task.options.lane for task in self.tasks.values()}
+        used.add(self.settings.default_lane)
+        for lane in sorted(used | {lane for lane, _ in self.lane_tables.items()}):
+            table = self.lane_classes(lane)
+            await self.store.declare_lane(lane, table, self.charge)
+            pool = self.config.pools.get(lane)
+            await self.store.declare_admission(
+                lane, table, pool.admission if pool else None, self.config.estimation
+            )
 
     async def aclose(self) -> None:
         if self._listener is not None:

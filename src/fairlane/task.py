@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypedDict, T
 
 import msgspec
 
+from fairlane.admission import Admission, Rejected, answer, cost_key, unavailable
 from fairlane.codec import ArgsCodec, PayloadTooLarge, decode_error
 from fairlane.errors import JobCancelled, JobExpired, JobNotFound, TaskFailed
 from fairlane.lanes import (
@@ -29,9 +30,10 @@ from fairlane.lanes import (
     check_slots,
     merge_limits,
 )
+from fairlane.policy.admission import Estimate
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
-from fairlane.store.redis import NewJob
+from fairlane.store.redis import NewJob, StoreUnavailable
 
 if TYPE_CHECKING:
     from fairlane.app import App
@@ -136,7 +138,9 @@ class _Placement:
         deadline: datetime | Seconds | None,
         priority: int,
     ) -> _Placement:
-        if not isinstance(tenant, str) or not tenant or len(tenant) > 200:
+        if not isinstance(tenant, str):
+            raise TypeError(f"tenant must be a string, got {tenant!r}")
+        if not tenant or len(tenant) > 200:
             raise ValueError(
                 f"tenant must be a non-empty string of at most 200 characters: {tenant!r}"
             )
@@ -162,14 +166,20 @@ class _Demand:
     service_class: str
     slots: int
     limits: list[tuple[str, int]]
+    declared_mu: int
+    """The caller's estimate in milli-units (the store may raise it to the learned cost)."""
+    cost_key: str
+    declared: bool
 
     @classmethod
-    def of(
+    def of(  # noqa: PLR0917 - the demand's own parts
         cls,
         task: Task[Any, Any],
         service_class: str | None,
         slots: int | None,
         limits: Mapping[str, int] | None,
+        tenant: str,
+        estimate: Estimate | float | None = None,
     ) -> _Demand:
         options = task.options
         name = (
@@ -181,6 +191,9 @@ class _Demand:
             service_class=name,
             slots=options.slots if slots is None else check_slots(slots),
             limits=list(merge_limits(options.limits, check_limits(limits))),
+            declared_mu=task.app.pricing.declared_milli(estimate),
+            cost_key=cost_key(tenant, task.name, estimate),
+            declared=estimate is not None,
         )
 
 
@@ -319,12 +332,14 @@ class Task(Generic[P, R]):
         service_class: str | None = None,
         slots: int | None = None,
         limits: Mapping[str, int] | None = None,
+        estimate: Estimate | float | None = None,
         **kwargs: Any,
     ) -> Job[R]:
         """Enqueue one call. Arguments are checked against the signature here, at the call site.
 
         ``service_class`` and ``slots`` replace the task's; ``limits`` are added to the
-        task's (a key named by both takes this call's limit).
+        task's (a key named by both takes this call's limit). A deferred job is returned
+        like an accepted one; a rejection raises ``Rejected(reason, retry_after)``.
         """
         blob = self.encode_args(args, kwargs)
         job = self.new_job(
@@ -338,9 +353,53 @@ class Task(Generic[P, R]):
             service_class=service_class,
             slots=slots,
             limits=limits,
+            estimate=estimate,
         )
         (handle,) = await self._store([job])
         return handle
+
+    async def submit(
+        self,
+        *args: Any,
+        tenant: str = "default",
+        service_class: str | None = None,
+        estimate: Estimate | float | None = None,
+        idempotency_key: str | None = None,
+        deadline: datetime | Seconds | None = None,
+        delay: Seconds | None = None,
+        at: datetime | None = None,
+        priority: int = 0,
+        slots: int | None = None,
+        limits: Mapping[str, int] | None = None,
+        **kwargs: Any,
+    ) -> Admission[R]:
+        """Ask admission to take one call: accepted, deferred (stored, admitted when room
+        frees), rejected (with ``retry_after`` seconds and a reason) or unavailable.
+
+        ``estimate`` is the work the call declares (an ``Estimate`` or units); the store
+        reserves the larger of it and what this tenant's jobs of this workflow and model
+        were learned to cost, times the safety multiplier. Bad input raises at once.
+        """
+        blob = self.encode_args(args, kwargs)
+        job = self.new_job(
+            blob,
+            tenant=tenant,
+            delay=delay,
+            at=at,
+            deadline=deadline,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            service_class=service_class,
+            slots=slots,
+            limits=limits,
+            estimate=estimate,
+        )
+        try:
+            (reply,) = await self.app.store.submit(self.options.lane, [job])
+        except StoreUnavailable:
+            return unavailable()
+        handle = Job(self, reply.id, created=reply.code in (1, 2)) if reply.code >= 0 else None
+        return answer(reply, handle, self.app.pricing)
 
     async def enqueue_many(
         self,
@@ -354,13 +413,16 @@ class Task(Generic[P, R]):
         service_class: str | None = None,
         slots: int | None = None,
         limits: Mapping[str, int] | None = None,
+        estimate: Estimate | float | None = None,
     ) -> list[Job[R]]:
         """Enqueue many calls (each a tuple of positional arguments) in one round trip.
 
         Every call is checked before anything is sent: one bad call stores no job.
+        Admission judges each job on its own: if one is rejected, ``Rejected`` is raised
+        and the batch's other jobs stay stored (``submit`` answers job by job).
         """
         when = _Placement.of(tenant, delay, at, deadline, priority)
-        demand = _Demand.of(self, service_class, slots, limits)
+        demand = _Demand.of(self, service_class, slots, limits, when.tenant, estimate)
         jobs = [self._job(self.encode_args(tuple(call), {}), when, demand, "") for call in calls]
         return await self._store(jobs) if jobs else []
 
@@ -387,9 +449,10 @@ class Task(Generic[P, R]):
         service_class: str | None = None,
         slots: int | None = None,
         limits: Mapping[str, int] | None = None,
+        estimate: Estimate | float | None = None,
     ) -> NewJob:
         when = _Placement.of(tenant, delay, at, deadline, priority)
-        demand = _Demand.of(self, service_class, slots, limits)
+        demand = _Demand.of(self, service_class, slots, limits, when.tenant, estimate)
         return self._job(blob, when, demand, idempotency_key or "")
 
     def _job(self, blob: bytes, when: _Placement, demand: _Demand, idempotency_key: str) -> NewJob:
@@ -411,15 +474,24 @@ class Task(Generic[P, R]):
             service_class=demand.service_class,
             slots=demand.slots,
             limits=demand.limits,
+            declared_mu=demand.declared_mu,
+            cost_key=demand.cost_key,
+            declared=int(demand.declared),
         )
 
     async def _store(self, jobs: list[NewJob]) -> list[Job[R]]:
-        replies = await self.app.store.enqueue(self.options.lane, jobs)
+        replies = await self.app.store.submit(self.options.lane, jobs)
         handles: list[Job[R]] = []
-        for job_id, code in replies:
-            if code < 0:
-                raise ValueError(f"job {job_id}: its deadline has already passed (server time)")
-            handles.append(Job(self, job_id, created=code == 1))
+        for reply in replies:
+            if reply.code == -1:
+                raise ValueError(f"job {reply.id}: its deadline has already passed (server time)")
+            if reply.code == -4:
+                # the others of the batch are stored: admission judges each job on its own
+                reason = reply.reason or "class_full"
+                raise Rejected(reason, self.app.pricing.retry_after(reply.earlier_rejections))
+            if reply.code < 0:
+                raise ValueError(f"job {reply.id}: refused by the store (code {reply.code})")
+            handles.append(Job(self, reply.id, created=reply.code in (1, 2)))
         return handles
 
 

@@ -1033,7 +1033,9 @@ async def test_lanes_are_declared_when_the_app_connects_and_the_worker_starts(
     app = App(namespace, redis_url=redis_url, settings=helpers.fast_settings(), lanes={"gpu": gpu})
     async with app:
         assert await _declared_table(app, "gpu") == encode_classes(gpu).encode()
-        assert await _declared_table(app, "default") is None  # undeclared: the defaults
+        # the lane the app's jobs use by default is recorded with the default classes
+        default = encode_classes(ClassTable(DEFAULT_CLASSES)).encode()
+        assert await _declared_table(app, "default") == default
         late = [ServiceClass("only", nominal_share=1.0)]
         app.lane("late", classes=late)
         assert await _declared_table(app, "late") is None

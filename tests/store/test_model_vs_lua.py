@@ -524,7 +524,9 @@ class LuaVsModel(RuleBasedStateMachine):
             snap.granted[(lane, cls)] = [(_s(i), int(s)) for i, s in next(replies)]
         for lane in LANES:
             state = {_s(f): _s(v) for f, v in next(replies).items()}
-            snap.state[lane] = {f: int(v) for f, v in state.items() if f != "table"}
+            # the declarations (classes, charge mode) are inputs, not state the model keeps
+            declared = ("table", "charge", "adm", "utable")
+            snap.state[lane] = {f: int(v) for f, v in state.items() if f not in declared}
             snap.cap[lane] = {_s(w): int(v) for w, v in next(replies).items()}
             snap.delayed[lane] = [(_s(i), _ms(s)) for i, s in next(replies)]
             snap.idle[lane] = {_s(m): _ms(s) for m, s in next(replies)}

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from fairlane import usage
 from fairlane.codec import PayloadTooLarge, encode_error
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retry import after_failure
@@ -27,6 +29,7 @@ from fairlane.runtime.executors import (
 )
 from fairlane.runtime.invoke import target_of
 from fairlane.store.redis import FetchedJob, Outcome
+from fairlane.usage import JobContext
 
 if TYPE_CHECKING:
     from fairlane.app import App
@@ -66,8 +69,15 @@ class Runner:
         self.max_result = app.settings.max_payload_bytes
 
     async def run(self, job: FetchedJob) -> Outcome:
-        """Run one attempt. ``CancelledError`` propagates to the caller, which knows why."""
+        """Run one attempt. ``CancelledError`` propagates to the caller, which knows why.
+
+        The outcome carries what the attempt cost in work units: the usage the task
+        reported through ``fairlane.context()``, wall time counting as tool seconds.
+        """
         task = self.app.tasks.get(job.task)
+        ctx = JobContext(job.id, job.tenant, job.attempt)
+        reset = usage.current.set(ctx)
+        started = time.monotonic()
         try:
             if task is None:
                 raise _Failure(
@@ -79,8 +89,13 @@ class Runner:
                 )
             payload = await self._attempt(task, job)
         except _Failure as failure:
-            return self._failed(job, failure)
-        return Outcome(job.id, job.token, "ok", payload.decode())
+            outcome = self._failed(job, failure)
+        else:
+            outcome = Outcome(job.id, job.token, "ok", payload.decode())
+        finally:
+            usage.current.reset(reset)
+        cost = ctx.units(self.app.pricing.coefficients, time.monotonic() - started)
+        return msgspec.structs.replace(outcome, cost=cost)
 
     async def _attempt(self, task: Task[Any, Any], job: FetchedJob) -> bytes:
         timeout = job.timeout or None

@@ -22,9 +22,10 @@ from importlib.resources import files
 from typing import Final
 
 from fairlane.policy import ceilings
-from fairlane.policy.classes import DEFAULT_CLASSES, ServiceClass
+from fairlane.policy.admission import EstimationSettings, PoolConfig, to_milli, unit_table
+from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 
-__all__ = ["FUNCTION_PREFIX", "LIBRARY_CODE", "encode_classes"]
+__all__ = ["FUNCTION_PREFIX", "LIBRARY_CODE", "encode_admission", "encode_classes"]
 
 _LUA = files("fairlane.store").joinpath("lua")
 _INCLUDE = re.compile(r"^-- @include ([\w.]+)$", re.MULTILINE)
@@ -47,6 +48,34 @@ def encode_classes(classes: Iterable[ServiceClass]) -> str:
         ],
         separators=(",", ":"),
     )
+
+
+def encode_admission(
+    table: ClassTable, pool: PoolConfig, estimation: EstimationSettings
+) -> tuple[str, str]:
+    """A lane's admission config and its class table in milli-units, as the scripts
+    read them (``lua/admission.lua``): JSON ``{C, R, max, safety, window, classes: {name:
+    [max_queue, max_queue_mu (-1 none), tenant_max_queue, max_deferred, defer]}}``."""
+    classes = {}
+    for c in table:
+        adm = pool.admission(c.name)
+        queue_mu = adm.max_queue_milli
+        classes[c.name] = [
+            adm.max_queue,
+            -1 if queue_mu is None else queue_mu,
+            adm.tenant_limit,
+            adm.deferred_limit,
+            int(adm.when_full == "defer"),
+        ]
+    config = {
+        "C": pool.capacity_milli,
+        "R": pool.reserve_milli,
+        "max": to_milli(estimation.max_reservation_units),
+        "safety": estimation.safety_multiplier,
+        "window": estimation.update_window,
+        "classes": classes,
+    }
+    return json.dumps(config, separators=(",", ":")), encode_classes(unit_table(table, pool))
 
 
 def _assemble() -> str:

@@ -20,10 +20,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from fairlane.policy.admission import EstimationSettings, PoolConfig
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import ClassTable
 from fairlane.store.keys import AppKeys
-from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE, encode_classes
+from fairlane.store.library import (
+    FUNCTION_PREFIX,
+    LIBRARY_CODE,
+    encode_admission,
+    encode_classes,
+)
 
 __all__ = [
     "AckKind",
@@ -34,6 +40,7 @@ __all__ = [
     "Outcome",
     "Store",
     "StoreUnavailable",
+    "Submitted",
     "TenantSignal",
     "redact_url",
     "unlink_matching",
@@ -72,6 +79,9 @@ class NewJob(msgspec.Struct, array_like=True):
     service_class: str = "standard"
     slots: int = 1
     limits: list[tuple[str, int]] = msgspec.field(default_factory=list)  # sorted by key
+    declared_mu: int = 1000  # the caller's estimate (or the default cost), in milli-units
+    cost_key: str = ""  # "tenant|workflow|model": whose learned cost applies
+    declared: int = 0  # 1 when the caller declared an estimate (else learned cost rules)
 
     def __post_init__(self) -> None:
         args: object = self.args
@@ -97,6 +107,16 @@ class FetchedJob(msgspec.Struct, array_like=True, frozen=True):
     backoff: str
     enqueued_ms: int
     slots: int = 1  # worker slots the job occupies
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """One job's answer from the enqueue script."""
+
+    id: str
+    code: int  # 1 accepted, 2 deferred, 0 existing, -1 deadline past, -2 bad class, -4 rejected
+    reason: str | None  # why it was deferred or rejected
+    earlier_rejections: int  # the tenant's rejections in the last minute, before this one
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +155,7 @@ class Outcome(msgspec.Struct, array_like=True, frozen=True):
     # the server's msgpack reads no binary type: payloads are UTF-8 JSON, sent as text
     payload: str = ""
     delay_ms: int = 0
+    cost: float = -1.0  # work units the attempt used (-1: it did not run)
 
     def __post_init__(self) -> None:
         # accept the bytes a caller may hold; the wire needs text
@@ -263,11 +284,37 @@ class Store:
 
     # -- producer side ----------------------------------------------------------------
 
-    async def enqueue(self, lane: str, jobs: Sequence[NewJob]) -> list[tuple[str, int]]:
-        """Store jobs atomically; returns (id, code) per job: 1 new, 0 existing, -1 refused."""
+    async def submit(self, lane: str, jobs: Sequence[NewJob]) -> list[Submitted]:
+        """Pass jobs through the lane's admission and store those admitted or deferred,
+        in one atomic step; one reply per job (codes as the enqueue script says)."""
         blob = _PACK.encode(jobs)
         reply = await self.fcall("enqueue", self._lane_keys([lane]), [lane, blob])
-        return [(_s(reply[i]), int(reply[i + 1])) for i in range(0, len(reply), 2)]
+        out: list[Submitted] = []
+        for i in range(0, len(reply), 3):
+            detail = _s(reply[i + 2])
+            reason, _, earlier = detail.partition("|")
+            out.append(
+                Submitted(_s(reply[i]), int(reply[i + 1]), reason or None, int(earlier or 0))
+            )
+        return out
+
+    async def enqueue(self, lane: str, jobs: Sequence[NewJob]) -> list[tuple[str, int]]:
+        """Store jobs atomically; returns (id, code) per job: 1 new, 2 deferred, 0 existing,
+        negative: refused (nothing written)."""
+        return [(s.id, s.code) for s in await self.submit(lane, jobs)]
+
+    async def declare_admission(
+        self,
+        lane: str,
+        table: ClassTable,
+        pool: PoolConfig | None,
+        estimation: EstimationSettings | None = None,
+    ) -> None:
+        """Record a lane's admission config (None: no admission control in the lane)."""
+        config, units = "", ""
+        if pool is not None:
+            config, units = encode_admission(table, pool, estimation or EstimationSettings())
+        await self.fcall("declare_admission", self._lane_keys([lane]), [lane, config, units])
 
     async def declare_task(self, task: str, keep_completed: str, keep_failed: str) -> None:
         await self.fcall("declare_task", self._common, [task, f"{keep_completed}|{keep_failed}"])
@@ -320,9 +367,13 @@ class Store:
             None if int(limit) < 0 else int(limit), float(rate), float(mean), int(cap), int(load)
         )
 
-    async def declare_lane(self, lane: str, classes: ClassTable) -> None:
-        """Record a lane's service classes; the next decision in the lane uses them."""
-        await self.fcall("declare_lane", self._lane_keys([lane]), [lane, encode_classes(classes)])
+    async def declare_lane(self, lane: str, classes: ClassTable, charge: str = "jobs") -> None:
+        """Record a lane's service classes and how its tenants are charged ("jobs": one
+        unit per job; "cost": what each job was learned to cost, corrected as it ends);
+        the next decision in the lane uses them."""
+        await self.fcall(
+            "declare_lane", self._lane_keys([lane]), [lane, encode_classes(classes), charge]
+        )
 
     async def lane_state(self, lane: str) -> LaneState:
         """A lane's capacity and its classes' in-flight and waiting slots, as cached."""

@@ -28,10 +28,27 @@ local function configure_limits(keys, args)
   return set_tenant_setting(keys[TLIMITS], args[1], args[2])
 end
 
--- ARGV: lane, its class table as JSON (classes.lua). Applies from the next decision.
+-- ARGV: lane, its class table as JSON (classes.lua), how tenants are charged ('jobs':
+-- one unit per job; 'cost': what each job was learned to cost, corrected when it
+-- ends). Applies from the next decision.
 local function declare_lane(keys, args)
   cjson.decode(args[2])
-  redis.call('HSET', lane_key(prefix(keys), args[1], 'state'), 'table', args[2])
+  local charge = args[3] == 'cost' and 'cost' or 'jobs'
+  redis.call('HSET', lane_key(prefix(keys), args[1], 'state'), 'table', args[2], 'charge', charge)
+  return 1
+end
+
+-- ARGV: lane, admission config JSON, unit class table JSON ('' '' = no admission
+-- control). Applies from the next submission; reservations held stay as they are.
+local function declare_admission(keys, args)
+  local sk = lane_key(prefix(keys), args[1], 'state')
+  if args[2] == '' then
+    redis.call('HDEL', sk, 'adm', 'utable')
+  else
+    cjson.decode(args[2])
+    cjson.decode(args[3])
+    redis.call('HSET', sk, 'adm', args[2], 'utable', args[3])
+  end
   return 1
 end
 

@@ -9,6 +9,7 @@ local function new_dispatch(keys, p, lane, budget, now, tally)
   local sk = lane_key(p, lane, 'state')
   local cx = {keys = keys, p = p, lane = lane, now = now, tally = tally, sk = sk,
     tbl = class_table(sk), weights = {}, tlimits = {}, vt = {}, delta = {}, runs = {},
+    cost_mode = redis.call('HGET', sk, 'charge') == 'cost',
     f = {}, d = {}, g = {}, heads = {}, w = {}, cap = 0, batch = math.min(budget, 100)}
   cx.fields = {'C'}
   for i, c in ipairs(cx.tbl) do
@@ -152,7 +153,9 @@ local function take_fair_head(cx, cls, h)
     if tag > v.value then
       v.value, v.dirty = tag, true
     end
-    tag = tag + 1 / weight_of(cx, tenant)
+    -- one unit per job, or in 'cost' mode what the job is expected to cost
+    local units = cx.cost_mode and (tonumber(f[17]) or 1) / 1000 or 1
+    tag = tag + units / weight_of(cx, tenant)
   end
   if not run.ids[run.pos] then
     flush_run(cx, cls)

@@ -69,20 +69,76 @@ end
 -- @include throttle.lua
 
 -- @include fairqueue.lua
+-- @include admission.lua
 -- @include records.lua
 
 ---------------------------------------------------------------------------- ack
 
+-- How a lane learns costs: {cost_mode, learn, window}, read once per call and lane.
+-- `cache` also gathers a call's cost samples per key and tag corrections per tenant,
+-- written once each by `flush_costs`.
+local function lane_costing(p, lane, cache)
+  local c = cache[lane]
+  if not c then
+    local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'charge', 'adm')
+    local window = 500
+    if v[2] then
+      window = cjson.decode(v[2]).window or window
+    end
+    c = {cost_mode = v[1] == 'cost', learn = v[1] == 'cost' or v[2] ~= false, window = window}
+    cache[lane] = c
+  end
+  return c
+end
+
+-- An attempt ended having used `cost` units: its key's learned cost moves towards it,
+-- the job records it next to what it was charged, and in 'cost' mode the tenant's tag
+-- takes the difference.
+local function feed_back_cost(p, id, lane, cls, tenant, cost_key, charged_mu, cost, cache, keys)
+  local c = lane_costing(p, lane, cache)
+  if not c.learn then
+    return
+  end
+  local actual_mu = math.max(1, math.floor(cost * 1000 + 0.5))
+  redis.call('HSET', job_key(p, id), 'amu', actual_mu)
+  if cost_key then
+    local samples = cache.samples[cost_key]
+    if not samples then
+      samples = {window = c.window}
+      cache.samples[cost_key] = samples
+    end
+    samples[#samples + 1] = actual_mu
+  end
+  if c.cost_mode then
+    local key = lane .. '\0' .. cls .. '\0' .. tenant
+    local e = cache.tags[key] or {lane, cls, tenant, 0}
+    e[4] = e[4] + (actual_mu - (tonumber(charged_mu) or 1)) / 1000
+    cache.tags[key] = e
+  end
+end
+
+local function flush_costs(p, cache, keys)
+  for cost_key, samples in pairs(cache.samples) do
+    learn_costs(p, cost_key, samples, samples.window)
+  end
+  for _, e in pairs(cache.tags) do
+    local weight = tonumber(redis.call('HGET', keys[WEIGHTS], e[3])) or 1
+    adjust_tag(p, e[1], e[2], e[3], e[4] / weight)
+  end
+end
+
 -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
--- [id, token, kind (ok | retry | dead | cancel | release), payload, delay_ms].
+-- [id, token, kind (ok | retry | dead | cancel | release), payload, delay_ms, cost]
+-- (cost: the work units the attempt used, -1 when it did not run).
 -- Returns one code per entry: 1 applied, 0 rejected as stale (counted in stats 'fenced').
 local function apply_acks(keys, p, acks, now, tally)
   local codes, released, freed, limited, settled = {}, {}, {}, {}, {}
+  local costing = {samples = {}, tags = {}}
   for i, a in ipairs(acks) do
     local id, kind, payload = a[1], a[3], a[4]
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'st', 'tok', 'task', 'rc', 'rf', 'w', 'att', 'max', 'lane',
-      'cls', 'sl', 'ttok', 'tenant', 'start')
+      'cls', 'sl', 'ttok', 'tenant', 'start', 'mu', 'ck', 'cu')
     if f[1] ~= 'running' or f[2] ~= a[2] then
       count(tally, 'fenced')
       codes[i] = 0
@@ -99,7 +155,12 @@ local function apply_acks(keys, p, acks, now, tally)
       if kind ~= 'release' and limited[tenant] then
         note_duration(p, f[13], math.max(0, now - (tonumber(f[14]) or now)) / 1000)
       end
-      local meta = {f[3], f[4], f[5], f[6]}
+      local cost = tonumber(a[6]) or -1
+      if cost >= 0 and kind ~= 'release' then
+        feed_back_cost(p, id, f[9], f[10] or DEFAULT_CLASS, f[13] or '', f[16], f[17], cost,
+          costing, keys)
+      end
+      local meta = {f[3], f[4], f[5], f[6], f[15], f[9], f[10], f[13]}
       if kind == 'ok' then
         finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
       elseif kind == 'retry' and (tonumber(f[7]) or 0) >= (tonumber(f[8]) or 1) then
@@ -126,6 +187,7 @@ local function apply_acks(keys, p, acks, now, tally)
   -- dropped before anything is fetched, so a job settled and leased again in one
   -- exchange keeps its new lease
   flush_settled(p, settled)
+  flush_costs(p, costing, keys)
   if #released > 0 then
     redis.call('ZREM', keys[LEASES], unpack(released))
   end
@@ -147,17 +209,22 @@ end
 
 -- ARGV: lane, msgpack array of jobs, each
 --   [id, tenant, prio, task, args, max, bo, to, rc, rf, idem, delay_ms, at_ms, deadline,
---    class, slots, limits]
+--    class, slots, limits, declared milli-units, cost key, declared (1) or default (0)]
 -- with nil for an absent delay/at, '' for an absent idem/deadline; a deadline is '+ms'
 -- (relative) or absolute ms; limits is {{key, limit}, ..} sorted by key.
--- Returns a flat list: id, code per job (1 created, 0 existing via idempotency key,
--- -1 deadline already past, -2 class unknown in the lane: nothing written).
+-- Returns a flat list: id, code, detail per job. Codes: 1 accepted, 2 deferred (stored,
+-- admitted when room frees), 0 existing via idempotency key, -1 deadline already
+-- past, -2 class unknown in the lane, -4 rejected by admission (detail
+-- 'reason|earlier rejections'): nothing written for negative codes.
 local function enqueue(keys, args)
   local p, now = prefix(keys), now_ms()
   local lane = args[1]
   local jobs = cmsgpack.unpack(args[2])
   local out, tally = {}, new_effects()
   local tbl = class_table(lane_key(p, lane, 'state'))
+  local adm = admission_of(p, lane)
+  local cost_mode = redis.call('HGET', lane_key(p, lane, 'state'), 'charge') == 'cost'
+  local learned = {}
   local ready, submitted, pushes = false, {}, {active = {}, d = {}}
   -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
   local seq = redis.call('HINCRBY', keys[STATS], 'seq', #jobs) - #jobs
@@ -166,12 +233,14 @@ local function enqueue(keys, args)
     local id, tenant, prio, idem = j[1], j[2], j[3], j[11]
     local cls, slots = j[15] or DEFAULT_CLASS, tonumber(j[16]) or 1
     local existing = idem ~= '' and redis.call('HGET', keys[IDEM], idem)
-    if existing and redis.call('EXISTS', job_key(p, existing)) == 1 then
-      out[#out + 1] = existing
-      out[#out + 1] = 0
+    local verdict, reason, mu = 'accepted', nil, nil
+    local existing_st = existing and redis.call('HGET', job_key(p, existing), 'st')
+    if existing_st then
+      -- the detail says whether the job the key names still waits for admission
+      out[#out + 1], out[#out + 2], out[#out + 3] =
+        existing, 0, existing_st == 'deferred' and 'deferred' or ''
     elseif not class_index(tbl, cls) then
-      out[#out + 1] = id
-      out[#out + 1] = -2
+      out[#out + 1], out[#out + 2], out[#out + 3] = id, -2, ''
     else
       local run_at = now
       if j[13] then
@@ -185,9 +254,19 @@ local function enqueue(keys, args)
       elseif dl ~= '' then
         dl = tonumber(dl)
       end
+      local base_mu = tonumber(j[18]) or 1000
+      if adm then
+        base_mu = expected_mu(p, base_mu, j[20] == 1, j[19], learned)
+      end
+      if adm and not (dl ~= '' and (dl <= now or dl < run_at)) then
+        verdict, reason, mu = admit_new(p, lane, adm, cls, tenant, base_mu)
+      end
       if dl ~= '' and (dl <= now or dl < run_at) then
-        out[#out + 1] = id
-        out[#out + 1] = -1
+        out[#out + 1], out[#out + 2], out[#out + 3] = id, -1, ''
+      elseif verdict == 'rejected' then
+        local earlier = note_rejection(p, lane, tenant, now)
+        out[#out + 1], out[#out + 2], out[#out + 3] = id, -4, reason .. '|' .. earlier
+        count(tally, 'rejected')
       else
         local jk = job_key(p, id)
         local st = run_at > now and 'scheduled' or 'queued'
@@ -204,15 +283,29 @@ local function enqueue(keys, args)
           redis.call('HSET', jk, 'idem', idem)
           redis.call('HSET', keys[IDEM], idem, id)
         end
-        if st == 'scheduled' then
+        if j[19] and j[19] ~= '' then
+          redis.call('HSET', jk, 'ck', j[19])
+        end
+        if cost_mode then
+          redis.call('HSET', jk, 'cu', charge_mu(p, tonumber(j[18]) or 0, j[20] == 1, j[19], learned))
+        end
+        if verdict == 'deferred' then
+          redis.call('HSET', jk, 'dmu', mu)
+          defer(p, lane, cls, id, seq)
+          count(tally, 'deferred')
+        elseif mu then
+          reserve(p, lane, cls, tenant, id, mu)
+        end
+        -- a deferred job waits in its class's deferred queue until room frees
+        if verdict ~= 'deferred' and st == 'scheduled' then
           redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
-        else
+        elseif verdict ~= 'deferred' then
           push_ready(p, lane, cls, tenant, id, prio, seq, slots, pushes)
           ready = true
         end
         submitted[tenant] = (submitted[tenant] or 0) + 1
-        out[#out + 1] = id
-        out[#out + 1] = 1
+        out[#out + 1], out[#out + 2], out[#out + 3] =
+          id, verdict == 'deferred' and 2 or 1, reason or ''
       end
     end
   end
@@ -451,4 +544,5 @@ redis.register_function('__PREFIX__redrive', redrive)
 redis.register_function('__PREFIX__configure_tenant', configure_tenant)
 redis.register_function('__PREFIX__configure_limits', configure_limits)
 redis.register_function('__PREFIX__declare_lane', declare_lane)
+redis.register_function('__PREFIX__declare_admission', declare_admission)
 redis.register_function('__PREFIX__tenant_limit_now', tenant_limit_now)

@@ -6,10 +6,26 @@ local function promote_due(keys, p, lane, now, limit)
   local due = redis.call('ZRANGE', dk, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
   for _, id in ipairs(due) do
     redis.call('ZREM', dk, id)
-    local f = redis.call('HMGET', job_key(p, id), 'st', 'tenant', 'prio', 'seq', 'cls', 'sl')
-    if f[1] == 'scheduled' then
-      redis.call('HSET', job_key(p, id), 'st', 'queued')
-      push_ready(p, lane, f[5], f[2], id, f[3], f[4], f[6])
+    local jk = job_key(p, id)
+    local f = redis.call('HMGET', jk, 'st', 'tenant', 'prio', 'seq', 'cls', 'sl', 'readmit')
+    local cls = f[5] or DEFAULT_CLASS
+    local cfg = f[7] and f[1] == 'scheduled' and admission_of(p, lane)
+    if cfg then
+      -- a retry passes the gate again; it is durable already, so it waits rather than fail
+      redis.call('HDEL', jk, 'readmit')
+      local mu = tonumber(f[7])
+      if room_for(p, lane, cfg, cls, f[2], mu, false) == 'accepted' then
+        reserve(p, lane, cls, f[2], id, mu)
+        redis.call('HSET', jk, 'st', 'queued')
+        push_ready(p, lane, cls, f[2], id, f[3], f[4], f[6])
+      else
+        redis.call('HSET', jk, 'dmu', mu, 'retry', '1')
+        defer(p, lane, cls, id, f[4])
+      end
+    elseif f[1] == 'scheduled' then
+      redis.call('HDEL', jk, 'readmit')
+      redis.call('HSET', jk, 'st', 'queued')
+      push_ready(p, lane, cls, f[2], id, f[3], f[4], f[6])
     end
   end
 end
@@ -106,12 +122,12 @@ local function hand_off(keys, p, worker, lease, popped, now)
 end
 
 -- Check a job popped from a tenant queue or a granted set. Returns its fields (st,
--- task, args, max, dl, to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok) when it
+-- task, args, max, dl, to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok, cu) when it
 -- can run; settles it (and frees any throttle grant it held) and returns nil when it
 -- cannot (expired, malformed, or a stale entry).
 local function runnable(keys, p, id, now, tally)
   local f = redis.call('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
-    'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok')
+    'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok', 'cu')
   if f[1] == 'queued' then
     if not f[2] or not f[3] or not tonumber(f[4]) or not f[7]
       or not (utf8_ok(f[2]) and utf8_ok(f[3]) and utf8_ok(f[7]) and utf8_ok(f[8])) then

@@ -45,7 +45,7 @@ end
 -- costs one command per effect instead of one per job: counters, and finished jobs
 -- to add to each retention index.
 local function new_effects()
-  return {counts = {}, kept = {}}
+  return {counts = {}, kept = {}, readmit = {}}
 end
 
 local function count(fx, name, n)
@@ -62,6 +62,10 @@ local function keep(fx, idx, spec, id)
 end
 
 local function apply_effects(keys, p, fx, now)
+  -- first, as admitting deferred work may settle some of it (counted below)
+  for lane in pairs(fx.readmit) do
+    admit_deferred(keys, p, lane, now, fx)
+  end
   for name, n in pairs(fx.counts) do
     redis.call('HINCRBY', keys[STATS], name, n)
   end
@@ -77,8 +81,9 @@ local function apply_effects(keys, p, fx, now)
   end
 end
 
--- Settle a job for good. `meta` holds its task, rc, rf and w fields when the caller
--- already read them (the hot path); otherwise they are read here.
+-- Settle a job for good. `meta` holds its task, rc, rf, w, mu, lane, cls and tenant
+-- fields when the caller already read them (the hot path); otherwise they are read
+-- here. A reservation the job held is released.
 local function finish(keys, p, id, status, field, payload, now, tally, meta)
   local jk = job_key(p, id)
   if field then
@@ -87,7 +92,10 @@ local function finish(keys, p, id, status, field, payload, now, tally, meta)
     redis.call('HSET', jk, 'st', status, 'fin', now)
   end
   count(tally, status)
-  meta = meta or redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w')
+  meta = meta or redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w', 'mu', 'lane', 'cls', 'tenant')
+  if meta[5] then
+    release_reservation(p, id, meta[6], meta[7] or DEFAULT_CLASS, meta[8] or '', meta[5], tally)
+  end
   local task = meta[1] or '' -- a corrupt record without a task name must still settle
   if status == 'completed' then
     keep(tally, p .. 'kept:' .. task .. ':ok', meta[2], id)
@@ -113,12 +121,18 @@ local EXPIRED_ERR = '{"type":"DeadlineExceeded","message":"the deadline passed b
 -- Schedule a retry `delay` ms from now, unless that is past the job's deadline.
 local function schedule_retry(keys, p, id, delay, err, now, tally)
   local jk = job_key(p, id)
-  local f = redis.call('HMGET', jk, 'dl', 'lane')
+  local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant')
   local run_at = now + delay
   if f[1] and run_at > tonumber(f[1]) then
     redis.call('HSET', jk, 'err', err)
     expire(keys, p, id, EXPIRED_ERR, now, tally)
     return 'expired'
+  end
+  if f[3] then
+    -- a retry is new demand: it gives its reservation back now and passes the gate
+    -- again when it is due
+    release_reservation(p, id, f[2], f[4] or DEFAULT_CLASS, f[5] or '', f[3], tally)
+    redis.call('HSET', jk, 'readmit', f[3])
   end
   redis.call('HSET', jk, 'st', 'scheduled', 'run', run_at, 'err', err)
   redis.call('ZADD', lane_key(p, f[2], 'delayed'), run_at, id)
@@ -142,4 +156,50 @@ local function backoff_ms(spec, attempt, u)
     d = raw / 2 + raw / 2 * u
   end
   return math.floor(d * 1000)
+end
+
+-- Admit a lane's deferred jobs while they fit: classes in declared order, each queue
+-- oldest first, stopping at the first head that does not fit (no overtaking). A job
+-- whose deadline passed while it waited is expired and spends nothing.
+admit_deferred = function(keys, p, lane, now, fx)
+  local cfg = admission_of(p, lane)
+  if not cfg then
+    return
+  end
+  local sk = lane_key(p, lane, 'state')
+  for _, c in ipairs(cfg.utable) do
+    local cls = c[1]
+    local dk = class_key(p, lane, cls, 'deferred')
+    while true do
+      local id = redis.call('ZRANGE', dk, 0, 0)[1]
+      if not id then
+        break
+      end
+      local jk = job_key(p, id)
+      local f = redis.call('HMGET', jk, 'st', 'tenant', 'dmu', 'dl', 'run', 'prio', 'seq', 'sl',
+        'retry')
+      local mu = tonumber(f[3]) or 0
+      if f[1] == 'deferred' and not (f[4] and tonumber(f[4]) <= now) and
+          room_for(p, lane, cfg, cls, f[2], mu, f[9] ~= '1') ~= 'accepted' then
+        break
+      end
+      redis.call('ZREM', dk, id)
+      redis.call('HINCRBY', sk, 'ad:' .. cls, -1)
+      if f[1] == 'deferred' and f[4] and tonumber(f[4]) <= now then
+        expire(keys, p, id, EXPIRED_ERR, now, fx)
+      elseif f[1] == 'deferred' then
+        reserve(p, lane, cls, f[2], id, mu)
+        redis.call('HDEL', jk, 'dmu', 'retry')
+        count(fx, 'admitted')
+        if (tonumber(f[5]) or now) > now then
+          redis.call('HSET', jk, 'st', 'scheduled')
+          redis.call('ZADD', lane_key(p, lane, 'delayed'), tonumber(f[5]), id)
+        else
+          redis.call('HSET', jk, 'st', 'queued')
+          push_ready(p, lane, cls, f[2], id, f[6], f[7], f[8])
+        end
+        wake(p, lane)
+      end
+    end
+  end
 end

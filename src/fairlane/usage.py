@@ -1,0 +1,106 @@
+"""A running job's context: which job it is, and the work it reports having used.
+
+Inside a task, ``fairlane.context()`` is the attempt's :class:`JobContext`;
+``ctx.report_usage(input_tokens=..., output_tokens=..., tool_calls=...,
+tool_seconds=...)`` adds to what the attempt used (call it as often as you like). The
+worker prices it with the app's coefficients when the attempt ends -- wall time is
+recorded on its own and counts as tool seconds when it is the larger -- and the store
+learns from it what this tenant's jobs of this workflow and model really cost, and
+charges the tenant's fair share for it. Thread-executor tasks see the context too;
+process-executor tasks do not (their usage is priced from wall time alone).
+"""
+
+from __future__ import annotations
+
+import math
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from fairlane.policy.admission import MAX_TOKENS, MAX_TOOL_CALLS, MAX_TOOL_SECONDS, Coefficients
+
+__all__ = ["JobContext", "context", "report_usage"]
+
+
+@dataclass(slots=True)
+class JobContext:
+    """The attempt being run, and the usage it has reported so far."""
+
+    id: str
+    tenant: str
+    attempt: int
+    input_tokens: int = 0
+    output_tokens: int = 0
+    tool_calls: int = 0
+    tool_seconds: float = 0.0
+    model: str | None = None
+
+    def report_usage(
+        self,
+        *,
+        input_tokens: int = 0,
+        output_tokens: int = 0,
+        tool_calls: int = 0,
+        tool_seconds: float = 0.0,
+        model: str | None = None,
+    ) -> None:
+        """Add to the work this attempt used (``model`` prices its tokens, if given)."""
+        for label, value, high in (
+            ("input_tokens", input_tokens, MAX_TOKENS),
+            ("output_tokens", output_tokens, MAX_TOKENS),
+            ("tool_calls", tool_calls, MAX_TOOL_CALLS),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+                raise ValueError(f"{label} must be an int within [0, {high}], got {value!r}")
+        if (
+            isinstance(tool_seconds, bool)
+            or not isinstance(tool_seconds, int | float)
+            or not (math.isfinite(tool_seconds) and 0 <= tool_seconds <= MAX_TOOL_SECONDS)
+        ):
+            raise ValueError(
+                f"tool_seconds must be within [0, {MAX_TOOL_SECONDS}]: {tool_seconds!r}"
+            )
+        if model is not None and (not isinstance(model, str) or not model):
+            raise ValueError(f"model must be a non-empty string or None, got {model!r}")
+        self.input_tokens += input_tokens
+        self.output_tokens += output_tokens
+        self.tool_calls += tool_calls
+        self.tool_seconds += float(tool_seconds)
+        self.model = model or self.model
+
+    def units(self, coefficients: Coefficients, wall_seconds: float) -> float:
+        """What the attempt cost in work units, wall time counting as tool seconds."""
+        tokens = (self.input_tokens + self.output_tokens) / 1000
+        return (
+            tokens * coefficients.multiplier(self.model) * coefficients.per_1k_tokens
+            + self.tool_calls * coefficients.per_tool_call
+            + max(self.tool_seconds, wall_seconds) * coefficients.per_tool_second
+        )
+
+
+current: ContextVar[JobContext | None] = ContextVar("fairlane_job", default=None)
+
+
+def context() -> JobContext:
+    """The job being run by this task; a ``RuntimeError`` outside a task."""
+    ctx = current.get()
+    if ctx is None:
+        raise RuntimeError("fairlane.context() is only available inside a running task")
+    return ctx
+
+
+def report_usage(
+    *,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    tool_calls: int = 0,
+    tool_seconds: float = 0.0,
+    model: str | None = None,
+) -> None:
+    """``context().report_usage(...)``: add to the running attempt's reported usage."""
+    context().report_usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        tool_calls=tool_calls,
+        tool_seconds=tool_seconds,
+        model=model,
+    )
