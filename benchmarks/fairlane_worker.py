@@ -18,9 +18,10 @@ import signal
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Literal
 
 from benchmarks.common import emit, install_counter
-from fairlane import App, Backoff, Task
+from fairlane import App, Backoff, Retention, Task
 from fairlane.runtime.loop import run as run_loop
 
 NOOP, STAMP, NAP, WORK = "bench.noop", "bench.stamp", "bench.nap", "bench.work"
@@ -35,9 +36,9 @@ class BenchApp:
     work: Task[[float], int]
 
 
-def make_app(name: str, url: str) -> BenchApp:
+def make_app(name: str, url: str, charge: Literal["jobs", "cost"] = "cost") -> BenchApp:
     """The benchmark's app, declared identically by the producer and the workers."""
-    app = App(name, redis_url=url)
+    app = App(name, redis_url=url, charge=charge)
 
     @app.task(name=NOOP)
     async def noop(n: int) -> int:
@@ -53,7 +54,8 @@ def make_app(name: str, url: str) -> BenchApp:
         await asyncio.sleep(seconds)
         return seconds
 
-    @app.task(name=WORK)
+    # every record kept: the noisy-neighbor run reads when each flood job started
+    @app.task(name=WORK, retention=Retention(completed=None, failed=None))
     async def work(seconds: float) -> int:
         started = time.time_ns()
         await asyncio.sleep(seconds)  # a model or tool call: the slot is held, the loop free
@@ -63,7 +65,7 @@ def make_app(name: str, url: str) -> BenchApp:
 
 
 async def _serve(args: argparse.Namespace, sink: Counter[str]) -> None:
-    bench = make_app(args.app, args.url)
+    bench = make_app(args.app, args.url, args.charge)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGUSR1, lambda: emit("counts", commands=dict(sink)))
     main = asyncio.current_task()
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--app", required=True)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--burst", action="store_true")
+    parser.add_argument("--charge", choices=["jobs", "cost"], default="cost")
     args = parser.parse_args(argv)
     # neither system logs per job at WARNING, so logging costs the same on both sides
     logging.basicConfig(level=logging.WARNING)

@@ -145,7 +145,7 @@ local function apply_acks(keys, p, acks, now, tally)
     else
       -- the status leaves 'running' below, which alone fences any later write of this token
       released[#released + 1] = id
-      add_settled(settled, f[9], f[10] or DEFAULT_CLASS, f[11])
+      add_settled(settled, f[9], f[10] or DEFAULT_CLASS, f[11], work_of(f[17]))
       freed[f[9]] = true
       release_throttle(keys, p, id, f[12])
       local tenant = f[13] or ''
@@ -495,10 +495,10 @@ local function sweep(keys, args)
   for _, id in ipairs(expired) do
     redis.call('ZREM', keys[LEASES], id)
     local jk = job_key(p, id)
-    local f = redis.call('HMGET', jk, 'st', 'att', 'max', 'bo', 'lane', 'cls', 'sl', 'ttok')
+    local f = redis.call('HMGET', jk, 'st', 'att', 'max', 'bo', 'lane', 'cls', 'sl', 'ttok', 'cu')
     if f[1] == 'running' then
       redis.call('HDEL', jk, 'tok', 'wk')
-      settle_running(p, f[5], f[6] or DEFAULT_CLASS, f[7])
+      settle_running(p, f[5], f[6] or DEFAULT_CLASS, f[7], work_of(f[9]))
       release_throttle(keys, p, id, f[8])
       count(tally, 'reclaimed')
       local att = tonumber(f[2]) or 0

@@ -87,21 +87,28 @@ local function lane_waiting(p, lane)
   return false
 end
 
+-- The work a job is charged in its tenant's tag: one unit, or in 'cost' mode (where
+-- enqueue records `cu`) what it is expected to cost. In-flight work `run` counts the
+-- same units, so that a newcomer's credit (`run / active`) is in the tags' own scale.
+local function work_of(charged_mu)
+  return charged_mu and tonumber(charged_mu) / 1000 or 1
+end
+
 -- A running attempt of a job ended: the class's in-flight slots and work shrink.
-local function settle_running(p, lane, cls, slots, jobs)
-  redis.call('HINCRBY', class_key(p, lane, cls, 'vt'), 'run', -(jobs or 1))
+local function settle_running(p, lane, cls, slots, work)
+  redis.call('HINCRBYFLOAT', class_key(p, lane, cls, 'vt'), 'run', -(work or 1))
   redis.call('HINCRBY', lane_key(p, lane, 'state'), 'f:' .. cls, -(tonumber(slots) or 1))
 end
 
 -- Settlements of one ack batch, added up per lane and class and written at once.
-local function add_settled(settled, lane, cls, slots)
+local function add_settled(settled, lane, cls, slots, work)
   local key = lane .. '\0' .. cls
   local e = settled[key]
   if not e then
     e = {lane, cls, 0, 0}
     settled[key] = e
   end
-  e[3], e[4] = e[3] + 1, e[4] + (tonumber(slots) or 1)
+  e[3], e[4] = e[3] + work, e[4] + (tonumber(slots) or 1)
 end
 
 local function flush_settled(p, settled)

@@ -74,7 +74,7 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
       r = {lane, cls, 0}
       running[rk] = r
     end
-    r[3] = r[3] + 1
+    r[3] = r[3] + work_of(f[17])
     tok = tok + 1
     local att = (tonumber(f[10]) or 0) + 1
     redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', tok, 'att', att, 'wk', worker,
@@ -86,7 +86,7 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
   end
   redis.call('ZADD', keys[LEASES], unpack(zargs))
   for _, r in pairs(running) do
-    redis.call('HINCRBY', class_key(p, r[1], r[2], 'vt'), 'run', r[3])
+    redis.call('HINCRBYFLOAT', class_key(p, r[1], r[2], 'vt'), 'run', r[3])
   end
   return jobs
 end
