@@ -213,6 +213,17 @@ class JobInfo:
     service_class: str = DEFAULT_CLASS
     slots: int = 1
     limits: dict[str, int] = field(default_factory=dict)
+    reserved_units: float | None = None
+    """Work units admission reserved for it, or will when a deferred job is admitted
+    (None: its lane has no admission control)."""
+    charged_units: float | None = None
+    """Work units its tenant was charged at dispatch (when tenants are charged by cost)."""
+    actual_units: float | None = None
+    """Work units its last attempt used: reported usage, wall time counting as tool time."""
+
+
+def _units(raw: bytes | None) -> float | None:
+    return None if raw is None else int(float(raw)) / 1000
 
 
 _LIMITS = msgspec.msgpack.Decoder(list[tuple[str, int]])
@@ -270,6 +281,9 @@ class Job(Generic[R]):
             service_class=rec.get("cls", DEFAULT_CLASS.encode()).decode(),
             slots=int(rec.get("sl", 1)),
             limits=_limits(rec.get("lim")),
+            reserved_units=_units(rec.get("emu") or rec.get("dmu")),
+            charged_units=_units(rec.get("cu")),
+            actual_units=_units(rec.get("amu")),
         )
 
     async def cancel(self) -> str:

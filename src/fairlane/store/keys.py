@@ -31,7 +31,9 @@ pattern (after the prefix)  type   holds                              written by
 ``thr``                    hash   throttle keys, grants, parked jobs  fetch, ack, sweep, cancel
 ``thr:wait``               zset   throttle waiters (lex, per key)    fetch, ack, sweep, cancel
 ``lane:<l>:state``         hash   C, ``f:<c>``/``d:<c>`` in-flight/     exchange, enqueue, fetch,
-                                  waiting slots, class ``table``     ack, sweep, declare_lane
+                                  waiting slots, class ``table``,    ack, sweep, declare_lane,
+                                  ``charge`` mode; admission: ``adm``, declare_admission
+                                  ``utable``, ``ar:``/``an:``/``ad:<c>``
 ``lane:<l>:cap``           hash   worker -> slots (its capacity)     exchange, leave, sweep
 ``lane:<l>:delayed``       zset   job id -> run-at time (ms)         enqueue, ack, sweep
 ``lane:<l>:wake``          list   wake tokens; workers BLPOP it      enqueue, fetch, ack
@@ -47,6 +49,12 @@ pattern (after the prefix)  type   holds                              written by
 ``q:<l>:<c>:<t>`` (der.)   zset   waiting job ids by order           enqueue, fetch, cancel
 ``sig:<t>`` (derived)      hash   rate ring ``s<i>``/``c<i>``, mean    enqueue, ack
                                   duration ``dm``, ``dn`` samples
+``cost:<t>|<w>|<m>`` (der.) hash  learned cost ``mean`` (milli-units), ack (cost feedback)
+                                  ``n`` samples
+``lane:<l>:c:<c>:deferred`` zset  deferred job id -> FIFO order      enqueue, promote; ack admits
+ (derived)
+``lane:<l>:adm:t`` (der.)  hash   '<c>|<tenant>' -> admitted jobs    enqueue, ack, sweep, cancel
+``lane:<l>:adm:rej`` (der.) hash  tenant -> 'count|window start'     enqueue (rejections)
 ``kept:<task>:ok`` (der.)  zset   completed job id -> finish (ms)    ack (retention index)
 ``kept:<task>:failed``     zset   failed/expired/cancelled -> (ms)   ack, sweep, cancel
 =========================  =====  =================================  ========================
@@ -228,4 +236,12 @@ JOB_FIELDS: dict[str, str] = {
     "sl": "worker slots it occupies",
     "lim": "throttle keys and limits (msgpack [[key, limit], ..], absent = none)",
     "ttok": "token of the throttle grant it holds (absent = none)",
+    "mu": "milli-units admission reserved for it, while reserved",
+    "emu": "milli-units admission reserved for it (kept)",
+    "dmu": "milli-units it will reserve when admitted (a deferred job)",
+    "readmit": "milli-units a retry held: it passes the gate again when due",
+    "retry": "1 when a deferred job is a retry (it may use the recovery reserve)",
+    "ck": "cost key 'tenant|workflow|model' whose learned cost applies",
+    "cu": "milli-units its tenant is charged at dispatch (cost mode)",
+    "amu": "milli-units its last attempt used",
 }

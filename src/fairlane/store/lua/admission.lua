@@ -155,7 +155,8 @@ local function reserve(p, lane, cls, tenant, id, mu)
   redis.call('HINCRBY', sk, 'ar:' .. cls, mu)
   redis.call('HINCRBY', sk, 'an:' .. cls, 1)
   redis.call('HINCRBY', tenant_count_key(p, lane), cls .. '|' .. tenant, 1)
-  redis.call('HSET', job_key(p, id), 'mu', mu)
+  -- `mu` is the live reservation (released once); `emu` keeps what was reserved
+  redis.call('HSET', job_key(p, id), 'mu', mu, 'emu', mu)
 end
 
 -- A job's reservation ends (it finished, or a retry left for its backoff).

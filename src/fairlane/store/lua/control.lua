@@ -96,6 +96,10 @@ local function cancel(keys, args)
     end
   elseif st == 'throttled' then
     thr_cancel_waiter(keys, id)
+  elseif st == 'deferred' then
+    if redis.call('ZREM', class_key(p, f[2], cls, 'deferred'), id) == 1 then
+      redis.call('HINCRBY', lane_key(p, f[2], 'state'), 'ad:' .. cls, -1)
+    end
   elseif st == 'scheduled' then
     redis.call('ZREM', lane_key(p, f[2], 'delayed'), id)
   elseif st == 'running' then
