@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from fairlane import App
 from fairlane.config import ConfigError
 from fairlane.policy.admission import (
     AdmissionClass,
@@ -293,3 +294,20 @@ def test_a_batch_class_must_leave_its_share_and_floors_out() -> None:
             parse_config({"pools": {"p": body}})
     ok = {"capacity_units": 1, "classes": {"bulk": {"batch": True, "nominal_share": 0}}}
     assert parse_config({"pools": {"p": ok}}).pools["p"].table["bulk"].batch
+
+
+def test_a_configs_retry_section_gives_tasks_their_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "fairlane.toml"
+    path.write_text("[retry]\nmax_attempts = 6\nbase_seconds = 2\nmax_seconds = 30\n")
+    app = App("cfg", config=path)
+
+    @app.task
+    async def by_default() -> None: ...
+
+    @app.task(attempts=2)
+    async def own() -> None: ...
+
+    assert by_default.options.attempts == 6
+    assert by_default.options.backoff == Backoff(2.0, 30.0, "full")
+    assert own.options.attempts == 2
+    assert app.pricing.retry == RetryAfterPolicy(2.0, 30.0)

@@ -121,6 +121,11 @@ class App:
             self.lane_tables.declare(lane, classes, source="App(lanes=...)")
         if config is not None and not isinstance(config, FairlaneConfig):
             config = load_config(config)
+        # a config's [retry] gives tasks their default attempt budget and backoff
+        self._task_defaults = dict(_DEFAULTS)
+        if config is not None:
+            self._task_defaults["attempts"] = config.retry.max_attempts
+            self._task_defaults["backoff"] = config.retry.backoff
         if charge not in ("jobs", "cost"):
             raise ValueError(f'charge must be "jobs" or "cost", got {charge!r}')
         #: how tenants are charged for fair shares: one unit per job, or what jobs cost
@@ -233,7 +238,9 @@ class App:
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
             defaults = {k for k, v in given.items() if v is _UNSET}
-            values = {k: (_DEFAULTS[k] if v is _UNSET else v) for k, v in given.items()}
+            values = {
+                k: (self._task_defaults[k] if v is _UNSET else v) for k, v in given.items()
+            }
             if lane is None:
                 defaults.add("lane")
             task_name = name or f"{func.__module__}.{func.__qualname__}"
