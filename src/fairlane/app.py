@@ -238,9 +238,7 @@ class App:
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
             defaults = {k for k, v in given.items() if v is _UNSET}
-            values = {
-                k: (self._task_defaults[k] if v is _UNSET else v) for k, v in given.items()
-            }
+            values = {k: (self._task_defaults[k] if v is _UNSET else v) for k, v in given.items()}
             if lane is None:
                 defaults.add("lane")
             task_name = name or f"{func.__module__}.{func.__qualname__}"
