@@ -1,0 +1,447 @@
+"""The store's admission gate against its pure rules (``fairlane.policy.admission``).
+
+A hypothesis state machine drives the real Lua library (through
+``fairlane.store.redis.Store`` on the real server) and the pure policy (``decide``,
+``drain`` on a :class:`PoolState` and FIFO deferred queues) with the same operations,
+and requires the same decisions step by step:
+
+* **submit** a batch of 1-3 jobs, each of a random class of the lane's table, one of
+  three tenants and a declared cost of 0 to 10 units in milli-units, or one landing
+  exactly on a bound of the model's state (the room above the recovery reserve, one
+  more, the room under ``max_queue_units``, every free unit); reservations are exactly
+  the declared milli-units (safety multiplier 1, no cost keys, no deadlines). Every
+  job's status (accepted, deferred, rejected), reason and count of the tenant's earlier
+  rejections equal ``decide``'s on the model, which then takes the job;
+* **finish** 1-3 random admitted jobs: leased to a worker through ``exchange``, they are
+  acked ``ok`` in one exchange, which releases their reservations; the jobs the store
+  then admits from its deferred queues (status ``deferred`` -> ``queued``, in
+  class-table order, oldest first, none overtaken) are exactly those ``drain`` returns
+  after the model releases the same jobs, in the same order.
+
+After every step the lane's counters (``ar:``, ``an:``, ``ad:`` per class), the tenant
+counts (``<class>|<tenant>``) and every deferred queue (ids in order) equal the model's,
+and on their own: reserved milli-units never exceed ``C`` minus the recovery reserve
+(every job here is fresh), a class never holds more than ``max_queue`` admitted jobs or
+``max_queue_units`` reserved, a tenant never more than its ``tenant_max_queue``, and a
+deferred queue never more than ``max_deferred``. Every admitted job is leased right
+away to one worker with plenty of slots (so the lane's slot rules never hold one back),
+and the lease hands out exactly the jobs the model admitted.
+
+The pools (one per run) cover a recovery reserve, classes that reject and classes that
+defer when full, small ``max_deferred`` bounds, ``tenant_max_queue``,
+``max_queue_units``, unit floors (``min_units``), a lender that keeps a reserve
+(``lendable < 1``) with a borrowing cap, a batch class and a ``too_wide`` bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections import Counter, deque
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar, cast
+
+import pytest
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from fairlane.policy.admission import (
+    AdmissionClass,
+    Decision,
+    DeferredJob,
+    EstimationSettings,
+    PoolConfig,
+    PoolState,
+    decide,
+    drain,
+    to_milli,
+)
+from fairlane.policy.classes import ClassTable, ServiceClass
+from fairlane.store.redis import NewJob, Outcome, Store
+
+T = TypeVar("T")
+
+LANE = "adm"
+TASK = "adm.job"
+TENANTS = ("t1", "t2", "t3")
+WORKER, WORKER_SLOTS = "w1", 1000  # one worker that can run everything admitted
+LONG = 600_000  # ms: a lease that never runs out during a test
+STATUS = {1: "accepted", 2: "deferred", -4: "rejected"}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    table: ClassTable
+    pool: PoolConfig
+    estimation: EstimationSettings
+
+
+LENDER_BATCH = ClassTable((
+    ServiceClass("gold", nominal_share=0.4, lendable=0.5, borrowable=0.5),
+    ServiceClass("standard", nominal_share=0.4),
+    ServiceClass("bulk", batch=True),
+))  # fmt: skip
+TWO = ClassTable((
+    ServiceClass("hi", nominal_share=0.7, lendable=0.2),
+    ServiceClass("lo", nominal_share=0.3, borrowable=1.0),
+))  # fmt: skip
+THREE = ClassTable((
+    ServiceClass("a", nominal_share=0.5, lendable=0.0),
+    ServiceClass("b", nominal_share=0.3, borrowable=0.5),
+    ServiceClass("z", batch=True),
+))  # fmt: skip
+
+SCENARIOS = (
+    # a lender with a reserve and a borrowing cap, a plain class with a unit bound that
+    # rejects, and a batch class; a recovery reserve of 1.5 units
+    Scenario(
+        "lender+batch",
+        LENDER_BATCH,
+        PoolConfig(
+            capacity_units=10.0,
+            recovery_reserve_units=1.5,
+            classes=(
+                AdmissionClass(
+                    "gold",
+                    min_units=2.0,
+                    max_queue=6,
+                    tenant_max_queue=3,
+                    max_deferred=3,
+                    when_full="defer",
+                ),
+                AdmissionClass("standard", max_queue=10, max_queue_units=6.0),
+                AdmissionClass("bulk", max_queue=10, max_deferred=2, when_full="defer"),
+            ),
+        ),
+        EstimationSettings(max_reservation_units=8.0, safety_multiplier=1.0),
+    ),
+    # two classes that both defer, one deferred job at most in the lender, a unit floor
+    # on the small class; no recovery reserve
+    Scenario(
+        "two-deferring",
+        TWO,
+        PoolConfig(
+            capacity_units=6.5,
+            classes=(
+                AdmissionClass(
+                    "hi", max_queue=8, tenant_max_queue=2, max_deferred=1, when_full="defer"
+                ),
+                AdmissionClass(
+                    "lo",
+                    min_units=1.25,
+                    max_queue=4,
+                    max_queue_units=4.0,
+                    max_deferred=4,
+                    when_full="defer",
+                ),
+            ),
+        ),
+        EstimationSettings(max_reservation_units=6.0, safety_multiplier=1.0),
+    ),
+    # three classes, a large recovery reserve, a lender that lends nothing, a rejecting
+    # batch class and a tight tenant bound
+    Scenario(
+        "reserve-heavy",
+        THREE,
+        PoolConfig(
+            capacity_units=8.0,
+            recovery_reserve_units=3.0,
+            classes=(
+                AdmissionClass("a", tenant_max_queue=1, max_deferred=2, when_full="defer"),
+                AdmissionClass(
+                    "b", max_queue=3, max_queue_units=2.5, max_deferred=2, when_full="defer"
+                ),
+                AdmissionClass("z", max_queue=5),
+            ),
+        ),
+        EstimationSettings(max_reservation_units=10.0, safety_multiplier=1.0),
+    ),
+)
+
+# mostly small costs, so that deferred heads fit again once work finishes; sometimes up
+# to the largest capacity (10 units) and beyond every ``max_reservation_units``; and
+# costs that land exactly on a bound of the model's state (negative tags, see ``cost``)
+ROOM, ROOM_PLUS_ONE, CLASS_ROOM, ALL_FREE = -1, -2, -3, -4
+costs = st.one_of(
+    st.just(0), st.integers(1, 1500), st.integers(1, 1500), st.integers(1, 3000),
+    st.integers(1, 10_000), st.sampled_from([ROOM, ROOM_PLUS_ONE, CLASS_ROOM, ALL_FREE]),
+)  # fmt: skip
+submissions = st.lists(
+    st.tuples(st.integers(0, 2), st.sampled_from(TENANTS), costs), min_size=1, max_size=3
+)
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _nonzero(mapping: dict[Any, int]) -> dict[Any, int]:
+    return {k: v for k, v in mapping.items() if v}
+
+
+@dataclass(frozen=True)
+class Admitted:
+    service_class: str
+    tenant: str
+    milli_units: int
+
+
+class AdmissionVsPolicy(RuleBasedStateMachine):
+    redis_url: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.app = "a_" + secrets.token_hex(4)
+        self.store = Store.from_url(self.redis_url, self.app, max_connections=4)
+        self.keys = self.store.keys
+        self.client = redis.Redis.from_url(self.redis_url)
+        self.run(self.store.connect())
+        self.scenario = SCENARIOS[0]
+        self.state = PoolState()
+        self.queues: dict[str, deque[DeferredJob]] = {}
+        self.queue_ids: dict[str, deque[str]] = {}
+        self.jobs: dict[str, Admitted] = {}  # admitted, unfinished jobs
+        self.running: dict[str, str] = {}  # id -> lease token
+        self.rejections: Counter[str] = Counter()
+        self.next_id = 0
+        self.ready = False
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def teardown(self) -> None:
+        try:
+            keys = list(self.client.scan_iter(match=self.keys.match_all(), count=500))
+            if keys:
+                self.client.delete(*keys)
+        finally:
+            self.client.close()
+            self.run(self.store.aclose())
+            self.loop.close()
+
+    # -- set-up ------------------------------------------------------------------------
+
+    @initialize(scenario=st.sampled_from(SCENARIOS))
+    def declare(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        table, pool = scenario.table, scenario.pool
+        self.run(self.store.declare_lane(LANE, table, "jobs"))
+        self.run(self.store.declare_admission(LANE, table, pool, scenario.estimation))
+        self.queues = {name: deque() for name in table.names}
+        self.queue_ids = {name: deque() for name in table.names}
+        # the worker registers its slots in the lane before anything is submitted
+        self.run(self.store.exchange(WORKER, [LANE], 0, LONG, slots=WORKER_SLOTS))
+        self.ready = True
+
+    @property
+    def table(self) -> ClassTable:
+        return self.scenario.table
+
+    @property
+    def pool(self) -> PoolConfig:
+        return self.scenario.pool
+
+    # -- store reads --------------------------------------------------------------------
+
+    def status(self, job_id: str) -> str | None:
+        raw = self.client.hget(self.keys.job(job_id), "st")
+        return None if raw is None else _s(raw)
+
+    def deferred_ids(self, name: str) -> list[str]:
+        key = self.keys.class_key(LANE, name, "deferred")
+        return [_s(m) for m in cast("list[bytes]", self.client.zrange(key, 0, -1))]
+
+    def lease_all(self) -> None:
+        """Lease every queued job to the worker; they are exactly the admitted ones."""
+        got = self.run(self.store.exchange(WORKER, [LANE], WORKER_SLOTS, LONG, slots=WORKER_SLOTS))
+        for job in got.jobs:
+            assert job.id in self.jobs and job.id not in self.running, job.id
+            self.running[job.id] = job.token
+        assert set(self.running) == set(self.jobs), "an admitted job was not leased"
+
+    # -- operations ---------------------------------------------------------------------
+
+    def cost(self, tag: int, service_class: str) -> int:
+        """A drawn cost; a negative tag names a bound of the model's state now: the room
+        left above the recovery reserve (or one more), the room left under the class's
+        ``max_queue_units`` (or above the reserve, without one), or every free unit."""
+        if tag >= 0:
+            return tag
+        pool, state = self.pool, self.state
+        room = pool.capacity_milli - pool.reserve_milli - state.total_reserved
+        bound = pool.admission(service_class).max_queue_milli
+        if tag == ROOM_PLUS_ONE:
+            room += 1
+        elif tag == CLASS_ROOM and bound is not None:
+            room = bound - state.reserved.get(service_class, 0)
+        elif tag == ALL_FREE:
+            room = pool.capacity_milli - state.total_reserved
+        return max(0, room)
+
+    @precondition(lambda self: self.ready)
+    @rule(specs=submissions)
+    def submit(self, specs: list[tuple[int, str, int]]) -> None:
+        """Submit 1-3 jobs in one call; the model decides them in order first (a cost
+        tag is resolved on the model's state just before its job), then the store."""
+        names = self.table.names
+        max_milli = to_milli(self.scenario.estimation.max_reservation_units)
+        jobs: list[NewJob] = []
+        wanted: list[Decision] = []
+        for index, tenant, tag in specs:
+            job_id = f"j{self.next_id:03d}"
+            self.next_id += 1
+            cls = names[index % len(names)]
+            mu = self.cost(tag, cls)
+            want = decide(
+                self.table,
+                self.pool,
+                self.state,
+                service_class=cls,
+                tenant=tenant,
+                milli_units=mu,
+                fresh=True,
+                deadline_ms=None,
+                now_ms=0,
+                max_reservation_milli=max_milli,
+            )
+            if want.status == "accepted":
+                self.state.accept(cls, tenant, mu)
+            elif want.status == "deferred":
+                self.state.defer(cls)
+                self.queues[cls].append(DeferredJob(tenant, mu))
+                self.queue_ids[cls].append(job_id)
+            wanted.append(want)
+            jobs.append(
+                NewJob(
+                    job_id,
+                    tenant,
+                    0,
+                    TASK,
+                    "[]",
+                    1,
+                    "",
+                    0,
+                    "0,0",
+                    "0,0",
+                    service_class=cls,
+                    declared_mu=mu,
+                    declared=1,
+                    cost_key="",
+                )
+            )
+        replies = self.run(self.store.submit(LANE, jobs))
+        assert [r.id for r in replies] == [j.id for j in jobs]
+        for job, want, reply in zip(jobs, wanted, replies, strict=True):
+            got = (STATUS.get(reply.code, str(reply.code)), reply.reason)
+            assert got == (want.status, want.reason), (
+                f"{job.id}: class {job.service_class}, tenant {job.tenant}, "
+                f"{job.declared_mu} milli-units"
+            )
+            if want.status == "accepted":
+                self.jobs[job.id] = Admitted(job.service_class, job.tenant, job.declared_mu)
+                assert self.status(job.id) == "queued"
+            elif want.status == "deferred":
+                assert self.status(job.id) == "deferred"
+            else:
+                assert reply.earlier_rejections == self.rejections[job.tenant], job.id
+                self.rejections[job.tenant] += 1
+                assert self.status(job.id) is None  # nothing written
+        self.lease_all()
+
+    @precondition(lambda self: self.ready and self.running)
+    @rule(picks=st.lists(st.integers(0, 1 << 16), min_size=1, max_size=3))
+    def finish(self, picks: list[int]) -> None:
+        """Ack 1-3 running jobs ``ok`` in one exchange: their reservations are released,
+        then the deferred queues drain once."""
+        ids = sorted(self.running)
+        chosen = list(dict.fromkeys(ids[pick % len(ids)] for pick in picks))
+        outcomes = [Outcome(job_id, self.running.pop(job_id), "ok") for job_id in chosen]
+        before = {name: self.deferred_ids(name) for name in self.table.names}
+        got = self.run(self.store.exchange(WORKER, [LANE], 0, LONG, outcomes, slots=WORKER_SLOTS))
+        assert got.ack_codes == [1] * len(outcomes) and got.jobs == []
+        # what the store admitted from its deferred queues: a prefix of each, now queued
+        store_admitted: list[str] = []
+        for name in self.table.names:
+            after = self.deferred_ids(name)
+            taken = len(before[name]) - len(after)
+            assert before[name][taken:] == after, f"{name}: a deferred job was overtaken"
+            for admitted_id in before[name][:taken]:
+                assert self.status(admitted_id) == "queued", admitted_id
+            store_admitted.extend(before[name][:taken])
+        # the model: release every finished job, then drain once
+        for job_id in chosen:
+            job = self.jobs.pop(job_id)
+            self.state.release(job.service_class, job.tenant, job.milli_units)
+        model_admitted: list[str] = []
+        for name, head in drain(self.table, self.pool, self.state, self.queues):
+            admitted_id = self.queue_ids[name].popleft()
+            self.jobs[admitted_id] = Admitted(name, head.tenant, head.milli_units)
+            model_admitted.append(admitted_id)
+        assert store_admitted == model_admitted
+        self.lease_all()
+
+    # -- checks -------------------------------------------------------------------------
+
+    @invariant()
+    def counters_agree(self) -> None:
+        if not self.ready:
+            return
+        raw = self.client.hgetall(self.keys.lane(LANE).state)
+        fields = {_s(k): int(v) for k, v in raw.items() if _s(k)[:3] in ("ar:", "an:", "ad:")}
+        model = {}
+        for prefix, counts in (
+            ("ar:", self.state.reserved),
+            ("an:", self.state.admitted),
+            ("ad:", self.state.deferred),
+        ):
+            model.update({prefix + name: n for name, n in counts.items()})
+        assert _nonzero(fields) == _nonzero(model)
+        tenant_key = f"{self.keys.prefix}lane:{LANE}:adm:t"
+        tenants = {_s(k): int(v) for k, v in self.client.hgetall(tenant_key).items()}
+        model_tenants = {f"{c}|{t}": n for (c, t), n in self.state.tenant_admitted.items()}
+        assert _nonzero(tenants) == _nonzero(model_tenants)
+        for name in self.table.names:
+            assert self.deferred_ids(name) == list(self.queue_ids[name]), name
+        # the model's own queues and counts agree
+        assert {n: len(q) for n, q in self.queues.items()} == {
+            n: self.state.deferred.get(n, 0) for n in self.queues
+        }
+
+    @invariant()
+    def bounds_hold(self) -> None:
+        pool, state = self.pool, self.state
+        assert state.total_reserved <= pool.capacity_milli - pool.reserve_milli
+        for name in self.table.names:
+            spec = pool.admission(name)
+            assert state.admitted.get(name, 0) <= spec.max_queue
+            if spec.max_queue_milli is not None:
+                assert state.reserved.get(name, 0) <= spec.max_queue_milli
+            assert state.deferred.get(name, 0) <= spec.deferred_limit
+        for (name, _), n in state.tenant_admitted.items():
+            assert n <= pool.admission(name).tenant_limit
+
+
+@pytest.mark.timeout(300)
+def test_admission_agrees_with_policy(redis_url: str) -> None:
+    machine = type("AdmissionVsPolicyOn", (AdmissionVsPolicy,), {"redis_url": redis_url})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
