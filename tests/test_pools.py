@@ -158,6 +158,7 @@ def test_every_class_key_is_read() -> None:
                 "max_queue": 10,
                 "max_queue_units": 8,
                 "tenant_max_queue": 3,
+                "tenant_max_queue_units": 4,
                 "max_deferred": 4,
                 "response_when_full": "defer",
             },
@@ -172,7 +173,7 @@ def test_every_class_key_is_read() -> None:
         ]
     )
     assert pool.admission.classes == (
-        AdmissionClass("interactive", 1.5, 10, 8.0, 3, 4, "defer"),
+        AdmissionClass("interactive", 1.5, 10, 8.0, 3, 4, "defer", 4.0),
         AdmissionClass("bulk"),
     )
 

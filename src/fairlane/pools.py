@@ -74,6 +74,7 @@ _CLASS_KEYS = (
     "max_queue",
     "max_queue_units",
     "tenant_max_queue",
+    "tenant_max_queue_units",
     "max_deferred",
     "response_when_full",
     "min_slots",
@@ -361,6 +362,7 @@ def _parse_class(name: str, entry: _Reader) -> tuple[ServiceClass, AdmissionClas
         max_queue=entry.count("max_queue", 1000),
         max_queue_units=entry.optional_number("max_queue_units"),
         tenant_max_queue=entry.optional_count("tenant_max_queue"),
+        tenant_max_queue_units=entry.optional_number("tenant_max_queue_units"),
         max_deferred=entry.optional_count("max_deferred"),
         when_full=entry.choice("response_when_full", "reject", _WHEN_FULL),
     )

@@ -142,6 +142,7 @@ SCENARIOS = (
                     min_units=1.25,
                     max_queue=4,
                     max_queue_units=4.0,
+                    tenant_max_queue_units=2.5,
                     max_deferred=4,
                     when_full="defer",
                 ),
@@ -412,6 +413,10 @@ class AdmissionVsPolicy(RuleBasedStateMachine):
         tenants = {_s(k): int(v) for k, v in self.client.hgetall(tenant_key).items()}
         model_tenants = {f"{c}|{t}": n for (c, t), n in self.state.tenant_admitted.items()}
         assert _nonzero(tenants) == _nonzero(model_tenants)
+        units_key = f"{self.keys.prefix}lane:{LANE}:adm:tu"
+        units = {_s(k): int(v) for k, v in self.client.hgetall(units_key).items()}
+        model_units = {f"{c}|{t}": n for (c, t), n in self.state.tenant_reserved.items()}
+        assert _nonzero(units) == _nonzero(model_units)
         for name in self.table.names:
             assert self.deferred_ids(name) == list(self.queue_ids[name]), name
         # the model's own queues and counts agree

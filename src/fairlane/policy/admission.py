@@ -28,7 +28,8 @@ is 70) in :func:`unit_table`.
 
 1. ``mu > max_reservation_milli`` -> rejected ``too_wide``;
 2. a deadline at or before now -> rejected ``deadline_unmeetable``;
-3. the tenant's admitted unfinished jobs in the class ``>= tenant_max_queue`` ->
+3. the tenant's admitted unfinished jobs in the class ``>= tenant_max_queue``, or its
+   reserved milli-units plus ``mu`` above ``tenant_max_queue_units`` ->
    full(``tenant_queue_full``);
 4. the class's admitted unfinished jobs ``>= max_queue``, or its reserved milli-units
    plus ``mu`` above ``max_queue_units`` -> full(``class_queue_full``);
@@ -328,14 +329,17 @@ class AdmissionClass:
     max_deferred: int | None = None
     """Most deferred jobs of the class; None: ``max_queue``."""
     when_full: WhenFull = "reject"
+    tenant_max_queue_units: float | None = None
+    """Most units of one tenant admitted and not finished in the class; None: no bound."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"class name must be a non-empty string, got {self.name!r}")
         _number("min_units", self.min_units)
         _count("max_queue", self.max_queue)
-        if self.max_queue_units is not None:
-            _number("max_queue_units", self.max_queue_units)
+        for units in ("max_queue_units", "tenant_max_queue_units"):
+            if getattr(self, units) is not None:
+                _number(units, getattr(self, units))
         for label in ("tenant_max_queue", "max_deferred"):
             if getattr(self, label) is not None:
                 _count(label, getattr(self, label))
@@ -357,6 +361,11 @@ class AdmissionClass:
     @property
     def max_queue_milli(self) -> int | None:
         return None if self.max_queue_units is None else to_milli(self.max_queue_units)
+
+    @property
+    def tenant_queue_milli(self) -> int | None:
+        units = self.tenant_max_queue_units
+        return None if units is None else to_milli(units)
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,6 +434,8 @@ class PoolState:
     """Admitted unfinished jobs, per class."""
     tenant_admitted: dict[tuple[str, str], int] = field(default_factory=dict)
     """Admitted unfinished jobs, per (class, tenant)."""
+    tenant_reserved: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Reserved milli-units of admitted unfinished jobs, per (class, tenant)."""
     deferred: dict[str, int] = field(default_factory=dict)
     """Deferred jobs, per class."""
 
@@ -437,6 +448,7 @@ class PoolState:
         self.admitted[service_class] = self.admitted.get(service_class, 0) + 1
         key = (service_class, tenant)
         self.tenant_admitted[key] = self.tenant_admitted.get(key, 0) + 1
+        self.tenant_reserved[key] = self.tenant_reserved.get(key, 0) + milli_units
 
     def release(self, service_class: str, tenant: str, milli_units: int) -> None:
         """A job finished or left for its backoff: give back what ``accept`` took."""
@@ -450,6 +462,7 @@ class PoolState:
         self.reserved[service_class] -= milli_units
         self.admitted[service_class] -= 1
         self.tenant_admitted[key] -= 1
+        self.tenant_reserved[key] = self.tenant_reserved.get(key, 0) - milli_units
 
     def defer(self, service_class: str) -> None:
         self.deferred[service_class] = self.deferred.get(service_class, 0) + 1
@@ -479,7 +492,11 @@ def fits(
     """Rules 3-5: None if the request may be admitted now, else why not."""
     mu = _count("milli_units", milli_units)
     spec = pool.admission(service_class)
-    if state.tenant_admitted.get((service_class, tenant), 0) >= spec.tenant_limit:
+    key = (service_class, tenant)
+    tenant_milli = spec.tenant_queue_milli
+    if state.tenant_admitted.get(key, 0) >= spec.tenant_limit or (
+        tenant_milli is not None and state.tenant_reserved.get(key, 0) + mu > tenant_milli
+    ):
         return "tenant_queue_full"
     queue_milli = spec.max_queue_milli
     if state.admitted.get(service_class, 0) >= spec.max_queue or (

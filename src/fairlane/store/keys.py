@@ -54,6 +54,7 @@ pattern (after the prefix)  type   holds                              written by
 ``lane:<l>:c:<c>:deferred`` zset  deferred job id -> FIFO order      enqueue, promote; ack admits
  (derived)
 ``lane:<l>:adm:t`` (der.)  hash   '<c>|<tenant>' -> admitted jobs    enqueue, ack, sweep, cancel
+``lane:<l>:adm:tu`` (der.) hash   '<c>|<tenant>' -> reserved m-units enqueue, ack, sweep, cancel
 ``lane:<l>:adm:rej`` (der.) hash  tenant -> 'count|window start'     enqueue (rejections)
 ``kept:<task>:ok`` (der.)  zset   completed job id -> finish (ms)    ack (retention index)
 ``kept:<task>:failed``     zset   failed/expired/cancelled -> (ms)   ack, sweep, cancel

@@ -55,7 +55,8 @@ def encode_admission(
 ) -> tuple[str, str]:
     """A lane's admission config and its class table in milli-units, as the scripts
     read them (``lua/admission.lua``): JSON ``{C, R, max, safety, window, classes: {name:
-    [max_queue, max_queue_mu (-1 none), tenant_max_queue, max_deferred, defer]}}``."""
+    [max_queue, max_queue_mu (-1 none), tenant_max_queue, max_deferred, defer,
+    tenant_max_queue_mu (-1 none)]}}``."""
     classes = {}
     for c in table:
         adm = pool.admission(c.name)
@@ -66,6 +67,7 @@ def encode_admission(
             adm.tenant_limit,
             adm.deferred_limit,
             int(adm.when_full == "defer"),
+            -1 if adm.tenant_queue_milli is None else adm.tenant_queue_milli,
         ]
     config = {
         "C": pool.capacity_milli,

@@ -3,12 +3,14 @@
 -- Everything is counted in integer milli-units. A lane without an admission config
 -- (`adm` in its state hash) admits everything and reserves nothing.
 --   state `adm`        JSON {C, R, max, safety, window, classes = {name: [max_queue,
---                      max_queue_mu (-1 none), tenant_max_queue, max_deferred, defer]}}
+--                      max_queue_mu (-1 none), tenant_max_queue, max_deferred, defer,
+--                      tenant_max_queue_mu (-1 none)]}}
 --   state `utable`     the class table for units (min_slots = min milli-units)
 --   state `ar:<c>`     milli-units reserved by admitted, unfinished jobs of class c
 --   state `an:<c>`     admitted, unfinished jobs of class c
 --   state `ad:<c>`     deferred jobs of class c
 --   lane:<l>:adm:t     hash '<c>|<tenant>' -> admitted, unfinished jobs of the tenant
+--   lane:<l>:adm:tu    hash '<c>|<tenant>' -> milli-units those jobs reserved
 --   lane:<l>:c:<c>:deferred  zset: deferred job ids by FIFO order
 --   lane:<l>:adm:rej   hash tenant -> '<count>|<window start ms>': recent rejections
 --   cost:<key>         hash mean, n: a learned cost per (tenant, workflow, model)
@@ -120,6 +122,12 @@ local function room_for(p, lane, cfg, cls, tenant, mu, fresh)
   if bounds and nt >= bounds[3] then
     return 'tenant_queue_full'
   end
+  if bounds and (bounds[6] or -1) >= 0 then
+    local tu = tonumber(redis.call('HGET', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant)) or 0
+    if tu + mu > bounds[6] then
+      return 'tenant_queue_full'
+    end
+  end
   local tbl = cfg.utable
   local fields = {'an:' .. cls}
   for i, c in ipairs(tbl) do
@@ -155,6 +163,7 @@ local function reserve(p, lane, cls, tenant, id, mu)
   redis.call('HINCRBY', sk, 'ar:' .. cls, mu)
   redis.call('HINCRBY', sk, 'an:' .. cls, 1)
   redis.call('HINCRBY', tenant_count_key(p, lane), cls .. '|' .. tenant, 1)
+  redis.call('HINCRBY', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant, mu)
   -- `mu` is the live reservation (released once); `emu` keeps what was reserved
   redis.call('HSET', job_key(p, id), 'mu', mu, 'emu', mu)
 end
@@ -170,6 +179,9 @@ local function release_reservation(p, id, lane, cls, tenant, mu, fx)
   redis.call('HINCRBY', sk, 'an:' .. cls, -1)
   if redis.call('HINCRBY', tenant_count_key(p, lane), cls .. '|' .. tenant, -1) <= 0 then
     redis.call('HDEL', tenant_count_key(p, lane), cls .. '|' .. tenant)
+  end
+  if redis.call('HINCRBY', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant, -mu) <= 0 then
+    redis.call('HDEL', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant)
   end
   redis.call('HDEL', job_key(p, id), 'mu')
   fx.readmit[lane] = true
