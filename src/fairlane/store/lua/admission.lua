@@ -174,13 +174,16 @@ local function release_reservation(p, id, lane, cls, tenant, mu, fx)
   if not mu then
     return
   end
+  -- `0 - mu`, not `-mu`: a free job's -0 reaches the server as '-0', which Redis 7.0
+  -- refuses as an integer
+  local back = 0 - mu
   local sk = lane_key(p, lane, 'state')
-  redis.call('HINCRBY', sk, 'ar:' .. cls, -mu)
+  redis.call('HINCRBY', sk, 'ar:' .. cls, back)
   redis.call('HINCRBY', sk, 'an:' .. cls, -1)
   if redis.call('HINCRBY', tenant_count_key(p, lane), cls .. '|' .. tenant, -1) <= 0 then
     redis.call('HDEL', tenant_count_key(p, lane), cls .. '|' .. tenant)
   end
-  if redis.call('HINCRBY', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant, -mu) <= 0 then
+  if redis.call('HINCRBY', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant, back) <= 0 then
     redis.call('HDEL', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant)
   end
   redis.call('HDEL', job_key(p, id), 'mu')
