@@ -231,16 +231,20 @@ def merge_limits(
 # -- TOML ------------------------------------------------------------------------------------
 
 
-def load_lanes(path: Path | str) -> dict[str, ClassTable]:
-    """Read ``[[lanes.<name>.classes]]`` tables from a TOML file; ``ConfigError`` if invalid."""
+def read_toml(path: Path | str, what: str) -> dict[str, Any]:
+    """A TOML file's contents; ``ConfigError`` naming the ``what`` file if unreadable."""
     try:
         with Path(path).open("rb") as handle:
-            data = tomllib.load(handle)
+            return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"invalid TOML in {path}: {exc}") from exc
     except OSError as exc:
-        raise ConfigError(f"cannot read lanes file {path}: {exc}") from exc
-    return parse_lanes(data, source=str(path))
+        raise ConfigError(f"cannot read {what} file {path}: {exc}") from exc
+
+
+def load_lanes(path: Path | str) -> dict[str, ClassTable]:
+    """Read ``[[lanes.<name>.classes]]`` tables from a TOML file; ``ConfigError`` if invalid."""
+    return parse_lanes(read_toml(path, "lanes"), source=str(path))
 
 
 def parse_lanes(data: Mapping[str, Any], *, source: str = "lanes") -> dict[str, ClassTable]:

@@ -39,14 +39,13 @@ from __future__ import annotations
 
 import difflib
 import math
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from fairlane.config import ConfigError
-from fairlane.lanes import check_lane
+from fairlane.lanes import check_lane, read_toml
 from fairlane.policy.admission import (
     AdmissionClass,
     Coefficients,
@@ -236,14 +235,7 @@ class _Reader:
 
 def load_config(path: Path | str) -> FairlaneConfig:
     """Read pools, retry and estimation settings from a TOML file; ``ConfigError`` if invalid."""
-    try:
-        with Path(path).open("rb") as handle:
-            data = tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"invalid TOML in {path}: {exc}") from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    return parse_config(data, source=str(path))
+    return parse_config(read_toml(path, "config"), source=str(path))
 
 
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> FairlaneConfig:

@@ -355,22 +355,27 @@ class Task(Generic[P, R]):
         task's (a key named by both takes this call's limit). A deferred job is returned
         like an accepted one; a rejection raises ``Rejected(reason, retry_after)``.
         """
-        blob = self.encode_args(args, kwargs)
-        job = self.new_job(
-            blob,
+        admission: Admission[R] = await self.submit(
+            *args,
             tenant=tenant,
+            service_class=service_class,
+            estimate=estimate,
+            idempotency_key=idempotency_key,
+            deadline=deadline,
             delay=delay,
             at=at,
-            deadline=deadline,
-            idempotency_key=idempotency_key,
             priority=priority,
-            service_class=service_class,
             slots=slots,
             limits=limits,
-            estimate=estimate,
+            **kwargs,
         )
-        (handle,) = await self._store([job])
-        return handle
+        if admission.job is not None:
+            return admission.job
+        if admission.status == "unavailable":
+            raise StoreUnavailable("the store cannot be reached; nothing was enqueued")
+        if admission.reason == "deadline_unmeetable":
+            raise ValueError("the job's deadline has already passed (server time)")
+        raise Rejected(admission.reason or "class_full", admission.retry_after or 1.0)
 
     async def submit(
         self,

@@ -16,8 +16,8 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass, next_class
-from fairlane.store.library import _LUA, encode_classes
+from fairlane.policy.classes import ClassTable, ServiceClass, next_class
+from fairlane.store.library import _LUA, encode_classes, fill_constants
 
 _DRIVER = """
 local tbl = cjson.decode(ARGV[1])
@@ -35,7 +35,7 @@ return choose_class(class_levels(tbl, cap), f, w, d) or 0
 
 def _script() -> str:
     source = _LUA.joinpath("classes.lua").read_text()
-    return source.replace("__DEFAULT_CLASSES__", encode_classes(DEFAULT_CLASSES)) + _DRIVER
+    return fill_constants(source) + _DRIVER
 
 
 @pytest.fixture(scope="module")

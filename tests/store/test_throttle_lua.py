@@ -22,10 +22,8 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairlane.policy import ceilings
-from fairlane.policy.classes import DEFAULT_CLASSES
 from fairlane.policy.throttle import Acquired, Handoff, Throttles
-from fairlane.store.library import _LUA, encode_classes
+from fairlane.store.library import _LUA, fill_constants
 
 _DRIVER = """
 local op, id = ARGV[1], ARGV[2]
@@ -46,17 +44,7 @@ def _script() -> str:
     source = "local THR, THRW = 1, 2\n"
     for name in ("classes.lua", "throttle.lua"):
         source += _LUA.joinpath(name).read_text()
-    constants = {
-        "__DEFAULT_CLASSES__": encode_classes(DEFAULT_CLASSES),
-        "__RATE_BUCKETS__": str(ceilings.RATE_BUCKETS),
-        "__RATE_WIDTH_MS__": str(ceilings.RATE_WIDTH_MS),
-        "__F_MIN__": repr(ceilings.F_MIN),
-        "__F_MAX__": repr(ceilings.F_MAX),
-        "__DURATION_ALPHA__": repr(ceilings.DURATION_ALPHA),
-    }
-    for name, value in constants.items():
-        source = source.replace(name, value)
-    return source + _DRIVER
+    return fill_constants(source) + _DRIVER
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,13 @@ from fairlane.policy import ceilings
 from fairlane.policy.admission import EstimationSettings, PoolConfig, to_milli, unit_table
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 
-__all__ = ["FUNCTION_PREFIX", "LIBRARY_CODE", "encode_admission", "encode_classes"]
+__all__ = [
+    "FUNCTION_PREFIX",
+    "LIBRARY_CODE",
+    "encode_admission",
+    "encode_classes",
+    "fill_constants",
+]
 
 _LUA = files("fairlane.store").joinpath("lua")
 _INCLUDE = re.compile(r"^-- @include ([\w.]+)$", re.MULTILINE)
@@ -80,9 +86,8 @@ def encode_admission(
     return json.dumps(config, separators=(",", ":")), encode_classes(unit_table(table, pool))
 
 
-def _assemble() -> str:
-    main = _LUA.joinpath("fairlane.lua").read_text()
-    source = _INCLUDE.sub(lambda m: _LUA.joinpath(m.group(1)).read_text(), main)
+def fill_constants(source: str) -> str:
+    """``source`` with the policy's constants written in where the Lua names them."""
     constants = {
         "__DEFAULT_CLASSES__": encode_classes(DEFAULT_CLASSES),
         "__RATE_BUCKETS__": str(ceilings.RATE_BUCKETS),
@@ -94,6 +99,11 @@ def _assemble() -> str:
     for name, value in constants.items():
         source = source.replace(name, value)
     return source
+
+
+def _assemble() -> str:
+    main = _LUA.joinpath("fairlane.lua").read_text()
+    return fill_constants(_INCLUDE.sub(lambda m: _LUA.joinpath(m.group(1)).read_text(), main))
 
 
 _SOURCE: Final = _assemble()
