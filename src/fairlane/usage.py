@@ -16,7 +16,13 @@ import math
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from fairlane.policy.admission import MAX_TOKENS, MAX_TOOL_CALLS, MAX_TOOL_SECONDS, Coefficients
+from fairlane.policy.admission import (
+    MAX_TOKENS,
+    MAX_TOOL_CALLS,
+    MAX_TOOL_SECONDS,
+    Coefficients,
+    work_units,
+)
 
 __all__ = ["JobContext", "context", "report_usage"]
 
@@ -69,11 +75,12 @@ class JobContext:
 
     def units(self, coefficients: Coefficients, wall_seconds: float) -> float:
         """What the attempt cost in work units, wall time counting as tool seconds."""
-        tokens = (self.input_tokens + self.output_tokens) / 1000
-        return (
-            tokens * coefficients.multiplier(self.model) * coefficients.per_1k_tokens
-            + self.tool_calls * coefficients.per_tool_call
-            + max(self.tool_seconds, wall_seconds) * coefficients.per_tool_second
+        return work_units(
+            coefficients,
+            tokens=self.input_tokens + self.output_tokens,
+            tool_calls=self.tool_calls,
+            tool_seconds=max(self.tool_seconds, wall_seconds),
+            model=self.model,
         )
 
 

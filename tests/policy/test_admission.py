@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from fairlane.policy.admission import (
     MAX_TOKENS,
+    MIN_CHARGE_MILLI,
     AdmissionClass,
     Coefficients,
     Decision,
@@ -22,6 +23,7 @@ from fairlane.policy.admission import (
     PoolConfig,
     PoolState,
     RetryAfterPolicy,
+    charge_milli,
     decide,
     drain,
     reservation_units,
@@ -495,3 +497,12 @@ def test_random_sequences_keep_reservations_and_queues_bounded(seed: int) -> Non
             assert state.admitted.get(spec.name, 0) <= spec.max_queue
             for tenant in "abc":
                 assert state.tenant_admitted.get((spec.name, tenant), 0) <= spec.tenant_limit
+
+
+def test_a_job_is_charged_its_learned_cost_or_its_declared_one_if_more() -> None:
+    assert charge_milli(None, None) == MIN_CHARGE_MILLI  # nothing known: the least
+    assert charge_milli(None, 0.2) == MIN_CHARGE_MILLI  # too cheap to measure
+    assert charge_milli(None, 5_000.0) == 5_000.0  # learned
+    assert charge_milli(10, 5_000.0) == 5_000.0  # declaring less does not pay
+    assert charge_milli(8_000, 5_000.0) == 8_000.0  # declaring more is believed
+    assert charge_milli(8_000, None) == 8_000.0

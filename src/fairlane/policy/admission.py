@@ -66,6 +66,7 @@ __all__ = [
     "MAX_TOKENS",
     "MAX_TOOL_CALLS",
     "MAX_TOOL_SECONDS",
+    "MIN_CHARGE_MILLI",
     "AdmissionClass",
     "Coefficients",
     "Decision",
@@ -79,6 +80,7 @@ __all__ = [
     "Reason",
     "RetryAfterPolicy",
     "WhenFull",
+    "charge_milli",
     "decide",
     "drain",
     "fits",
@@ -87,6 +89,7 @@ __all__ = [
     "to_milli",
     "too_wide",
     "unit_table",
+    "work_units",
 ]
 
 MAX_TOKENS = 10**9
@@ -191,12 +194,46 @@ class Estimate:
                 raise TypeError(f"{label} must be a non-empty string or None, got {value!r}")
 
     def units(self, coefficients: Coefficients) -> float:
-        tokens = (self.input_tokens + self.max_output_tokens) / 1000
-        return (
-            tokens * coefficients.multiplier(self.model) * coefficients.per_1k_tokens
-            + self.tool_calls * coefficients.per_tool_call
-            + self.tool_seconds * coefficients.per_tool_second
+        return work_units(
+            coefficients,
+            tokens=self.input_tokens + self.max_output_tokens,
+            tool_calls=self.tool_calls,
+            tool_seconds=self.tool_seconds,
+            model=self.model,
         )
+
+
+def work_units(
+    coefficients: Coefficients,
+    *,
+    tokens: int,
+    tool_calls: int,
+    tool_seconds: float,
+    model: str | None = None,
+) -> float:
+    """The price of work in units: what an estimate declares and what usage reports."""
+    return (
+        tokens / 1000 * coefficients.multiplier(model) * coefficients.per_1k_tokens
+        + tool_calls * coefficients.per_tool_call
+        + tool_seconds * coefficients.per_tool_second
+    )
+
+
+#: The least a job is charged in its tenant's fair share, in milli-units, so that jobs
+#: too cheap to measure are still shared fairly by count.
+MIN_CHARGE_MILLI = 1
+
+
+def charge_milli(declared_milli: int | None, learned_milli: float | None) -> float:
+    """What dispatch charges a job's tenant when tenants are charged by cost (the store's
+    ``charge_mu``): what its kind was learned to cost, or what the caller declared if
+    more; a job nobody knows anything about is charged the least, and corrected by
+    what it used when it ends (``fairqueue`` rule 4) -- so guesses never outweigh
+    measurements, and a refund never puts a tenant ahead of the present."""
+    charge = 0.0 if declared_milli is None else float(declared_milli)
+    if learned_milli is not None:
+        charge = max(charge, learned_milli)
+    return max(float(MIN_CHARGE_MILLI), charge)
 
 
 @dataclass(frozen=True, slots=True)

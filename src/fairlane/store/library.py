@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from importlib.resources import files
 from typing import Final
 
-from fairlane.policy import ceilings
+from fairlane.policy import admission, ceilings
 from fairlane.policy.admission import EstimationSettings, PoolConfig, to_milli, unit_table
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 
@@ -95,6 +95,7 @@ def fill_constants(source: str) -> str:
         "__F_MIN__": repr(ceilings.F_MIN),
         "__F_MAX__": repr(ceilings.F_MAX),
         "__DURATION_ALPHA__": repr(ceilings.DURATION_ALPHA),
+        "__MIN_CHARGE_MILLI__": str(admission.MIN_CHARGE_MILLI),
     }
     for name, value in constants.items():
         source = source.replace(name, value)

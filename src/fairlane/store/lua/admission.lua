@@ -17,6 +17,7 @@
 
 local REJECT_WINDOW_MS = 60000
 local COST_RISE = 0.5
+local MIN_CHARGE_MU = __MIN_CHARGE_MILLI__
 -- defined in records.lua: admitting a deferred job may expire it instead
 local admit_deferred
 
@@ -60,10 +61,10 @@ local function expected_mu(p, declared_mu, declared, cost_key, cache)
   return learned
 end
 
--- What dispatch charges a new job's tenant in 'cost' mode, in milli-units: what the
--- job's key was learned to cost (or what the caller declared, if more); a job nobody
--- knows anything about yet is charged the least, 1, and corrected when it ends, so
--- that guesses never outweigh measurements.
+-- What dispatch charges a new job's tenant in 'cost' mode, in milli-units
+-- (fairlane/policy/admission.py, charge_milli): what the job's key was learned to cost
+-- (or what the caller declared, if more); a job nobody knows anything about yet is
+-- charged the least, MIN_CHARGE_MU, and corrected when it ends.
 local function charge_mu(p, declared_mu, declared, cost_key, cache)
   local learned = cache[cost_key or '']
   if learned == nil then
@@ -74,7 +75,7 @@ local function charge_mu(p, declared_mu, declared, cost_key, cache)
   if learned then
     mu = math.max(mu, learned)
   end
-  return math.max(1, mu)
+  return math.max(MIN_CHARGE_MU, mu)
 end
 
 -- A job's cost correction when it ends: its tenant's tag in its class moves by the gap

@@ -99,7 +99,7 @@ local function feed_back_cost(p, id, lane, cls, tenant, cost_key, charged_mu, co
   if not c.learn then
     return
   end
-  local actual_mu = math.max(1, math.floor(cost * 1000 + 0.5))
+  local actual_mu = math.max(MIN_CHARGE_MU, math.floor(cost * 1000 + 0.5))
   redis.call('HSET', job_key(p, id), 'amu', actual_mu)
   if cost_key then
     local samples = cache.samples[cost_key]
