@@ -8,6 +8,8 @@ used. Counted, never timed.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 
 import fairlane
@@ -57,10 +59,12 @@ async def test_a_tenant_declaring_tiny_estimates_is_charged_its_real_cost(
     assert all(19.9 <= (i.actual_units or 0) <= 20.5 for i in infos), infos
 
 
-async def test_a_tenant_whose_jobs_cost_more_is_charged_for_it(
-    redis_url: str, namespace: str
-) -> None:
-    app = App(namespace, redis_url=redis_url, settings=fast_settings())
+async def _heavy_and_light(
+    redis_url: str, namespace: str, charge: Literal["jobs", "cost"], light_jobs: int
+) -> list[str]:
+    """Who ran, in order: 30 jobs of 10k tokens from "heavy", then ``light_jobs`` jobs
+    of 1k tokens from "light", all queued before one worker slot starts them."""
+    app = App(namespace, redis_url=redis_url, settings=fast_settings(), charge=charge)
     order: list[str] = []
 
     @app.task
@@ -71,11 +75,18 @@ async def test_a_tenant_whose_jobs_cost_more_is_charged_for_it(
     async with app:
         jobs = [
             *await call.enqueue_many([("heavy", 10_000)] * 30, tenant="heavy"),
-            *await call.enqueue_many([("light", 1_000)] * 60, tenant="light"),
+            *await call.enqueue_many([("light", 1_000)] * light_jobs, tenant="light"),
         ]
         async with running_worker(app, concurrency=1):
             for job in jobs:
                 await job.result(timeout=WAIT)
+    return order
+
+
+async def test_a_tenant_whose_jobs_cost_more_is_charged_for_it(
+    redis_url: str, namespace: str
+) -> None:
+    order = await _heavy_and_light(redis_url, namespace, "cost", light_jobs=60)
     # charged by what they used, 10 units against 1: once both have run, light gets
     # about ten dispatches for each of heavy's while both are backlogged
     window = order[2:46]
@@ -84,22 +95,7 @@ async def test_a_tenant_whose_jobs_cost_more_is_charged_for_it(
 
 
 async def test_charging_by_jobs_ignores_cost(redis_url: str, namespace: str) -> None:
-    app = App(namespace, redis_url=redis_url, settings=fast_settings(), charge="jobs")
-    order: list[str] = []
-
-    @app.task
-    async def call(owner: str, tokens: int) -> None:
-        order.append(owner)
-        fairlane.context().report_usage(input_tokens=tokens)
-
-    async with app:
-        jobs = [
-            *await call.enqueue_many([("heavy", 10_000)] * 30, tenant="heavy"),
-            *await call.enqueue_many([("light", 1_000)] * 30, tenant="light"),
-        ]
-        async with running_worker(app, concurrency=1):
-            for job in jobs:
-                await job.result(timeout=WAIT)
+    order = await _heavy_and_light(redis_url, namespace, "jobs", light_jobs=30)
     # one unit per job: the two alternate, whatever the jobs cost
     assert 19 <= order[:40].count("heavy") <= 21, order
 
