@@ -35,19 +35,14 @@ defer when full, small ``max_deferred`` bounds, ``tenant_max_queue``,
 
 from __future__ import annotations
 
-import asyncio
-import secrets
 from collections import Counter, deque
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
 import pytest
-import redis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
@@ -67,7 +62,8 @@ from fairlane.policy.admission import (
     to_milli,
 )
 from fairlane.policy.classes import ClassTable, ServiceClass
-from fairlane.store.redis import NewJob, Outcome, Store
+from fairlane.store.redis import NewJob, Outcome
+from tests.store.harness import StoreMachine
 
 T = TypeVar("T")
 
@@ -198,17 +194,11 @@ class Admitted:
     milli_units: int
 
 
-class AdmissionVsPolicy(RuleBasedStateMachine):
-    redis_url: ClassVar[str] = ""
+class AdmissionVsPolicy(StoreMachine):
+    prefix: ClassVar[str] = "a"
 
     def __init__(self) -> None:
         super().__init__()
-        self.loop = asyncio.new_event_loop()
-        self.app = "a_" + secrets.token_hex(4)
-        self.store = Store.from_url(self.redis_url, self.app, max_connections=4)
-        self.keys = self.store.keys
-        self.client = redis.Redis.from_url(self.redis_url)
-        self.run(self.store.connect())
         self.scenario = SCENARIOS[0]
         self.state = PoolState()
         self.queues: dict[str, deque[DeferredJob]] = {}
@@ -218,19 +208,6 @@ class AdmissionVsPolicy(RuleBasedStateMachine):
         self.rejections: Counter[str] = Counter()
         self.next_id = 0
         self.ready = False
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.loop.run_until_complete(coro)
-
-    def teardown(self) -> None:
-        try:
-            keys = list(self.client.scan_iter(match=self.keys.match_all(), count=500))
-            if keys:
-                self.client.delete(*keys)
-        finally:
-            self.client.close()
-            self.run(self.store.aclose())
-            self.loop.close()
 
     # -- set-up ------------------------------------------------------------------------
 

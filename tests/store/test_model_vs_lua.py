@@ -41,22 +41,18 @@ Retries are due at once (backoff ``0,0,none``, ack delay 0) or in 10 minutes.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import secrets
 import time
 from collections import Counter
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
 import pytest
-import redis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     invariant,
     precondition,
     rule,
@@ -69,7 +65,8 @@ from fairlane.policy.classes import ClassTable, ServiceClass, next_class
 from fairlane.policy.model import FINISHED, Ack, AckKind, Batch, Grant, QueueModel
 from fairlane.policy.model import NewJob as ModelNewJob
 from fairlane.policy.retry import after_failure
-from fairlane.store.redis import FetchedJob, NewJob, Outcome, Store
+from fairlane.store.redis import FetchedJob, NewJob, Outcome
+from tests.store.harness import StoreMachine
 
 T = TypeVar("T")
 
@@ -121,17 +118,11 @@ def _s(value: bytes) -> str:
     return value.decode()
 
 
-class LuaVsModel(RuleBasedStateMachine):
-    redis_url: ClassVar[str] = ""
+class LuaVsModel(StoreMachine):
+    prefix: ClassVar[str] = "m"
 
     def __init__(self) -> None:
         super().__init__()
-        self.loop = asyncio.new_event_loop()
-        self.app = "m_" + secrets.token_hex(4)
-        self.store = Store.from_url(self.redis_url, self.app, max_connections=4)
-        self.keys = self.store.keys
-        self.client = redis.Redis.from_url(self.redis_url)
-        self.run(self.store.connect())
         self.model = QueueModel()
         self.ids: list[str] = []  # every job id stored
         self.next_id = 0
@@ -146,22 +137,12 @@ class LuaVsModel(RuleBasedStateMachine):
             self.run(self.store.configure_tenant_limits(tenant, limits))
             self.model.configure_limits(tenant, limits)
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.loop.run_until_complete(coro)
-
     def teardown(self) -> None:
         try:
             if self.clean:  # a run that agreed so far must also drain
                 self.drain_all()
         finally:
-            try:
-                keys = list(self.client.scan_iter(match=self.keys.match_all(), count=500))
-                if keys:
-                    self.client.delete(*keys)
-            finally:
-                self.client.close()
-                self.run(self.store.aclose())
-                self.loop.close()
+            self.close()
 
     # -- time -------------------------------------------------------------------------
 

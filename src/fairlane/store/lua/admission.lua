@@ -31,6 +31,18 @@ local function admission_of(p, lane)
   return cfg
 end
 
+-- Everything a lane declares, in one read: its class table, whether tenants are
+-- charged by cost, and its admission config (nil: none).
+local function lane_declarations(p, lane)
+  local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'table', 'charge', 'adm', 'utable')
+  local adm
+  if v[3] then
+    adm = cjson.decode(v[3])
+    adm.utable = cjson.decode(v[4])
+  end
+  return cjson.decode(v[1] or DEFAULT_CLASSES), v[2] == 'cost', adm
+end
+
 local function tenant_count_key(p, lane)
   return lane_key(p, lane, 'adm:t')
 end

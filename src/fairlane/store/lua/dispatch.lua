@@ -8,9 +8,11 @@
 local function new_dispatch(keys, p, lane, budget, now, tally)
   local sk = lane_key(p, lane, 'state')
   local cx = {keys = keys, p = p, lane = lane, now = now, tally = tally, sk = sk,
-    tbl = class_table(sk), weights = {}, tlimits = {}, vt = {}, delta = {}, runs = {},
-    cost_mode = redis.call('HGET', sk, 'charge') == 'cost',
+    weights = {}, tlimits = {}, vt = {}, delta = {}, runs = {},
     f = {}, d = {}, g = {}, heads = {}, w = {}, cap = 0, batch = math.min(budget, 100)}
+  local declared = redis.call('HMGET', sk, 'table', 'charge')
+  cx.tbl = cjson.decode(declared[1] or DEFAULT_CLASSES)
+  cx.cost_mode = declared[2] == 'cost'
   cx.fields = {'C'}
   for i, c in ipairs(cx.tbl) do
     local n = #cx.fields

@@ -221,9 +221,7 @@ local function enqueue(keys, args)
   local lane = args[1]
   local jobs = cmsgpack.unpack(args[2])
   local out, tally = {}, new_effects()
-  local tbl = class_table(lane_key(p, lane, 'state'))
-  local adm = admission_of(p, lane)
-  local cost_mode = redis.call('HGET', lane_key(p, lane, 'state'), 'charge') == 'cost'
+  local tbl, cost_mode, adm = lane_declarations(p, lane)
   local learned = {}
   local ready, submitted, pushes = false, {}, {active = {}, d = {}}
   -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
