@@ -27,17 +27,27 @@ from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.policy.retention import Retention
 from fairlane.pools import FairlaneConfig, load_config
+from fairlane.runtime.context import (
+    ChildFailed,
+    Context,
+    NonDeterminismError,
+    StepInfo,
+    current_step,
+)
 from fairlane.store.redis import StoreUnavailable
 from fairlane.task import Job, Task
 from fairlane.usage import JobContext, context, report_usage
+from fairlane.workflows import RunNotFound, Workflow, WorkflowOptions
 
 __all__ = [
     "DEFAULT_CLASSES",
     "Admission",
     "App",
     "Backoff",
+    "ChildFailed",
     "ClassTable",
     "Coefficients",
+    "Context",
     "Estimate",
     "EstimationSettings",
     "FairlaneConfig",
@@ -47,15 +57,21 @@ __all__ = [
     "JobContext",
     "JobExpired",
     "JobNotFound",
+    "NonDeterminismError",
     "Rejected",
     "Retention",
+    "RunNotFound",
     "ServiceClass",
+    "StepInfo",
     "StoreUnavailable",
     "Task",
     "TaskFailed",
     "TenantLimits",
     "UnknownTask",
+    "Workflow",
+    "WorkflowOptions",
     "context",
+    "current_step",
     "load_config",
     "load_lanes",
     "report_usage",

@@ -33,6 +33,13 @@ from fairlane.store.redis import Store, StoreUnavailable, redact_url, unlink_mat
 from fairlane.store.server import ensure_dev_server
 from fairlane.task import Executor, Job, Task, TaskOptions
 from fairlane.tenants import Tenants
+from fairlane.workflows import (
+    SignalResult,
+    Workflow,
+    WorkflowFunction,
+    WorkflowOptions,
+    send_signal,
+)
 
 __all__ = ["App", "CronEntry", "TaskDecorator"]
 
@@ -200,6 +207,7 @@ class App:
         service_class: str = ...,
         slots: int = ...,
         limits: Mapping[str, int] | None = ...,
+        tenant_slots: int | None = ...,
     ) -> TaskDecorator: ...
 
     def task(
@@ -218,11 +226,13 @@ class App:
         service_class: Any = _UNSET,
         slots: Any = _UNSET,
         limits: Any = _UNSET,
+        tenant_slots: int | None = None,
     ) -> Any:
         """Register a function as a task. Every option left out is marked as a default.
 
         ``service_class``, ``slots`` and ``limits`` are the defaults of the task's jobs;
-        each enqueue may change them.
+        each enqueue may change them. ``tenant_slots`` caps how many of one tenant's
+        jobs of the task's lane run at once.
         """
         given: dict[str, Any] = {
             "attempts": attempts,
@@ -237,37 +247,118 @@ class App:
         }
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
-            defaults = {k for k, v in given.items() if v is _UNSET}
-            values = {k: (self._task_defaults[k] if v is _UNSET else v) for k, v in given.items()}
-            if lane is None:
-                defaults.add("lane")
-            task_name = name or f"{func.__module__}.{func.__qualname__}"
-            try:
-                task_limits = check_limits(values["limits"])
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"task {task_name}: {exc}") from None
-            options = TaskOptions(
-                name=task_name,
-                lane=lane or self.settings.default_lane,
-                attempts=values["attempts"],
-                backoff=values["backoff"],
-                timeout=values["timeout"],
-                retention=values["retention"],
-                executor=values["executor"],
-                retry_on=tuple(values["retry_on"]),
-                service_class=values["service_class"],
-                slots=values["slots"],
-                limits=task_limits,
-                defaults=frozenset(defaults),
-            )
-            # a lane declared later is checked by `lane()`; an undeclared one at connect
-            if self.lane_tables.is_declared(options.lane):
-                self._check_class(options)
+            options = self._options(func, name, lane, given, tenant_slots)
             return self._register(func, options)
 
         return register(fn) if fn is not None else register
 
-    def _register(self, func: Callable[..., Any], options: TaskOptions) -> Task[Any, Any]:
+    def _options(
+        self,
+        func: Callable[..., Any],
+        name: str | None,
+        lane: str | None,
+        given: dict[str, Any],
+        tenant_slots: int | None,
+    ) -> TaskOptions:
+        """A task's options: those given, the app's defaults for the rest."""
+        defaults = {k for k, v in given.items() if v is _UNSET}
+        values = {k: (self._task_defaults[k] if v is _UNSET else v) for k, v in given.items()}
+        if lane is None:
+            defaults.add("lane")
+        task_name = name or f"{func.__module__}.{func.__qualname__}"
+        try:
+            task_limits = check_limits(values["limits"])
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"task {task_name}: {exc}") from None
+        options = TaskOptions(
+            name=task_name,
+            lane=lane or self.settings.default_lane,
+            attempts=values["attempts"],
+            backoff=values["backoff"],
+            timeout=values["timeout"],
+            retention=values["retention"],
+            executor=values["executor"],
+            retry_on=tuple(values["retry_on"]),
+            service_class=values["service_class"],
+            slots=values["slots"],
+            limits=task_limits,
+            tenant_slots=tenant_slots,
+            defaults=frozenset(defaults),
+        )
+        # a lane declared later is checked by `lane()`; an undeclared one at connect
+        if self.lane_tables.is_declared(options.lane):
+            self._check_class(options)
+        return options
+
+    def workflow(
+        self,
+        *,
+        name: str | None = None,
+        lane: str | None = None,
+        slice_seconds: float = 2.0,
+        slice_steps: int = 20,
+        max_children: int = 10,
+        tenant_slots: int | None = None,
+        attempts: int = _UNSET,
+        backoff: Backoff = _UNSET,
+        timeout: float | None = _UNSET,
+        retention: Retention = _UNSET,
+        retry_on: Sequence[type[BaseException]] = _UNSET,
+        service_class: str = _UNSET,
+        limits: Mapping[str, int] | None = _UNSET,
+    ) -> Callable[[WorkflowFunction[P, R]], Workflow[P, R]]:
+        """Register a durable workflow: ``async def fn(ctx: Context, ...)``.
+
+        Each lease of a run is a slice: it replays the run's checkpoints, then goes on
+        until the run finishes or waits, or until ``slice_steps`` new steps or
+        ``slice_seconds`` are spent; then the run gives its slot back and re-enters
+        fair dispatch as its tenant's work. ``attempts`` is the run's budget for
+        failed or reclaimed slices (a slice that yields or waits does not count);
+        ``timeout`` bounds one slice. ``tenant_slots`` caps the runs one tenant has
+        running in the lane at once; ``max_children`` caps one run's running children.
+        """
+        shape = WorkflowOptions(slice_seconds, slice_steps, max_children)
+        given: dict[str, Any] = {
+            "attempts": attempts,
+            "backoff": backoff,
+            "timeout": timeout,
+            "retention": retention,
+            "executor": "async",
+            "retry_on": retry_on,
+            "service_class": service_class,
+            "slots": 1,
+            "limits": limits,
+        }
+
+        def register(func: WorkflowFunction[P, R]) -> Workflow[P, R]:
+            params = list(inspect.signature(func).parameters.values())
+            if not params or params[0].kind not in (
+                inspect.Parameter.POSITIONAL_ONLY,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            ):
+                raise ValueError(
+                    f"workflow {func.__qualname__} must take the run's Context as its first "
+                    "positional parameter"
+                )
+            options = self._options(func, name, lane, given, tenant_slots)
+            flow: Workflow[P, R] = Workflow(self, func, options, shape)
+            self._register(func, options, flow)
+            return flow
+
+        return register
+
+    async def signal(
+        self, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None
+    ) -> SignalResult:
+        """Send signal ``name`` to a workflow run: ``delivered`` (kept until a wait of
+        that name takes it; a signal sent before the run waits is not lost),
+        ``duplicate`` (``signal_id`` was delivered already) or ``finished`` (the run has
+        ended; nothing is kept). ``RunNotFound`` if there is no such run."""
+        return await send_signal(self, run_id, name, payload, signal_id=signal_id)
+
+    def _register(
+        self, func: Callable[..., Any], options: TaskOptions, made: Task[Any, Any] | None = None
+    ) -> Task[Any, Any]:
         clash = RESERVED_PARAMETERS & set(inspect.signature(func).parameters)
         if clash:
             raise ValueError(
@@ -284,7 +375,7 @@ class App:
             raise ValueError(f"task {options.name} is async: executor must be 'async'")
         if options.name in self.tasks:
             raise ValueError(f"a task named {options.name!r} is already registered")
-        task: Task[Any, Any] = Task(self, func, options)
+        task: Task[Any, Any] = made or Task(self, func, options)
         self.tasks[options.name] = task
         return task
 

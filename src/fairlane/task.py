@@ -65,6 +65,9 @@ class TaskOptions:
     slots: int = 1
     limits: tuple[tuple[str, int], ...] = ()
     """Throttle keys and limits every job of the task names, sorted by key."""
+    tenant_slots: int | None = None
+    """At most this many of one tenant's jobs of the task's lane run at once (a throttle
+    key per lane and tenant, ``lane:<lane>:tenant:<tenant>``); None: no cap."""
     defaults: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
@@ -77,6 +80,12 @@ class TaskOptions:
             raise type(exc)(f"task {self.name}: {exc}") from None
         if self.attempts < 1:
             raise ValueError(f"task {self.name}: attempts must be >= 1, got {self.attempts}")
+        if self.tenant_slots is not None and (
+            not isinstance(self.tenant_slots, int) or self.tenant_slots < 1
+        ):
+            raise ValueError(
+                f"task {self.name}: tenant_slots must be an int >= 1, got {self.tenant_slots!r}"
+            )
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"task {self.name}: timeout must be > 0, got {self.timeout}")
         if self.executor not in ("async", "thread", "process"):
@@ -190,11 +199,19 @@ class _Demand:
         return cls(
             service_class=name,
             slots=options.slots if slots is None else check_slots(slots),
-            limits=list(merge_limits(options.limits, check_limits(limits))),
+            limits=list(merge_limits(_tenant_cap(options, tenant), check_limits(limits))),
             declared_mu=task.app.pricing.declared_milli(estimate),
             cost_key=cost_key(tenant, task.name, estimate),
             declared=estimate is not None,
         )
+
+
+def _tenant_cap(options: TaskOptions, tenant: str) -> tuple[tuple[str, int], ...]:
+    """The task's limits, with its per-tenant cap on the lane when it has one."""
+    if options.tenant_slots is None:
+        return options.limits
+    cap = {f"lane:{options.lane}:tenant:{tenant}": options.tenant_slots}
+    return merge_limits(tuple(sorted(cap.items())), options.limits)
 
 
 @dataclass(frozen=True, slots=True)

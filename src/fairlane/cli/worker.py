@@ -1,4 +1,5 @@
-"""``fairlane worker``: run a worker, restart it on code changes, or health-check one."""
+"""``fairlane worker``: run a worker (or supervise several), restart it on code changes, or
+health-check one."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from fairlane.cli._common import (
     run,
     settings_or_fail,
 )
+from fairlane.runtime.supervisor import Supervisor
 from fairlane.store.redis import redact_url
 
 __all__ = ["worker"]
@@ -90,12 +92,42 @@ def worker(
             show_default=False,
         ),
     ] = None,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            "--processes",
+            min=1,
+            metavar="N",
+            help="Run N worker processes under a supervisor that restarts any that dies and "
+            "stops them all on SIGTERM/SIGINT (default 1: this process is the worker).",
+            show_default=False,
+        ),
+    ] = None,
     redis_url: RedisUrl = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
 ) -> None:
     """Run a worker for MODULE:APP until SIGTERM/SIGINT (graceful), or with --burst until idle."""
     if reload and (check or burst):
         fail("--reload cannot be combined with --check or --burst", EXIT_USAGE)
+    if processes is not None and (reload or check):
+        fail("--processes cannot be combined with --reload or --check", EXIT_USAGE)
+    if processes is not None and processes > 1:
+        if health_port is not None:
+            fail(
+                "--processes cannot be combined with --health-port: the worker processes "
+                "would all bind the same port (use `fairlane worker --check` instead)",
+                EXIT_USAGE,
+            )
+        _supervise(
+            app_spec,
+            processes,
+            lanes=lanes,
+            concurrency=concurrency,
+            burst=burst,
+            redis_url=redis_url,
+            verbose=verbose,
+        )
+        return
     if check:
         _check(load_app(app_spec, redis_url), health_port)
         return
@@ -205,12 +237,15 @@ def _child_argv(
     health_port: int | None,
     redis_url: str | None,
     verbose: bool,
+    burst: bool = False,
 ) -> list[str]:
     argv = ["worker", app_spec]
     if lanes is not None:
         argv += ["--lanes", lanes]
     if concurrency is not None:
         argv += ["--concurrency", str(concurrency)]
+    if burst:
+        argv.append("--burst")
     if health_port is not None:
         argv += ["--health-port", str(health_port)]
     if redis_url:
@@ -220,13 +255,18 @@ def _child_argv(
     return argv
 
 
+def _fairlane_command(argv: list[str]) -> list[str]:
+    """The command that runs ``fairlane <argv>`` with this interpreter."""
+    return [sys.executable, "-m", "fairlane.cli", *argv]
+
+
 def _reload(argv: list[str]) -> None:
     """Run ``fairlane <argv>`` in a child process, restarting it when Python files change."""
     try:
         watchfiles: Any = importlib.import_module("watchfiles")  # the optional reload extra
     except ImportError:
         fail("--reload needs watchfiles: pip install 'fairlane[reload]'", EXIT_USAGE)
-    command = shlex.join([sys.executable, "-m", "fairlane.cli", *argv])
+    command = shlex.join(_fairlane_command(argv))
     grace = settings_or_fail().worker.grace_period
     cwd = os.getcwd()
     err_console().print(f"[dim]watching {cwd} for changes to *.py; the worker restarts on each[/]")
@@ -244,3 +284,42 @@ def _reload(argv: list[str]) -> None:
         sigint_timeout=int(grace) + 5,  # the worker drains for up to grace_period on SIGINT
     )
     raise typer.Exit(0)
+
+
+# -- --processes -----------------------------------------------------------------------
+
+
+def _supervise(
+    app_spec: str,
+    processes: int,
+    *,
+    lanes: str | None,
+    concurrency: int | None,
+    burst: bool,
+    redis_url: str | None,
+    verbose: bool,
+) -> None:
+    """Run ``processes`` workers as child processes until SIGTERM/SIGINT; exit with its code."""
+    _configure_logging(verbose)
+    if lanes is not None:
+        _split_lanes(lanes)  # a usage error now, rather than N children failing on it
+    # Loading the app here fails fast on a bad MODULE:APP, and its settings (not only the
+    # environment's) give the grace period the children drain for on SIGTERM.
+    app = load_app(app_spec, redis_url)
+    argv = _child_argv(
+        app_spec,
+        lanes=lanes,
+        concurrency=concurrency,
+        health_port=None,
+        redis_url=redis_url,
+        verbose=verbose,
+        burst=burst,
+    )
+    supervisor = Supervisor(
+        _fairlane_command(argv),
+        processes,
+        grace_period=app.settings.worker.grace_period,
+        # a child exiting 2 met a usage error, which restarting would only repeat
+        fatal_exit_codes=(EXIT_USAGE,),
+    )
+    raise typer.Exit(supervisor.run())

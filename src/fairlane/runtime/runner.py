@@ -7,7 +7,9 @@ worker down. Retry or dead-letter is decided by ``fairlane.policy.retry``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import random
 import time
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from fairlane import usage
 from fairlane.codec import PayloadTooLarge, encode_error
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retry import after_failure
+from fairlane.runtime.context import LeaseLost, NonDeterminismError, Suspend
 from fairlane.runtime.executors import (
     ChildCrashed,
     ExecutionTimeout,
@@ -28,8 +31,10 @@ from fairlane.runtime.executors import (
     ThreadExecutor,
 )
 from fairlane.runtime.invoke import target_of
+from fairlane.runtime.slices import run_slice
 from fairlane.store.redis import FetchedJob, Outcome
 from fairlane.usage import JobContext
+from fairlane.workflows import Workflow
 
 if TYPE_CHECKING:
     from fairlane.app import App
@@ -61,12 +66,38 @@ class Runner:
     """Executes attempts for one worker, with its thread and process executors."""
 
     def __init__(
-        self, app: App, threads: ThreadExecutor, processes: ProcessExecutor | None
+        self,
+        app: App,
+        threads: ThreadExecutor,
+        processes: ProcessExecutor | None,
+        worker_id: str = "",
     ) -> None:
         self.app = app
         self.threads = threads
         self.processes = processes
+        self.worker_id = worker_id
         self.max_result = app.settings.max_payload_bytes
+        self._own_processes = False
+        self._process_start = asyncio.Lock()
+
+    async def process_pool(self) -> ProcessExecutor:
+        """The kill-able process pool, started on first use (a workflow's process step)."""
+        async with self._process_start:
+            if self.processes is None:
+                settings = self.app.settings.worker
+                pool = ProcessExecutor(
+                    settings.process_pool_size or os.cpu_count() or 1,
+                    "fairlane.runtime.invoke:invoke_sync",
+                )
+                await pool.start()
+                self.processes, self._own_processes = pool, True
+            return self.processes
+
+    async def aclose(self) -> None:
+        """Stop the process pool this runner started itself."""
+        if self._own_processes and self.processes is not None:
+            await self.processes.aclose()
+            self.processes, self._own_processes = None, False
 
     async def run(self, job: FetchedJob) -> Outcome:
         """Run one attempt. ``CancelledError`` propagates to the caller, which knows why.
@@ -90,6 +121,12 @@ class Runner:
             payload = await self._attempt(task, job)
         except _Failure as failure:
             outcome = self._failed(job, failure)
+        except Suspend as end:
+            # the run gives its slot back until what it waits for comes
+            outcome = Outcome(job.id, job.token, "suspend", end.wait, end.delay_ms)
+        except LeaseLost:
+            # another worker may own the run: a release under our token is fenced
+            outcome = Outcome(job.id, job.token, "release")
         else:
             outcome = Outcome(job.id, job.token, "ok", payload.decode())
         finally:
@@ -103,7 +140,10 @@ class Runner:
         if task.options.executor == "async":
             # the worker enforces an async attempt's timeout with one timer per job
             try:
-                value = await task.fn(*args, **kwargs)
+                value = await self._call_async(task, job, args, kwargs)
+            except NonDeterminismError as exc:
+                # replaying again would diverge again: no retry can help
+                raise _Failure(encode_error(exc), retryable=False) from None
             except (Exception, SystemExit) as exc:  # sys.exit() in a task must not stop the worker
                 raise _Failure(encode_error(exc), retryable=_retryable(task, exc)) from None
             try:
@@ -124,6 +164,19 @@ class Runner:
                 retryable=False,
             )
         return payload
+
+    async def _call_async(
+        self, task: Task[Any, Any], job: FetchedJob, args: list[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        if isinstance(task, Workflow):
+            return await run_slice(
+                task,
+                job,
+                store=self.app.store,
+                worker=self.worker_id,
+                process_pool=self.process_pool,
+            )
+        return await task.fn(*args, **kwargs)
 
     async def _offload(
         self,

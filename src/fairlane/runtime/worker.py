@@ -163,7 +163,10 @@ class Worker:
             processes = ProcessExecutor(size, "fairlane.runtime.invoke:invoke_sync")
             await processes.start()
             stack.push_async_callback(processes.aclose)
-        return Runner(self.app, threads, processes)
+        runner = Runner(self.app, threads, processes, self.id)
+        # a pool a workflow's process step started on first use
+        stack.push_async_callback(runner.aclose)
+        return runner
 
     async def _serve(self, runner: Runner) -> None:
         self._runner = runner

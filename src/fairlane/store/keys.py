@@ -58,6 +58,13 @@ pattern (after the prefix)  type   holds                              written by
 ``lane:<l>:adm:rej`` (der.) hash  tenant -> 'count|window start'     enqueue (rejections)
 ``kept:<task>:ok`` (der.)  zset   completed job id -> finish (ms)    ack (retention index)
 ``kept:<task>:failed``     zset   failed/expired/cancelled -> (ms)   ack, sweep, cancel
+``run:<id>:steps`` (der.)  list   a workflow run's checkpointed      wf_step, wf_wait,
+                                  operations, in order (msgpack)     wf_children; trim
+``run:<id>:log`` (der.)    list   slices, suspensions, the end       wf_load, ack, finish
+``run:<id>:sig`` (der.)    list   signals not yet consumed           signal, wf_wait
+``run:<id>:h`` (der.)      hash   ``k:<child>`` settled children,    finish (of a child),
+                                  ``s:<id>`` signal ids, ``a:<step>``  signal, wf_step
+                                  failed attempts
 =========================  =====  =================================  ========================
 
 Pub/sub channel ``<prefix>done`` carries the id of a finished job that a producer
@@ -181,6 +188,10 @@ class AppKeys:
         """A class's ``fair``, ``vt`` or ``granted`` key (scripts derive the same name)."""
         return f"{self.prefix}lane:{lane}:c:{service_class}:{what}"
 
+    def run(self, run_id: str, what: str) -> str:
+        """A workflow run's ``steps``, ``log``, ``sig`` or ``h`` key (scripts derive the same)."""
+        return f"{self.prefix}run:{run_id}:{what}"
+
     def kept(self, task: str, outcome: str) -> str:
         return f"{self.prefix}kept:{task}:{outcome}"
 
@@ -245,4 +256,9 @@ JOB_FIELDS: dict[str, str] = {
     "ck": "cost key 'tenant|workflow|model' whose learned cost applies",
     "cu": "milli-units its tenant is charged at dispatch (cost mode)",
     "amu": "milli-units its last attempt used",
+    "par": "the workflow run a child job belongs to (absent = none)",
+    "wfr": "1 once a workflow run has started (it has run:<id>:* keys)",
+    "wf": "what a suspended run waits for: yield, sleep, signal:<name> or children",
+    "wfw": "the wait in progress: '<seq>|<deadline ms>|<since ms>'",
+    "wfk": "the children a run waits for (msgpack list of ids)",
 }

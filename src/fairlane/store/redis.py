@@ -30,6 +30,7 @@ from fairlane.store.library import (
     encode_admission,
     encode_classes,
 )
+from fairlane.store.runs import RunStore
 
 __all__ = [
     "AckKind",
@@ -48,7 +49,7 @@ __all__ = [
 
 _FN: Final = FUNCTION_PREFIX
 
-AckKind = str  # "ok" | "retry" | "dead" | "cancel" | "release"
+AckKind = str  # "ok" | "retry" | "dead" | "cancel" | "release" | "suspend"
 # Batches travel as one msgpack argument / reply: one argument to pack instead of
 # five per job, and one buffer to parse instead of eleven reply elements per job.
 _PACK: Final = msgspec.msgpack.Encoder()
@@ -82,6 +83,7 @@ class NewJob(msgspec.Struct, array_like=True):
     declared_mu: int = 1000  # the caller's estimate (or the default cost), in milli-units
     cost_key: str = ""  # "tenant|workflow|model": whose learned cost applies
     declared: int = 0  # 1 when the caller declared an estimate (else learned cost rules)
+    parent: str = ""  # the workflow run this job is a child of
 
     def __post_init__(self) -> None:
         args: object = self.args
@@ -233,6 +235,7 @@ class Store:
         self.client = client
         self.keys = AppKeys.for_app(app)
         self._common = self.keys.common()
+        self.runs = RunStore(self)
 
     @classmethod
     def from_url(cls, url: str, app: str, *, max_connections: int = 64) -> Store:

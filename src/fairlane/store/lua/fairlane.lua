@@ -70,7 +70,9 @@ end
 
 -- @include fairqueue.lua
 -- @include admission.lua
+-- @include runs.lua
 -- @include records.lua
+-- @include workflows.lua
 
 ---------------------------------------------------------------------------- ack
 
@@ -128,7 +130,8 @@ local function flush_costs(p, cache, keys)
 end
 
 -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
--- [id, token, kind (ok | retry | dead | cancel | release), payload, delay_ms, cost]
+-- [id, token, kind (ok | retry | dead | cancel | release | suspend), payload, delay_ms, cost]
+-- (a workflow run suspends with what it waits for as its payload).
 -- (cost: the work units the attempt used, -1 when it did not run).
 -- Returns one code per entry: 1 applied, 0 rejected as stale (counted in stats 'fenced').
 local function apply_acks(keys, p, acks, now, tally)
@@ -138,7 +141,7 @@ local function apply_acks(keys, p, acks, now, tally)
     local id, kind, payload = a[1], a[3], a[4]
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'st', 'tok', 'task', 'rc', 'rf', 'w', 'att', 'max', 'lane',
-      'cls', 'sl', 'ttok', 'tenant', 'start', 'mu', 'ck', 'cu')
+      'cls', 'sl', 'ttok', 'tenant', 'start', 'mu', 'ck', 'cu', 'par', 'wfr')
     if f[1] ~= 'running' or f[2] ~= a[2] then
       count(tally, 'fenced')
       codes[i] = 0
@@ -160,7 +163,7 @@ local function apply_acks(keys, p, acks, now, tally)
         feed_back_cost(p, id, f[9], f[10] or DEFAULT_CLASS, f[13] or '', f[16], f[17], cost,
           costing, keys)
       end
-      local meta = {f[3], f[4], f[5], f[6], f[15], f[9], f[10], f[13]}
+      local meta = {f[3], f[4], f[5], f[6], f[15], f[9], f[10], f[13], f[18], f[19]}
       if kind == 'ok' then
         finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
       elseif kind == 'retry' and (tonumber(f[7]) or 0) >= (tonumber(f[8]) or 1) then
@@ -172,6 +175,8 @@ local function apply_acks(keys, p, acks, now, tally)
         dead_letter(keys, p, id, payload, now, tally, meta)
       elseif kind == 'cancel' then
         finish(keys, p, id, 'cancelled', 'err', payload, now, tally, meta)
+      elseif kind == 'suspend' then
+        suspend_run(keys, p, id, payload, tonumber(a[5]) or 0, now, tally)
       else -- release: handed back unstarted by a stopping worker; the attempt is not counted
         local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq')
         -- written first, so that the job handed back sees the lane's true load
@@ -209,7 +214,8 @@ end
 
 -- ARGV: lane, msgpack array of jobs, each
 --   [id, tenant, prio, task, args, max, bo, to, rc, rf, idem, delay_ms, at_ms, deadline,
---    class, slots, limits, declared milli-units, cost key, declared (1) or default (0)]
+--    class, slots, limits, declared milli-units, cost key, declared (1) or default (0),
+--    parent run id ('' for none)]
 -- with nil for an absent delay/at, '' for an absent idem/deadline; a deadline is '+ms'
 -- (relative) or absolute ms; limits is {{key, limit}, ..} sorted by key.
 -- Returns a flat list: id, code, detail per job. Codes: 1 accepted, 2 deferred (stored,
@@ -283,6 +289,9 @@ local function enqueue(keys, args)
         end
         if j[19] and j[19] ~= '' then
           redis.call('HSET', jk, 'ck', j[19])
+        end
+        if j[21] and j[21] ~= '' then
+          redis.call('HSET', jk, 'par', j[21])
         end
         if cost_mode then
           redis.call('HSET', jk, 'cu', charge_mu(p, tonumber(j[18]) or 0, j[20] == 1, j[19], learned))
@@ -544,3 +553,8 @@ redis.register_function('__PREFIX__configure_limits', configure_limits)
 redis.register_function('__PREFIX__declare_lane', declare_lane)
 redis.register_function('__PREFIX__declare_admission', declare_admission)
 redis.register_function('__PREFIX__tenant_limit_now', tenant_limit_now)
+redis.register_function('__PREFIX__wf_load', wf_load)
+redis.register_function('__PREFIX__wf_step', wf_step)
+redis.register_function('__PREFIX__wf_wait', wf_wait)
+redis.register_function('__PREFIX__wf_children', wf_children)
+redis.register_function('__PREFIX__signal', signal)

@@ -8,9 +8,13 @@ end
 
 local function remove_record(keys, p, id, failed)
   local jk = job_key(p, id)
-  local idem = redis.call('HGET', jk, 'idem')
+  local f = redis.call('HMGET', jk, 'idem', 'wfr')
+  local idem = f[1]
   if idem and redis.call('HGET', keys[IDEM], idem) == id then
     redis.call('HDEL', keys[IDEM], idem)
+  end
+  if f[2] then
+    drop_run_keys(p, id)
   end
   if failed then
     redis.call('ZREM', keys[DEAD], id)
@@ -81,8 +85,8 @@ local function apply_effects(keys, p, fx, now)
   end
 end
 
--- Settle a job for good. `meta` holds its task, rc, rf, w, mu, lane, cls and tenant
--- fields when the caller already read them (the hot path); otherwise they are read
+-- Settle a job for good. `meta` holds its task, rc, rf, w, mu, lane, cls, tenant, par
+-- and wfr fields when the caller already read them (the hot path); otherwise they are read
 -- here. A reservation the job held is released.
 local function finish(keys, p, id, status, field, payload, now, tally, meta)
   local jk = job_key(p, id)
@@ -92,7 +96,14 @@ local function finish(keys, p, id, status, field, payload, now, tally, meta)
     redis.call('HSET', jk, 'st', status, 'fin', now)
   end
   count(tally, status)
-  meta = meta or redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w', 'mu', 'lane', 'cls', 'tenant')
+  meta = meta or
+    redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w', 'mu', 'lane', 'cls', 'tenant', 'par', 'wfr')
+  if meta[9] then
+    notify_parent(p, meta[9], id, status, payload, now)
+  end
+  if meta[10] then
+    redis.call('RPUSH', run_key(p, id, 'log'), cmsgpack.pack({'end', status, now}))
+  end
   if meta[5] then
     release_reservation(p, id, meta[6], meta[7] or DEFAULT_CLASS, meta[8] or '', meta[5], tally)
   end

@@ -1,0 +1,446 @@
+"""A workflow run's ``Context``: replay of checkpoints, new steps, durable waits, children.
+
+A run executes its function from the top in every slice. Each operation it asks for
+(a step, a sleep, a wait for a signal, a wait for children) has a place in the run's
+history. While the history has an entry for that place, the operation is *replayed*:
+the checkpointed result is returned and nothing runs. Past the end of the history the
+operation runs for real and is checkpointed, fenced by the run's lease, before the
+function goes on. An operation that does not match the history's entry at its place
+means the code took another path than it did before: the run fails with
+``NonDeterminismError`` instead of silently diverging.
+
+A slice ends when the run finishes, when a wait cannot be satisfied yet (the run
+suspends and holds nothing while it waits), or when the slice's budget of new steps
+or seconds is spent (the run yields its slot and re-enters fair dispatch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+
+import msgspec
+
+from fairlane.codec import ArgsCodec, decode_error
+from fairlane.errors import FairlaneError, TaskFailed
+from fairlane.runtime.invoke import target_of
+from fairlane.store.runs import Checkpoint
+
+if TYPE_CHECKING:
+    from fairlane.runtime.executors import ProcessExecutor
+    from fairlane.store.redis import Store
+    from fairlane.task import Task
+
+__all__ = [
+    "ChildCall",
+    "ChildFailed",
+    "Context",
+    "NonDeterminismError",
+    "StepInfo",
+    "current_step",
+]
+
+T = TypeVar("T")
+StepExecutor = Literal["async", "thread", "process"]
+
+
+class NonDeterminismError(FairlaneError):
+    """The workflow asked for other operations than its history holds."""
+
+
+class ChildFailed(TaskFailed):
+    """A child job of the run did not complete."""
+
+
+class Suspend(BaseException):
+    """Ends the slice: the run waits (``wait``) for at most ``delay_ms``.
+
+    A ``BaseException``, so that a workflow's own ``except Exception`` cannot swallow
+    the end of its slice.
+    """
+
+    def __init__(self, wait: str, delay_ms: int) -> None:
+        super().__init__(wait)
+        self.wait = wait
+        self.delay_ms = delay_ms
+
+
+class LeaseLost(BaseException):
+    """A checkpoint was fenced: another worker may own the run now; stop writing."""
+
+
+class Diverged(BaseException):
+    """Carries a ``NonDeterminismError`` out past the workflow's own handlers."""
+
+    def __init__(self, error: NonDeterminismError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """The step running now: ``key`` is stable across re-executions of one attempt."""
+
+    run_id: str
+    name: str
+    attempt: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.run_id}:{self.name}:{self.attempt}"
+
+
+_current: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar(
+    "fairlane_step", default=None
+)
+
+
+def current_step() -> StepInfo:
+    """The step being executed (in an async or thread step); its ``key`` is the step's
+    idempotency key. A process step receives it as an argument instead."""
+    info = _current.get()
+    if info is None:
+        raise RuntimeError("current_step() is only available inside a workflow step")
+    return info
+
+
+@dataclass(frozen=True, slots=True)
+class ChildCall:
+    """A child job to start from a run (``ctx.call``), for ``ctx.gather``."""
+
+    task: Task[Any, Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SliceBudget:
+    """How much new work one slice may do before it yields its slot."""
+
+    seconds: float
+    steps: int
+    started: float = field(default_factory=time.monotonic)
+    steps_done: int = 0
+
+    def spent(self) -> bool:
+        return self.steps_done >= self.steps or time.monotonic() - self.started >= self.seconds
+
+
+ProcessPool = Callable[[], Awaitable["ProcessExecutor"]]
+
+
+class Context:
+    """What a workflow function receives: its run, and the durable operations."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        run_id: str,
+        token: str,
+        tenant: str,
+        service_class: str,
+        worker: str,
+        history: Sequence[Checkpoint],
+        failures: dict[str, int],
+        budget: SliceBudget,
+        max_children: int,
+        process_pool: ProcessPool,
+    ) -> None:
+        self.run_id = run_id
+        self.tenant = tenant
+        self.service_class = service_class
+        self._store = store
+        self._token = token
+        self._worker = worker
+        self._history = list(history)
+        self._failures = dict(failures)
+        self._budget = budget
+        self._max_children = max_children
+        self._process_pool = process_pool
+        self._seq = 0
+        self._names: set[str] = set()
+
+    @property
+    def replaying(self) -> bool:
+        """True while the run re-reads its history (no operation runs for real)."""
+        return self._seq < len(self._history)
+
+    @property
+    def checkpoints_read(self) -> int:
+        """Operations done so far in this slice, replayed or new."""
+        return self._seq
+
+    def step_key(self, name: str) -> str:
+        """The idempotency key step ``name`` has in its current attempt."""
+        return StepInfo(self.run_id, name, self._failures.get(name, 0) + 1).key
+
+    # -- history ---------------------------------------------------------------------
+
+    def _replay(self, kind: str, name: str) -> Checkpoint | None:
+        """The checkpoint at the next place, checked against what the code asks for."""
+        if self._seq >= len(self._history):
+            return None
+        entry = self._history[self._seq]
+        if entry.kind != kind or entry.name != name:
+            raise Diverged(
+                NonDeterminismError(
+                    f"run {self.run_id}: operation {self._seq} was {entry.kind} {entry.name!r} "
+                    f"when the run was checkpointed, but the code now asks for {kind} {name!r}; "
+                    "a workflow must make the same operations in the same order on every replay"
+                )
+            )
+        self._seq += 1
+        return entry
+
+    def _claim(self, name: str) -> None:
+        if name in self._names:
+            raise ValueError(
+                f"operation name {name!r} is used twice in run {self.run_id}: names must be "
+                "unique within a run (they key its checkpoints and idempotency keys)"
+            )
+        self._names.add(name)
+
+    def _fenced(self, written: int) -> None:
+        if written == 0:
+            raise LeaseLost(self.run_id)
+        if written < 0:
+            raise Diverged(
+                NonDeterminismError(f"run {self.run_id}: checkpoint {self._seq} is out of order")
+            )
+
+    # -- steps -----------------------------------------------------------------------
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[T]] | Callable[..., T],
+        *args: Any,
+        executor: StepExecutor | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """Run ``fn(*args, **kwargs)`` once for the run, checkpointing its result.
+
+        Replayed, it returns the checkpointed result without calling ``fn``. The result
+        is JSON-encoded and decoded as ``fn``'s return annotation, on both paths, so a
+        replay returns what the first run returned. ``executor`` is ``async`` for a
+        coroutine function, else ``thread`` by default; ``process`` runs a module-level
+        function in a kill-able child process (CPU-bound work).
+        """
+        self._claim(name)
+        codec = ArgsCodec(fn)
+        done = self._replay("step", name)
+        if done is not None:
+            return _decode(codec, done.value)  # type: ignore[no-any-return]
+        if self._budget.spent():
+            raise Suspend("yield", 0)
+        info = StepInfo(self.run_id, name, self._failures.get(name, 0) + 1)
+        started = time.monotonic()
+        try:
+            blob = await self._execute(fn, codec, info, executor, timeout, args, kwargs)
+        except Exception:
+            self._failures[name] = info.attempt
+            self._fenced(await self._store.runs.step_failed(self.run_id, self._token, name))
+            raise
+        ms = round((time.monotonic() - started) * 1000)
+        written = await self._store.runs.checkpoint(
+            self.run_id, self._token, self._seq, "step", name, blob.decode(), ms, self._worker
+        )
+        self._fenced(written)
+        self._seq += 1
+        self._budget.steps_done += 1
+        return _decode(codec, blob)  # type: ignore[no-any-return]
+
+    async def _execute(  # noqa: PLR0917 - one call's parts
+        self,
+        fn: Callable[..., Any],
+        codec: ArgsCodec,
+        info: StepInfo,
+        executor: StepExecutor | None,
+        timeout: float | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> bytes:
+        kind = executor or ("async" if inspect.iscoroutinefunction(fn) else "thread")
+        reset = _current.set(info)
+        try:
+            if kind == "async":
+                async with asyncio.timeout(timeout):
+                    value = await fn(*args, **kwargs)
+            elif kind == "thread":
+                async with asyncio.timeout(timeout):
+                    value = await asyncio.to_thread(fn, *args, **kwargs)
+            else:
+                pool = await self._process_pool()
+                payload = codec.encode(args, kwargs)
+                return await pool.run(target_of(fn), payload, timeout)
+        finally:
+            _current.reset(reset)
+        return codec.encode_result(value)
+
+    # -- durable waits ---------------------------------------------------------------
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep durably: the run holds no slot, and wakes on any worker."""
+        await self._sleep(f"sleep:{self._seq}", round(max(0.0, seconds) * 1000), absolute=False)
+
+    async def sleep_until(self, when: datetime | float) -> None:
+        """Sleep until ``when`` (an aware datetime, or a Unix time in seconds)."""
+        moment = when.timestamp() if isinstance(when, datetime) else float(when)
+        await self._sleep(f"sleep:{self._seq}", round(moment * 1000), absolute=True)
+
+    async def _sleep(self, name: str, ms: int, *, absolute: bool) -> None:
+        if self._replay("sleep", name) is not None:
+            return
+        answer = await self._store.runs.wait(
+            self.run_id, self._token, self._seq, "sleep", name, ms, self._worker, absolute=absolute
+        )
+        if answer.kind == "fenced":
+            raise LeaseLost(self.run_id)
+        if answer.kind == "wait":
+            raise Suspend("sleep", answer.ms)
+        self._seq += 1
+
+    @overload
+    async def wait_for_signal(self, name: str, timeout: float | None = None) -> Any: ...
+
+    @overload
+    async def wait_for_signal(
+        self, name: str, timeout: float | None = None, *, type: type[T]
+    ) -> T | None: ...
+
+    async def wait_for_signal(
+        self, name: str, timeout: float | None = None, *, type: Any = Any
+    ) -> Any:
+        """Wait for the signal ``name`` (``app.signal``), holding no slot meanwhile.
+
+        Returns its payload, decoded as ``type``, or None when ``timeout`` seconds
+        pass first. A signal sent before the run waits is kept for the wait; signals of
+        one name are taken oldest first, one per wait.
+        """
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0, got {timeout}")
+        op = f"signal:{name}"
+        done = self._replay("signal", name)
+        if done is not None:
+            return None if done.status == "timeout" else _decode_as(type, done.value)
+        ms = round(timeout * 1000) if timeout is not None else _FOREVER_MS
+        answer = await self._store.runs.wait(
+            self.run_id, self._token, self._seq, "signal", name, ms, self._worker
+        )
+        if answer.kind == "fenced":
+            raise LeaseLost(self.run_id)
+        if answer.kind == "wait":
+            raise Suspend(op, answer.ms)
+        self._seq += 1
+        return None if answer.kind == "done" else _decode_as(type, answer.payload)
+
+    # -- children --------------------------------------------------------------------
+
+    def call(self, task: Task[Any, Any], /, *args: Any, **kwargs: Any) -> ChildCall:
+        """A child call for ``gather``; nothing starts until it is gathered."""
+        task.codec.encode(args, kwargs)  # a wrong call fails here, in the workflow
+        return ChildCall(task, args, kwargs)
+
+    async def run(self, task: Task[Any, T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``task`` as a child job of this run's tenant and wait for its result."""
+        (result,) = await self.gather(self.call(task, *args, **kwargs))
+        return result  # type: ignore[no-any-return]
+
+    async def gather(self, *calls: ChildCall) -> list[Any]:
+        """Run child jobs (at most the workflow's ``max_children`` at once) and wait,
+        holding no slot, until all have settled; their results in order. A child that
+        failed raises ``ChildFailed`` here (after all have settled)."""
+        if not calls:
+            return []
+        name = ",".join(c.task.name for c in calls)
+        done = self._replay("children", name)
+        if done is not None:
+            return _child_results(calls, _unpack_results(done.value), self.run_id, self._seq)
+        if self._budget.spent():
+            raise Suspend("yield", 0)
+        ids = [f"{self.run_id}.{self._seq}.{i}" for i in range(len(calls))]
+        runs = self._store.runs
+        state, found = await runs.children(
+            self.run_id, self._token, self._seq, name, ids, self._worker
+        )
+        if state == "wait":
+            settled = set(found)
+            await self._start_children(
+                [(cid, c) for cid, c in zip(ids, calls, strict=True) if cid not in settled]
+            )
+            raise Suspend("children", _FOREVER_MS)
+        if state == "fenced":
+            raise LeaseLost(self.run_id)
+        self._seq += 1
+        return _child_results(calls, found, self.run_id, self._seq - 1)
+
+    async def _start_children(self, pending: list[tuple[str, ChildCall]]) -> None:
+        by_lane: dict[str, list[Any]] = {}
+        for child_id, call in pending:
+            task = call.task
+            lane = task.options.lane
+            cls = self.service_class
+            if cls not in task.app.lane_tables.table(lane):
+                cls = task.options.service_class
+            job = task.new_job(
+                task.encode_args(call.args, call.kwargs),
+                tenant=self.tenant,
+                delay=None,
+                at=None,
+                deadline=None,
+                idempotency_key=child_id,
+                priority=0,
+                service_class=cls,
+                limits={f"run:{self.run_id}": self._max_children},
+            )
+            by_lane.setdefault(lane, []).append(
+                msgspec.structs.replace(job, id=child_id, parent=self.run_id)
+            )
+        for lane, jobs in by_lane.items():
+            for reply in await self._store.submit(lane, jobs):
+                if reply.code < 0:
+                    # a child refused now is asked for again when the run is retried
+                    raise RuntimeError(
+                        f"child {reply.id} of run {self.run_id} was refused "
+                        f"({reply.reason or reply.code}); the run will try again"
+                    )
+
+
+_FOREVER_MS = 100 * 365 * 86_400_000  # a wait with no timeout: a century of server ms
+
+
+def _decode(codec: ArgsCodec, value: str | bytes) -> Any:
+    blob = value.encode() if isinstance(value, str) else value
+    return codec.decode_result(blob)
+
+
+def _decode_as(kind: Any, value: str | bytes) -> Any:
+    blob = value.encode() if isinstance(value, str) else value
+    return msgspec.json.decode(blob, type=kind, strict=False) if blob else None
+
+
+def _unpack_results(value: str | bytes) -> list[Any]:
+    results = msgspec.json.decode(value)
+    return list(results) if results else []  # the server writes an empty array as {}
+
+
+def _child_results(
+    calls: Sequence[ChildCall], results: list[Any], run_id: str, seq: int
+) -> list[Any]:
+    out: list[Any] = []
+    for i, (call, (status, payload)) in enumerate(zip(calls, results, strict=True)):
+        status_text = status.decode() if isinstance(status, bytes) else str(status)
+        blob = payload if isinstance(payload, bytes) else str(payload).encode()
+        if status_text != "completed":
+            info = decode_error(blob)
+            raise ChildFailed(f"{run_id}.{seq}.{i}", info.type, info.message, info.traceback)
+        out.append(call.task.codec.decode_result(blob))
+    return out

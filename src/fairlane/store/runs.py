@@ -1,0 +1,175 @@
+"""The store's side of durable workflow runs: typed calls to the run scripts.
+
+Each call is one script (``lua/workflows.lua``), fenced by the run's lease token
+where it writes: a worker that lost its lease changes nothing. Checkpoints are
+msgpack arrays ``[kind, name, status, value, ms, worker, end ms]`` (server time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+
+if TYPE_CHECKING:
+    from fairlane.store.redis import Store
+
+__all__ = ["Checkpoint", "LogEvent", "RunHistory", "RunStore", "SliceStart", "WaitAnswer"]
+
+_UNPACK = msgspec.msgpack.Decoder()
+_PACK = msgspec.msgpack.Encoder()
+
+
+class Checkpoint(msgspec.Struct, array_like=True, frozen=True):
+    """One completed operation of a run, as replay reads it."""
+
+    kind: str  # step | sleep | signal | children
+    name: str
+    status: str  # ok | timeout
+    value: str | bytes  # JSON text (step, signal) or msgpack (children)
+    ms: int  # how long it took (a step's run, a wait's wait)
+    worker: str
+    ended_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SliceStart:
+    """What a worker needs to resume a run."""
+
+    service_class: str
+    steps: list[Checkpoint]
+    failures: dict[str, int]  # step name -> failed attempts so far
+
+
+@dataclass(frozen=True, slots=True)
+class WaitAnswer:
+    """The store's answer to a durable wait: taken, over, or wait ``ms`` more."""
+
+    kind: Literal["signal", "done", "wait", "fenced"]
+    payload: str = ""
+    ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LogEvent:
+    """One entry of a run's log: a slice began, the run suspended, or it ended."""
+
+    kind: str  # slice | suspend | end
+    detail: str  # the worker, what it waits for, or the final status
+    at_ms: int
+    extra: int  # the attempt, the wake time, or 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunHistory:
+    """A run's checkpoints and log, for inspection."""
+
+    steps: list[Checkpoint]
+    log: list[LogEvent]
+    pending_signals: int
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _checkpoint(raw: bytes) -> Checkpoint:
+    kind, name, status, value, ms, worker, ended = _UNPACK.decode(raw)
+    return Checkpoint(
+        _text(kind), _text(name), _text(status), value, int(ms), _text(worker), int(ended)
+    )
+
+
+class RunStore:
+    """Run checkpoints, waits, children and signals on one store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def _call(self, name: str, args: Sequence[Any]) -> Any:
+        return await self.store.fcall(name, self.store.keys.common(), args)
+
+    async def load(self, run_id: str, token: str, worker: str) -> SliceStart | None:
+        """Begin a slice: the history to replay; None when the lease is not ours."""
+        reply = await self._call("wf_load", [run_id, token, worker])
+        if int(reply[0]) != 1:
+            return None
+        fails = reply[3]
+        failures = {_text(fails[i]): int(fails[i + 1]) for i in range(0, len(fails), 2)}
+        return SliceStart(_text(reply[1]), [_checkpoint(r) for r in reply[2]], failures)
+
+    async def checkpoint(  # noqa: PLR0917 - the checkpoint's own fields
+        self,
+        run_id: str,
+        token: str,
+        seq: int,
+        kind: str,
+        name: str,
+        value: str,
+        ms: int,
+        worker: str,
+    ) -> int:
+        """Checkpoint operation ``seq``: 1 done, 0 the lease is lost, -1 out of order."""
+        args = [run_id, token, seq, kind, name, "ok", value, ms, worker]
+        return int(await self._call("wf_step", args))
+
+    async def step_failed(self, run_id: str, token: str, name: str) -> int:
+        """Count a failed attempt of step ``name`` (its next attempt gets a new key)."""
+        return int(
+            await self._call("wf_step", [run_id, token, 0, "step", name, "failed", "", 0, ""])
+        )
+
+    async def wait(  # noqa: PLR0917 - the wait's own fields
+        self,
+        run_id: str,
+        token: str,
+        seq: int,
+        kind: Literal["sleep", "signal"],
+        name: str,
+        ms: int,
+        worker: str,
+        *,
+        absolute: bool = False,
+    ) -> WaitAnswer:
+        args = [run_id, token, seq, kind, name, ms, "1" if absolute else "0", worker]
+        reply = await self._call("wf_wait", args)
+        what = _text(reply[0])
+        if what == "signal":
+            return WaitAnswer("signal", _text(reply[1]))
+        if what == "wait":
+            return WaitAnswer("wait", ms=int(reply[1]))
+        return WaitAnswer("done" if what == "done" else "fenced")
+
+    async def children(  # noqa: PLR0917 - the wait's own fields
+        self, run_id: str, token: str, seq: int, name: str, ids: Sequence[str], worker: str
+    ) -> tuple[str, list[Any]]:
+        """Operation ``seq`` waits for ``ids``: ('done', [[status, payload], ..]),
+        ('wait', ids already settled) or ('fenced', [])."""
+        reply = await self._call(
+            "wf_children", [run_id, token, seq, name, _PACK.encode(list(ids)), worker]
+        )
+        what = _text(reply[0])
+        if what == "done":
+            return what, [_UNPACK.decode(r) for r in reply[1:]]
+        return what, [_text(r) for r in reply[1:]]
+
+    async def signal(self, run_id: str, name: str, payload: str, signal_id: str = "") -> int:
+        """1 delivered, 2 a duplicate id, 0 the run has finished, -1 no such run."""
+        return int(await self._call("signal", [run_id, name, payload, signal_id]))
+
+    async def history(self, run_id: str) -> RunHistory:
+        client, keys = self.store.client, self.store.keys
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.lrange(keys.run(run_id, "steps"), 0, -1)
+            pipe.lrange(keys.run(run_id, "log"), 0, -1)
+            pipe.llen(keys.run(run_id, "sig"))
+            steps, log, pending = await self.store._call(pipe.execute)
+        events = []
+        for raw in log:
+            kind, detail, at, *rest = _UNPACK.decode(raw)
+            events.append(
+                LogEvent(_text(kind), _text(detail), int(at), int(rest[0]) if rest else 0)
+            )
+        return RunHistory([_checkpoint(r) for r in steps], events, int(pending))
