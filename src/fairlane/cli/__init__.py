@@ -14,6 +14,7 @@ from fairlane.cli.bench import bench
 from fairlane.cli.example import example
 from fairlane.cli.load import inspect_load
 from fairlane.cli.ops import dead_app, inspect_app, job_app, purge
+from fairlane.cli.runs import runs_app
 from fairlane.cli.system import config_app, doctor, server_app
 from fairlane.cli.worker import worker
 
@@ -32,6 +33,7 @@ inspect_app.command("load")(inspect_load)
 cli.add_typer(inspect_app, name="inspect")
 cli.add_typer(dead_app, name="dead")
 cli.add_typer(job_app, name="job")
+cli.add_typer(runs_app, name="runs")
 cli.command()(doctor)
 cli.add_typer(config_app, name="config")
 cli.add_typer(server_app, name="server")
