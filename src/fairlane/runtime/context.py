@@ -103,7 +103,8 @@ _current: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar(
 
 def current_step() -> StepInfo:
     """The step being executed (in an async or thread step); its ``key`` is the step's
-    idempotency key. A process step receives it as an argument instead."""
+    idempotency key. A process step runs in another process, where this is not set:
+    pass it ``ctx.step_key(name)`` as an argument."""
     info = _current.get()
     if info is None:
         raise RuntimeError("current_step() is only available inside a workflow step")
