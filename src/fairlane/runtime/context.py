@@ -20,6 +20,7 @@ import asyncio
 import contextvars
 import inspect
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -218,6 +219,29 @@ class Context:
 
     # -- steps -----------------------------------------------------------------------
 
+    # two overloads: with the union alone, mypy cannot solve T for a coroutine function
+    @overload
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[T]],
+        *args: Any,
+        executor: StepExecutor | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> T: ...
+
+    @overload
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        *args: Any,
+        executor: StepExecutor | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> T: ...
+
     async def step(
         self,
         name: str,
@@ -236,7 +260,7 @@ class Context:
         function in a kill-able child process (CPU-bound work).
         """
         self._claim(name)
-        codec = ArgsCodec(fn)
+        codec = _codec_of(fn)
         done = self._replay("step", name)
         if done is not None:
             return _decode(codec, done.value)  # type: ignore[no-any-return]
@@ -416,6 +440,20 @@ class Context:
 
 
 _FOREVER_MS = 100 * 365 * 86_400_000  # a wait with no timeout: a century of server ms
+
+# Step functions' codecs, built once per function: every slice replays the run's
+# history, asking for each step's codec again, and building one costs ~75 us.
+_codecs: weakref.WeakKeyDictionary[Callable[..., Any], ArgsCodec] = weakref.WeakKeyDictionary()
+
+
+def _codec_of(fn: Callable[..., Any]) -> ArgsCodec:
+    try:
+        codec = _codecs.get(fn)
+    except TypeError:  # not weakly referable (a builtin) or not hashable: no cache
+        return ArgsCodec(fn)
+    if codec is None:
+        codec = _codecs[fn] = ArgsCodec(fn)
+    return codec
 
 
 def _decode(codec: ArgsCodec, value: str | bytes) -> Any:

@@ -41,19 +41,23 @@ async def renew_loop(
     worker_id: str,
     lease: LeaseSettings,
     held: Callable[[], Sequence[tuple[str, str]]],
-    on_lost: Callable[[list[str]], None],
+    on_lost: Callable[[list[tuple[str, str]]], None],
     on_cancel: Callable[[list[str]], None],
     stop: asyncio.Event,
 ) -> None:
     lease_ms = round(lease.duration * 1000)
     while True:
+        sent = list(held())
         try:
-            lost, cancel = await store.renew(worker_id, lease_ms, list(held()))
+            lost, cancel = await store.renew(worker_id, lease_ms, sent)
         except StoreUnavailable as exc:
             log.warning("lease renewal failed, retrying: %s", exc)
         else:
             if lost:
-                on_lost(lost)
+                # with the token each lease had when sent: by the reply, the same job may
+                # hold a new lease here (a retry, or a workflow's next slice), which stays
+                tokens = dict(sent)
+                on_lost([(job_id, tokens[job_id]) for job_id in lost if job_id in tokens])
             if cancel:
                 on_cancel(cancel)
         if await wait_or_stop(stop, lease.renew_interval):

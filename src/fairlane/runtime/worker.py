@@ -365,9 +365,15 @@ class Worker:
                 self._cancel_reasons[job_id] = reason
                 running.task.cancel()
 
-    def _lost(self, ids: list[str]) -> None:
-        log.warning("lost the lease of %d job(s); stopping them: %s", len(ids), ids[:5])
-        self._interrupt(ids, CancelReason.LEASE_LOST)
+    def _lost(self, leases: list[tuple[str, str]]) -> None:
+        ids = [
+            job_id
+            for job_id, token in leases
+            if (running := self._running.get(job_id)) is not None and running.job.token == token
+        ]
+        if ids:
+            log.warning("lost the lease of %d job(s); stopping them: %s", len(ids), ids[:5])
+            self._interrupt(ids, CancelReason.LEASE_LOST)
 
     def _cancel_requested(self, ids: list[str]) -> None:
         self._interrupt(ids, CancelReason.CANCELLED)
