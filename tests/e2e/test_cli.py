@@ -572,7 +572,18 @@ def test_the_installed_script_runs(tmp_path: Path) -> None:
         [str(script), "--help"], capture_output=True, text=True, timeout=WAIT, check=False
     )
     assert result.returncode == 0
-    for command in ("worker", "purge", "inspect", "doctor", "config", "server", "dead", "example"):
+    for command in (
+        "worker",
+        "purge",
+        "inspect",
+        "doctor",
+        "config",
+        "server",
+        "dead",
+        "example",
+        "demo",
+        "runs",
+    ):
         assert command in result.stdout
 
 

@@ -2,8 +2,9 @@
 
 ``fairlane worker MODULE:APP`` runs a worker; ``purge``, ``inspect``, ``dead`` and ``job``
 operate an app; ``doctor``, ``config`` and ``server`` look after the environment;
-``example`` runs the quickstart;
-``bench`` measures. Each command lives in a submodule of this package.
+``example`` runs the quickstart, ``demo`` shows a noisy neighbor tamed (fair against
+FIFO), ``runs`` inspects workflow runs; ``bench`` measures. Each command lives in a
+submodule of this package.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import typer
 
 from fairlane.cli.bench import bench
+from fairlane.cli.demo import demo
 from fairlane.cli.example import example
 from fairlane.cli.load import inspect_load
 from fairlane.cli.ops import dead_app, inspect_app, job_app, purge
@@ -37,6 +39,7 @@ cli.add_typer(runs_app, name="runs")
 cli.command()(doctor)
 cli.add_typer(config_app, name="config")
 cli.add_typer(server_app, name="server")
+cli.command()(demo)
 cli.command()(example)
 cli.command()(bench)
 

