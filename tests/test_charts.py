@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from fairlane.charts import bar_chart
+from fairlane.charts import bar_chart, line_chart
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -40,3 +40,9 @@ def test_a_log_scale_spans_the_decades_shown() -> None:
 def test_series_of_the_wrong_length_are_refused() -> None:
     with pytest.raises(ValueError, match="has 1 values for 2"):
         bar_chart("t", ["a", "b"], {"s": [1.0]})
+
+
+def test_a_line_chart_draws_one_polyline_per_series() -> None:
+    svg = line_chart("q", {"fair": [(0.0, 1.0), (5.0, 2.0)], "fifo": [(0.0, 0.0), (5.0, 40.0)]})
+    lines = list(ET.fromstring(svg).iter(f"{SVG}polyline"))
+    assert [len(line.attrib["points"].split()) for line in lines] == [2, 2]

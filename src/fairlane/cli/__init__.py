@@ -3,8 +3,8 @@
 ``fairlane worker MODULE:APP`` runs a worker; ``purge``, ``inspect``, ``dead`` and ``job``
 operate an app; ``doctor``, ``config`` and ``server`` look after the environment;
 ``example`` runs the quickstart, ``demo`` shows a noisy neighbor tamed (fair against
-FIFO), ``runs`` inspects workflow runs; ``bench`` measures. Each command lives in a
-submodule of this package.
+FIFO), ``simulate`` runs policies on a virtual clock, ``runs`` inspects workflow runs;
+``bench`` measures. Each command lives in a submodule of this package.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from fairlane.cli.example import example
 from fairlane.cli.load import inspect_load
 from fairlane.cli.ops import dead_app, inspect_app, job_app, purge
 from fairlane.cli.runs import runs_app
+from fairlane.cli.simulate import simulate
 from fairlane.cli.system import config_app, doctor, server_app
 from fairlane.cli.worker import worker
 
@@ -40,6 +41,7 @@ cli.command()(doctor)
 cli.add_typer(config_app, name="config")
 cli.add_typer(server_app, name="server")
 cli.command()(demo)
+cli.command()(simulate)
 cli.command()(example)
 cli.command()(bench)
 

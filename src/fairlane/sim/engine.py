@@ -1,0 +1,402 @@
+"""The discrete-event engine: one variant of one scenario on a virtual clock.
+
+This module owns the simulation loop. Time is a float of seconds that only the events
+move; there is no Redis, no asyncio, no wall clock in any decision. Events are
+arrivals (a lazy, time-ordered stream from ``fairlane.sim.arrivals``), slice ends (a
+``heapq`` of ``(end, seq, job)``, at most one entry per busy slot) and resubmissions
+after a rejection (a second, usually empty heap). At equal times a slice end goes
+before an arrival, so a freed slot is seen by the arrival.
+
+A job is a list ``[seq, tenant, submitted, remaining, first start, rejections, run]``.
+Its life, under ``fair``:
+
+1. **Submit.** With a gate, ``fairlane.sim.gate`` decides (``admission.fits``):
+   accepted, the job reserves its tenant's units until it completes; full, it is
+   deferred or rejected with the reason, and maybe resubmitted after a Retry-After.
+2. **Queue.** It joins its tenant's FIFO in its class's ``FairClass`` (rule 1 of the
+   fair queue: an idle tenant comes back at ``max(V, tag)``).
+3. **Dispatch**, whenever a lane may have a free slot: ``ClassChooser`` picks the class
+   (``classes.next_class`` on in-flight and waiting slots and head widths); its head
+   is a throttle-granted job if any, else the fair head, charged ``charge`` (rule 2).
+   A fair head whose tenant has a cap or floor/ceiling settings then takes its tenant's
+   key (``TenantThrottle``, at ``ceilings.tenant_limit`` for settings): admitted, it
+   starts; else it parks until a release hands it a slot, and joins the class's
+   granted queue, which goes before the fair head -- as ``policy.model`` does.
+4. **Run** ``min(remaining, slice)`` seconds. At the end its slot (and its throttle
+   slot) is freed; a job with work left *yields*: it re-enters its tenant's queue in
+   its original order (a job keeps its seq, as in the store), so the fair queue decides
+   when it resumes. A finished job releases its reservation, and the deferred jobs
+   the gate then admits are queued.
+
+Under ``fifo`` a lane has one plain deque: a job starts when it is first and a slot is
+free; a yielding job goes to the back (at the front it would simply run on).
+
+Start delay (the wait) is the first start minus the submission the gate took (accepted
+or deferred): time spent deferred counts, a rejected client's backoff before it
+resubmits does not (rejections, resubmissions and lost jobs are counted apart). Per
+tenant the engine also accrues service (slot-seconds of slices, clipped to the
+measurement window) and backlogged time (time with work admitted but not started);
+``fairlane.sim.metrics`` turns them into shares, Jain's index and utilisation.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import deque
+
+from fairlane.policy.ceilings import F_MAX, F_MIN, DurationMean, RateWindow, tenant_limit
+from fairlane.sim.arrivals import arrivals
+from fairlane.sim.fastpath import FairClass, TenantThrottle
+from fairlane.sim.gate import Admission
+from fairlane.sim.metrics import Raw
+from fairlane.sim.scenario import Scenario
+from fairlane.sim.variants import Settings
+from fairlane.sim.world import FIRST, REM, RUN, SEQ, SUB, TEN, Job, build
+
+heappush = heapq.heappush
+
+__all__ = ["Engine", "simulate"]
+
+_SAMPLES = 200
+
+
+class Engine:
+    """One run; ``run()`` returns the raw counters for ``fairlane.sim.metrics``."""
+
+    def __init__(self, scenario: Scenario, settings: Settings) -> None:
+        self.sc, self.s = scenario, settings
+        w = self.w = build(scenario, settings)
+        n = w.tenants
+        self.fifo = settings.policy == "fifo"
+        self.slice = settings.slice
+        self.by_time = settings.charge == "time"
+        self.cost = [1.0] * n if settings.charge == "jobs" else w.charge
+        self.tq: list[deque[Job]] = [deque() for _ in range(n)]
+        nq = len(w.queue_lane)
+        tags = [0.0] * n
+        self.fair = [FairClass(tags, self.tq, w.weight, w.names) for _ in range(nq)]
+        self.fifoq: list[deque[Job]] = [deque() for _ in range(nq)]
+        self.granted: list[deque[Job]] = [deque() for _ in range(nq)]
+        self.free = [lane.slots for lane in w.lanes]
+        self.f = [[0] * len(lane.queues) for lane in w.lanes]
+        self.d = [[0] * len(lane.queues) for lane in w.lanes]
+        # flat aliases for the inner loop
+        self.lane_of, self.queue_of, self.width = w.lane_of, w.queue_of, w.width
+        self.queue_pos = w.queue_pos
+        self.queue_f = [self.f[li] for li in w.queue_lane]
+        self.queue_d = [self.d[li] for li in w.queue_lane]
+        self.gated = [lane.gate is not None for lane in w.lanes]
+        self.lane_ctx = [
+            (self.f[li], self.d[li], lane.chooser, lane.queues, lane.uniform)
+            for li, lane in enumerate(w.lanes)
+        ]
+        # throttles: a tenant is throttled with a static cap or floor/ceiling settings
+        self.thr = TenantThrottle(n)
+        self.throttled = [
+            bool(c) or lim is not None for c, lim in zip(w.cap, w.limits, strict=True)
+        ]
+        self.rates = {t: RateWindow() for t in range(n) if w.limits[t] is not None}
+        self.durs = {t: DurationMean() for t in range(n) if self.throttled[t]}
+        self.comp: list[tuple[float, int, Job]] = []
+        self.seq = 0
+        horizon = scenario.horizon
+        w0, w1 = scenario.sim.window or (0.0, horizon if horizon > 0 else math.inf)
+        self.w0, self.w1 = w0, w1
+        self.dt = scenario.sim.sample or (horizon / _SAMPLES if horizon > 0 else 1.0)
+        self.phases = [(p.start, p.end) for p in scenario.phases]
+        k = len(self.phases)
+        self.raw = Raw(
+            settings=settings, world=w, window=(w0, w1), phases=scenario.phases,
+            waits=[[] for _ in range(n)], served=[0.0] * n, backlog=[0.0] * n,
+            since=[0.0] * n, waiting=[0] * n, submitted=[0] * n, completed=[0] * n,
+            rejected=[0] * n, lost=[0] * n, resp=[0.0] * n,
+            phase_waits=[[[] for _ in range(k)] for _ in w.ckeys],
+            phase_served=[[0.0] * k for _ in range(n)] if k else [],
+        )  # fmt: skip
+        self.gate = Admission(scenario, w, self.raw)
+        self.retry = self.gate.retry
+        self.queued = 0
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self) -> Raw:
+        started = time.perf_counter()
+        heappop = heapq.heappop
+        comp, retry, raw = self.comp, self.retry, self.raw
+        inf = math.inf
+        source = arrivals(self.sc)
+        nxt = next(source, None)
+        at = nxt[0] if nxt is not None else inf
+        until = self.sc.sim.until if self.sc.sim.until is not None else inf
+        end_slice, submit = self._end_slice, self._submit
+        sample_at, dt = 0.0, self.dt
+        now = 0.0
+        while True:
+            ct = comp[0][0] if comp else inf
+            if retry and retry[0][0] < at and retry[0][0] < ct:
+                now = retry[0][0]
+                if now > until:
+                    break
+                job = heappop(retry)[2]
+                job[SEQ] = self.seq  # a resubmission queues as a new job would,
+                job[SUB] = now  # and its wait counts from here
+                self.seq += 1
+                submit(job, now)
+            elif ct <= at:
+                if ct == inf:
+                    break
+                now = ct
+                if now > until:
+                    break
+                end_slice(heappop(comp)[2], now)
+            else:
+                now = at
+                assert nxt is not None
+                seq = self.seq
+                self.seq = seq + 1
+                raw.submitted[nxt[1]] += 1
+                submit([seq, nxt[1], now, nxt[2], -1.0, 0, 0.0], now)
+                nxt = next(source, None)
+                at = nxt[0] if nxt is not None else inf
+            if now >= sample_at:
+                raw.series.append((now, self.queued, len(comp), self.gate.waiting))
+                sample_at = (math.floor(now / dt) + 1) * dt
+        self._finish(min(now, until), started)
+        return raw
+
+    def _finish(self, end: float, started: float) -> None:
+        raw = self.raw
+        raw.makespan = end
+        for t, n in enumerate(raw.waiting):
+            if n:
+                raw.backlog[t] += self._overlap(raw.since[t], end)
+        raw.unfinished = self.queued + len(self.comp) + self.gate.waiting + len(self.retry)
+        raw.wall = time.perf_counter() - started
+
+    def _overlap(self, a: float, b: float) -> float:
+        a, b = max(a, self.w0), min(b, self.w1)
+        return b - a if b > a else 0.0
+
+    # -- submission and admission -----------------------------------------------------
+
+    def _submit(self, job: Job, now: float) -> None:
+        t = job[TEN]
+        if self.rates and t in self.rates:
+            self.rates[t].add(int(now * 1000))
+        li = self.lane_of[t]
+        if self.gated[li] and not self.gate.offer(job, li, now):
+            return
+        self._enqueue(job, t, now, False)
+        if self.free[li] > 0:
+            self._dispatch(li, now)
+
+    # -- queues and dispatch ----------------------------------------------------------
+
+    def _enqueue(self, job: Job, t: int, now: float, again: bool) -> None:
+        """Queue an admitted job; ``again``: a yielded job back in its original order."""
+        q = self.queue_of[t]
+        if self.fifo:
+            self.fifoq[q].append(job)
+        elif not again:
+            self.fair[q].push(t, job)
+        else:
+            mine = self.tq[t]
+            if mine and mine[0][SEQ] < job[SEQ]:  # an older job of its tenant waits
+                i = 1
+                while i < len(mine) and mine[i][SEQ] < job[SEQ]:
+                    i += 1
+                mine.insert(i, job)
+            else:
+                self.fair[q].push(t, job, True)
+        self.queue_d[q][self.queue_pos[q]] += self.width[t]
+        raw = self.raw
+        waiting = raw.waiting
+        if not waiting[t]:
+            raw.since[t] = now
+        waiting[t] += 1
+        self.queued += 1
+        raw.max_queued = max(raw.max_queued, self.queued)
+
+    def _dispatch(self, li: int, now: float) -> None:
+        f, d, chooser, queues, narrow = self.lane_ctx[li]
+        free, take, start = self.free, self._take, self._start
+        while free[li] > 0:
+            if chooser is None:
+                q, pos = queues[0], 0
+                if not d[0]:
+                    return
+                wd = 1 if narrow else self._heads(queues)[0]
+                if wd > free[li]:
+                    return
+            elif narrow:
+                if not any(d):
+                    return
+                pos = chooser.choose_narrow(f, d)
+                if pos < 0:
+                    return
+                q, wd = queues[pos], 1
+            else:
+                w = self._heads(queues)
+                pos = chooser.choose(f, w, d)
+                if pos < 0:
+                    return
+                q, wd = queues[pos], w[pos]
+            d[pos] -= wd
+            job = take(q, li, now)
+            if job is not None:
+                start(job, li, pos, wd, now)
+
+    def _heads(self, queues: list[int]) -> list[int]:
+        width, heads = self.w.width, []
+        for q in queues:
+            g = self.granted[q]
+            if g:
+                heads.append(width[g[0][TEN]])
+            elif self.fifo:
+                fq = self.fifoq[q]
+                heads.append(width[fq[0][TEN]] if fq else 0)
+            else:
+                h = self.fair[q].head()
+                heads.append(width[h] if h >= 0 else 0)
+        return heads
+
+    def _take(self, q: int, li: int, now: float) -> Job | None:
+        """The queue's head job, charged; None if its tenant's throttle parked it."""
+        g = self.granted[q]
+        if g:
+            return g.popleft()
+        if self.fifo:
+            job = self.fifoq[q].popleft()
+            t = job[TEN]
+        else:
+            fc = self.fair[q]
+            t = fc.active[0][2]
+            job = self.tq[t][0]
+            if self.by_time:
+                rem = job[REM]
+                fc.pop(rem if rem < self.slice else self.slice)
+            else:
+                fc.pop(self.cost[t])
+        if not self.throttled[t]:
+            return job
+        out: list[Job] = []
+        admitted = self.thr.acquire(t, self._limit(t, li, now), job[SEQ], job, out)
+        for other in out:
+            self._grant(other)
+        if admitted:
+            self._peak(t)
+            return job
+        self.raw.parked += 1
+        return None
+
+    def _grant(self, job: Job) -> None:
+        t = job[TEN]
+        q = self.w.queue_of[t]
+        self.granted[q].append(job)
+        self.d[self.w.queue_lane[q]][self.w.queue_pos[q]] += self.w.width[t]
+        self._peak(t)
+
+    def _peak(self, t: int) -> None:
+        peak = self.raw.peak
+        if self.thr.in_use[t] > peak.get(t, 0):
+            peak[t] = self.thr.in_use[t]
+
+    def _limit(self, t: int, li: int, now: float) -> int:
+        """The tenant's concurrency limit now: its cap, or its compressed ceiling."""
+        cap, settings = self.w.cap[t], self.w.limits[t]
+        if settings is None:
+            return cap
+        rate = self.rates[t].per_minute(int(now * 1000))
+        load = sum(self.f[li]) + sum(self.d[li])
+        slots = self.w.lanes[li].slots
+        limit = tenant_limit(
+            settings, rate, self.durs[t].value(), slots, load, f_min=F_MIN, f_max=F_MAX
+        )
+        if cap:
+            limit = min(limit, cap)
+        lo, hi = self.raw.limit_range.get(t, (limit, limit))
+        self.raw.limit_range[t] = (min(lo, limit), max(hi, limit))
+        for k, (p0, p1) in enumerate(self.phases):
+            if p0 <= now < p1:
+                ranges = self.raw.limit_phase.setdefault(t, [None] * len(self.phases))
+                seen = ranges[k] or (limit, limit)
+                ranges[k] = (min(seen[0], limit), max(seen[1], limit))
+                break
+        return limit
+
+    def _start(self, job: Job, li: int, pos: int, wd: int, now: float) -> None:
+        t = job[TEN]
+        raw = self.raw
+        self.f[li][pos] += wd
+        self.free[li] -= wd
+        rem = job[REM]
+        run = rem if rem <= self.slice else self.slice
+        job[RUN] = run
+        if job[FIRST] < 0:
+            job[FIRST] = now
+            raw.waits[t].append(now - job[SUB])
+            if self.phases:
+                self._phase_wait(t, job[SUB], now - job[SUB])
+        w0, w1 = self.w0, self.w1
+        waiting = raw.waiting
+        waiting[t] -= 1
+        if not waiting[t]:  # backlogged time, clipped to the window
+            a = raw.since[t]
+            a = a if a > w0 else w0
+            b = now if now < w1 else w1
+            if b > a:
+                raw.backlog[t] += b - a
+        self.queued -= 1
+        end = now + run
+        a = now if now > w0 else w0
+        b = end if end < w1 else w1
+        if b > a:
+            raw.served[t] += (b - a) * wd
+        if self.phases:
+            self._phase_service(t, now, end, wd)
+        heappush(self.comp, (end, job[SEQ], job))
+
+    def _phase_wait(self, t: int, submitted: float, wait: float) -> None:
+        for k, (p0, p1) in enumerate(self.phases):
+            if p0 <= submitted < p1:
+                self.raw.phase_waits[self.w.ckey_of[t]][k].append(wait)
+                return
+
+    def _phase_service(self, t: int, start: float, end: float, wd: int) -> None:
+        served = self.raw.phase_served[t]
+        for k, (p0, p1) in enumerate(self.phases):
+            x, y = max(start, p0), min(end, p1)
+            if y > x:
+                served[k] += (y - x) * wd
+
+    def _end_slice(self, job: Job, now: float) -> None:
+        t = job[TEN]
+        li, q, wd = self.lane_of[t], self.queue_of[t], self.width[t]
+        self.queue_f[q][self.queue_pos[q]] -= wd
+        self.free[li] += wd
+        if self.throttled[t]:
+            self.durs[t].observe(job[RUN])
+            out: list[Job] = []
+            self.thr.release(t, out)
+            for other in out:
+                self._grant(other)
+        rem = job[REM] - job[RUN]
+        if rem > 0:
+            job[REM] = rem
+            self.raw.yields += 1
+            self._enqueue(job, t, now, True)
+        else:
+            raw = self.raw
+            raw.completed[t] += 1
+            raw.resp[t] += now - job[SUB]
+            if self.gated[li]:
+                for other in self.gate.release(t, li):
+                    self._enqueue(other, other[TEN], now, False)
+        self._dispatch(li, now)
+
+
+def simulate(scenario: Scenario, settings: Settings) -> Raw:
+    """Run one variant of ``scenario`` to the end; the raw counters of the run."""
+    return Engine(scenario, settings).run()

@@ -1,0 +1,289 @@
+"""What a run measured: the engine's raw counters, and the summaries made from them.
+
+This module owns the definitions of every reported number:
+
+* **Start delay** (wait): first start minus the submission the gate took (the
+  arrival, or the resubmission that was accepted or deferred); p50 and p99 are
+  nearest-rank percentiles, max the largest. Per tenant, per group (the ``group`` of
+  a ``[[tenants]]`` entry), per report class, and per class and phase (by the phase
+  the job *arrived* in).
+* **Measurement window** ``[w0, w1]``: ``[sim] window``, else ``[0, end of arrivals]``
+  (``[0, end of run]`` when every arrival is at 0). Service is slot-seconds of
+  slices clipped to it; **utilisation** is a lane's service over ``slots * (w1 -
+  w0)``.
+* **Backlogged**: a tenant with admitted work waiting to start for at least
+  ``BACKLOGGED`` (95 %) of the window. Only backlogged tenants are owed a share:
+  within a class, tenant ``i``'s **share** is its service over the class's backlogged
+  service, its **fair share** ``w_i / sum(w)`` over the class's backlogged tenants.
+* **Jain's fairness index** of a class: ``(sum x)^2 / (n sum x^2)`` over ``x_i =
+  service_i / w_i`` of its backlogged tenants (1 is perfectly weighted; ``1/n`` is one
+  tenant taking everything); None with fewer than two. A run's index is its lowest.
+* **Phase shares**: each group's fraction of its class's service within each phase;
+  **limits** (throttled tenants): the least and greatest concurrency limit in force
+  at its dispatches, overall and per phase.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from fairlane.sim.scenario import Phase
+from fairlane.sim.variants import Settings
+from fairlane.sim.world import World
+
+__all__ = [
+    "BACKLOGGED",
+    "ClassRow",
+    "Raw",
+    "Row",
+    "VariantResult",
+    "Waits",
+    "jain",
+    "percentile",
+    "summarize",
+]
+
+BACKLOGGED = 0.95
+
+
+@dataclass(slots=True)
+class Raw:
+    """The engine's counters, per tenant index unless said otherwise."""
+
+    settings: Settings
+    world: World
+    window: tuple[float, float]
+    phases: tuple[Phase, ...]
+    waits: list[list[float]]
+    served: list[float]
+    backlog: list[float]
+    since: list[float]
+    waiting: list[int]
+    submitted: list[int]
+    completed: list[int]
+    rejected: list[int]
+    lost: list[int]
+    """Rejected with no retries left: never run."""
+    resp: list[float]
+    """Sum of completion minus first submission over completed jobs."""
+    phase_waits: list[list[list[float]]]
+    """By report class, then phase."""
+    phase_served: list[list[float]]
+    rejections: Counter[str] = field(default_factory=Counter)
+    deferrals: Counter[str] = field(default_factory=Counter)
+    limit_range: dict[int, tuple[int, int]] = field(default_factory=dict)
+    limit_phase: dict[int, list[tuple[int, int] | None]] = field(default_factory=dict)
+    """A throttled tenant's least and greatest limit in force, per phase."""
+    peak: dict[int, int] = field(default_factory=dict)
+    series: list[tuple[float, int, int, int]] = field(default_factory=list)
+    """Samples of (time, queued, running, deferred)."""
+    yields: int = 0
+    parked: int = 0
+    max_queued: int = 0
+    max_deferred: int = 0
+    unfinished: int = 0
+    makespan: float = 0.0
+    wall: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Waits:
+    jobs: int
+    p50: float
+    p99: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Waits:
+        xs = sorted(values)
+        return cls(len(xs), percentile(xs, 0.5), percentile(xs, 0.99), xs[-1] if xs else math.nan)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A tenant, or a group of tenants."""
+
+    name: str
+    service_class: str
+    tenants: int
+    weight: float
+    submitted: int
+    completed: int
+    rejected: int
+    lost: int
+    waits: Waits
+    mean_response: float
+    backlogged: int
+    share: float | None
+    fair_share: float | None
+    limit: tuple[int, int] | None = None
+    peak: int | None = None
+    phase_shares: tuple[float | None, ...] = ()
+    phase_limits: tuple[tuple[int, int] | None, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClassRow:
+    name: str
+    waits: Waits
+    backlogged: int
+    jain: float | None
+    phase_p99: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class VariantResult:
+    settings: Settings
+    submitted: int
+    completed: int
+    rejections: dict[str, int]
+    deferrals: dict[str, int]
+    lost: int
+    unfinished: int
+    yields: int
+    parked: int
+    max_queue: int
+    max_deferred: int
+    utilisation: dict[str, float]
+    makespan: float
+    window: tuple[float, float]
+    wall: float
+    jain: float | None
+    classes: tuple[ClassRow, ...]
+    groups: tuple[Row, ...]
+    tenants: tuple[Row, ...]
+    phases: tuple[str, ...]
+    series: tuple[tuple[float, int, int, int], ...]
+
+    @property
+    def label(self) -> str:
+        return self.settings.label
+
+    @property
+    def rejected(self) -> int:
+        return sum(self.rejections.values())
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    """Nearest-rank percentile of already sorted values (nan if empty)."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(p * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def jain(xs: list[float]) -> float | None:
+    """Jain's fairness index of ``xs``; None for fewer than two values or all zero."""
+    square = sum(x * x for x in xs)
+    if len(xs) < 2 or square == 0:
+        return None
+    return sum(xs) ** 2 / (len(xs) * square)
+
+
+def _span(ranges: list[tuple[int, int] | None]) -> tuple[int, int] | None:
+    known = [r for r in ranges if r is not None]
+    return (min(lo for lo, _ in known), max(hi for _, hi in known)) if known else None
+
+
+def summarize(raw: Raw) -> VariantResult:
+    """The reported numbers of one run (see the module docstring)."""
+    w = raw.world
+    w0, w1 = raw.window
+    end = w1 if math.isfinite(w1) else max(raw.makespan, w0)
+    span = end - w0
+    backlogged = [span > 0 and b >= BACKLOGGED * span for b in raw.backlog]
+    by_class: defaultdict[int, list[int]] = defaultdict(list)
+    for t in range(w.tenants):
+        if backlogged[t]:
+            by_class[w.ckey_of[t]].append(t)
+    class_served = {c: sum(raw.served[t] for t in ts) for c, ts in by_class.items()}
+    class_weight = {c: sum(w.weight[t] for t in ts) for c, ts in by_class.items()}
+    k = len(raw.phases)
+    phase_class = [[0.0] * k for _ in w.ckeys]
+    for t in range(w.tenants) if k else ():
+        for i in range(k):
+            phase_class[w.ckey_of[t]][i] += raw.phase_served[t][i]
+
+    def row(name: str, members: list[int]) -> Row:
+        c = w.ckey_of[members[0]]
+        mine = [t for t in members if backlogged[t]]
+        served = class_served.get(c, 0.0)
+        share = sum(raw.served[t] for t in mine) / served if mine and served else None
+        fair = sum(w.weight[t] for t in mine) / class_weight[c] if mine else None
+        limits = [raw.limit_range[t] for t in members if t in raw.limit_range]
+        peaks = [raw.peak[t] for t in members if t in raw.peak]
+        done = sum(raw.completed[t] for t in members)
+        phase_shares = tuple(
+            sum(raw.phase_served[t][i] for t in members) / phase_class[c][i]
+            if phase_class[c][i] else None
+            for i in range(k)
+        )  # fmt: skip
+        phase_limits = tuple(
+            _span([raw.limit_phase[t][i] for t in members if t in raw.limit_phase])
+            for i in range(k)
+        )
+        return Row(
+            name=name,
+            service_class=w.ckeys[c],
+            tenants=len(members),
+            weight=w.weight[members[0]],
+            submitted=sum(raw.submitted[t] for t in members),
+            completed=done,
+            rejected=sum(raw.rejected[t] for t in members),
+            lost=sum(raw.lost[t] for t in members),
+            waits=Waits.of(x for t in members for x in raw.waits[t]),
+            mean_response=sum(raw.resp[t] for t in members) / done if done else math.nan,
+            backlogged=len(mine),
+            share=share,
+            fair_share=fair,
+            limit=(min(lo for lo, _ in limits), max(hi for _, hi in limits)) if limits else None,
+            peak=max(peaks) if peaks else None,
+            phase_shares=phase_shares,
+            phase_limits=phase_limits if any(phase_limits) else (),
+        )
+
+    members: defaultdict[int, list[int]] = defaultdict(list)
+    for t, g in enumerate(w.group_of):
+        members[g].append(t)
+    groups = tuple(row(w.groups[g], ts) for g, ts in sorted(members.items()))
+    tenants = tuple(row(w.names[t], [t]) for t in range(w.tenants))
+    classes = []
+    for c, name in enumerate(w.ckeys):
+        ts = [t for t in range(w.tenants) if w.ckey_of[t] == c]
+        xs = [raw.served[t] / w.weight[t] for t in by_class.get(c, [])]
+        phase_p99 = tuple(percentile(sorted(v), 0.99) for v in raw.phase_waits[c])
+        waits = Waits.of(x for t in ts for x in raw.waits[t])
+        classes.append(ClassRow(name, waits, len(by_class.get(c, [])), jain(xs), phase_p99))
+    indices = [c.jain for c in classes if c.jain is not None]
+    busy = [0.0] * len(w.lanes)
+    for t, li in enumerate(w.lane_of):
+        busy[li] += raw.served[t]
+    return VariantResult(
+        settings=raw.settings,
+        submitted=sum(raw.submitted),
+        completed=sum(raw.completed),
+        rejections=dict(sorted(raw.rejections.items())),
+        deferrals=dict(sorted(raw.deferrals.items())),
+        lost=sum(raw.lost),
+        unfinished=raw.unfinished,
+        yields=raw.yields,
+        parked=raw.parked,
+        max_queue=raw.max_queued,
+        max_deferred=raw.max_deferred,
+        utilisation={
+            lane.name: work / (lane.slots * span) if span > 0 else math.nan
+            for lane, work in zip(w.lanes, busy, strict=True)
+        },
+        makespan=raw.makespan,
+        window=(w0, end),
+        wall=raw.wall,
+        jain=min(indices) if indices else None,
+        classes=tuple(classes),
+        groups=groups,
+        tenants=tenants,
+        phases=tuple(p.name for p in raw.phases),
+        series=tuple(raw.series),
+    )

@@ -1,0 +1,413 @@
+"""Reading a scenario from TOML: every error names the file and the key path.
+
+This module owns the scenario file format. Lane class tables and admission pools are
+read by the project's own parsers -- ``[[lanes.<lane>.classes]]`` by
+``fairlane.lanes.parse_lanes``, ``[pools.<lane>]`` (seed 002's layout, with
+``[estimation]`` and ``[retry]``) by ``fairlane.pools.parse_config`` -- so a scenario's
+lanes are declared exactly as a deployment's are. Layout::
+
+    name = "noisy-neighbor"          # default: the file's stem
+    description = "..."
+    seed = 1
+
+    [sim]
+    slice = inf                      # seconds; a longer job yields and re-enters
+    charge = "time"                  # or "jobs", "units" (what a dispatch charges)
+    until = 600                      # optional: stop the clock here
+    window = [0, 300]                # optional: where shares and utilisation count
+    sample = 1.0                     # optional: seconds between queue samples
+
+    [compare]
+    variants = ["fair", "fifo"]      # see fairlane.sim.variants
+
+    [lanes.default]
+    slots = 16                       # worker slots (the lane's capacity C)
+    # classes: [[lanes.default.classes]] as in fairlane.lanes, or a [pools.default]
+    # table (classes and admission together); neither: guaranteed/standard/batch
+
+    [[tenants]]
+    name = "t{i:04d}"                # a pattern when count > 1
+    count = 100                      # default 1
+    group = "small"                  # the row in reports; default: the name
+    lane = "default"                 # optional with one lane
+    class = "standard"               # default "standard"
+    weight = 1.0
+    rate = 2.0                       # Poisson arrivals per second
+    diurnal = { amplitude = 0.5, period = 600, phase = 0 }   # modulates rate
+    bursts = [[10, 500, 5]]          # [at, count, over]: count jobs over `over` s
+    size = { dist = "lognormal", mean = 0.2, sigma = 1.0 }   # or a number (fixed)
+    start = 0                        # arrivals only within [start, stop)
+    stop = 300
+    max_concurrency = 4              # a static cap (throttle key tenant:<name>)
+    limits = { floor = 1, burst_pct = 0.5, burst_floor = 0, max_concurrency = 20 }
+    slots = 1                        # width of each job in worker slots
+    units = 1.0                      # units reserved at the admission gate
+    retries = 0                      # resubmissions after a rejection
+
+    [[phases]]
+    name = "overload"
+    start = 60
+    end = 180
+
+Sizes: ``fixed`` (``mean``), ``exponential`` (``mean``), ``lognormal`` (``mean``,
+``sigma``), ``pareto`` (``mean``, ``alpha`` > 1).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+from fairlane.config import ConfigError
+from fairlane.lanes import DEFAULT_CLASS, check_lane, parse_lanes, read_toml
+from fairlane.policy.ceilings import TenantLimits
+from fairlane.policy.classes import ClassTable
+from fairlane.pools import parse_config
+from fairlane.sim.fastpath import ClassChooser
+from fairlane.sim.scenario import (
+    Burst,
+    Charge,
+    Diurnal,
+    LaneSpec,
+    Phase,
+    Scenario,
+    SimSettings,
+    SizeDist,
+    SizeKind,
+    TenantSpec,
+)
+from fairlane.sim.variants import parse_variant
+
+__all__ = ["load_scenario", "parse_scenario"]
+
+_TOP = ("name", "description", "seed", "sim", "compare", "lanes", "pools", "retry",
+        "estimation", "tenants", "phases")  # fmt: skip
+_SIM = ("slice", "charge", "until", "window", "sample")
+_TENANT = ("name", "count", "group", "lane", "class", "weight", "rate", "diurnal", "bursts",
+           "size", "start", "stop", "max_concurrency", "limits", "slots", "units",
+           "retries")  # fmt: skip
+_SIZE = ("dist", "mean", "sigma", "alpha")
+_DISTS = ("fixed", "exponential", "lognormal", "pareto")
+_LIMITS = ("floor", "max_concurrency", "burst_floor", "burst_pct")
+_MAX_TENANTS = 1_000_000
+
+
+class _Table:
+    """Typed reads from one TOML table; errors read ``<source>: <key path>: <problem>``."""
+
+    def __init__(self, data: object, path: str, source: str, keys: tuple[str, ...]) -> None:
+        self.path, self.source = path, source
+        if not isinstance(data, Mapping):
+            raise self.error("", f"must be a table, got {data!r}")
+        for key in data:
+            if key not in keys:
+                close = difflib.get_close_matches(str(key), list(keys), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise self.error(str(key), f"unknown key{hint} (keys: {', '.join(keys)})")
+        self.data: Mapping[str, Any] = data
+
+    def at(self, key: str) -> str:
+        if not key:
+            return self.path or "(top level)"
+        return f"{self.path}.{key}" if self.path else key
+
+    def error(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {self.at(key)}: {message}")
+
+    def number(
+        self, key: str, default: float, *, positive: bool = False, infinite: bool = False
+    ) -> float:
+        value = self.data.get(key, default)
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if ok and (math.isnan(value) or value < 0 or (positive and value == 0)):
+            ok = False
+        if not ok or (math.isinf(value) and not infinite):
+            wanted = ("> 0" if positive else ">= 0") + (" (or inf)" if infinite else ", finite")
+            raise self.error(key, f"must be a number {wanted}, got {value!r}")
+        return float(value)
+
+    def integer(self, key: str, default: int, *, low: int = 0, high: int = 2**31 - 1) -> int:
+        value = self.data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise self.error(key, f"must be an integer within [{low}, {high}], got {value!r}")
+        return value
+
+    def string(self, key: str, default: str | None = None) -> str:
+        value = self.data.get(key, default)
+        if not isinstance(value, str) or not value:
+            what = "is required" if value is None else f"must be a non-empty string, got {value!r}"
+            raise self.error(key, what)
+        return value
+
+    def array(self, key: str) -> list[Any]:
+        value = self.data.get(key, [])
+        if not isinstance(value, list):
+            raise self.error(key, f"must be an array, got {value!r}")
+        return value
+
+
+def load_scenario(path: Path | str) -> Scenario:
+    """Read a scenario file; ``ConfigError`` naming the file and key if it is invalid."""
+    path = Path(path)
+    return parse_scenario(read_toml(path, "scenario"), source=str(path), default_name=path.stem)
+
+
+def parse_scenario(
+    data: Mapping[str, Any], *, source: str = "scenario", default_name: str = "scenario"
+) -> Scenario:
+    """A scenario from parsed TOML (or an equivalent mapping)."""
+    top = _Table(data, "", source, _TOP)
+    lanes, declared = _lanes(top)
+    config = parse_config(
+        {k: top.data[k] for k in ("pools", "retry", "estimation") if k in top.data},
+        source=source,
+    )
+    for name, pool in config.pools.items():
+        if name not in lanes:
+            raise top.error(f"pools.{name}", f"no lane {name!r} under [lanes] for this pool")
+        if name in declared:
+            raise top.error(
+                f"pools.{name}", "the lane declares classes twice: [pools] and [[lanes.classes]]"
+            )
+        lanes[name] = LaneSpec(name, lanes[name].slots, pool.table, pool.admission)
+    tenants = [
+        _tenant(_Table(body, f"tenants[{i}]", source, _TENANT), lanes)
+        for i, body in enumerate(top.array("tenants"))
+    ]
+    if not tenants:
+        raise top.error("tenants", "needs at least one [[tenants]] entry")
+    if sum(t.count for t in tenants) > _MAX_TENANTS:
+        raise top.error("tenants", f"at most {_MAX_TENANTS} tenants in all")
+    seen: set[str] = set()
+    for i, spec in enumerate(tenants):
+        for name in spec.names():
+            if name in seen:
+                raise top.error(f"tenants[{i}].name", f"tenant {name!r} is named twice")
+            seen.add(name)
+    sim = _sim(_Table(top.data.get("sim", {}), "sim", source, _SIM))
+    for i, spec in enumerate(tenants):
+        if spec.rate > 0 and math.isinf(spec.stop) and sim.until is None:
+            raise top.error(
+                f"tenants[{i}].stop", "a tenant with a rate needs a stop (or set [sim] until)"
+            )
+    homes: dict[str, tuple[str, str]] = {}
+    for i, spec in enumerate(tenants):
+        home = homes.setdefault(spec.group, (spec.lane, spec.service_class))
+        if home != (spec.lane, spec.service_class):
+            raise top.error(
+                f"tenants[{i}].group",
+                f"group {spec.group!r} is already in lane {home[0]!r}, class {home[1]!r}; "
+                "a group's tenants share one lane and class",
+            )
+    compare = _compare(top)
+    return Scenario(
+        name=top.string("name", default_name),
+        description=str(top.data.get("description", "")),
+        source=source,
+        seed=top.integer("seed", 0, high=2**63 - 1),
+        sim=sim,
+        lanes=tuple(lanes.values()),
+        tenants=tuple(tenants),
+        phases=_phases(top),
+        compare=compare,
+        estimation=config.estimation,
+        retry=config.retry,
+    )
+
+
+def _lanes(top: _Table) -> tuple[dict[str, LaneSpec], set[str]]:
+    raw = top.data.get("lanes")
+    if not isinstance(raw, Mapping) or not raw:
+        raise top.error("lanes", "needs at least one lane: [lanes.<name>] with slots = N")
+    lanes: dict[str, LaneSpec] = {}
+    declared: set[str] = set()
+    for name, body in raw.items():
+        lane = _Table(body, f"lanes.{name}", top.source, ("slots", "classes"))
+        try:
+            check_lane(name)
+        except ValueError as exc:
+            raise lane.error("", str(exc)) from None
+        if "slots" not in lane.data:
+            raise lane.error("slots", "is required (the lane's worker slots)")
+        slots = lane.integer("slots", 0, low=1, high=1_000_000)
+        table = ClassTable()
+        if "classes" in lane.data:
+            declared.add(name)
+            table = parse_lanes({"lanes": {name: {"classes": lane.data["classes"]}}},
+                                source=top.source)[name]  # fmt: skip
+        lanes[name] = LaneSpec(name, slots, table)
+    return lanes, declared
+
+
+def _sim(sim: _Table) -> SimSettings:
+    charge = sim.data.get("charge", "time")
+    if charge not in ("time", "jobs", "units"):
+        raise sim.error("charge", f"must be one of time, jobs, units, got {charge!r}")
+    window = None
+    if "window" in sim.data:
+        pair = sim.data["window"]
+        ok = isinstance(pair, list) and len(pair) == 2
+        ok = ok and all(isinstance(x, int | float) and not isinstance(x, bool) for x in pair)
+        if not ok or not 0 <= pair[0] < pair[1] < math.inf:
+            raise sim.error("window", f"must be [start, end] with 0 <= start < end, got {pair!r}")
+        window = (float(pair[0]), float(pair[1]))
+    return SimSettings(
+        slice=sim.number("slice", math.inf, positive=True, infinite=True),
+        charge=cast(Charge, charge),
+        until=sim.number("until", 0, positive=True) if "until" in sim.data else None,
+        window=window,
+        sample=sim.number("sample", 0, positive=True) if "sample" in sim.data else None,
+    )
+
+
+def _compare(top: _Table) -> tuple[str, ...]:
+    table = _Table(top.data.get("compare", {}), "compare", top.source, ("variants",))
+    if "variants" not in table.data:
+        return ("fair", "fifo")
+    texts = table.array("variants")
+    if not texts:
+        raise table.error("variants", "must list at least one variant")
+    for i, text in enumerate(texts):
+        try:
+            if not isinstance(text, str):
+                raise ValueError(f"must be a string, got {text!r}")
+            parse_variant(text)
+        except ValueError as exc:
+            raise table.error(f"variants[{i}]", str(exc)) from None
+    if len(set(texts)) != len(texts):
+        raise table.error("variants", f"variants must differ: {texts}")
+    return tuple(texts)
+
+
+def _phases(top: _Table) -> tuple[Phase, ...]:
+    phases = []
+    for i, body in enumerate(top.array("phases")):
+        p = _Table(body, f"phases[{i}]", top.source, ("name", "start", "end"))
+        start, end = p.number("start", 0.0), p.number("end", math.inf, infinite=True)
+        if end <= start:
+            raise p.error("end", f"must be after start ({start:g}), got {end:g}")
+        phases.append(Phase(p.string("name"), start, end))
+    return tuple(phases)
+
+
+def _size(t: _Table) -> SizeDist:
+    raw = t.data.get("size", 1.0)
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return SizeDist("fixed", t.number("size", 1.0, positive=True))
+    s = _Table(raw, t.at("size"), t.source, _SIZE)
+    kind = s.data.get("dist", "fixed")
+    if kind not in _DISTS:
+        raise s.error("dist", f"must be one of {', '.join(_DISTS)}, got {kind!r}")
+    if "mean" not in s.data:
+        raise s.error("mean", "is required (seconds)")
+    sigma = s.number("sigma", 1.0) if kind == "lognormal" else 0.0
+    alpha = s.number("alpha", 2.0, positive=True) if kind == "pareto" else 0.0
+    if kind == "pareto" and alpha <= 1:
+        raise s.error("alpha", f"must be > 1 (else the mean is infinite), got {alpha!r}")
+    for key, owner in (("sigma", "lognormal"), ("alpha", "pareto")):
+        if key in s.data and kind != owner:
+            raise s.error(key, f"does not apply to dist = {kind!r}")
+    return SizeDist(cast(SizeKind, kind), s.number("mean", 1.0, positive=True), sigma, alpha)
+
+
+def _bursts(t: _Table) -> tuple[Burst, ...]:
+    bursts = []
+    for i, item in enumerate(t.array("bursts")):
+        ok = isinstance(item, list) and len(item) in (2, 3)
+        ok = ok and all(isinstance(x, int | float) and not isinstance(x, bool) for x in item)
+        if ok:
+            at, count, over = item[0], item[1], item[2] if len(item) == 3 else 0
+            ok = isinstance(count, int) and count >= 0 and 0 <= at < math.inf
+            ok = ok and 0 <= over < math.inf
+        if not ok:
+            raise t.error(
+                f"bursts[{i}]", f"must be [at, count, over] (count an integer), got {item!r}"
+            )
+        bursts.append(Burst(float(at), int(count), float(over)))
+    return tuple(bursts)
+
+
+def _limits(t: _Table) -> TenantLimits | None:
+    if "limits" not in t.data:
+        return None
+    lim = _Table(t.data["limits"], t.at("limits"), t.source, _LIMITS)
+    cap = lim.integer("max_concurrency", 1, low=1) if "max_concurrency" in lim.data else None
+    try:
+        return TenantLimits(
+            floor=lim.integer("floor", 1),
+            max_concurrency=cap,
+            burst_floor=lim.integer("burst_floor", 0),
+            burst_pct=lim.number("burst_pct", 0.0),
+        )
+    except ValueError as exc:
+        raise lim.error("", str(exc)) from None
+
+
+def _tenant(t: _Table, lanes: dict[str, LaneSpec]) -> TenantSpec:
+    count = t.integer("count", 1, low=1, high=_MAX_TENANTS)
+    name = t.string("name")
+    if count > 1:
+        try:
+            names = {name.format(i=0), name.format(i=count - 1)}
+        except (KeyError, IndexError, ValueError) as exc:
+            raise t.error("name", f"is not a valid pattern with {{i}}: {exc}") from None
+        if len(names) < 2:
+            raise t.error("name", f"count = {count} needs a pattern such as 't{{i:05d}}'")
+    if "lane" in t.data or len(lanes) > 1:
+        lane_name = t.string("lane")
+        if lane_name not in lanes:
+            raise t.error("lane", f"no lane {lane_name!r} (lanes: {', '.join(lanes)})")
+    else:
+        lane_name = next(iter(lanes))
+    lane = lanes[lane_name]
+    cls = t.string("class", DEFAULT_CLASS)
+    if cls not in lane.table:
+        raise t.error(
+            "class",
+            f"lane {lane_name!r} has no class {cls!r} (classes: {', '.join(lane.table.names)})",
+        )
+    slots = t.integer("slots", 1, low=1)
+    widest = ClassChooser(lane.table, lane.slots).widest[lane.table.names.index(cls)]
+    if slots > widest:
+        raise t.error(
+            "slots", f"{slots} is wider than class {cls!r} can ever start in lane "
+            f"{lane_name!r} ({widest} of {lane.slots} slots)",
+        )  # fmt: skip
+    start = t.number("start", 0.0)
+    stop = t.number("stop", math.inf, infinite=True)
+    if stop < start:
+        raise t.error("stop", f"must not be before start ({start:g}), got {stop:g}")
+    diurnal = None
+    if "diurnal" in t.data:
+        d = _Table(t.data["diurnal"], t.at("diurnal"), t.source, ("amplitude", "period", "phase"))
+        amplitude = d.number("amplitude", 0.5)
+        if amplitude > 1:
+            raise d.error("amplitude", f"must be within [0, 1], got {amplitude!r}")
+        diurnal = Diurnal(amplitude, d.number("period", 86400.0, positive=True),
+                          d.number("phase", 0.0))  # fmt: skip
+    rate = t.number("rate", 0.0)
+    if diurnal and not rate:
+        raise t.error("diurnal", "modulates `rate`; give the tenant a rate > 0")
+    cap = t.integer("max_concurrency", 1, low=1) if "max_concurrency" in t.data else None
+    return TenantSpec(
+        name=name,
+        group=t.string("group", name),
+        lane=lane_name,
+        service_class=cls,
+        count=count,
+        weight=t.number("weight", 1.0, positive=True),
+        rate=rate,
+        diurnal=diurnal,
+        bursts=_bursts(t),
+        size=_size(t),
+        start=start,
+        stop=stop,
+        max_concurrency=cap,
+        limits=_limits(t),
+        slots=slots,
+        units=t.number("units", 1.0),
+        retries=t.integer("retries", 0, high=1000),
+    )

@@ -1,0 +1,151 @@
+"""Policies and variants: what is compared on the same arrivals, and the grammar naming them.
+
+A **variant** is a base policy with overrides, written as ``+``-joined tokens; a list of
+variants is comma-separated (``--compare`` and ``[compare] variants`` take the same):
+
+* ``fair`` -- per lane, the lane's service classes (``fairlane.policy.classes``) decide
+  which class starts; inside a class, tenants share by start-time fair queuing
+  (``fairlane.policy.fairqueue``); the admission gate (``fairlane.policy.admission``)
+  runs if the lane has a pool; tenant concurrency caps and floors/ceilings
+  (``fairlane.policy.throttle`` / ``ceilings``) apply.
+* ``fifo`` -- one global FIFO per lane: no classes, no admission, no caps.
+* ``key=value`` overrides (the first token may be one, the policy is then ``fair``):
+  ``slice=<seconds>|inf``, ``admission=on|off``, ``throttles=on|off``,
+  ``classes=on|off`` (off: every tenant of the lane in one fair queue),
+  ``charge=time|jobs|units``.
+
+Examples: ``fair,fifo``; ``slice=0.5,slice=inf``; ``fair,fair+admission=off,fifo``.
+The label of a variant is its text as written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal, cast
+
+from fairlane.sim.scenario import Charge, Scenario
+
+__all__ = ["Policy", "Settings", "Variant", "parse_variant", "parse_variants", "resolve"]
+
+Policy = Literal["fair", "fifo"]
+_POLICIES = ("fair", "fifo")
+_KEYS = ("policy", "slice", "admission", "throttles", "classes", "charge")
+_CHARGES = ("time", "jobs", "units")
+_SWITCH = {"on": True, "off": False, "true": True, "false": False}
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """A policy with the overrides given (None: the policy's or scenario's default)."""
+
+    label: str
+    policy: Policy = "fair"
+    slice: float | None = None
+    admission: bool | None = None
+    throttles: bool | None = None
+    classes: bool | None = None
+    charge: Charge | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """A variant resolved against its scenario: everything the engine needs to know."""
+
+    label: str
+    policy: Policy
+    slice: float
+    admission: bool
+    throttles: bool
+    classes: bool
+    charge: Charge
+
+
+def _switch(key: str, value: str, text: str) -> bool:
+    if value.lower() not in _SWITCH:
+        raise ValueError(f"variant {text!r}: {key} must be on or off, got {value!r}")
+    return _SWITCH[value.lower()]
+
+
+def _value(key: str, value: str, text: str) -> object:
+    """One override's value, checked."""
+    if key == "policy":
+        if value not in _POLICIES:
+            raise ValueError(f"variant {text!r}: policy must be fair or fifo, got {value!r}")
+        return value
+    if key == "slice":
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = math.nan
+        if not seconds > 0:  # rejects nan too
+            raise ValueError(f"variant {text!r}: slice must be seconds > 0 or inf")
+        return seconds
+    if key == "charge":
+        if value not in _CHARGES:
+            raise ValueError(f"variant {text!r}: charge must be one of {', '.join(_CHARGES)}")
+        return value
+    return _switch(key, value, text)
+
+
+def parse_variant(text: str) -> Variant:
+    """One variant, e.g. ``fair+slice=0.5`` or ``fifo``; ``ValueError`` if malformed."""
+    tokens = [t.strip() for t in text.strip().split("+")]
+    if not text.strip() or any(not t for t in tokens):
+        raise ValueError(f"empty variant in {text!r}")
+    fields: dict[str, object] = {}
+    for i, token in enumerate(tokens):
+        key, eq, value = token.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if not eq:
+            if i or key not in _POLICIES:
+                raise ValueError(
+                    f"variant {text!r}: {token!r} is not a policy (fair, fifo) "
+                    "or a key=value override"
+                )
+            key, value = "policy", key
+        if key not in _KEYS:
+            raise ValueError(f"variant {text!r}: unknown key {key!r} (keys: {', '.join(_KEYS)})")
+        if key in fields:
+            raise ValueError(f"variant {text!r}: {key} given twice")
+        fields[key] = _value(key, value, text)
+    return Variant(
+        label=text.strip(),
+        policy=cast(Policy, fields.get("policy", "fair")),
+        slice=cast("float | None", fields.get("slice")),
+        admission=cast("bool | None", fields.get("admission")),
+        throttles=cast("bool | None", fields.get("throttles")),
+        classes=cast("bool | None", fields.get("classes")),
+        charge=cast("Charge | None", fields.get("charge")),
+    )
+
+
+def parse_variants(texts: Iterable[str]) -> list[Variant]:
+    """Variants from strings that may each hold a comma-separated list; labels unique."""
+    variants = [parse_variant(part) for text in texts for part in text.split(",") if part.strip()]
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"variants must differ: {labels}")
+    return variants
+
+
+def resolve(variant: Variant, scenario: Scenario) -> Settings:
+    """The variant's settings in ``scenario``; ``ValueError`` if it asks for the impossible."""
+    fair = variant.policy == "fair"
+    has_pool = any(lane.pool is not None for lane in scenario.lanes)
+    if variant.admission and not has_pool:
+        raise ValueError(
+            f"variant {variant.label!r}: admission=on, but no lane has a [pools.<lane>] table"
+        )
+    if variant.classes and not fair:
+        raise ValueError(f"variant {variant.label!r}: fifo has no classes (classes=on)")
+    return Settings(
+        label=variant.label,
+        policy=variant.policy,
+        slice=scenario.sim.slice if variant.slice is None else variant.slice,
+        admission=has_pool and (fair if variant.admission is None else variant.admission),
+        throttles=fair if variant.throttles is None else variant.throttles,
+        classes=fair if variant.classes is None else variant.classes,
+        charge=scenario.sim.charge if variant.charge is None else variant.charge,
+    )

@@ -1,0 +1,127 @@
+"""The engine's view of a scenario under one variant: flat per-tenant and per-lane arrays.
+
+This module owns the mapping from names to integer indices -- tenants (group members
+expanded, in declaration order), lanes, *dispatch queues* (one per class of a lane
+under ``fair``; one per lane under ``fifo`` or ``classes=off``) and *report classes*
+(``lane/class``, or just ``class`` with one lane -- a tenant's declared class, whatever
+the policy) -- and the layout of a job (``Job``). The engine indexes these lists in its
+inner loop instead of dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fairlane.policy.admission import AdmissionClass, PoolConfig, to_milli
+from fairlane.policy.ceilings import TenantLimits
+from fairlane.policy.classes import ClassTable
+from fairlane.sim.fastpath import ClassChooser, Gate
+from fairlane.sim.scenario import Scenario
+from fairlane.sim.variants import Settings
+
+__all__ = ["FIRST", "REJ", "REM", "RUN", "SEQ", "SUB", "TEN", "Job", "LaneWorld", "World", "build"]
+
+Job = list[Any]
+"""A job: ``[seq, tenant, submitted, remaining, first start, rejections, run]``, by
+these indices (a list: the cheapest mutable record in the inner loop)."""
+SEQ, TEN, SUB, REM, FIRST, REJ, RUN = range(7)
+
+_MIN_CHARGE = 1e-3  # a fair-queue cost must be > 0; a zero-unit job is charged a milli-unit
+
+
+@dataclass(slots=True)
+class LaneWorld:
+    name: str
+    slots: int
+    table: ClassTable
+    queues: list[int]
+    """The lane's dispatch queues, by position (the class table's order under ``fair``)."""
+    chooser: ClassChooser | None
+    """None when the lane has one dispatch queue that starts whenever a slot is free."""
+    uniform: bool
+    """Every job of the lane is one slot wide (head widths need no lookup)."""
+    gate: Gate | None = None
+    pool: PoolConfig | None = None
+    specs: list[AdmissionClass] = field(default_factory=list)
+    """Admission bounds per class of the table (when there is a gate)."""
+
+
+@dataclass(slots=True)
+class World:
+    names: list[str] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    group_of: list[int] = field(default_factory=list)
+    lane_of: list[int] = field(default_factory=list)
+    queue_of: list[int] = field(default_factory=list)
+    apos_of: list[int] = field(default_factory=list)
+    """Position of the tenant's class in its lane's table (admission counters)."""
+    ckey_of: list[int] = field(default_factory=list)
+    ckeys: list[str] = field(default_factory=list)
+    weight: list[float] = field(default_factory=list)
+    width: list[int] = field(default_factory=list)
+    mu: list[int] = field(default_factory=list)
+    charge: list[float] = field(default_factory=list)
+    """The cost of one job under ``charge=units``."""
+    retries: list[int] = field(default_factory=list)
+    cap: list[int] = field(default_factory=list)
+    """Static concurrency cap, 0 for none."""
+    limits: list[TenantLimits | None] = field(default_factory=list)
+    lanes: list[LaneWorld] = field(default_factory=list)
+    queue_lane: list[int] = field(default_factory=list)
+    queue_pos: list[int] = field(default_factory=list)
+
+    @property
+    def tenants(self) -> int:
+        return len(self.names)
+
+
+def build(scenario: Scenario, settings: Settings) -> World:
+    """Index ``scenario`` for ``settings`` (see the module docstring)."""
+    w = World()
+    lane_index = {lane.name: i for i, lane in enumerate(scenario.lanes)}
+    for lane in scenario.lanes:
+        by_class = settings.classes
+        n = len(lane.table) if by_class else 1
+        first = len(w.queue_lane)
+        for pos in range(n):
+            w.queue_lane.append(len(w.lanes))
+            w.queue_pos.append(pos)
+        chooser = ClassChooser(lane.table, lane.slots) if by_class else None
+        widths = {t.slots for t in scenario.tenants if t.lane == lane.name}
+        lw = LaneWorld(lane.name, lane.slots, lane.table, list(range(first, first + n)),
+                       chooser, widths <= {1})  # fmt: skip
+        if settings.admission and lane.pool is not None:
+            lw.gate, lw.pool = Gate(lane.table, lane.pool), lane.pool
+            lw.specs = [lane.pool.admission(name) for name in lane.table.names]
+        w.lanes.append(lw)
+    ckeys: dict[str, int] = {}
+    groups: dict[str, int] = {}
+    for spec in scenario.tenants:
+        li = lane_index[spec.lane]
+        home = w.lanes[li]
+        apos = home.table.names.index(spec.service_class)
+        queue = home.queues[apos if settings.classes else 0]
+        ckey = spec.service_class
+        if len(scenario.lanes) > 1:
+            ckey = f"{spec.lane}/{spec.service_class}"
+        ck = ckeys.setdefault(ckey, len(ckeys))
+        g = groups.setdefault(spec.group, len(groups))
+        cap = spec.max_concurrency or 0
+        for name in spec.names():
+            w.names.append(name)
+            w.group_of.append(g)
+            w.lane_of.append(li)
+            w.queue_of.append(queue)
+            w.apos_of.append(apos)
+            w.ckey_of.append(ck)
+            w.weight.append(spec.weight)
+            w.width.append(spec.slots)
+            w.mu.append(to_milli(spec.units))
+            w.charge.append(max(spec.units, _MIN_CHARGE))
+            w.retries.append(spec.retries)
+            w.cap.append(cap if settings.throttles else 0)
+            w.limits.append(spec.limits if settings.throttles else None)
+    w.ckeys = list(ckeys)
+    w.groups = list(groups)
+    return w
