@@ -30,6 +30,7 @@ import msgspec
 
 from fairlane.codec import ArgsCodec, decode_error
 from fairlane.errors import FairlaneError, TaskFailed
+from fairlane.policy.slicing import SliceBudget
 from fairlane.runtime.invoke import target_of
 from fairlane.store.runs import Checkpoint
 
@@ -119,19 +120,6 @@ class ChildCall:
     task: Task[Any, Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class SliceBudget:
-    """How much new work one slice may do before it yields its slot."""
-
-    seconds: float
-    steps: int
-    started: float = field(default_factory=time.monotonic)
-    steps_done: int = 0
-
-    def spent(self) -> bool:
-        return self.steps_done >= self.steps or time.monotonic() - self.started >= self.seconds
 
 
 ProcessPool = Callable[[], Awaitable["ProcessExecutor"]]
@@ -264,7 +252,7 @@ class Context:
         done = self._replay("step", name)
         if done is not None:
             return _decode(codec, done.value)  # type: ignore[no-any-return]
-        if self._budget.spent():
+        if self._budget.spent(time.monotonic()):
             raise Suspend("yield", 0)
         info = StepInfo(self.run_id, name, self._failures.get(name, 0) + 1)
         started = time.monotonic()
@@ -280,7 +268,7 @@ class Context:
         )
         self._fenced(written)
         self._seq += 1
-        self._budget.steps_done += 1
+        self._budget.step_done()
         return _decode(codec, blob)  # type: ignore[no-any-return]
 
     async def _execute(  # noqa: PLR0917 - one call's parts
@@ -389,7 +377,7 @@ class Context:
         done = self._replay("children", name)
         if done is not None:
             return _child_results(calls, _unpack_results(done.value), self.run_id, self._seq)
-        if self._budget.spent():
+        if self._budget.spent(time.monotonic()):
             raise Suspend("yield", 0)
         ids = [f"{self.run_id}.{self._seq}.{i}" for i in range(len(calls))]
         runs = self._store.runs

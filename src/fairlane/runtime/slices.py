@@ -9,15 +9,16 @@ workflow itself raised (a failed slice, retried within the run's attempt budget)
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
+from fairlane.policy.slicing import SliceBudget
 from fairlane.runtime.context import (
     Context,
     Diverged,
     LeaseLost,
     NonDeterminismError,
     ProcessPool,
-    SliceBudget,
 )
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ async def run_slice(
         worker=worker,
         history=start.steps,
         failures=start.failures,
-        budget=SliceBudget(shape.slice_seconds, shape.slice_steps),
+        budget=SliceBudget(shape.slice_seconds, shape.slice_steps, time.monotonic()),
         max_children=shape.max_children,
         process_pool=process_pool,
     )
