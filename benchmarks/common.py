@@ -1,4 +1,4 @@
-"""What both systems' benchmarks share: command counting, server statistics, worker processes.
+"""What Fairlane's benchmark scripts share: command counting, server statistics, workers.
 
 Commands are counted twice. On the server, ``CONFIG RESETSTAT`` before a phase and
 ``INFO commandstats`` after it give every command the server executed, including the
@@ -170,52 +170,6 @@ def script_commands(*sources: str) -> frozenset[str]:
     return frozenset(name.lower() for name in found)
 
 
-def mismatch(
-    server: Counter[str], client: Counter[str], in_scripts: frozenset[str]
-) -> dict[str, int]:
-    """Server calls minus counted calls, per command that only clients send.
-
-    Positive: another client sent it during the phase; negative: the server did not
-    count it (another client reset the statistics, or the server rejected an unknown
-    command: ``CLIENT SETINFO`` on Redis < 7.2, which is ignored here).
-    """
-    out: dict[str, int] = {}
-    for name in set(server) | set(client):
-        if name in in_scripts or (name.startswith("client|") and not server[name]):
-            continue
-        if diff := server[name] - client[name]:
-            out[name] = diff
-    return out
-
-
-def agrees(server: Counter[str], client: Counter[str], in_scripts: frozenset[str]) -> bool:
-    """Whether the two views agree within 1 %: no other client disturbed the phase."""
-    off = sum(abs(d) for d in mismatch(server, client, in_scripts).values())
-    return off <= max(2, 0.01 * sum(client.values()))
-
-
-def call_report(
-    server: Counter[str], client: Counter[str], jobs: int, in_scripts: frozenset[str]
-) -> dict[str, Any]:
-    """Commands per job: all executed, and those a client sent (server view and counted)."""
-    total = sum(server.values())
-    sent = sum(n for name, n in server.items() if name not in in_scripts)
-    counted = sum(client.values())
-    return {
-        "jobs": jobs,
-        "server_commands": total,
-        "server_commands_per_job": total / jobs,
-        "client_calls_server_view": sent,
-        "client_calls_per_job": sent / jobs,
-        "client_calls_counted": counted,
-        "client_calls_counted_per_job": counted / jobs,
-        "server_by_command": dict(server.most_common()),
-        "client_by_command": dict(client.most_common()),
-        "server_minus_counted": mismatch(server, client, in_scripts),
-        "views_agree": agrees(server, client, in_scripts),
-    }
-
-
 def percentile(values: list[float], q: float) -> float:
     """The ``q``-th percentile (0..100) by linear interpolation between closest ranks."""
     ordered = sorted(values)
@@ -323,22 +277,6 @@ class WorkerProcess:
         if self.proc is not None:
             await self.proc.wait()
         self._log.close()
-
-
-async def idle_counts(
-    worker: WorkerProcess, meter: Meter, *, settle: float, seconds: float
-) -> tuple[Counter[str], Counter[str]]:
-    """Start ``worker`` with nothing to do, let it settle, then count what it sends in
-    ``seconds``: (server statistics, the worker's own count)."""
-    await worker.start()
-    await asyncio.sleep(settle)
-    before = await worker.counts()
-    await meter.reset()
-    await asyncio.sleep(seconds)
-    calls = await meter.calls()
-    counted = await worker.counts() - before
-    await worker.stop()
-    return calls, counted
 
 
 async def wait_until(

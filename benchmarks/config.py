@@ -1,43 +1,112 @@
-"""The parameters of one benchmark run, shared by both systems' phases."""
+"""The parameters of one suite run: which systems and scenarios, sizes, repetitions."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from benchmarks.venvs import PEERS, SYSTEMS
 from fairlane.store.redis import redact_url
 
-PHASES = ("throughput", "latency", "enqueue", "idle", "recovery")
+#: scenarios every system runs, in this order within a repetition
+SHARED = ("throughput", "latency", "noisy")
+#: scenarios only Fairlane has (tenants, admission)
+FAIRLANE_ONLY = ("tenants", "submit", "overload")
+SCENARIOS = SHARED + FAIRLANE_ONLY
+
+#: ``--quick``: small sizes and one repetition, a smoke test in seconds
+QUICK: dict[str, Any] = {
+    "reps": 1,
+    "jobs": 500,
+    "batch": 100,
+    "latency_samples": 30,
+    "latency_warmup": 3,
+    "latency_budget": 3.0,
+    "settle": 0.5,
+    "flood": 100,
+    "quiet": 5,
+    "tenant_counts": (1, 100),
+    "tenant_jobs": 500,
+    "submit_processes": 2,
+    "submit_seconds": 1.0,
+    "overload_seconds": 1.5,
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
     url: str
+    reps: int = 3
+    quick: bool = False
+    peers: tuple[str, ...] = PEERS
+    scenarios: tuple[str, ...] = SCENARIOS
+    # (1) throughput: no-op jobs enqueued in batches, then drained by one worker
     jobs: int = 20_000
     concurrency: int = 100
-    peers: bool = True
-    phases: tuple[str, ...] = PHASES
-    batch: int = 1_000  # enqueue_many batch size; taskiq's gather batch size
-    run_id: str = field(default_factory=lambda: os.urandom(3).hex())
-    timeout: float = 600.0  # longest wait for any one step
-    settle: float = 0.5  # time a fresh worker gets to connect and block before measuring
+    batch: int = 1_000
+    # (2) enqueue -> start latency with an idle worker
     latency_samples: int = 1_000
     latency_warmup: int = 10
-    latency_gap: float = 0.005  # pause between samples so the worker is blocked again
-    idle_settle: float = 2.0
-    idle_seconds: float = 10.0
-    recovery_jobs: int = 200
-    recovery_concurrency: int = 20
-    recovery_task_s: float = 0.5
-    recovery_kill_after: float = 1.0
+    latency_gap: float = 0.005
+    latency_budget: float = 30.0  # seconds per run at most (a polling peer is slow)
+    settle: float = 1.0  # seconds a fresh worker gets to connect before sampling
+    # (3) noisy neighbor
+    flood: int = 2_000
+    flood_ms: float = 50.0
+    quiet: int = 20
+    quiet_ms: float = 5.0
+    noisy_concurrency: int = 20
+    # (4) Fairlane alone: tenants, submit
+    tenant_counts: tuple[int, ...] = (1, 100, 10_000, 100_000)
+    tenant_jobs: int = 20_000
+    submit_processes: int = 4
+    submit_seconds: float = 5.0
+    # (5) Fairlane alone: overload with and without admission
+    overload_slots: int = 16
+    overload_seconds: float = 8.0
+    timeout: float = 900.0  # longest wait for one scenario run
+    seed: int | None = None  # of the shuffles (None: random)
+    peers_dir: str | None = None
+    run_id: str = field(default_factory=lambda: os.urandom(3).hex())
 
     def __post_init__(self) -> None:
-        if self.jobs < 1 or self.concurrency < 1 or self.batch < 1:
-            raise ValueError("jobs, concurrency and batch must be >= 1")
-        unknown = set(self.phases) - set(PHASES)
+        unknown_peers = set(self.peers) - set(PEERS)
+        if unknown_peers:
+            raise ValueError(f"unknown peers {sorted(unknown_peers)}; choose from {PEERS}")
+        unknown = set(self.scenarios) - set(SCENARIOS)
         if unknown:
-            raise ValueError(f"unknown phases {sorted(unknown)}; choose from {PHASES}")
+            raise ValueError(f"unknown phases {sorted(unknown)}; choose from {SCENARIOS}")
+        if self.reps < 1 or self.jobs < 1 or self.concurrency < 1 or self.batch < 1:
+            raise ValueError("reps, jobs, concurrency and batch must be >= 1")
+
+    @classmethod
+    def make(cls, url: str, *, quick: bool = False, **options: Any) -> Config:
+        """A config; ``quick`` starts from the small sizes of ``QUICK``, options override."""
+        known = {f.name for f in fields(cls)}
+        bad = set(options) - known
+        if bad:
+            raise TypeError(f"unknown options {sorted(bad)}")
+        base = {**(QUICK if quick else {}), **{k: v for k, v in options.items() if v is not None}}
+        for key in ("peers", "scenarios", "tenant_counts"):
+            if key in base:
+                base[key] = tuple(base[key])
+        return replace(cls(url=url, quick=quick), **base)
+
+    @property
+    def systems(self) -> tuple[str, ...]:
+        return ("fairlane", *self.peers)
+
+    def label(self, system: str) -> str:
+        return SYSTEMS[system].label
+
+    def params(self) -> dict[str, Any]:
+        """What every driver gets (it reads the fields its scenario needs)."""
+        out = asdict(self)
+        out["tenant_counts"] = list(self.tenant_counts)
+        out["samples"], out["warmup"] = self.latency_samples, self.latency_warmup
+        out["gap"], out["budget"] = self.latency_gap, self.latency_budget
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -1,118 +1,332 @@
-"""Runs the suite: each phase for Fairlane, then for taskiq-redis, on one server; sums it up.
+"""Runs the suite: every scenario for every system, interleaved, repeated; sums it up.
 
-Phases alternate between the systems (Fairlane's throughput, taskiq's throughput,
-Fairlane's latency, ...) so that drift in a noisy machine's load affects both alike.
-The result is a JSON-ready dict: ``meta``, the raw figures per system and phase, and
-``summary`` -- one row per headline figure with Fairlane/peer ratios.
+For each repetition, for each scenario, the systems run one after the other in a fresh
+random order, each through its driver (``benchmarks/peers/<system>_driver.py``, run
+with the Python of the system's own environment, see ``venvs.py``), so that drift in
+the machine's load hits every system alike. Each figure is then the median of the
+repetitions. The result is a JSON-ready dict: ``meta``, ``raw`` (every repetition of
+every system and scenario), ``medians`` and ``summary`` (one row per headline figure,
+with Fairlane's ratio to each peer and to the best peer).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
+import asyncio
+import contextlib
+import json
 import os
 import platform
+import random
+import statistics
 import sys
+import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from benchmarks import fairlane_suite
-from benchmarks.common import Meter
-from benchmarks.config import Config
+from benchmarks.common import Meter, delete_matching, script_commands
+from benchmarks.config import SHARED, Config
+from benchmarks.venvs import SYSTEMS, ensure, peers_dir
+from fairlane.store.redis import LIBRARY_CODE
 
 Progress = Callable[[str], None]
+IN_FAIRLANE_SCRIPTS = script_commands(LIBRARY_CODE)
 
-# (phase, label, unit, which way is better, path into the phase's figures)
-METRICS: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
+# (scenario, label, unit, which way is better, path into the scenario's figures)
+Metric = tuple[str, str, str, str, tuple[str, ...]]
+SHARED_METRICS: tuple[Metric, ...] = (
     ("throughput", "Throughput, 1 worker", "jobs/s", "higher", ("jobs_per_s",)),
+    ("throughput", "Enqueue, batched", "jobs/s", "higher", ("enqueue_jobs_per_s",)),
     (
         "throughput",
         "Server commands/job",
         "cmd/job",
         "lower",
-        ("calls", "total", "server_commands_per_job"),
+        ("server", "commands_per_job"),
     ),
-    (
-        "throughput",
-        "Client calls/job (server)",
-        "call/job",
-        "lower",
-        ("calls", "total", "client_calls_per_job"),
-    ),
-    (
-        "throughput",
-        "Client calls/job (counted)",
-        "call/job",
-        "lower",
-        ("calls", "total", "client_calls_counted_per_job"),
-    ),
-    (
-        "throughput",
-        "  of which the worker",
-        "call/job",
-        "lower",
-        ("calls", "drain", "client_calls_counted_per_job"),
-    ),
-    ("latency", "Idle latency p50", "ms", "lower", ("p50_ms",)),
-    ("latency", "Idle latency p99", "ms", "lower", ("p99_ms",)),
-    ("enqueue", "Enqueue, batched", "jobs/s", "higher", ("many", "jobs_per_s")),
-    (
-        "enqueue",
-        "  server commands/job",
-        "cmd/job",
-        "lower",
-        ("many", "calls", "server_commands_per_job"),
-    ),
-    ("enqueue", "Enqueue, awaited loop", "jobs/s", "higher", ("loop", "jobs_per_s")),
-    (
-        "enqueue",
-        "  server commands/job",
-        "cmd/job",
-        "lower",
-        ("loop", "calls", "server_commands_per_job"),
-    ),
-    ("idle", "Idle worker, commands", "cmd/s", "lower", ("commands_per_s",)),
-    ("idle", "Idle worker, client calls", "call/s", "lower", ("client_calls_counted_per_s",)),
-    ("recovery", "Recovery after kill -9", "s", "lower", ("recovery_seconds",)),
-    ("recovery", "  jobs the killed one held", "jobs", "-", ("held_by_killed",)),
+    ("throughput", "Worker RSS after the drain", "MiB", "lower", ("worker_rss_end_mb",)),
+    ("latency", "Enqueue->start p50, idle worker", "ms", "lower", ("p50_ms",)),
+    ("latency", "Enqueue->start p99, idle worker", "ms", "lower", ("p99_ms",)),
+    ("noisy", "Noisy neighbor: quiet start p50", "ms", "lower", ("p50_ms",)),
+    ("noisy", "Noisy neighbor: quiet start p99", "ms", "lower", ("p99_ms",)),
+    ("noisy", "Noisy neighbor: quiet start max", "ms", "lower", ("max_ms",)),
 )
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def fairlane_metrics(cfg: Config) -> tuple[Metric, ...]:
+    rows: list[Metric] = [
+        (
+            "throughput",
+            "Client calls/job (server view)",
+            "call/job",
+            "lower",
+            ("server", "client_calls_per_job"),
+        ),
+        (
+            "throughput",
+            "Worker RSS, peak during the drain",
+            "MiB",
+            "lower",
+            ("worker_rss_peak_mb",),
+        ),
+    ]
+    for count in cfg.tenant_counts:
+        rows.append(
+            (
+                "tenants",
+                f"Throughput, {count:,} active tenant{'s' if count > 1 else ''}",
+                "jobs/s",
+                "higher",
+                ("by_tenants", str(count), "jobs_per_s"),
+            )
+        )
+    rows += [
+        (
+            "submit",
+            f"submit() decisions, {cfg.submit_processes} processes",
+            "dec/s",
+            "higher",
+            ("decisions_per_s",),
+        ),
+        ("submit", "submit() latency p50", "ms", "lower", ("latency_ms", "p50")),
+        ("submit", "submit() latency p99", "ms", "lower", ("latency_ms", "p99")),
+    ]
+    for variant, title in (
+        ("admission", "admission on"),
+        ("no_admission", "admission off, 2 classes"),
+        ("one_class", "admission off, 1 class (FIFO)"),
+    ):
+        rows += [
+            (
+                "overload",
+                f"Overload, {title}: max queued",
+                "jobs",
+                "lower",
+                (variant, "max_queued"),
+            ),
+            (
+                "overload",
+                f"Overload, {title}: guaranteed p50",
+                "ms",
+                "lower",
+                (variant, "guaranteed", "p50_ms"),
+            ),
+            (
+                "overload",
+                f"Overload, {title}: guaranteed p99",
+                "ms",
+                "lower",
+                (variant, "guaranteed", "p99_ms"),
+            ),
+            (
+                "overload",
+                f"Overload, {title}: standard rejected",
+                "jobs",
+                "-",
+                (variant, "classes", "standard", "rejected"),
+            ),
+        ]
+    return tuple(rows)
 
 
-def _dig(figures: dict[str, Any] | None, path: tuple[str, ...]) -> float | None:
-    value: Any = figures
+# -- medians ---------------------------------------------------------------------------
+
+
+def _dig(figures: Any, path: tuple[str, ...]) -> float | None:
+    value = figures
     for key in path:
         if not isinstance(value, dict) or key not in value:
             return None
         value = value[key]
-    return float(value) if isinstance(value, int | float) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
 
 
-def summary(result: dict[str, Any]) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for phase, label, unit, better, path in METRICS:
-        ours = _dig(result["fairlane"].get(phase), path)
-        if ours is None:
+def median_tree(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of ``reps`` with every number replaced by its median over the reps."""
+    out: dict[str, Any] = {}
+    for key in reps[0]:
+        if key == "rep":  # which repetition: no median of that
             continue
-        theirs = _dig((result.get("taskiq") or {}).get(phase), path)
+        values = [r[key] for r in reps if key in r]
+        first = values[0]
+        if isinstance(first, dict):
+            out[key] = median_tree([v for v in values if isinstance(v, dict)])
+        elif isinstance(first, int | float) and not isinstance(first, bool):
+            nums = [v for v in values if isinstance(v, int | float)]
+            out[key] = statistics.median(nums)
+        else:
+            out[key] = first
+    return out
+
+
+def _good(reps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in reps if "error" not in r]
+
+
+def summary(result: dict[str, Any], cfg: Config) -> list[dict[str, Any]]:
+    """One row per headline figure: medians, spread, Fairlane's ratio to each peer."""
+    rows: list[dict[str, Any]] = []
+    raw, medians = result["raw"], result["medians"]
+    metrics = [(m, True) for m in SHARED_METRICS] + [(m, False) for m in fairlane_metrics(cfg)]
+    for (scenario, label, unit, better, path), shared in metrics:
+        systems = cfg.systems if shared else ("fairlane",)
+        values: dict[str, float | None] = {}
+        spread: dict[str, list[float]] = {}
+        for system in systems:
+            values[system] = _dig(medians.get(system, {}).get(scenario), path)
+            per_rep = [_dig(r, path) for r in _good(raw.get(system, {}).get(scenario, []))]
+            nums = [v for v in per_rep if v is not None]
+            if nums:
+                spread[system] = [min(nums), max(nums)]
+        ours = values.get("fairlane")
+        if ours is None and all(v is None for v in values.values()):
+            continue
+        ratios = {
+            peer: (ours / theirs if ours is not None and theirs else None)
+            for peer, theirs in values.items()
+            if peer != "fairlane"
+        }
+        peers = {p: v for p, v in values.items() if p != "fairlane" and v is not None}
+        best = None
+        if peers and better in ("higher", "lower"):
+            pick = max if better == "higher" else min
+            best = pick(peers, key=lambda p: peers[p])
         rows.append(
             {
-                "phase": phase,
+                "scenario": scenario,
                 "metric": label,
                 "unit": unit,
                 "better": better,
-                "fairlane": ours,
-                "taskiq": theirs,
-                "ratio": ours / theirs if theirs else None,
+                "shared": shared,
+                "values": values,
+                "spread": spread,
+                "ratios": ratios,
+                "best_peer": best,
+                "vs_best": ratios.get(best) if best else None,
             }
         )
     return rows
+
+
+# -- running a driver ----------------------------------------------------------------------
+
+
+async def _run_driver(
+    python: str,
+    system: str,
+    scenario: str,
+    params: dict[str, Any],
+    *,
+    meter: Meter,
+    timeout: float,
+) -> dict[str, Any]:
+    """One scenario of one system; for ``throughput`` also the server's command counts."""
+    with tempfile.TemporaryFile() as log:
+        return await _drive(python, system, scenario, params, meter, timeout, log)
+
+
+async def _drive(  # noqa: PLR0917 - _run_driver's arguments and its log
+    python: str,
+    system: str,
+    scenario: str,
+    params: dict[str, Any],
+    meter: Meter,
+    timeout: float,
+    log: Any,
+) -> dict[str, Any]:
+    measure = scenario == "throughput"
+    params = {**params, "handshake": measure}
+    proc = await asyncio.create_subprocess_exec(
+        python,
+        str(SYSTEMS[system].driver_path),
+        "run",
+        scenario,
+        "-",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=log,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    calls: Counter[str] | None = None
+    result: dict[str, Any] | None = None
+    error = None
+    try:
+        if measure:
+            await meter.reset()
+        proc.stdin.write(json.dumps(params).encode() + b"\n")
+        await proc.stdin.drain()
+        async with asyncio.timeout(timeout):
+            while line := await proc.stdout.readline():
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                kind = event.get("event")
+                if kind == "measured":
+                    calls = await meter.calls()
+                    proc.stdin.write(b"go\n")
+                    await proc.stdin.drain()
+                elif kind == "result":
+                    result = event["figures"]
+                elif kind == "error":
+                    error = event.get("message")
+            await proc.wait()
+    except TimeoutError:
+        error = f"no result within {timeout:.0f}s"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        log.seek(0)
+        stderr = log.read().decode(errors="replace")
+    if result is None or proc.returncode != 0:
+        tail = "\n".join(stderr.splitlines()[-15:])
+        return {"error": error or f"driver exited {proc.returncode}", "stderr_tail": tail}
+    if calls is not None:
+        polls = Counter(result.get("poll_commands", {}))
+        result["server"] = _server_view(calls, polls, int(result["jobs"]), system)
+    return result
+
+
+def _server_view(
+    calls: Counter[str], polls: Counter[str], jobs: int, system: str
+) -> dict[str, Any]:
+    """Commands per job, without the benchmark's own progress polls."""
+    calls = calls.copy()
+    calls.subtract(polls)
+    calls = +calls
+    total = sum(calls.values())
+    out: dict[str, Any] = {
+        "commands": total,
+        "commands_per_job": total / jobs,
+        "by_command": dict(calls.most_common()),
+    }
+    if system == "fairlane":
+        # the commands Fairlane's Lua never runs were each sent by a client
+        sent = sum(n for name, n in calls.items() if name not in IN_FAIRLANE_SCRIPTS)
+        out["client_calls"] = sent
+        out["client_calls_per_job"] = sent / jobs
+    return out
+
+
+async def _versions(python: str, system: str) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        python,
+        str(SYSTEMS[system].driver_path),
+        "versions",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    out, _ = await proc.communicate()
+    for line in out.splitlines():
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if event.get("event") == "versions":
+                return {"python": event.get("python"), **event["versions"]}
+    return {}
 
 
 async def _meta(cfg: Config, meter: Meter) -> dict[str, Any]:
@@ -126,49 +340,179 @@ async def _meta(cfg: Config, meter: Meter) -> dict[str, Any]:
         },
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": _cpu_model(),
         "cpus": os.cpu_count(),
-        "versions": {d: _version(d) for d in ("fairlane", "taskiq", "taskiq-redis", "redis")},
+        "load_at_start": _load(),
         "config": cfg.as_dict(),
+        "peers_dir": str(peers_dir(cfg.peers_dir)),
     }
 
 
-async def run_suite(cfg: Config, progress: Progress | None = None) -> dict[str, Any]:
-    """Run every phase of ``cfg`` and return the figures."""
-    say = progress or (lambda _: None)
-    peers: dict[str, Any] = {}
-    if cfg.peers:
-        from benchmarks import taskiq_peer  # noqa: PLC0415 - taskiq is needed only with peers
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
 
-        peers = dict(taskiq_peer.PHASES)
+
+def _load() -> list[float] | None:
+    with contextlib.suppress(OSError, AttributeError):
+        return [round(x, 2) for x in os.getloadavg()]
+    return None
+
+
+def plan(cfg: Config, rng: random.Random) -> Iterator[tuple[int, str, str]]:
+    """(rep, scenario, system) in run order: systems shuffled afresh for each scenario."""
+    for rep in range(cfg.reps):
+        for scenario in cfg.scenarios:
+            systems = list(cfg.systems if scenario in SHARED else ("fairlane",))
+            rng.shuffle(systems)
+            for system in systems:
+                yield rep, scenario, system
+
+
+async def run_suite(cfg: Config, progress: Progress | None = None) -> dict[str, Any]:
+    """Run every scenario of ``cfg``, ``cfg.reps`` times, and return the figures."""
+    say = progress or (lambda _: None)
+    pythons: dict[str, str] = {}
+    for system in cfg.systems:
+        python = await asyncio.to_thread(ensure, system, cfg.peers_dir, say)
+        pythons[system] = str(python)
     meter = Meter(cfg.url)
+    rng = random.Random(cfg.seed)
+    params = cfg.params()
     try:
-        result: dict[str, Any] = {"meta": await _meta(cfg, meter), "fairlane": {}}
-        if cfg.peers:
-            result["taskiq"] = {}
-        for phase in cfg.phases:
-            say(f"fairlane: {phase}")
-            result["fairlane"][phase] = await fairlane_suite.PHASES[phase](cfg, meter)
-            if cfg.peers:
-                say(f"taskiq-redis: {phase}")
-                result["taskiq"][phase] = await peers[phase](cfg, meter)
+        result: dict[str, Any] = {"meta": await _meta(cfg, meter)}
+        result["meta"]["versions"] = {s: await _versions(pythons[s], s) for s in cfg.systems}
+        raw: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in cfg.systems}
+        order: list[str] = []
+        steps = list(plan(cfg, rng))
+        for i, (rep, scenario, system) in enumerate(steps, 1):
+            say(f"[{i}/{len(steps)}] rep {rep + 1}/{cfg.reps}, {scenario}: {cfg.label(system)}")
+            ns = f"bench{cfg.run_id}_{system}_{scenario[:4]}{rep}"
+            figures = await _run_driver(
+                pythons[system],
+                system,
+                scenario,
+                {**params, "ns": ns},
+                meter=meter,
+                timeout=cfg.timeout,
+            )
+            with meter.own():
+                await delete_matching(meter.client, f"*{ns}*")  # left by a failed run
+            figures["rep"] = rep
+            raw[system].setdefault(scenario, []).append(figures)
+            order.append(f"{rep}:{scenario}:{system}")
+            if "error" in figures:
+                say(f"  {cfg.label(system)} {scenario} failed: {figures['error']}")
         result["meta"]["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+        result["meta"]["load_at_end"] = _load()
+        result["meta"]["order"] = order
     finally:
         await meter.aclose()
-    result["summary"] = summary(result)
-    result["warnings"] = list(_disagreements(result))
+    result["raw"] = raw
+    result["medians"] = {
+        system: {sc: median_tree(_good(reps)) for sc, reps in scenarios.items() if _good(reps)}
+        for system, scenarios in raw.items()
+    }
+    result["summary"] = summary(result, cfg)
+    result["warnings"] = [
+        f"{cfg.label(system)} {scenario} rep {r['rep'] + 1}: {r['error']}"
+        for system, scenarios in raw.items()
+        for scenario, reps in scenarios.items()
+        for r in reps
+        if "error" in r
+    ]
+    result["markdown"] = markdown(result, cfg)
     return result
 
 
-def _disagreements(node: Any, where: str = "") -> Iterator[str]:
-    """Where the server's statistics and the counted calls disagree (another client)."""
-    if not isinstance(node, dict):
-        return
-    if node.get("views_agree") is False:
-        diff = ", ".join(f"{k} {v:+d}" for k, v in node["server_minus_counted"].items())
-        yield (
-            f"{where}: server statistics and counted calls disagree ({diff}); another "
-            "client used the server or reset its statistics -- run again"
-        )
-    for key, child in node.items():
-        if key != "meta":
-            yield from _disagreements(child, f"{where} {key}".strip())
+# -- markdown ------------------------------------------------------------------------------
+
+
+def fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    size = abs(value)
+    if size >= 1000:
+        return f"{value:,.0f}"
+    if size >= 100:
+        return f"{value:.0f}"
+    if size >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}" if size >= 0.1 or size == 0 else f"{value:.3f}"
+
+
+def fmt_ratio(ratio: float | None) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio:.3g}x"
+
+
+ARROWS = {"higher": "\u2191", "lower": "\u2193"}
+
+
+def markdown(result: dict[str, Any], cfg: Config) -> str:
+    """The summary as two markdown tables (all systems; Fairlane alone) and a legend."""
+    meta = result["meta"]
+    server = meta.get("server", {})
+    versions = meta.get("versions", {})
+    lines = [
+        f"Run {meta['started']} - {meta.get('finished', '?')}: {cfg.reps} repetition(s), "
+        f"medians; {meta.get('cpus')} CPUs ({meta.get('processor')}), "
+        f"{meta.get('platform')}, Redis {server.get('redis_version', '?')}, "
+        f"Python {meta.get('python')}; load average {meta.get('load_at_start')} at the start.",
+        "",
+        "Versions: "
+        + "; ".join(
+            f"{cfg.label(s)}: " + ", ".join(f"{k} {v}" for k, v in versions.get(s, {}).items() if v)
+            for s in cfg.systems
+        ),
+        "",
+    ]
+    shared = [r for r in result["summary"] if r["shared"]]
+    if shared:
+        peers = list(cfg.peers)
+        head = ["Figure", "Unit", "", "Fairlane", *(cfg.label(p) for p in peers)]
+        if peers:
+            head += ["Best peer", "Fairlane / best"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for row in shared:
+            cells = [
+                row["metric"],
+                row["unit"],
+                ARROWS.get(row["better"], ""),
+                fmt(row["values"]["fairlane"]),
+            ]
+            for peer in peers:
+                value = row["values"].get(peer)
+                ratio = row["ratios"].get(peer)
+                cells.append(f"{fmt(value)} ({fmt_ratio(ratio)})" if value is not None else "-")
+            if peers:
+                best = row["best_peer"]
+                cells += [cfg.label(best) if best else "-", fmt_ratio(row["vs_best"])]
+            lines.append("| " + " | ".join(cells) + " |")
+        if peers:
+            lines += [
+                "",
+                "A peer's cell is its median and, in brackets, Fairlane's median divided by "
+                "it (Fairlane / peer); the arrow says which way is better (\u2191 higher, "
+                "\u2193 lower). The best peer is the one with the best median for that figure.",
+            ]
+        lines.append("")
+    own = [r for r in result["summary"] if not r["shared"]]
+    if own:
+        lines += ["| Fairlane alone | Unit | | Median | Min - max |", "|---|---|---|---|---|"]
+        for row in own:
+            low_high = row["spread"].get("fairlane")
+            span = f"{fmt(low_high[0])} - {fmt(low_high[1])}" if low_high else "-"
+            lines.append(
+                f"| {row['metric']} | {row['unit']} | {ARROWS.get(row['better'], '')} | "
+                f"{fmt(row['values']['fairlane'])} | {span} |"
+            )
+        lines.append("")
+    for warning in result.get("warnings", []):
+        lines.append(f"Warning: {warning}")
+    return "\n".join(lines).rstrip() + "\n"

@@ -5,7 +5,7 @@ Run as ``python -m benchmarks.fairlane_worker``.
 The benchmark starts this script in a separate process so that the worker has an
 event loop of its own, as in production. It reports on stdout, one JSON line per
 event: ``ready`` just before ``App.run_worker`` is called (the worker still has to
-connect), ``counts`` (the commands it has sent) on SIGUSR1, and ``exit`` when it is done.
+connect) and ``exit`` when it is done.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import contextlib
 import logging
 import signal
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
-from benchmarks.common import emit, install_counter
+from benchmarks.common import emit
 from fairlane import App, Backoff, Retention, Task
 from fairlane.runtime.loop import run as run_loop
 
@@ -64,10 +63,9 @@ def make_app(name: str, url: str, charge: Literal["jobs", "cost"] = "cost") -> B
     return BenchApp(app, noop, stamp, nap, work)
 
 
-async def _serve(args: argparse.Namespace, sink: Counter[str]) -> None:
+async def _serve(args: argparse.Namespace) -> None:
     bench = make_app(args.app, args.url, args.charge)
     loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGUSR1, lambda: emit("counts", commands=dict(sink)))
     main = asyncio.current_task()
     assert main is not None
     # until the worker installs its own handlers (graceful stop), SIGTERM cancels the start
@@ -89,10 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     # neither system logs per job at WARNING, so logging costs the same on both sides
     logging.basicConfig(level=logging.WARNING)
-    sink = install_counter(process_wide=True)
-    assert sink is not None
-    run_loop(_serve(args, sink))
-    emit("exit", commands=dict(sink))
+    run_loop(_serve(args))
+    emit("exit", commands={})
 
 
 if __name__ == "__main__":

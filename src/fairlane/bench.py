@@ -1,16 +1,16 @@
 """``fairlane bench``: run the benchmark suite of a source checkout and show its figures.
 
 The suite itself lives in the repository's ``benchmarks/`` package (it is not part of
-the installed library, and it needs the ``bench`` extra for the taskiq-redis peer);
-this module finds it next to ``src/``, runs it, writes the figures as JSON and prints
-them as Rich tables. ``benchmarks/README.md`` explains every figure.
+the installed library); this module finds it next to ``src/``, runs it, writes the
+figures as JSON and markdown and prints them as Rich tables. Each peer (arq, SAQ,
+streaq, taskiq-redis) runs in a virtual environment of its own that the suite makes
+on first use. ``benchmarks/README.md`` explains every figure.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-import importlib.util
 import json
 import sys
 from collections.abc import Sequence
@@ -47,31 +47,38 @@ def _load(module: str) -> ModuleType:
 
 
 def run_bench(
-    redis_url: str | None,
-    jobs: int,
-    concurrency: int,
-    peers: bool,
-    out: Path | None,
+    redis_url: str | None = None,
     *,
+    peers: bool | Sequence[str] = True,
+    reps: int | None = None,
+    quick: bool = False,
     phases: Sequence[str] | None = None,
+    out: Path | None = None,
     console: Console | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Run the suite against ``redis_url`` (default: the local Redis on 6379) and print it.
 
-    ``out`` is the JSON file to write, or a directory for ``<timestamp>.json``; by
-    default ``benchmarks/results/``. ``options`` go to ``benchmarks.config.Config``
-    (e.g. ``latency_samples``, ``idle_seconds``). Returns the figures written.
+    ``peers``: all of them (True), none (False) or those named (``arq``, ``saq``,
+    ``streaq``, ``taskiq``). ``phases``: the scenarios to run (default all). ``quick``:
+    small sizes and one repetition. ``out`` is the JSON file to write, or a directory for
+    ``<timestamp>.json``; by default ``benchmarks/results/``; the markdown table goes
+    beside it (``.md``). ``options`` go to ``benchmarks.config.Config`` (e.g. ``jobs``,
+    ``concurrency``, ``latency_samples``, ``seed``, ``peers_dir``). Returns the figures.
     """
-    if peers and importlib.util.find_spec("taskiq_redis") is None:
-        raise RuntimeError("the taskiq-redis peer is not installed: pip install 'fairlane[bench]'")
-    config, core = _load("config"), _load("core")
-    cfg = config.Config(
-        url=redis_url or DEFAULT_URL,
-        jobs=jobs,
-        concurrency=concurrency,
-        peers=peers,
-        phases=tuple(phases or config.PHASES),
+    config, core, venvs = _load("config"), _load("core"), _load("venvs")
+    if peers is True:
+        chosen: tuple[str, ...] = tuple(venvs.PEERS)
+    elif peers is False:
+        chosen = ()
+    else:
+        chosen = tuple(dict.fromkeys(peers))
+    cfg = config.Config.make(
+        redis_url or DEFAULT_URL,
+        quick=quick,
+        reps=reps,
+        peers=chosen,
+        scenarios=tuple(phases) if phases else None,
         **options,
     )
     console = console or Console()
@@ -86,8 +93,9 @@ def run_bench(
     result["meta"]["output"] = str(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
+    path.with_suffix(".md").write_text(result["markdown"])
     render(result, console)
-    console.print(f"figures written to {path}")
+    console.print(f"figures written to {path} and {path.with_suffix('.md').name}")
     return result
 
 
@@ -113,85 +121,72 @@ def _fmt(value: float | None) -> str:
     return f"{value:.2f}" if size >= 0.1 or size == 0 else f"{value:.3f}"
 
 
-def _ratio(row: dict[str, Any]) -> str:
-    ratio: float | None = row.get("ratio")
+def _ratio(ratio: float | None, better: str) -> str:
     if ratio is None:
         return "-"
-    better = row["better"]
     good = (ratio > 1) if better == "higher" else (ratio < 1) if better == "lower" else None
     style = "" if good is None or abs(ratio - 1) < 0.05 else ("green" if good else "red")
-    text = f"{ratio:.2f}x"
+    text = f"{ratio:.3g}x"
     return f"[{style}]{text}[/]" if style else text
 
 
 def render(result: dict[str, Any], console: Console | None = None) -> None:
-    """Print the summary (and where the commands go) as Rich tables."""
+    """Print the summary as Rich tables: all systems, then Fairlane alone."""
     console = console or Console()
-    peers = "taskiq" in result
     meta = result["meta"]
     server = meta.get("server", {})
     cfg = meta["config"]
+    labels = {"fairlane": "Fairlane", "arq": "arq", "saq": "SAQ", "streaq": "streaq"}
+    labels["taskiq"] = "taskiq-redis"
+    peers: list[str] = list(cfg["peers"])
     title = (
-        f"Fairlane {meta['versions'].get('fairlane')}"
-        + (f" vs taskiq-redis {meta['versions'].get('taskiq-redis')}" if peers else "")
-        + f" -- {cfg['jobs']:,} jobs, concurrency {cfg['concurrency']}, "
-        f"server {server.get('redis_version', '?')}, {meta.get('cpus')} CPUs"
+        f"Fairlane {meta['versions'].get('fairlane', {}).get('fairlane')}"
+        + (f" vs {', '.join(labels.get(p, p) for p in peers)}" if peers else "")
+        + f" -- medians of {cfg['reps']} rep(s), server {server.get('redis_version', '?')}, "
+        f"{meta.get('cpus')} CPUs"
     )
+    rows = result["summary"]
     table = Table(title=title, title_justify="left")
     table.add_column("Figure")
-    table.add_column("Unit")
+    table.add_column("", justify="center")
     table.add_column("Fairlane", justify="right")
+    for peer in peers:
+        table.add_column(f"{labels.get(peer, peer)} (F/it)", justify="right")
     if peers:
-        table.add_column("taskiq-redis", justify="right")
-        table.add_column("F/peer", justify="right")
-        table.add_column("", justify="center")
-    for row in result["summary"]:
-        cells = [row["metric"], row["unit"], _fmt(row["fairlane"])]
+        table.add_column("F/best peer", justify="right")
+    for row in (r for r in rows if r["shared"]):
+        better = row["better"]
+        cells = [f"{row['metric']} [dim]{row['unit']}[/]", _ARROWS.get(better, "")]
+        cells.append(_fmt(row["values"].get("fairlane")))
+        for peer in peers:
+            value = row["values"].get(peer)
+            ratio = _ratio(row["ratios"].get(peer), better)
+            cells.append(f"{_fmt(value)} ({ratio})" if value is not None else "-")
         if peers:
-            cells += [_fmt(row["taskiq"]), _ratio(row), _ARROWS.get(row["better"], "")]
+            best = row.get("best_peer")
+            name = labels.get(best, best) if best else "-"
+            cells.append(f"{_ratio(row.get('vs_best'), better)} [dim]{name}[/]")
         table.add_row(*cells)
-    table.caption = _recovery_caption(result)
+    if peers:
+        table.caption = "(F/it): Fairlane's median / the peer's; arrows: which way is better"
     console.print(table)
-    _render_commands(result, console)
+    own = [r for r in rows if not r["shared"]]
+    if own:
+        alone = Table(title="Fairlane alone", title_justify="left")
+        for name, justify in (("Figure", "left"), ("Unit", "left"), ("", "center")):
+            alone.add_column(name, justify=justify)  # type: ignore[arg-type]
+        alone.add_column("Median", justify="right")
+        alone.add_column("Min - max", justify="right")
+        for row in own:
+            low_high = row["spread"].get("fairlane")
+            span = f"{_fmt(low_high[0])} - {_fmt(low_high[1])}" if low_high else "-"
+            alone.add_row(
+                row["metric"],
+                row["unit"],
+                _ARROWS.get(row["better"], ""),
+                _fmt(row["values"].get("fairlane")),
+                span,
+            )
+        console.print(alone)
     for warning in result.get("warnings", []):
         console.print(f"[yellow]warning:[/] {warning}")
-
-
-def _recovery_caption(result: dict[str, Any]) -> str | None:
-    rec = result["fairlane"].get("recovery")
-    if not rec:
-        return None
-    parts = [
-        f"Recovery: Fairlane lease {rec['lease_seconds']:g}s",
-        f"renew {rec['renew_interval']:g}s",
-        f"sweep {rec['sweep_interval']:g}s",
-        f"task {rec['task_seconds']:g}s",
-    ]
-    peer = result.get("taskiq", {}).get("recovery")
-    if peer:
-        parts.append(f"taskiq idle_timeout {peer['idle_timeout_seconds']:g}s")
-    return ", ".join(parts)
-
-
-def _render_commands(result: dict[str, Any], console: Console) -> None:
-    systems = [s for s in ("fairlane", "taskiq") if "throughput" in result.get(s, {})]
-    if not systems:
-        return
-    per_job: dict[str, dict[str, float]] = {}
-    for system in systems:
-        total = result[system]["throughput"]["calls"]["total"]
-        jobs = total["jobs"]
-        per_job[system] = {k: v / jobs for k, v in total["server_by_command"].items()}
-    names = sorted(
-        {n for counts in per_job.values() for n in counts},
-        key=lambda n: -max(c.get(n, 0.0) for c in per_job.values()),
-    )
-    table = Table(
-        title="Server commands per job, by command (throughput phase)", title_justify="left"
-    )
-    table.add_column("Command")
-    for system in systems:
-        table.add_column("Fairlane" if system == "fairlane" else "taskiq-redis", justify="right")
-    for name in names[:12]:
-        table.add_row(name, *(_fmt(per_job[s].get(name)) for s in systems))
-    console.print(table)
