@@ -237,6 +237,9 @@ class JobInfo:
     """Work units its tenant was charged at dispatch (when tenants are charged by cost)."""
     actual_units: float | None = None
     """Work units its last attempt used: reported usage, wall time counting as tool time."""
+    waiting_for: str | None = None
+    """What a suspended workflow run waits for (``yield``, ``sleep``, ``signal:<name>``,
+    ``children``); None when it is not suspended."""
 
 
 def _units(raw: bytes | None) -> float | None:
@@ -301,6 +304,7 @@ class Job(Generic[R]):
             reserved_units=_units(rec.get("emu") or rec.get("dmu")),
             charged_units=_units(rec.get("cu")),
             actual_units=_units(rec.get("amu")),
+            waiting_for=rec["wf"].decode() if rec["st"] == b"scheduled" and "wf" in rec else None,
         )
 
     async def cancel(self) -> str:

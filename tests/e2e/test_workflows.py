@@ -288,6 +288,7 @@ async def test_a_durable_sleep_holds_no_lease(redis_url: str, namespace: str) ->
         job = await flow.enqueue()
         await eventually(lambda: _waiting_for(app, job.id, "sleep"), every=0.01)
         assert await job.status() == "scheduled"
+        assert (await job.info()).waiting_for == "sleep"
         assert not await _leased(app, job.id), "a sleeping run holds no lease"
         slept = await job.result(timeout=WAIT)
         history = await app.store.runs.history(job.id)
