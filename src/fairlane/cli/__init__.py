@@ -4,7 +4,8 @@
 operate an app; ``doctor``, ``config`` and ``server`` look after the environment;
 ``example`` runs the quickstart, ``demo`` shows a noisy neighbor tamed (fair against
 FIFO), ``simulate`` runs policies on a virtual clock, ``runs`` inspects workflow runs;
-``bench`` measures. Each command lives in a submodule of this package.
+``bench`` measures; ``gateway`` serves the HTTP API and ``tenants`` manages its keys.
+Each command lives in a submodule of this package.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import typer
 from fairlane.cli.bench import bench
 from fairlane.cli.demo import demo
 from fairlane.cli.example import example
+from fairlane.cli.gateway import gateway
 from fairlane.cli.load import inspect_load
 from fairlane.cli.ops import dead_app, inspect_app, job_app, purge
 from fairlane.cli.runs import runs_app
 from fairlane.cli.simulate import simulate
 from fairlane.cli.system import config_app, doctor, server_app
+from fairlane.cli.tenants_cli import tenants_app
 from fairlane.cli.worker import worker
 
 __all__ = ["cli", "main"]
@@ -44,6 +47,8 @@ cli.command()(demo)
 cli.command()(simulate)
 cli.command()(example)
 cli.command()(bench)
+cli.command(no_args_is_help=True)(gateway)
+cli.add_typer(tenants_app, name="tenants")
 
 
 def main() -> None:

@@ -30,6 +30,8 @@ pattern (after the prefix)  type   holds                              written by
 ``tlimits``                hash   tenant -> 'floor,max,bfloor,bpct'  configure_limits
 ``thr``                    hash   throttle keys, grants, parked jobs  fetch, ack, sweep, cancel
 ``thr:wait``               zset   throttle waiters (lex, per key)    fetch, ack, sweep, cancel
+``gw:keys``                hash   API key id -> its record (tenant,  fairlane tenants (CLI);
+                                  SHA-256 of the key, created ms)    the HTTP gateway reads it
 ``lane:<l>:state``         hash   C, ``f:<c>``/``d:<c>`` in-flight/     exchange, enqueue, fetch,
                                   waiting slots, class ``table``,    ack, sweep, declare_lane,
                                   ``charge`` mode; admission: ``adm``, declare_admission
@@ -158,6 +160,11 @@ class AppKeys:
     @property
     def throttle_waiters(self) -> str:
         return self.prefix + "thr:wait"
+
+    @property
+    def gateway_keys(self) -> str:
+        """The HTTP gateway's tenant API keys (``fairlane.gateway.apikeys``)."""
+        return self.prefix + "gw:keys"
 
     @property
     def done_channel(self) -> str:

@@ -1,0 +1,123 @@
+"""``fairlane tenants``: the HTTP gateway's tenant API keys: create, rotate, revoke, list.
+
+A key is printed once, when it is created or rotated; only its SHA-256 digest is stored.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+import redis.asyncio as aioredis
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from fairlane.app import App
+from fairlane.cli._common import (
+    EXIT_USAGE,
+    AppSpec,
+    RedisUrl,
+    console,
+    err_console,
+    fail,
+    load_app,
+    locate_server,
+    run,
+    settings_or_fail,
+)
+from fairlane.gateway.apikeys import ApiKeys, KeyNotFound, KeyRecord, MintedKey
+
+__all__ = ["tenants_app"]
+
+tenants_app = typer.Typer(
+    help="API keys of the HTTP gateway: one or more per tenant.", no_args_is_help=True
+)
+
+KeyId = Annotated[str, typer.Argument(metavar="KEY_ID", help="A key's public id.")]
+
+
+def _keys(app: App) -> tuple[ApiKeys, aioredis.Redis]:
+    target = locate_server(settings_or_fail(), app=app)
+    if target.url is None:
+        fail(f"no server to talk to: {target.source} is not running (give --redis-url)")
+    client = aioredis.Redis.from_url(target.url, socket_connect_timeout=5.0)
+    return ApiKeys(client, app.name), client
+
+
+async def _with_keys(app: App, action: str, key_or_tenant: str) -> object:
+    keys, client = _keys(app)
+    try:
+        if action == "create":
+            return await keys.create(key_or_tenant)
+        if action == "rotate":
+            return await keys.rotate(key_or_tenant)
+        if action == "revoke":
+            return await keys.revoke(key_or_tenant)
+        return await keys.list()
+    finally:
+        await client.aclose()
+
+
+def _print_minted(minted: MintedKey, what: str) -> None:
+    err_console().print(
+        f"{what} key [bold]{minted.key_id}[/] for tenant {escape(minted.tenant)!r}; "
+        "it is shown once, store it now:"
+    )
+    typer.echo(minted.key)  # alone on stdout, for scripts
+
+
+@tenants_app.command("create")
+def create(
+    app_spec: AppSpec,
+    tenant: Annotated[str, typer.Argument(metavar="TENANT", show_default=False)],
+    redis_url: RedisUrl = None,
+) -> None:
+    """Create an API key for TENANT and print it (once)."""
+    app = load_app(app_spec, redis_url)
+    try:
+        minted = run(_with_keys(app, "create", tenant))
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE)
+    assert isinstance(minted, MintedKey)
+    _print_minted(minted, "created")
+
+
+@tenants_app.command("rotate")
+def rotate(app_spec: AppSpec, key_id: KeyId, redis_url: RedisUrl = None) -> None:
+    """Give KEY_ID a new secret and print the new key (once); the old one stops working."""
+    app = load_app(app_spec, redis_url)
+    try:
+        minted = run(_with_keys(app, "rotate", key_id))
+    except KeyNotFound as exc:
+        fail(str(exc))
+    assert isinstance(minted, MintedKey)
+    _print_minted(minted, "rotated")
+
+
+@tenants_app.command("revoke")
+def revoke(app_spec: AppSpec, key_id: KeyId, redis_url: RedisUrl = None) -> None:
+    """Revoke KEY_ID: requests bearing it are refused from now on."""
+    app = load_app(app_spec, redis_url)
+    try:
+        record = run(_with_keys(app, "revoke", key_id))
+    except KeyNotFound as exc:
+        fail(str(exc))
+    assert isinstance(record, KeyRecord)
+    console().print(f"revoked key {key_id} of tenant {escape(record.tenant)!r}")
+
+
+@tenants_app.command("list")
+def list_keys(app_spec: AppSpec, redis_url: RedisUrl = None) -> None:
+    """List the active keys: id, tenant, created (never the keys themselves)."""
+    app = load_app(app_spec, redis_url)
+    records = run(_with_keys(app, "list", ""))
+    assert isinstance(records, dict)
+    if not records:
+        console().print("no API keys")
+        return
+    table = Table("key id", "tenant", "created (UTC)", box=None, pad_edge=False)
+    for key_id, record in records.items():
+        created = datetime.fromtimestamp(record.created_ms / 1000, UTC)
+        table.add_row(key_id, escape(record.tenant), created.strftime("%Y-%m-%d %H:%M:%S"))
+    console().print(table)

@@ -1,0 +1,52 @@
+"""``create_app``: a FastAPI app serving one Fairlane app over HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from fairlane.app import App
+from fairlane.gateway import jobs, runs
+from fairlane.gateway.limits import BodyLimit
+from fairlane.gateway.responses import install_handlers
+from fairlane.gateway.state import GatewayState
+
+__all__ = ["create_app"]
+
+
+def create_app(
+    app: App, *, admin_key: str | None = None, max_body_bytes: int | None = None
+) -> FastAPI:
+    """The HTTP gateway of ``app``; its OpenAPI spec is served at ``/openapi.json``.
+
+    The gateway connects ``app`` on first use unless it is connected already (and then
+    leaves closing it to its owner). ``admin_key`` may read any tenant's jobs. Bodies
+    over ``max_body_bytes`` (default: twice the app's ``max_payload_bytes``) get 413.
+    """
+    if admin_key is not None and len(admin_key) < 16:
+        raise ValueError("the admin key must be at least 16 characters")
+    state = GatewayState(app, admin_key=admin_key or None)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await state.close()
+
+    api = FastAPI(
+        title=f"Fairlane gateway: {app.name}",
+        version="1",
+        summary="Submit and follow jobs of a Fairlane app; tenants authenticate with API keys.",
+        openapi_url="/openapi.json",
+        lifespan=lifespan,
+    )
+    api.state.gateway = state
+    install_handlers(api)
+    api.include_router(jobs.router)
+    api.include_router(runs.router)
+    limit = max_body_bytes or 2 * app.settings.max_payload_bytes
+    api.add_middleware(BodyLimit, limit=limit)
+    return api

@@ -1,0 +1,215 @@
+"""The job endpoints: submit (``POST /v1/jobs``), read, long-poll the result, cancel.
+
+Every id a tenant names is checked against the job record's ``tenant`` field; a job of
+another tenant is answered exactly like a job that does not exist (404), so ids cannot
+be probed. Only registered tasks are enqueued, by name: nothing a request carries is
+ever run or imported by the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import msgspec
+from fastapi import APIRouter, Depends, Path, Query
+from fastapi.responses import JSONResponse
+
+from fairlane.admission import Admission, answer, unavailable
+from fairlane.codec import PayloadTooLarge, decode_error
+from fairlane.errors import JobNotFound
+from fairlane.gateway.auth import Caller, caller, gateway_state
+from fairlane.gateway.models import (
+    CancelReply,
+    JobView,
+    ResultReply,
+    SubmitReply,
+    SubmitRequest,
+    TaskError,
+)
+from fairlane.gateway.responses import error, responses
+from fairlane.gateway.state import GatewayState
+from fairlane.store.redis import StoreUnavailable
+from fairlane.task import TERMINAL, Job
+
+__all__ = ["MAX_WAIT_SECONDS", "router"]
+
+MAX_WAIT_SECONDS = 30.0
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+State = Annotated[GatewayState, Depends(gateway_state)]
+Who = Annotated[Caller, Depends(caller)]
+JobId = Annotated[str, Path(min_length=1, max_length=128, description="A job id.")]
+
+
+def _not_found(job_id: str) -> JSONResponse:
+    # the same answer for "no such job" and "another tenant's job": ids cannot be probed
+    return error(404, f"no job {job_id!r}", "not_found")
+
+
+def _admin_reads_only() -> JSONResponse:
+    return error(403, "the admin key reads jobs; use a tenant's key to change them", "admin")
+
+
+async def _owner(state: GatewayState, job_id: str) -> str | None:
+    app = await state.connected()
+    (tenant,) = await app.store.job_fields(job_id, "tenant")
+    return None if tenant is None else tenant.decode()
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=SubmitReply,
+    responses=responses(400, 403, 413, 429),
+    summary="Submit a job of a registered task",
+)
+async def submit(body: SubmitRequest, who: Who, state: State) -> SubmitReply | JSONResponse:
+    if who.tenant is None:
+        return error(403, "the admin key has no tenant: submit with a tenant's key", "admin")
+    admission = await _admit(body, who.tenant, state)
+    if isinstance(admission, JSONResponse):
+        return admission
+    if admission.job is not None and admission.status in ("accepted", "deferred"):
+        job = admission.job
+        return SubmitReply(
+            id=job.id, state=admission.status, created=job.created, status_url=f"/v1/jobs/{job.id}"
+        )
+    if admission.status == "unavailable":
+        detail = "the store cannot be reached; nothing was enqueued"
+        return error(503, detail, admission.reason, admission.retry_after)
+    reason = admission.reason or "rejected"
+    detail = f"the job was not admitted ({reason})"
+    if admission.retry_after is None:  # deadline_unmeetable: retrying cannot help
+        return error(422, detail, reason)
+    return error(429, detail, reason, round(admission.retry_after, 3))
+
+
+async def _admit(
+    body: SubmitRequest, tenant: str, state: GatewayState
+) -> Admission[object] | JSONResponse:
+    """The store's answer to the call (as ``Task.submit`` gives it), or a refusal of its input."""
+    app = await state.connected()
+    task = app.tasks.get(body.task)
+    if task is None:
+        return error(422, f"no task named {body.task!r} is registered", "unknown_task")
+    try:
+        blob = task.encode_args(tuple(body.args), body.kwargs)
+        # the options are the body's named fields only: kwargs go to the task's own
+        # arguments, so a body can never set the tenant, lane or limits of a job
+        new = task.new_job(
+            blob,
+            tenant=tenant,
+            delay=None,
+            at=None,
+            deadline=body.deadline_seconds,
+            idempotency_key=body.idempotency_key,
+            priority=body.priority,
+            service_class=body.service_class,
+            estimate=body.estimate,
+        )
+    except PayloadTooLarge as exc:
+        return error(413, str(exc), "too_large")
+    except (TypeError, ValueError) as exc:
+        return error(422, str(exc), "bad_arguments")
+    try:
+        (reply,) = await app.store.submit(task.options.lane, [new])
+    except StoreUnavailable:
+        return unavailable()
+    handle = Job(task, reply.id, created=reply.code in (1, 2)) if reply.code >= 0 else None
+    try:
+        return answer(reply, handle, app.pricing)
+    except ValueError as exc:
+        return error(422, str(exc), "refused")
+
+
+@router.get("/{job_id}", response_model=JobView, responses=responses(404), summary="A job's status")
+async def read(job_id: JobId, who: Who, state: State) -> JobView | JSONResponse:
+    if not who.may_read(await _owner(state, job_id)):
+        return _not_found(job_id)
+    app = state.app
+    (name,) = await app.store.job_fields(job_id, "task")
+    task = app.tasks.get(name.decode()) if name else None
+    if task is None:
+        return error(404, f"job {job_id!r} is of a task this gateway does not know", "not_found")
+    try:
+        info = await Job(task, job_id).info()
+    except JobNotFound:
+        return _not_found(job_id)
+    return JobView(
+        id=info.id,
+        status=info.status,
+        task=info.task,
+        tenant=info.tenant,
+        attempts=info.attempts,
+        max_attempts=info.max_attempts,
+        enqueued_at=info.enqueued_at.isoformat() if info.enqueued_at else None,
+        finished_at=info.finished_at.isoformat() if info.finished_at else None,
+        error=info.error,
+        service_class=info.service_class,
+        slots=info.slots,
+        limits=info.limits,
+        reserved_units=info.reserved_units,
+        charged_units=info.charged_units,
+        actual_units=info.actual_units,
+    )
+
+
+@router.get(
+    "/{job_id}/result",
+    response_model=ResultReply,
+    responses={
+        202: {"model": ResultReply, "description": "Not finished within the wait."},
+        **responses(404),
+    },
+    summary="A job's result, waiting up to `wait` seconds for it",
+)
+async def result(
+    job_id: JobId,
+    who: Who,
+    state: State,
+    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)] = 0.0,
+) -> ResultReply | JSONResponse:
+    if not who.may_read(await _owner(state, job_id)):
+        return _not_found(job_id)
+    app = state.app
+    reply = await app.store.watch(job_id)
+    status = reply[0].decode()
+    if status == "missing":
+        return _not_found(job_id)
+    if status not in TERMINAL and wait > 0:
+        try:
+            async with asyncio.timeout(wait):
+                status, res, err = await app.wait_finished(job_id)
+            reply = [status.encode(), res, err]
+        except TimeoutError:
+            (st,) = await app.store.job_fields(job_id, "st")
+            status = st.decode() if st else status
+        except JobNotFound:
+            return _not_found(job_id)
+    if len(reply) < 3 or status not in TERMINAL:
+        body = ResultReply(id=job_id, status=status)
+        return JSONResponse(body.model_dump(exclude_none=True), status_code=202)
+    if status == "completed":
+        value = msgspec.json.decode(reply[1]) if reply[1] else None
+        return JSONResponse({"id": job_id, "status": status, "result": value})
+    info = decode_error(reply[2])
+    failed = ResultReply(
+        id=job_id, status=status, error=TaskError(type=info.type, message=info.message)
+    )
+    return JSONResponse(failed.model_dump(exclude_none=True))
+
+
+@router.delete(
+    "/{job_id}", response_model=CancelReply, responses=responses(403, 404), summary="Cancel a job"
+)
+async def cancel(job_id: JobId, who: Who, state: State) -> CancelReply | JSONResponse:
+    if who.admin:
+        return _admin_reads_only()
+    if not who.owns(await _owner(state, job_id)):
+        return _not_found(job_id)
+    status = await state.app.store.cancel(job_id)
+    if status == "missing":
+        return _not_found(job_id)
+    return CancelReply(id=job_id, status=status)

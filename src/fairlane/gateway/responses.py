@@ -1,0 +1,85 @@
+"""Error answers: one JSON shape (``ErrorBody``) for every refusal, and the handlers
+that give validation errors and an unreachable store that shape."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from fairlane.admission import UNAVAILABLE_RETRY_AFTER
+from fairlane.gateway.models import ErrorBody
+from fairlane.store.redis import StoreUnavailable
+
+__all__ = ["RETRY_AFTER_HEADER", "error", "install_handlers", "responses"]
+
+RETRY_AFTER_HEADER: dict[str, Any] = {
+    "Retry-After": {
+        "description": "Whole seconds to wait before trying again.",
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
+
+
+def error(
+    status: int, detail: str, reason: str | None = None, retry_after: float | None = None
+) -> JSONResponse:
+    """An ``ErrorBody`` answer; with ``retry_after``, a ``Retry-After`` header too."""
+    body = ErrorBody(detail=detail, reason=reason, retry_after_seconds=retry_after)
+    headers = None
+    if retry_after is not None:
+        headers = {"Retry-After": str(max(1, math.ceil(retry_after)))}
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, headers=headers)
+
+
+_DESCRIPTIONS = {
+    400: "The body is not JSON.",
+    401: "No API key, or one that is unknown, revoked or rotated.",
+    403: "The admin key only reads jobs.",
+    404: "No such job or run for this tenant.",
+    413: "The request body, or the encoded arguments, are too large.",
+    422: "The request or the task's arguments do not validate.",
+    429: "Admission refused the job: retry after Retry-After seconds.",
+    503: "The store cannot be reached: retry after Retry-After seconds.",
+}
+
+
+def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for these error codes (401, 422 and 503 are always possible; a
+    declared 422 replaces FastAPI's own validation-error schema with ``ErrorBody``)."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for code in sorted({401, 422, 503, *codes}):
+        entry: dict[str, Any] = {"model": ErrorBody, "description": _DESCRIPTIONS[code]}
+        if code in (429, 503):
+            entry["headers"] = RETRY_AFTER_HEADER
+        if code == 401:
+            entry["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+        out[code] = entry
+    return out
+
+
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", ""))}
+        for e in exc.errors()
+    ]
+    body = ErrorBody(detail="the request does not validate", reason="invalid", errors=errors)
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=422)
+
+
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    return error(
+        503,
+        "the store cannot be reached; nothing was done",
+        "store_unavailable",
+        UNAVAILABLE_RETRY_AFTER,
+    )
+
+
+def install_handlers(api: FastAPI) -> None:
+    api.add_exception_handler(RequestValidationError, _invalid)
+    api.add_exception_handler(StoreUnavailable, _unavailable)

@@ -1,0 +1,49 @@
+"""Signals to workflow runs: ``POST /v1/runs/{run_id}/signals/{name}``, for the run's
+own tenant only (another tenant's run is answered 404, like a missing one)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path
+from fastapi.responses import JSONResponse
+
+from fairlane.gateway.auth import Caller, caller, gateway_state
+from fairlane.gateway.models import SignalReply, SignalRequest
+from fairlane.gateway.responses import error, responses
+from fairlane.gateway.state import GatewayState
+from fairlane.workflows import RunNotFound, Workflow
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+
+
+@router.post(
+    "/{run_id}/signals/{name}",
+    response_model=SignalReply,
+    responses=responses(400, 403, 404, 413),
+    summary="Send a signal to a workflow run",
+)
+async def signal(
+    run_id: Annotated[str, Path(min_length=1, max_length=128)],
+    name: Annotated[str, Path(min_length=1, max_length=200)],
+    body: SignalRequest,
+    who: Annotated[Caller, Depends(caller)],
+    state: Annotated[GatewayState, Depends(gateway_state)],
+) -> SignalReply | JSONResponse:
+    if who.admin:
+        return error(403, "the admin key reads jobs; use a tenant's key to signal", "admin")
+    app = await state.connected()
+    owner, task = await app.store.job_fields(run_id, "tenant", "task")
+    is_run = task is not None and isinstance(app.tasks.get(task.decode()), Workflow)
+    if not is_run or not who.owns(None if owner is None else owner.decode()):
+        # a plain job, another tenant's run and no run at all look the same
+        return error(404, f"no run {run_id!r}", "not_found")
+    try:
+        outcome = await app.signal(run_id, name, body.payload, signal_id=body.signal_id)
+    except RunNotFound:
+        return error(404, f"no run {run_id!r}", "not_found")
+    except (TypeError, ValueError) as exc:
+        return error(422, str(exc), "bad_signal")
+    return SignalReply(result=outcome)

@@ -1,0 +1,52 @@
+"""What one gateway holds: the Fairlane app, its connection, its API keys, the admin key.
+
+The gateway starts even while the store is down: it connects on first use, and each
+request that finds the store unreachable is answered 503 (and retries the connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from fairlane.app import App
+from fairlane.gateway.apikeys import ApiKeys
+
+__all__ = ["GatewayState"]
+
+
+@dataclass
+class GatewayState:
+    app: App
+    admin_key: str | None = None
+    owns_connection: bool = False
+    _keys: ApiKeys | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def connected(self) -> App:
+        """The app, connected (``StoreUnavailable`` if the store cannot be reached)."""
+        if not _is_connected(self.app):
+            async with self._lock:
+                if not _is_connected(self.app):
+                    await self.app.connect()
+                    self.owns_connection = True
+        return self.app
+
+    async def keys(self) -> ApiKeys:
+        app = await self.connected()
+        if self._keys is None or self._keys.client is not app.store.client:
+            self._keys = ApiKeys(app.store.client, app.name)
+        return self._keys
+
+    async def close(self) -> None:
+        if self.owns_connection:
+            await self.app.aclose()
+            self.owns_connection = False
+
+
+def _is_connected(app: App) -> bool:
+    try:
+        app.store  # noqa: B018 - raises RuntimeError until the app is connected
+    except RuntimeError:
+        return False
+    return True

@@ -1,0 +1,89 @@
+"""Shared pieces of the gateway tests: an app with a few tasks, keys, an HTTP client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from fairlane import App
+from fairlane.gateway import ApiKeys, create_app
+from fairlane.pools import parse_config
+from fairlane.runtime.context import Context
+from tests.e2e.helpers import fast_settings
+
+ADMIN_KEY = "admin-" + "x" * 32
+
+
+def build_app(
+    namespace: str, redis_url: str, config: dict[str, Any] | None = None, **settings: Any
+) -> App:
+    app = App(
+        namespace,
+        redis_url=redis_url,
+        settings=fast_settings(**settings),
+        config=parse_config(config) if config else None,
+    )
+
+    @app.task(name="add", attempts=1)
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    @app.task(name="boom", attempts=1)
+    async def boom(message: str) -> None:
+        raise LookupError(message)
+
+    @app.task(name="echo", attempts=1)
+    async def echo(text: str = "", times: int = 1) -> str:
+        return text * times
+
+    @app.workflow(name="approval")
+    async def approval(ctx: Context, doc: str) -> Any:
+        return await ctx.wait_for_signal("approve", timeout=60)
+
+    return app
+
+
+@dataclass
+class Gateway:
+    app: App
+    client: httpx.AsyncClient
+    keys: ApiKeys
+
+    async def key(self, tenant: str) -> dict[str, str]:
+        minted = await self.keys.create(tenant)
+        return {"Authorization": f"Bearer {minted.key}"}
+
+
+@asynccontextmanager
+async def gateway(
+    namespace: str, redis_url: str, config: dict[str, Any] | None = None, **settings: Any
+) -> AsyncIterator[Gateway]:
+    app = build_app(namespace, redis_url, config, **settings)
+    async with app:
+        api = create_app(app, admin_key=ADMIN_KEY)
+        transport = httpx.ASGITransport(app=api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            yield Gateway(app, client, ApiKeys(app.store.client, app.name))
+
+
+def pool(capacity: float, response_when_full: str) -> dict[str, Any]:
+    """A pool on the default lane of one class, reserving exactly the declared units."""
+    return {
+        "pools": {
+            "default": {
+                "capacity_units": capacity,
+                "classes": {
+                    "standard": {
+                        "nominal_share": 1.0,
+                        "max_queue": 1000,
+                        "response_when_full": response_when_full,
+                    }
+                },
+            }
+        },
+        "estimation": {"safety_multiplier": 1.0},
+    }
