@@ -23,6 +23,7 @@ from fairlane.admission import Pricing
 from fairlane.config import Settings, load_settings
 from fairlane.errors import JobNotFound, UnknownTask
 from fairlane.lanes import LaneClasses, LaneTables, check_limits, load_lanes
+from fairlane.metrics import MetricsConfig
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.classes import ClassTable
 from fairlane.policy.retention import Retention
@@ -573,8 +574,14 @@ class App:
         burst: bool = False,
         handle_signals: bool = False,
         health_port: int | None = None,
+        metrics_port: int | None = None,
+        metrics: MetricsConfig | None = None,
     ) -> None:
-        """Run a worker in this process until it is stopped (or, with ``burst``, idle)."""
+        """Run a worker in this process until it is stopped (or, with ``burst``, idle).
+
+        ``metrics_port`` serves Prometheus ``/metrics`` and ``/autoscale`` on that port
+        (0: a free one); ``metrics`` sets how tenants are labelled (``fairlane.metrics``).
+        """
         owns_connection = self._store is None
         await self.connect()
         try:
@@ -586,6 +593,8 @@ class App:
                 health_port=health_port
                 if health_port is not None
                 else self.settings.worker.health_port,
+                metrics_port=metrics_port,
+                metrics=metrics,
             )
             await worker.run(handle_signals=handle_signals)
         finally:

@@ -31,6 +31,7 @@ from fairlane.cli._common import (
     run,
     settings_or_fail,
 )
+from fairlane.metrics import MetricsConfig
 from fairlane.runtime.supervisor import Supervisor
 from fairlane.store.redis import redact_url
 
@@ -92,6 +93,37 @@ def worker(
             show_default=False,
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            metavar="PORT",
+            help="Serve Prometheus metrics (GET /metrics) and autoscaler JSON (GET /autoscale) "
+            "on 0.0.0.0:PORT.",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_tenants: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-tenants",
+            metavar="TENANTS",
+            help="Comma-separated tenants that always get their own tenant label in metrics.",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_top_n: Annotated[
+        int,
+        typer.Option(
+            "--metrics-top-n",
+            min=0,
+            metavar="N",
+            help="Besides --metrics-tenants, the N busiest tenants get their own tenant "
+            "label; all others are labelled 'other'.",
+        ),
+    ] = 20,
     processes: Annotated[
         int | None,
         typer.Option(
@@ -118,6 +150,12 @@ def worker(
                 "would all bind the same port (use `fairlane worker --check` instead)",
                 EXIT_USAGE,
             )
+        if metrics_port is not None:
+            fail(
+                "--processes cannot be combined with --metrics-port: the worker processes "
+                "would all bind the same port (run one worker per port instead)",
+                EXIT_USAGE,
+            )
         _supervise(
             app_spec,
             processes,
@@ -140,6 +178,7 @@ def worker(
                 health_port=health_port,
                 redis_url=redis_url,
                 verbose=verbose,
+                metrics=_metrics_argv(metrics_port, metrics_tenants, metrics_top_n),
             )
         )
         return
@@ -158,8 +197,23 @@ def worker(
             burst=burst,
             handle_signals=True,
             health_port=health_port,
+            metrics_port=metrics_port,
+            metrics=MetricsConfig(
+                tenants=frozenset(_split_names(metrics_tenants)), top_n=metrics_top_n
+            ),
         )
     )
+
+
+def _split_names(text: str | None) -> list[str]:
+    return [name.strip() for name in (text or "").split(",") if name.strip()]
+
+
+def _metrics_argv(port: int | None, tenants: str | None, top_n: int) -> list[str]:
+    if port is None:
+        return []
+    argv = ["--metrics-port", str(port), "--metrics-top-n", str(top_n)]
+    return argv + (["--metrics-tenants", tenants] if tenants else [])
 
 
 def _split_lanes(text: str) -> list[str]:
@@ -238,6 +292,7 @@ def _child_argv(
     redis_url: str | None,
     verbose: bool,
     burst: bool = False,
+    metrics: list[str] | None = None,
 ) -> list[str]:
     argv = ["worker", app_spec]
     if lanes is not None:
@@ -248,6 +303,7 @@ def _child_argv(
         argv.append("--burst")
     if health_port is not None:
         argv += ["--health-port", str(health_port)]
+    argv += metrics or []
     if redis_url:
         argv += ["--redis-url", redis_url]
     if verbose:

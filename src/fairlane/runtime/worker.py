@@ -30,6 +30,13 @@ from typing import TYPE_CHECKING
 
 from fairlane.codec import encode_error
 from fairlane.lanes import check_lane
+from fairlane.metrics import (
+    MetricsConfig,
+    MetricsServer,
+    StoreCollector,
+    StoreReader,
+    WorkerMetrics,
+)
 from fairlane.runtime.cron import cron_loop
 from fairlane.runtime.executors import ProcessExecutor, ThreadExecutor
 from fairlane.runtime.health import HealthServer, LoopMonitor
@@ -76,6 +83,8 @@ class Worker:
         concurrency: int,
         burst: bool = False,
         health_port: int | None = None,
+        metrics_port: int | None = None,
+        metrics: MetricsConfig | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -93,6 +102,11 @@ class Worker:
         self.grace = settings.worker.grace_period
         self.idle_block = settings.worker.idle_block
         self.health_port = health_port
+        # metrics (``fairlane.metrics``): recorded only when served, on --metrics-port
+        self.metrics_port = metrics_port
+        self.metrics_config = metrics or MetricsConfig()
+        self.metrics_server: MetricsServer | None = None
+        self._metrics: WorkerMetrics | None = None
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self._running: dict[str, _Running] = {}
         # slots held by running jobs; above `concurrency` only briefly, after inbox hand-offs
@@ -182,6 +196,8 @@ class Worker:
                 health = HealthServer(self.health_port, monitor)
                 health.start()
                 stack.callback(health.stop)
+            if self.metrics_port is not None:
+                self._start_metrics(stack, self.metrics_port)
             async with asyncio.TaskGroup() as services:
                 services.create_task(monitor.run(self._closed))
                 services.create_task(
@@ -198,6 +214,8 @@ class Worker:
                 services.create_task(sweep_loop(store, self.lease, self._closed))
                 services.create_task(cron_loop(self.app.crons, self._stopping))
                 services.create_task(self._ack_loop())
+                if self._metrics is not None:
+                    services.create_task(self._sample_loop(self._metrics))
                 async with asyncio.TaskGroup() as jobs:
                     await self._fetch_loop(jobs)
                     await self._drain()
@@ -206,6 +224,33 @@ class Worker:
             # after the renewals have stopped, so no heartbeat follows the goodbye
             await self._leave()
         log.info("worker %s stopped", self.id)
+
+    # -- metrics ---------------------------------------------------------------------
+
+    def _start_metrics(self, stack: AsyncExitStack, port: int) -> None:
+        config = self.metrics_config
+        metrics = WorkerMetrics(self.app, self.lanes, self.concurrency, config)
+        lanes = [*self.lanes, *self.app.lanes, *(t.options.lane for t in self.app.tasks.values())]
+        reader = StoreReader(
+            self.app.url or self.app.resolve_url(),
+            self.app.name,
+            lanes,
+            timeout=config.store_timeout,
+            max_age=config.store_max_age,
+        )
+        stack.callback(reader.close)
+        metrics.registry.register(StoreCollector(reader))
+        server = MetricsServer(port, metrics.registry, reader, config.host)
+        server.start()
+        stack.callback(server.stop)
+        self._metrics, self.metrics_server = metrics, server
+        log.info("worker %s serving /metrics and /autoscale on port %d", self.id, server.port)
+
+    async def _sample_loop(self, metrics: WorkerMetrics) -> None:
+        interval = self.metrics_config.sample_interval
+        while not self._closed.is_set():
+            metrics.sample(r.job for r in list(self._running.values()))
+            await wait_or_stop(self._closed, interval)
 
     # -- fetching --------------------------------------------------------------------
 
@@ -246,6 +291,8 @@ class Worker:
             self._fetch_calls += 1
             self._count_settled(outcomes, fetched.ack_codes)
             self._start(jobs, fetched.jobs)
+            if self._metrics is not None:
+                self._metrics.started(fetched.jobs)
             if fetched.jobs:
                 continue
             if self.burst and not self._running and not self._outcomes:
@@ -259,6 +306,8 @@ class Worker:
             widen = True
             if handed is not None:
                 self._start(jobs, [handed])
+                if self._metrics is not None:
+                    self._metrics.started([handed])
         self._carrier_active = False
         self._flush_needed.set()
 
@@ -323,6 +372,7 @@ class Worker:
             timer = loop.call_at(
                 loop.time() + job.timeout, self._interrupt, [job.id], CancelReason.TIMEOUT
             )
+        began = time.monotonic()
         try:
             outcome = await self._runner.run(job)
         except asyncio.CancelledError:
@@ -337,6 +387,8 @@ class Worker:
             if running is not None and running.job is job:
                 del self._running[job.id]
             self._slot_freed.set()
+        if self._metrics is not None:
+            self._metrics.finished(job, outcome, time.monotonic() - began)
         if outcome is not None:
             self._outcomes.append(outcome)
             if not self._carrier_active:
@@ -373,6 +425,8 @@ class Worker:
         ]
         if ids:
             log.warning("lost the lease of %d job(s); stopping them: %s", len(ids), ids[:5])
+            if self._metrics is not None:
+                self._metrics.lost(len(ids))
             self._interrupt(ids, CancelReason.LEASE_LOST)
 
     def _cancel_requested(self, ids: list[str]) -> None:
@@ -448,6 +502,8 @@ class Worker:
             )
 
     def _count_settled(self, outcomes: Sequence[Outcome], codes: Sequence[int]) -> None:
+        if self._metrics is not None:
+            self._metrics.settled(outcomes, codes)
         stale = sum(1 for c in codes if c == 0)
         self._settled += len(outcomes) - stale
         if stale:

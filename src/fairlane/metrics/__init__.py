@@ -1,0 +1,28 @@
+"""Prometheus metrics served by a worker: what this package owns and where.
+
+- ``config``: ``MetricsConfig``, the knobs (tenant allow-list, top-N, bind host).
+- ``tenants``: ``TenantLabels``, which keeps the ``tenant`` label bounded.
+- ``recorder``: ``WorkerMetrics``, the worker-side histograms, counters and gauges,
+  recorded on the worker's own path with no server calls.
+- ``store``: ``StoreReader`` and ``StoreCollector``, the store-side gauges and counters
+  read at scrape time (one pipelined read, bounded timeout, cached).
+- ``server``: ``MetricsServer``, the HTTP endpoint (``/metrics`` and ``/autoscale``)
+  in its own thread.
+"""
+
+from fairlane.metrics.config import MetricsConfig
+from fairlane.metrics.recorder import WorkerMetrics
+from fairlane.metrics.server import MetricsServer
+from fairlane.metrics.store import StoreCollector, StoreReader, StoreSnapshot
+from fairlane.metrics.tenants import OTHER, TenantLabels
+
+__all__ = [
+    "OTHER",
+    "MetricsConfig",
+    "MetricsServer",
+    "StoreCollector",
+    "StoreReader",
+    "StoreSnapshot",
+    "TenantLabels",
+    "WorkerMetrics",
+]

@@ -1,0 +1,31 @@
+"""``MetricsConfig``: how a worker's metrics endpoint labels tenants and where it binds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["MetricsConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """Options of the metrics endpoint (the port is passed on its own: ``metrics_port``).
+
+    ``tenants``: tenants that always get their own ``tenant`` label. ``top_n``: how many
+    other tenants, the busiest by jobs started on this worker, get one too; every other
+    tenant is labelled ``other``. ``host``: the address to bind (all interfaces by
+    default, for Prometheus to reach). ``store_timeout`` bounds the scrape-time read
+    of the store; ``store_max_age`` is how long one read is reused (at most one read
+    per that many seconds, however often the endpoint is scraped).
+    """
+
+    tenants: frozenset[str] = field(default_factory=frozenset)
+    top_n: int = 20
+    host: str = "0.0.0.0"  # all interfaces: a metrics endpoint is meant to be scraped
+    store_timeout: float = 1.0
+    store_max_age: float = 2.0
+    sample_interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.top_n < 0:
+            raise ValueError(f"top_n must be >= 0, got {self.top_n}")
