@@ -3,7 +3,8 @@
 ``fairlane worker MODULE:APP`` runs a worker; ``purge``, ``inspect``, ``dead`` and ``job``
 operate an app; ``doctor``, ``config`` and ``server`` look after the environment;
 ``example`` runs the quickstart, ``demo`` shows a noisy neighbor tamed (fair against
-FIFO), ``simulate`` runs policies on a virtual clock, ``runs`` inspects workflow runs;
+FIFO), ``simulate`` runs policies on a virtual clock, ``runs`` inspects workflow runs,
+``explain`` says where a job's time went;
 ``bench`` measures; ``gateway`` serves the HTTP API and ``tenants`` manages its keys.
 Each command lives in a submodule of this package.
 """
@@ -15,6 +16,7 @@ import typer
 from fairlane.cli.bench import bench
 from fairlane.cli.demo import demo
 from fairlane.cli.example import example
+from fairlane.cli.explain import explain
 from fairlane.cli.gateway import gateway
 from fairlane.cli.load import inspect_load
 from fairlane.cli.ops import dead_app, inspect_app, job_app, purge
@@ -40,6 +42,7 @@ cli.add_typer(inspect_app, name="inspect")
 cli.add_typer(dead_app, name="dead")
 cli.add_typer(job_app, name="job")
 cli.add_typer(runs_app, name="runs")
+cli.command(no_args_is_help=True)(explain)
 cli.command()(doctor)
 cli.add_typer(config_app, name="config")
 cli.add_typer(server_app, name="server")

@@ -42,6 +42,9 @@ pattern (after the prefix)  type   holds                              written by
 ``lane:<l>:idle``          zset   'worker|lease_ms' -> lapses (ms)   exchange, enqueue
 ``inbox:<w>`` (derived)    list   jobs handed to an idle worker      enqueue; exchange drains
 ``job:<id>`` (derived)     hash   spec and state (JOB_FIELDS)        every script
+``ev:<id>`` (derived)      list   the job's lifecycle events, msgpack enqueue, fetch, ack, sweep,
+                                  [ms, kind, detail], last 64 kept;  cancel, redrive; deleted
+                                  kinds in ``fairlane.explain``      with the record (retention)
 ``lane:<l>:c:<c>:fair``    zset   active tenant -> start tag         enqueue, fetch, cancel
  (derived)
 ``lane:<l>:c:<c>:vt``      hash   V, in-flight ``run``, ``f:<t>``      enqueue, fetch, ack, sweep
@@ -187,6 +190,10 @@ class AppKeys:
     def job(self, job_id: str) -> str:
         """A job's hash; scripts derive the same name (``prefix .. 'job:' .. id``)."""
         return f"{self.prefix}job:{job_id}"
+
+    def events(self, job_id: str) -> str:
+        """A job's lifecycle events; scripts derive the same name (``prefix .. 'ev:' .. id``)."""
+        return f"{self.prefix}ev:{job_id}"
 
     def tenant_queue(self, lane: str, service_class: str, tenant: str) -> str:
         return f"{self.prefix}q:{lane}:{service_class}:{tenant}"

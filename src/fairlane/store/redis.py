@@ -20,6 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from fairlane.explain import Event, decode_event
 from fairlane.policy.admission import EstimationSettings, PoolConfig
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import ClassTable
@@ -402,6 +403,11 @@ class Store:
     async def job_record(self, job_id: str) -> dict[str, bytes]:
         raw = await self._call(self.client.hgetall, self.keys.job(job_id))
         return {_s(k): v for k, v in raw.items()}
+
+    async def job_events(self, job_id: str) -> list[Event]:
+        """A job's lifecycle events, oldest first (the last 64 the store kept)."""
+        raw = await self._call(self.client.lrange, self.keys.events(job_id), 0, -1)
+        return [decode_event(entry) for entry in raw]
 
     async def redrive(self, ids: Sequence[str] = (), limit: int = 100) -> list[str]:
         reply = await self.fcall("redrive", self._common, [limit, *ids])

@@ -81,7 +81,7 @@ local function cancel(keys, args)
       redis.call('HINCRBY', sk, 'd:' .. cls, -(tonumber(f[5]) or 1))
       redis.call('HINCRBY', sk, 'g:' .. cls, -1)
     end
-    release_throttle(keys, p, id, f[6])
+    release_throttle(keys, p, id, f[6], now)
   elseif st == 'queued' then
     local q = tenant_queue(p, f[2], cls, f[3])
     if redis.call('ZREM', q, id) == 1 then
@@ -150,6 +150,7 @@ local function redrive(keys, args)
       redis.call('ZREM', p .. 'kept:' .. (f[6] or '') .. ':failed', id)
       redis.call('HSET', jk, 'st', 'queued', 'att', 0, 'run', now)
       redis.call('HDEL', jk, 'fin', 'err', 'res')
+      log_event(p, id, now, 'redriven', {})
       push_ready(p, f[2], f[7] or DEFAULT_CLASS, f[3], id, f[4], f[5], f[8])
       wake(p, f[2])
       done[#done + 1] = id

@@ -220,17 +220,18 @@ local function admit(cx, id, f)
   if #limits == 0 then
     return true, false
   end
-  local token, handoffs = thr_acquire(cx.keys, id, limits, f[14] or 0, f[15] or 0)
+  local token, handoffs, blocker = thr_acquire(cx.keys, id, limits, f[14] or 0, f[15] or 0)
   local moved = #handoffs > 0
   if moved then
     flush_dispatch(cx)
-    enter_all_granted(cx.p, handoffs)
+    enter_all_granted(cx.p, handoffs, cx.now)
   end
   if token then
     redis.call('HSET', job_key(cx.p, id), 'ttok', token)
     return true, moved
   end
   redis.call('HSET', job_key(cx.p, id), 'st', 'throttled')
+  log_event(cx.p, id, cx.now, 'parked', {key = blocker or ''})
   count(cx.tally, 'throttled')
   return false, moved
 end

@@ -54,6 +54,27 @@ local function job_key(p, id)
   return p .. 'job:' .. id
 end
 
+-- A job's lifecycle events (ev:<id>): a list of msgpack [ms, kind, detail], kept to the
+-- last EVENT_CAP entries and deleted with the record. One RPUSH per event; the list is
+-- trimmed only when it outgrows the cap, so a plain job costs one command per event.
+local EVENT_CAP = 64
+
+local function ev_key(p, id)
+  return p .. 'ev:' .. id
+end
+
+local function log_event(p, id, now, kind, detail)
+  local k = ev_key(p, id)
+  if redis.call('RPUSH', k, cmsgpack.pack({now, kind, detail or {}})) > EVENT_CAP then
+    redis.call('LTRIM', k, -EVENT_CAP, -1)
+  end
+end
+
+-- The type of an error JSON ('{"type":"X",...}'), for events; '' when it has none.
+local function error_type(err)
+  return err and string.match(err, '"type"%s*:%s*"([^"]*)"') or ''
+end
+
 local function order_score(prio, seq)
   return -tonumber(prio) * PRIO_SPAN + tonumber(seq)
 end
@@ -150,7 +171,7 @@ local function apply_acks(keys, p, acks, now, tally)
       released[#released + 1] = id
       add_settled(settled, f[9], f[10] or DEFAULT_CLASS, f[11], work_of(f[17]))
       freed[f[9]] = true
-      release_throttle(keys, p, id, f[12])
+      release_throttle(keys, p, id, f[12], now)
       local tenant = f[13] or ''
       if limited[tenant] == nil then
         limited[tenant] = redis.call('HEXISTS', keys[TLIMITS], tenant) == 1
@@ -183,6 +204,7 @@ local function apply_acks(keys, p, acks, now, tally)
         flush_settled(p, settled)
         redis.call('HINCRBY', jk, 'att', -1)
         redis.call('HSET', jk, 'st', 'queued')
+        log_event(p, id, now, 'released', {})
         push_ready(p, r[1], f[10], r[2], id, r[3], r[4], f[11])
         wake(p, r[1])
       end
@@ -295,6 +317,11 @@ local function enqueue(keys, args)
         end
         if cost_mode then
           redis.call('HSET', jk, 'cu', charge_mu(p, tonumber(j[18]) or 0, j[20] == 1, j[19], learned))
+        end
+        log_event(p, id, now, 'submitted', {v = verdict, why = reason, cls = cls})
+        -- a deferred job is scheduled when admitted (its 'admitted' event says until when)
+        if st == 'scheduled' and verdict ~= 'deferred' then
+          log_event(p, id, now, 'scheduled', {at = run_at})
         end
         if verdict == 'deferred' then
           redis.call('HSET', jk, 'dmu', mu)
@@ -502,11 +529,13 @@ local function sweep(keys, args)
   for _, id in ipairs(expired) do
     redis.call('ZREM', keys[LEASES], id)
     local jk = job_key(p, id)
-    local f = redis.call('HMGET', jk, 'st', 'att', 'max', 'bo', 'lane', 'cls', 'sl', 'ttok', 'cu')
+    local f = redis.call('HMGET', jk, 'st', 'att', 'max', 'bo', 'lane', 'cls', 'sl', 'ttok', 'cu',
+      'wk')
     if f[1] == 'running' then
       redis.call('HDEL', jk, 'tok', 'wk')
+      log_event(p, id, now, 'reclaimed', {wk = f[10] or '', att = tonumber(f[2]) or 0})
       settle_running(p, f[5], f[6] or DEFAULT_CLASS, f[7], work_of(f[9]))
-      release_throttle(keys, p, id, f[8])
+      release_throttle(keys, p, id, f[8], now)
       count(tally, 'reclaimed')
       local att = tonumber(f[2]) or 0
       local err = string.format(LOST_ERR, att)

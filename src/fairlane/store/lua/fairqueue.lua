@@ -120,10 +120,11 @@ end
 
 -- A throttle handed job `id` the slots of grant `token`: it waits at the front of its
 -- class (in the granted set) for a worker slot.
-local function enter_granted(p, id, token)
+local function enter_granted(p, id, token, now)
   local jk = job_key(p, id)
   local f = redis.call('HMGET', jk, 'lane', 'cls', 'sl')
   redis.call('HSET', jk, 'st', 'queued', 'ttok', token)
+  log_event(p, id, now or now_ms(), 'granted', {tok = token})
   redis.call('ZADD', class_key(p, f[1], f[2], 'granted'), token, id)
   local sk = lane_key(p, f[1], 'state')
   redis.call('HINCRBY', sk, 'd:' .. f[2], tonumber(f[3]) or 1)
@@ -131,17 +132,17 @@ local function enter_granted(p, id, token)
   wake(p, f[1])
 end
 
-local function enter_all_granted(p, handoffs)
+local function enter_all_granted(p, handoffs, now)
   for _, h in ipairs(handoffs) do
-    enter_granted(p, h[1], h[2])
+    enter_granted(p, h[1], h[2], now)
   end
   return #handoffs > 0
 end
 
 -- Release a job's throttle grant, if it holds one, and pass the slots on.
-local function release_throttle(keys, p, id, token)
+local function release_throttle(keys, p, id, token, now)
   if token then
     redis.call('HDEL', job_key(p, id), 'ttok')
-    enter_all_granted(p, thr_release(keys, id, token))
+    enter_all_granted(p, thr_release(keys, id, token), now)
   end
 end

@@ -14,17 +14,21 @@ local function promote_due(keys, p, lane, now, limit)
       -- a retry passes the gate again; it is durable already, so it waits rather than fail
       redis.call('HDEL', jk, 'readmit')
       local mu = tonumber(f[7])
-      if room_for(p, lane, cfg, cls, f[2], mu, false) == 'accepted' then
+      local why = room_for(p, lane, cfg, cls, f[2], mu, false)
+      if why == 'accepted' then
         reserve(p, lane, cls, f[2], id, mu)
         redis.call('HSET', jk, 'st', 'queued')
+        log_event(p, id, now, 'due', {})
         push_ready(p, lane, cls, f[2], id, f[3], f[4], f[6])
       else
         redis.call('HSET', jk, 'dmu', mu, 'retry', '1')
+        log_event(p, id, now, 'due', {v = 'deferred', why = why, cls = cls})
         defer(p, lane, cls, id, f[4])
       end
     elseif f[1] == 'scheduled' then
       redis.call('HDEL', jk, 'readmit')
       redis.call('HSET', jk, 'st', 'queued')
+      log_event(p, id, now, 'due', {})
       push_ready(p, lane, cls, f[2], id, f[3], f[4], f[6])
     end
   end
@@ -79,6 +83,7 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
     local att = (tonumber(f[10]) or 0) + 1
     redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', tok, 'att', att, 'wk', worker,
       'start', now)
+    log_event(p, id, now, 'dispatched', {wk = worker, att = att, cls = cls})
     zargs[2 * i - 1] = now + lease
     zargs[2 * i] = id
     jobs[i] = {id, tostring(tok), att, f[2], f[3], tonumber(f[6]) or 0,
@@ -132,10 +137,10 @@ local function runnable(keys, p, id, now, tally)
     if not f[2] or not f[3] or not tonumber(f[4]) or not f[7]
       or not (utf8_ok(f[2]) and utf8_ok(f[3]) and utf8_ok(f[7]) and utf8_ok(f[8])) then
       count(tally, 'malformed')
-      release_throttle(keys, p, id, f[16])
+      release_throttle(keys, p, id, f[16], now)
       dead_letter(keys, p, id, MALFORMED_ERR, now, tally)
     elseif f[5] and tonumber(f[5]) < now then
-      release_throttle(keys, p, id, f[16])
+      release_throttle(keys, p, id, f[16], now)
       expire(keys, p, id, EXPIRED_ERR, now, tally)
     else
       return f

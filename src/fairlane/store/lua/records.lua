@@ -19,7 +19,7 @@ local function remove_record(keys, p, id, failed)
   if failed then
     redis.call('ZREM', keys[DEAD], id)
   end
-  redis.call('DEL', jk)
+  redis.call('DEL', jk, ev_key(p, id))
 end
 
 -- Bounded trim of one retention index: at most `budget` records per call, so the
@@ -96,6 +96,11 @@ local function finish(keys, p, id, status, field, payload, now, tally, meta)
     redis.call('HSET', jk, 'st', status, 'fin', now)
   end
   count(tally, status)
+  if status == 'completed' then
+    log_event(p, id, now, status)
+  else
+    log_event(p, id, now, status, {err = error_type(payload)})
+  end
   meta = meta or
     redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w', 'mu', 'lane', 'cls', 'tenant', 'par', 'wfr')
   if meta[9] then
@@ -147,6 +152,7 @@ local function schedule_retry(keys, p, id, delay, err, now, tally)
   end
   redis.call('HSET', jk, 'st', 'scheduled', 'run', run_at, 'err', err)
   redis.call('ZADD', lane_key(p, f[2], 'delayed'), run_at, id)
+  log_event(p, id, now, 'retry', {delay = delay, err = error_type(err), at = run_at})
   count(tally, 'retried')
   -- the retry may be due sooner than a blocked worker's timeout: wake one to re-read it
   wake(p, f[2])
@@ -202,6 +208,7 @@ admit_deferred = function(keys, p, lane, now, fx)
         reserve(p, lane, cls, f[2], id, mu)
         redis.call('HDEL', jk, 'dmu', 'retry')
         count(fx, 'admitted')
+        log_event(p, id, now, 'admitted', {at = tonumber(f[5]) or now})
         if (tonumber(f[5]) or now) > now then
           redis.call('HSET', jk, 'st', 'scheduled')
           redis.call('ZADD', lane_key(p, lane, 'delayed'), tonumber(f[5]), id)

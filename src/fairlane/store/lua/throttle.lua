@@ -94,8 +94,8 @@ local function unref(keys, names)
 end
 
 -- Admit `id` on every key of `limits` ({{key, limit}, ..} sorted by key) at once, or
--- park it on its first full key. Returns the grant token (nil when parked) and the
--- waiters admitted on the way (by limits this job raised).
+-- park it on its first full key. Returns the grant token (nil when parked), the
+-- waiters admitted on the way (by limits this job raised) and the key it parked on.
 local function thr_acquire(keys, id, limits, prio, seq)
   local names, raised = {}, {}
   for i, kl in ipairs(limits) do
@@ -117,7 +117,7 @@ local function thr_acquire(keys, id, limits, prio, seq)
     return grant(keys, id, names), handoffs
   end
   park(keys, id, names, blocker, prio, seq)
-  return nil, handoffs
+  return nil, handoffs, blocker
 end
 
 -- Free the slots of `id`'s grant `token` and hand them on. A stale token or a job

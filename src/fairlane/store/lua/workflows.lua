@@ -201,6 +201,7 @@ local function suspend_run(keys, p, id, wait, delay, now, tally)
   redis.call('HSET', jk, 'st', 'scheduled', 'run', run_at, 'wf', wait, 'seq', seq)
   redis.call('ZADD', lane_key(p, f[2], 'delayed'), run_at, id)
   redis.call('RPUSH', run_key(p, id, 'log'), cmsgpack.pack({'suspend', wait, now, run_at}))
+  log_event(p, id, now, 'suspended', {wait = wait, at = run_at})
   count(tally, 'suspended')
   wake(p, f[2])
 end

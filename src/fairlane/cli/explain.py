@@ -1,0 +1,85 @@
+"""``fairlane explain MODULE:APP JOB_ID``: where a job's time went, and why.
+
+Reads the job's record and its lifecycle events (``ev:<id>``, kept with the record
+and removed with it by retention) and prints one summary sentence, then the segments
+of its life: queued behind fair dispatch in its class, deferred by admission (and
+why), parked on a throttle key, in a retry backoff, suspended, running. ``--json``
+prints the same as JSON, with the events as the store recorded them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from fairlane.app import App
+from fairlane.cli._common import EXIT_FAILURE, AppSpec, RedisUrl, console, fail, load_app, run
+from fairlane.explain import Event, format_ms
+from fairlane.explain import explain as explain_record
+
+__all__ = ["explain"]
+
+
+async def _load(app: App, job_id: str) -> tuple[dict[str, bytes], list[Event], int]:
+    async with app:
+        record = await app.store.job_record(job_id)
+        events = await app.store.job_events(job_id)
+        seconds, micros = await app.store.client.time()
+        return record, events, int(seconds) * 1000 + int(micros) // 1000
+
+
+def _at(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def _plain(value: Any) -> Any:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def explain(
+    app_spec: AppSpec,
+    job_id: Annotated[str, typer.Argument(metavar="JOB_ID", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON.")] = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Explain a job: where its time went (waiting, and why; running, and where) in one answer."""
+    app = load_app(app_spec, redis_url)
+    record, events, now_ms = run(_load(app, job_id))
+    if not record and not events:
+        fail(
+            f"no record of job {job_id} in app {app.name!r} (never enqueued, or removed by "
+            "retention)",
+            EXIT_FAILURE,
+        )
+    answer = explain_record(record, events, now_ms=now_ms)
+    if as_json:
+        out = {
+            "id": job_id,
+            **asdict(answer),
+            "events": [
+                {"ms": e.ms, "kind": e.kind, "detail": {k: _plain(v) for k, v in e.detail.items()}}
+                for e in events
+            ],
+        }
+        typer.echo(json.dumps(out, indent=2, ensure_ascii=False))
+        return
+    out_console = console()
+    out_console.print(f"[bold]job {escape(job_id)}[/] ({escape(answer.status or '?')})")
+    out_console.print(escape(answer.summary))
+    if not answer.segments:
+        return
+    table = Table(box=None, pad_edge=False)
+    table.add_column("from")
+    table.add_column("for", justify="right")
+    table.add_column("what", style="bold")
+    table.add_column("why", overflow="fold")
+    for s in answer.segments:
+        took = format_ms(s.ms) + (" +" if s.open else "")
+        table.add_row(_at(s.from_ms), took, s.what, escape(s.why))
+    out_console.print(table)
