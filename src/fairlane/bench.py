@@ -108,19 +108,6 @@ def _output_path(out: Path | None) -> Path:
     return out / f"{stamp}.json"
 
 
-def _fmt(value: float | None) -> str:
-    if value is None:
-        return "-"
-    size = abs(value)
-    if size >= 1000:
-        return f"{value:,.0f}"
-    if size >= 100:
-        return f"{value:.0f}"
-    if size >= 10:
-        return f"{value:.1f}"
-    return f"{value:.2f}" if size >= 0.1 or size == 0 else f"{value:.3f}"
-
-
 def _ratio(ratio: float | None, better: str) -> str:
     if ratio is None:
         return "-"
@@ -133,6 +120,7 @@ def _ratio(ratio: float | None, better: str) -> str:
 def render(result: dict[str, Any], console: Console | None = None) -> None:
     """Print the summary as Rich tables: all systems, then Fairlane alone."""
     console = console or Console()
+    _fmt = _load("core").fmt  # the suite's own number format, shared with its markdown
     meta = result["meta"]
     server = meta.get("server", {})
     cfg = meta["config"]
