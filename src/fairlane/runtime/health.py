@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from fairlane.runtime.http import QuietHandler, ThreadedServer
 
 __all__ = ["HealthServer", "LoopMonitor"]
 
@@ -44,40 +44,17 @@ class LoopMonitor:
         return self.lag() <= self.threshold
 
 
-class HealthServer:
+class HealthServer(ThreadedServer):
     """Serves ``GET /health``: 200 while the loop is responsive, 503 when it has been blocked."""
 
     def __init__(self, port: int, monitor: LoopMonitor, host: str = "127.0.0.1") -> None:
-        monitor_ref = monitor
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
+        class Handler(QuietHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the standard library calls it so
                 if self.path.rstrip("/") != "/health":
                     self.send_error(404)
                     return
-                ok = monitor_ref.healthy()
-                body = json.dumps({"ok": ok, "loop_lag_seconds": round(monitor_ref.lag(), 3)})
-                self.send_response(200 if ok else 503)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(body.encode())
+                ok = monitor.healthy()
+                body = json.dumps({"ok": ok, "loop_lag_seconds": round(monitor.lag(), 3)})
+                self.reply(200 if ok else 503, body.encode(), "application/json")
 
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="fairlane-health", daemon=True
-        )
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        super().__init__(host, port, Handler, "fairlane-health")
