@@ -4,6 +4,8 @@
 :class:`fairlane.testing.RedisServer` started once per session; ``external`` is added when
 ``FAIRLANE_TEST_REDIS_URL`` is set, so the same tests also run against that server.
 ``namespace`` gives each test its own app name and deletes that test's keys afterwards.
+A test marked ``embedded_only`` exercises processes, a browser or a benchmark harness
+rather than the server's semantics, so it runs against the embedded server alone.
 """
 
 from __future__ import annotations
@@ -22,6 +24,17 @@ EXTERNAL_URL_ENV = "FAIRLANE_TEST_REDIS_URL"
 
 def _backends() -> list[str]:
     return ["embedded", "external"] if os.environ.get(EXTERNAL_URL_ENV) else ["embedded"]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept, dropped = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        on_external = params.get("redis_url") == "external"
+        (dropped if on_external and item.get_closest_marker("embedded_only") else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import psutil
+import pytest
 import redis
 import typer
 from typer.testing import CliRunner
@@ -58,6 +59,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.embedded_only
 def test_demo_runs_fair_and_fifo_and_writes_its_report(redis_url: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = ["--duration", "8", "--no-live", "--redis-url", redis_url, "--out", str(out)]
@@ -98,6 +100,7 @@ def test_demo_runs_fair_and_fifo_and_writes_its_report(redis_url: str, tmp_path:
     assert not demo_keys(redis_url)
 
 
+@pytest.mark.embedded_only
 def test_ctrl_c_stops_the_demo_its_workers_and_cleans_up(redis_url: str, tmp_path: Path) -> None:
     log = tmp_path / "demo.log"
     out = tmp_path / "out"

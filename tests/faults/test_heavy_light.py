@@ -30,7 +30,7 @@ from fairlane import App
 from tests.faults.heavy_light_app import build
 from tests.faults.worker_proc import eventually, server_ms, wait_ready
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.embedded_only]
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = 40  # light jobs per measurement

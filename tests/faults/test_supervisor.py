@@ -146,6 +146,7 @@ def supervisor_process(
 
 
 @pytest.mark.anyio
+@pytest.mark.embedded_only
 async def test_processes_supervises_restarts_and_stops(
     project: ModuleType, redis_url: str, tmp_path: Path
 ) -> None:
