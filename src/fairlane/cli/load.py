@@ -12,7 +12,7 @@ from rich.table import Table
 
 from fairlane.app import App
 from fairlane.cli._common import AppSpec, RedisUrl, console, load_app, run
-from fairlane.policy.classes import Allocation, allocate
+from fairlane.policy.classes import Allocation, allocate_observed
 from fairlane.store.redis import LaneState
 
 __all__ = ["inspect_load"]
@@ -24,14 +24,7 @@ async def _lane_states(app: App, lanes: list[str]) -> dict[str, LaneState]:
 
 
 def _allocation(app: App, lane: str, state: LaneState) -> Allocation:
-    table = app.lane_classes(lane)
-    known = set(table.names)
-    in_flight = {k: max(0, v) for k, v in state.in_flight.items() if k in known}
-    waiting = {k: max(0, v) for k, v in state.waiting.items() if k in known}
-    # the head's width is not kept in the lane's state: a waiting class is shown with a
-    # one-slot head, which is what most jobs are
-    heads: dict[str, int | None] = {name: 1 if waiting.get(name) else None for name in known}
-    return allocate(table, state.capacity, in_flight, heads, demand=waiting)
+    return allocate_observed(app.lane_classes(lane), state.capacity, state.in_flight, state.waiting)
 
 
 def inspect_load(app_spec: AppSpec, redis_url: RedisUrl = None) -> None:

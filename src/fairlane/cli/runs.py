@@ -13,7 +13,7 @@ same as one JSON document.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -23,85 +23,15 @@ from rich.table import Table
 
 from fairlane.app import App
 from fairlane.cli._common import EXIT_FAILURE, AppSpec, RedisUrl, console, fail, load_app, run
-from fairlane.codec import decode_error
-from fairlane.store.runs import Checkpoint, LogEvent, RunHistory
+from fairlane.runview import RunView, SliceView, record_text, run_view
+from fairlane.store.runs import RunHistory
 from fairlane.workflows import Workflow
 
 __all__ = ["runs_app", "runs_show"]
 
 runs_app = typer.Typer(help="Durable workflow runs: inspect one.", no_args_is_help=True)
 
-_WAIT_KINDS = frozenset({"sleep", "signal", "children"})
 _VALUE_WIDTH = 40
-
-
-@dataclass(frozen=True, slots=True)
-class StepView:
-    """One checkpoint of the run."""
-
-    index: int
-    kind: str
-    name: str
-    status: str
-    ms: int
-    worker: str
-    ended_ms: int
-    slice: int | None  # the slice that wrote it (1-based), when the log covers it
-    value: Any
-
-
-@dataclass(frozen=True, slots=True)
-class SliceView:
-    """One lease of the run: where and when it ran, and how it ended."""
-
-    index: int
-    worker: str
-    attempt: int
-    started_ms: int
-    ended_ms: int | None  # None while it runs, or when it was cut short
-    outcome: str  # suspended | yielded | ended | interrupted | running
-    wait: str | None  # what a suspended slice waits for: sleep, signal:<name>, children
-    until_ms: int | None  # when a suspended slice is woken at the latest
-    status: str | None  # the run's final status, for the slice that ended it
-    checkpoints: int
-    idle_ms: int | None  # from its end to the next slice's start
-
-
-@dataclass(frozen=True, slots=True)
-class WaitView:
-    """A durable wait that completed (it is a checkpoint) or is in progress."""
-
-    step: int | None  # the checkpoint's index; None for the wait in progress
-    kind: str
-    name: str
-    status: str  # ok | timeout | waiting
-    waited_ms: int
-    until_ms: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class RunView:
-    """Everything ``runs show`` prints."""
-
-    id: str
-    task: str
-    tenant: str
-    lane: str
-    status: str
-    attempts: int
-    max_attempts: int | None
-    enqueued_ms: int | None
-    started_ms: int | None
-    finished_ms: int | None
-    result: Any
-    error: str | None
-    steps: list[StepView]
-    slices: list[SliceView]
-    waits: list[WaitView]
-    pending_signals: int
-
-
-# -- reading ---------------------------------------------------------------------------
 
 
 async def _load(app: App, run_id: str) -> tuple[dict[str, bytes], RunHistory, int]:
@@ -110,141 +40,6 @@ async def _load(app: App, run_id: str) -> tuple[dict[str, bytes], RunHistory, in
         history = await app.store.runs.history(run_id)
         seconds, micros = await app.store.client.time()
         return record, history, int(seconds) * 1000 + int(micros) // 1000
-
-
-def _text(record: dict[str, bytes], key: str, default: str = "-") -> str:
-    raw = record.get(key)
-    return raw.decode("utf-8", "replace") if raw else default
-
-
-def _int(record: dict[str, bytes], key: str) -> int | None:
-    raw = record.get(key)
-    try:
-        return int(raw) if raw else None
-    except ValueError:
-        return None
-
-
-def _json_value(raw: str | bytes) -> Any:
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    if not text:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def _slice_of(ended_ms: int, starts: list[int]) -> int | None:
-    """The slice a checkpoint was written in: the last one started at or before it."""
-    found = None
-    for index, start in enumerate(starts, 1):
-        if start <= ended_ms:
-            found = index
-    return found
-
-
-def _slices(log: list[LogEvent], steps: list[StepView], status: str) -> list[SliceView]:
-    starts = [(i, e) for i, e in enumerate(log) if e.kind == "slice"]
-    views: list[SliceView] = []
-    for n, (position, event) in enumerate(starts, 1):
-        after = log[position + 1] if position + 1 < len(log) else None
-        next_start = starts[n][1].at_ms if n < len(starts) else None
-        ended_ms: int | None = None
-        wait = until = final = None
-        if after is not None and after.kind == "suspend":
-            ended_ms = after.at_ms
-            outcome = "yielded" if after.detail == "yield" else "suspended"
-            if outcome == "suspended":
-                wait, until = after.detail, after.extra
-        elif after is not None and after.kind == "end":
-            ended_ms, outcome, final = after.at_ms, "ended", after.detail
-        elif after is None and status == "running":
-            outcome = "running"
-        else:  # a failed attempt, a lost lease, or a record gone: nothing logged its end
-            outcome = "interrupted"
-        views.append(
-            SliceView(
-                index=n,
-                worker=event.detail,
-                attempt=event.extra,
-                started_ms=event.at_ms,
-                ended_ms=ended_ms,
-                outcome=outcome,
-                wait=wait,
-                until_ms=until,
-                status=final,
-                checkpoints=sum(1 for s in steps if s.slice == n),
-                idle_ms=next_start - ended_ms
-                if next_start is not None and ended_ms is not None
-                else None,
-            )
-        )
-    return views
-
-
-def _waits(
-    steps: list[StepView], slices: list[SliceView], log: list[LogEvent], now_ms: int
-) -> list[WaitView]:
-    waits = [
-        WaitView(s.index, s.kind, s.name, s.status, s.ms, None)
-        for s in steps
-        if s.kind in _WAIT_KINDS
-    ]
-    last = slices[-1] if slices else None
-    # still waiting: the log ends with the suspension (a run cancelled meanwhile has ended)
-    waiting = bool(log) and log[-1].kind == "suspend"
-    if waiting and last is not None and last.wait and last.ended_ms:
-        kind, _, name = last.wait.partition(":")
-        waits.append(WaitView(None, kind, name, "waiting", now_ms - last.ended_ms, last.until_ms))
-    return waits
-
-
-def _view(run_id: str, record: dict[str, bytes], history: RunHistory, now_ms: int) -> RunView:
-    status = _text(record, "st", "(record removed)")
-    starts = [e.at_ms for e in history.log if e.kind == "slice"]
-    steps = [_step(i, c, starts) for i, c in enumerate(history.steps)]
-    slices = _slices(history.log, steps, status)
-    error = None
-    if record.get("err"):
-        try:
-            info = decode_error(record["err"])
-            error = f"{info.type}: {info.message}"
-        except Exception:  # a malformed error is still shown, raw
-            error = _text(record, "err")
-    return RunView(
-        id=run_id,
-        task=_text(record, "task"),
-        tenant=_text(record, "tenant"),
-        lane=_text(record, "lane"),
-        status=status,
-        attempts=_int(record, "att") or 0,
-        max_attempts=_int(record, "max"),
-        enqueued_ms=_int(record, "enq"),
-        # the record's start is its latest lease's: the run started with its first slice
-        started_ms=slices[0].started_ms if slices else _int(record, "start"),
-        finished_ms=_int(record, "fin"),
-        result=_json_value(record["res"]) if record.get("res") else None,
-        error=error,
-        steps=steps,
-        slices=slices,
-        waits=_waits(steps, slices, history.log, now_ms),
-        pending_signals=history.pending_signals,
-    )
-
-
-def _step(index: int, c: Checkpoint, starts: list[int]) -> StepView:
-    return StepView(
-        index=index,
-        kind=c.kind,
-        name=c.name,
-        status=c.status,
-        ms=c.ms,
-        worker=c.worker,
-        ended_ms=c.ended_ms,
-        slice=_slice_of(c.ended_ms, starts),
-        value=_json_value(c.value),
-    )
 
 
 # -- printing --------------------------------------------------------------------------
@@ -366,10 +161,10 @@ def runs_show(
             f"no run {run_id} in app {app.name!r} (never enqueued, or removed by retention)",
             EXIT_FAILURE,
         )
-    task = app.tasks.get(_text(record, "task", ""))
+    task = app.tasks.get(record_text(record, "task", ""))
     if record and not history.log and not record.get("wfr") and not isinstance(task, Workflow):
-        fail(f"{run_id} is a job of task {_text(record, 'task')}, not a workflow run")
-    view = _view(run_id, record, history, now_ms)
+        fail(f"{run_id} is a job of task {record_text(record, 'task')}, not a workflow run")
+    view = run_view(run_id, record, history, now_ms)
     if as_json:
         typer.echo(json.dumps(asdict(view), indent=2, ensure_ascii=False))
     else:

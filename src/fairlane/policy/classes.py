@@ -99,6 +99,7 @@ __all__ = [
     "Reason",
     "ServiceClass",
     "allocate",
+    "allocate_observed",
     "assured_slots",
     "may_start",
     "next_class",
@@ -329,6 +330,20 @@ def _lent(a: list[int], f: list[int], lend: list[int], capacity: int) -> list[in
             lent[i] += take
             left -= take
     return lent
+
+
+def allocate_observed(
+    table: ClassTable, capacity: int, in_flight: Mapping[str, int], waiting: Mapping[str, int]
+) -> Allocation:
+    """The decision for a lane state as an operator sees it: slots in flight and waiting
+    per class. Classes the table does not know are left out, counts are clamped at 0,
+    and a waiting class is taken to have a one-slot head: the state keeps no head
+    widths, and most jobs are one slot wide."""
+    known = set(table.names)
+    flying = {k: max(0, v) for k, v in in_flight.items() if k in known}
+    queued = {k: max(0, v) for k, v in waiting.items() if k in known}
+    heads: dict[str, int | None] = {name: 1 if queued.get(name) else None for name in known}
+    return allocate(table, capacity, flying, heads, demand=queued)
 
 
 def allocate(
