@@ -59,6 +59,7 @@ RESERVED_PARAMETERS = frozenset(
         "service_class",
         "slots",
         "limits",
+        "trace",
     }
 )
 _DEFAULTS: dict[str, Any] = {

@@ -1,56 +1,88 @@
-"""Where a job's time went, and why: its lifecycle events turned into one plain answer.
+"""Where a job's time went, and why: its record and lifecycle events turned into one answer.
 
-The store writes a job's lifecycle events to ``ev:<id>`` inside the scripts that
-change its state, with the server's clock (``fairlane/store/keys.py``). Each is
-``[ms, kind, detail]``:
+A job's record (``JOB_FIELDS``) already says when it was enqueued (``enq``), when its
+last attempt started, where and which one it was (``start``, ``wk``, ``att``), and how
+and when it ended (``st``, ``fin``, ``err``). The store's scripts log to ``ev:<id>``
+only what the record cannot tell, with the server's clock
+(``fairlane/store/keys.py``), so that a job accepted, dispatched at once and completed
+logs nothing. Each event is ``[ms, kind, detail]``:
 
 ==============  =============================================================
 kind            detail
 ==============  =============================================================
-``submitted``   ``v`` admission verdict (accepted | deferred), ``why`` the
-                reason of a deferral, ``cls`` its service class
+``submitted``   only for a deferral: ``v`` deferred, ``why`` the reason,
+                ``cls`` its service class
 ``scheduled``   ``at``: it may start at this time (a delay or ``at=``)
 ``admitted``    ``at``: a deferred job was admitted; it may start at ``at``
 ``due``         a scheduled job became due and joined its tenant's queue (``v``
                 deferred and ``why``: a retry that admission deferred instead)
 ``parked``      ``key``: dispatch parked it on this full throttle key
 ``granted``     ``tok``: a throttle handed it a slot; it waits for a worker
-``dispatched``  ``wk`` worker, ``att`` attempt, ``cls`` class
-``retry``       ``delay`` ms, ``err`` error type, ``at`` when it is due again
-``suspended``   ``wait`` what a workflow run waits for, ``at`` its wake-up
-``reclaimed``   ``wk``, ``att``: the lease expired, the worker was lost
-``released``    a stopping worker handed it back unstarted
-``redriven``    a dead letter sent back to its queue
-``completed``   --
-``failed``      ``err`` (also ``cancelled`` and ``expired``)
+``retry``       ``delay`` ms, ``err`` error type, ``at`` when it is due again;
+                the failed attempt's ``start``, ``wk``, ``att`` and ``qw``
+``suspended``   ``wait`` what a workflow run waits for, ``at`` its wake-up; the
+                slice's ``start``, ``wk``, ``att``, ``qw``
+``reclaimed``   ``wk``, ``att``, ``start``, ``qw``: the lease expired, the worker
+                was lost
+``released``    ``start``, ``wk``: a stopping worker handed it back unstarted
+``redriven``    a dead letter sent back to its queue; its first life's last
+                attempt (``start``, ``wk``, ``att``, ``qw``) and end (``fin``,
+                ``err``), which the record forgets
 ==============  =============================================================
 
-:func:`explain` is pure: it takes the job's record fields and its decoded events
-and returns an :class:`Explanation`, segments of time each with what the job was
-doing and why, and one summary sentence.
+``qw`` (a record field, and copied into the events above) is dispatch's view of why a
+job that waited starts only now, JSON: ``by`` maps each other class that held more
+than its assured slots (it was borrowing the capacity the job's class was owed) to
+``[held, assured]``; ``ten`` counts the other tenants fair dispatch was sharing the
+job's class with. It is written with the start of the attempt, so it costs no command.
+
+Jobs logged by earlier versions of the store carry ``dispatched`` and final events
+(``completed``, ``failed``, ``cancelled``, ``expired``) as well; they are read as they
+are.
+
+:func:`timeline` merges the events with those the record implies (marked
+``derived``); :func:`explain` walks that timeline and returns an :class:`Explanation`:
+segments of time each with what the job was doing, why (a sentence, a ``cause`` and
+what it names), and one summary sentence. Both are pure.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
-__all__ = ["Event", "Explanation", "Segment", "decode_event", "explain", "format_ms"]
+__all__ = [
+    "Event",
+    "Explanation",
+    "Segment",
+    "decode_event",
+    "explain",
+    "format_ms",
+    "timeline",
+]
 
 _DECODER = msgspec.msgpack.Decoder()
 _FINAL = frozenset({"completed", "failed", "cancelled", "expired"})
+# events that end an attempt and keep its start, which the next attempt overwrites
+_ATTEMPT_ENDS = ("retry", "reclaimed", "suspended", "released", "redriven")
+# what may happen in the same millisecond as an attempt's start, after it
+_AFTER_START = frozenset({"retry", "reclaimed", "suspended", "released", *_FINAL})
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One lifecycle event: server time (ms), kind and its detail fields."""
+    """One lifecycle event: server time (ms), kind and its detail fields.
+
+    ``derived`` marks an event rebuilt from the job's record rather than logged."""
 
     ms: int
     kind: str
     detail: dict[str, Any] = field(default_factory=dict)
+    derived: bool = False
 
 
 def decode_event(raw: bytes) -> Event:
@@ -67,7 +99,12 @@ class Segment:
     """A stretch of a job's life: ``what`` it was doing from ``from_ms`` to ``to_ms``, and why.
 
     ``what`` is one of queued, deferred, scheduled, parked, backoff, suspended, running.
-    ``open`` marks the segment still going on (it ends at the time of the question)."""
+    ``open`` marks the segment still going on (it ends at the time of the question).
+    ``cause`` says why it waited, in one word: ``slot`` (a free worker slot, nothing
+    else recorded), ``class`` (other classes were borrowing its class's capacity),
+    ``tenants`` (fair dispatch shared its class with other tenants), ``throttle``,
+    ``admission``, ``schedule``, ``backoff`` or ``workflow``; ``about`` what that cause
+    names: the borrowing classes, the throttle key, the deferral reason, the error."""
 
     from_ms: int
     to_ms: int
@@ -76,6 +113,8 @@ class Segment:
     open: bool = False
     worker: str = ""
     attempt: int = 0
+    cause: str = ""
+    about: tuple[str, ...] = ()
 
     @property
     def ms(self) -> int:
@@ -84,13 +123,18 @@ class Segment:
 
 @dataclass(frozen=True, slots=True)
 class Explanation:
-    """Where a job's time went: its segments in order, the totals, and one sentence."""
+    """Where a job's time went: its segments in order, the totals, and one sentence.
+
+    ``causes`` lists the causes of its waiting, first seen first; ``events`` is the
+    timeline the answer was read from (see :func:`timeline`)."""
 
     status: str
     segments: tuple[Segment, ...]
     waited_ms: int
     ran_ms: int
     summary: str
+    causes: tuple[str, ...] = ()
+    events: tuple[Event, ...] = ()
 
 
 def format_ms(ms: int) -> str:
@@ -109,117 +153,286 @@ def _text(value: Any) -> str:
 
 
 def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
     try:
-        return int(_text(value))
+        return int(float(_text(value)))
     except ValueError:
         return None
 
 
-class _Walk:
-    """The state of a walk through the events: the segment open and what is known."""
+def _error_type(err: Any) -> str:
+    """The type of a recorded error (JSON ``{"type": ...}``), or ''."""
+    try:
+        value = json.loads(_text(err))
+    except ValueError:
+        return ""
+    return _text(value.get("type")) if isinstance(value, dict) else ""
 
-    def __init__(self, cls: str) -> None:
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _names(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class _Why:
+    why: str
+    cause: str
+    about: tuple[str, ...] = ()
+
+
+def _queued_why(qw: Any, cls: str) -> _Why | None:
+    """Dispatch's ``qw`` view of a wait in words, or None when it says nothing."""
+    text = _text(qw)
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    by = data.get("by") if isinstance(data.get("by"), dict) else {}
+    rivals = _int(data.get("ten")) or 0
+    parts: list[str] = []
+    borrowers: list[str] = []
+    if by:
+        shown = []
+        for name in sorted(by):
+            held = by[name] if isinstance(by[name], list) and len(by[name]) == 2 else ["?", "?"]
+            borrowers.append(name)
+            shown.append(f"{name} (holding {held[0]} slots, its share {held[1]})")
+        who = f"class {shown[0]} was" if len(shown) == 1 else f"classes {_names(shown)} were"
+        parts.append(f"waited for capacity in class {cls} while {who} borrowing")
+    if rivals > 0:
+        tenants = _plural(rivals, "other tenant", "other tenants")
+        if parts:
+            parts.append(f"fair dispatch shared it with {tenants}")
+        else:
+            parts.append(
+                f"queued behind other tenants' work in class {cls} "
+                f"(fair dispatch shared it with {tenants})"
+            )
+    if not parts:
+        return None
+    return _Why(", and ".join(parts), "class" if borrowers else "tenants", tuple(borrowers))
+
+
+def _limit_of(record: Mapping[str, Any], key: str) -> int | None:
+    """The limit the job declared for throttle key ``key`` (its ``lim`` field), if any."""
+    raw = record.get("lim")
+    if not raw:
+        return None
+    try:
+        limits = _DECODER.decode(raw if isinstance(raw, bytes) else _text(raw).encode())
+    except (msgspec.DecodeError, UnicodeEncodeError):
+        return None
+    for entry in limits if isinstance(limits, list) else ():
+        if isinstance(entry, list) and len(entry) == 2 and _text(entry[0]) == key:
+            return _int(entry[1])
+    return None
+
+
+class _Walk:
+    """The state of a walk through the timeline: the segment open and what is known."""
+
+    def __init__(self, cls: str, record: Mapping[str, Any]) -> None:
         self.cls = cls
+        self.record = record
         self.segments: list[Segment] = []
-        self.state: tuple[str, str] | None = None
+        self.state: tuple[str, _Why] | None = None
         self.since = 0
         self.running: dict[str, Any] = {}
 
-    def close(self, ms: int, *, why: str | None = None, still: bool = False) -> None:
+    def close(self, ms: int, *, why: _Why | None = None, still: bool = False) -> None:
         if self.state is not None:
             what, reason = self.state
             worker, att = "", 0
             if what == "running":
                 worker, att = self.running.get("worker", ""), self.running.get("attempt", 0)
-            self.segments.append(Segment(self.since, ms, what, why or reason, still, worker, att))
+            reason = why or reason
+            self.segments.append(
+                Segment(
+                    self.since,
+                    ms,
+                    what,
+                    reason.why,
+                    still,
+                    worker,
+                    att,
+                    reason.cause,
+                    reason.about,
+                )
+            )
         self.state = None
 
-    def open(self, ms: int, what: str, why: str) -> None:
+    def open(self, ms: int, what: str, why: _Why) -> None:
         self.close(ms)
         self.state, self.since = (what, why), ms
 
     def queued(self, ms: int) -> None:
-        self.open(ms, "queued", f"queued behind fair dispatch in class {self.cls}")
+        self.open(ms, "queued", _Why(f"queued for a worker slot in class {self.cls}", "slot"))
 
     def deferred(self, ms: int, reason: Any, cls: Any) -> None:
-        where = _text(cls) or self.cls
-        self.open(ms, "deferred", f"deferred by admission ({_text(reason) or '?'} in {where})")
+        where, because = _text(cls) or self.cls, _text(reason) or "?"
+        self.open(
+            ms,
+            "deferred",
+            _Why(f"deferred by admission ({because} in {where})", "admission", (because,)),
+        )
 
     def from_now_or_later(self, ms: int, at: Any) -> None:
         until = _int(at)
         if until is not None and until > ms:
-            self.open(ms, "scheduled", f"scheduled to start {format_ms(until - ms)} later")
+            later = f"scheduled to start {format_ms(until - ms)} later"
+            self.open(ms, "scheduled", _Why(later, "schedule"))
         else:
             self.queued(ms)
+
+    def end_running(self, ms: int, how: str) -> None:
+        if self.state and self.state[0] == "running":
+            run = self.state[1]
+            self.close(ms, why=_Why(f"{run.why}, {how}", run.cause, run.about))
+
+    def parked(self, ms: int, key: str) -> None:
+        limit = _limit_of(self.record, key)
+        shown = f" (limit {limit})" if limit is not None else ""
+        why = _Why(f"parked on throttle key {key or '?'}{shown}", "throttle", (key,))
+        self.open(ms, "parked", why)
+
+    def dispatched(self, ms: int, d: Mapping[str, Any]) -> None:
+        if self.state and self.state[0] == "queued":
+            told = _queued_why(d.get("qw"), self.cls)
+            if told is not None:
+                self.close(ms, why=told)
+        worker, att = _text(d.get("wk")) or "?", _int(d.get("att")) or 0
+        self.running = {"worker": worker, "attempt": att}
+        shown = f"attempt {att} on worker {worker}" if att else f"on worker {worker}"
+        self.open(ms, "running", _Why(shown, ""))
 
     def step(self, ev: Event) -> None:  # noqa: C901, PLR0912 - one branch per kind
         d, ms = ev.detail, ev.ms
         if d.get("cls"):
             self.cls = _text(d["cls"])
         match ev.kind:
-            case "submitted":
+            case "submitted" | "due":
                 if d.get("v") == "deferred":
                     self.deferred(ms, d.get("why"), d.get("cls"))
                 else:
                     self.queued(ms)
             case "scheduled" | "admitted":
                 self.from_now_or_later(ms, d.get("at"))
-            case "due":
-                if d.get("v") == "deferred":
-                    self.deferred(ms, d.get("why"), d.get("cls"))
-                else:
-                    self.queued(ms)
             case "parked":
-                self.open(ms, "parked", f"parked on throttle key {_text(d.get('key')) or '?'}")
+                self.parked(ms, _text(d.get("key")))
             case "granted":
                 self.open(
                     ms,
                     "queued",
-                    f"waiting for a worker slot in class {self.cls} after its throttle grant",
+                    _Why(
+                        f"waiting for a worker slot in class {self.cls} after its throttle grant",
+                        "slot",
+                    ),
                 )
             case "dispatched":
-                worker, att = _text(d.get("wk")) or "?", _int(d.get("att")) or 0
-                self.running = {"worker": worker, "attempt": att}
-                self.open(ms, "running", f"attempt {att} on worker {worker}")
+                self.dispatched(ms, d)
             case "retry":
                 err = _text(d.get("err")) or "an error"
-                if self.state and self.state[0] == "running":
-                    self.close(ms, why=f"{self.state[1]}, failed with {err}")
+                self.end_running(ms, f"failed with {err}")
                 delay = _int(d.get("delay"))
                 shown = format_ms(delay) if delay is not None else "a"
-                self.open(ms, "backoff", f"retry backoff ({shown} after {err})")
+                self.open(
+                    ms, "backoff", _Why(f"retry backoff ({shown} after {err})", "backoff", (err,))
+                )
             case "reclaimed":
-                if self.state and self.state[0] == "running":
-                    self.close(ms, why=f"{self.state[1]}, lost (its lease expired)")
+                self.end_running(ms, "lost (its lease expired)")
             case "suspended":
                 wait = _text(d.get("wait")) or "something"
-                if self.state and self.state[0] == "running":
-                    self.close(ms, why=f"{self.state[1]}, suspended")
-                self.open(ms, "suspended", f"suspended waiting for {wait}")
-            case "released" | "redriven":
+                self.end_running(ms, "suspended")
+                self.open(
+                    ms, "suspended", _Why(f"suspended waiting for {wait}", "workflow", (wait,))
+                )
+            case "released":
+                self.end_running(ms, "handed back unstarted by its stopping worker")
+                self.queued(ms)
+            case "redriven":
                 self.queued(ms)
             case kind if kind in _FINAL:
-                if self.state and self.state[0] == "running" and kind != "completed":
+                if kind != "completed":
                     err = _text(d.get("err"))
-                    self.close(ms, why=f"{self.state[1]}, {kind}" + (f" ({err})" if err else ""))
+                    self.end_running(ms, kind + (f" ({err})" if err else ""))
                 self.close(ms)
             case _:
                 pass
 
 
-def _fallback(record: Mapping[str, Any], cls: str) -> list[Event]:
-    """Events rebuilt from the record alone (a job written before events were kept)."""
-    events: list[Event] = []
-    enq, start, fin = _int(record.get("enq")), _int(record.get("start")), _int(record.get("fin"))
-    if enq is not None:
-        events.append(Event(enq, "submitted", {"v": "accepted", "cls": cls}))
-    if start is not None:
-        wk = _text(record.get("wk")) or "?"
-        events.append(Event(start, "dispatched", {"wk": wk, "att": _int(record.get("att")) or 1}))
-    status = _text(record.get("st"))
-    if fin is not None and status in _FINAL:
-        events.append(Event(fin, status, {}))
-    return events
+def _attempt(start: int, detail: Mapping[str, Any]) -> Event:
+    kept = {k: detail[k] for k in ("wk", "att", "qw") if detail.get(k) not in (None, b"", "")}
+    return Event(start, "dispatched", kept, derived=True)
+
+
+def _insert(out: list[Event], ev: Event) -> None:
+    """Put a derived event where it happened: by time, and within one millisecond
+    a submission first, a start before what ended that attempt, an end last."""
+    at = len(out)
+    for i, other in enumerate(out):
+        if other.ms > ev.ms or (
+            other.ms == ev.ms
+            and (
+                ev.kind == "submitted"
+                or (ev.kind == "dispatched" and other.kind in _AFTER_START)
+                or (ev.kind in _FINAL and other.kind == "redriven")
+            )
+        ):
+            at = i
+            break
+    out.insert(at, ev)
+
+
+def timeline(record: Mapping[str, Any], events: Sequence[Event]) -> list[Event]:
+    """The job's life in order: its logged events and those its record implies.
+
+    The record gives the submission (``enq``; a deferral logs its own), the last
+    attempt's start (``start``, ``wk``, ``att``, ``qw``) and the end (``st``, ``fin``,
+    ``err``); events that ended earlier attempts keep those attempts' starts. A kind
+    the events already hold (as logged by earlier versions) is not derived again."""
+    cls = _text(record.get("cls")) or "standard"
+    logged = sorted(events, key=lambda e: e.ms)
+    kinds = {e.kind for e in logged}
+    derived: list[Event] = []
+    enq = _int(record.get("enq"))
+    # a job scheduled at enqueue logs that; a submission at the same instant adds nothing
+    scheduled_at_once = any(e.kind == "scheduled" and e.ms == enq for e in logged)
+    if "submitted" not in kinds and enq is not None and not scheduled_at_once:
+        derived.append(Event(enq, "submitted", {"v": "accepted", "cls": cls}, derived=True))
+    if "dispatched" not in kinds:
+        starts: dict[int, Event] = {}
+        for e in logged:
+            start = _int(e.detail.get("start")) if e.kind in _ATTEMPT_ENDS else None
+            if start is not None and start not in starts:
+                starts[start] = _attempt(start, e.detail)
+        start = _int(record.get("start"))
+        if start is not None and start not in starts:
+            starts[start] = _attempt(start, record)
+        derived.extend(starts[ms] for ms in sorted(starts))
+    if not kinds & _FINAL:
+        for e in logged:
+            fin = _int(e.detail.get("fin")) if e.kind == "redriven" else None
+            if fin is not None:
+                derived.append(Event(fin, "failed", {"err": _text(e.detail.get("err"))}, True))
+        status, fin = _text(record.get("st")), _int(record.get("fin"))
+        if status in _FINAL and fin is not None:
+            err = _error_type(record.get("err")) if status != "completed" else ""
+            derived.append(Event(fin, status, {"err": err} if err else {}, derived=True))
+    out = list(logged)
+    for ev in derived:
+        _insert(out, ev)
+    return out
 
 
 def _summary(status: str, segments: Sequence[Segment], max_attempts: int | None) -> str:
@@ -268,8 +481,8 @@ def explain(
     last event when ``now_ms`` is not given."""
     cls = _text(record.get("cls")) or "standard"
     status = _text(record.get("st"))
-    ordered = sorted(events, key=lambda e: e.ms) if events else _fallback(record, cls)
-    walk = _Walk(cls)
+    ordered = timeline(record, events)
+    walk = _Walk(cls, record)
     for ev in ordered:
         walk.step(ev)
     if walk.state is not None:
@@ -278,10 +491,13 @@ def explain(
     segments = tuple(walk.segments)
     ran = sum(s.ms for s in segments if s.what == "running")
     waited = sum(s.ms for s in segments if s.what != "running")
+    causes = tuple(dict.fromkeys(s.cause for s in segments if s.what != "running" and s.cause))
     return Explanation(
         status=status,
         segments=segments,
         waited_ms=waited,
         ran_ms=ran,
         summary=_summary(status, segments, _int(record.get("max"))),
+        causes=causes,
+        events=tuple(ordered),
     )

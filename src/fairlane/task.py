@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypedDict, T
 
 import msgspec
 
+from fairlane import tracing
 from fairlane.admission import Admission, Rejected, answer, cost_key, unavailable
 from fairlane.codec import ArgsCodec, PayloadTooLarge, decode_error
 from fairlane.errors import JobCancelled, JobExpired, JobNotFound, TaskFailed
@@ -368,6 +369,7 @@ class Task(Generic[P, R]):
         slots: int | None = None,
         limits: Mapping[str, int] | None = None,
         estimate: Estimate | float | None = None,
+        trace: bool = True,
         **kwargs: Any,
     ) -> Job[R]:
         """Enqueue one call. Arguments are checked against the signature here, at the call site.
@@ -375,6 +377,7 @@ class Task(Generic[P, R]):
         ``service_class`` and ``slots`` replace the task's; ``limits`` are added to the
         task's (a key named by both takes this call's limit). A deferred job is returned
         like an accepted one; a rejection raises ``Rejected(reason, retry_after)``.
+        ``trace=False`` stores no trace context with the job (``fairlane.tracing``).
         """
         admission: Admission[R] = await self.submit(
             *args,
@@ -388,6 +391,7 @@ class Task(Generic[P, R]):
             priority=priority,
             slots=slots,
             limits=limits,
+            trace=trace,
             **kwargs,
         )
         if admission.job is not None:
@@ -411,6 +415,7 @@ class Task(Generic[P, R]):
         priority: int = 0,
         slots: int | None = None,
         limits: Mapping[str, int] | None = None,
+        trace: bool = True,
         **kwargs: Any,
     ) -> Admission[R]:
         """Ask admission to take one call: accepted, deferred (stored, admitted when room
@@ -419,6 +424,8 @@ class Task(Generic[P, R]):
         ``estimate`` is the work the call declares (an ``Estimate`` or units); the store
         reserves the larger of it and what this tenant's jobs of this workflow and model
         were learned to cost, times the safety multiplier. Bad input raises at once.
+        With tracing on, a ``send`` span records the answer and, unless ``trace`` is
+        False, the job stores its context for the workers' spans (``fairlane.tracing``).
         """
         blob = self.encode_args(args, kwargs)
         job = self.new_job(
@@ -434,6 +441,12 @@ class Task(Generic[P, R]):
             limits=limits,
             estimate=estimate,
         )
+        with tracing.sending(self.options.lane, [job], propagate=trace) as span:
+            admission = await self._submit_one(job)
+            tracing.admitted(span, admission)
+        return admission
+
+    async def _submit_one(self, job: NewJob) -> Admission[R]:
         try:
             (reply,) = await self.app.store.submit(self.options.lane, [job])
         except StoreUnavailable:
@@ -454,17 +467,23 @@ class Task(Generic[P, R]):
         slots: int | None = None,
         limits: Mapping[str, int] | None = None,
         estimate: Estimate | float | None = None,
+        trace: bool = True,
     ) -> list[Job[R]]:
         """Enqueue many calls (each a tuple of positional arguments) in one round trip.
 
         Every call is checked before anything is sent: one bad call stores no job.
         Admission judges each job on its own: if one is rejected, ``Rejected`` is raised
         and the batch's other jobs stay stored (``submit`` answers job by job).
+        ``trace=False`` stores no trace context with the jobs (``fairlane.tracing``).
         """
         when = _Placement.of(tenant, delay, at, deadline, priority)
         demand = _Demand.of(self, service_class, slots, limits, when.tenant, estimate)
         jobs = [self._job(self.encode_args(tuple(call), {}), when, demand, "") for call in calls]
-        return await self._store(jobs) if jobs else []
+        if not jobs:
+            return []
+        # one span for the batch: every job of it carries the same context
+        with tracing.sending(self.options.lane, jobs, propagate=trace):
+            return await self._store(jobs)
 
     def encode_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
         blob = self.codec.encode(args, kwargs)
@@ -561,6 +580,7 @@ class EnqueueOptions(TypedDict, total=False):
     service_class: str | None
     slots: int | None
     limits: Mapping[str, int] | None
+    trace: bool
 
 
 class BoundCall(Generic[R]):

@@ -2,10 +2,12 @@
 
 Each test runs real jobs through a real server and an in-process worker, reads the
 job's record and events back (``Store.job_events``) and checks that the explanation
-names the cause: a throttle key, an admission deferral and its reason, a retry
-backoff, fair dispatch within a class, or nothing at all (a plain job). A pure test
-of ``fairlane.explain`` on synthetic events pins the sentence itself. Assertions are
-about causes and order, never about exact timings.
+names the cause: a throttle key, its class's capacity borrowed by another class, fair
+dispatch sharing its class with other tenants, an admission deferral and its reason,
+a retry backoff and its error -- or nothing at all for a plain job, which logs no
+event (its record tells it all). Pure tests of ``fairlane.explain`` pin the sentences,
+the timeline rebuilt from a record, and events as earlier versions logged them.
+Assertions are about causes and order, never about exact timings.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from fairlane import App, Backoff, Retention
+from fairlane import App, Backoff, Retention, ServiceClass
 from fairlane.cli.explain import explain as explain_command
 from fairlane.explain import Event, Explanation, decode_event, explain
 from fairlane.pools import parse_config
@@ -62,7 +64,7 @@ async def test_a_job_parked_on_a_throttle_key_is_explained_by_the_key(
 ) -> None:
     app = make_app(namespace, redis_url)
 
-    @app.task(limits={"k": 1})
+    @app.task(limits={"model:big": 1})
     async def hold(seconds: float) -> None:
         await asyncio.sleep(seconds)
 
@@ -73,15 +75,100 @@ async def test_a_job_parked_on_a_throttle_key_is_explained_by_the_key(
             await first.result(timeout=WAIT)
             await second.result(timeout=WAIT)
         answer, events = await explained(app, second.id)
-    assert kinds(events) == ["submitted", "parked", "granted", "dispatched", "completed"]
-    assert events[1].detail["key"] == "k"
+    assert kinds(events) == ["parked", "granted"]
+    assert events[0].detail["key"] == "model:big"
     parked = [s for s in answer.segments if s.what == "parked"]
-    assert len(parked) == 1 and parked[0].why == "parked on throttle key k"
-    assert "parked on throttle key k" in answer.summary
+    assert len(parked) == 1 and parked[0].why == "parked on throttle key model:big (limit 1)"
+    assert (parked[0].cause, parked[0].about) == ("throttle", ("model:big",))
+    assert parked[0].ms >= 200  # it waited for the first job, which held the key 300 ms
+    assert "parked on throttle key model:big (limit 1)" in answer.summary
+    assert "throttle" in answer.causes
     assert answer.summary.endswith("; completed.")
 
 
-# -- 2. admission deferral ---------------------------------------------------------------------
+# -- 2. its class's capacity, borrowed by another class ---------------------------------------
+
+
+async def test_a_job_whose_class_share_was_borrowed_names_the_borrowing_class(
+    redis_url: str, namespace: str
+) -> None:
+    app = make_app(namespace, redis_url)
+    # four slots, two each; guaranteed lends all of its two while it has nothing to run
+    app.lane(
+        "default",
+        classes=[
+            ServiceClass("guaranteed", nominal_share=0.5, lendable=1.0),
+            ServiceClass("standard", nominal_share=0.5),
+        ],
+    )
+    running = 0
+    all_started = asyncio.Event()
+
+    @app.task
+    async def hold(seconds: float) -> None:
+        nonlocal running
+        running += 1
+        if running == 4:
+            all_started.set()
+        await asyncio.sleep(seconds)
+
+    async with app:
+        flood = await hold.enqueue_many([(0.4,)] * 4, tenant="bulk")
+        async with running_worker(app, concurrency=4):
+            async with asyncio.timeout(WAIT):
+                await all_started.wait()  # standard holds all four slots, two of them lent
+            urgent = await hold.enqueue(0.0, tenant="vip", service_class="guaranteed")
+            await urgent.result(timeout=WAIT)
+            for job in flood:
+                await job.result(timeout=WAIT)
+        answer, events = await explained(app, urgent.id)
+    assert events == []  # dispatch's view rides on the record (qw), not on an event
+    queued = answer.segments[0]
+    assert queued.what == "queued" and queued.cause == "class"
+    assert queued.about == ("standard",)
+    assert queued.why.startswith("waited for capacity in class guaranteed while class standard")
+    assert queued.why.endswith("was borrowing")
+    assert queued.ms >= 300  # until the first standard job gave a slot back
+    assert "class standard (holding " in answer.summary and ", its share 2)" in answer.summary
+
+
+# -- 3. fair dispatch: other tenants' work in its class -----------------------------------------
+
+
+async def test_a_job_behind_other_tenants_is_explained_by_fair_dispatch(
+    redis_url: str, namespace: str
+) -> None:
+    app = make_app(namespace, redis_url)
+    started = asyncio.Event()
+
+    @app.task
+    async def work(seconds: float) -> None:
+        started.set()
+        await asyncio.sleep(seconds)
+
+    async with app:
+        flood = await work.enqueue_many([(0.05,)] * 20, tenant="flood")
+        async with running_worker(app, concurrency=1):  # a one-slot lane
+            async with asyncio.timeout(WAIT):
+                await started.wait()
+            quiet = await work.enqueue(0.0, tenant="quiet")
+            await quiet.result(timeout=WAIT)
+            for job in flood:
+                await job.result(timeout=WAIT)
+        answer, events = await explained(app, quiet.id)
+    assert events == []
+    queued = answer.segments[0]
+    assert (queued.what, queued.cause) == ("queued", "tenants")
+    assert queued.why == (
+        "queued behind other tenants' work in class standard "
+        "(fair dispatch shared it with 1 other tenant)"
+    )
+    assert queued.ms > 0  # a flood job held the one slot when it came
+    assert answer.summary.startswith("Waited ")
+    assert answer.causes == ("tenants",)
+
+
+# -- 4. admission deferral ---------------------------------------------------------------------
 
 
 async def test_a_deferred_job_is_explained_by_admission_and_its_reason(
@@ -129,15 +216,18 @@ async def test_a_deferred_job_is_explained_by_admission_and_its_reason(
             release.set()
             await waiting.job.result(timeout=WAIT)
         answer, events = await explained(app, waiting.job.id)
-    assert kinds(events) == ["submitted", "admitted", "dispatched", "completed"]
+        held_events = await app.store.job_events(held.job.id)
+    assert held_events == []  # the accepted one logged nothing
+    assert kinds(events) == ["submitted", "admitted"]
     assert events[0].detail == {"v": "deferred", "why": "class_full", "cls": "standard"}
     deferred = [s for s in answer.segments if s.what == "deferred"]
     assert [s.why for s in deferred] == ["deferred by admission (class_full in standard)"]
+    assert (deferred[0].cause, deferred[0].about) == ("admission", ("class_full",))
     assert deferred[0].ms >= 150
     assert "deferred by admission (class_full in standard)" in answer.summary
 
 
-# -- 3. retry backoff --------------------------------------------------------------------------
+# -- 5. retry backoff --------------------------------------------------------------------------
 
 
 async def test_a_retried_job_is_explained_by_its_backoff(redis_url: str, namespace: str) -> None:
@@ -153,19 +243,18 @@ async def test_a_retried_job_is_explained_by_its_backoff(redis_url: str, namespa
 
     async with app:
         job = await flaky.enqueue(tenant="a")
-        async with running_worker(app):
+        async with running_worker(app) as worker:
             assert await job.result(timeout=WAIT) == "ok"
         answer, events = await explained(app, job.id)
-    assert kinds(events) == [
-        "submitted",
-        "dispatched",
-        "retry",
-        "due",
-        "dispatched",
-        "completed",
-    ]
-    assert events[2].detail["delay"] == 300
-    assert events[2].detail["err"] == "RuntimeError"
+    assert kinds(events) == ["retry", "due"]
+    retry = events[0].detail
+    assert (retry["delay"], retry["err"], retry["att"], retry["wk"]) == (
+        300,
+        "RuntimeError",
+        1,
+        worker.id,
+    )
+    assert retry["start"] <= events[0].ms  # the failed attempt's start, which the record forgot
     assert [s.what for s in answer.segments] == [
         "queued",
         "running",
@@ -177,53 +266,24 @@ async def test_a_retried_job_is_explained_by_its_backoff(redis_url: str, namespa
         answer.segments[1].why
         == f"attempt 1 on worker {answer.segments[1].worker}, failed with RuntimeError"
     )
-    assert answer.segments[2].why == "retry backoff (300 ms after RuntimeError)"
-    assert answer.segments[2].ms >= 300
+    backoff = answer.segments[2]
+    assert backoff.why == "retry backoff (300 ms after RuntimeError)"
+    assert (backoff.cause, backoff.about) == ("backoff", ("RuntimeError",))
+    assert backoff.ms >= 300
+    assert answer.segments[4].attempt == 2
     assert "(attempt 2 of 3, after a" in answer.summary
-    assert "retry backoff" in answer.summary
+    assert "retry backoff (300 ms after RuntimeError)" in answer.summary
 
 
-# -- 4. fair dispatch within a class ------------------------------------------------------------
+# -- 6. a plain job logs nothing; events go with their record ----------------------------------
 
 
-async def test_a_job_behind_a_flood_is_explained_by_fair_dispatch(
+async def test_a_plain_job_logs_no_event_and_is_explained_from_its_record(
     redis_url: str, namespace: str
 ) -> None:
     app = make_app(namespace, redis_url)
-    started = asyncio.Event()
 
     @app.task
-    async def work(seconds: float) -> None:
-        started.set()
-        await asyncio.sleep(seconds)
-
-    async with app:
-        flood = await work.enqueue_many([(0.05,)] * 20, tenant="flood")
-        async with running_worker(app, concurrency=1):  # a one-slot lane
-            async with asyncio.timeout(WAIT):
-                await started.wait()
-            quiet = await work.enqueue(0.0, tenant="quiet")
-            await quiet.result(timeout=WAIT)
-            for job in flood:
-                await job.result(timeout=WAIT)
-        answer, events = await explained(app, quiet.id)
-    assert kinds(events) == ["submitted", "dispatched", "completed"]
-    queued = answer.segments[0]
-    assert (queued.what, queued.why) == ("queued", "queued behind fair dispatch in class standard")
-    assert queued.ms > 0  # a flood job held the one slot when it came
-    assert answer.summary.startswith("Waited ")
-    assert "queued behind fair dispatch in class standard" in answer.summary
-
-
-# -- 5. a plain job, and its events going with its record --------------------------------------
-
-
-async def test_a_plain_job_is_submitted_dispatched_completed_and_its_events_expire_with_it(
-    redis_url: str, namespace: str
-) -> None:
-    app = make_app(namespace, redis_url)
-
-    @app.task(retention=Retention(completed=1))
     async def plain(n: int) -> int:
         await asyncio.sleep(0.05)
         return n
@@ -233,17 +293,36 @@ async def test_a_plain_job_is_submitted_dispatched_completed_and_its_events_expi
         async with running_worker(app) as worker:
             assert await job.result(timeout=WAIT) == 1
         answer, events = await explained(app, job.id)
-        assert kinds(events) == ["submitted", "dispatched", "completed"]
-        assert events[1].detail == {"wk": worker.id, "att": 1, "cls": "standard"}
-        assert [s.what for s in answer.segments] == ["queued", "running"]
-        assert answer.segments[1].worker == worker.id
-        assert answer.segments[1].ms >= 50
-        assert answer.status == "completed"
-        assert f"on worker {worker.id} (attempt 1 of " in answer.summary
-        assert answer.summary.endswith("; completed.")
-        # retention removes the record and its events together
+    assert events == []
+    assert not await app_keys(redis_url, namespace, f"ev:{job.id}")
+    assert [e.kind for e in answer.events] == ["submitted", "dispatched", "completed"]
+    assert all(e.derived for e in answer.events)
+    assert [s.what for s in answer.segments] == ["queued", "running"]
+    assert answer.segments[0].why == "queued for a worker slot in class standard"
+    assert answer.segments[1].worker == worker.id
+    assert answer.segments[1].ms >= 50
+    assert answer.status == "completed"
+    assert f"on worker {worker.id} (attempt 1 of " in answer.summary
+    assert answer.summary.endswith("; completed.")
+
+
+async def test_retention_removes_a_jobs_events_with_its_record(
+    redis_url: str, namespace: str
+) -> None:
+    app = make_app(namespace, redis_url)
+
+    @app.task(retention=Retention(completed=1))
+    async def later(n: int) -> int:
+        return n
+
+    async with app:
+        job = await later.enqueue(1, tenant="a", delay=0.05)
         async with running_worker(app):
-            await (await plain.enqueue(2, tenant="a")).result(timeout=WAIT)
+            assert await job.result(timeout=WAIT) == 1
+            answer, events = await explained(app, job.id)
+            assert kinds(events) == ["scheduled", "due"]
+            assert answer.segments[0].what == "scheduled"
+            await (await later.enqueue(2, tenant="a")).result(timeout=WAIT)
 
             async def gone() -> bool:
                 return not await app_keys(redis_url, namespace, f"ev:{job.id}")
@@ -252,62 +331,113 @@ async def test_a_plain_job_is_submitted_dispatched_completed_and_its_events_expi
         assert await app.store.job_record(job.id) == {}
 
 
-# -- the explanation itself, on synthetic events ------------------------------------------------
+# -- the explanation itself, on synthetic records and events ------------------------------------
 
 
 def ev(ms: int, kind: str, **detail: Any) -> Event:
     return Event(ms, kind, detail)
 
 
-def test_explain_adds_up_every_cause_in_one_sentence() -> None:
-    record = {"st": b"completed", "cls": b"guaranteed", "max": b"3", "att": b"2"}
+def test_explain_rebuilds_attempts_from_the_record_and_the_events_that_ended_them() -> None:
+    record = {
+        "st": b"completed",
+        "cls": b"guaranteed",
+        "max": b"3",
+        "att": b"2",
+        "enq": b"0",
+        "start": b"7000",
+        "wk": b"w2",
+        "fin": b"8100",
+        "qw": b'{"by":{"batch":[3,0]},"ten":2}',
+        "lim": msgspec.msgpack.encode([["doc:1", 2]]),
+    }
     events = [
         ev(0, "submitted", v="deferred", why="class_full", cls="guaranteed"),
         ev(3900, "admitted", at=3900),
         ev(4000, "parked", key="doc:1"),
         ev(4500, "granted", tok=7),
-        ev(4600, "dispatched", wk="w1", att=1, cls="guaranteed"),
-        ev(4700, "retry", delay=2000, err="Timeout", at=6700),
+        ev(4700, "retry", delay=2000, err="Timeout", at=6700, start=4600, wk="w1", att=1),
         ev(6700, "due"),
-        ev(7000, "dispatched", wk="w1", att=2, cls="guaranteed"),
-        ev(8100, "completed"),
     ]
     answer = explain(record, events)
-    assert [(s.from_ms, s.to_ms, s.what) for s in answer.segments] == [
-        (0, 3900, "deferred"),
-        (3900, 4000, "queued"),
-        (4000, 4500, "parked"),
-        (4500, 4600, "queued"),
-        (4600, 4700, "running"),
-        (4700, 6700, "backoff"),
-        (6700, 7000, "queued"),
-        (7000, 8100, "running"),
+    assert [(e.ms, e.kind, e.derived) for e in answer.events] == [
+        (0, "submitted", False),
+        (3900, "admitted", False),
+        (4000, "parked", False),
+        (4500, "granted", False),
+        (4600, "dispatched", True),
+        (4700, "retry", False),
+        (6700, "due", False),
+        (7000, "dispatched", True),
+        (8100, "completed", True),
     ]
+    assert [(s.from_ms, s.to_ms, s.what, s.cause) for s in answer.segments] == [
+        (0, 3900, "deferred", "admission"),
+        (3900, 4000, "queued", "slot"),
+        (4000, 4500, "parked", "throttle"),
+        (4500, 4600, "queued", "slot"),
+        (4600, 4700, "running", ""),
+        (4700, 6700, "backoff", "backoff"),
+        (6700, 7000, "queued", "class"),
+        (7000, 8100, "running", ""),
+    ]
+    assert answer.causes == ("admission", "slot", "throttle", "backoff", "class")
     assert (answer.waited_ms, answer.ran_ms) == (6900, 1200)
     assert answer.summary == (
         "Waited 6.9 s: 3.9 s deferred by admission (class_full in guaranteed), "
-        "400 ms queued behind fair dispatch in class guaranteed, "
-        "500 ms parked on throttle key doc:1, "
+        "100 ms queued for a worker slot in class guaranteed, "
+        "500 ms parked on throttle key doc:1 (limit 2), "
         "100 ms waiting for a worker slot in class guaranteed after its throttle grant, "
-        "2.0 s retry backoff (2.0 s after Timeout); "
-        "ran 1.1 s on worker w1 (attempt 2 of 3, after a 2.0 s retry backoff, "
+        "2.0 s retry backoff (2.0 s after Timeout), "
+        "300 ms waited for capacity in class guaranteed while class batch (holding 3 slots, "
+        "its share 0) was borrowing, and fair dispatch shared it with 2 other tenants; "
+        "ran 1.1 s on worker w2 (attempt 2 of 3, after a 2.0 s retry backoff, "
         "earlier attempts ran 100 ms); completed."
     )
 
 
-def test_explain_an_unfinished_job_and_a_record_without_events() -> None:
-    waiting = explain(
-        {"st": b"queued"}, [ev(1000, "submitted", v="accepted", cls="standard")], now_ms=3500
-    )
+def test_explain_reads_events_as_earlier_versions_logged_them() -> None:
+    record = {"st": b"failed", "cls": b"standard", "max": b"1", "att": b"1", "fin": b"900"}
+    events = [
+        ev(0, "submitted", v="accepted", cls="standard"),
+        ev(100, "dispatched", wk="w1", att=1, cls="standard"),
+        ev(900, "failed", err="ValueError"),
+    ]
+    answer = explain(record, events)
+    assert [e.derived for e in answer.events] == [False, False, False]
+    assert [(s.what, s.why) for s in answer.segments] == [
+        ("queued", "queued for a worker slot in class standard"),
+        ("running", "attempt 1 on worker w1, failed (ValueError)"),
+    ]
+
+
+def test_explain_an_unfinished_job_a_lost_worker_and_a_redrive() -> None:
+    waiting = explain({"st": b"queued", "enq": b"1000", "cls": b"standard"}, [], now_ms=3500)
     assert waiting.segments[0].open and waiting.segments[0].ms == 2500
     assert waiting.summary == (
-        "Waited 2.5 s so far: 2.5 s queued behind fair dispatch in class standard; not started yet."
+        "Waited 2.5 s so far: 2.5 s queued for a worker slot in class standard; not started yet."
     )
-    old = explain(
-        {"st": b"completed", "enq": b"0", "start": b"250", "fin": b"1250", "wk": b"w"}, []
-    )
-    assert [s.what for s in old.segments] == ["queued", "running"]
-    assert old.ran_ms == 1000
+    err = json.dumps({"type": "LeaseExpired", "message": "lost", "traceback": ""})
+    record = {"st": b"running", "enq": b"0", "att": b"1", "start": b"5000", "wk": b"w2"}
+    events = [
+        ev(3000, "reclaimed", wk="w1", att=1, start=10),
+        ev(3000, "retry", delay=0, err="LeaseExpired", at=3000, start=10, att=1),
+        ev(3000, "due"),
+        ev(4000, "redriven", start=3100, wk="w1", att=2, fin=3500, err="LeaseExpired"),
+    ]
+    answer = explain({**record, "err": err.encode()}, events, now_ms=6000)
+    assert [(s.from_ms, s.to_ms, s.what) for s in answer.segments] == [
+        (0, 10, "queued"),
+        (10, 3000, "running"),
+        (3000, 3000, "backoff"),
+        (3000, 3100, "queued"),
+        (3100, 3500, "running"),
+        (4000, 5000, "queued"),
+        (5000, 6000, "running"),
+    ]
+    assert answer.segments[1].why == "attempt 1 on worker w1, lost (its lease expired)"
+    assert answer.segments[4].why == "attempt 2 on worker w1, failed (LeaseExpired)"
+    assert answer.segments[-1].open
 
 
 def test_decode_event_reads_what_the_scripts_pack() -> None:
@@ -349,13 +479,17 @@ def test_the_explain_command_prints_the_answer_and_json(
     shown = CliRunner().invoke(cli, ["explain", spec, job_id], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     print(shown.output)
-    assert "queued behind fair dispatch in class standard" in shown.output
+    assert "queued for a worker slot in class standard" in shown.output
     assert shown.output.splitlines()[1].endswith("; completed.")
     as_json = CliRunner().invoke(cli, ["explain", spec, job_id, "--json"])
     assert as_json.exit_code == 0, as_json.output
     data = json.loads(as_json.output)
     assert data["status"] == "completed"
-    assert [e["kind"] for e in data["events"]] == ["submitted", "dispatched", "completed"]
+    assert [(e["kind"], e["derived"]) for e in data["events"]] == [
+        ("submitted", True),
+        ("dispatched", True),
+        ("completed", True),
+    ]
     assert [s["what"] for s in data["segments"]] == ["queued", "running"]
     missing = CliRunner().invoke(cli, ["explain", spec, "nope"])
     assert missing.exit_code == 1

@@ -2,9 +2,12 @@
 
 Reads the job's record and its lifecycle events (``ev:<id>``, kept with the record
 and removed with it by retention) and prints one summary sentence, then the segments
-of its life: queued behind fair dispatch in its class, deferred by admission (and
-why), parked on a throttle key, in a retry backoff, suspended, running. ``--json``
-prints the same as JSON, with the events as the store recorded them.
+of its life and why each wait happened: its class's capacity borrowed by other
+classes (named), fair dispatch sharing its class with other tenants, a throttle key
+(named), a deferral by admission (and its reason), a retry backoff (and the error), a
+scheduled start, a suspended workflow, or just a free worker slot. ``--json`` prints
+the same as JSON, with the timeline it was read from: the events the store logged and
+those rebuilt from the record (``"derived": true``).
 """
 
 from __future__ import annotations
@@ -61,10 +64,15 @@ def explain(
     if as_json:
         out = {
             "id": job_id,
-            **asdict(answer),
+            **{k: v for k, v in asdict(answer).items() if k != "events"},
             "events": [
-                {"ms": e.ms, "kind": e.kind, "detail": {k: _plain(v) for k, v in e.detail.items()}}
-                for e in events
+                {
+                    "ms": e.ms,
+                    "kind": e.kind,
+                    "detail": {k: _plain(v) for k, v in e.detail.items()},
+                    "derived": e.derived,
+                }
+                for e in answer.events
             ],
         }
         typer.echo(json.dumps(out, indent=2, ensure_ascii=False))

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import msgspec
 
+from fairlane import tracing
 from fairlane.codec import ArgsCodec, decode_error
 from fairlane.errors import FairlaneError, TaskFailed
 from fairlane.policy.slicing import SliceBudget
@@ -256,17 +257,19 @@ class Context:
             raise Suspend("yield", 0)
         info = StepInfo(self.run_id, name, self._failures.get(name, 0) + 1)
         started = time.monotonic()
-        try:
-            blob = await self._execute(fn, codec, info, executor, timeout, args, kwargs)
-        except Exception:
-            self._failures[name] = info.attempt
-            self._fenced(await self._store.runs.step_failed(self.run_id, self._token, name))
-            raise
-        ms = round((time.monotonic() - started) * 1000)
-        written = await self._store.runs.checkpoint(
-            self.run_id, self._token, self._seq, "step", name, blob.decode(), ms, self._worker
-        )
-        self._fenced(written)
+        # only a step that runs has a span: a replayed one returned above
+        with tracing.step_span(info):
+            try:
+                blob = await self._execute(fn, codec, info, executor, timeout, args, kwargs)
+            except Exception:
+                self._failures[name] = info.attempt
+                self._fenced(await self._store.runs.step_failed(self.run_id, self._token, name))
+                raise
+            ms = round((time.monotonic() - started) * 1000)
+            written = await self._store.runs.checkpoint(
+                self.run_id, self._token, self._seq, "step", name, blob.decode(), ms, self._worker
+            )
+            self._fenced(written)
         self._seq += 1
         self._budget.step_done()
         return _decode(codec, blob)  # type: ignore[no-any-return]
@@ -418,7 +421,10 @@ class Context:
                 msgspec.structs.replace(job, id=child_id, parent=self.run_id)
             )
         for lane, jobs in by_lane.items():
-            for reply in await self._store.submit(lane, jobs):
+            # the children carry the run's trace: the send span is the slice's child
+            with tracing.sending(lane, jobs):
+                replies = await self._store.submit(lane, jobs)
+            for reply in replies:
                 if reply.code < 0:
                     # a child refused now is asked for again when the run is retried
                     raise RuntimeError(

@@ -28,6 +28,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fairlane import tracing
 from fairlane.codec import encode_error
 from fairlane.lanes import check_lane
 from fairlane.metrics import (
@@ -365,7 +366,7 @@ class Worker:
     # -- running ---------------------------------------------------------------------
 
     async def _run_job(self, job: FetchedJob) -> None:
-        outcome: Outcome | None
+        outcome: Outcome | None = None
         timer = None
         if self._runner.uses_timer(job):
             loop = asyncio.get_running_loop()
@@ -373,11 +374,16 @@ class Worker:
                 loop.time() + job.timeout, self._interrupt, [job.id], CancelReason.TIMEOUT
             )
         began = time.monotonic()
+        # the attempt's span is current while it runs, so a workflow's steps and the
+        # task's own spans are its children (None when tracing is off)
+        traced = tracing.attempt(job, self.app.tasks)
         try:
             outcome = await self._runner.run(job)
         except asyncio.CancelledError:
             outcome = self._interrupted(job)
         finally:
+            if traced is not None:
+                traced.end(outcome)
             if timer is not None:
                 timer.cancel()
             # each attempt gives back what it took, even if a newer lease of the same job

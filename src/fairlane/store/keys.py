@@ -20,7 +20,8 @@ pattern (after the prefix)  type   holds                              written by
 =========================  =====  =================================  ========================
 ``fence``                  str    fencing-token counter              fetch
 ``leases``                 zset   running job id -> expiry (ms)      fetch, renew, ack, sweep
-``stats``                  hash   counters; the FIFO ``seq``         every script
+``stats``                  hash   counters; the FIFO ``seq``;        every script; ``adm:``
+                                  admission decisions (see below)    fields: enqueue
 ``idem``                   hash   idempotency key -> job id          enqueue, retention trim
 ``dead``                   zset   dead-lettered job id -> time (ms)  ack, sweep, redrive
 ``workers``                zset   worker id -> heartbeat (ms)        renew, sweep
@@ -42,9 +43,11 @@ pattern (after the prefix)  type   holds                              written by
 ``lane:<l>:idle``          zset   'worker|lease_ms' -> lapses (ms)   exchange, enqueue
 ``inbox:<w>`` (derived)    list   jobs handed to an idle worker      enqueue; exchange drains
 ``job:<id>`` (derived)     hash   spec and state (JOB_FIELDS)        every script
-``ev:<id>`` (derived)      list   the job's lifecycle events, msgpack enqueue, fetch, ack, sweep,
-                                  [ms, kind, detail], last 64 kept;  cancel, redrive; deleted
-                                  kinds in ``fairlane.explain``      with the record (retention)
+``ev:<id>`` (derived)      list   what the record cannot tell of a   enqueue, fetch, ack, sweep,
+                                  job's life (deferral, schedule,    redrive; deleted with the
+                                  throttle, retry, ...), msgpack     record (retention). A plain
+                                  [ms, kind, detail], last 64 kept;  job (accepted, started,
+                                  kinds in ``fairlane.explain``      completed) has none
 ``lane:<l>:c:<c>:fair``    zset   active tenant -> start tag         enqueue, fetch, cancel
  (derived)
 ``lane:<l>:c:<c>:vt``      hash   V, in-flight ``run``, ``f:<t>``      enqueue, fetch, ack, sweep
@@ -71,6 +74,12 @@ pattern (after the prefix)  type   holds                              written by
                                   ``s:<id>`` signal ids, ``a:<step>``  signal, wf_step
                                   failed attempts
 =========================  =====  =================================  ========================
+
+The ``stats`` hash counts each admission decision on a submitted job (lanes with an
+admission pool only) in a field ``adm:<outcome>:<reason>:<lane>:<class>``: outcome
+``accepted``, ``deferred`` or ``rejected``, reason ``none`` when accepted, else the
+reason admission gave. Lane and class names hold no colon, so the fields split cleanly;
+``fairlane.metrics.store`` exports them as ``fairlane_admission_decisions_total``.
 
 Pub/sub channel ``<prefix>done`` carries the id of a finished job that a producer
 is waiting on (only jobs whose ``w`` flag is set are published).
@@ -172,6 +181,10 @@ class AppKeys:
     @property
     def done_channel(self) -> str:
         return self.prefix + "done"
+
+    def lane_rejections(self, lane: str) -> str:
+        """The lane's recent admission rejections per tenant (written by enqueue)."""
+        return f"{self.prefix}lane:{lane}:adm:rej"
 
     def lane(self, lane: str) -> LaneKeys:
         base = f"{self.prefix}lane:{lane}:"
@@ -275,4 +288,8 @@ JOB_FIELDS: dict[str, str] = {
     "wf": "what a suspended run waits for: yield, sleep, signal:<name> or children",
     "wfw": "the wait in progress: '<seq>|<deadline ms>|<since ms>'",
     "wfk": "the children a run waits for (msgpack list of ids)",
+    "qw": "why its last attempt waited, as dispatch saw it (JSON, '' = nothing to say; "
+    "fairlane.explain)",
+    "tp": "W3C trace context of the enqueue: 'traceparent' or 'traceparent tracestate' "
+    "(absent = not traced; fairlane.tracing)",
 }

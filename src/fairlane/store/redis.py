@@ -85,6 +85,7 @@ class NewJob(msgspec.Struct, array_like=True):
     cost_key: str = ""  # "tenant|workflow|model": whose learned cost applies
     declared: int = 0  # 1 when the caller declared an estimate (else learned cost rules)
     parent: str = ""  # the workflow run this job is a child of
+    trace_context: str = ""  # W3C trace context of the enqueue ('' none; fairlane.tracing)
 
     def __post_init__(self) -> None:
         args: object = self.args
@@ -110,6 +111,8 @@ class FetchedJob(msgspec.Struct, array_like=True, frozen=True):
     backoff: str
     enqueued_ms: int
     slots: int = 1  # worker slots the job occupies
+    service_class: str = "standard"
+    trace_context: str = ""  # the producer's W3C trace context ('' none; fairlane.tracing)
 
 
 @dataclass(frozen=True, slots=True)

@@ -249,3 +249,13 @@ local function admit_new(p, lane, cfg, cls, tenant, base_mu)
   end
   return 'rejected', why, mu
 end
+
+-- Counts one decision of admit_new in the stats hash, field
+-- 'adm:<outcome>:<reason>:<lane>:<class>' (reason 'none' when accepted), for the
+-- metrics. It joins the call's effects, so a batch costs one HINCRBY per distinct field
+-- rather than one per job. Lane and class names hold no ':' and the reasons are a fixed
+-- set, so the number of fields stays bounded by the declared lanes and classes.
+local function count_decision(fx, lane, cls, verdict, reason)
+  local name = 'adm:' .. verdict .. ':' .. (reason or 'none') .. ':' .. lane .. ':' .. cls
+  fx.counts[name] = (fx.counts[name] or 0) + 1
+end

@@ -145,12 +145,16 @@ local function redrive(keys, args)
   local done = {}
   for _, id in ipairs(ids) do
     local jk = job_key(p, id)
-    local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'prio', 'seq', 'task', 'cls', 'sl')
+    local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'prio', 'seq', 'task', 'cls', 'sl',
+      'start', 'wk', 'att', 'fin', 'err', 'qw')
     if f[1] == 'failed' and redis.call('ZREM', keys[DEAD], id) == 1 then
       redis.call('ZREM', p .. 'kept:' .. (f[6] or '') .. ':failed', id)
       redis.call('HSET', jk, 'st', 'queued', 'att', 0, 'run', now)
       redis.call('HDEL', jk, 'fin', 'err', 'res')
-      log_event(p, id, now, 'redriven', {})
+      -- its first life's last attempt and end, which the record is about to forget
+      log_event(p, id, now, 'redriven', {start = tonumber(f[9]), wk = f[10] or nil,
+        att = tonumber(f[11]), fin = tonumber(f[12]), err = error_type(f[13] or nil),
+        qw = f[14] ~= '' and f[14] or nil})
       push_ready(p, f[2], f[7] or DEFAULT_CLASS, f[3], id, f[4], f[5], f[8])
       wake(p, f[2])
       done[#done + 1] = id

@@ -127,15 +127,16 @@ end
 
 -- Take a class's fair head: take the tenant's head job, move V up to the tenant's tag,
 -- and charge the tenant one work unit over its weight (1 per job until estimates
--- exist); a tenant left with no waiting job becomes idle. Returns the job's id and
--- fields (nil fields when it cannot run).
+-- exist); a tenant left with no waiting job becomes idle. Returns the job's id,
+-- fields (nil fields when it cannot run) and how many other tenants of the class had
+-- work waiting when its run began (for `queued_why`).
 local function take_fair_head(cx, cls, h)
   local p, lane, tenant, tag = cx.p, cx.lane, h[4], h[5]
   local run = cx.runs[cls]
   if not run or run.tenant ~= tenant then
     flush_run(cx, cls)
-    run = {tenant = tenant, taken = {},
-      sole = redis.call('ZCARD', class_key(p, lane, cls, 'fair')) == 1}
+    local active = redis.call('ZCARD', class_key(p, lane, cls, 'fair'))
+    run = {tenant = tenant, taken = {}, sole = active == 1, rivals = active - 1}
     read_run(cx, cls, run)
     cx.runs[cls] = run
   end
@@ -174,7 +175,7 @@ local function take_fair_head(cx, cls, h)
     deactivate(p, lane, cls, tenant, tag)
     cx.runs[cls] = nil
   end
-  return id, f
+  return id, f, run.rivals
 end
 
 -- The pressure on a lane, for tenant ceilings: slots running, and slots waiting in
@@ -236,14 +237,38 @@ local function admit(cx, id, f)
   return false, moved
 end
 
+-- Why a job that waited starts only now, as `explain` tells it: the record's `qw`, JSON
+-- {by = {class = [held, assured]}, ten = n}. `by` names the other classes holding more
+-- than their assured slots just before it started (counting what this call's acks gave
+-- back: those slots were held until a moment ago), which borrowed the capacity its class
+-- was owed; `ten` counts the other tenants fair dispatch was sharing its class with.
+-- nil when the job did not wait or neither applies (a lone tenant's backlog): no bytes.
+local function queued_why(cx, x, jf, rivals)
+  if (tonumber(jf[9]) or cx.now) >= cx.now then
+    return nil
+  end
+  local by, ended = nil, cx.tally.ended
+  for i, c in ipairs(cx.tbl) do
+    local held = cx.f[i] + (ended and ended[cx.lane .. '\0' .. c[1]] or 0)
+    if i ~= x and held > cx.levels.a[i] then
+      by = by or {}
+      by[c[1]] = {held, cx.levels.a[i]}
+    end
+  end
+  if not by and (rivals or 0) < 1 then
+    return nil
+  end
+  return cjson.encode({by = by, ten = rivals and rivals > 0 and rivals or nil})
+end
+
 -- Dispatch up to `budget` slots of a lane's work to a worker. Each step asks the
 -- class rules (classes.lua) which class's head job may start given the lane's cached
 -- capacity C, its classes' in-flight and waiting slots; a head wider than what is
 -- left of the budget ends the step (nothing in a class overtakes its head). A job
 -- popped from the fair queue then passes its throttle keys: it is admitted, or it
 -- parks (status 'throttled', holding nothing) and the next head is tried.
--- Appends {id, fields, lane} to `popped`. Returns the slots given and whether the
--- lane stopped for want of budget (so it might give more).
+-- Appends {id, fields, lane, why it waited (queued_why)} to `popped`. Returns the slots
+-- given and whether the lane stopped for want of budget (so it might give more).
 local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
   local cx = new_dispatch(keys, p, lane, budget, now, tally)
   load_state(cx)
@@ -258,7 +283,7 @@ local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
     local cls = cx.tbl[x][1]
     bump(cx, 'd:' .. cls, -h[3])
     cx.d[x] = math.max(0, cx.d[x] - h[3])
-    local id, jf, dirty = h[2], nil, false
+    local id, jf, dirty, rivals = h[2], nil, false, nil
     if h[1] == 'g' then
       redis.call('ZREM', class_key(p, lane, cls, 'granted'), id)
       bump(cx, 'g:' .. cls, -1)
@@ -267,7 +292,7 @@ local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
       -- a grant that cannot run passed its slots on, maybe into this lane
       dirty = not jf
     else
-      id, jf = take_fair_head(cx, cls, h)
+      id, jf, rivals = take_fair_head(cx, cls, h)
       if jf then
         local admitted
         admitted, dirty = admit(cx, id, jf)
@@ -277,7 +302,7 @@ local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
       end
     end
     if jf then
-      popped[#popped + 1] = {id, jf, lane}
+      popped[#popped + 1] = {id, jf, lane, queued_why(cx, x, jf, rivals)}
       given = given + h[3]
       cx.f[x] = cx.f[x] + h[3]
       bump(cx, 'f:' .. cls, h[3])
@@ -293,7 +318,8 @@ end
 
 -- Lease up to `n` slots of work from `lanes` (taken in turn) to `worker`. Returns the
 -- jobs, each [id, token, attempt, task, args, timeout, deadline, tenant, max, backoff,
--- enqueued, slots], and the ms until the lanes' next scheduled job (-1 when none).
+-- enqueued, slots, class, trace context], and the ms until the lanes' next scheduled job
+-- (-1 when none).
 local function fetch(keys, p, worker, n, lease, promote_limit, lanes, now, tally)
   for _, lane in ipairs(lanes) do
     promote_due(keys, p, lane, now, promote_limit)

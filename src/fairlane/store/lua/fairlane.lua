@@ -55,8 +55,10 @@ local function job_key(p, id)
 end
 
 -- A job's lifecycle events (ev:<id>): a list of msgpack [ms, kind, detail], kept to the
--- last EVENT_CAP entries and deleted with the record. One RPUSH per event; the list is
--- trimmed only when it outgrows the cap, so a plain job costs one command per event.
+-- last EVENT_CAP entries and deleted with the record. Only what the record cannot tell
+-- is logged (fairlane/explain.py rebuilds submission, start and end from enq, start,
+-- wk, att, fin, st and err), so a job accepted, dispatched and completed logs nothing.
+-- One RPUSH per event; the list is trimmed only when it outgrows the cap.
 local EVENT_CAP = 64
 
 local function ev_key(p, id)
@@ -170,6 +172,11 @@ local function apply_acks(keys, p, acks, now, tally)
       -- the status leaves 'running' below, which alone fences any later write of this token
       released[#released + 1] = id
       add_settled(settled, f[9], f[10] or DEFAULT_CLASS, f[11], work_of(f[17]))
+      -- slots held until this call still count when dispatch tells a waiting job who
+      -- held its class's capacity (queued_why)
+      local ek = f[9] .. '\0' .. (f[10] or DEFAULT_CLASS)
+      tally.ended = tally.ended or {}
+      tally.ended[ek] = (tally.ended[ek] or 0) + (tonumber(f[11]) or 1)
       freed[f[9]] = true
       release_throttle(keys, p, id, f[12], now)
       local tenant = f[13] or ''
@@ -199,12 +206,12 @@ local function apply_acks(keys, p, acks, now, tally)
       elseif kind == 'suspend' then
         suspend_run(keys, p, id, payload, tonumber(a[5]) or 0, now, tally)
       else -- release: handed back unstarted by a stopping worker; the attempt is not counted
-        local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq')
+        local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq', 'start', 'wk')
         -- written first, so that the job handed back sees the lane's true load
         flush_settled(p, settled)
         redis.call('HINCRBY', jk, 'att', -1)
         redis.call('HSET', jk, 'st', 'queued')
-        log_event(p, id, now, 'released', {})
+        log_event(p, id, now, 'released', {start = tonumber(r[5]), wk = r[6] or nil})
         push_ready(p, r[1], f[10], r[2], id, r[3], r[4], f[11])
         wake(p, r[1])
       end
@@ -237,7 +244,7 @@ end
 -- ARGV: lane, msgpack array of jobs, each
 --   [id, tenant, prio, task, args, max, bo, to, rc, rf, idem, delay_ms, at_ms, deadline,
 --    class, slots, limits, declared milli-units, cost key, declared (1) or default (0),
---    parent run id ('' for none)]
+--    parent run id ('' for none), W3C trace context ('' or absent for none: field tp)]
 -- with nil for an absent delay/at, '' for an absent idem/deadline; a deadline is '+ms'
 -- (relative) or absolute ms; limits is {{key, limit}, ..} sorted by key.
 -- Returns a flat list: id, code, detail per job. Codes: 1 accepted, 2 deferred (stored,
@@ -286,6 +293,7 @@ local function enqueue(keys, args)
       end
       if adm and not (dl ~= '' and (dl <= now or dl < run_at)) then
         verdict, reason, mu = admit_new(p, lane, adm, cls, tenant, base_mu)
+        count_decision(tally, lane, cls, verdict, reason)
       end
       if dl ~= '' and (dl <= now or dl < run_at) then
         out[#out + 1], out[#out + 2], out[#out + 3] = id, -1, ''
@@ -315,10 +323,18 @@ local function enqueue(keys, args)
         if j[21] and j[21] ~= '' then
           redis.call('HSET', jk, 'par', j[21])
         end
+        -- only traced enqueues send a context: an untraced job costs no command here
+        if j[22] and j[22] ~= '' then
+          redis.call('HSET', jk, 'tp', j[22])
+        end
         if cost_mode then
           redis.call('HSET', jk, 'cu', charge_mu(p, tonumber(j[18]) or 0, j[20] == 1, j[19], learned))
         end
-        log_event(p, id, now, 'submitted', {v = verdict, why = reason, cls = cls})
+        -- an accepted job's submission is in its record (enq, cls): only a deferral,
+        -- and why, needs an event
+        if verdict == 'deferred' then
+          log_event(p, id, now, 'submitted', {v = verdict, why = reason, cls = cls})
+        end
         -- a deferred job is scheduled when admitted (its 'admitted' event says until when)
         if st == 'scheduled' and verdict ~= 'deferred' then
           log_event(p, id, now, 'scheduled', {at = run_at})
@@ -530,10 +546,12 @@ local function sweep(keys, args)
     redis.call('ZREM', keys[LEASES], id)
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'st', 'att', 'max', 'bo', 'lane', 'cls', 'sl', 'ttok', 'cu',
-      'wk')
+      'wk', 'start', 'qw')
     if f[1] == 'running' then
       redis.call('HDEL', jk, 'tok', 'wk')
-      log_event(p, id, now, 'reclaimed', {wk = f[10] or '', att = tonumber(f[2]) or 0})
+      -- the lost attempt's start and why it waited: the next attempt overwrites them
+      log_event(p, id, now, 'reclaimed', {wk = f[10] or '', att = tonumber(f[2]) or 0,
+        start = tonumber(f[11]), qw = f[12] ~= '' and f[12] or nil})
       settle_running(p, f[5], f[6] or DEFAULT_CLASS, f[7], work_of(f[9]))
       release_throttle(keys, p, id, f[8], now)
       count(tally, 'reclaimed')

@@ -61,7 +61,8 @@ end
 -- Lease popped jobs ({id, fields, lane} as `runnable` returns them) to `worker`: one
 -- fencing token each, the attempt counted, one ZADD for all the leases; the classes'
 -- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns the rows a worker receives: [id, token,
--- attempt, task, args, timeout, deadline, tenant, max, backoff, enqueued, slots].
+-- attempt, task, args, timeout, deadline, tenant, max, backoff, enqueued, slots, class,
+-- trace context ('' for none)].
 local function lease_jobs(keys, p, popped, worker, lease, now)
   local jobs = {}
   if #popped == 0 then
@@ -81,13 +82,16 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
     r[3] = r[3] + work_of(f[17])
     tok = tok + 1
     local att = (tonumber(f[10]) or 0) + 1
+    -- no event: start, wk and att say when and where. Why it waited (`qw`, dispatch's
+    -- view, '' for nothing to say) rides on this write, so it costs no command either
     redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', tok, 'att', att, 'wk', worker,
-      'start', now)
-    log_event(p, id, now, 'dispatched', {wk = worker, att = att, cls = cls})
+      'start', now, 'qw', e[4] or '')
     zargs[2 * i - 1] = now + lease
     zargs[2 * i] = id
+    -- a trace context that is not valid UTF-8 is dropped: tracing never costs the job
     jobs[i] = {id, tostring(tok), att, f[2], f[3], tonumber(f[6]) or 0,
-      tonumber(f[5]) or 0, f[7] or '', tonumber(f[4]), f[8] or '', tonumber(f[9]) or 0, tonumber(f[11]) or 1}
+      tonumber(f[5]) or 0, f[7] or '', tonumber(f[4]), f[8] or '', tonumber(f[9]) or 0,
+      tonumber(f[11]) or 1, cls, utf8_ok(f[18]) and f[18] or ''}
   end
   redis.call('ZADD', keys[LEASES], unpack(zargs))
   for _, r in pairs(running) do
@@ -127,12 +131,12 @@ local function hand_off(keys, p, worker, lease, popped, now)
 end
 
 -- Check a job popped from a tenant queue or a granted set. Returns its fields (st,
--- task, args, max, dl, to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok, cu) when it
+-- task, args, max, dl, to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok, cu, tp) when it
 -- can run; settles it (and frees any throttle grant it held) and returns nil when it
 -- cannot (expired, malformed, or a stale entry).
 local function runnable(keys, p, id, now, tally)
   local f = redis.call('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
-    'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok', 'cu')
+    'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok', 'cu', 'tp')
   if f[1] == 'queued' then
     if not f[2] or not f[3] or not tonumber(f[4]) or not f[7]
       or not (utf8_ok(f[2]) and utf8_ok(f[3]) and utf8_ok(f[7]) and utf8_ok(f[8])) then

@@ -96,11 +96,7 @@ local function finish(keys, p, id, status, field, payload, now, tally, meta)
     redis.call('HSET', jk, 'st', status, 'fin', now)
   end
   count(tally, status)
-  if status == 'completed' then
-    log_event(p, id, now, status)
-  else
-    log_event(p, id, now, status, {err = error_type(payload)})
-  end
+  -- no event: the record's st, fin and err say how and when it ended
   meta = meta or
     redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w', 'mu', 'lane', 'cls', 'tenant', 'par', 'wfr')
   if meta[9] then
@@ -137,7 +133,8 @@ local EXPIRED_ERR = '{"type":"DeadlineExceeded","message":"the deadline passed b
 -- Schedule a retry `delay` ms from now, unless that is past the job's deadline.
 local function schedule_retry(keys, p, id, delay, err, now, tally)
   local jk = job_key(p, id)
-  local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant')
+  local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant', 'start', 'wk', 'att',
+    'qw')
   local run_at = now + delay
   if f[1] and run_at > tonumber(f[1]) then
     redis.call('HSET', jk, 'err', err)
@@ -152,7 +149,10 @@ local function schedule_retry(keys, p, id, delay, err, now, tally)
   end
   redis.call('HSET', jk, 'st', 'scheduled', 'run', run_at, 'err', err)
   redis.call('ZADD', lane_key(p, f[2], 'delayed'), run_at, id)
-  log_event(p, id, now, 'retry', {delay = delay, err = error_type(err), at = run_at})
+  -- the next attempt overwrites start, wk, att and qw: the event keeps this attempt's
+  log_event(p, id, now, 'retry', {delay = delay, err = error_type(err), at = run_at,
+    start = tonumber(f[6]), wk = f[7] or nil, att = tonumber(f[8]),
+    qw = f[9] ~= '' and f[9] or nil})
   count(tally, 'retried')
   -- the retry may be due sooner than a blocked worker's timeout: wake one to re-read it
   wake(p, f[2])

@@ -178,7 +178,8 @@ end
 -- in fair dispatch nor jumps its own tenant's queue.
 local function suspend_run(keys, p, id, wait, delay, now, tally)
   local jk = job_key(p, id)
-  local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant', 'wfk')
+  local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant', 'wfk', 'start', 'wk',
+    'att', 'qw')
   if (wait == 'children' and children_done(p, id, f[6])) or
       (string.sub(wait, 1, 7) == 'signal:' and find_signal(p, id, string.sub(wait, 8))) then
     delay = 0
@@ -201,7 +202,9 @@ local function suspend_run(keys, p, id, wait, delay, now, tally)
   redis.call('HSET', jk, 'st', 'scheduled', 'run', run_at, 'wf', wait, 'seq', seq)
   redis.call('ZADD', lane_key(p, f[2], 'delayed'), run_at, id)
   redis.call('RPUSH', run_key(p, id, 'log'), cmsgpack.pack({'suspend', wait, now, run_at}))
-  log_event(p, id, now, 'suspended', {wait = wait, at = run_at})
+  -- the slice's start, worker and attempt: the next slice overwrites them in the record
+  log_event(p, id, now, 'suspended', {wait = wait, at = run_at, start = tonumber(f[7]),
+    wk = f[8] or nil, att = tonumber(f[9]), qw = f[10] ~= '' and f[10] or nil})
   count(tally, 'suspended')
   wake(p, f[2])
 end
