@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fairlane import App, Backoff, TaskFailed
 from fairlane.cli.worker import _child_argv, _metrics_argv
+from fairlane.gateway.metrics import GatewayMetrics
 from fairlane.metrics import (
     OTHER,
     MetricsConfig,
@@ -249,7 +250,12 @@ def test_the_grafana_dashboard_uses_only_exported_metrics() -> None:
     metrics = WorkerMetrics(app, ["light"], 4, MetricsConfig())
     lane = LaneSnapshot(4, {"standard": 1}, {"standard": 2}, {}, {}, {}, 0)
     snap = StoreSnapshot({"light": lane}, {"completed": 1}, 0)
-    families = [*metrics.collect(), *StoreCollector(_FixedReader(snap)).collect()]
+    gateway = GatewayMetrics()
+    families = [
+        *metrics.collect(),
+        *StoreCollector(_FixedReader(snap)).collect(),
+        *gateway.registry.collect(),
+    ]
     exported: set[str] = set()
     for family in families:
         suffixes = {"histogram": ("_bucket", "_count", "_sum"), "counter": ("_total",)}
@@ -260,3 +266,12 @@ def test_the_grafana_dashboard_uses_only_exported_metrics() -> None:
     missing = {name for name in used if name not in exported}
     assert not missing
     assert len(json.loads(dashboard)["panels"]) >= 6
+    # the series added with admission and gateway metrics have panels of their own
+    for name in (
+        "fairlane_admission_decisions_total",
+        "fairlane_queue_oldest_age_seconds",
+        "fairlane_gateway_requests_total",
+        "fairlane_gateway_submit_duration_seconds_bucket",
+        "fairlane_gateway_admissions_total",
+    ):
+        assert name in used, name

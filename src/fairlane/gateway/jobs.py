@@ -9,12 +9,14 @@ ever run or imported by the gateway.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Annotated
 
 import msgspec
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
+from fairlane import tracing
 from fairlane.admission import Admission, answer, unavailable
 from fairlane.codec import PayloadTooLarge, decode_error
 from fairlane.errors import JobNotFound
@@ -65,10 +67,13 @@ async def _owner(state: GatewayState, job_id: str) -> str | None:
     responses=responses(400, 403, 413, 429),
     summary="Submit a job of a registered task",
 )
-async def submit(body: SubmitRequest, who: Who, state: State) -> SubmitReply | JSONResponse:
+async def submit(
+    body: SubmitRequest, who: Who, state: State, request: Request
+) -> SubmitReply | JSONResponse:
     if who.tenant is None:
         return error(403, "the admin key has no tenant: submit with a tenant's key", "admin")
-    admission = await _admit(body, who.tenant, state)
+    # a caller's W3C trace context (traceparent) continues through the job to its worker
+    admission = await _admit(body, who.tenant, state, request.headers)
     if isinstance(admission, JSONResponse):
         return admission
     if admission.job is not None and admission.status in ("accepted", "deferred"):
@@ -87,7 +92,7 @@ async def submit(body: SubmitRequest, who: Who, state: State) -> SubmitReply | J
 
 
 async def _admit(
-    body: SubmitRequest, tenant: str, state: GatewayState
+    body: SubmitRequest, tenant: str, state: GatewayState, headers: Mapping[str, str]
 ) -> Admission[object] | JSONResponse:
     """The store's answer to the call (as ``Task.submit`` gives it), or a refusal of its input."""
     app = await state.connected()
@@ -113,15 +118,20 @@ async def _admit(
         return error(413, str(exc), "too_large")
     except (TypeError, ValueError) as exc:
         return error(422, str(exc), "bad_arguments")
-    try:
-        (reply,) = await app.store.submit(task.options.lane, [new])
-    except StoreUnavailable:
-        return unavailable()
-    handle = Job(task, reply.id, created=reply.code in (1, 2)) if reply.code >= 0 else None
-    try:
-        return answer(reply, handle, app.pricing)
-    except ValueError as exc:
-        return error(422, str(exc), "refused")
+    lane = task.options.lane
+    with tracing.continuing(headers), tracing.sending(lane, [new]) as span:
+        try:
+            (reply,) = await app.store.submit(lane, [new])
+        except StoreUnavailable:
+            admission: Admission[object] = unavailable()
+        else:
+            handle = Job(task, reply.id, created=reply.code in (1, 2)) if reply.code >= 0 else None
+            try:
+                admission = answer(reply, handle, app.pricing)
+            except ValueError as exc:
+                return error(422, str(exc), "refused")
+        tracing.admitted(span, admission)
+        return admission
 
 
 @router.get("/{job_id}", response_model=JobView, responses=responses(404), summary="A job's status")

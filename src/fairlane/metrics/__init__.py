@@ -1,11 +1,13 @@
-"""Prometheus metrics served by a worker: what this package owns and where.
+"""Prometheus metrics served by a worker (and, for the store side, by the HTTP gateway:
+``fairlane.gateway.metrics``): what this package owns and where.
 
 - ``config``: ``MetricsConfig``, the knobs (tenant allow-list, top-N, bind host).
 - ``tenants``: ``TenantLabels``, which keeps the ``tenant`` label bounded.
 - ``recorder``: ``WorkerMetrics``, the worker-side histograms, counters and gauges,
   recorded on the worker's own path with no server calls.
 - ``store``: ``StoreReader`` and ``StoreCollector``, the store-side gauges and counters
-  read at scrape time (one pipelined read, bounded timeout, cached).
+  read at scrape time (pipelined reads, bounded timeout, cached), admission decisions
+  counted by the server and the oldest waiting job's age.
 - ``server``: ``MetricsServer``, the HTTP endpoint (``/metrics`` and ``/autoscale``)
   in its own thread.
 """

@@ -10,9 +10,8 @@ per observation: the loop is the only writer) and become metric families at scra
 time, in the metrics server's thread (about 3 us per job in all, where
 prometheus_client's own metric objects take a lock per bucket and per counter).
 
-Limits of what the worker knows without a server call: a job's class is its task's
-declared ``service_class`` (a per-job override at enqueue is not on the fetched job);
-queue wait is measured from enqueue, for first attempts only, so a job scheduled with
+Limits of what the worker knows without a server call: queue wait is measured from
+enqueue, for first attempts only, so a job scheduled with
 ``delay``/``at`` counts its delay as waiting; the estimate admission reserved for a job
 is not on the fetched job, so only actual units are recorded.
 """
@@ -177,7 +176,8 @@ class WorkerMetrics(Collector):
             tenants.count(job.tenant)
             if job.attempt != 1:
                 continue
-            lane, cls = self._place(job.task)
+            lane, _ = self._place(job.task)
+            cls = job.service_class  # the job's own: an enqueue may override the task's
             wait = (now_ms - job.enqueued_ms) / 1000
             child(lane, cls, tenants.label(job.tenant)).observe(wait if wait > 0 else 0.0)
 

@@ -1,14 +1,18 @@
-"""Store-side metrics, read at scrape time: lane capacity, slots, backlog, stats counters.
+"""Store-side metrics, read at scrape time: lane capacity, slots, backlog, stats counters,
+admission decisions and the age of the oldest waiting job.
 
-``StoreReader`` reads everything in one pipelined round trip on a synchronous
-connection of its own (the scrape runs in the metrics server's thread, never on the
-worker's event loop), with a bounded socket timeout, and reuses a read for
-``max_age`` seconds: however often Prometheus and autoscalers poll, the server sees
-at most one read per ``max_age``. ``StoreCollector`` turns the snapshot into metric
-families; ``autoscale_view`` into the ``/autoscale`` JSON.
+``StoreReader`` reads on a synchronous connection of its own (the scrape runs in the
+metrics server's thread, or the gateway's thread pool, never on an event loop), with a
+bounded socket timeout, and reuses a read for ``max_age`` seconds: however often
+Prometheus and autoscalers poll, the server sees at most one read per ``max_age``.
+The lanes, the stats hash and the throttle waiters come in one pipelined round trip;
+the oldest-job ages take up to three more, and only for classes with jobs waiting
+(see ``StoreReader``). ``StoreCollector`` turns the snapshot into metric families;
+``autoscale_view`` into the ``/autoscale`` JSON.
 
-The oldest waiting job's age per class is not exported: jobs wait in one queue per
-tenant, so finding the oldest means reading every active tenant's queue head.
+Admission decisions are counted by the server itself, in the stats hash (fields
+``adm:<outcome>:<reason>:<lane>:<class>``, written by the enqueue script), so every
+process that scrapes the store (workers, gateways) exports the same totals.
 """
 
 from __future__ import annotations
@@ -27,7 +31,15 @@ from redis.exceptions import RedisError
 
 from fairlane.store.keys import AppKeys
 
-__all__ = ["LaneSnapshot", "StoreCollector", "StoreReader", "StoreSnapshot", "autoscale_view"]
+__all__ = [
+    "DECISION_PREFIX",
+    "DecisionKey",
+    "LaneSnapshot",
+    "StoreCollector",
+    "StoreReader",
+    "StoreSnapshot",
+    "autoscale_view",
+]
 
 log = logging.getLogger("fairlane.metrics")
 
@@ -45,12 +57,39 @@ class LaneSnapshot:
     delayed: int  # jobs scheduled for later (lane:<l>:delayed)
 
 
+#: (lane, class, outcome, reason) of an admission decision counter
+DecisionKey = tuple[str, str, str, str]
+
+
 @dataclass(frozen=True, slots=True)
 class StoreSnapshot:
     lanes: dict[str, LaneSnapshot]
-    stats: dict[str, int]
+    stats: dict[str, int]  # the stats hash but for ``seq`` and the ``adm:`` fields
     throttle_waiters: int
     read_at: float = field(default_factory=time.monotonic)
+    decisions: dict[DecisionKey, int] = field(default_factory=dict)
+    oldest_age: dict[tuple[str, str], float] = field(default_factory=dict)  # seconds
+
+
+#: Prefix of the stats-hash fields counting admission decisions (admission.lua).
+DECISION_PREFIX = "adm:"
+
+
+def _split_stats(raw: dict[str, int]) -> tuple[dict[str, int], dict[DecisionKey, int]]:
+    """The stats hash as plain counters and admission decisions."""
+    stats: dict[str, int] = {}
+    decisions: dict[DecisionKey, int] = {}
+    for name, n in raw.items():
+        if name == "seq":
+            continue
+        if not name.startswith(DECISION_PREFIX):
+            stats[name] = n
+            continue
+        parts = name[len(DECISION_PREFIX) :].split(":")
+        if len(parts) == 4:  # outcome, reason, lane, class
+            outcome, reason, lane, cls = parts
+            decisions[(lane, cls, outcome, reason)] = n
+    return stats, decisions
 
 
 def _text(value: bytes | str) -> str:
@@ -70,7 +109,25 @@ def _classes(fields: dict[str, str], prefix: str) -> dict[str, int]:
 
 
 class StoreReader:
-    """Reads a ``StoreSnapshot`` of an app's lanes; thread-safe, cached, bounded in time."""
+    """Reads a ``StoreSnapshot`` of an app's lanes; thread-safe, cached, bounded in time.
+
+    The oldest waiting job of a lane's class: jobs wait in one queue per tenant, and no
+    index orders them across tenants, so the reader looks at the queue heads of at most
+    ``oldest_tenants`` active tenants per class (and the head of the class's throttle-
+    granted set), and takes the largest age among them. It reads only classes whose
+    waiting slots (``d:<class>``) are above zero, in three pipelined round trips: the
+    tenants of each such class (``ZRANGE fair -N -1``), their queue heads (``ZRANGE q 0
+    0``), then those jobs' ``run``/``enq`` fields with the server's ``TIME``. So a read
+    costs at most ``classes * (2 * oldest_tenants + 3)`` commands, each O(log n), however
+    deep the queues and however many tenants are active.
+
+    The tenants read are those with the highest start tags: fair dispatch serves the
+    lowest tags first, so the tenants at the top are the ones made to wait longest. With
+    more active tenants than the cap the value is a lower bound. A queue head is the job
+    its tenant runs next (highest priority, then first in); a job's age counts from when
+    it became eligible to run (its ``run`` time: after any delay or retry backoff; time
+    spent deferred by admission counts as waiting), on the server's clock.
+    """
 
     def __init__(
         self,
@@ -80,10 +137,14 @@ class StoreReader:
         *,
         timeout: float = 1.0,
         max_age: float = 2.0,
+        oldest_tenants: int = 64,
     ) -> None:
+        if oldest_tenants < 1:
+            raise ValueError(f"oldest_tenants must be >= 1, got {oldest_tenants}")
         self.keys = AppKeys.for_app(app)
         self.lanes = list(dict.fromkeys(lanes))
         self.max_age = max_age
+        self.oldest_tenants = oldest_tenants
         self._client: redis.Redis = redis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout, max_connections=2
         )
@@ -129,8 +190,53 @@ class StoreReader:
                 delayed=int(delayed),
             )
         stats_raw, waiters = reply[-2], reply[-1]
-        stats = {_text(k): int(v) for k, v in stats_raw.items() if _text(k) != "seq"}
-        return StoreSnapshot(lanes, stats, int(waiters))
+        stats, decisions = _split_stats({_text(k): int(v) for k, v in stats_raw.items()})
+        oldest = self._oldest_ages(lanes)
+        return StoreSnapshot(lanes, stats, int(waiters), decisions=decisions, oldest_age=oldest)
+
+    def _oldest_ages(self, lanes: dict[str, LaneSnapshot]) -> dict[tuple[str, str], float]:
+        """Seconds the oldest queue head of each lane's class has waited (0: none waits)."""
+        ages: dict[tuple[str, str], float] = {}
+        busy: list[tuple[str, str]] = []
+        for lane, state in lanes.items():
+            for cls, n in state.waiting.items():
+                ages[(lane, cls)] = 0.0
+                if n > 0:
+                    busy.append((lane, cls))
+        if not busy:
+            return ages
+        keys = self.keys
+        pipe = self._client.pipeline(transaction=False)
+        for lane, cls in busy:
+            pipe.zrange(keys.class_key(lane, cls, "fair"), -self.oldest_tenants, -1)
+            pipe.zrange(keys.class_key(lane, cls, "granted"), 0, 0)
+        reply: list[Any] = pipe.execute()
+        heads: list[tuple[tuple[str, str], str]] = []  # (lane, class), granted job id
+        pipe = self._client.pipeline(transaction=False)
+        queued: list[tuple[str, str]] = []
+        for i, (lane, cls) in enumerate(busy):
+            for tenant in reply[2 * i]:
+                pipe.zrange(keys.tenant_queue(lane, cls, _text(tenant)), 0, 0)
+                queued.append((lane, cls))
+            heads.extend(((lane, cls), _text(job)) for job in reply[2 * i + 1])
+        for where, got in zip(queued, pipe.execute(), strict=True):
+            heads.extend((where, _text(job)) for job in got)
+        if not heads:
+            return ages
+        pipe = self._client.pipeline(transaction=False)
+        for _, job in heads:
+            pipe.hmget(keys.job(job), "run", "enq")
+        pipe.time()
+        reply = pipe.execute()
+        seconds, micros = reply[-1]
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        for (where, _), (run, enq) in zip(heads, reply[:-1], strict=True):
+            since = run if run is not None else enq
+            if since is None:
+                continue  # the record went away between the reads
+            age = max(0.0, (now_ms - int(since)) / 1000)
+            ages[where] = max(ages[where], age)
+        return ages
 
     def close(self) -> None:
         self._client.close()
@@ -227,6 +333,25 @@ class StoreCollector(Collector):
         for name, n in sorted(snap.stats.items()):
             events.add_metric([name], n)
         yield events
+        decisions = CounterMetricFamily(
+            "fairlane_admission_decisions",
+            "Admission decisions on submitted jobs, counted by the server: outcome "
+            "accepted, deferred or rejected; reason none (accepted), class_full, "
+            "class_queue_full, tenant_queue_full or too_wide.",
+            labels=["lane", "class", "outcome", "reason"],
+        )
+        for key, n in sorted(snap.decisions.items()):
+            decisions.add_metric(list(key), n)
+        yield decisions
+        oldest = GaugeMetricFamily(
+            "fairlane_queue_oldest_age_seconds",
+            "Seconds the oldest job ready to run has waited, by lane and class (0: none "
+            "waits; the heads of at most N active tenants' queues are read).",
+            labels=["lane", "class"],
+        )
+        for (lane, cls), waited in sorted(snap.oldest_age.items()):
+            oldest.add_metric([lane, cls], waited)
+        yield oldest
 
 
 def autoscale_view(snap: StoreSnapshot | None) -> dict[str, Any]:
