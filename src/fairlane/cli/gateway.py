@@ -24,10 +24,30 @@ def gateway(  # noqa: PLR0917 - each parameter is a command-line option
         ),
     ] = None,
     redis_url: RedisUrl = None,
+    ui: Annotated[
+        bool,
+        typer.Option(
+            "--ui/--no-ui",
+            help="Serve the operator dashboard at /ui (needs --admin-key to log in).",
+        ),
+    ] = True,
+    read_only_ui: Annotated[
+        bool,
+        typer.Option("--read-only-ui", help="The dashboard shows everything but changes nothing."),
+    ] = False,
+    metrics: Annotated[
+        bool,
+        typer.Option("--metrics/--no-metrics", help="Serve Prometheus metrics at /metrics."),
+    ] = True,
+    metrics_require_admin: Annotated[
+        bool,
+        typer.Option("--metrics-require-admin", help="/metrics answers the admin key only."),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
 ) -> None:
     """Serve the HTTP gateway: tenants submit and follow jobs with API keys
-    (`fairlane tenants create`); the OpenAPI spec is at /openapi.json."""
+    (`fairlane tenants create`); the OpenAPI spec is at /openapi.json, the operator
+    dashboard at /ui (log in with the admin key)."""
     try:
         import uvicorn  # noqa: PLC0415 - an optional dependency (fairlane[gateway])
 
@@ -36,7 +56,14 @@ def gateway(  # noqa: PLR0917 - each parameter is a command-line option
         fail(f"the gateway needs fairlane[gateway] installed: {exc}", EXIT_USAGE)
     app = load_app(app_spec, redis_url)
     try:
-        api = create_app(app, admin_key=admin_key)
+        api = create_app(
+            app,
+            admin_key=admin_key,
+            ui=ui,
+            ui_read_only=read_only_ui,
+            metrics=metrics,
+            metrics_require_admin=metrics_require_admin,
+        )
     except ValueError as exc:
         fail(str(exc), EXIT_USAGE)
     uvicorn.run(api, host=host, port=port, log_level=log_level, access_log=False)

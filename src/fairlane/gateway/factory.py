@@ -10,20 +10,33 @@ from fastapi import FastAPI
 from fairlane.app import App
 from fairlane.gateway import jobs, runs
 from fairlane.gateway.limits import BodyLimit
+from fairlane.gateway.metrics import mount_metrics
 from fairlane.gateway.responses import install_handlers
 from fairlane.gateway.state import GatewayState
+from fairlane.gateway.ui import mount_ui
 
 __all__ = ["create_app"]
 
 
 def create_app(
-    app: App, *, admin_key: str | None = None, max_body_bytes: int | None = None
+    app: App,
+    *,
+    admin_key: str | None = None,
+    max_body_bytes: int | None = None,
+    ui: bool = True,
+    ui_read_only: bool = False,
+    metrics: bool = True,
+    metrics_require_admin: bool = False,
 ) -> FastAPI:
     """The HTTP gateway of ``app``; its OpenAPI spec is served at ``/openapi.json``.
 
     The gateway connects ``app`` on first use unless it is connected already (and then
     leaves closing it to its owner). ``admin_key`` may read any tenant's jobs. Bodies
     over ``max_body_bytes`` (default: twice the app's ``max_payload_bytes``) get 413.
+    With ``ui``, the operator dashboard is served at ``/ui`` (for the admin key only;
+    ``ui_read_only`` refuses its writes): see ``fairlane.gateway.ui``. With ``metrics``,
+    Prometheus metrics are served at ``/metrics`` (open, or for the admin key only with
+    ``metrics_require_admin``): see ``fairlane.gateway.metrics``.
     """
     if admin_key is not None and len(admin_key) < 16:
         raise ValueError("the admin key must be at least 16 characters")
@@ -47,6 +60,10 @@ def create_app(
     install_handlers(api)
     api.include_router(jobs.router)
     api.include_router(runs.router)
+    if ui:
+        mount_ui(api, read_only=ui_read_only)
     limit = max_body_bytes or 2 * app.settings.max_payload_bytes
     api.add_middleware(BodyLimit, limit=limit)
+    if metrics:  # after BodyLimit, so the counting middleware is outermost and sees its 413s
+        api.state.metrics = mount_metrics(api, require_admin=metrics_require_admin)
     return api

@@ -1,0 +1,103 @@
+"""What the dashboard changes: cancel, retry and re-drive jobs, one or many.
+
+Every action goes through the app's own calls, never a script of its own:
+
+- ``cancel``: the store's cancel (as ``fairlane job cancel``): a waiting job at once,
+  a running one at its worker's next lease renewal;
+- ``redrive``: ``App.redrive`` (as ``fairlane dead redrive``): a dead letter goes back
+  to its queue, same id, with a fresh attempt budget;
+- ``retry``: a finished job that is not a dead letter (cancelled, expired, or failed
+  and no longer in the dead set) is submitted again as a new job of the same task,
+  tenant, arguments, class and priority, through admission like any submission.
+
+A bulk action applies to the jobs a filter matches, at most ``BULK_MAX`` of them; the
+caller first asks how many (``dry_run``) and must then confirm that count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fairlane.app import App
+from fairlane.gateway.ui.jobs import Filter, find_jobs
+from fairlane.gateway.ui.queries import text
+from fairlane.task import TERMINAL
+
+__all__ = ["BULK_MAX", "applies", "bulk", "cancel", "redrive", "retry"]
+
+BULK_MAX = 500
+
+
+def applies(action: str, row: dict[str, Any]) -> bool:
+    """Whether ``action`` can change a job in the state ``row`` (a listing row) shows."""
+    if action == "cancel":
+        return row["status"] not in TERMINAL
+    if action == "redrive":
+        return bool(row["state"] == "dead")
+    return row["status"] in TERMINAL - {"completed"} and row["state"] != "dead"
+
+
+async def cancel(app: App, job_id: str) -> str:
+    """The job's status after the request (``missing`` when there is no such job)."""
+    return await app.store.cancel(job_id)
+
+
+async def redrive(app: App, job_ids: list[str]) -> list[str]:
+    """The ids sent back (a job that is not a dead letter is left alone)."""
+    return await app.redrive(job_ids) if job_ids else []
+
+
+async def retry(app: App, job_id: str) -> tuple[str, str | None]:
+    """Submit a copy of a finished job: ``(outcome, new id)``; outcome is ``accepted``,
+    ``deferred``, ``rejected:<reason>``, ``unknown_task`` or ``not_finished``."""
+    record = await app.store.job_record(job_id)
+    status = text(record.get("st"))
+    if status not in TERMINAL - {"completed"}:
+        return "not_finished", None
+    task = app.tasks.get(text(record.get("task")))
+    if task is None:
+        return "unknown_task", None
+    new = task.new_job(
+        record.get("args", b"[[],{}]"),
+        tenant=text(record.get("tenant")),
+        delay=None,
+        at=None,
+        deadline=None,
+        idempotency_key=None,
+        priority=int(text(record.get("prio")) or 0),
+        service_class=text(record.get("cls")) or None,
+    )
+    (reply,) = await app.store.submit(task.options.lane, [new])
+    if reply.code < 0:
+        return f"rejected:{reply.reason or reply.code}", None
+    return ("deferred" if reply.code == 2 else "accepted"), reply.id
+
+
+async def one(app: App, action: str, job_id: str) -> dict[str, Any]:
+    """Apply ``action`` to one job; the answer names what happened."""
+    if action == "cancel":
+        return {"id": job_id, "result": await cancel(app, job_id)}
+    if action == "redrive":
+        moved = await redrive(app, [job_id])
+        return {"id": job_id, "result": "redriven" if moved else "not_dead"}
+    outcome, new_id = await retry(app, job_id)
+    return {"id": job_id, "result": outcome, "new_id": new_id}
+
+
+async def bulk(
+    app: App, action: str, flt: Filter, *, limit: int, confirm: int | None
+) -> dict[str, Any]:
+    """Apply ``action`` to the jobs ``flt`` matches that it can change, at most ``limit``.
+
+    Without ``confirm`` nothing is done: the answer is how many jobs it would touch. With
+    it, the action runs only if the count is still ``confirm`` (else 409 by the caller)."""
+    found = await find_jobs(app, flt, BULK_MAX)
+    targets = [r["id"] for r in found["jobs"] if applies(action, r)][:limit]
+    answer: dict[str, Any] = {"action": action, "count": len(targets), "done": False}
+    if confirm is None or confirm != len(targets):
+        return answer
+    if action == "redrive":
+        results = [{"id": i, "result": "redriven"} for i in await redrive(app, targets)]
+    else:
+        results = [await one(app, action, job_id) for job_id in targets]
+    return {**answer, "done": True, "results": results}
