@@ -7,6 +7,11 @@ plain FIFO -- showing each run live, then the two side by side; it writes
 ``demo-report.json`` and ``demo-report.svg`` into ``--out``. The work is in
 :mod:`fairlane.demo`.
 
+``--dashboard-port`` serves the run in progress through the HTTP gateway (the operator
+dashboard at ``/ui``, Prometheus at ``/metrics``; it needs ``fairlane[gateway]``) and
+``--metrics-port`` has the workers serve their Prometheus metrics, so that a running
+demo can be watched and scraped as a production deployment would be.
+
 Exit codes: 0 done, 1 a runtime failure (a worker died, the server is unreachable),
 2 a usage problem, 130 interrupted (Ctrl-C or SIGTERM: workers and server are stopped
 and the demo's keys deleted first; no report is written).
@@ -23,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.console import Console
 
-from fairlane.cli._common import EXIT_FAILURE, console, err_console, fail
+from fairlane.cli._common import EXIT_FAILURE, EXIT_USAGE, console, err_console, fail
 from fairlane.demo.fleet import DemoError
 from fairlane.demo.runner import DemoOptions, run_demo
 from fairlane.store.redis import StoreUnavailable
@@ -33,6 +38,7 @@ __all__ = ["EXIT_INTERRUPTED", "demo"]
 
 EXIT_INTERRUPTED = 130
 _LOG_WIDTH = 160
+_MIN_ADMIN_KEY = 16
 
 
 def demo(
@@ -91,8 +97,44 @@ def demo(
             "is not a terminal).",
         ),
     ] = False,
+    dashboard_port: Annotated[
+        int | None,
+        typer.Option(
+            "--dashboard-port",
+            min=1,
+            max=65535,
+            metavar="PORT",
+            help="While the demo runs, serve the run in progress through the HTTP gateway "
+            "on 127.0.0.1:PORT: the operator dashboard at /ui (log in with the admin key), "
+            "Prometheus metrics at /metrics. Needs fairlane[gateway].",
+            show_default=False,
+        ),
+    ] = None,
+    admin_key: Annotated[
+        str | None,
+        typer.Option(
+            "--admin-key",
+            envvar="FAIRLANE_GATEWAY_ADMIN_KEY",
+            help="The dashboard's admin key (16+ characters); a random one is made and "
+            "printed if not given.",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=1,
+            max=65534,
+            metavar="PORT",
+            help="The workers serve Prometheus metrics (GET /metrics): lane light on PORT, "
+            "lane heavy on PORT+1.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run a noisy-neighbor workload fair and then as FIFO; compare start delays per tenant."""
+    _check_endpoints(dashboard_port, admin_key, metrics_port)
     options = DemoOptions(
         duration=duration,
         tenants=tenants,
@@ -101,6 +143,9 @@ def demo(
         baseline=not no_baseline,
         out=out,
         live=False if no_live else None,
+        dashboard_port=dashboard_port,
+        admin_key=admin_key,
+        metrics_port=metrics_port,
     )
     out_console = console()
     if not out_console.is_terminal and "COLUMNS" not in os.environ:
@@ -126,3 +171,29 @@ def demo(
             "ships one, or pass --redis-url)",
             EXIT_FAILURE,
         )
+
+
+def _check_endpoints(
+    dashboard_port: int | None, admin_key: str | None, metrics_port: int | None
+) -> None:
+    """Exit 2 for options that cannot work, before any server or worker starts."""
+    if dashboard_port is not None:
+        try:
+            # imported, not just found: a broken install fails here, not mid-run in the
+            # gateway's process
+            import fastapi  # noqa: F401, PLC0415 - an optional dependency (fairlane[gateway])
+            import uvicorn  # noqa: F401, PLC0415
+        except ImportError as exc:
+            fail(
+                f"--dashboard-port needs fairlane[gateway] installed ({exc}): "
+                "pip install 'fairlane[gateway]'",
+                EXIT_USAGE,
+            )
+        if admin_key is not None and len(admin_key) < _MIN_ADMIN_KEY:
+            fail(f"the admin key must be at least {_MIN_ADMIN_KEY} characters", EXIT_USAGE)
+        if metrics_port is not None and dashboard_port in (metrics_port, metrics_port + 1):
+            fail(
+                f"--dashboard-port {dashboard_port} is one of the workers' metrics ports "
+                f"({metrics_port} and {metrics_port + 1})",
+                EXIT_USAGE,
+            )

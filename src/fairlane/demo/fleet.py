@@ -7,12 +7,20 @@ none outlives it:
   :mod:`fairlane.store.server`, in a private state directory: it runs in its own session,
   so a Ctrl-C in the terminal reaches the demo, which stops it last) and stops it;
 * :class:`Fleet` runs ``fairlane worker fairlane.demo.app:app --lanes <lane>`` for the
-  lanes ``light`` and ``heavy`` as real subprocesses, in their own process group (the
-  demo, not the terminal, decides when they stop), each logging to a file; it stops
-  them with SIGTERM (a graceful drain), waits a bounded time, then SIGKILLs;
+  lanes ``light`` and ``heavy`` as real subprocesses (with ``--metrics-port`` when the
+  demo was given one), and with ``--dashboard-port`` a ``fairlane gateway`` for the same
+  app, in their own process group (the demo, not the terminal, decides when they
+  stop), each logging to a file; it stops them with SIGTERM (a graceful drain), waits a
+  bounded time, then SIGKILLs;
 * :class:`Cleanup` is the synchronous last line of defence, run whatever happened (an
-  error, a second Ctrl-C): it kills any worker still alive, deletes the keys of every
-  app the demo used, and stops the private server.
+  error, a second Ctrl-C): it kills any worker or gateway still alive, deletes the keys
+  of every app the demo used, and stops the private server.
+
+The gateway is a process of its own rather than a thread of the demo's, so that serving
+the dashboard and its scrapes takes nothing from the loop that submits the workload on
+time, and so that it is stopped exactly as the workers are. Its session cookies are
+signed with a secret derived from the admin key, so a browser logged in during the fair
+run stays logged in to the next run's gateway on the same port.
 
 Every wait here is bounded.
 """
@@ -24,6 +32,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,13 +47,27 @@ from fairlane.demo.app import APP_ENV, HEAVY_SLOTS, LIGHT_SLOTS, MODE_ENV, PAREN
 from fairlane.store.keys import AppKeys
 from fairlane.store.server import ensure_dev_server, stop_dev_server
 
-__all__ = ["LANES", "Cleanup", "DemoError", "Fleet", "PrivateServer", "WorkerProcess"]
+__all__ = [
+    "LANES",
+    "Child",
+    "Cleanup",
+    "DemoError",
+    "Fleet",
+    "GatewayProcess",
+    "GatewaySpec",
+    "PrivateServer",
+    "WorkerProcess",
+    "check_ports",
+]
 
 #: the lanes the demo serves, with each one's worker slots
 LANES: dict[str, int] = {"light": LIGHT_SLOTS, "heavy": HEAVY_SLOTS}
 WORKER_APP = "fairlane.demo.app:app"
 _STOP_SLACK = 5.0  # s beyond the workers' grace period before SIGKILL
 _KILL_WAIT = 5.0
+_GATEWAY_TIMEOUT = 30.0  # s for the gateway to import its web stack and listen
+GATEWAY_HOST = "127.0.0.1"  # the dashboard holds admin powers: this machine only
+ADMIN_KEY_ENV = "FAIRLANE_GATEWAY_ADMIN_KEY"
 
 
 class DemoError(RuntimeError):
@@ -83,11 +106,9 @@ class PrivateServer:
 
 
 @dataclass
-class WorkerProcess:
-    """One ``fairlane worker`` subprocess serving one lane."""
+class ChildProcess:
+    """A subprocess the demo started, and the file its output goes to."""
 
-    lane: str
-    slots: int
     proc: subprocess.Popen[bytes]
     log: Path
 
@@ -100,12 +121,44 @@ class WorkerProcess:
 
 
 @dataclass
+class WorkerProcess(ChildProcess):
+    """One ``fairlane worker`` subprocess serving one lane."""
+
+    lane: str = ""
+    slots: int = 0
+
+
+@dataclass
+class GatewayProcess(ChildProcess):
+    """The ``fairlane gateway`` subprocess serving one run's app on ``port``."""
+
+    port: int = 0
+
+
+#: a process the demo started and must stop
+Child = WorkerProcess | GatewayProcess
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySpec:
+    """Serve each run's app over HTTP (dashboard at ``/ui``, ``/metrics``) on ``port``."""
+
+    port: int
+    admin_key: str = field(repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{GATEWAY_HOST}:{self.port}"
+
+
+@dataclass
 class Cleanup:
-    """What must not outlive the demo: worker processes, app keys, the private server."""
+    """What must not outlive the demo: worker and gateway processes, app keys, the
+    private server."""
 
     url: str | None = None
     server: PrivateServer | None = None
-    workers: list[WorkerProcess] = field(default_factory=list)
+    workers: list[Child] = field(default_factory=list)
     apps: list[str] = field(default_factory=list)
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fairlane-demo-")))
 
@@ -121,7 +174,8 @@ class Cleanup:
         self.close()
 
     def close(self) -> None:
-        """Kill live workers, delete every app's keys, stop the server; never raises."""
+        """Kill live workers and gateways, delete every app's keys, stop the server;
+        never raises."""
         kill_workers(self.workers)
         self.workers.clear()
         if self.url is not None and self.apps:
@@ -134,8 +188,8 @@ class Cleanup:
         shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
-def kill_workers(workers: list[WorkerProcess]) -> None:
-    """SIGTERM, a short bounded wait, then SIGKILL, for every worker still alive."""
+def kill_workers(workers: list[Child]) -> None:
+    """SIGTERM, a short bounded wait, then SIGKILL, for every process still alive."""
     live = [w for w in workers if w.alive()]
     for w in live:
         with contextlib.suppress(ProcessLookupError):
@@ -148,6 +202,20 @@ def kill_workers(workers: list[WorkerProcess]) -> None:
             w.proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 w.proc.wait(timeout=_KILL_WAIT)
+
+
+def check_ports(ports: dict[int, str]) -> None:
+    """Raise ``DemoError`` if a port the demo is to serve on is taken (``ports`` maps
+    each to what it is for). Checked once before anything starts, so that a busy port
+    is a clear message rather than a process dying mid-run; ``SO_REUSEADDR`` as the
+    servers themselves set it, so a port still in TIME_WAIT counts as free."""
+    for port, purpose in ports.items():
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("", port))
+            except OSError as exc:
+                raise DemoError(f"port {port} ({purpose}) is not free: {exc.strerror}") from None
 
 
 def delete_keys_sync(url: str, apps: list[str]) -> int:
@@ -170,16 +238,34 @@ def delete_keys_sync(url: str, apps: list[str]) -> int:
 
 
 class Fleet:
-    """The worker processes of one run: one per lane, for app ``name`` in ``mode``."""
+    """The processes of one run, for app ``name`` in ``mode``: a worker per lane (the
+    ``i``-th lane's serving metrics on ``metrics_port + i`` when given), and a gateway
+    when ``gateway`` is given."""
 
-    def __init__(self, name: str, mode: Mode, url: str, cleanup: Cleanup) -> None:
+    def __init__(  # noqa: PLR0917 - the run's parts
+        self,
+        name: str,
+        mode: Mode,
+        url: str,
+        cleanup: Cleanup,
+        metrics_port: int | None = None,
+        gateway: GatewaySpec | None = None,
+    ) -> None:
         self.name = name
         self.mode = mode
         self.url = url
         self.cleanup = cleanup
+        self.metrics_port = metrics_port
+        self.gateway_spec = gateway
         self.workers: list[WorkerProcess] = []
+        self.gateway: GatewayProcess | None = None
 
-    def start(self) -> None:
+    @property
+    def children(self) -> list[Child]:
+        gateway: list[Child] = [self.gateway] if self.gateway is not None else []
+        return [*self.workers, *gateway]
+
+    def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRLANE_")}
         env.update(
             {
@@ -189,8 +275,25 @@ class Fleet:
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        for lane, slots in LANES.items():
-            log = self.cleanup.log_dir / f"{self.name}-{lane}.log"
+        return env
+
+    def _spawn(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+        with log.open("wb") as out:
+            return subprocess.Popen(
+                argv,
+                cwd=self.cleanup.log_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                # not the terminal's process group: a Ctrl-C reaches the demo alone,
+                # which then stops its children in order
+                process_group=0,
+            )
+
+    def start(self) -> None:
+        env = self._env()
+        for i, (lane, slots) in enumerate(LANES.items()):
             argv = [
                 sys.executable,
                 "-m",
@@ -204,24 +307,65 @@ class Fleet:
                 "--redis-url",
                 self.url,
             ]
-            with log.open("wb") as out:
-                proc = subprocess.Popen(
-                    argv,
-                    cwd=self.cleanup.log_dir,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    # not the terminal's process group: a Ctrl-C reaches the demo alone,
-                    # which then stops the workers in order
-                    process_group=0,
-                )
-            worker = WorkerProcess(lane, slots, proc, log)
+            if self.metrics_port is not None:
+                argv += ["--metrics-port", str(self.metrics_port + i)]
+            log = self.cleanup.log_dir / f"{self.name}-{lane}.log"
+            worker = WorkerProcess(self._spawn(argv, env, log), log, lane=lane, slots=slots)
             self.workers.append(worker)
             self.cleanup.workers.append(worker)
+        if self.gateway_spec is not None:
+            self._start_gateway(self.gateway_spec, env)
+
+    def _start_gateway(self, spec: GatewaySpec, env: dict[str, str]) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "fairlane.cli",
+            "gateway",
+            WORKER_APP,
+            "--host",
+            GATEWAY_HOST,
+            "--port",
+            str(spec.port),
+            "--redis-url",
+            self.url,
+            "--log-level",
+            "warning",
+        ]
+        # the key travels in the environment, not on a command line anyone can list
+        log = self.cleanup.log_dir / f"{self.name}-gateway.log"
+        proc = self._spawn(argv, {**env, ADMIN_KEY_ENV: spec.admin_key}, log)
+        self.gateway = GatewayProcess(proc, log, port=spec.port)
+        self.cleanup.workers.append(self.gateway)
+
+    async def wait_for_gateway(self) -> None:
+        """Until the gateway accepts connections; ``DemoError`` if it exits or takes
+        longer than a bounded time."""
+        gateway = self.gateway
+        if gateway is None:
+            return
+        deadline = time.monotonic() + _GATEWAY_TIMEOUT
+        while True:
+            self.check()
+            try:
+                async with asyncio.timeout(1.0):
+                    _, writer = await asyncio.open_connection(GATEWAY_HOST, gateway.port)
+            except (OSError, TimeoutError):
+                if time.monotonic() >= deadline:
+                    raise DemoError(
+                        f"the gateway (pid {gateway.pid}) did not listen on port "
+                        f"{gateway.port} within {_GATEWAY_TIMEOUT:g} s; its log:\n"
+                        f"{_log_tail(gateway.log)}"
+                    ) from None
+                await asyncio.sleep(0.1)
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return
 
     def check(self) -> None:
-        """Raise ``DemoError`` (with the log's tail) if a worker has exited."""
+        """Raise ``DemoError`` (with the log's tail) if a worker or the gateway has exited."""
         for w in self.workers:
             code = w.proc.poll()
             if code is not None:
@@ -229,24 +373,30 @@ class Fleet:
                     f"the {w.lane} worker (pid {w.pid}) exited with code {code}; its log:\n"
                     f"{_log_tail(w.log)}"
                 )
+        if self.gateway is not None and (code := self.gateway.proc.poll()) is not None:
+            raise DemoError(
+                f"the gateway (pid {self.gateway.pid}) exited with code {code}; its log:\n"
+                f"{_log_tail(self.gateway.log)}"
+            )
 
     async def stop(self, grace: float) -> None:
-        """SIGTERM every worker, wait up to ``grace`` + slack for them, then SIGKILL."""
-        for w in self.workers:
-            if w.alive():
+        """SIGTERM every process, wait up to ``grace`` + slack for them, then SIGKILL."""
+        children = self.children
+        for c in children:
+            if c.alive():
                 with contextlib.suppress(ProcessLookupError):
-                    w.proc.send_signal(signal.SIGTERM)
-        await _wait_exited(self.workers, grace + _STOP_SLACK)
-        for w in self.workers:
-            if w.alive():
-                w.proc.kill()
-        await _wait_exited(self.workers, _KILL_WAIT)
-        for w in self.workers:
-            if w in self.cleanup.workers and not w.alive():
-                self.cleanup.workers.remove(w)
+                    c.proc.send_signal(signal.SIGTERM)
+        await _wait_exited(children, grace + _STOP_SLACK)
+        for c in children:
+            if c.alive():
+                c.proc.kill()
+        await _wait_exited(children, _KILL_WAIT)
+        for c in children:
+            if c in self.cleanup.workers and not c.alive():
+                self.cleanup.workers.remove(c)
 
 
-async def _wait_exited(workers: list[WorkerProcess], timeout: float) -> None:
+async def _wait_exited(workers: list[Child], timeout: float) -> None:
     """Wait (in a thread: ``Popen.wait`` blocks) until each worker exits, ``timeout`` in all."""
     deadline = time.monotonic() + timeout
     for w in workers:

@@ -12,6 +12,13 @@ workers (SIGTERM, bounded wait, SIGKILL) and deletes the run's keys.
 
 ``--duration`` is the total: each run gets half of it (all of it with no baseline), 70 %
 for arrivals and the rest to drain, plus up to half as much again if jobs are left.
+
+With ``--dashboard-port`` each run also starts a ``fairlane gateway`` for its app on
+that port (the dashboard at ``/ui``, Prometheus at ``/metrics``), with the run's workers
+and stopped with them: the URL stays the same and always shows the run in progress,
+and is closed between runs for the few seconds it takes to restart the fleet. With
+``--metrics-port`` the workers serve their metrics (lane ``light`` on the port, lane
+``heavy`` on the next one). Both are checked to be free before anything starts.
 SIGTERM is handled as Ctrl-C: the runs stop, everything is cleaned up, and
 ``KeyboardInterrupt`` reaches the caller (the command exits 130).
 """
@@ -24,7 +31,7 @@ import os
 import secrets
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +40,15 @@ from rich.live import Live
 
 from fairlane.app import App
 from fairlane.demo.app import POOLS_TOML, Mode, build_app
-from fairlane.demo.fleet import LANES, Cleanup, DemoError, Fleet, PrivateServer
+from fairlane.demo.fleet import (
+    LANES,
+    Cleanup,
+    DemoError,
+    Fleet,
+    GatewaySpec,
+    PrivateServer,
+    check_ports,
+)
 from fairlane.demo.report import JSON_NAME, SVG_NAME, RunReport, write_json, write_svg
 from fairlane.demo.stats import RowKey, Snapshot, Tracked, Tracker
 from fairlane.demo.view import (
@@ -90,6 +105,12 @@ class DemoOptions:
     out: Path = Path("fairlane-demo")
     live: bool | None = None
     """Live view (None: when the console is a terminal)."""
+    dashboard_port: int | None = None
+    """Serve the run's gateway (dashboard and /metrics) on this port (None: off)."""
+    admin_key: str | None = field(default=None, repr=False)
+    """The gateway's admin key (None: a random one, printed at the start)."""
+    metrics_port: int | None = None
+    """The workers' metrics ports: lane light on this one, lane heavy on the next."""
 
     @property
     def per_run(self) -> float:
@@ -105,6 +126,8 @@ class DemoResult:
 
 def run_demo(options: DemoOptions, console: Console) -> DemoResult:
     """Run the demo and write its report; nothing it started outlives it."""
+    check_ports(_ports(options))
+    gateway = _gateway(options)
     with Cleanup() as cleanup:
         url = options.redis_url
         if url is None:
@@ -118,10 +141,58 @@ def run_demo(options: DemoOptions, console: Console) -> DemoResult:
                 "{fl:fldemo-...} and are deleted at the end"
             )
         cleanup.url = url
-        return run_loop(_demo(options, console, url, cleanup))
+        _print_endpoints(options, gateway, console)
+        return run_loop(_demo(options, console, url, cleanup, gateway))
 
 
-async def _demo(options: DemoOptions, console: Console, url: str, cleanup: Cleanup) -> DemoResult:
+def _ports(options: DemoOptions) -> dict[int, str]:
+    ports: dict[int, str] = {}
+    if options.dashboard_port is not None:
+        ports[options.dashboard_port] = "--dashboard-port"
+    if options.metrics_port is not None:
+        for i, lane in enumerate(LANES):
+            port = options.metrics_port + i
+            if port in ports:
+                raise DemoError(f"port {port} is asked for by --dashboard-port and --metrics-port")
+            ports[port] = f"--metrics-port, lane {lane}"
+    return ports
+
+
+def _gateway(options: DemoOptions) -> GatewaySpec | None:
+    if options.dashboard_port is None:
+        return None
+    key = options.admin_key or secrets.token_urlsafe(24)
+    if len(key) < 16:
+        raise DemoError("the admin key must be at least 16 characters")
+    return GatewaySpec(options.dashboard_port, key)
+
+
+def _print_endpoints(options: DemoOptions, gateway: GatewaySpec | None, console: Console) -> None:
+    if gateway is not None:
+        # a key the user chose is theirs to know; echoing it would only put it in logs
+        key = "the one given" if options.admin_key else gateway.admin_key
+        follows = (
+            "; it follows the run in progress (down for a few seconds between runs)"
+            if options.baseline
+            else ""
+        )
+        console.print(f"dashboard: {gateway.url}/ui (admin key: {key}){follows}", markup=False)
+        console.print(f"gateway metrics: {gateway.url}/metrics", markup=False)
+    if options.metrics_port is not None:
+        urls = ", ".join(
+            f"http://127.0.0.1:{options.metrics_port + i}/metrics (lane {lane})"
+            for i, lane in enumerate(LANES)
+        )
+        console.print(f"worker metrics: {urls}", markup=False)
+
+
+async def _demo(
+    options: DemoOptions,
+    console: Console,
+    url: str,
+    cleanup: Cleanup,
+    gateway: GatewaySpec | None,
+) -> DemoResult:
     loop = asyncio.get_running_loop()
     forwarded = False
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -146,7 +217,9 @@ async def _demo(options: DemoOptions, console: Console, url: str, cleanup: Clean
         runs: dict[str, RunReport] = {}
         for mode in modes:
             name = f"fldemo-{token}-{mode}"
-            runs[mode] = await _one_run(mode, name, url, workload, options, console, cleanup)
+            runs[mode] = await _one_run(
+                mode, name, url, workload, options, console, cleanup, gateway
+            )
         return _report(options, workload, runs, console)
     finally:
         if forwarded:
@@ -161,6 +234,7 @@ async def _one_run(  # noqa: PLR0917 - one run's parts
     options: DemoOptions,
     console: Console,
     cleanup: Cleanup,
+    gateway: GatewaySpec | None,
 ) -> RunReport:
     console.rule(MODE_TITLES[mode])
     app = build_app(name, mode, url)
@@ -179,7 +253,7 @@ async def _one_run(  # noqa: PLR0917 - one run's parts
         rows=rows,
         weights=weights,
     )
-    fleet = Fleet(name, mode, url, cleanup)
+    fleet = Fleet(name, mode, url, cleanup, options.metrics_port, gateway)
     async with app:
         try:
             if weights is not None:
@@ -191,6 +265,12 @@ async def _one_run(  # noqa: PLR0917 - one run's parts
                 + ", ".join(f"pid {w.pid} (lane {w.lane}, {w.slots} slots)" for w in fleet.workers)
             )
             await _wait_for_capacity(app, fleet)
+            await fleet.wait_for_gateway()
+            if gateway is not None and fleet.gateway is not None:
+                console.print(
+                    f"gateway: pid {fleet.gateway.pid}, app {name} at {gateway.url}/ui",
+                    markup=False,
+                )
             await _drive(app, mode, workload, tracker, fleet, options, console)
         finally:
             await fleet.stop(app.settings.worker.grace_period)
