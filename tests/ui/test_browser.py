@@ -25,12 +25,12 @@ from tests.e2e.helpers import eventually, running_worker
 from tests.ui.helpers import ADMIN_KEY, served, ui_app
 
 CHROMIUM = Path("/usr/bin/chromium")
-# CI installs both and sets FAIRLANE_REQUIRE_BROWSER=1: there a missing browser fails
-REQUIRED = os.environ.get("FAIRLANE_REQUIRE_BROWSER") == "1"
+# CI installs both and sets FAIRLANE_REQUIRE_SYSTEM_PACKAGES=1: there a missing browser fails
+REQUIRED = os.environ.get("FAIRLANE_REQUIRE_SYSTEM_PACKAGES") == "1"
 if REQUIRED:
     from playwright import async_api
 
-    assert CHROMIUM.exists(), "FAIRLANE_REQUIRE_BROWSER=1 but /usr/bin/chromium is missing"
+    assert CHROMIUM.exists(), "FAIRLANE_REQUIRE_SYSTEM_PACKAGES=1 but /usr/bin/chromium is missing"
 else:
     async_api = pytest.importorskip("playwright.async_api", reason="playwright is missing")
 pytestmark = [

@@ -121,6 +121,9 @@ class WorkerMetrics(Collector):
     ) -> None:
         self.app = app
         self.lanes = list(lanes)
+        #: the server's clock minus this host's (ms), refreshed by ``sync_clock``: queue
+        #: wait is measured from an enqueue stamped on the server's clock
+        self.clock_offset_ms = 0.0
         self.concurrency = concurrency
         self.config = config
         self.tenants = TenantLabels(config.top_n, config.tenants)
@@ -170,7 +173,7 @@ class WorkerMetrics(Collector):
         """Jobs leased to the worker: their queue wait (first attempts)."""
         if not jobs:
             return
-        now_ms = time.time() * 1000
+        now_ms = time.time() * 1000 + self.clock_offset_ms
         tenants, child = self.tenants, self.queue_wait.child
         for job in jobs:
             tenants.count(job.tenant)
@@ -214,6 +217,12 @@ class WorkerMetrics(Collector):
     def _count(self, task: str, outcome: str) -> None:
         key = (task, outcome)
         self.attempts[key] = self.attempts.get(key, 0) + 1
+
+    def sync_clock(self, server_ms: int, sent: float, received: float) -> None:
+        """Take the offset of this host's clock from a server reading asked for at
+        ``sent`` and answered at ``received`` (this host's ``time.time()``): the reading is
+        placed halfway, so the error is at most half the round trip."""
+        self.clock_offset_ms = server_ms - (sent + received) * 500
 
     def _place(self, task_name: str) -> tuple[str, str]:
         where = self._where.get(task_name)
