@@ -6,6 +6,11 @@
 ``namespace`` gives each test its own app name and deletes that test's keys afterwards.
 A test marked ``embedded_only`` exercises processes, a browser or a benchmark harness
 rather than the server's semantics, so it runs against the embedded server alone.
+
+``cluster`` is a private 3-master :class:`fairlane.testing.RedisCluster` from the same
+binary (skipped with ``FAIRLANE_TEST_CLUSTER=0``). Only tests marked ``contract`` run on
+it: they hold the store to what every deployment must give (each script, on a cluster,
+with no CROSSSLOT error), while the rest of the suite runs once, on a single server.
 """
 
 from __future__ import annotations
@@ -15,23 +20,35 @@ import secrets
 from collections.abc import Iterator
 
 import pytest
-import redis
 
-from fairlane.testing import RedisServer
+from fairlane.store.connection import create_sync_client
+from fairlane.testing import RedisCluster, RedisServer
 
 EXTERNAL_URL_ENV = "FAIRLANE_TEST_REDIS_URL"
+CLUSTER_ENV = "FAIRLANE_TEST_CLUSTER"
 
 
 def _backends() -> list[str]:
-    return ["embedded", "external"] if os.environ.get(EXTERNAL_URL_ENV) else ["embedded"]
+    backends = ["embedded", "external"] if os.environ.get(EXTERNAL_URL_ENV) else ["embedded"]
+    if os.environ.get(CLUSTER_ENV, "1") != "0":
+        backends.append("cluster")
+    return backends
+
+
+def _deselected(item: pytest.Item) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    backend = params.get("redis_url")
+    if backend == "external":
+        return item.get_closest_marker("embedded_only") is not None
+    if backend == "cluster":
+        return item.get_closest_marker("contract") is None
+    return False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     kept, dropped = [], []
     for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        on_external = params.get("redis_url") == "external"
-        (dropped if on_external and item.get_closest_marker("embedded_only") else kept).append(item)
+        (dropped if _deselected(item) else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
@@ -48,6 +65,12 @@ def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "external":
         yield os.environ[EXTERNAL_URL_ENV]
         return
+    if request.param == "cluster":
+        if os.environ.get(CLUSTER_ENV, "1") == "0":  # tests/cluster ask for it by name
+            pytest.skip(f"{CLUSTER_ENV}=0: no cluster backend")
+        with RedisCluster() as cluster:
+            yield cluster.url
+        return
     with RedisServer() as server:
         yield server.url
 
@@ -57,7 +80,7 @@ def namespace(redis_url: str) -> Iterator[str]:
     """A fresh app name for one test; its ``{fl:<name>}`` keys are deleted afterwards."""
     name = "t_" + secrets.token_hex(4)
     yield name
-    client = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=10)
+    client = create_sync_client(redis_url, socket_timeout=10, socket_connect_timeout=10)
     try:
         batch: list[bytes] = []
         for key in client.scan_iter(match=f"*{{fl:{name}}}*", count=500):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from fairlane.errors import FairlaneError
 from fairlane.policy.admission import (
@@ -26,12 +26,14 @@ from fairlane.policy.admission import (
 )
 
 if TYPE_CHECKING:
+    from fairlane.store.durability import Acknowledgement
     from fairlane.store.redis import Submitted
     from fairlane.task import Job
 
 __all__ = [
     "Admission",
     "AdmissionStatus",
+    "NotAcknowledged",
     "Pricing",
     "Rejected",
     "answer",
@@ -56,6 +58,18 @@ class Rejected(FairlaneError):
         self.retry_after = retry_after
 
 
+class NotAcknowledged(FairlaneError):
+    """The jobs are stored on the primary, but the replicas or AOF fsyncs that the
+    ``durability`` setting asks for did not confirm them in time: a failover or a
+    crash may still lose them. ``jobs`` are their handles (a retry with the same
+    idempotency key finds them, not new copies)."""
+
+    def __init__(self, jobs: list[Job[Any]], acknowledgement: Acknowledgement) -> None:
+        super().__init__(f"the enqueue was not acknowledged: {acknowledgement.describe()}")
+        self.jobs = jobs
+        self.acknowledgement = acknowledgement
+
+
 @dataclass(frozen=True, slots=True)
 class Admission(Generic[R]):
     """The answer to one submission."""
@@ -68,6 +82,9 @@ class Admission(Generic[R]):
     ``too_wide``, ``deadline_unmeetable``, ``store_unavailable``; None when accepted."""
     retry_after: float | None = None
     """Seconds to wait before trying again (rejected or unavailable)."""
+    acknowledgement: Acknowledgement | None = None
+    """With ``durability`` asked for and the job stored: what the replicas and AOF
+    confirmed (``acknowledgement.met`` False: the job may not survive a failover)."""
 
     @property
     def admitted(self) -> bool:

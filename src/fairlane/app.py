@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,17 +19,24 @@ from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from cronsim import CronSim, CronSimError
 from redis.asyncio.client import PubSub
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairlane.admission import Pricing
-from fairlane.config import Settings, load_settings
+from fairlane.config import DurabilitySettings, Settings, load_settings
 from fairlane.errors import JobNotFound, UnknownTask
 from fairlane.lanes import LaneClasses, LaneTables, check_limits, load_lanes
 from fairlane.metrics import MetricsConfig
+from fairlane.payloads import PayloadStore, open_store
+from fairlane.payloads.offload import Payloads
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.classes import ClassTable
 from fairlane.policy.retention import Retention
 from fairlane.pools import FairlaneConfig, load_config
+from fairlane.runtime.outage import Outage
+from fairlane.runtime.pressure import PressureConfig, Sensor
 from fairlane.runtime.worker import Worker
+from fairlane.store.connection import cluster_url, sentinel_url
 from fairlane.store.keys import namespace
 from fairlane.store.redis import Store, StoreUnavailable, redact_url, unlink_matching
 from fairlane.store.server import ensure_dev_server
@@ -60,6 +68,7 @@ RESERVED_PARAMETERS = frozenset(
         "slots",
         "limits",
         "trace",
+        "durability",
     }
 )
 _DEFAULTS: dict[str, Any] = {
@@ -101,6 +110,32 @@ def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def _server_url(
+    url: str | None,
+    cluster_nodes: Sequence[str] | None,
+    sentinels: Sequence[str] | None,
+    service_name: str | None,
+) -> str | None:
+    options = {"redis_url": url, "cluster_nodes": cluster_nodes, "sentinels": sentinels}
+    given = [name for name, value in options.items() if value]
+    if len(given) > 1:
+        raise ValueError(f"give one of redis_url, cluster_nodes and sentinels, not {given}")
+    if (service_name is None) != (not sentinels):
+        raise ValueError("sentinels and service_name go together")
+    if cluster_nodes:
+        return cluster_url(cluster_nodes)
+    if sentinels and service_name:
+        return sentinel_url(sentinels, service_name)
+    return url
+
+
+def _payloads(given: PayloadStore | str | None, settings: Settings) -> Payloads | None:
+    store = given if given is not None else settings.payloads.url
+    if store is None:
+        return None
+    return Payloads(open_store(store) if isinstance(store, str) else store, settings.payloads)
+
+
 class App:
     """A Fairlane application: tasks, cron entries, and a connection to the server."""
 
@@ -114,11 +149,22 @@ class App:
         lanes: Mapping[str, LaneClasses] | None = None,
         config: FairlaneConfig | Path | str | None = None,
         charge: Literal["jobs", "cost"] = "cost",
+        cluster_nodes: Sequence[str] | None = None,
+        sentinels: Sequence[str] | None = None,
+        service_name: str | None = None,
+        payloads: PayloadStore | str | None = None,
+        durability: DurabilitySettings | None = None,
     ) -> None:
         namespace(name)  # validates the name
         self.name = name
         self.settings = settings or load_settings(project_dir=project_dir)
-        self.redis_url = redis_url
+        #: what every enqueue waits for replicas or AOF fsyncs to confirm, unless the
+        #: call says otherwise (default: the ``durability`` settings, which ask nothing)
+        self.durability = durability or self.settings.durability
+        #: ``cluster_nodes`` ("host:port" of any nodes of a Redis Cluster) and
+        #: ``sentinels`` with ``service_name`` are spelt as the URLs that say the same,
+        #: so workers started with that URL reach the same deployment
+        self.redis_url = _server_url(redis_url, cluster_nodes, sentinels, service_name)
         self.tasks: dict[str, Task[Any, Any]] = {}
         self.crons: dict[str, CronEntry] = {}
         self.lane_tables = LaneTables()
@@ -156,6 +202,9 @@ class App:
         self._listener: asyncio.Task[None] | None = None
         # the server URL in use once connected (``redis_url`` is the one asked for)
         self.url: str | None = None
+        #: large arguments and results go to this payload store (``payloads=``: a store
+        #: or its URL, else the ``payloads.url`` setting); None keeps them in the server
+        self.payloads = _payloads(payloads, self.settings)
 
     def __repr__(self) -> str:
         return f"App({self.name!r})"
@@ -455,7 +504,15 @@ class App:
             return
         self.check_lanes()
         url = await asyncio.to_thread(self.resolve_url)
-        store = Store.from_url(url, self.name)
+        timeouts = self.settings.connection
+        store = Store.from_url(
+            url,
+            self.name,
+            socket_timeout=timeouts.timeout,
+            socket_connect_timeout=timeouts.connect_timeout,
+        )
+        if self.payloads is not None:
+            store.prepare_jobs = self.payloads.offload_jobs
         try:
             await store.connect()
             self._store = store
@@ -518,18 +575,28 @@ class App:
         if self._pubsub is not None:
             return
         pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe(self.store.keys.done_channel)
+        try:
+            await pubsub.subscribe(self.store.keys.done_channel)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            raise StoreUnavailable(f"the Redis server is unreachable: {exc}") from exc
         self._pubsub = pubsub
         self._listener = asyncio.create_task(self._listen(pubsub), name="fairlane-results")
 
     async def _listen(self, pubsub: PubSub) -> None:
+        outage = Outage(f"app {self.name}: result listener", log)
         while True:
             try:
                 message = await pubsub.get_message(timeout=30.0)
-            except (ConnectionError, OSError, StoreUnavailable):
-                await asyncio.sleep(0.5)
+            except (RedisConnectionError, RedisTimeoutError, OSError, StoreUnavailable) as exc:
+                # the next read reconnects and subscribes again
+                await asyncio.sleep(outage.failed(exc))
                 self._wake_all()  # waiters re-check the record themselves
                 continue
+            if outage.down:
+                # subscribed again: what finished while we were not is only in the records
+                outage.recovered()
+                self._wake_all()
             if message is None:
                 continue
             job_id = message["data"].decode()
@@ -546,12 +613,17 @@ class App:
 
     async def wait_finished(self, job_id: str) -> tuple[str, bytes, bytes]:
         """Wait (no polling) until a job is finished; returns (status, result, error)."""
-        await self._ensure_listener()
         while True:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.setdefault(job_id, []).append(fut)
             try:
-                reply = await self.store.watch(job_id)
+                try:
+                    await self._ensure_listener()
+                    reply = await self.store.watch(job_id)
+                except StoreUnavailable:
+                    # ride out an outage: the caller's timeout bounds the wait
+                    await asyncio.sleep(random.uniform(0.25, 0.75))
+                    continue
                 status = reply[0].decode()
                 if status == "missing":
                     raise JobNotFound(f"no record of job {job_id}")
@@ -577,11 +649,15 @@ class App:
         health_port: int | None = None,
         metrics_port: int | None = None,
         metrics: MetricsConfig | None = None,
+        pressure: PressureConfig | None = None,
+        sensors: Sequence[Sensor] | None = None,
     ) -> None:
         """Run a worker in this process until it is stopped (or, with ``burst``, idle).
 
         ``metrics_port`` serves Prometheus ``/metrics`` and ``/autoscale`` on that port
         (0: a free one); ``metrics`` sets how tenants are labelled (``fairlane.metrics``).
+        ``pressure`` sets how the worker holds back under resource pressure; ``sensors``
+        replaces the built-in sensors (``fairlane.runtime.pressure``) with your own.
         """
         owns_connection = self._store is None
         await self.connect()
@@ -596,6 +672,8 @@ class App:
                 else self.settings.worker.health_port,
                 metrics_port=metrics_port,
                 metrics=metrics,
+                pressure=pressure,
+                sensors=sensors,
             )
             await worker.run(handle_signals=handle_signals)
         finally:

@@ -11,6 +11,7 @@ is ever unpickled.
 from __future__ import annotations
 
 import inspect
+import math
 import traceback
 import types
 import typing
@@ -19,6 +20,8 @@ from typing import Any, Final
 
 import msgspec
 
+from fairlane.payloads.refs import MalformedReference, decode_ref, is_ref
+
 __all__ = ["ArgsCodec", "PayloadTooLarge", "decode_error", "encode_error"]
 
 _ANY: Final = Any
@@ -26,6 +29,28 @@ _ANY: Final = Any
 
 class PayloadTooLarge(ValueError):
     """An argument or result payload exceeds the configured size limit."""
+
+
+_NON_FINITE: Final = "it holds a float that is not finite (NaN or infinity)"
+
+
+def _non_finite(value: Any) -> bool:
+    """Whether ``value`` holds a NaN or an infinity, which JSON writes as null.
+
+    Only asked when the encoded text has a null in it, so the common case costs one
+    scan of the bytes: a value must never come back as None instead of what was sent.
+    """
+    stack = [msgspec.to_builtins(value)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend(item)
+    return False
 
 
 def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -94,6 +119,8 @@ class ArgsCodec:
             blob = self._encoder.encode(arguments)
         except (TypeError, UnicodeEncodeError, msgspec.EncodeError) as exc:
             raise TypeError(f"an argument cannot be encoded as JSON: {exc}") from None
+        if b"null" in blob and _non_finite(arguments):
+            raise TypeError(f"an argument cannot be encoded as JSON: {_NON_FINITE}")
         if check:
             try:
                 self._decoder.decode(blob)
@@ -119,12 +146,30 @@ class ArgsCodec:
         return args, kwargs
 
     def encode_result(self, value: Any) -> bytes:
-        return self._encoder.encode(value)
+        blob = self._encoder.encode(value)
+        if b"null" in blob and _non_finite(value):
+            raise ValueError(f"the result cannot be encoded as JSON: {_NON_FINITE}")
+        return blob
 
     def decode_result(self, blob: bytes) -> Any:
         if not blob:
             return None
+        if is_ref(blob) and _valid_ref(blob):
+            # a result kept in a payload store: its reader must fetch it first, never
+            # take the reference for the value (``fairlane.payloads``)
+            raise PayloadTooLarge(
+                "the result is kept in the payload store; only Job.result() fetches it "
+                "(a workflow's children cannot return results over payloads.threshold_bytes)"
+            )
         return msgspec.json.decode(blob, type=self.return_type, strict=False)
+
+
+def _valid_ref(blob: bytes) -> bool:
+    try:
+        decode_ref(blob)
+    except MalformedReference:
+        return False
+    return True
 
 
 class ErrorInfo(msgspec.Struct, frozen=True):

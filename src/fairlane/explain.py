@@ -88,7 +88,7 @@ class Event:
 def decode_event(raw: bytes) -> Event:
     """An ``ev:<id>`` entry as the scripts pack it (msgpack ``[ms, kind, detail]``)."""
     value = _DECODER.decode(raw)
-    if not isinstance(value, list) or len(value) < 2:
+    if not isinstance(value, list) or len(value) < 2 or not isinstance(value[0], int):
         raise ValueError(f"not a lifecycle event: {raw!r}")
     detail = value[2] if len(value) > 2 and isinstance(value[2], dict) else {}
     return Event(int(value[0]), str(value[1]), {str(k): v for k, v in detail.items()})

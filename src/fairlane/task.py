@@ -8,6 +8,7 @@ written, so a bad call never leaves a half-stored job.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import random
@@ -20,8 +21,16 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypedDict, T
 import msgspec
 
 from fairlane import tracing
-from fairlane.admission import Admission, Rejected, answer, cost_key, unavailable
+from fairlane.admission import (
+    Admission,
+    NotAcknowledged,
+    Rejected,
+    answer,
+    cost_key,
+    unavailable,
+)
 from fairlane.codec import ArgsCodec, PayloadTooLarge, decode_error
+from fairlane.config import DurabilitySettings
 from fairlane.errors import JobCancelled, JobExpired, JobNotFound, TaskFailed
 from fairlane.lanes import (
     DEFAULT_CLASS,
@@ -34,7 +43,8 @@ from fairlane.lanes import (
 from fairlane.policy.admission import Estimate
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
-from fairlane.store.redis import NewJob, StoreUnavailable
+from fairlane.store.durability import submit_acknowledged
+from fairlane.store.redis import NewJob, StoreUnavailable, Submitted
 
 if TYPE_CHECKING:
     from fairlane.app import App
@@ -317,6 +327,8 @@ class Job(Generic[R]):
         async with asyncio.timeout(timeout):
             status, res, err = await self._task.app.wait_finished(self.id)
         if status == "completed":
+            if self._task.app.payloads is not None:  # a large result is fetched from its store
+                res = await self._task.app.payloads.resolve(res)
             return self._task.codec.decode_result(res)  # type: ignore[no-any-return]
         info = decode_error(err)
         kind = {"cancelled": JobCancelled, "expired": JobExpired}.get(status, TaskFailed)
@@ -370,6 +382,7 @@ class Task(Generic[P, R]):
         limits: Mapping[str, int] | None = None,
         estimate: Estimate | float | None = None,
         trace: bool = True,
+        durability: DurabilitySettings | None = None,
         **kwargs: Any,
     ) -> Job[R]:
         """Enqueue one call. Arguments are checked against the signature here, at the call site.
@@ -378,6 +391,8 @@ class Task(Generic[P, R]):
         task's (a key named by both takes this call's limit). A deferred job is returned
         like an accepted one; a rejection raises ``Rejected(reason, retry_after)``.
         ``trace=False`` stores no trace context with the job (``fairlane.tracing``).
+        ``durability`` (default: the app's) asks replicas or AOF fsyncs to confirm the
+        write; a job stored without that confirmation raises ``NotAcknowledged``.
         """
         admission: Admission[R] = await self.submit(
             *args,
@@ -392,9 +407,13 @@ class Task(Generic[P, R]):
             slots=slots,
             limits=limits,
             trace=trace,
+            durability=durability,
             **kwargs,
         )
         if admission.job is not None:
+            ack = admission.acknowledgement
+            if ack is not None and not ack.met:
+                raise NotAcknowledged([admission.job], ack)
             return admission.job
         if admission.status == "unavailable":
             raise StoreUnavailable("the store cannot be reached; nothing was enqueued")
@@ -416,6 +435,7 @@ class Task(Generic[P, R]):
         slots: int | None = None,
         limits: Mapping[str, int] | None = None,
         trace: bool = True,
+        durability: DurabilitySettings | None = None,
         **kwargs: Any,
     ) -> Admission[R]:
         """Ask admission to take one call: accepted, deferred (stored, admitted when room
@@ -426,6 +446,8 @@ class Task(Generic[P, R]):
         were learned to cost, times the safety multiplier. Bad input raises at once.
         With tracing on, a ``send`` span records the answer and, unless ``trace`` is
         False, the job stores its context for the workers' spans (``fairlane.tracing``).
+        With ``durability`` (default: the app's), a stored job's ``acknowledgement``
+        says what the replicas and AOF confirmed.
         """
         blob = self.encode_args(args, kwargs)
         job = self.new_job(
@@ -442,17 +464,30 @@ class Task(Generic[P, R]):
             estimate=estimate,
         )
         with tracing.sending(self.options.lane, [job], propagate=trace) as span:
-            admission = await self._submit_one(job)
+            admission = await self.submit_job(job, durability)
             tracing.admitted(span, admission)
         return admission
 
-    async def _submit_one(self, job: NewJob) -> Admission[R]:
+    async def submit_job(
+        self, job: NewJob, durability: DurabilitySettings | None = None
+    ) -> Admission[R]:
+        """Submit a job made by ``new_job`` (as ``submit`` does, without a span);
+        ``durability`` defaults to the app's."""
+        durability = durability or self.app.durability
         try:
-            (reply,) = await self.app.store.submit(self.options.lane, [job])
+            if durability.requested:
+                (reply,), ack = await submit_acknowledged(
+                    self.app.store, self.options.lane, [job], durability
+                )
+            else:
+                (reply,), ack = await self.app.store.submit(self.options.lane, [job]), None
         except StoreUnavailable:
             return unavailable()
         handle = Job(self, reply.id, created=reply.code in (1, 2)) if reply.code >= 0 else None
-        return answer(reply, handle, self.app.pricing)
+        admission = answer(reply, handle, self.app.pricing)
+        if ack is not None and admission.admitted:
+            admission = dataclasses.replace(admission, acknowledgement=ack)
+        return admission
 
     async def enqueue_many(
         self,
@@ -468,6 +503,7 @@ class Task(Generic[P, R]):
         limits: Mapping[str, int] | None = None,
         estimate: Estimate | float | None = None,
         trace: bool = True,
+        durability: DurabilitySettings | None = None,
     ) -> list[Job[R]]:
         """Enqueue many calls (each a tuple of positional arguments) in one round trip.
 
@@ -483,10 +519,15 @@ class Task(Generic[P, R]):
             return []
         # one span for the batch: every job of it carries the same context
         with tracing.sending(self.options.lane, jobs, propagate=trace):
-            return await self._store(jobs)
+            return await self._store(jobs, durability or self.app.durability)
 
     def encode_args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
         blob = self.codec.encode(args, kwargs)
+        payloads = self.app.payloads
+        if payloads is not None and payloads.by_reference(blob):
+            # it travels as a reference: the server's limit applies to that, not to this
+            payloads.check_size(blob, f"arguments of {self.name}")
+            return blob
         limit = self.app.settings.max_payload_bytes
         if len(blob) > limit:
             raise PayloadTooLarge(
@@ -538,8 +579,14 @@ class Task(Generic[P, R]):
             declared=int(demand.declared),
         )
 
-    async def _store(self, jobs: list[NewJob]) -> list[Job[R]]:
-        replies = await self.app.store.submit(self.options.lane, jobs)
+    async def _store(self, jobs: list[NewJob], durability: DurabilitySettings) -> list[Job[R]]:
+        replies: list[Submitted]
+        if durability.requested:
+            replies, ack = await submit_acknowledged(
+                self.app.store, self.options.lane, jobs, durability
+            )
+        else:
+            replies, ack = await self.app.store.submit(self.options.lane, jobs), None
         handles: list[Job[R]] = []
         for reply in replies:
             if reply.code == -1:
@@ -551,6 +598,8 @@ class Task(Generic[P, R]):
             if reply.code < 0:
                 raise ValueError(f"job {reply.id}: refused by the store (code {reply.code})")
             handles.append(Job(self, reply.id, created=reply.code in (1, 2)))
+        if ack is not None and not ack.met:
+            raise NotAcknowledged(list(handles), ack)
         return handles
 
 
@@ -581,6 +630,7 @@ class EnqueueOptions(TypedDict, total=False):
     slots: int | None
     limits: Mapping[str, int] | None
     trace: bool
+    durability: DurabilitySettings | None
 
 
 class BoundCall(Generic[R]):

@@ -17,11 +17,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from fairlane import App
 from fairlane.config import Settings, load_settings
 from fairlane.runtime.worker import Worker
+from fairlane.store.connection import create_client
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 15.0  # upper bound of any single wait in these tests
@@ -110,7 +109,7 @@ async def eventually(
 
 async def app_keys(redis_url: str, namespace: str, pattern: str = "*") -> set[bytes]:
     """Every key of an app matching ``pattern`` after its prefix (SCAN, never KEYS)."""
-    client = aioredis.Redis.from_url(redis_url)
+    client = create_client(redis_url)
     try:
         match = f"\\{{fl:{namespace}\\}}:{pattern}"
         return {key async for key in client.scan_iter(match=match, count=1000)}

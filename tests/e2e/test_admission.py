@@ -160,6 +160,7 @@ BOUNDS_CONFIG = pool(
 )
 
 
+@pytest.mark.contract
 async def test_queue_bounds_reject_or_defer_and_tenant_bound_is_per_tenant(
     redis_url: str, namespace: str
 ) -> None:
@@ -386,6 +387,7 @@ RETRY_GATE_CONFIG = pool(
 )
 
 
+@pytest.mark.contract
 async def test_a_retry_keeps_its_identity_and_is_deferred_while_the_class_is_full(
     redis_url: str, namespace: str
 ) -> None:

@@ -59,6 +59,7 @@ class Order:
 # -- enqueue and results --------------------------------------------------------------------------
 
 
+@pytest.mark.contract
 async def test_typed_arguments_and_results_round_trip(redis_url: str, namespace: str) -> None:
     app = make_app(namespace, redis_url)
     seen: list[tuple[object, ...]] = []
@@ -190,6 +191,7 @@ async def test_bind_then_enqueue_with_options(redis_url: str, namespace: str) ->
         assert await same.result(timeout=WAIT) == "hello bob."
 
 
+@pytest.mark.contract
 async def test_enqueue_by_name_and_purge(redis_url: str, namespace: str) -> None:
     app = make_app(namespace, redis_url)
 
@@ -240,6 +242,7 @@ async def test_failure_raises_task_failed_with_type_and_message(
         assert (await job.info()).error == "bad input 7"
 
 
+@pytest.mark.contract
 async def test_retries_honour_attempts_and_backoff_then_dead_letter_and_redrive(
     redis_url: str, namespace: str
 ) -> None:
@@ -356,6 +359,7 @@ async def test_async_timeout_fails_the_attempt(redis_url: str, namespace: str) -
 # -- scheduling: delay, at, deadline --------------------------------------------------------------
 
 
+@pytest.mark.contract
 async def test_delay_and_at_hold_a_job_until_its_time(redis_url: str, namespace: str) -> None:
     app = make_app(namespace, redis_url)
     started: dict[str, float] = {}
@@ -476,6 +480,7 @@ async def test_bad_times_are_refused_and_store_nothing(redis_url: str, namespace
 # -- idempotency ----------------------------------------------------------------------------------
 
 
+@pytest.mark.contract
 async def test_idempotency_key_dedupes_and_runs_once(redis_url: str, namespace: str) -> None:
     app = make_app(namespace, redis_url)
     runs: list[int] = []
@@ -598,6 +603,7 @@ async def test_cancel_a_queued_job(redis_url: str, namespace: str) -> None:
     assert ran == ["kept"]
 
 
+@pytest.mark.contract
 async def test_cancel_a_running_job(redis_url: str, namespace: str) -> None:
     app = make_app(namespace, redis_url, lease={"renew_interval": 0.1, "duration": 2.0})
     started = asyncio.Event()
@@ -997,6 +1003,7 @@ async def test_tenant_concurrency_settings_round_trip(redis_url: str, namespace:
         assert await app.tenants.weight("acme") == 1.0
 
 
+@pytest.mark.contract
 async def test_concurrent_configures_of_one_tenant_lose_nothing(
     redis_url: str, namespace: str
 ) -> None:

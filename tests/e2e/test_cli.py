@@ -32,6 +32,7 @@ import redis.asyncio as aioredis
 from typer.testing import CliRunner, Result
 
 from fairlane.cli import cli
+from fairlane.store.connection import create_client
 from fairlane.store.keys import AppKeys
 from fairlane.store.server import stop_dev_server
 from fairlane.testing import RedisServer
@@ -174,7 +175,7 @@ def free_port() -> int:
 
 @pytest.fixture
 async def client(redis_url: str) -> Any:
-    conn = aioredis.Redis.from_url(redis_url)
+    conn = create_client(redis_url)
     try:
         yield conn
     finally:
@@ -195,6 +196,7 @@ async def key_count(client: aioredis.Redis, namespace: str) -> int:
 
 
 @pytest.mark.anyio
+@pytest.mark.contract
 async def test_worker_burst_drains_jobs_and_exits(
     project: ModuleType, redis_url: str, namespace: str, tmp_path: Path, client: aioredis.Redis
 ) -> None:
@@ -402,6 +404,7 @@ def test_inspect_concurrency_from_settings_is_not_a_default(
 # -- doctor ---------------------------------------------------------------------------------
 
 
+@pytest.mark.contract
 def test_doctor_accepts_a_noeviction_server(project: ModuleType, redis_url: str) -> None:
     result = invoke(["doctor", "--redis-url", redis_url])
     assert result.exit_code == 0, result.output

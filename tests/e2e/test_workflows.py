@@ -62,6 +62,7 @@ class Peaks:
 # -- 1. checkpoints and replay ------------------------------------------------------------
 
 
+@pytest.mark.contract
 async def test_steps_run_once_across_slices_and_history_lists_them(
     redis_url: str, namespace: str
 ) -> None:
@@ -109,6 +110,7 @@ async def test_steps_run_once_across_slices_and_history_lists_them(
 # -- 2. signals ---------------------------------------------------------------------------
 
 
+@pytest.mark.contract
 async def test_a_signal_sent_before_the_run_waits_is_kept(redis_url: str, namespace: str) -> None:
     app = make_app(namespace, redis_url)
 
@@ -309,6 +311,7 @@ TEXT = 'caf\u00e9 / "quoted" \\ \u2603'
 # -- 5. children --------------------------------------------------------------------------
 
 
+@pytest.mark.contract
 async def test_children_run_at_most_max_children_at_once(redis_url: str, namespace: str) -> None:
     app = make_app(namespace, redis_url)
     peaks = Peaks()

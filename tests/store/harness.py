@@ -9,9 +9,9 @@ import secrets
 from collections.abc import Coroutine
 from typing import Any, ClassVar, TypeVar
 
-import redis
 from hypothesis.stateful import RuleBasedStateMachine
 
+from fairlane.store.connection import create_sync_client
 from fairlane.store.redis import Store
 
 T = TypeVar("T")
@@ -29,7 +29,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.app = f"{self.prefix}_{secrets.token_hex(4)}"
         self.store = Store.from_url(self.redis_url, self.app, max_connections=4)
         self.keys = self.store.keys
-        self.client = redis.Redis.from_url(self.redis_url)
+        self.client = create_sync_client(self.redis_url)
         self.run(self.store.connect())
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:

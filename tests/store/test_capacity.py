@@ -14,7 +14,7 @@ import pytest
 
 from fairlane.store.redis import NewJob, Store
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.contract]
 
 
 @pytest.fixture

@@ -131,6 +131,7 @@ class Scenario:
             assert any(sig.rate_per_min == pytest.approx(r, rel=1e-12) for r in rates)
 
 
+@pytest.mark.contract
 def test_lua_tenant_ceiling_is_the_policys(
     store: tuple[Store, asyncio.AbstractEventLoop],
 ) -> None:

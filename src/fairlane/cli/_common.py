@@ -15,7 +15,6 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn, TypeVar
 
-import redis
 import typer
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -25,6 +24,7 @@ from rich.markup import escape
 from fairlane.app import App
 from fairlane.config import ConfigError, Settings, load_settings
 from fairlane.runtime.loop import run as run_loop
+from fairlane.store.connection import SyncClient, sync_server_time_ms
 from fairlane.store.keys import AppKeys
 from fairlane.store.redis import StoreUnavailable
 from fairlane.store.server import ServerNotFound, ServerStartError, dev_server_status
@@ -177,14 +177,11 @@ def locate_server(
     return ServerTarget(status.url if status.running else None, where)
 
 
-def live_workers(client: redis.Redis, app_name: str, max_age: float) -> list[tuple[str, float]]:
+def live_workers(client: SyncClient, app_name: str, max_age: float) -> list[tuple[str, float]]:
     """Workers of the app whose heartbeat is younger than ``max_age`` s, with their age (s)."""
-    reply: Any = client.time()
-    seconds, micros = reply
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
-    raw: Any = client.zrangebyscore(
-        AppKeys.for_app(app_name).workers, now_ms - max_age * 1000, "+inf", withscores=True
-    )
+    workers = AppKeys.for_app(app_name).workers
+    now_ms = sync_server_time_ms(client, workers)
+    raw: Any = client.zrangebyscore(workers, now_ms - max_age * 1000, "+inf", withscores=True)
     found: list[tuple[str, float]] = []
     for member, score in raw:
         name = member.decode() if isinstance(member, bytes) else str(member)

@@ -33,8 +33,7 @@ async def _load(app: App, job_id: str) -> tuple[dict[str, bytes], list[Event], i
     async with app:
         record = await app.store.job_record(job_id)
         events = await app.store.job_events(job_id)
-        seconds, micros = await app.store.client.time()
-        return record, events, int(seconds) * 1000 + int(micros) // 1000
+        return record, events, await app.store.server_time_ms()
 
 
 def _at(ms: int) -> str:

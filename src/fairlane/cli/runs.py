@@ -38,8 +38,7 @@ async def _load(app: App, run_id: str) -> tuple[dict[str, bytes], RunHistory, in
     async with app:
         record = await app.store.job_record(run_id)
         history = await app.store.runs.history(run_id)
-        seconds, micros = await app.store.client.time()
-        return record, history, int(seconds) * 1000 + int(micros) // 1000
+        return record, history, await app.store.server_time_ms()
 
 
 # -- printing --------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import redis
 import typer
 from redis.exceptions import RedisError, ResponseError
 from rich.markup import escape
@@ -26,6 +25,7 @@ from fairlane.cli._common import (
     settings_or_fail,
 )
 from fairlane.config import ConfigError, explain_settings
+from fairlane.store.connection import SyncClient, create_sync_client
 from fairlane.store.redis import redact_url
 from fairlane.store.server import (
     ServerNotFound,
@@ -81,7 +81,7 @@ def doctor(
             "set FAIRLANE_REDIS_URL, or start it with `fairlane server start`"
         )
     out.print(f"server {redact_url(target.url)} [dim](from {escape(target.source)})[/]")
-    client = redis.Redis.from_url(target.url, socket_connect_timeout=5.0, socket_timeout=5.0)
+    client = create_sync_client(target.url, socket_connect_timeout=5.0, socket_timeout=5.0)
     try:
         findings = _diagnose(client)
         if app is not None:
@@ -106,7 +106,7 @@ def doctor(
     out.print(f"[green]ready[/] ({warnings} warning(s))" if warnings else "[green]ready[/]")
 
 
-def _diagnose(client: redis.Redis) -> list[Finding]:
+def _diagnose(client: SyncClient) -> list[Finding]:
     started = time.perf_counter()
     client.ping()
     rtt = (time.perf_counter() - started) * 1000
@@ -142,7 +142,7 @@ def _version_finding(info: dict[str, Any]) -> Finding:
     return Finding("OK", "version", name)
 
 
-def _config(client: redis.Redis, name: str) -> str | None:
+def _config(client: SyncClient, name: str) -> str | None:
     """A CONFIG GET value, or None where CONFIG is disabled (as on some managed services)."""
     try:
         reply: dict[Any, Any] = client.config_get(name)
@@ -154,7 +154,7 @@ def _config(client: redis.Redis, name: str) -> str | None:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _policy_finding(client: redis.Redis, info: dict[str, Any]) -> Finding:
+def _policy_finding(client: SyncClient, info: dict[str, Any]) -> Finding:
     policy = info.get("maxmemory_policy") or _config(client, "maxmemory-policy")
     if policy is None:
         return Finding("WARN", "maxmemory-policy", "unknown (neither INFO nor CONFIG reports it)")
@@ -168,7 +168,7 @@ def _policy_finding(client: redis.Redis, info: dict[str, Any]) -> Finding:
     return Finding("OK", "maxmemory-policy", "noeviction (writes fail instead of losing jobs)")
 
 
-def _persistence_finding(client: redis.Redis, info: dict[str, Any]) -> Finding:
+def _persistence_finding(client: SyncClient, info: dict[str, Any]) -> Finding:
     appendonly = _config(client, "appendonly")
     aof = appendonly == "yes" if appendonly is not None else bool(info.get("aof_enabled"))
     fsync = _config(client, "appendfsync")
@@ -210,7 +210,7 @@ def _memory_finding(info: dict[str, Any]) -> Finding:
     )
 
 
-def _functions_finding(client: redis.Redis) -> Finding:
+def _functions_finding(client: SyncClient) -> Finding:
     try:
         libraries = client.function_list()
     except ResponseError as exc:
@@ -233,7 +233,7 @@ def _pairs(flat: list[Any]) -> dict[Any, Any]:
     return dict(zip(flat[::2], flat[1::2], strict=False))
 
 
-def _workers_finding(client: redis.Redis, app_name: str, max_age: float) -> Finding:
+def _workers_finding(client: SyncClient, app_name: str, max_age: float) -> Finding:
     workers = live_workers(client, app_name, max_age)
     if not workers:
         return Finding("WARN", "workers", f"no live worker of app {app_name!r}")

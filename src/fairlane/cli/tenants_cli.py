@@ -8,7 +8,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-import redis.asyncio as aioredis
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -27,6 +26,7 @@ from fairlane.cli._common import (
     settings_or_fail,
 )
 from fairlane.gateway.apikeys import ApiKeys, KeyNotFound, KeyRecord, MintedKey
+from fairlane.store.connection import AsyncClient, create_client
 
 __all__ = ["tenants_app"]
 
@@ -37,11 +37,11 @@ tenants_app = typer.Typer(
 KeyId = Annotated[str, typer.Argument(metavar="KEY_ID", help="A key's public id.")]
 
 
-def _keys(app: App) -> tuple[ApiKeys, aioredis.Redis]:
+def _keys(app: App) -> tuple[ApiKeys, AsyncClient]:
     target = locate_server(settings_or_fail(), app=app)
     if target.url is None:
         fail(f"no server to talk to: {target.source} is not running (give --redis-url)")
-    client = aioredis.Redis.from_url(target.url, socket_connect_timeout=5.0)
+    client = create_client(target.url, socket_connect_timeout=5.0)
     return ApiKeys(client, app.name), client
 
 

@@ -12,7 +12,6 @@ import urllib.error
 import urllib.request
 from typing import Annotated, Any
 
-import redis
 import typer
 from redis.exceptions import RedisError
 from rich.logging import RichHandler
@@ -31,8 +30,11 @@ from fairlane.cli._common import (
     run,
     settings_or_fail,
 )
+from fairlane.config import Settings
 from fairlane.metrics import MetricsConfig
+from fairlane.runtime.pressure import PressureConfig, detect_memory_limit, parse_size
 from fairlane.runtime.supervisor import Supervisor
+from fairlane.store.connection import create_sync_client
 from fairlane.store.redis import redact_url
 
 __all__ = ["worker"]
@@ -124,6 +126,86 @@ def worker(
             "label; all others are labelled 'other'.",
         ),
     ] = 20,
+    memory_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-limit",
+            metavar="SIZE",
+            help="Memory the worker and its child processes may use, e.g. 2GiB or 512m "
+            "(default: the container's cgroup limit, else the machine's RAM; with "
+            "--processes N each worker gets 1/N).",
+            show_default=False,
+        ),
+    ] = None,
+    memory_soft: Annotated[
+        float | None,
+        typer.Option(
+            "--memory-soft",
+            min=0.01,
+            max=1.0,
+            metavar="FRACTION",
+            help="Above this share of --memory-limit the worker fills fewer of its slots "
+            "(default 0.8).",
+            show_default=False,
+        ),
+    ] = None,
+    memory_hard: Annotated[
+        float | None,
+        typer.Option(
+            "--memory-hard",
+            min=0.01,
+            max=1.0,
+            metavar="FRACTION",
+            help="At this share of --memory-limit the worker takes no new work until memory "
+            "falls halfway back to --memory-soft; running jobs go on (default 0.9).",
+            show_default=False,
+        ),
+    ] = None,
+    cpu_soft: Annotated[
+        float | None,
+        typer.Option(
+            "--cpu-soft",
+            min=0.0,
+            max=0.99,
+            metavar="FRACTION",
+            help="Fill fewer slots while the machine's CPU is busier than this (0..1), down to "
+            "a quarter of them at 100% (default: off; CPU is reported either way).",
+            show_default=False,
+        ),
+    ] = None,
+    psi_soft: Annotated[
+        float | None,
+        typer.Option(
+            "--psi-soft",
+            min=0.0,
+            max=100.0,
+            metavar="PERCENT",
+            help="Fill fewer slots while tasks stall on cpu, memory or io more than this "
+            "share of the time (Linux pressure-stall avg10), down to a quarter at --psi-hard "
+            "(default: off; PSI is reported either way).",
+            show_default=False,
+        ),
+    ] = None,
+    psi_hard: Annotated[
+        float | None,
+        typer.Option(
+            "--psi-hard",
+            min=0.0,
+            max=100.0,
+            metavar="PERCENT",
+            help="(default 90)",
+            show_default=False,
+        ),
+    ] = None,
+    backpressure: Annotated[
+        bool | None,
+        typer.Option(
+            "--backpressure/--no-backpressure",
+            help="Watch memory, CPU and pressure stalls and fetch less under pressure "
+            "(default: on). Every default here comes from the worker.pressure settings.",
+            show_default=False,
+        ),
+    ] = None,
     processes: Annotated[
         int | None,
         typer.Option(
@@ -139,6 +221,19 @@ def worker(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug messages.")] = False,
 ) -> None:
     """Run a worker for MODULE:APP until SIGTERM/SIGINT (graceful), or with --burst until idle."""
+    given = {
+        "enabled": backpressure,
+        "memory_limit": memory_limit,
+        "memory_soft": memory_soft,
+        "memory_hard": memory_hard,
+        "cpu_soft": cpu_soft,
+        "psi_soft": psi_soft,
+        "psi_hard": psi_hard,
+    }
+    overrides = {key: value for key, value in given.items() if value is not None}
+    # checked now, so that a bad combination is a usage error before anything starts
+    pressure = _pressure_config(settings_or_fail(), overrides)
+    pressure_argv = _pressure_argv(overrides)
     if reload and (check or burst):
         fail("--reload cannot be combined with --check or --burst", EXIT_USAGE)
     if processes is not None and (reload or check):
@@ -156,6 +251,10 @@ def worker(
                 "would all bind the same port (run one worker per port instead)",
                 EXIT_USAGE,
             )
+        if pressure.enabled and pressure.memory_limit is None:
+            # the children share the container's memory: each holds back at its share
+            share = detect_memory_limit().bytes // processes
+            pressure_argv += ["--memory-limit", str(share)]
         _supervise(
             app_spec,
             processes,
@@ -164,6 +263,7 @@ def worker(
             burst=burst,
             redis_url=redis_url,
             verbose=verbose,
+            pressure=pressure_argv,
         )
         return
     if check:
@@ -179,6 +279,7 @@ def worker(
                 redis_url=redis_url,
                 verbose=verbose,
                 metrics=_metrics_argv(metrics_port, metrics_tenants, metrics_top_n),
+                pressure=pressure_argv,
             )
         )
         return
@@ -201,6 +302,7 @@ def worker(
             metrics=MetricsConfig(
                 tenants=frozenset(_split_names(metrics_tenants)), top_n=metrics_top_n
             ),
+            pressure=_pressure_config(app.settings, overrides),
         )
     )
 
@@ -214,6 +316,28 @@ def _metrics_argv(port: int | None, tenants: str | None, top_n: int) -> list[str
         return []
     argv = ["--metrics-port", str(port), "--metrics-top-n", str(top_n)]
     return argv + (["--metrics-tenants", tenants] if tenants else [])
+
+
+def _pressure_config(settings: Settings, overrides: dict[str, Any]) -> PressureConfig:
+    """The worker.pressure settings with the command line's options on top."""
+    try:
+        changes = dict(overrides)
+        if isinstance(changes.get("memory_limit"), str):
+            changes["memory_limit"] = parse_size(changes["memory_limit"])
+        return PressureConfig.from_settings(settings.worker.pressure, **changes)
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE)
+
+
+def _pressure_argv(overrides: dict[str, Any]) -> list[str]:
+    """The options that give a child worker the same pressure options as this command."""
+    argv: list[str] = []
+    for key, value in overrides.items():
+        if key == "enabled":
+            argv.append("--backpressure" if value else "--no-backpressure")
+        else:
+            argv += ["--" + key.replace("_", "-"), str(value)]
+    return argv
 
 
 def _split_lanes(text: str) -> list[str]:
@@ -243,7 +367,7 @@ def _check(app: App, health_port: int | None) -> None:
     if target.url is None:
         fail(f"unhealthy: {target.source} is not running")
     max_age = app.settings.lease.duration
-    client = redis.Redis.from_url(target.url, socket_connect_timeout=3.0, socket_timeout=3.0)
+    client = create_sync_client(target.url, socket_connect_timeout=3.0, socket_timeout=3.0)
     try:
         workers = live_workers(client, app.name, max_age)
     except RedisError as exc:
@@ -293,6 +417,7 @@ def _child_argv(
     verbose: bool,
     burst: bool = False,
     metrics: list[str] | None = None,
+    pressure: list[str] | None = None,
 ) -> list[str]:
     argv = ["worker", app_spec]
     if lanes is not None:
@@ -304,6 +429,7 @@ def _child_argv(
     if health_port is not None:
         argv += ["--health-port", str(health_port)]
     argv += metrics or []
+    argv += pressure or []
     if redis_url:
         argv += ["--redis-url", redis_url]
     if verbose:
@@ -354,6 +480,7 @@ def _supervise(
     burst: bool,
     redis_url: str | None,
     verbose: bool,
+    pressure: list[str] | None = None,
 ) -> None:
     """Run ``processes`` workers as child processes until SIGTERM/SIGINT; exit with its code."""
     _configure_logging(verbose)
@@ -370,6 +497,7 @@ def _supervise(
         redis_url=redis_url,
         verbose=verbose,
         burst=burst,
+        pressure=pressure,
     )
     supervisor = Supervisor(
         _fairlane_command(argv),

@@ -44,6 +44,7 @@ from types import TracebackType
 import redis
 
 from fairlane.demo.app import APP_ENV, HEAVY_SLOTS, LIGHT_SLOTS, MODE_ENV, PARENT_ENV, Mode
+from fairlane.store.connection import create_sync_client
 from fairlane.store.keys import AppKeys
 from fairlane.store.server import ensure_dev_server, stop_dev_server
 
@@ -220,7 +221,7 @@ def check_ports(ports: dict[int, str]) -> None:
 
 def delete_keys_sync(url: str, apps: list[str]) -> int:
     """Delete every key of the named apps (SCAN, then UNLINK in batches)."""
-    client = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+    client = create_sync_client(url, socket_timeout=5.0, socket_connect_timeout=5.0)
     removed = 0
     try:
         for name in apps:

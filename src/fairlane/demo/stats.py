@@ -263,16 +263,15 @@ class Tracker:
     async def poll(self, store: Store) -> None:
         """Read unfinished jobs' records, the server's time, the lanes and the runs' logs."""
         pending = [t for t in self.jobs if t.job_id is not None and t.status not in TERMINAL]
+        # a cluster pipeline refuses TIME, which names no key: it is read on its own
+        self.now_ms = await store.server_time_ms()
         async with store.client.pipeline(transaction=False) as pipe:
-            pipe.time()
             for t in pending:
                 pipe.hmget(store.keys.job(t.job_id or ""), list(_FIELDS))
             replies = await pipe.execute()
-        seconds, micros = replies[0]
-        self.now_ms = int(seconds) * 1000 + int(micros) // 1000
         if self.start_ms is None:
             self.start_ms = self.now_ms
-        for t, raw in zip(pending, replies[1:], strict=True):
+        for t, raw in zip(pending, replies, strict=True):
             _apply(t, raw)
         for lane in self.lane_slots:
             self.lane_states[lane] = await store.lane_state(lane)

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from fairlane.store.connection import AsyncClient, slot_client
 from fairlane.store.keys import AppKeys
 from fairlane.store.redis import StoreUnavailable
 
@@ -94,7 +94,7 @@ def check_tenant(tenant: str) -> str:
 class ApiKeys:
     """The API keys of one app, in its ``gw:keys`` hash."""
 
-    def __init__(self, client: aioredis.Redis, app_name: str) -> None:
+    def __init__(self, client: AsyncClient, app_name: str) -> None:
         self.client = client
         self.hash = AppKeys.for_app(app_name).gateway_keys
 
@@ -127,9 +127,10 @@ class ApiKeys:
             return minted
 
         # WATCHed (redis-py retries on a conflict): a racing revoke is never undone by it
-        result: MintedKey = await self._call(
-            self.client.transaction, step, self.hash, value_from_callable=True
-        )
+        async with slot_client(self.client, self.hash) as client:
+            result: MintedKey = await self._call(
+                client.transaction, step, self.hash, value_from_callable=True
+            )
         return result
 
     async def revoke(self, key_id: str) -> KeyRecord:

@@ -17,7 +17,8 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from fairlane import tracing
-from fairlane.admission import Admission, answer, unavailable
+from fairlane.admission import Admission
+from fairlane.app import App
 from fairlane.codec import PayloadTooLarge, decode_error
 from fairlane.errors import JobNotFound
 from fairlane.gateway.auth import Caller, caller, gateway_state
@@ -31,7 +32,7 @@ from fairlane.gateway.models import (
 )
 from fairlane.gateway.responses import error, responses
 from fairlane.gateway.state import GatewayState
-from fairlane.store.redis import StoreUnavailable
+from fairlane.payloads import PayloadError
 from fairlane.task import TERMINAL, Job
 
 __all__ = ["MAX_WAIT_SECONDS", "router"]
@@ -121,15 +122,10 @@ async def _admit(
     lane = task.options.lane
     with tracing.continuing(headers), tracing.sending(lane, [new]) as span:
         try:
-            (reply,) = await app.store.submit(lane, [new])
-        except StoreUnavailable:
-            admission: Admission[object] = unavailable()
-        else:
-            handle = Job(task, reply.id, created=reply.code in (1, 2)) if reply.code >= 0 else None
-            try:
-                admission = answer(reply, handle, app.pricing)
-            except ValueError as exc:
-                return error(422, str(exc), "refused")
+            # as the app's own submissions: with its durability (WAIT/WAITAOF) if set
+            admission: Admission[object] = await task.submit_job(new)
+        except ValueError as exc:
+            return error(422, str(exc), "refused")
         tracing.admitted(span, admission)
         return admission
 
@@ -171,7 +167,7 @@ async def read(job_id: JobId, who: Who, state: State) -> JobView | JSONResponse:
     response_model=ResultReply,
     responses={
         202: {"model": ResultReply, "description": "Not finished within the wait."},
-        **responses(404),
+        **responses(404, 410),
     },
     summary="A job's result, waiting up to `wait` seconds for it",
 )
@@ -202,13 +198,22 @@ async def result(
         body = ResultReply(id=job_id, status=status)
         return JSONResponse(body.model_dump(exclude_none=True), status_code=202)
     if status == "completed":
-        value = msgspec.json.decode(reply[1]) if reply[1] else None
-        return JSONResponse({"id": job_id, "status": status, "result": value})
+        return await _completed(app, job_id, reply[1])
     info = decode_error(reply[2])
     failed = ResultReply(
         id=job_id, status=status, error=TaskError(type=info.type, message=info.message)
     )
     return JSONResponse(failed.model_dump(exclude_none=True))
+
+
+async def _completed(app: App, job_id: str, raw: bytes) -> JSONResponse:
+    if raw and app.payloads is not None:  # a large result is kept in the payload store
+        try:
+            raw = await app.payloads.resolve(raw)
+        except PayloadError as exc:
+            return error(410, f"the job's result cannot be read: {exc}", "result_gone")
+    value = msgspec.json.decode(raw) if raw else None
+    return JSONResponse({"id": job_id, "status": "completed", "result": value})
 
 
 @router.delete(

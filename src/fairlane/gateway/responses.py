@@ -40,6 +40,7 @@ _DESCRIPTIONS = {
     401: "No API key, or one that is unknown, revoked or rotated.",
     403: "The admin key only reads jobs.",
     404: "No such job or run for this tenant.",
+    410: "The job's result was kept in the payload store and can no longer be read.",
     413: "The request body, or the encoded arguments, are too large.",
     422: "The request or the task's arguments do not validate.",
     429: "Admission refused the job: retry after Retry-After seconds.",

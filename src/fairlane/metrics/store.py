@@ -24,11 +24,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
+from fairlane.store.connection import SyncClient, create_sync_client, sync_server_time_ms
 from fairlane.store.keys import AppKeys
 
 __all__ = [
@@ -145,7 +145,7 @@ class StoreReader:
         self.lanes = list(dict.fromkeys(lanes))
         self.max_age = max_age
         self.oldest_tenants = oldest_tenants
-        self._client: redis.Redis = redis.Redis.from_url(
+        self._client: SyncClient = create_sync_client(
             url, socket_timeout=timeout, socket_connect_timeout=timeout, max_connections=2
         )
         self._lock = threading.Lock()
@@ -226,11 +226,10 @@ class StoreReader:
         pipe = self._client.pipeline(transaction=False)
         for _, job in heads:
             pipe.hmget(keys.job(job), "run", "enq")
-        pipe.time()
         reply = pipe.execute()
-        seconds, micros = reply[-1]
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
-        for (where, _), (run, enq) in zip(heads, reply[:-1], strict=True):
+        # a cluster pipeline refuses TIME, which names no key: it is read on its own
+        now_ms = sync_server_time_ms(self._client, keys.stats)
+        for (where, _), (run, enq) in zip(heads, reply, strict=True):
             since = run if run is not None else enq
             if since is None:
                 continue  # the record went away between the reads

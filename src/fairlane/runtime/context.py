@@ -33,7 +33,7 @@ from fairlane.codec import ArgsCodec, decode_error
 from fairlane.errors import FairlaneError, TaskFailed
 from fairlane.policy.slicing import SliceBudget
 from fairlane.runtime.invoke import target_of
-from fairlane.store.runs import Checkpoint
+from fairlane.store.runs import Checkpoint, CorruptRunHistory
 
 if TYPE_CHECKING:
     from fairlane.runtime.executors import ProcessExecutor
@@ -79,9 +79,10 @@ class LeaseLost(BaseException):
 
 
 class Diverged(BaseException):
-    """Carries a ``NonDeterminismError`` out past the workflow's own handlers."""
+    """Carries a ``NonDeterminismError`` (or a corrupt history) out past the workflow's
+    own handlers."""
 
-    def __init__(self, error: NonDeterminismError) -> None:
+    def __init__(self, error: NonDeterminismError | CorruptRunHistory) -> None:
         super().__init__(str(error))
         self.error = error
 
@@ -190,6 +191,25 @@ class Context:
         self._seq += 1
         return entry
 
+    def _replayed(self, codec: ArgsCodec, entry: Checkpoint) -> Any:
+        """A replayed step's result; a checkpoint that is not JSON at all is corrupt."""
+        try:
+            return _decode(codec, entry.value)
+        except msgspec.ValidationError as exc:
+            raise Diverged(
+                NonDeterminismError(
+                    f"run {self.run_id}: the checkpointed result of step {entry.name!r} no "
+                    f"longer fits the step's return type (its code changed?): {exc}"
+                )
+            ) from None
+        except msgspec.DecodeError as exc:
+            raise Diverged(
+                CorruptRunHistory(
+                    f"run {self.run_id}: the checkpointed result of step {entry.name!r} "
+                    f"in its history is corrupt: {exc}"
+                )
+            ) from None
+
     def _claim(self, name: str) -> None:
         if name in self._names:
             raise ValueError(
@@ -252,7 +272,7 @@ class Context:
         codec = _codec_of(fn)
         done = self._replay("step", name)
         if done is not None:
-            return _decode(codec, done.value)  # type: ignore[no-any-return]
+            return self._replayed(codec, done)  # type: ignore[no-any-return]
         if self._budget.spent(time.monotonic()):
             raise Suspend("yield", 0)
         info = StepInfo(self.run_id, name, self._failures.get(name, 0) + 1)

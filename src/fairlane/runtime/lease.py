@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable, Sequence
 
 from fairlane.config import LeaseSettings
+from fairlane.runtime.outage import Outage
 from fairlane.store.redis import Store, StoreUnavailable
 
 __all__ = ["renew_loop", "sweep_loop"]
@@ -44,15 +46,24 @@ async def renew_loop(
     on_lost: Callable[[list[tuple[str, str]]], None],
     on_cancel: Callable[[list[str]], None],
     stop: asyncio.Event,
+    on_renewed: Callable[[float], None] | None = None,
 ) -> None:
+    """Renew the held leases every ``renew_interval``; ``on_renewed`` is told when each
+    successful renewal was sent (the leases run from then)."""
     lease_ms = round(lease.duration * 1000)
+    # renewals keep their own pace through an outage: the interval is already short
+    outage = Outage(f"worker {worker_id}: renewing leases", log)
     while True:
         sent = list(held())
+        began = time.monotonic()
         try:
             lost, cancel = await store.renew(worker_id, lease_ms, sent)
         except StoreUnavailable as exc:
-            log.warning("lease renewal failed, retrying: %s", exc)
+            outage.failed(exc)
         else:
+            outage.recovered()
+            if on_renewed is not None:
+                on_renewed(began)
             if lost:
                 # with the token each lease had when sent: by the reply, the same job may
                 # hold a new lease here (a retry, or a workflow's next slice), which stays
@@ -66,6 +77,7 @@ async def renew_loop(
 
 async def sweep_loop(store: Store, lease: LeaseSettings, stop: asyncio.Event) -> None:
     stale_ms = round(lease.duration * 1000 * _STALE_WORKER_LEASES)
+    outage = Outage("reclaim sweep", log)
     while True:
         spread = lease.sweep_interval * lease.sweep_jitter
         if await wait_or_stop(stop, lease.sweep_interval + random.uniform(-spread, spread)):
@@ -76,8 +88,9 @@ async def sweep_loop(store: Store, lease: LeaseSettings, stop: asyncio.Event) ->
                     lease.sweep_batch, random.getrandbits(31), stale_ms
                 )
             except StoreUnavailable as exc:
-                log.warning("reclaim sweep failed: %s", exc)
+                outage.failed(exc)
                 break
+            outage.recovered()
             if retried or dead:
                 log.info(
                     "reclaimed %d expired leases (%d dead-lettered)",

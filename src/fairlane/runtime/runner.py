@@ -19,6 +19,8 @@ import msgspec
 
 from fairlane import usage
 from fairlane.codec import PayloadTooLarge, encode_error
+from fairlane.payloads import PayloadMissing
+from fairlane.payloads.refs import MalformedReference, is_ref
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retry import after_failure
 from fairlane.runtime.context import LeaseLost, NonDeterminismError, Suspend
@@ -33,6 +35,7 @@ from fairlane.runtime.executors import (
 from fairlane.runtime.invoke import target_of
 from fairlane.runtime.slices import run_slice
 from fairlane.store.redis import FetchedJob, Outcome
+from fairlane.store.runs import CorruptRunHistory
 from fairlane.usage import JobContext
 from fairlane.workflows import Workflow
 
@@ -136,12 +139,14 @@ class Runner:
 
     async def _attempt(self, task: Task[Any, Any], job: FetchedJob) -> bytes:
         timeout = job.timeout or None
+        if is_ref(job.args):  # large arguments are read only now that the attempt runs
+            job = msgspec.structs.replace(job, args=(await self._resolve_args(job)).decode())
         args, kwargs = self._decode(task, job)  # malformed arguments never reach the function
         if task.options.executor == "async":
             # the worker enforces an async attempt's timeout with one timer per job
             try:
                 value = await self._call_async(task, job, args, kwargs)
-            except NonDeterminismError as exc:
+            except (NonDeterminismError, CorruptRunHistory) as exc:
                 # replaying again would diverge again: no retry can help
                 raise _Failure(encode_error(exc), retryable=False) from None
             except (Exception, SystemExit) as exc:  # sys.exit() in a task must not stop the worker
@@ -154,6 +159,9 @@ class Runner:
                 ) from None
         else:
             payload = await self._offload(task, job, timeout, (args, kwargs))
+        payloads = self.app.payloads
+        if payloads is not None and payloads.by_reference(payload):
+            payload = await self._offload_result(job, payload)
         if len(payload) > self.max_result:
             raise _Failure(
                 encode_error(
@@ -211,6 +219,37 @@ class Runner:
             ) from None
         except (Exception, SystemExit) as exc:  # a thread task's own exception, unchanged
             raise _Failure(encode_error(exc), retryable=_retryable(task, exc)) from None
+
+    async def _resolve_args(self, job: FetchedJob) -> bytes:
+        payloads = self.app.payloads
+        try:
+            if payloads is None:
+                raise PayloadMissing(
+                    "the arguments are kept in a payload store, and this worker has none "
+                    "(payloads.url, or App(payloads=...))"
+                )
+            return await payloads.resolve(job.args)
+        except MalformedReference as exc:
+            error = encode_error(exc, type_name="MalformedArguments")
+            raise _Failure(error, retryable=False) from None
+        except Exception as exc:  # any store's failure fails the attempt, not the worker
+            # perhaps passing (a store briefly unreachable): retried, then dead-lettered
+            error = encode_error(
+                PayloadMissing(f"the job's arguments cannot be read: {exc}"),
+                type_name="PayloadUnavailable",
+            )
+            raise _Failure(error, retryable=True) from None
+
+    async def _offload_result(self, job: FetchedJob, payload: bytes) -> bytes:
+        payloads = self.app.payloads
+        assert payloads is not None
+        try:
+            return await payloads.offload_result(self.app.store, job.id, payload)
+        except PayloadTooLarge as exc:
+            raise _Failure(encode_error(exc), retryable=False) from None
+        except Exception as exc:  # the store or the index failed: perhaps passing
+            error = encode_error(exc, type_name="PayloadUnavailable")
+            raise _Failure(error, retryable=True) from None
 
     def _decode(self, task: Task[Any, Any], job: FetchedJob) -> tuple[list[Any], dict[str, Any]]:
         try:

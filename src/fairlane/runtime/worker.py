@@ -10,14 +10,25 @@ next batch of jobs in one atomic step. When there is no work the worker blocks o
 the server (BLPOP on its lanes' wake lists) instead of polling; the enqueue script
 pushes a wake token, so a job given to an idle worker starts within a round trip.
 
+Under resource pressure (``runtime/pressure.py``: memory near its limit, and CPU or
+stalls when asked) the worker fills fewer of its slots, and near its memory limit
+none: it then leases nothing new, while its running jobs go on and keep their leases.
+
 Shutdown is graceful: stop fetching, give in-flight attempts ``grace_period`` to
 finish, then cancel the rest and hand them back to the queue unstarted (a handed
 back attempt does not count against the job's budget).
+
+While the store is unreachable (``runtime/outage.py``) running jobs go on; each loop
+retries with a capped, jittered backoff and logs once per outage. Finished attempts
+wait to be settled until their leases are known to have ended (``lease.duration``
+after the last renewal that got through), and are dropped then: the store reclaims
+those jobs. A stopping worker stops within its grace period either way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -38,10 +49,21 @@ from fairlane.metrics import (
     StoreReader,
     WorkerMetrics,
 )
+from fairlane.payloads.sweep import payload_sweep_loop
+from fairlane.policy.backpressure import Decision
 from fairlane.runtime.cron import cron_loop
 from fairlane.runtime.executors import ProcessExecutor, ThreadExecutor
 from fairlane.runtime.health import HealthServer, LoopMonitor
 from fairlane.runtime.lease import renew_loop, sweep_loop, wait_or_stop
+from fairlane.runtime.outage import Outage
+from fairlane.runtime.pressure import (
+    PressureCollector,
+    PressureConfig,
+    PressureGauge,
+    Sensor,
+    default_sensors,
+    describe_limit,
+)
 from fairlane.runtime.runner import CancelReason, Runner
 from fairlane.store.redis import FetchedJob, Outcome, StoreUnavailable
 
@@ -51,7 +73,10 @@ if TYPE_CHECKING:
 __all__ = ["Worker", "WorkerStats"]
 
 log = logging.getLogger("fairlane.worker")
-_RECONNECT_CAP = 5.0
+_UNREADABLE = encode_error(
+    ValueError("the job was handed to the worker in a form it cannot read; it was not executed"),
+    type_name="MalformedJob",
+).decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +111,8 @@ class Worker:
         health_port: int | None = None,
         metrics_port: int | None = None,
         metrics: MetricsConfig | None = None,
+        pressure: PressureConfig | None = None,
+        sensors: Sequence[Sensor] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -124,6 +151,22 @@ class Worker:
         self._carrier_active = True
         self._fetched = self._settled = self._fenced = 0
         self._fetch_calls = self._ack_calls = 0
+        # resource backpressure (``runtime/pressure.py``): None when turned off
+        self.pressure = _pressure_gauge(
+            concurrency, pressure or PressureConfig.from_settings(settings.worker.pressure), sensors
+        )
+        # set by an exchange that registered us idle (enqueues may hand us jobs until
+        # the next exchange); a worker that starts holding back leaves the idle set first
+        self._maybe_idle = False
+        self._held_back = False  # as last logged
+        # While the store is unreachable: one warning per outage, jittered backoff.
+        self._fetch_outage = Outage(f"worker {self.id}: fetching", log)
+        self._ack_outage = Outage(f"worker {self.id}: settling", log)
+        # Every lease this worker holds ends by this time (monotonic) unless a renewal
+        # or a fetch succeeds again: the time the last successful one was sent, plus
+        # the lease length. Outcomes still unsent past it are dropped, as fenced.
+        self._leases_end = time.monotonic() + self.lease.duration
+        self._stop_at: float | None = None
 
     # -- control ---------------------------------------------------------------------
 
@@ -131,7 +174,9 @@ class Worker:
         """Ask the worker to stop: it stops fetching and drains gracefully."""
         if not self._stopping.is_set():
             log.info("worker %s stopping (grace %.1fs)", self.id, self.grace)
+            self._stop_at = time.monotonic()
         self._stopping.set()
+        self._slot_freed.set()  # a worker holding back under pressure waits on it
         if self._idle_waiter is not None:
             self._idle_waiter.cancel()
 
@@ -159,6 +204,17 @@ class Worker:
             self.app.name,
             self.concurrency,
         )
+        if self.pressure is not None:
+            limit = describe_limit(self.pressure.sensors)
+            log.info(
+                "worker %s: backpressure on (%s)",
+                self.id,
+                "no memory sensor"
+                if limit is None
+                else f"memory limit {limit.bytes / 2**20:.0f} MiB, from {limit.source}",
+            )
+            # the first fetch already asks within the allowance
+            self._note_pressure(self.pressure.sample(time.monotonic()))
         try:
             async with AsyncExitStack() as stack:
                 runner = await self._start_executors(stack)
@@ -190,11 +246,14 @@ class Worker:
         # tasks and lanes declared after the app connected are recorded too, so that
         # sweeps trim every task's records by age and dispatch uses every lane's classes
         self.app.check_lanes()
-        await self.app.declare_tasks()
-        await self.app.declare_lanes()
+        await self._declare(attempts=5)
         async with AsyncExitStack() as stack:
             if self.health_port is not None:
-                health = HealthServer(self.health_port, monitor)
+                health = HealthServer(
+                    self.health_port,
+                    monitor,
+                    details=None if self.pressure is None else self._pressure_details,
+                )
                 health.start()
                 stack.callback(health.stop)
             if self.metrics_port is not None:
@@ -210,20 +269,34 @@ class Worker:
                         on_lost=self._lost,
                         on_cancel=self._cancel_requested,
                         stop=self._closed,
+                        on_renewed=self._renewed,
                     )
                 )
                 services.create_task(sweep_loop(store, self.lease, self._closed))
-                services.create_task(cron_loop(self.app.crons, self._stopping))
+                if self.app.payloads is not None:  # removes payloads whose records are gone
+                    services.create_task(
+                        payload_sweep_loop(
+                            store, self.app.payloads, self.lease.sweep_interval, self._closed
+                        )
+                    )
+                services.create_task(
+                    cron_loop(self.app.crons, self._stopping, store.server_time_ms)
+                )
                 services.create_task(self._ack_loop())
                 if self._metrics is not None:
                     services.create_task(self._sample_loop(self._metrics))
+                if self.pressure is not None:
+                    services.create_task(self._pressure_loop(self.pressure))
                 async with asyncio.TaskGroup() as jobs:
                     await self._fetch_loop(jobs)
                     await self._drain()
-                await self._flush()
+                await self._flush(final=True)
                 self._closed.set()
-            # after the renewals have stopped, so no heartbeat follows the goodbye
-            await self._leave()
+            # after the renewals have stopped, so no heartbeat follows the goodbye;
+            # skipped while the store is unreachable (what it would hand back is
+            # reclaimed when its lease expires)
+            if not self._ack_outage.down:
+                await self._leave()
         log.info("worker %s stopped", self.id)
 
     # -- metrics ---------------------------------------------------------------------
@@ -241,6 +314,8 @@ class Worker:
         )
         stack.callback(reader.close)
         metrics.registry.register(StoreCollector(reader))
+        if self.pressure is not None:
+            metrics.registry.register(PressureCollector(self.pressure))
         server = MetricsServer(port, metrics.registry, reader, config.host)
         server.start()
         stack.callback(server.stop)
@@ -251,25 +326,102 @@ class Worker:
         interval = self.metrics_config.sample_interval
         while not self._closed.is_set():
             metrics.sample(r.job for r in list(self._running.values()))
+            sent = time.time()
+            with contextlib.suppress(StoreUnavailable):  # the offset stays as last read
+                server_ms = await self.app.store.server_time_ms()
+                metrics.sync_clock(server_ms, sent, time.time())
             await wait_or_stop(self._closed, interval)
+
+    # -- resource pressure -----------------------------------------------------------
+
+    async def _pressure_loop(self, gauge: PressureGauge) -> None:
+        """Sample the sensors; wake the fetch loop when room opens; log holding back."""
+        while not self._closed.is_set():
+            room = gauge.room(self._used)
+            self._note_pressure(gauge.sample(time.monotonic()))
+            if gauge.room(self._used) > room:
+                self._slot_freed.set()
+            await wait_or_stop(self._closed, gauge.interval)
+
+    def _note_pressure(self, decision: Decision) -> None:
+        """Log once when the worker starts holding back entirely, and once when it stops."""
+        if decision.holding and not self._held_back:
+            log.warning(
+                "worker %s takes no new work (its running jobs go on): %s",
+                self.id,
+                self._describe_readings(decision.stopped),
+            )
+        elif self._held_back and not decision.holding:
+            log.info("worker %s takes new work again (%s)", self.id, self._describe_readings())
+        self._held_back = decision.holding
+
+    def _describe_readings(self, names: Sequence[str] = ()) -> str:
+        assert self.pressure is not None
+        readings = self.pressure.readings
+        shown = (
+            [r for r in readings if r.name in names] if names else [r for r in readings if r.acts]
+        )
+        return ", ".join(f"{r.name} {r.value:.3g} (soft {r.soft}, hard {r.hard})" for r in shown)
+
+    def _pressure_details(self) -> dict[str, object]:
+        assert self.pressure is not None
+        return {"pressure": self.pressure.snapshot()}
+
+    async def _hold(self) -> None:
+        """Lease nothing while pressure leaves no room; running jobs go on and settle."""
+        assert self.pressure is not None
+        self._carrier_active = False
+        try:
+            if self._maybe_idle:
+                # still in the idle set from before: leave it, so enqueues stop handing
+                # us jobs, and hand back (unstarted, not counted) any handed meanwhile
+                outcomes, self._outcomes = self._outcomes, []
+                try:
+                    fetched = await self.app.store.exchange(
+                        self.id,
+                        self.lanes,
+                        0,
+                        round(self.lease.duration * 1000),
+                        outcomes,
+                        slots=self.concurrency,
+                    )
+                except StoreUnavailable as exc:
+                    self._outcomes[:0] = outcomes
+                    log.debug("leaving the idle set failed (%s); retrying", exc)
+                else:
+                    self._maybe_idle = False
+                    self._fetch_calls += 1
+                    self._count_settled(outcomes, fetched.ack_codes)
+                    self._hand_back(fetched.jobs)
+            if self._outcomes:
+                self._flush_needed.set()
+            self._slot_freed.clear()
+            await wait_or_stop(self._slot_freed, self.pressure.interval)
+        finally:
+            self._carrier_active = True
+
+    def _hand_back(self, jobs: Sequence[FetchedJob]) -> None:
+        if jobs:
+            self._outcomes.extend(Outcome(j.id, j.token, "release") for j in jobs)
+            self._flush_needed.set()
 
     # -- fetching --------------------------------------------------------------------
 
     async def _fetch_loop(self, jobs: asyncio.TaskGroup) -> None:
         lease_ms = round(self.lease.duration * 1000)
-        failures = 0
         # Capped budgets (below) keep the worker and the server busy side by side, but a
         # job wider than the cap would never be leased: the first call, and the first
         # after each idle wait, ask for every free slot.
         widen = True
         while not self._stopping.is_set():
             free = self.concurrency - self._used
-            if free <= 0:  # below 0 after a hand-off wider than what was free
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
+            room = free if self.pressure is None else self.pressure.room(self._used)
+            if room <= 0:
+                await self._wait_for_room(free)
                 continue
             outcomes, self._outcomes = self._outcomes, []
-            want = free if widen else self._budget(free)
+            want = room if widen else self._budget(room)
+            sent = time.monotonic()
             try:
                 fetched = await self.app.store.exchange(
                     self.id,
@@ -282,22 +434,29 @@ class Worker:
                 )
             except StoreUnavailable as exc:
                 self._outcomes[:0] = outcomes
-                failures += 1
-                delay = min(_RECONNECT_CAP, 0.1 * 2**failures)
-                log.warning("fetch failed (%s); retrying in %.1fs", exc, delay)
-                await wait_or_stop(self._stopping, delay)
+                self._drop_expired_outcomes()
+                await wait_or_stop(self._stopping, self._fetch_outage.failed(exc))
                 continue
-            failures = 0
+            if self._fetch_outage.down:
+                self._fetch_outage.recovered()
+                await self._redeclare()
+            if outcomes and self._ack_outage.down:
+                self._ack_outage.recovered()  # settled here, carried by the exchange
+            if fetched.jobs:
+                self._renewed(sent)
             widen = False
+            self._maybe_idle = not fetched.jobs and self._idle_ms() > 0
             self._fetch_calls += 1
             self._count_settled(outcomes, fetched.ack_codes)
             self._start(jobs, fetched.jobs)
+            if fetched.malformed:
+                self._set_aside(fetched.malformed)
             if self._metrics is not None:
                 self._metrics.started(fetched.jobs)
             if fetched.jobs:
                 continue
             if self.burst and not self._running and not self._outcomes:
-                if want < free:  # an empty reply to a capped ask says nothing of wider jobs
+                if want < room:  # an empty reply to a capped ask says nothing of wider jobs
                     widen = True
                     continue
                 log.info("worker %s: no work left (burst)", self.id)
@@ -306,11 +465,26 @@ class Worker:
             handed = await self._idle_wait(fetched.next_due_ms)
             widen = True
             if handed is not None:
-                self._start(jobs, [handed])
-                if self._metrics is not None:
-                    self._metrics.started([handed])
+                self._take_handed(jobs, handed)
         self._carrier_active = False
         self._flush_needed.set()
+
+    async def _wait_for_room(self, free: int) -> None:
+        if free > 0:  # resource pressure leaves no room for now
+            await self._hold()
+            return
+        # no free slot (below 0 after a hand-off wider than what was free)
+        self._slot_freed.clear()
+        await self._slot_freed.wait()
+
+    def _take_handed(self, jobs: asyncio.TaskGroup, handed: FetchedJob) -> None:
+        """Start a job an enqueue handed to us while idle, unless we now hold back."""
+        if self.pressure is not None and self.pressure.holding:
+            self._hand_back([handed])
+            return
+        self._start(jobs, [handed])
+        if self._metrics is not None:
+            self._metrics.started([handed])
 
     def _budget(self, free: int) -> int:
         """How many slots to lease in the next call of a busy worker."""
@@ -323,6 +497,11 @@ class Worker:
             self._running[job.id] = _Running(job, jobs.create_task(self._run_job(job)))
             self._used += job.slots
         self._fetched += len(fetched)
+
+    def _set_aside(self, rows: Sequence[tuple[str, str]]) -> None:
+        """Dead-letter leased jobs whose rows this worker cannot read, without running them."""
+        log.error("dead-lettering %d job(s) this worker cannot read: %s", len(rows), rows[:5])
+        self._outcomes.extend(Outcome(job_id, token, "dead", _UNREADABLE) for job_id, token in rows)
 
     def _idle_ms(self) -> int:
         """How long to stay registered idle if given nothing (0: do not register)."""
@@ -355,8 +534,7 @@ class Worker:
             # server sent it, its lease expires and it is reclaimed -- never lost.
             return None
         except StoreUnavailable as exc:
-            log.warning("waiting for work failed (%s); retrying", exc)
-            await wait_or_stop(self._stopping, 1.0)
+            await wait_or_stop(self._stopping, self._fetch_outage.failed(exc))
             return None
         finally:
             self._idle_waiter = None
@@ -475,20 +653,79 @@ class Worker:
         self._flush_needed.clear()
         return self._closed.is_set()
 
-    async def _flush(self) -> None:
-        for attempt in range(6):
+    async def _flush(self, *, final: bool = False) -> None:
+        """Settle pending outcomes, retrying while the store is unreachable until they
+        are settled or their leases are known to have ended; the final flush of a
+        stopping worker also gives up when its grace period is over."""
+        while self._outcomes:
             outcomes, self._outcomes = self._outcomes, []
-            if not outcomes:
-                return
             try:
                 codes = await self.app.store.ack(self.lanes, outcomes)
             except StoreUnavailable as exc:
                 self._outcomes[:0] = outcomes
-                log.warning("settling %d outcome(s) failed: %s", len(outcomes), exc)
-                await asyncio.sleep(min(_RECONNECT_CAP, 0.1 * 2**attempt))
+                delay = self._ack_outage.failed(exc)
+                if self._drop_expired_outcomes():
+                    return
+                if not final:
+                    # a stopping worker's last flush takes over, bounded by the grace
+                    if await wait_or_stop(self._stopping, delay):
+                        return
+                    continue
+                left = (self._stop_at or time.monotonic()) + self.grace - time.monotonic()
+                if left <= delay:
+                    log.warning(
+                        "worker %s: %d outcome(s) not settled by the end of the grace "
+                        "period; their jobs are reclaimed when their leases expire",
+                        self.id,
+                        len(self._outcomes),
+                    )
+                    return
+                await asyncio.sleep(delay)
                 continue
+            self._ack_outage.recovered()
             self._ack_calls += 1
             self._count_settled(outcomes, codes)
+
+    def _renewed(self, sent: float) -> None:
+        """A renewal (or a fetch) sent at ``sent`` succeeded: the leases run from then."""
+        self._leases_end = max(self._leases_end, sent + self.lease.duration)
+
+    def _drop_expired_outcomes(self) -> bool:
+        """Drop the unsent outcomes once every lease they were fenced by has ended; the
+        store would reject them (or the jobs are reclaimed and run again). True if so."""
+        if not self._outcomes or time.monotonic() < self._leases_end:
+            return False
+        log.warning(
+            "worker %s: dropping %d unsettled outcome(s): the store was unreachable until "
+            "their leases ended, so their jobs are reclaimed and run again",
+            self.id,
+            len(self._outcomes),
+        )
+        self._outcomes.clear()
+        return True
+
+    async def _declare(self, attempts: int) -> None:
+        """Record tasks and lanes, retrying a call that fails while the server restarts;
+        after ``attempts`` the error is raised."""
+        for attempt in range(1, attempts + 1):
+            try:
+                await self.app.declare_tasks()
+                await self.app.declare_lanes()
+            except StoreUnavailable as exc:
+                delay = self._fetch_outage.failed(exc)
+                if attempt == attempts:
+                    raise
+                await wait_or_stop(self._stopping, delay)
+            else:
+                self._fetch_outage.recovered()
+                return
+
+    async def _redeclare(self) -> None:
+        """After an outage, record tasks and lanes again: a server restarted without
+        persistence has lost them (and loads the function library on first use). If
+        that fails, the next exchange fails too, and comes back here once it succeeds."""
+        with contextlib.suppress(StoreUnavailable):
+            await self._declare(attempts=1)
 
     async def _leave(self) -> None:
         """Stop being handed jobs, and hand back any that reached the inbox meanwhile."""
@@ -517,3 +754,13 @@ class Worker:
             log.warning(
                 "%d late write(s) rejected: their lease had passed to another worker", stale
             )
+
+
+def _pressure_gauge(
+    concurrency: int, config: PressureConfig, sensors: Sequence[Sensor] | None
+) -> PressureGauge | None:
+    """The worker's gauge: ``sensors`` if given (they replace the built-ins), else the built-ins."""
+    if sensors is None and not config.enabled:
+        return None
+    chosen = list(sensors) if sensors is not None else default_sensors(config)
+    return PressureGauge(chosen, concurrency, config.bounds(), config.interval)

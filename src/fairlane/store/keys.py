@@ -33,6 +33,10 @@ pattern (after the prefix)  type   holds                              written by
 ``thr:wait``               zset   throttle waiters (lex, per key)    fetch, ack, sweep, cancel
 ``gw:keys``                hash   API key id -> its record (tenant,  fairlane tenants (CLI);
                                   SHA-256 of the key, created ms)    the HTTP gateway reads it
+``payloads``               zset   '<job id>|<payload name>' -> next  producers, workers (they
+                                  check (ms): large payloads kept    offload); the payload
+                                  outside the server, removed once   sweep (fairlane.payloads
+                                  the job's record is gone           .sweep); no script
 ``lane:<l>:state``         hash   C, ``f:<c>``/``d:<c>`` in-flight/     exchange, enqueue, fetch,
                                   waiting slots, class ``table``,    ack, sweep, declare_lane,
                                   ``charge`` mode; admission: ``adm``, declare_admission
@@ -177,6 +181,11 @@ class AppKeys:
     def gateway_keys(self) -> str:
         """The HTTP gateway's tenant API keys (``fairlane.gateway.apikeys``)."""
         return self.prefix + "gw:keys"
+
+    @property
+    def payloads(self) -> str:
+        """The index of payloads kept in a payload store (``fairlane.payloads.sweep``)."""
+        return self.prefix + "payloads"
 
     @property
     def done_channel(self) -> str:

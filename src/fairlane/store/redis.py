@@ -1,29 +1,37 @@
 """Typed calls into the Lua library: the store's whole surface.
 
-``Store`` owns one connection pool to one server (or one shard), loads the
-function library on connect, and turns each script's flat reply into typed
-values. It makes no policy decisions: the worker and the app decide; the scripts
-apply those decisions atomically with the server's clock.
+``Store`` owns the client of one server (or one shard), loads the function
+library on connect (and again when a restarted server has lost it), and turns each
+script's flat reply into typed values. It makes no policy decisions: the worker and
+the app decide; the scripts apply those decisions atomically with the server's clock.
+
+No call waits on the server without a bound: a reply slower than ``socket_timeout``
+fails the call with ``StoreUnavailable``. The calls the server holds on purpose (an
+idle worker's BLPOP, WAIT) use a second client without a read timeout, each bounded
+by its own wait plus ``socket_timeout``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import asyncio
+import importlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import hiredis
 import msgspec
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.exceptions import ClusterError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairlane.explain import Event, decode_event
 from fairlane.policy.admission import EstimationSettings, PoolConfig
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import ClassTable
+from fairlane.store.connection import AsyncClient, create_client, slot_client
 from fairlane.store.keys import AppKeys
 from fairlane.store.library import (
     FUNCTION_PREFIX,
@@ -49,6 +57,8 @@ __all__ = [
 ]
 
 _FN: Final = FUNCTION_PREFIX
+# what a cluster answers while a slot changes hands (ClusterError covers CLUSTERDOWN)
+_CLUSTER_IN_TRANSITION: Final = (ClusterError, TryAgainError, SlotNotCoveredError)
 
 AckKind = str  # "ok" | "retry" | "dead" | "cancel" | "release" | "suspend"
 # Batches travel as one msgpack argument / reply: one argument to pack instead of
@@ -150,6 +160,8 @@ class Fetched:
     jobs: list[FetchedJob]
     next_due_ms: int | None  # time until the next scheduled job of the lanes, if any
     ack_codes: list[int]
+    # (id, token) of leased rows the worker cannot read: to settle as dead, never to run
+    malformed: list[tuple[str, str]] = field(default_factory=list)
 
 
 class Outcome(msgspec.Struct, array_like=True, frozen=True):
@@ -187,17 +199,49 @@ class HiredisPacking:
         return [hiredis.pack_command(args)]
 
 
-class _TcpConnection(HiredisPacking, Connection):
+class ResetAware:
+    """Reports a pooled connection the peer reset while it sat idle as unusable.
+
+    The pool checks each connection it hands out (``can_read``) and reconnects one the
+    server closed; redis-py sees a FIN there, but not a reset, which asyncio keeps as
+    the stream's exception: without this the first call after it fails for nothing.
+    """
+
+    async def can_read(self) -> bool:
+        reader: asyncio.StreamReader | None = getattr(self, "_reader", None)
+        if reader is not None and reader.exception() is not None:
+            return True
+        parent: Any = super()
+        return bool(await parent.can_read())
+
+
+class _TcpConnection(ResetAware, HiredisPacking, Connection):
     pass
 
 
-class _UnixConnection(HiredisPacking, UnixDomainSocketConnection):
+class _UnixConnection(ResetAware, HiredisPacking, UnixDomainSocketConnection):
     pass
 
 
-class _TlsConnection(HiredisPacking, SSLConnection):
+class _TlsConnection(ResetAware, HiredisPacking, SSLConnection):
     pass
 
+
+def _pool_checks() -> dict[str, Any]:
+    """Options that keep the pool's check of idle connections on.
+
+    With maintenance notifications on (redis-py's "auto", from its 7th release), the
+    pool skips that check, so every pooled connection a restarted server closed would
+    fail once before being reconnected. Older releases have no such option.
+    """
+    try:
+        notifications = importlib.import_module("redis.maint_notifications")
+    except ImportError:
+        return {}
+    return {"maint_notifications_config": notifications.MaintNotificationsConfig(enabled=False)}
+
+
+_POOL_CHECKS: Final = _pool_checks()
 
 _FAST_CONNECTIONS: dict[type[Any], type[Any]] = {
     Connection: _TcpConnection,
@@ -214,8 +258,11 @@ def redact_url(url: str) -> str:
     return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
 
 
-async def unlink_matching(client: aioredis.Redis, pattern: str) -> int:
-    """Delete every key matching a SCAN ``pattern``, in batches; returns how many."""
+async def unlink_matching(client: AsyncClient, pattern: str) -> int:
+    """Delete every key matching a SCAN ``pattern``, in batches; returns how many.
+
+    On a cluster, SCAN runs on every primary and UNLINK is split by slot.
+    """
     removed = 0
     batch: list[bytes] = []
     async for key in client.scan_iter(match=pattern, count=1000):
@@ -235,26 +282,58 @@ def _s(value: bytes | str) -> str:
 class Store:
     """The typed face of one server (or shard) for one app."""
 
-    def __init__(self, client: aioredis.Redis, app: str) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        app: str,
+        *,
+        blocking: AsyncClient | None = None,
+        socket_timeout: float | None = None,
+    ) -> None:
         self.client = client
+        # Calls the server holds on purpose (BLPOP, WAIT) go through a client without a
+        # read timeout, each bounded by its own wait plus ``socket_timeout``: the read
+        # timeout of ``client`` is shorter than an idle worker's block.
+        self.blocking = blocking or client
+        self.socket_timeout = socket_timeout
         self.keys = AppKeys.for_app(app)
         self._common = self.keys.common()
         self.runs = RunStore(self)
+        #: what jobs pass through before they are sent (the app's payload offload,
+        #: ``fairlane.payloads``); None sends them as they are
+        self.prepare_jobs: (
+            Callable[[Store, Sequence[NewJob]], Awaitable[Sequence[NewJob]]] | None
+        ) = None
 
     @classmethod
-    def from_url(cls, url: str, app: str, *, max_connections: int = 64) -> Store:
-        pool = aioredis.ConnectionPool.from_url(
-            url,
+    def from_url(
+        cls, url: str, app: str, *, max_connections: int = 64, **connection_kwargs: Any
+    ) -> Store:
+        """A store on ``url``: any form ``fairlane.store.connection`` reads (one server,
+        ``redis+cluster://``, ``redis+sentinel://``); ``connection_kwargs`` override the
+        connection options below.
+
+        A call that gets no reply within ``socket_timeout`` seconds, or no connection
+        within ``socket_connect_timeout``, fails with ``StoreUnavailable`` rather than
+        wait for a server that may never answer."""
+        options: dict[str, Any] = dict(
             decode_responses=False,
             max_connections=max_connections,
-            socket_connect_timeout=5.0,
-            # redis-py 8 defaults reads to a 5 s timeout, which cuts an idle worker's
-            # BLPOP (idle_block, 5 s) short and drops its connection every time
-            socket_timeout=None,
+            socket_connect_timeout=2.0,
+            socket_timeout=5.0,
             health_check_interval=30,
+            **_POOL_CHECKS,
         )
-        pool.connection_class = _FAST_CONNECTIONS.get(pool.connection_class, pool.connection_class)
-        return cls(aioredis.Redis.from_pool(pool), app)
+        options.update(connection_kwargs)
+        client = create_client(url, **options)
+        blocking = create_client(url, **{**options, "socket_timeout": None})
+        for made in (client, blocking):
+            if isinstance(made, aioredis.Redis):
+                pool = made.connection_pool
+                pool.connection_class = _FAST_CONNECTIONS.get(
+                    pool.connection_class, pool.connection_class
+                )
+        return cls(client, app, blocking=blocking, socket_timeout=options["socket_timeout"])
 
     async def connect(self) -> None:
         """Check the server answers and load the function library."""
@@ -266,22 +345,55 @@ class Store:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+        if self.blocking is not self.client:
+            await self.blocking.aclose()
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return await fn(*args, **kwargs)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise StoreUnavailable(f"the Redis server is unreachable: {exc}") from exc
+        except _CLUSTER_IN_TRANSITION as exc:
+            # a failover or a slot migration under way: the slot answers again shortly
+            raise StoreUnavailable(f"the Redis cluster cannot serve the app's slot: {exc}") from exc
+
+    async def blocking_call(self, wait: float, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """A call the server may hold for ``wait`` seconds, bounded by that plus the
+        read timeout (a call cut off there drops its connection, which may be dead)."""
+        limit = None if self.socket_timeout is None else wait + self.socket_timeout
+        try:
+            async with asyncio.timeout(limit):
+                return await self._call(fn, *args, **kwargs)
+        except TimeoutError as exc:
+            raise StoreUnavailable(f"the Redis server did not answer within {limit}s") from exc
+
+    async def slot_node(self) -> dict[str, Any]:
+        """On a cluster, ``{"target_nodes": node}`` for the node holding the app's slot
+        (else nothing): for commands that name no key, such as TIME, which must reach
+        the node whose clock and data the scripts use."""
+        if not isinstance(self.client, aioredis.RedisCluster):
+            return {}
+        await self._call(self.client.initialize)
+        return {"target_nodes": self.client.get_node_from_key(self.keys.stats)}
+
+    async def server_time_ms(self) -> int:
+        """The server's clock in ms (the clock of the app's slot on a cluster)."""
+        seconds, micros = await self._call(self.client.time, **await self.slot_node())
+        return int(seconds) * 1000 + int(micros) // 1000
 
     async def fcall(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Call a library function, reloading the library once if the server lost it."""
+        # A cluster client finds an FCALL's keys by asking the server (COMMAND GETKEYS),
+        # a round trip per call; every key shares one slot, so the node is named here.
+        route = await self.slot_node()
+        command = ("FCALL", _FN + name, len(keys), *keys, *args)
         try:
-            return await self._call(self.client.fcall, _FN + name, len(keys), *keys, *args)
+            return await self._call(self.client.execute_command, *command, **route)
         except ResponseError as exc:
             if "Function not found" not in str(exc):
                 raise
             await self.load_library()
-            return await self._call(self.client.fcall, _FN + name, len(keys), *keys, *args)
+            return await self._call(self.client.execute_command, *command, **route)
 
     def _lane_keys(self, lanes: Sequence[str]) -> list[str]:
         out = list(self._common)
@@ -294,16 +406,19 @@ class Store:
     async def submit(self, lane: str, jobs: Sequence[NewJob]) -> list[Submitted]:
         """Pass jobs through the lane's admission and store those admitted or deferred,
         in one atomic step; one reply per job (codes as the enqueue script says)."""
-        blob = _PACK.encode(jobs)
-        reply = await self.fcall("enqueue", self._lane_keys([lane]), [lane, blob])
-        out: list[Submitted] = []
-        for i in range(0, len(reply), 3):
-            detail = _s(reply[i + 2])
-            reason, _, earlier = detail.partition("|")
-            out.append(
-                Submitted(_s(reply[i]), int(reply[i + 1]), reason or None, int(earlier or 0))
-            )
-        return out
+        blob = _PACK.encode(await self.prepare(jobs))
+        return parse_submitted(await self.fcall("enqueue", self._lane_keys([lane]), [lane, blob]))
+
+    async def prepare(self, jobs: Sequence[NewJob]) -> Sequence[NewJob]:
+        """Jobs as they are to be sent: arguments over the payload threshold stored in
+        the app's payload store and replaced by references. Every enqueue path calls it."""
+        hook = self.prepare_jobs
+        return jobs if hook is None else await hook(self, jobs)
+
+    def enqueue_call(self, lane: str, jobs: Sequence[NewJob]) -> tuple[Any, ...]:
+        """The enqueue FCALL's arguments, for a caller that sends it in a pipeline."""
+        keys = self._lane_keys([lane])
+        return (_FN + "enqueue", len(keys), *keys, lane, _PACK.encode(jobs))
 
     async def enqueue(self, lane: str, jobs: Sequence[NewJob]) -> list[tuple[str, int]]:
         """Store jobs atomically; returns (id, code) per job: 1 new, 2 deferred, 0 existing,
@@ -357,9 +472,10 @@ class Store:
             )
             return new
 
-        result: TenantLimits | None = await self._call(
-            self.client.transaction, step, self.keys.tlimits, value_from_callable=True
-        )
+        async with slot_client(self.client, self.keys.tlimits) as client:
+            result: TenantLimits | None = await self._call(
+                client.transaction, step, self.keys.tlimits, value_from_callable=True
+            )
         return result
 
     async def tenant_limits(self, tenant: str) -> TenantLimits | None:
@@ -453,7 +569,12 @@ class Store:
     async def leave(self, worker: str, lease_ms: int, lanes: Sequence[str]) -> list[FetchedJob]:
         """Deregister a stopping worker; returns jobs handed to it that it must hand back."""
         blob = _PACK.encode((worker, lease_ms, lanes))
-        return _UNPACK_JOBS.decode(await self.fcall("leave", self._lane_keys(lanes), [blob]))
+        reply = await self.fcall("leave", self._lane_keys(lanes), [blob])
+        try:
+            return _UNPACK_JOBS.decode(reply)
+        except msgspec.ValidationError:
+            # a row it cannot read is not handed back: its lease expires and it is reclaimed
+            return _rows(_UNPACK_RAWS.decode(reply))[0]
 
     async def ack(self, lanes: Sequence[str], outcomes: Sequence[Outcome]) -> list[int]:
         blob = _PACK.encode(outcomes)
@@ -488,12 +609,18 @@ class Store:
         if worker is not None:
             wake_keys.insert(0, self.keys.inbox(worker))
         # BLPOP takes fractional timeouts; 0 would block forever.
-        reply = await self._call(self.client.blpop, wake_keys, timeout=max(timeout, 0.001))
+        block = max(timeout, 0.001)
+        reply = await self.blocking_call(block, self.blocking.blpop, wake_keys, timeout=block)
         if reply is None:
             return False
         key, value = reply
         if worker is not None and _s(key) == wake_keys[0]:
-            return _UNPACK_JOB.decode(value)
+            try:
+                return _UNPACK_JOB.decode(value)
+            except msgspec.DecodeError:
+                # not a row a hand-off wrote: a wake-up, and its job (if any) is
+                # reclaimed with its lease and its record checked again
+                return True
         return True
 
 
@@ -501,6 +628,18 @@ class Store:
 _UNPACK_FETCH: Final = msgspec.msgpack.Decoder(tuple[int, list[int], list[FetchedJob]])
 _UNPACK_JOB: Final = msgspec.msgpack.Decoder(FetchedJob)
 _UNPACK_JOBS: Final = msgspec.msgpack.Decoder(list[FetchedJob])
+_UNPACK_ROWS: Final = msgspec.msgpack.Decoder(tuple[int, list[int], list[msgspec.Raw]])
+_UNPACK_RAWS: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_UNPACK_ANY: Final = msgspec.msgpack.Decoder()
+
+
+def parse_submitted(reply: Sequence[Any]) -> list[Submitted]:
+    """The enqueue script's flat reply, one ``Submitted`` per job."""
+    out: list[Submitted] = []
+    for i in range(0, len(reply), 3):
+        reason, _, earlier = _s(reply[i + 2]).partition("|")
+        out.append(Submitted(_s(reply[i]), int(reply[i + 1]), reason or None, int(earlier or 0)))
+    return out
 
 
 def _encode_limits(limits: TenantLimits | None) -> str:
@@ -523,5 +662,32 @@ def _decode_limits(raw: bytes | str | None) -> TenantLimits | None:
 
 
 def _parse_fetched(reply: bytes) -> Fetched:
-    next_due, codes, jobs = _UNPACK_FETCH.decode(reply)
+    try:
+        next_due, codes, jobs = _UNPACK_FETCH.decode(reply)
+    except msgspec.ValidationError:
+        return _parse_rows(reply)
     return Fetched(jobs, None if next_due < 0 else next_due, codes)
+
+
+def _parse_rows(reply: bytes) -> Fetched:
+    """The fetch reply row by row, when one row does not decode: the scripts check every
+    record before leasing it, so this is a second line, which keeps one bad row from
+    failing its whole batch (and the worker with it)."""
+    next_due, codes, rows = _UNPACK_ROWS.decode(reply)
+    jobs, malformed = _rows(rows)
+    return Fetched(jobs, None if next_due < 0 else next_due, codes, malformed)
+
+
+def _rows(rows: Sequence[msgspec.Raw]) -> tuple[list[FetchedJob], list[tuple[str, str]]]:
+    """The rows that decode as jobs, and (id, token) of those that do not but name one."""
+    jobs: list[FetchedJob] = []
+    malformed: list[tuple[str, str]] = []
+    for row in rows:
+        try:
+            jobs.append(_UNPACK_JOB.decode(row))
+        except msgspec.DecodeError:
+            head = _UNPACK_ANY.decode(row)
+            if isinstance(head, list) and len(head) > 1 and isinstance(head[0], str):
+                malformed.append((head[0], str(head[1])))
+            # else: not even an id; its lease expires and the sweep reclaims it
+    return jobs, malformed

@@ -12,14 +12,27 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
+from redis.exceptions import ResponseError
 
 if TYPE_CHECKING:
     from fairlane.store.redis import Store
 
-__all__ = ["Checkpoint", "LogEvent", "RunHistory", "RunStore", "SliceStart", "WaitAnswer"]
+__all__ = [
+    "Checkpoint",
+    "CorruptRunHistory",
+    "LogEvent",
+    "RunHistory",
+    "RunStore",
+    "SliceStart",
+    "WaitAnswer",
+]
 
 _UNPACK = msgspec.msgpack.Decoder()
 _PACK = msgspec.msgpack.Encoder()
+
+
+class CorruptRunHistory(Exception):
+    """A run's stored history cannot be read, so it cannot be replayed; no retry can help."""
 
 
 class Checkpoint(msgspec.Struct, array_like=True, frozen=True):
@@ -93,12 +106,23 @@ class RunStore:
 
     async def load(self, run_id: str, token: str, worker: str) -> SliceStart | None:
         """Begin a slice: the history to replay; None when the lease is not ours."""
-        reply = await self._call("wf_load", [run_id, token, worker])
+        try:
+            reply = await self._call("wf_load", [run_id, token, worker])
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            raise CorruptRunHistory(
+                f"run {run_id}: a key of its history is corrupt: {exc}"
+            ) from None
         if int(reply[0]) != 1:
             return None
-        fails = reply[3]
-        failures = {_text(fails[i]): int(fails[i + 1]) for i in range(0, len(fails), 2)}
-        return SliceStart(_text(reply[1]), [_checkpoint(r) for r in reply[2]], failures)
+        try:
+            fails = reply[3]
+            failures = {_text(fails[i]): int(fails[i + 1]) for i in range(0, len(fails), 2)}
+            return SliceStart(_text(reply[1]), [_checkpoint(r) for r in reply[2]], failures)
+        except (msgspec.DecodeError, ValueError, TypeError, IndexError) as exc:
+            # anything but what wf_step wrote: replaying it could only go wrong
+            raise CorruptRunHistory(f"run {run_id}: its stored history is corrupt: {exc}") from None
 
     async def checkpoint(  # noqa: PLR0917 - the checkpoint's own fields
         self,

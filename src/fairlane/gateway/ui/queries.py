@@ -70,8 +70,7 @@ async def execute(pipe: Any) -> list[Any]:
 
 
 async def server_ms(app: App) -> int:
-    seconds, micros = await app.store.client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
+    return await app.store.server_time_ms()
 
 
 def lanes_of(app: App) -> list[str]:

@@ -83,7 +83,8 @@ local function class_head(cx, i)
   if cx.g[i] > 0 then
     local g = redis.call('ZRANGE', class_key(p, lane, cls, 'granted'), 0, 0)[1]
     if g then
-      return {'g', g, tonumber(redis.call('HGET', job_key(p, g), 'sl')) or 1}
+      -- pcall: a job key of the wrong type reads as width 1; `runnable` then drops it
+      return {'g', g, tonumber(redis.pcall('HGET', job_key(p, g), 'sl')) or 1}
     end
   end
   local run = cx.runs[cls]
@@ -102,7 +103,7 @@ local function class_head(cx, i)
       id = redis.call('ZRANGE', tenant_queue(p, lane, cls, tenant), 0, 0)[1]
     end
   end
-  local width = id and tonumber(redis.call('HGET', job_key(p, id), 'sl')) or 1
+  local width = id and tonumber(redis.pcall('HGET', job_key(p, id), 'sl')) or 1
   return {'q', id, width, tenant, tag}
 end
 
@@ -207,8 +208,10 @@ local function job_limits(cx, f)
   if configured then
     local load = lane_load(cx.levels, cx.f, cx.d)
     local own = tenant_limit(cx.keys, cx.p, tenant, cx.cap, load, cx.now)
-    limits[#limits + 1] = {'tenant:' .. tenant, own}
-    table.sort(limits, function(x, y) return x[1] < y[1] end)
+    if own then
+      limits[#limits + 1] = {'tenant:' .. tenant, own}
+      table.sort(limits, function(x, y) return x[1] < y[1] end)
+    end
   end
   return limits
 end

@@ -435,6 +435,19 @@ local function deregister_worker(keys, p, worker)
   end
 end
 
+-- The jobs in an inbox. Only hand-offs write there; anything else is dropped, not handed
+-- on: a job's row is only a copy, so a job whose row is lost is reclaimed with its lease.
+local function inbox_rows(raw)
+  local rows = {}
+  for _, packed in ipairs(raw) do
+    local ok, row = pcall(cmsgpack.unpack, packed)
+    if ok and type(row) == 'table' and type(row[1]) == 'string' then
+      rows[#rows + 1] = row
+    end
+  end
+  return rows
+end
+
 -- ARGV: msgpack [acks, worker, n, lease_ms, promote_limit, lanes, idle_ms, slots]. One
 -- round trip settles a worker's finished attempts and leases it the next batch: first
 -- what was handed to its inbox, then up to n more slots of work. `slots` is the
@@ -453,13 +466,13 @@ local function exchange(keys, args)
     redis.call('ZREM', lane_key(p, lane, 'idle'), member)
   end
   local inbox = inbox_key(p, worker)
-  local handed = redis.call('LRANGE', inbox, 0, -1)
+  local raw = redis.call('LRANGE', inbox, 0, -1)
   local jobs, next_due, left = {}, -1, n
-  if #handed > 0 then
+  if #raw > 0 then
     redis.call('DEL', inbox)
   end
+  local handed = inbox_rows(raw)
   for i = 1, #handed do
-    handed[i] = cmsgpack.unpack(handed[i])
     left = left - (tonumber(handed[i][12]) or 1)
   end
   if left > 0 then
@@ -489,12 +502,8 @@ local function leave(keys, args)
   end
   deregister_worker(keys, p, worker)
   local inbox = inbox_key(p, worker)
-  local handed = redis.call('LRANGE', inbox, 0, -1)
+  local jobs = inbox_rows(redis.call('LRANGE', inbox, 0, -1))
   redis.call('DEL', inbox)
-  local jobs = {}
-  for i, row in ipairs(handed) do
-    jobs[i] = cmsgpack.unpack(row)
-  end
   return cmsgpack.pack(jobs)
 end
 

@@ -7,7 +7,8 @@ local function promote_due(keys, p, lane, now, limit)
   for _, id in ipairs(due) do
     redis.call('ZREM', dk, id)
     local jk = job_key(p, id)
-    local f = redis.call('HMGET', jk, 'st', 'tenant', 'prio', 'seq', 'cls', 'sl', 'readmit')
+    -- pcall: a job key of the wrong type reads as no record, so it is only unlisted
+    local f = redis.pcall('HMGET', jk, 'st', 'tenant', 'prio', 'seq', 'cls', 'sl', 'readmit')
     local cls = f[5] or DEFAULT_CLASS
     local cfg = f[7] and f[1] == 'scheduled' and admission_of(p, lane)
     if cfg then
@@ -34,7 +35,8 @@ local function promote_due(keys, p, lane, now, limit)
   end
 end
 
-local MALFORMED_ERR = '{"type":"MalformedJob","message":"the stored job record is incomplete or corrupt; it was not executed","traceback":""}'
+-- %s: the first field found unusable (field names are plain ASCII: no JSON escaping)
+local MALFORMED_ERR = '{"type":"MalformedJob","message":"the stored job record is incomplete or corrupt (field %s); it was not executed","traceback":""}'
 
 -- Well-formed multi-byte UTF-8 sequences (no overlongs, no surrogates, <= U+10FFFF).
 local UTF8_SEQS = {
@@ -56,6 +58,91 @@ local function utf8_ok(s)
     s = string.gsub(s, seq, '.') -- an ASCII stand-in, so that leftovers cannot join up
   end
   return not string.find(s, '[\128-\255]')
+end
+
+-- `v` as a number when it is one and finite (tonumber takes 'inf' and 'nan' too).
+local function finite(v)
+  local n = tonumber(v)
+  if n and n == n and n > -math.huge and n < math.huge then
+    return n
+  end
+  return nil
+end
+
+local function whole(v)
+  local n = finite(v)
+  return n ~= nil and n == math.floor(n)
+end
+
+local JITTERS = {full = true, equal = true, none = true}
+
+-- 'base,cap,jitter' as Backoff.encode writes it ('' is the default); the cap may be infinite.
+local function backoff_ok(spec)
+  local base, cap, jitter = string.match(spec, '^([^,]+),([^,]+),(%a+)$')
+  base, cap = tonumber(base), tonumber(cap)
+  return base ~= nil and base == base and base >= 0 and cap ~= nil and cap == cap
+    and cap >= 0 and JITTERS[jitter] == true
+end
+
+-- A packed {{key, limit}, ..} list, as enqueue stores it; dispatch unpacks it as is.
+local function limits_ok(raw)
+  local ok, limits = pcall(cmsgpack.unpack, raw)
+  if not ok or type(limits) ~= 'table' then
+    return false
+  end
+  local n = 0
+  for _ in pairs(limits) do
+    n = n + 1
+  end
+  if n ~= #limits then
+    return false
+  end
+  for _, kl in ipairs(limits) do
+    if type(kl) ~= 'table' or type(kl[1]) ~= 'string' or not utf8_ok(kl[1])
+      or not finite(kl[2]) then
+      return false
+    end
+  end
+  return true
+end
+
+-- The first field of a queued job's record (as `runnable` reads them) that would fail
+-- the worker or the scripts: text the worker decodes strictly, numbers it decodes as
+-- integers, specs the scripts parse. nil when the record is sound. Absent optional
+-- fields fall back to their defaults where they are read.
+local function malformed_field(f)
+  if not f[2] or not utf8_ok(f[2]) then
+    return 'task'
+  elseif not f[3] or not utf8_ok(f[3]) then
+    return 'args'
+  elseif not whole(f[4]) then
+    return 'max'
+  elseif f[5] and not whole(f[5]) then
+    return 'dl'
+  elseif f[6] and not (finite(f[6]) and tonumber(f[6]) >= 0) then
+    return 'to'
+  elseif not f[7] or not utf8_ok(f[7]) then
+    return 'tenant'
+  elseif f[8] and f[8] ~= '' and not (utf8_ok(f[8]) and backoff_ok(f[8])) then
+    return 'bo'
+  elseif f[9] and not whole(f[9]) then
+    return 'enq'
+  elseif f[10] and not whole(f[10]) then
+    return 'att'
+  elseif f[11] and not (whole(f[11]) and tonumber(f[11]) >= 1) then
+    return 'sl'
+  elseif f[12] and not utf8_ok(f[12]) then
+    return 'cls'
+  elseif f[13] and not limits_ok(f[13]) then
+    return 'lim'
+  elseif f[14] and not finite(f[14]) then
+    return 'prio'
+  elseif f[15] and not finite(f[15]) then
+    return 'seq'
+  elseif f[17] and not finite(f[17]) then
+    return 'cu'
+  end
+  return nil
 end
 
 -- Lease popped jobs ({id, fields, lane} as `runnable` returns them) to `worker`: one
@@ -135,15 +222,16 @@ end
 -- can run; settles it (and frees any throttle grant it held) and returns nil when it
 -- cannot (expired, malformed, or a stale entry).
 local function runnable(keys, p, id, now, tally)
-  local f = redis.call('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
+  -- pcall: a job key that is not a hash reads as a missing record (left for a human)
+  local f = redis.pcall('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
     'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok', 'cu', 'tp')
-  if f[1] == 'queued' then
-    if not f[2] or not f[3] or not tonumber(f[4]) or not f[7]
-      or not (utf8_ok(f[2]) and utf8_ok(f[3]) and utf8_ok(f[7]) and utf8_ok(f[8])) then
-      count(tally, 'malformed')
-      release_throttle(keys, p, id, f[16], now)
-      dead_letter(keys, p, id, MALFORMED_ERR, now, tally)
-    elseif f[5] and tonumber(f[5]) < now then
+  local bad = f[1] == 'queued' and malformed_field(f)
+  if bad then
+    count(tally, 'malformed')
+    release_throttle(keys, p, id, f[16], now)
+    dead_letter(keys, p, id, string.format(MALFORMED_ERR, bad), now, tally)
+  elseif f[1] == 'queued' then
+    if f[5] and tonumber(f[5]) < now then
       release_throttle(keys, p, id, f[16], now)
       expire(keys, p, id, EXPIRED_ERR, now, tally)
     else

@@ -136,7 +136,8 @@ local function schedule_retry(keys, p, id, delay, err, now, tally)
   local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant', 'start', 'wk', 'att',
     'qw')
   local run_at = now + delay
-  if f[1] and run_at > tonumber(f[1]) then
+  -- a deadline that is not a number is no deadline here; the next lease dead-letters it
+  if tonumber(f[1]) and run_at > tonumber(f[1]) then
     redis.call('HSET', jk, 'err', err)
     expire(keys, p, id, EXPIRED_ERR, now, tally)
     return 'expired'
@@ -162,7 +163,9 @@ end
 -- The backoff of fairlane/policy/backoff.py: min(cap, base * 2^(n-1)) with jitter u in [0,1).
 local function backoff_ms(spec, attempt, u)
   local base, cap, jitter = string.match(spec or '', '^([^,]+),([^,]+),(%a+)$')
-  if not base then
+  base, cap = tonumber(base), tonumber(cap)
+  -- a spec that does not parse (a record corrupted while it ran): retry at once
+  if not (base and cap and base == base and cap == cap) then
     return 0
   end
   local raw = math.min(tonumber(cap), tonumber(base) * 2 ^ math.min(math.max(attempt, 1) - 1, 62))

@@ -237,6 +237,9 @@ local function tenant_limit(keys, p, tenant, target, load, now)
   local floor, max, burst_floor, burst_pct = string.match(spec, '^(%d+),(-?%d+),(%d+),([%d.e+-]+)$')
   floor, max, burst_floor, burst_pct = tonumber(floor), tonumber(max), tonumber(burst_floor),
     tonumber(burst_pct)
+  if not (floor and max and burst_floor and burst_pct) then
+    return nil -- settings that do not parse limit nothing: better than no dispatch at all
+  end
   local mean = tonumber(redis.call('HGET', sig_key(p, tenant), 'dm')) or 0
   local base = math.max(floor, ceil_eps(rate_per_min(p, tenant, now) * mean / 60))
   local top = base + math.max(burst_floor, floor_eps(base * burst_pct))
