@@ -1,11 +1,13 @@
 """Shared pytest fixtures: the Redis backends tests run against, per-test namespaces, anyio.
 
 ``redis_url`` is session-scoped and parametrized: ``embedded`` is a private
-:class:`fairlane.testing.RedisServer` started once per session; ``external`` is added when
-``FAIRLANE_TEST_REDIS_URL`` is set, so the same tests also run against that server.
+:class:`fairlane.testing.RedisServer` started once per session, and every test runs on
+it; ``external`` is added when ``FAIRLANE_TEST_REDIS_URL`` is set, and runs the tests
+that hold the store to the server's semantics -- those marked ``contract`` and the
+script-agreement suites in ``tests/store`` -- on that server too (another server
+version or flavour); ``FAIRLANE_TEST_EXTERNAL_ALL=1`` runs every test there but those
+marked ``embedded_only`` (processes, a browser or a benchmark harness).
 ``namespace`` gives each test its own app name and deletes that test's keys afterwards.
-A test marked ``embedded_only`` exercises processes, a browser or a benchmark harness
-rather than the server's semantics, so it runs against the embedded server alone.
 
 ``cluster`` is a private 3-master :class:`fairlane.testing.RedisCluster` from the same
 binary (skipped with ``FAIRLANE_TEST_CLUSTER=0``). Only tests marked ``contract`` run on
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +29,8 @@ from fairlane.testing import RedisCluster, RedisServer
 
 EXTERNAL_URL_ENV = "FAIRLANE_TEST_REDIS_URL"
 CLUSTER_ENV = "FAIRLANE_TEST_CLUSTER"
+EXTERNAL_ALL_ENV = "FAIRLANE_TEST_EXTERNAL_ALL"
+STORE_SUITE = Path(__file__).resolve().parent / "store"
 
 
 def _backends() -> list[str]:
@@ -39,7 +44,12 @@ def _deselected(item: pytest.Item) -> bool:
     params = getattr(getattr(item, "callspec", None), "params", {})
     backend = params.get("redis_url")
     if backend == "external":
-        return item.get_closest_marker("embedded_only") is not None
+        if item.get_closest_marker("embedded_only") is not None:
+            return True
+        if os.environ.get(EXTERNAL_ALL_ENV) == "1":
+            return False
+        in_store_suite = item.path.is_relative_to(STORE_SUITE)
+        return not in_store_suite and item.get_closest_marker("contract") is None
     if backend == "cluster":
         return item.get_closest_marker("contract") is None
     return False

@@ -53,6 +53,8 @@ from fairlane.workflows import (
 __all__ = ["App", "CronEntry", "TaskDecorator"]
 
 log = logging.getLogger("fairlane")
+#: how long a waiter trusts the result notice before it reads the job record again
+_RESULT_RECHECK_SECONDS = 10.0
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -589,20 +591,33 @@ class App:
             try:
                 message = await pubsub.get_message(timeout=30.0)
             except (RedisConnectionError, RedisTimeoutError, OSError, StoreUnavailable) as exc:
-                # the next read reconnects and subscribes again
                 await asyncio.sleep(outage.failed(exc))
-                self._wake_all()  # waiters re-check the record themselves
-                continue
-            if outage.down:
-                # subscribed again: what finished while we were not is only in the records
+                # a new subscription, confirmed, rather than trusting the old object to
+                # subscribe again on its next read: until it is, notices are lost
+                pubsub = self._pubsub = await self._subscribe_again(pubsub, outage)
                 outage.recovered()
+                # what finished while we were not subscribed is only in the records
                 self._wake_all()
+                continue
             if message is None:
                 continue
             job_id = message["data"].decode()
             for fut in self._waiters.pop(job_id, ()):
                 if not fut.done():
                     fut.set_result(None)
+
+    async def _subscribe_again(self, old: PubSub, outage: Outage) -> PubSub:
+        with contextlib.suppress(Exception):
+            await old.aclose()  # type: ignore[no-untyped-call]
+        while True:
+            pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.store.keys.done_channel)
+                return pubsub
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await asyncio.sleep(outage.failed(exc))
 
     def _wake_all(self) -> None:
         for futures in self._waiters.values():
@@ -629,7 +644,10 @@ class App:
                     raise JobNotFound(f"no record of job {job_id}")
                 if len(reply) == 3:
                     return status, reply[1], reply[2]
-                await fut
+                # the notice normally wakes it; the bound makes a lost notice cost a
+                # re-read of the record, never the caller's whole timeout
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(fut, _RESULT_RECHECK_SECONDS)
             finally:
                 waiting = self._waiters.get(job_id)
                 if waiting and fut in waiting:
