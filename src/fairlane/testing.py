@@ -224,14 +224,7 @@ class RedisServer:
         return False
 
     def _terminate(self) -> None:
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=_STOP_TIMEOUT)
+        _stop_process(self._proc)
         self._close_log()
 
     def _close_log(self) -> None:
@@ -240,13 +233,29 @@ class RedisServer:
             self._log = None
 
     def _log_tail(self, lines: int = 20) -> str:
-        if self._dir is None:
-            return "(no log)"
+        return _tail(self._dir, "server.log", lines)
+
+
+def _stop_process(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM, a bounded wait, then SIGKILL: a server process of this module's."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
         try:
-            text = (self._dir / "server.log").read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+            proc.wait(timeout=_STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=_STOP_TIMEOUT)
+
+
+def _tail(directory: Path | None, name: str, lines: int) -> str:
+    """The last ``lines`` of a server's log, for an error message."""
+    if directory is None:
+        return "(no log)"
+    try:
+        text = (directory / name).read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
 
 
 # ---------------------------------------------------------------------------- Redis Cluster
@@ -532,27 +541,14 @@ class RedisSentinel:
         return False
 
     def _terminate(self) -> None:
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=_STOP_TIMEOUT)
+        _stop_process(self._proc)
         self._proc = None
         if self._log is not None:
             self._log.close()
             self._log = None
 
     def _log_tail(self, lines: int = 20) -> str:
-        if self._dir is None:
-            return "(no log)"
-        try:
-            text = (self._dir / "sentinel.log").read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+        return _tail(self._dir, "sentinel.log", lines)
 
 
 def _s(value: bytes | str) -> str:
