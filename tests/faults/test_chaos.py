@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -36,7 +34,7 @@ from fairlane.explain import Event
 from fairlane.task import Task
 from fairlane.workflows import Workflow
 from tests.faults.chaos_app import FLOW_STEPS, build_app, keys_of
-from tests.faults.worker_proc import ROOT, Fleet, held_by, server_ms, wait_ready, worker_env
+from tests.faults.worker_proc import Fleet, held_by, server_ms, wait_ready, worker_env
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.embedded_only]
 
@@ -49,24 +47,6 @@ KILL_EVERY = (1.0, 2.0)  # s between kills, uniform
 SLACK = 2.0  # s: a loaded 2-core machine, a replacement starting
 OVERALL = 100.0  # s: every job completes within this
 MIN_KILLS = 5
-
-
-class ChaosFleet(Fleet):
-    """``Fleet``, but its workers serve ``tests.faults.chaos_app``."""
-
-    def start(self) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
-        self._logs.append(log)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.chaos_app"],
-            cwd=ROOT,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        self.procs.append(proc)
-        return proc
 
 
 @dataclass(frozen=True)
@@ -173,7 +153,7 @@ async def test_kill_9_random_workers_during_10000_jobs(
         client, keys = app.store.client, app.store.keys
         task_ids, run_ids = await _enqueue_mixed(task, flow)
         ids = task_ids + run_ids
-        with ChaosFleet(env, tmp_path) as fleet:
+        with Fleet(env, tmp_path, "tests.faults.chaos_app") as fleet:
             kills = await _supervise(app, fleet, len(ids), rng)
         elapsed = time.monotonic() - began
 

@@ -20,8 +20,6 @@ under the same key (two invocations on one ledger key, still ten keys in all).
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +29,7 @@ import pytest
 from fairlane.app import App
 from fairlane.store.runs import RunHistory
 from fairlane.task import Job, JobInfo
-from tests.faults.worker_proc import ROOT, Fleet, worker_env
+from tests.faults.worker_proc import Fleet, worker_env
 from tests.faults.workflow_app import STEPS, build_app, expected_total, keys_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -41,24 +39,6 @@ WORKERS = 4  # processes, one run at a time each
 BOUNDARIES = range(STEPS + 1)  # killed right after step k's checkpoint
 BEFORE_CHECKPOINT = range(1, STEPS + 1)  # killed inside step k, after its side effect
 OVERALL = 90.0  # s: every run completes within this
-
-
-class WorkflowFleet(Fleet):
-    """``Fleet``, but its workers serve ``tests.faults.workflow_app``."""
-
-    def start(self) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
-        self._logs.append(log)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.workflow_app"],
-            cwd=ROOT,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        self.procs.append(proc)
-        return proc
 
 
 @dataclass(frozen=True)
@@ -163,7 +143,7 @@ async def test_kill_9_at_every_step_boundary(
             (mode, kill_at, seed, await flow.enqueue(seed, kill_at, mode))
             for seed, (mode, kill_at) in enumerate(plan, start=1)
         ]
-        with WorkflowFleet(env, tmp_path) as fleet:
+        with Fleet(env, tmp_path, "tests.faults.workflow_app") as fleet:
             deaths = await _serve_until_done(app, [job.id for *_, job in runs], fleet, started)
         outcomes = [await _outcome(app, prefix, job) for *_, job in runs]
     elapsed = time.monotonic() - started

@@ -246,9 +246,12 @@ def worker_env(
 class Fleet:
     """Worker processes started by one test; every one is stopped and reaped on exit."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+    def __init__(
+        self, env: dict[str, str], log_dir: Path, module: str = "tests.faults.worker_proc"
+    ) -> None:
         self.env = env
         self.log_dir = log_dir
+        self.module = module  # the worker process's entry point (``python -m module``)
         self.procs: list[subprocess.Popen[bytes]] = []
         self._logs: list[IO[bytes]] = []
 
@@ -262,7 +265,7 @@ class Fleet:
         log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
         self._logs.append(log)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.worker_proc"],
+            [sys.executable, "-m", self.module],
             cwd=ROOT,
             env=self.env,
             stdin=subprocess.DEVNULL,
