@@ -87,18 +87,20 @@ def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 def namespace(redis_url: str) -> Iterator[str]:
-    """A fresh app name for one test; its ``{fl:<name>}`` keys are deleted afterwards."""
+    """A fresh app name for one test; its keys (``{fl:<name>}``, and ``{fl:<name>:...}``
+    of its shards) are deleted afterwards."""
     name = "t_" + secrets.token_hex(4)
     yield name
     client = create_sync_client(redis_url, socket_timeout=10, socket_connect_timeout=10)
     try:
-        batch: list[bytes] = []
-        for key in client.scan_iter(match=f"*{{fl:{name}}}*", count=500):
-            batch.append(key)
-            if len(batch) >= 500:
+        for pattern in (f"*{{fl:{name}}}*", f"*{{fl:{name}:*"):
+            batch: list[bytes] = []
+            for key in client.scan_iter(match=pattern, count=500):
+                batch.append(key)
+                if len(batch) >= 500:
+                    client.delete(*batch)
+                    batch.clear()
+            if batch:
                 client.delete(*batch)
-                batch.clear()
-        if batch:
-            client.delete(*batch)
     finally:
         client.close()

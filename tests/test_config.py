@@ -201,6 +201,7 @@ def test_explain_reports_every_leaf_in_model_order(tmp_path: Path) -> None:
         "max_payload_bytes",
         "default_lane",
         "lanes_file",
+        "shards",
         "lease.duration",
         "lease.renew_interval",
         "lease.sweep_interval",
@@ -240,7 +241,7 @@ def test_explain_reports_every_leaf_in_model_order(tmp_path: Path) -> None:
         "durability.timeout",
     ]
     assert all(row.source == "default" for row in rows)
-    assert rows[4] == SettingOrigin("lease.duration", 30.0, "default")
+    assert rows[5] == SettingOrigin("lease.duration", 30.0, "default")
 
 
 def test_explain_reports_each_source(tmp_path: Path) -> None:

@@ -32,12 +32,13 @@ from fairlane.payloads.offload import Payloads
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.classes import ClassTable
 from fairlane.policy.retention import Retention
+from fairlane.policy.shards import check_shard_count, shard_of_tenant
 from fairlane.pools import FairlaneConfig, load_config
 from fairlane.runtime.outage import Outage
 from fairlane.runtime.pressure import PressureConfig, Sensor
 from fairlane.runtime.worker import Worker
 from fairlane.store.connection import cluster_url, sentinel_url
-from fairlane.store.keys import namespace
+from fairlane.store.keys import job_shard, namespace
 from fairlane.store.redis import Store, StoreUnavailable, redact_url, unlink_matching
 from fairlane.store.server import ensure_dev_server
 from fairlane.task import Executor, Job, Task, TaskOptions
@@ -156,10 +157,15 @@ class App:
         service_name: str | None = None,
         payloads: PayloadStore | str | None = None,
         durability: DurabilitySettings | None = None,
+        shards: int | None = None,
     ) -> None:
         namespace(name)  # validates the name
         self.name = name
         self.settings = settings or load_settings(project_dir=project_dir)
+        #: scheduling shards, each a whole scheduler under its own hash tag; tenants
+        #: are spread over them by a stable hash (``fairlane.policy.shards``). Every
+        #: process of an app must use the same count (default: the ``shards`` setting)
+        self.shards = check_shard_count(self.settings.shards if shards is None else shards)
         #: what every enqueue waits for replicas or AOF fsyncs to confirm, unless the
         #: call says otherwise (default: the ``durability`` settings, which ask nothing)
         self.durability = durability or self.settings.durability
@@ -198,10 +204,11 @@ class App:
             self.config.estimation,
             self.config.retry.retry_after_policy,
         )
-        self._store: Store | None = None
+        self._stores: list[Store] = []
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._pubsub: PubSub | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._listener_lock = asyncio.Lock()
         # the server URL in use once connected (``redis_url`` is the one asked for)
         self.url: str | None = None
         #: large arguments and results go to this payload store (``payloads=``: a store
@@ -497,12 +504,30 @@ class App:
 
     @property
     def store(self) -> Store:
-        if self._store is None:
+        """The home shard's store: the app's own records, and every tenant's when the
+        app has one shard (``store_for_tenant`` and ``store_for_job`` find the rest)."""
+        return self.stores[0]
+
+    @property
+    def stores(self) -> list[Store]:
+        """One store per scheduling shard, in shard order (they share connections)."""
+        if not self._stores:
             raise RuntimeError(f"{self!r} is not connected: use `async with app:`")
-        return self._store
+        return self._stores
+
+    def shard_of(self, tenant: str) -> int:
+        return shard_of_tenant(tenant, self.shards)
+
+    def store_for_tenant(self, tenant: str) -> Store:
+        """The store of the shard holding ``tenant``'s queues, jobs and limits."""
+        return self.stores[shard_of_tenant(tenant, self.shards)]
+
+    def store_for_job(self, job_id: str) -> Store:
+        """The store of the shard a job's id names."""
+        return self.stores[job_shard(job_id, self.shards)]
 
     async def connect(self) -> None:
-        if self._store is not None:
+        if self._stores:
             return
         self.check_lanes()
         url = await asyncio.to_thread(self.resolve_url)
@@ -512,16 +537,21 @@ class App:
             self.name,
             socket_timeout=timeouts.timeout,
             socket_connect_timeout=timeouts.connect_timeout,
+            shards=self.shards,
         )
         if self.payloads is not None:
             store.prepare_jobs = self.payloads.offload_jobs
         try:
+            # the library goes to every primary of a cluster, so one load serves all shards
             await store.connect()
-            self._store = store
+            self._stores = [
+                store,
+                *(store.shard_store(i, self.shards) for i in range(1, self.shards)),
+            ]
             await self.declare_tasks()
             await self.declare_lanes()
         except BaseException:
-            self._store = None
+            self._stores = []
             await store.aclose()
             raise
         self.url = url
@@ -531,7 +561,8 @@ class App:
         """Record each task's retention on the server, where sweeps read it."""
         for task in self.tasks.values():
             keep = task.options.retention
-            await self.store.declare_task(task.name, keep.completed.encode(), keep.failed.encode())
+            for store in self.stores:
+                await store.declare_task(task.name, keep.completed.encode(), keep.failed.encode())
 
     def check_lanes(self) -> None:
         """Raise ``ValueError`` if a task's service class is not in its lane's table."""
@@ -545,11 +576,12 @@ class App:
         used.add(self.settings.default_lane)
         for lane in sorted(used | {lane for lane, _ in self.lane_tables.items()}):
             table = self.lane_classes(lane)
-            await self.store.declare_lane(lane, table, self.charge)
             pool = self.config.pools.get(lane)
-            await self.store.declare_admission(
-                lane, table, pool.admission if pool else None, self.config.estimation
-            )
+            for store in self.stores:
+                await store.declare_lane(lane, table, self.charge)
+                await store.declare_admission(
+                    lane, table, pool.admission if pool else None, self.config.estimation
+                )
 
     async def aclose(self) -> None:
         if self._listener is not None:
@@ -560,9 +592,9 @@ class App:
         if self._pubsub is not None:
             await self._pubsub.aclose()  # type: ignore[no-untyped-call]
             self._pubsub = None
-        if self._store is not None:
-            await self._store.aclose()
-            self._store = None
+        if self._stores:
+            await self._stores[0].aclose()  # the other shards' stores share its clients
+            self._stores = []
 
     async def __aenter__(self) -> App:
         await self.connect()
@@ -576,14 +608,19 @@ class App:
     async def _ensure_listener(self) -> None:
         if self._pubsub is not None:
             return
-        pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
-        try:
-            await pubsub.subscribe(self.store.keys.done_channel)
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
-            raise StoreUnavailable(f"the Redis server is unreachable: {exc}") from exc
-        self._pubsub = pubsub
-        self._listener = asyncio.create_task(self._listen(pubsub), name="fairlane-results")
+        # many waiters arrive at once (a gather of results): one of them subscribes, the
+        # rest wait for it, rather than each opening a subscription of its own
+        async with self._listener_lock:
+            if self._listener_started():
+                return
+            pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(*self._done_channels())
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                raise StoreUnavailable(f"the Redis server is unreachable: {exc}") from exc
+            self._pubsub = pubsub
+            self._listener = asyncio.create_task(self._listen(pubsub), name="fairlane-results")
 
     async def _listen(self, pubsub: PubSub) -> None:
         outage = Outage(f"app {self.name}: result listener", log)
@@ -612,12 +649,19 @@ class App:
         while True:
             pubsub = self.store.client.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self.store.keys.done_channel)
+                await pubsub.subscribe(*self._done_channels())
                 return pubsub
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
                 await asyncio.sleep(outage.failed(exc))
+
+    def _listener_started(self) -> bool:
+        # a method, not an inline test: the attribute changes while a waiter awaits the lock
+        return self._pubsub is not None
+
+    def _done_channels(self) -> list[str]:
+        return [store.keys.done_channel for store in self.stores]
 
     def _wake_all(self) -> None:
         for futures in self._waiters.values():
@@ -634,7 +678,7 @@ class App:
             try:
                 try:
                     await self._ensure_listener()
-                    reply = await self.store.watch(job_id)
+                    reply = await self.store_for_job(job_id).watch(job_id)
                 except StoreUnavailable:
                     # ride out an outage: the caller's timeout bounds the wait
                     await asyncio.sleep(random.uniform(0.25, 0.75))
@@ -677,7 +721,7 @@ class App:
         ``pressure`` sets how the worker holds back under resource pressure; ``sensors``
         replaces the built-in sensors (``fairlane.runtime.pressure``) with your own.
         """
-        owns_connection = self._store is None
+        owns_connection = not self._stores
         await self.connect()
         try:
             worker = Worker(
@@ -699,16 +743,42 @@ class App:
                 await self.aclose()
 
     async def dead_letters(self, limit: int = 100) -> list[tuple[str, float]]:
-        """Dead-lettered job ids with the time (epoch seconds) they died, oldest first."""
-        return [(job_id, ms / 1000) for job_id, ms in await self.store.dead_letters(limit)]
+        """Dead-lettered job ids with the time (epoch seconds) they died, oldest first
+        (the oldest ``limit`` of every shard, merged)."""
+        found: list[tuple[str, float]] = []
+        for store in self.stores:
+            found.extend(await store.dead_letters(limit))
+        found.sort(key=lambda item: (item[1], item[0]))
+        return [(job_id, ms / 1000) for job_id, ms in found[:limit]]
 
     async def redrive(self, job_ids: Sequence[str] = (), *, limit: int = 100) -> list[str]:
-        """Send dead-lettered jobs back to their queues with a fresh attempt budget."""
-        return await self.store.redrive(job_ids, limit)
+        """Send dead-lettered jobs back to their queues with a fresh attempt budget:
+        those named, else up to ``limit`` of them, the home shard's first."""
+        done: list[str] = []
+        if job_ids:
+            by_shard: dict[int, list[str]] = {}
+            for job_id in job_ids:
+                by_shard.setdefault(job_shard(job_id, self.shards), []).append(job_id)
+            for shard, ids in by_shard.items():
+                done.extend(await self.stores[shard].redrive(ids, limit))
+            return done
+        for store in self.stores:
+            if len(done) >= limit:
+                break
+            done.extend(await store.redrive((), limit - len(done)))
+        return done
 
     async def stats(self) -> dict[str, int]:
-        return await self.store.stats()
+        """The store's counters, summed over the shards."""
+        total: dict[str, int] = {}
+        for store in self.stores:
+            for name, value in (await store.stats()).items():
+                total[name] = total.get(name, 0) + value
+        return total
 
     async def purge(self) -> int:
-        """Delete every key of this app. Returns the number of keys removed."""
-        return await unlink_matching(self.store.client, self.store.keys.match_all())
+        """Delete every key of this app, in every shard. Returns the number removed."""
+        removed = 0
+        for store in self.stores:
+            removed += await unlink_matching(store.client, store.keys.match_all())
+        return removed

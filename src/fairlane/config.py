@@ -335,6 +335,13 @@ class Settings(BaseSettings):
         description="TOML file of lanes' service classes ([[lanes.<name>.classes]]); "
         "relative to the project directory.",
     )
+    shards: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Scheduling shards of each app: tenants are spread over them by a "
+        "stable hash; every process of an app must use the same count.",
+    )
     lease: LeaseSettings = Field(default_factory=LeaseSettings, description="Job leases.")
     worker: WorkerSettings = Field(default_factory=WorkerSettings, description="Workers.")
     server: ServerSettings = Field(default_factory=ServerSettings, description="Dev server.")

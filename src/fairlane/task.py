@@ -44,7 +44,8 @@ from fairlane.policy.admission import Estimate
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.store.durability import submit_acknowledged
-from fairlane.store.redis import NewJob, StoreUnavailable, Submitted
+from fairlane.store.keys import shard_job_id
+from fairlane.store.redis import NewJob, Store, StoreUnavailable, Submitted
 
 if TYPE_CHECKING:
     from fairlane.app import App
@@ -286,16 +287,19 @@ class Job(Generic[R]):
     def __repr__(self) -> str:
         return f"Job({self._task.name!r}, {self.id!r})"
 
+    def _store(self) -> Store:
+        return self._task.app.store_for_job(self.id)
+
     async def status(self) -> str:
         """queued, throttled (waiting for room on a throttle key), scheduled, running,
         completed, failed, cancelled or expired."""
-        (st,) = await self._task.app.store.job_fields(self.id, "st")
+        (st,) = await self._store().job_fields(self.id, "st")
         if st is None:
             raise JobNotFound(f"no record of job {self.id}")
         return st.decode()
 
     async def info(self) -> JobInfo:
-        rec = await self._task.app.store.job_record(self.id)
+        rec = await self._store().job_record(self.id)
         if not rec:
             raise JobNotFound(f"no record of job {self.id}")
         err = rec.get("err")
@@ -320,7 +324,7 @@ class Job(Generic[R]):
 
     async def cancel(self) -> str:
         """Cancel the job; returns the resulting status (``cancelling`` if it was running)."""
-        return await self._task.app.store.cancel(self.id)
+        return await self._store().cancel(self.id)
 
     async def result(self, timeout: float | None = None) -> R:
         """Wait for the job to finish and return its result, or raise its failure."""
@@ -475,12 +479,13 @@ class Task(Generic[P, R]):
         ``durability`` defaults to the app's."""
         durability = durability or self.app.durability
         try:
+            store = self.app.store_for_tenant(job.tenant)
             if durability.requested:
                 (reply,), ack = await submit_acknowledged(
-                    self.app.store, self.options.lane, [job], durability
+                    store, self.options.lane, [job], durability
                 )
             else:
-                (reply,), ack = await self.app.store.submit(self.options.lane, [job]), None
+                (reply,), ack = await store.submit(self.options.lane, [job]), None
         except StoreUnavailable:
             return unavailable()
         handle = Job(self, reply.id, created=reply.code in (1, 2)) if reply.code >= 0 else None
@@ -556,8 +561,9 @@ class Task(Generic[P, R]):
         return self._job(blob, when, demand, idempotency_key or "")
 
     def _job(self, blob: bytes, when: _Placement, demand: _Demand, idempotency_key: str) -> NewJob:
+        app = self.app
         return NewJob(
-            new_job_id(),
+            shard_job_id(new_job_id(), app.shard_of(when.tenant), app.shards),
             when.tenant,
             when.priority,
             self.name,
@@ -581,12 +587,11 @@ class Task(Generic[P, R]):
 
     async def _store(self, jobs: list[NewJob], durability: DurabilitySettings) -> list[Job[R]]:
         replies: list[Submitted]
+        store = self.app.store_for_tenant(jobs[0].tenant)  # a batch is one tenant's
         if durability.requested:
-            replies, ack = await submit_acknowledged(
-                self.app.store, self.options.lane, jobs, durability
-            )
+            replies, ack = await submit_acknowledged(store, self.options.lane, jobs, durability)
         else:
-            replies, ack = await self.app.store.submit(self.options.lane, jobs), None
+            replies, ack = await store.submit(self.options.lane, jobs), None
         handles: list[Job[R]] = []
         for reply in replies:
             if reply.code == -1:

@@ -88,7 +88,7 @@ async def send_signal(
         raise TypeError(f"the signal's payload cannot be encoded as JSON: {exc}") from None
     if len(blob) > app.settings.max_payload_bytes:
         raise ValueError(f"the signal's payload is over {app.settings.max_payload_bytes} bytes")
-    code = await app.store.runs.signal(run_id, name, blob, signal_id or "")
+    code = await app.store_for_job(run_id).runs.signal(run_id, name, blob, signal_id or "")
     if code < 0:
         raise RunNotFound(f"no run {run_id!r}: never started, or removed by retention")
     return {1: "delivered", 2: "duplicate"}.get(code, "finished")  # type: ignore[return-value]

@@ -177,9 +177,13 @@ def locate_server(
     return ServerTarget(status.url if status.running else None, where)
 
 
-def live_workers(client: SyncClient, app_name: str, max_age: float) -> list[tuple[str, float]]:
-    """Workers of the app whose heartbeat is younger than ``max_age`` s, with their age (s)."""
-    workers = AppKeys.for_app(app_name).workers
+def live_workers(
+    client: SyncClient, app_name: str, max_age: float, shards: int = 1
+) -> list[tuple[str, float]]:
+    """Workers of the app whose heartbeat is younger than ``max_age`` s, with their age (s).
+
+    Every worker serves, and beats in, every shard: the home shard's set has them all."""
+    workers = AppKeys.for_shard(app_name, 0, shards).workers
     now_ms = sync_server_time_ms(client, workers)
     raw: Any = client.zrangebyscore(workers, now_ms - max_age * 1000, "+inf", withscores=True)
     found: list[tuple[str, float]] = []

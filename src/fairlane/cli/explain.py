@@ -31,9 +31,10 @@ __all__ = ["explain"]
 
 async def _load(app: App, job_id: str) -> tuple[dict[str, bytes], list[Event], int]:
     async with app:
-        record = await app.store.job_record(job_id)
-        events = await app.store.job_events(job_id)
-        return record, events, await app.store.server_time_ms()
+        store = app.store_for_job(job_id)
+        record = await store.job_record(job_id)
+        events = await store.job_events(job_id)
+        return record, events, await store.server_time_ms()
 
 
 def _at(ms: int) -> str:

@@ -4,6 +4,10 @@ It reads the lane's cached capacity and its classes' in-flight and waiting slots
 the server, then asks the class policy (``fairlane.policy.classes.allocate``) what it
 would decide for that state: each class's assured slots, ceiling, claim, what it
 borrowed or lent, and why its head job may or may not start now.
+
+In an app split into scheduling shards the lane is shown as the shards hold it
+together: in-flight and waiting slots summed over them, the capacity not (each shard
+counts every worker's slots, so it is the same in all).
 """
 
 from __future__ import annotations
@@ -20,7 +24,20 @@ __all__ = ["inspect_load"]
 
 async def _lane_states(app: App, lanes: list[str]) -> dict[str, LaneState]:
     async with app:
-        return {lane: await app.store.lane_state(lane) for lane in lanes}
+        return {lane: _merged([await s.lane_state(lane) for s in app.stores]) for lane in lanes}
+
+
+def _merged(states: list[LaneState]) -> LaneState:
+    """One lane over the shards: their slots summed, the capacity they each count."""
+    in_flight: dict[str, int] = {}
+    waiting: dict[str, int] = {}
+    for state in states:
+        for cls, n in state.in_flight.items():
+            in_flight[cls] = in_flight.get(cls, 0) + n
+        for cls, n in state.waiting.items():
+            waiting[cls] = waiting.get(cls, 0) + n
+    # the largest, should a shard not have heard from a new worker yet
+    return LaneState(max(s.capacity for s in states), in_flight, waiting)
 
 
 def _allocation(app: App, lane: str, state: LaneState) -> Allocation:

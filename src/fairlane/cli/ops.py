@@ -1,4 +1,9 @@
-"""Operating an app: ``purge``, ``inspect tasks|lanes``, ``dead list|redrive``, ``job ...``."""
+"""Operating an app: ``purge``, ``inspect tasks|lanes``, ``dead list|redrive``, ``job ...``.
+
+An app split into scheduling shards is operated as one: ``purge`` counts and deletes
+the keys of every shard, the dead letters are every shard's, and a job is read or
+cancelled in the shard its id names (``App.store_for_job``).
+"""
 
 from __future__ import annotations
 
@@ -42,8 +47,9 @@ _ERROR_WIDTH = 80
 async def _count_keys(app: App) -> tuple[str, int]:
     async with app:
         count = 0
-        async for _ in app.store.client.scan_iter(match=app.store.keys.match_all(), count=1000):
-            count += 1
+        for store in app.stores:
+            async for _ in store.client.scan_iter(match=store.keys.match_all(), count=1000):
+                count += 1
         return app.url or "?", count
 
 
@@ -231,7 +237,7 @@ async def _dead_rows(app: App, limit: int) -> list[tuple[str, float, dict[str, b
     async with app:
         rows = []
         for job_id, died in await app.dead_letters(limit):
-            rows.append((job_id, died, await app.store.job_record(job_id)))
+            rows.append((job_id, died, await app.store_for_job(job_id).job_record(job_id)))
         return rows
 
 
@@ -305,7 +311,7 @@ def dead_redrive(
 
 async def _record(app: App, job_id: str) -> dict[str, bytes]:
     async with app:
-        return await app.store.job_record(job_id)
+        return await app.store_for_job(job_id).job_record(job_id)
 
 
 @job_app.command("status")
@@ -356,7 +362,7 @@ def _job_fields(job_id: str, rec: dict[str, bytes]) -> list[tuple[str, str]]:
 
 async def _cancel(app: App, job_id: str) -> str:
     async with app:
-        return await app.store.cancel(job_id)
+        return await app.store_for_job(job_id).cancel(job_id)
 
 
 @job_app.command("cancel")

@@ -36,9 +36,10 @@ _VALUE_WIDTH = 40
 
 async def _load(app: App, run_id: str) -> tuple[dict[str, bytes], RunHistory, int]:
     async with app:
-        record = await app.store.job_record(run_id)
-        history = await app.store.runs.history(run_id)
-        return record, history, await app.store.server_time_ms()
+        store = app.store_for_job(run_id)
+        record = await store.job_record(run_id)
+        history = await store.runs.history(run_id)
+        return record, history, await store.server_time_ms()
 
 
 # -- printing --------------------------------------------------------------------------

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import redis
 import typer
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -44,6 +45,8 @@ Level = Literal["OK", "WARN", "ERROR"]
 _STYLE: dict[Level, str] = {"OK": "bold green", "WARN": "bold yellow", "ERROR": "bold red"}
 _MIN_VERSION = (7, 0)
 _MEMORY_WARN = 0.9
+_CLUSTER_WIDE = "cluster"  # the node column of findings about a whole cluster
+_CLUSTER_SLOTS = 16384
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ def doctor(
 ) -> None:
     """Check that a server is fit for Fairlane: version, eviction policy, persistence, Functions.
 
+    On a Redis Cluster every primary is checked, and every slot must be assigned.
     Exits 1 when any check is an ERROR (e.g. an eviction policy that may delete jobs).
     """
     app = load_app(app_spec, redis_url) if app_spec else None
@@ -81,29 +85,116 @@ def doctor(
             "set FAIRLANE_REDIS_URL, or start it with `fairlane server start`"
         )
     out.print(f"server {redact_url(target.url)} [dim](from {escape(target.source)})[/]")
-    client = create_sync_client(target.url, socket_connect_timeout=5.0, socket_timeout=5.0)
+    client: SyncClient | None = None
     try:
-        findings = _diagnose(client)
+        client = create_sync_client(target.url, socket_connect_timeout=5.0, socket_timeout=5.0)
+        wide: str | None = None  # where findings about the whole deployment are shown
+        if isinstance(client, redis.RedisCluster):
+            rows = _diagnose_cluster(client)
+            wide = _CLUSTER_WIDE
+        else:
+            rows = [(None, finding) for finding in _diagnose(client)]
         if app is not None:
-            findings.append(_workers_finding(client, app.name, settings.lease.duration))
-    except RedisError as exc:
+            finding = _workers_finding(client, app.name, settings.lease.duration, app.shards)
+            rows.append((wide, finding))
+    except (RedisError, RedisClusterException) as exc:
         fail(f"the server at {redact_url(target.url)} is unreachable: {exc}")
     finally:
-        client.close()
+        if client is not None:
+            client.close()
+    per_node = any(node is not None for node, _ in rows)
+    out.print(_findings_table(rows, per_node=per_node))
+    errors = [(node, f) for node, f in rows if f.level == "ERROR"]
+    warnings = sum(1 for _, f in rows if f.level == "WARN")
+    if errors:
+        if not per_node:
+            fail(f"{len(errors)} problem(s) make this server unsafe for Fairlane")
+        nodes = ", ".join(dict.fromkeys(node or _CLUSTER_WIDE for node, _ in errors))
+        fail(f"{len(errors)} problem(s) make this cluster unsafe for Fairlane (on {nodes})")
+    out.print(f"[green]ready[/] ({warnings} warning(s))" if warnings else "[green]ready[/]")
+
+
+def _findings_table(rows: list[tuple[str | None, Finding]], *, per_node: bool) -> Table:
+    """One row per finding; on a cluster, grouped by check with the node of each, the
+    check named on its first row only so that each check stays one line to search for."""
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(width=5)
     table.add_column(style="bold")
+    if per_node:
+        table.add_column(style="cyan", no_wrap=True)
     table.add_column(overflow="fold")
-    for finding in findings:
-        table.add_row(
-            Text(finding.level, style=_STYLE[finding.level]), finding.check, escape(finding.detail)
+    groups: dict[str, list[tuple[str | None, Finding]]] = {}
+    for node, finding in rows:
+        groups.setdefault(finding.check, []).append((node, finding))
+    for check, members in groups.items():
+        for i, (node, finding) in enumerate(members):
+            cells: list[Text | str] = [
+                Text(finding.level, style=_STYLE[finding.level]),
+                check if i == 0 else "",
+            ]
+            if per_node:
+                cells.append(Text(node or ""))
+            cells.append(escape(finding.detail))
+            table.add_row(*cells)
+    return table
+
+
+def _node_name(node: Any) -> str:
+    host, port = str(node.host), int(node.port)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _diagnose_cluster(client: redis.RedisCluster) -> list[tuple[str | None, Finding]]:
+    """Every primary checked as a server of its own (each holds jobs of the apps whose
+    slots it serves), then whether every slot is served. A primary that does not answer
+    is an ERROR of its own rather than the end of the report."""
+    rows: list[tuple[str | None, Finding]] = []
+    states: dict[str, dict[str, str]] = {}
+    get_primaries: Any = client.get_primaries  # unannotated in redis-py
+    primaries: list[Any] = get_primaries()
+    for node in sorted(primaries, key=lambda n: (str(n.host), int(n.port))):
+        name = _node_name(node)
+        # the cluster client's own client of the node: the URL's login, TLS and timeouts
+        direct: redis.Redis = client.get_redis_connection(node)
+        try:
+            findings = _diagnose(direct)
+            states[name] = _cluster_info(direct)
+        except RedisError as exc:
+            findings = [Finding("ERROR", "ping", f"unreachable: {exc}")]
+        rows.extend((name, finding) for finding in findings)
+    rows.insert(0, (_CLUSTER_WIDE, _slots_finding(states, len(primaries))))
+    return rows
+
+
+def _cluster_info(client: redis.Redis) -> dict[str, str]:
+    run: Any = client.execute_command
+    reply: Any = run("CLUSTER", "INFO")
+    if isinstance(reply, dict):
+        return {str(k): str(v) for k, v in reply.items()}
+    text = reply.decode() if isinstance(reply, bytes) else str(reply)
+    return dict(line.strip().split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def _slots_finding(states: dict[str, dict[str, str]], primaries: int) -> Finding:
+    if not states:
+        return Finding("ERROR", "slots", "no primary answered CLUSTER INFO")
+    faults = []
+    for name, info in states.items():
+        state = info.get("cluster_state", "?")
+        assigned = info.get("cluster_slots_assigned", "?")
+        if state != "ok" or assigned != str(_CLUSTER_SLOTS):
+            faults.append(f"{name} reports cluster_state {state}, {assigned} slots assigned")
+    if faults:
+        return Finding(
+            "ERROR",
+            "slots",
+            "; ".join(faults) + ": jobs in uncovered slots cannot be enqueued or fetched",
         )
-    out.print(table)
-    errors = sum(1 for f in findings if f.level == "ERROR")
-    warnings = sum(1 for f in findings if f.level == "WARN")
-    if errors:
-        fail(f"{errors} problem(s) make this server unsafe for Fairlane")
-    out.print(f"[green]ready[/] ({warnings} warning(s))" if warnings else "[green]ready[/]")
+    return Finding(
+        "OK",
+        "slots",
+        f"all {_CLUSTER_SLOTS} slots assigned, cluster_state ok ({primaries} primaries)",
+    )
 
 
 def _diagnose(client: SyncClient) -> list[Finding]:
@@ -233,8 +324,8 @@ def _pairs(flat: list[Any]) -> dict[Any, Any]:
     return dict(zip(flat[::2], flat[1::2], strict=False))
 
 
-def _workers_finding(client: SyncClient, app_name: str, max_age: float) -> Finding:
-    workers = live_workers(client, app_name, max_age)
+def _workers_finding(client: SyncClient, app_name: str, max_age: float, shards: int) -> Finding:
+    workers = live_workers(client, app_name, max_age, shards)
     if not workers:
         return Finding("WARN", "workers", f"no live worker of app {app_name!r}")
     return Finding("OK", "workers", f"{len(workers)} live worker(s) of app {app_name!r}")

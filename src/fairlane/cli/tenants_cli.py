@@ -42,7 +42,7 @@ def _keys(app: App) -> tuple[ApiKeys, AsyncClient]:
     if target.url is None:
         fail(f"no server to talk to: {target.source} is not running (give --redis-url)")
     client = create_client(target.url, socket_connect_timeout=5.0)
-    return ApiKeys(client, app.name), client
+    return ApiKeys(client, app.name, app.shards), client
 
 
 async def _with_keys(app: App, action: str, key_or_tenant: str) -> object:

@@ -369,7 +369,7 @@ def _check(app: App, health_port: int | None) -> None:
     max_age = app.settings.lease.duration
     client = create_sync_client(target.url, socket_connect_timeout=3.0, socket_timeout=3.0)
     try:
-        workers = live_workers(client, app.name, max_age)
+        workers = live_workers(client, app.name, max_age, app.shards)
     except RedisError as exc:
         fail(f"unhealthy: the server at {redact_url(target.url)} is unreachable: {exc}")
     finally:

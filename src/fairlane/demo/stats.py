@@ -15,6 +15,10 @@ still waiting when a run ends count with the wait so far, a lower bound (``censo
 
 **Share of capacity** is the slot-time a row's jobs held in their lane (each job's last
 attempt, each slice of a workflow) over the lane's slots times the time elapsed.
+
+An app split into scheduling shards is read in all of them: each job's record and run
+log in the shard its id names, and a lane's in-flight and waiting slots summed over
+the shards (its capacity is not: every shard counts all the workers' slots).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 
 from fairlane.admission import Admission
 from fairlane.demo.workload import Arrival
+from fairlane.store.keys import job_shard
 from fairlane.store.redis import LaneState, Store
 
 __all__ = [
@@ -228,6 +233,7 @@ class Tracker:
         self.start_ms: int | None = None
         self.now_ms: int = 0
         self.submitting = True
+        self._shards: tuple[Store, list[Store]] | None = None  # a home store, and all
 
     # -- the submitter's side ------------------------------------------------------------
 
@@ -260,24 +266,43 @@ class Tracker:
 
     # -- reading the store ---------------------------------------------------------------
 
-    async def poll(self, store: Store) -> None:
-        """Read unfinished jobs' records, the server's time, the lanes and the runs' logs."""
+    async def poll(self, stores: Store | Sequence[Store]) -> None:
+        """Read unfinished jobs' records, the server's time, the lanes and the runs' logs.
+
+        ``stores``: the app's, one per shard (``App.stores``); given one store of an app
+        of several shards, the others are reached through its connections."""
+        shards = self._all_shards(stores)
+        home, count = shards[0], len(shards)
         pending = [t for t in self.jobs if t.job_id is not None and t.status not in TERMINAL]
         # a cluster pipeline refuses TIME, which names no key: it is read on its own
-        self.now_ms = await store.server_time_ms()
-        async with store.client.pipeline(transaction=False) as pipe:
+        self.now_ms = await home.server_time_ms()
+        async with home.client.pipeline(transaction=False) as pipe:
             for t in pending:
-                pipe.hmget(store.keys.job(t.job_id or ""), list(_FIELDS))
+                job_id = t.job_id or ""
+                pipe.hmget(shards[job_shard(job_id, count)].keys.job(job_id), list(_FIELDS))
             replies = await pipe.execute()
         if self.start_ms is None:
             self.start_ms = self.now_ms
         for t, raw in zip(pending, replies, strict=True):
             _apply(t, raw)
         for lane in self.lane_slots:
-            self.lane_states[lane] = await store.lane_state(lane)
+            self.lane_states[lane] = _merged([await s.lane_state(lane) for s in shards])
         for t in self.jobs:
             if t.workflow and t.job_id is not None and not t.history_final:
-                await self._read_run(store, t)
+                await self._read_run(shards[job_shard(t.job_id, count)], t)
+
+    def _all_shards(self, stores: Store | Sequence[Store]) -> list[Store]:
+        if not isinstance(stores, Store):
+            return list(stores)
+        if stores.shards == 1:
+            return [stores]
+        if self._shards is None or self._shards[0] is not stores:
+            siblings = [
+                stores if i == stores.shard else stores.shard_store(i, stores.shards)
+                for i in range(stores.shards)
+            ]
+            self._shards = (stores, siblings)
+        return self._shards[1]
 
     async def _read_run(self, store: Store, t: Tracked) -> None:
         history = await store.runs.history(t.job_id or "")
@@ -437,6 +462,18 @@ class Tracker:
             busy_s=busy_ms / 1000,
             share=busy_ms / (slots * elapsed_ms),
         )
+
+
+def _merged(states: list[LaneState]) -> LaneState:
+    """A lane over the shards: their slots summed, the capacity each counts in full."""
+    if len(states) == 1:
+        return states[0]
+    in_flight: Counter[str] = Counter()
+    waiting: Counter[str] = Counter()
+    for state in states:
+        in_flight.update(state.in_flight)
+        waiting.update(state.waiting)
+    return LaneState(max(s.capacity for s in states), dict(in_flight), dict(waiting))
 
 
 def _int(raw: bytes | None) -> int | None:

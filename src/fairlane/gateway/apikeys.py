@@ -94,9 +94,10 @@ def check_tenant(tenant: str) -> str:
 class ApiKeys:
     """The API keys of one app, in its ``gw:keys`` hash."""
 
-    def __init__(self, client: AsyncClient, app_name: str) -> None:
+    def __init__(self, client: AsyncClient, app_name: str, shards: int = 1) -> None:
         self.client = client
-        self.hash = AppKeys.for_app(app_name).gateway_keys
+        # app-wide records live in the home shard (shard 0)
+        self.hash = AppKeys.for_shard(app_name, 0, shards).gateway_keys
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -57,7 +57,7 @@ def _admin_reads_only() -> JSONResponse:
 
 async def _owner(state: GatewayState, job_id: str) -> str | None:
     app = await state.connected()
-    (tenant,) = await app.store.job_fields(job_id, "tenant")
+    (tenant,) = await app.store_for_job(job_id).job_fields(job_id, "tenant")
     return None if tenant is None else tenant.decode()
 
 
@@ -135,7 +135,7 @@ async def read(job_id: JobId, who: Who, state: State) -> JobView | JSONResponse:
     if not who.may_read(await _owner(state, job_id)):
         return _not_found(job_id)
     app = state.app
-    (name,) = await app.store.job_fields(job_id, "task")
+    (name,) = await app.store_for_job(job_id).job_fields(job_id, "task")
     task = app.tasks.get(name.decode()) if name else None
     if task is None:
         return error(404, f"job {job_id!r} is of a task this gateway does not know", "not_found")
@@ -180,7 +180,7 @@ async def result(
     if not who.may_read(await _owner(state, job_id)):
         return _not_found(job_id)
     app = state.app
-    reply = await app.store.watch(job_id)
+    reply = await app.store_for_job(job_id).watch(job_id)
     status = reply[0].decode()
     if status == "missing":
         return _not_found(job_id)
@@ -190,7 +190,7 @@ async def result(
                 status, res, err = await app.wait_finished(job_id)
             reply = [status.encode(), res, err]
         except TimeoutError:
-            (st,) = await app.store.job_fields(job_id, "st")
+            (st,) = await app.store_for_job(job_id).job_fields(job_id, "st")
             status = st.decode() if st else status
         except JobNotFound:
             return _not_found(job_id)
@@ -224,7 +224,7 @@ async def cancel(job_id: JobId, who: Who, state: State) -> CancelReply | JSONRes
         return _admin_reads_only()
     if not who.owns(await _owner(state, job_id)):
         return _not_found(job_id)
-    status = await state.app.store.cancel(job_id)
+    status = await state.app.store_for_job(job_id).cancel(job_id)
     if status == "missing":
         return _not_found(job_id)
     return CancelReply(id=job_id, status=status)

@@ -146,6 +146,7 @@ class GatewayMetrics:
             lanes,
             timeout=self.config.store_timeout,
             max_age=self.config.store_max_age,
+            shards=app.shards,
         )
         self._store.collector = StoreCollector(self.reader)
 

@@ -35,7 +35,7 @@ async def signal(
     if who.admin:
         return error(403, "the admin key reads jobs; use a tenant's key to signal", "admin")
     app = await state.connected()
-    owner, task = await app.store.job_fields(run_id, "tenant", "task")
+    owner, task = await app.store_for_job(run_id).job_fields(run_id, "tenant", "task")
     is_run = task is not None and isinstance(app.tasks.get(task.decode()), Workflow)
     if not is_run or not who.owns(None if owner is None else owner.decode()):
         # a plain job, another tenant's run and no run at all look the same

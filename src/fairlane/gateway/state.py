@@ -35,7 +35,7 @@ class GatewayState:
     async def keys(self) -> ApiKeys:
         app = await self.connected()
         if self._keys is None or self._keys.client is not app.store.client:
-            self._keys = ApiKeys(app.store.client, app.name)
+            self._keys = ApiKeys(app.store.client, app.name, app.shards)
         return self._keys
 
     async def close(self) -> None:

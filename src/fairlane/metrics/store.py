@@ -13,6 +13,14 @@ the oldest-job ages take up to three more, and only for classes with jobs waitin
 Admission decisions are counted by the server itself, in the stats hash (fields
 ``adm:<outcome>:<reason>:<lane>:<class>``, written by the enqueue script), so every
 process that scrapes the store (workers, gateways) exports the same totals.
+
+An app split into scheduling shards (``App(shards=n)``) is read in every shard, in the
+same round trips, and exported as one app, with the same names and labels: counts of
+jobs and slots (in flight, waiting, deferred, delayed, admitted, reserved, the stats
+counters, the decisions, the throttle waiters) are summed over the shards, while a
+lane's capacity is not: every worker registers its whole size in every shard, so each
+shard's ``C`` is already the fleet's (the largest is taken, in case a shard has not
+heard from a new worker yet). The oldest waiting age is the largest of the shards'.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
+from fairlane.policy.shards import check_shard_count
 from fairlane.store.connection import SyncClient, create_sync_client, sync_server_time_ms
 from fairlane.store.keys import AppKeys
 
@@ -71,6 +80,9 @@ class StoreSnapshot:
     oldest_age: dict[tuple[str, str], float] = field(default_factory=dict)  # seconds
 
 
+#: (shard, lane, class) of a class's queues in one shard
+_Where = tuple[int, str, str]
+
 #: Prefix of the stats-hash fields counting admission decisions (admission.lua).
 DECISION_PREFIX = "adm:"
 
@@ -108,6 +120,43 @@ def _classes(fields: dict[str, str], prefix: str) -> dict[str, int]:
     return out
 
 
+def _lane_snapshot(raw: dict[Any, Any], delayed: int) -> LaneSnapshot:
+    fields = {_text(k): _text(v) for k, v in raw.items()}
+    return LaneSnapshot(
+        capacity=max(0, int(fields.get("C", 0) or 0)),
+        in_flight=_classes(fields, "f:"),
+        waiting=_classes(fields, "d:"),
+        deferred=_classes(fields, "ad:"),
+        reserved_mu=_classes(fields, "ar:"),
+        admitted=_classes(fields, "an:"),
+        delayed=int(delayed),
+    )
+
+
+def _summed(parts: Iterable[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for part in parts:
+        for cls, n in part.items():
+            out[cls] = out.get(cls, 0) + n
+    return out
+
+
+def _merge(shards: list[LaneSnapshot]) -> LaneSnapshot:
+    """One lane as the shards hold it together: their jobs and slots summed, the
+    capacity not, as each shard counts the whole fleet's."""
+    if len(shards) == 1:
+        return shards[0]
+    return LaneSnapshot(
+        capacity=max(s.capacity for s in shards),
+        in_flight=_summed(s.in_flight for s in shards),
+        waiting=_summed(s.waiting for s in shards),
+        deferred=_summed(s.deferred for s in shards),
+        reserved_mu=_summed(s.reserved_mu for s in shards),
+        admitted=_summed(s.admitted for s in shards),
+        delayed=sum(s.delayed for s in shards),
+    )
+
+
 class StoreReader:
     """Reads a ``StoreSnapshot`` of an app's lanes; thread-safe, cached, bounded in time.
 
@@ -127,6 +176,10 @@ class StoreReader:
     its tenant runs next (highest priority, then first in); a job's age counts from when
     it became eligible to run (its ``run`` time: after any delay or retry backoff; time
     spent deferred by admission counts as waiting), on the server's clock.
+
+    With ``shards`` above one, every shard is read in the same round trips (a class is
+    looked at in each shard where it has jobs waiting, so the bound above holds per
+    shard), and the oldest-age read adds one ``TIME`` per shard that has a queue head.
     """
 
     def __init__(
@@ -138,10 +191,14 @@ class StoreReader:
         timeout: float = 1.0,
         max_age: float = 2.0,
         oldest_tenants: int = 64,
+        shards: int = 1,
     ) -> None:
         if oldest_tenants < 1:
             raise ValueError(f"oldest_tenants must be >= 1, got {oldest_tenants}")
-        self.keys = AppKeys.for_app(app)
+        check_shard_count(shards)
+        #: the keys of each scheduling shard, in shard order
+        self.shard_keys = [AppKeys.for_shard(app, i, shards) for i in range(shards)]
+        self.keys = self.shard_keys[0]
         self.lanes = list(dict.fromkeys(lanes))
         self.max_age = max_age
         self.oldest_tenants = oldest_tenants
@@ -169,73 +226,89 @@ class StoreReader:
 
     def _read(self) -> StoreSnapshot:
         pipe = self._client.pipeline(transaction=False)
-        for lane in self.lanes:
-            keys = self.keys.lane(lane)
-            pipe.hgetall(keys.state)
-            pipe.zcard(keys.delayed)
-        pipe.hgetall(self.keys.stats)
-        pipe.zcard(self.keys.throttle_waiters)
+        for keys in self.shard_keys:
+            for lane in self.lanes:
+                pipe.hgetall(keys.lane(lane).state)
+                pipe.zcard(keys.lane(lane).delayed)
+            pipe.hgetall(keys.stats)
+            pipe.zcard(keys.throttle_waiters)
         reply: list[Any] = pipe.execute()
-        lanes: dict[str, LaneSnapshot] = {}
-        for i, lane in enumerate(self.lanes):
-            raw, delayed = reply[2 * i], reply[2 * i + 1]
-            fields = {_text(k): _text(v) for k, v in raw.items()}
-            lanes[lane] = LaneSnapshot(
-                capacity=max(0, int(fields.get("C", 0) or 0)),
-                in_flight=_classes(fields, "f:"),
-                waiting=_classes(fields, "d:"),
-                deferred=_classes(fields, "ad:"),
-                reserved_mu=_classes(fields, "ar:"),
-                admitted=_classes(fields, "an:"),
-                delayed=int(delayed),
+        per_shard: list[dict[str, LaneSnapshot]] = []
+        raw_stats: dict[str, int] = {}
+        waiters = 0
+        width = 2 * len(self.lanes) + 2  # replies per shard
+        for n in range(len(self.shard_keys)):
+            part = reply[n * width : (n + 1) * width]
+            per_shard.append(
+                {
+                    lane: _lane_snapshot(part[2 * i], part[2 * i + 1])
+                    for i, lane in enumerate(self.lanes)
+                }
             )
-        stats_raw, waiters = reply[-2], reply[-1]
-        stats, decisions = _split_stats({_text(k): int(v) for k, v in stats_raw.items()})
-        oldest = self._oldest_ages(lanes)
-        return StoreSnapshot(lanes, stats, int(waiters), decisions=decisions, oldest_age=oldest)
+            for k, v in part[-2].items():
+                name = _text(k)
+                raw_stats[name] = raw_stats.get(name, 0) + int(v)
+            waiters += int(part[-1])
+        stats, decisions = _split_stats(raw_stats)
+        oldest = self._oldest_ages(per_shard)
+        lanes = {lane: _merge([shard[lane] for shard in per_shard]) for lane in self.lanes}
+        return StoreSnapshot(lanes, stats, waiters, decisions=decisions, oldest_age=oldest)
 
-    def _oldest_ages(self, lanes: dict[str, LaneSnapshot]) -> dict[tuple[str, str], float]:
-        """Seconds the oldest queue head of each lane's class has waited (0: none waits)."""
+    def _oldest_ages(
+        self, per_shard: list[dict[str, LaneSnapshot]]
+    ) -> dict[tuple[str, str], float]:
+        """Seconds the oldest queue head of each lane's class has waited, in any shard
+        (0: none waits)."""
         ages: dict[tuple[str, str], float] = {}
-        busy: list[tuple[str, str]] = []
-        for lane, state in lanes.items():
-            for cls, n in state.waiting.items():
-                ages[(lane, cls)] = 0.0
-                if n > 0:
-                    busy.append((lane, cls))
-        if not busy:
-            return ages
-        keys = self.keys
-        pipe = self._client.pipeline(transaction=False)
-        for lane, cls in busy:
-            pipe.zrange(keys.class_key(lane, cls, "fair"), -self.oldest_tenants, -1)
-            pipe.zrange(keys.class_key(lane, cls, "granted"), 0, 0)
-        reply: list[Any] = pipe.execute()
-        heads: list[tuple[tuple[str, str], str]] = []  # (lane, class), granted job id
-        pipe = self._client.pipeline(transaction=False)
-        queued: list[tuple[str, str]] = []
-        for i, (lane, cls) in enumerate(busy):
-            for tenant in reply[2 * i]:
-                pipe.zrange(keys.tenant_queue(lane, cls, _text(tenant)), 0, 0)
-                queued.append((lane, cls))
-            heads.extend(((lane, cls), _text(job)) for job in reply[2 * i + 1])
-        for where, got in zip(queued, pipe.execute(), strict=True):
-            heads.extend((where, _text(job)) for job in got)
+        busy: list[_Where] = []
+        for shard, lanes in enumerate(per_shard):
+            for lane, state in lanes.items():
+                for cls, n in state.waiting.items():
+                    ages.setdefault((lane, cls), 0.0)
+                    if n > 0:
+                        busy.append((shard, lane, cls))
+        heads = self._queue_heads(busy) if busy else []
         if not heads:
             return ages
         pipe = self._client.pipeline(transaction=False)
-        for _, job in heads:
-            pipe.hmget(keys.job(job), "run", "enq")
-        reply = pipe.execute()
-        # a cluster pipeline refuses TIME, which names no key: it is read on its own
-        now_ms = sync_server_time_ms(self._client, keys.stats)
-        for (where, _), (run, enq) in zip(heads, reply, strict=True):
+        for (shard, _, _), job in heads:
+            pipe.hmget(self.shard_keys[shard].job(job), "run", "enq")
+        reply: list[Any] = pipe.execute()
+        # a cluster pipeline refuses TIME, which names no key: it is read on its own, from
+        # each shard's node, whose clock that shard's scripts wrote the times with
+        now_ms = {
+            shard: sync_server_time_ms(self._client, self.shard_keys[shard].stats)
+            for shard in sorted({where[0] for where, _ in heads})
+        }
+        for ((shard, lane, cls), _), (run, enq) in zip(heads, reply, strict=True):
             since = run if run is not None else enq
             if since is None:
                 continue  # the record went away between the reads
-            age = max(0.0, (now_ms - int(since)) / 1000)
-            ages[where] = max(ages[where], age)
+            age = max(0.0, (now_ms[shard] - int(since)) / 1000)
+            ages[(lane, cls)] = max(ages[(lane, cls)], age)
         return ages
+
+    def _queue_heads(self, busy: list[_Where]) -> list[tuple[_Where, str]]:
+        """The jobs at the heads of the queues of classes with jobs waiting: the granted
+        set's, and those of up to ``oldest_tenants`` tenants' queues."""
+        pipe = self._client.pipeline(transaction=False)
+        for shard, lane, cls in busy:
+            keys = self.shard_keys[shard]
+            pipe.zrange(keys.class_key(lane, cls, "fair"), -self.oldest_tenants, -1)
+            pipe.zrange(keys.class_key(lane, cls, "granted"), 0, 0)
+        reply: list[Any] = pipe.execute()
+        heads: list[tuple[_Where, str]] = []
+        pipe = self._client.pipeline(transaction=False)
+        queued: list[_Where] = []
+        for i, where in enumerate(busy):
+            shard, lane, cls = where
+            for tenant in reply[2 * i]:
+                pipe.zrange(self.shard_keys[shard].tenant_queue(lane, cls, _text(tenant)), 0, 0)
+                queued.append(where)
+            heads.extend((where, _text(job)) for job in reply[2 * i + 1])
+        for where, got in zip(queued, pipe.execute(), strict=True):
+            heads.extend((where, _text(job)) for job in got)
+        return heads
 
     def close(self) -> None:
         self._client.close()

@@ -180,7 +180,7 @@ class Runner:
             return await run_slice(
                 task,
                 job,
-                store=self.app.store,
+                store=self.app.store_for_job(job.id),
                 worker=self.worker_id,
                 process_pool=self.process_pool,
             )
@@ -244,7 +244,7 @@ class Runner:
         payloads = self.app.payloads
         assert payloads is not None
         try:
-            return await payloads.offload_result(self.app.store, job.id, payload)
+            return await payloads.offload_result(self.app.store_for_job(job.id), job.id, payload)
         except PayloadTooLarge as exc:
             raise _Failure(encode_error(exc), retryable=False) from None
         except Exception as exc:  # the store or the index failed: perhaps passing

@@ -1,10 +1,12 @@
 """The worker: slots, the fetch loop, and settling finished attempts in batches.
 
-One worker process serves the lanes it was started with. Its ``concurrency`` is its
-number of slots: a running job occupies ``job.slots`` of them (one unless it asked for
-more), and the worker leases only what fits in its free slots. The same number is the
-worker's contribution to each lane's capacity, which the server's class policy shares
-out. The hot path costs one server call per batch:
+One worker process serves the lanes it was started with, in every scheduling shard
+of its app (one ``ShardLoop`` each, ``runtime/shardloop.py``, sharing the slots).
+Its ``concurrency`` is its number of slots: a running job occupies ``job.slots`` of
+them (one unless it asked for more), and the worker leases only what fits in its
+free slots. The same number is the worker's contribution to each lane's capacity,
+which the server's class policy shares out. The hot path costs one server call per
+batch:
 ``exchange`` settles the attempts that finished since the last call and leases the
 next batch of jobs in one atomic step. When there is no work the worker blocks on
 the server (BLPOP on its lanes' wake lists) instead of polling; the enqueue script
@@ -49,12 +51,11 @@ from fairlane.metrics import (
     StoreReader,
     WorkerMetrics,
 )
-from fairlane.payloads.sweep import payload_sweep_loop
 from fairlane.policy.backpressure import Decision
 from fairlane.runtime.cron import cron_loop
 from fairlane.runtime.executors import ProcessExecutor, ThreadExecutor
 from fairlane.runtime.health import HealthServer, LoopMonitor
-from fairlane.runtime.lease import renew_loop, sweep_loop, wait_or_stop
+from fairlane.runtime.lease import wait_or_stop
 from fairlane.runtime.outage import Outage
 from fairlane.runtime.pressure import (
     PressureCollector,
@@ -65,14 +66,16 @@ from fairlane.runtime.pressure import (
     describe_limit,
 )
 from fairlane.runtime.runner import CancelReason, Runner
+from fairlane.runtime.shardloop import ShardLoop
 from fairlane.store.redis import FetchedJob, Outcome, StoreUnavailable
 
 if TYPE_CHECKING:
     from fairlane.app import App
 
-__all__ = ["Worker", "WorkerStats"]
+__all__ = ["Running", "Worker", "WorkerStats"]
 
 log = logging.getLogger("fairlane.worker")
+_BURST_RECHECK = 0.05  # seconds an empty shard's loop waits for the others in burst mode
 _UNREADABLE = encode_error(
     ValueError("the job was handed to the worker in a form it cannot read; it was not executed"),
     type_name="MalformedJob",
@@ -93,9 +96,12 @@ class WorkerStats:
 
 
 @dataclass(slots=True)
-class _Running:
+class Running:
+    """A job running on this worker, and the shard it was leased from."""
+
     job: FetchedJob
     task: asyncio.Task[None]
+    shard: ShardLoop
 
 
 class Worker:
@@ -136,58 +142,53 @@ class Worker:
         self.metrics_server: MetricsServer | None = None
         self._metrics: WorkerMetrics | None = None
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
-        self._running: dict[str, _Running] = {}
+        self.running: dict[str, Running] = {}
         # slots held by running jobs; above `concurrency` only briefly, after inbox hand-offs
         self._used = 0
-        self._outcomes: list[Outcome] = []
+        #: slots asked for by an exchange still under way (``ShardLoop``)
+        self.reserved = 0
+        #: the shards' fetch loops take turns at the worker's slots, in order of arrival
+        self.fetch_turn = asyncio.Lock()
         self._cancel_reasons: dict[str, str] = {}
-        self._stopping = asyncio.Event()
-        self._closed = asyncio.Event()
-        self._slot_freed = asyncio.Event()
-        self._flush_needed = asyncio.Event()
-        self._idle_waiter: asyncio.Future[FetchedJob | bool] | None = None
-        # True while the fetch loop will call `exchange` soon, which carries outcomes
-        # along; only an idle fetch loop leaves settling to the ack loop.
-        self._carrier_active = True
+        self.stopping = asyncio.Event()
+        self.closed = asyncio.Event()
+        self.slot_freed = asyncio.Event()
         self._fetched = self._settled = self._fenced = 0
-        self._fetch_calls = self._ack_calls = 0
+        self.fetch_calls = self.ack_calls = 0
         # resource backpressure (``runtime/pressure.py``): None when turned off
         self.pressure = _pressure_gauge(
             concurrency, pressure or PressureConfig.from_settings(settings.worker.pressure), sensors
         )
-        # set by an exchange that registered us idle (enqueues may hand us jobs until
-        # the next exchange); a worker that starts holding back leaves the idle set first
-        self._maybe_idle = False
         self._held_back = False  # as last logged
-        # While the store is unreachable: one warning per outage, jittered backoff.
-        self._fetch_outage = Outage(f"worker {self.id}: fetching", log)
-        self._ack_outage = Outage(f"worker {self.id}: settling", log)
-        # Every lease this worker holds ends by this time (monotonic) unless a renewal
-        # or a fetch succeeds again: the time the last successful one was sent, plus
-        # the lease length. Outcomes still unsent past it are dropped, as fenced.
-        self._leases_end = time.monotonic() + self.lease.duration
+        self._declare_outage = Outage(f"worker {self.id}: declaring", log)
         self._stop_at: float | None = None
+        self._shards: list[ShardLoop] = []
+        # burst mode ends once every shard's loop has found its shard empty at once
+        self._burst_empty: set[ShardLoop] = set()
+        self._burst_over = asyncio.Event()
+        #: the error a leased job gets when its row cannot be read
+        self.unreadable = _UNREADABLE
 
     # -- control ---------------------------------------------------------------------
 
     def stop(self) -> None:
         """Ask the worker to stop: it stops fetching and drains gracefully."""
-        if not self._stopping.is_set():
+        if not self.stopping.is_set():
             log.info("worker %s stopping (grace %.1fs)", self.id, self.grace)
             self._stop_at = time.monotonic()
-        self._stopping.set()
-        self._slot_freed.set()  # a worker holding back under pressure waits on it
-        if self._idle_waiter is not None:
-            self._idle_waiter.cancel()
+        self.stopping.set()
+        self.slot_freed.set()  # a worker holding back under pressure waits on it
+        for shard in self._shards:
+            shard.cancel_idle_wait()
 
     def statistics(self) -> WorkerStats:
         return WorkerStats(
-            running=len(self._running),
+            running=len(self.running),
             fetched=self._fetched,
             settled=self._settled,
             fenced=self._fenced,
-            fetch_calls=self._fetch_calls,
-            ack_calls=self._ack_calls,
+            fetch_calls=self.fetch_calls,
+            ack_calls=self.ack_calls,
             slots_in_use=self._used,
         )
 
@@ -198,11 +199,12 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop)
         log.info(
-            "worker %s serving lanes %s of app %s (concurrency %d slots)",
+            "worker %s serving lanes %s of app %s (concurrency %d slots%s)",
             self.id,
             ",".join(self.lanes),
             self.app.name,
             self.concurrency,
+            f", {self.app.shards} shards" if self.app.shards > 1 else "",
         )
         if self.pressure is not None:
             limit = describe_limit(self.pressure.sensors)
@@ -242,7 +244,7 @@ class Worker:
     async def _serve(self, runner: Runner) -> None:
         self._runner = runner
         monitor = LoopMonitor(self.app.settings.worker.loop_block_threshold)
-        store = self.app.store
+        self._shards = [ShardLoop(self, store) for store in self.app.stores]
         # tasks and lanes declared after the app connected are recorded too, so that
         # sweeps trim every task's records by age and dispatch uses every lane's classes
         self.app.check_lanes()
@@ -259,44 +261,30 @@ class Worker:
             if self.metrics_port is not None:
                 self._start_metrics(stack, self.metrics_port)
             async with asyncio.TaskGroup() as services:
-                services.create_task(monitor.run(self._closed))
+                services.create_task(monitor.run(self.closed))
+                for shard in self._shards:
+                    shard.start_services(services)
                 services.create_task(
-                    renew_loop(
-                        store=store,
-                        worker_id=self.id,
-                        lease=self.lease,
-                        held=self._held,
-                        on_lost=self._lost,
-                        on_cancel=self._cancel_requested,
-                        stop=self._closed,
-                        on_renewed=self._renewed,
-                    )
+                    cron_loop(self.app.crons, self.stopping, self.app.store.server_time_ms)
                 )
-                services.create_task(sweep_loop(store, self.lease, self._closed))
-                if self.app.payloads is not None:  # removes payloads whose records are gone
-                    services.create_task(
-                        payload_sweep_loop(
-                            store, self.app.payloads, self.lease.sweep_interval, self._closed
-                        )
-                    )
-                services.create_task(
-                    cron_loop(self.app.crons, self._stopping, store.server_time_ms)
-                )
-                services.create_task(self._ack_loop())
                 if self._metrics is not None:
                     services.create_task(self._sample_loop(self._metrics))
                 if self.pressure is not None:
                     services.create_task(self._pressure_loop(self.pressure))
                 async with asyncio.TaskGroup() as jobs:
-                    await self._fetch_loop(jobs)
+                    async with asyncio.TaskGroup() as fetching:
+                        for shard in self._shards:
+                            fetching.create_task(shard.fetch_loop(jobs))
+                    if self.burst and not self.stopping.is_set():
+                        log.info("worker %s: no work left (burst)", self.id)
+                        self.stopping.set()  # also ends the cron loop, which waits on it
                     await self._drain()
-                await self._flush(final=True)
-                self._closed.set()
-            # after the renewals have stopped, so no heartbeat follows the goodbye;
-            # skipped while the store is unreachable (what it would hand back is
-            # reclaimed when its lease expires)
-            if not self._ack_outage.down:
-                await self._leave()
+                for shard in self._shards:
+                    await shard.flush(final=True)
+                self.closed.set()
+            # after the renewals have stopped, so no heartbeat follows the goodbye
+            for shard in self._shards:
+                await shard.leave()
         log.info("worker %s stopped", self.id)
 
     # -- metrics ---------------------------------------------------------------------
@@ -311,6 +299,7 @@ class Worker:
             lanes,
             timeout=config.store_timeout,
             max_age=config.store_max_age,
+            shards=self.app.shards,
         )
         stack.callback(reader.close)
         metrics.registry.register(StoreCollector(reader))
@@ -324,24 +313,24 @@ class Worker:
 
     async def _sample_loop(self, metrics: WorkerMetrics) -> None:
         interval = self.metrics_config.sample_interval
-        while not self._closed.is_set():
-            metrics.sample(r.job for r in list(self._running.values()))
+        while not self.closed.is_set():
+            metrics.sample(r.job for r in list(self.running.values()))
             sent = time.time()
             with contextlib.suppress(StoreUnavailable):  # the offset stays as last read
                 server_ms = await self.app.store.server_time_ms()
                 metrics.sync_clock(server_ms, sent, time.time())
-            await wait_or_stop(self._closed, interval)
+            await wait_or_stop(self.closed, interval)
 
     # -- resource pressure -----------------------------------------------------------
 
     async def _pressure_loop(self, gauge: PressureGauge) -> None:
         """Sample the sensors; wake the fetch loop when room opens; log holding back."""
-        while not self._closed.is_set():
+        while not self.closed.is_set():
             room = gauge.room(self._used)
             self._note_pressure(gauge.sample(time.monotonic()))
             if gauge.room(self._used) > room:
-                self._slot_freed.set()
-            await wait_or_stop(self._closed, gauge.interval)
+                self.slot_freed.set()
+            await wait_or_stop(self.closed, gauge.interval)
 
     def _note_pressure(self, decision: Decision) -> None:
         """Log once when the worker starts holding back entirely, and once when it stops."""
@@ -367,183 +356,55 @@ class Worker:
         assert self.pressure is not None
         return {"pressure": self.pressure.snapshot()}
 
-    async def _hold(self) -> None:
-        """Lease nothing while pressure leaves no room; running jobs go on and settle."""
-        assert self.pressure is not None
-        self._carrier_active = False
-        try:
-            if self._maybe_idle:
-                # still in the idle set from before: leave it, so enqueues stop handing
-                # us jobs, and hand back (unstarted, not counted) any handed meanwhile
-                outcomes, self._outcomes = self._outcomes, []
-                try:
-                    fetched = await self.app.store.exchange(
-                        self.id,
-                        self.lanes,
-                        0,
-                        round(self.lease.duration * 1000),
-                        outcomes,
-                        slots=self.concurrency,
-                    )
-                except StoreUnavailable as exc:
-                    self._outcomes[:0] = outcomes
-                    log.debug("leaving the idle set failed (%s); retrying", exc)
-                else:
-                    self._maybe_idle = False
-                    self._fetch_calls += 1
-                    self._count_settled(outcomes, fetched.ack_codes)
-                    self._hand_back(fetched.jobs)
-            if self._outcomes:
-                self._flush_needed.set()
-            self._slot_freed.clear()
-            await wait_or_stop(self._slot_freed, self.pressure.interval)
-        finally:
-            self._carrier_active = True
+    # -- slots -----------------------------------------------------------------------
 
-    def _hand_back(self, jobs: Sequence[FetchedJob]) -> None:
-        if jobs:
-            self._outcomes.extend(Outcome(j.id, j.token, "release") for j in jobs)
-            self._flush_needed.set()
+    def free_slots(self) -> int:
+        return self.concurrency - self._used - self.reserved
 
-    # -- fetching --------------------------------------------------------------------
+    def room(self) -> int:
+        """Slots the next fetch may fill: the free ones, fewer under resource pressure."""
+        taken = self._used + self.reserved
+        return self.concurrency - taken if self.pressure is None else self.pressure.room(taken)
 
-    async def _fetch_loop(self, jobs: asyncio.TaskGroup) -> None:
-        lease_ms = round(self.lease.duration * 1000)
-        # Capped budgets (below) keep the worker and the server busy side by side, but a
-        # job wider than the cap would never be leased: the first call, and the first
-        # after each idle wait, ask for every free slot.
-        widen = True
-        while not self._stopping.is_set():
-            free = self.concurrency - self._used
-            room = free if self.pressure is None else self.pressure.room(self._used)
-            if room <= 0:
-                await self._wait_for_room(free)
-                continue
-            outcomes, self._outcomes = self._outcomes, []
-            want = room if widen else self._budget(room)
-            sent = time.monotonic()
-            try:
-                fetched = await self.app.store.exchange(
-                    self.id,
-                    self.lanes,
-                    want,
-                    lease_ms,
-                    outcomes,
-                    idle_ms=self._idle_ms(),
-                    slots=self.concurrency,
-                )
-            except StoreUnavailable as exc:
-                self._outcomes[:0] = outcomes
-                self._drop_expired_outcomes()
-                await wait_or_stop(self._stopping, self._fetch_outage.failed(exc))
-                continue
-            if self._fetch_outage.down:
-                self._fetch_outage.recovered()
-                await self._redeclare()
-            if outcomes and self._ack_outage.down:
-                self._ack_outage.recovered()  # settled here, carried by the exchange
-            if fetched.jobs:
-                self._renewed(sent)
-            widen = False
-            self._maybe_idle = not fetched.jobs and self._idle_ms() > 0
-            self._fetch_calls += 1
-            self._count_settled(outcomes, fetched.ack_codes)
-            self._start(jobs, fetched.jobs)
-            if fetched.malformed:
-                self._set_aside(fetched.malformed)
-            if self._metrics is not None:
-                self._metrics.started(fetched.jobs)
-            if fetched.jobs:
-                continue
-            if self.burst and not self._running and not self._outcomes:
-                if want < room:  # an empty reply to a capped ask says nothing of wider jobs
-                    widen = True
-                    continue
-                log.info("worker %s: no work left (burst)", self.id)
-                self._stopping.set()  # also ends the cron loop, which waits on it
-                return
-            handed = await self._idle_wait(fetched.next_due_ms)
-            widen = True
-            if handed is not None:
-                self._take_handed(jobs, handed)
-        self._carrier_active = False
-        self._flush_needed.set()
-
-    async def _wait_for_room(self, free: int) -> None:
-        if free > 0:  # resource pressure leaves no room for now
-            await self._hold()
-            return
-        # no free slot (below 0 after a hand-off wider than what was free)
-        self._slot_freed.clear()
-        await self._slot_freed.wait()
-
-    def _take_handed(self, jobs: asyncio.TaskGroup, handed: FetchedJob) -> None:
-        """Start a job an enqueue handed to us while idle, unless we now hold back."""
-        if self.pressure is not None and self.pressure.holding:
-            self._hand_back([handed])
-            return
-        self._start(jobs, [handed])
-        if self._metrics is not None:
-            self._metrics.started([handed])
-
-    def _budget(self, free: int) -> int:
+    def budget(self, free: int) -> int:
         """How many slots to lease in the next call of a busy worker."""
         # Leasing at most half the slots per call keeps one batch running while the
         # server prepares the next, so the worker and the server work side by side.
         return min(free, self.batch, max(1, self.concurrency // 2))
 
-    def _start(self, jobs: asyncio.TaskGroup, fetched: Sequence[FetchedJob]) -> None:
+    def start(
+        self, jobs: asyncio.TaskGroup, shard: ShardLoop, fetched: Sequence[FetchedJob]
+    ) -> None:
         for job in fetched:
-            self._running[job.id] = _Running(job, jobs.create_task(self._run_job(job)))
+            task = jobs.create_task(self._run_job(job, shard))
+            self.running[job.id] = Running(job, task, shard)
             self._used += job.slots
+            shard.running += 1
         self._fetched += len(fetched)
+        if self._metrics is not None and fetched:
+            self._metrics.started(fetched)
 
-    def _set_aside(self, rows: Sequence[tuple[str, str]]) -> None:
-        """Dead-letter leased jobs whose rows this worker cannot read, without running them."""
-        log.error("dead-lettering %d job(s) this worker cannot read: %s", len(rows), rows[:5])
-        self._outcomes.extend(Outcome(job_id, token, "dead", _UNREADABLE) for job_id, token in rows)
+    async def burst_drained(self, shard: ShardLoop) -> bool:
+        """In burst mode, ``shard`` found nothing to do: True once every shard has (the
+        worker is done), else after a short wait, so that the loop looks again -- work
+        may still come to an empty shard from the others' retries or workflows."""
+        self._burst_empty.add(shard)
+        if len(self._burst_empty) == len(self._shards):
+            self._burst_over.set()
+        over = await wait_or_stop(self._burst_over, _BURST_RECHECK)
+        self._burst_empty.discard(shard)
+        return over
 
-    def _idle_ms(self) -> int:
+    def idle_ms(self) -> int:
         """How long to stay registered idle if given nothing (0: do not register)."""
-        if self.burst or self._stopping.is_set():
+        if self.burst or self.stopping.is_set():
             return 0
         # outlives the longest block, so a registered worker is always listening
         return round((self.idle_block + 1.0) * 1000)
 
-    async def _idle_wait(self, next_due_ms: int | None) -> FetchedJob | None:
-        """Block until work arrives; returns a job an enqueue handed straight to us."""
-        timeout = (
-            self.idle_block if next_due_ms is None else min(self.idle_block, next_due_ms / 1000)
-        )
-        if timeout <= 0 or self._stopping.is_set():
-            return None
-        self._carrier_active = False
-        if self._outcomes:
-            self._flush_needed.set()
-        waiter = asyncio.ensure_future(
-            self.app.store.wait_for_work(self.lanes, timeout, self.id if self._idle_ms() else None)
-        )
-        # `stop()` cancels this wait directly: one future to wake on, not a race of two
-        self._idle_waiter = waiter
-        try:
-            woken = await waiter
-        except asyncio.CancelledError:
-            if not (self._stopping.is_set() and waiter.cancelled()):
-                raise
-            # A job handed over is leased to us; if the wait was cut short after the
-            # server sent it, its lease expires and it is reclaimed -- never lost.
-            return None
-        except StoreUnavailable as exc:
-            await wait_or_stop(self._stopping, self._fetch_outage.failed(exc))
-            return None
-        finally:
-            self._idle_waiter = None
-            self._carrier_active = True
-        return woken if isinstance(woken, FetchedJob) else None
-
     # -- running ---------------------------------------------------------------------
 
-    async def _run_job(self, job: FetchedJob) -> None:
+    async def _run_job(self, job: FetchedJob, shard: ShardLoop) -> None:
         outcome: Outcome | None = None
         timer = None
         if self._runner.uses_timer(job):
@@ -567,16 +428,15 @@ class Worker:
             # each attempt gives back what it took, even if a newer lease of the same job
             # (lost, then leased to us again) has taken its entry meanwhile
             self._used -= job.slots
-            running = self._running.get(job.id)
+            shard.running -= 1
+            running = self.running.get(job.id)
             if running is not None and running.job is job:
-                del self._running[job.id]
-            self._slot_freed.set()
+                del self.running[job.id]
+            self.slot_freed.set()
         if self._metrics is not None:
             self._metrics.finished(job, outcome, time.monotonic() - began)
         if outcome is not None:
-            self._outcomes.append(outcome)
-            if not self._carrier_active:
-                self._flush_needed.set()
+            shard.settle(outcome)
 
     def _interrupted(self, job: FetchedJob) -> Outcome | None:
         reason = self._cancel_reasons.pop(job.id, CancelReason.SHUTDOWN)
@@ -591,21 +451,18 @@ class Worker:
             return Outcome(job.id, job.token, "cancel", err.decode())
         return Outcome(job.id, job.token, "release")
 
-    def _held(self) -> list[tuple[str, str]]:
-        return [(job_id, r.job.token) for job_id, r in self._running.items()]
-
     def _interrupt(self, ids: list[str], reason: str) -> None:
         for job_id in ids:
-            running = self._running.get(job_id)
+            running = self.running.get(job_id)
             if running is not None:
                 self._cancel_reasons[job_id] = reason
                 running.task.cancel()
 
-    def _lost(self, leases: list[tuple[str, str]]) -> None:
+    def lost(self, leases: list[tuple[str, str]]) -> None:
         ids = [
             job_id
             for job_id, token in leases
-            if (running := self._running.get(job_id)) is not None and running.job.token == token
+            if (running := self.running.get(job_id)) is not None and running.job.token == token
         ]
         if ids:
             log.warning("lost the lease of %d job(s); stopping them: %s", len(ids), ids[:5])
@@ -613,96 +470,20 @@ class Worker:
                 self._metrics.lost(len(ids))
             self._interrupt(ids, CancelReason.LEASE_LOST)
 
-    def _cancel_requested(self, ids: list[str]) -> None:
+    def cancel_requested(self, ids: list[str]) -> None:
         self._interrupt(ids, CancelReason.CANCELLED)
 
     async def _drain(self) -> None:
-        if self._running:
-            log.info("waiting up to %.1fs for %d running job(s)", self.grace, len(self._running))
+        if self.running:
+            log.info("waiting up to %.1fs for %d running job(s)", self.grace, len(self.running))
             deadline = time.monotonic() + self.grace
-            while self._running and time.monotonic() < deadline:
-                self._slot_freed.clear()
-                await wait_or_stop(self._slot_freed, deadline - time.monotonic())
-        leftover = list(self._running)
+            while self.running and time.monotonic() < deadline:
+                self.slot_freed.clear()
+                await wait_or_stop(self.slot_freed, deadline - time.monotonic())
+        leftover = list(self.running)
         if leftover:
             log.warning("handing back %d unfinished job(s)", len(leftover))
             self._interrupt(leftover, CancelReason.SHUTDOWN)
-
-    # -- settling --------------------------------------------------------------------
-
-    async def _ack_loop(self) -> None:
-        """Settles outcomes while the fetch loop is idle (otherwise `exchange` carries them)."""
-        while True:
-            if await self._wait_flush_needed():
-                return
-            # let attempts finishing in this same loop turn join the batch
-            await asyncio.sleep(0)
-            if not self._carrier_active:
-                await self._flush()
-
-    async def _wait_flush_needed(self) -> bool:
-        """Wait until outcomes need settling here; True when the worker has closed."""
-        closed = asyncio.ensure_future(self._closed.wait())
-        needed = asyncio.ensure_future(self._flush_needed.wait())
-        try:
-            await asyncio.wait({closed, needed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            closed.cancel()
-            needed.cancel()
-            await asyncio.gather(closed, needed, return_exceptions=True)
-        self._flush_needed.clear()
-        return self._closed.is_set()
-
-    async def _flush(self, *, final: bool = False) -> None:
-        """Settle pending outcomes, retrying while the store is unreachable until they
-        are settled or their leases are known to have ended; the final flush of a
-        stopping worker also gives up when its grace period is over."""
-        while self._outcomes:
-            outcomes, self._outcomes = self._outcomes, []
-            try:
-                codes = await self.app.store.ack(self.lanes, outcomes)
-            except StoreUnavailable as exc:
-                self._outcomes[:0] = outcomes
-                delay = self._ack_outage.failed(exc)
-                if self._drop_expired_outcomes():
-                    return
-                if not final:
-                    # a stopping worker's last flush takes over, bounded by the grace
-                    if await wait_or_stop(self._stopping, delay):
-                        return
-                    continue
-                left = (self._stop_at or time.monotonic()) + self.grace - time.monotonic()
-                if left <= delay:
-                    log.warning(
-                        "worker %s: %d outcome(s) not settled by the end of the grace "
-                        "period; their jobs are reclaimed when their leases expire",
-                        self.id,
-                        len(self._outcomes),
-                    )
-                    return
-                await asyncio.sleep(delay)
-                continue
-            self._ack_outage.recovered()
-            self._ack_calls += 1
-            self._count_settled(outcomes, codes)
-
-    def _renewed(self, sent: float) -> None:
-        """A renewal (or a fetch) sent at ``sent`` succeeded: the leases run from then."""
-        self._leases_end = max(self._leases_end, sent + self.lease.duration)
-
-    def _drop_expired_outcomes(self) -> bool:
-        """Drop the unsent outcomes once every lease they were fenced by has ended; the
-        store would reject them (or the jobs are reclaimed and run again). True if so."""
-        if not self._outcomes or time.monotonic() < self._leases_end:
-            return False
-        log.warning(
-            "worker %s: dropping %d unsettled outcome(s): the store was unreachable until "
-            "their leases ended, so their jobs are reclaimed and run again",
-            self.id,
-            len(self._outcomes),
-        )
-        self._outcomes.clear()
-        return True
 
     async def _declare(self, attempts: int) -> None:
         """Record tasks and lanes, retrying a call that fails while the server restarts;
@@ -712,39 +493,26 @@ class Worker:
                 await self.app.declare_tasks()
                 await self.app.declare_lanes()
             except StoreUnavailable as exc:
-                delay = self._fetch_outage.failed(exc)
+                delay = self._declare_outage.failed(exc)
                 if attempt == attempts:
                     raise
-                await wait_or_stop(self._stopping, delay)
+                await wait_or_stop(self.stopping, delay)
             else:
-                self._fetch_outage.recovered()
+                self._declare_outage.recovered()
                 return
 
-    async def _redeclare(self) -> None:
+    def grace_left(self) -> float:
+        """Seconds left of a stopping worker's grace period."""
+        return (self._stop_at or time.monotonic()) + self.grace - time.monotonic()
+
+    async def redeclare(self) -> None:
         """After an outage, record tasks and lanes again: a server restarted without
         persistence has lost them (and loads the function library on first use). If
         that fails, the next exchange fails too, and comes back here once it succeeds."""
         with contextlib.suppress(StoreUnavailable):
             await self._declare(attempts=1)
 
-    async def _leave(self) -> None:
-        """Stop being handed jobs, and hand back any that reached the inbox meanwhile."""
-        lease_ms = round(self.lease.duration * 1000)
-        try:
-            handed = await self.app.store.leave(self.id, lease_ms, self.lanes)
-            if handed:
-                log.info("handing back %d job(s) given while stopping", len(handed))
-                await self.app.store.ack(
-                    self.lanes, [Outcome(j.id, j.token, "release") for j in handed]
-                )
-        except StoreUnavailable as exc:
-            log.warning(
-                "could not hand back jobs given while stopping (they will be "
-                "reclaimed when their leases expire): %s",
-                exc,
-            )
-
-    def _count_settled(self, outcomes: Sequence[Outcome], codes: Sequence[int]) -> None:
+    def count_settled(self, outcomes: Sequence[Outcome], codes: Sequence[int]) -> None:
         if self._metrics is not None:
             self._metrics.settled(outcomes, codes)
         stale = sum(1 for c in codes if c == 0)

@@ -9,6 +9,14 @@ Both count only the writes of the connection they are sent on, so the enqueue an
 the wait travel together in one pipeline. The answer is an :class:`Acknowledgement`;
 one that fell short of the request says so (``met`` is False) and the caller reports
 it: the job is stored on the primary, but a failover or crash may still lose it.
+
+On a Redis Cluster the pipeline goes to the primary holding the app's slot (every key
+of the script shares it), on a connection of its own to that node: WAIT names no key,
+so the cluster client could not route it after the script. The guarantee is that
+primary's: ``replicas`` counts its replicas only, and a cluster without replicas
+answers ``replicas=0`` (``met`` False whenever replicas were asked). A slot that moved
+between the routing and the call fails the enqueue with ``StoreUnavailable``; the
+script did not run there, so nothing was written.
 """
 
 from __future__ import annotations
@@ -17,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import AskError, ClusterDownError, ResponseError, TryAgainError
 
-from fairlane.store.connection import is_cluster
-from fairlane.store.redis import NewJob, Submitted, parse_submitted
+from fairlane.store.connection import is_cluster, slot_client
+from fairlane.store.redis import NewJob, StoreUnavailable, Submitted, parse_submitted
 
 if TYPE_CHECKING:
     from fairlane.config import DurabilitySettings
@@ -82,27 +90,41 @@ def _acknowledgement(reply: Any, durability: DurabilitySettings) -> Acknowledgem
     return Acknowledgement(int(reply), False, *wanted)
 
 
+def _slot_moved(reply: ResponseError) -> bool:
+    """Whether a cluster node refused the script because it no longer serves the slot."""
+    if isinstance(reply, AskError | ClusterDownError | TryAgainError):  # MovedError is an AskError
+        return True
+    return str(reply).startswith(("MOVED ", "ASK ", "CLUSTERDOWN ", "TRYAGAIN "))
+
+
 async def submit_acknowledged(
     store: Store, lane: str, jobs: Sequence[NewJob], durability: DurabilitySettings
 ) -> tuple[list[Submitted], Acknowledgement]:
     """``store.submit``, then wait (bounded by ``durability.timeout``) for the write to
-    reach what ``durability`` asks; ``StoreUnavailable`` as for any call."""
-    if is_cluster(store.blocking):
-        # WAIT names no key: a cluster pipeline cannot put it on the enqueue's connection
-        raise ValueError("durability (WAIT/WAITAOF) is not supported on a Redis Cluster yet")
+    reach what ``durability`` asks; ``StoreUnavailable`` as for any call, and on a
+    cluster whose node refused the script because the app's slot is moving."""
     jobs = await store.prepare(jobs)  # large arguments go to the payload store first
     call = store.enqueue_call(lane, jobs)
     wait = _wait_command(durability)
+    cluster = is_cluster(store.blocking)
 
     async def send() -> list[Any]:
-        pipe = store.blocking.pipeline(transaction=False)
-        pipe.execute_command("FCALL", *call)
-        pipe.execute_command(*wait)
-        return list(await pipe.execute(raise_on_error=False))
+        # WAIT counts only its own connection's writes: a cluster's must go to the slot's
+        # primary directly (a single server or Sentinel keeps ``store.blocking`` itself)
+        async with slot_client(store.blocking, store.keys.stats) as client:
+            pipe = client.pipeline(transaction=False)
+            pipe.execute_command("FCALL", *call)
+            pipe.execute_command(*wait)
+            return list(await pipe.execute(raise_on_error=False))
 
     for attempt in range(2):
         enqueued, waited = await store.blocking_call(durability.timeout, send)
         if isinstance(enqueued, ResponseError):
+            if cluster and _slot_moved(enqueued):
+                raise StoreUnavailable(
+                    "the app's slot is moving between Redis cluster nodes; nothing was "
+                    f"stored by this enqueue ({type(enqueued).__name__}: {enqueued})"
+                ) from enqueued
             # a server restarted without its data has lost the library too: nothing
             # was enqueued, so load it and send the whole call again, once
             if attempt == 0 and "Function not found" in str(enqueued):

@@ -4,10 +4,18 @@ This module is the single source of truth for key names. Nothing else in the
 package spells a key; the Lua library derives the per-job and per-tenant keys
 from the namespace prefix it is handed in ``KEYS[1]`` (see below).
 
-All keys of one app live under one hash tag, ``{fl:<app>}``, so that every script
-touches a single slot and runs unchanged on Redis Cluster. (Issue #8 splits an app
-into several shards, each with its own tag ``{fl:<app>:<shard>}``; the layout
-inside a shard stays as written here.)
+An app's keys live under one hash tag per scheduling shard, so that every script
+touches a single slot and runs unchanged on Redis Cluster. An app of one shard (the
+default) uses the tag ``{fl:<app>}``. An app of ``n > 1`` shards
+(``App(shards=n)``) uses ``{fl:<app>:<i>:<k>}`` for shard ``i``: ``k`` is the
+smallest number that puts the tag in the ``i``-th of ``n`` equal ranges of the
+cluster's 16,384 slots, so that a cluster whose primaries hold contiguous slot
+ranges (as ``CLUSTER ADDSLOTSRANGE`` and the usual tools assign them) spreads the
+shards evenly over its primaries. Which tenant lives in which shard is the policy's
+(``fairlane.policy.shards``); the layout inside a shard is the table below, the
+same for every shard. A job's id names its shard (``shard_job_id``), so a job is
+found from its id alone; the app's own records (API keys, the payload index of
+jobs from no shard) are in shard 0, its home.
 
 Fixed keys are passed to scripts in ``KEYS``. Two families cannot be named before a
 script runs, because the script itself decides which job or tenant it touches
@@ -91,9 +99,20 @@ is waiting on (only jobs whose ``w`` flag is set are published).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
-__all__ = ["JOB_FIELDS", "AppKeys", "LaneKeys", "namespace"]
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+__all__ = [
+    "JOB_FIELDS",
+    "AppKeys",
+    "LaneKeys",
+    "job_shard",
+    "namespace",
+    "shard_job_id",
+    "shard_namespace",
+]
 
 
 def namespace(app: str) -> str:
@@ -103,6 +122,40 @@ def namespace(app: str) -> str:
             f"app name must be non-empty and free of braces, colons and spaces: {app!r}"
         )
     return f"{{fl:{app}}}:"
+
+
+def shard_namespace(app: str, shard: int, count: int) -> str:
+    """The key prefix of shard ``shard`` of an app split into ``count`` shards."""
+    if count == 1:
+        return namespace(app)
+    namespace(app)  # validates the name
+    if not 0 <= shard < count:
+        raise ValueError(f"shard {shard} is not one of the app's {count} shards")
+    low = shard * REDIS_CLUSTER_HASH_SLOTS // count
+    high = (shard + 1) * REDIS_CLUSTER_HASH_SLOTS // count
+    for salt in itertools.count():
+        tag = f"fl:{app}:{shard}:{salt}"
+        if low <= key_slot(tag.encode()) < high:
+            return f"{{{tag}}}:"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def shard_job_id(raw_id: str, shard: int, count: int) -> str:
+    """A new job's id in a shard: ``s<shard>.<raw id>`` when the app has several."""
+    return raw_id if count == 1 else f"s{shard}.{raw_id}"
+
+
+def job_shard(job_id: str, count: int) -> int:
+    """The shard a job id names (a workflow child's id extends its run's, so it names
+    the run's shard); an id naming none, or no shard of ``count``, is shard 0's, where
+    a lookup then finds nothing rather than the wrong job."""
+    if count == 1 or not job_id.startswith("s"):
+        return 0
+    head, dot, _ = job_id[1:].partition(".")
+    if not dot or not head.isdigit() or len(head) > 4:
+        return 0
+    shard = int(head)
+    return shard if shard < count else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +181,10 @@ class AppKeys:
     @classmethod
     def for_app(cls, app: str) -> AppKeys:
         return cls(namespace(app))
+
+    @classmethod
+    def for_shard(cls, app: str, shard: int, count: int) -> AppKeys:
+        return cls(shard_namespace(app, shard, count))
 
     @property
     def fence(self) -> str:

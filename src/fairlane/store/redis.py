@@ -289,6 +289,8 @@ class Store:
         *,
         blocking: AsyncClient | None = None,
         socket_timeout: float | None = None,
+        shard: int = 0,
+        shards: int = 1,
     ) -> None:
         self.client = client
         # Calls the server holds on purpose (BLPOP, WAIT) go through a client without a
@@ -296,8 +298,14 @@ class Store:
         # timeout of ``client`` is shorter than an idle worker's block.
         self.blocking = blocking or client
         self.socket_timeout = socket_timeout
-        self.keys = AppKeys.for_app(app)
+        self.app = app
+        #: this store's scheduling shard, of ``shards`` (``fairlane.policy.shards``)
+        self.shard = shard
+        self.shards = shards
+        self.keys = AppKeys.for_shard(app, shard, shards)
         self._common = self.keys.common()
+        # a sibling shares its parent's clients, which the parent closes
+        self._owns_clients = True
         self.runs = RunStore(self)
         #: what jobs pass through before they are sent (the app's payload offload,
         #: ``fairlane.payloads``); None sends them as they are
@@ -307,7 +315,13 @@ class Store:
 
     @classmethod
     def from_url(
-        cls, url: str, app: str, *, max_connections: int = 64, **connection_kwargs: Any
+        cls,
+        url: str,
+        app: str,
+        *,
+        max_connections: int = 64,
+        shards: int = 1,
+        **connection_kwargs: Any,
     ) -> Store:
         """A store on ``url``: any form ``fairlane.store.connection`` reads (one server,
         ``redis+cluster://``, ``redis+sentinel://``); ``connection_kwargs`` override the
@@ -333,7 +347,27 @@ class Store:
                 pool.connection_class = _FAST_CONNECTIONS.get(
                     pool.connection_class, pool.connection_class
                 )
-        return cls(client, app, blocking=blocking, socket_timeout=options["socket_timeout"])
+        return cls(
+            client,
+            app,
+            blocking=blocking,
+            socket_timeout=options["socket_timeout"],
+            shards=shards,
+        )
+
+    def shard_store(self, shard: int, shards: int) -> Store:
+        """The store of another shard of the same app, on this store's connections."""
+        sibling = Store(
+            self.client,
+            self.app,
+            blocking=self.blocking,
+            socket_timeout=self.socket_timeout,
+            shard=shard,
+            shards=shards,
+        )
+        sibling.prepare_jobs = self.prepare_jobs
+        sibling._owns_clients = False
+        return sibling
 
     async def connect(self) -> None:
         """Check the server answers and load the function library."""
@@ -344,6 +378,8 @@ class Store:
         await self._call(self.client.function_load, LIBRARY_CODE, replace=True)
 
     async def aclose(self) -> None:
+        if not self._owns_clients:
+            return
         await self.client.aclose()
         if self.blocking is not self.client:
             await self.blocking.aclose()

@@ -12,6 +12,9 @@ Every action goes through the app's own calls, never a script of its own:
 
 A bulk action applies to the jobs a filter matches, at most ``BULK_MAX`` of them; the
 caller first asks how many (``dry_run``) and must then confirm that count.
+
+In an app split into scheduling shards, a job is acted on in the shard its id names
+(``App.store_for_job``), and a retry is submitted to its tenant's shard.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def applies(action: str, row: dict[str, Any]) -> bool:
 
 async def cancel(app: App, job_id: str) -> str:
     """The job's status after the request (``missing`` when there is no such job)."""
-    return await app.store.cancel(job_id)
+    return await app.store_for_job(job_id).cancel(job_id)
 
 
 async def redrive(app: App, job_ids: list[str]) -> list[str]:
@@ -50,7 +53,7 @@ async def redrive(app: App, job_ids: list[str]) -> list[str]:
 async def retry(app: App, job_id: str) -> tuple[str, str | None]:
     """Submit a copy of a finished job: ``(outcome, new id)``; outcome is ``accepted``,
     ``deferred``, ``rejected:<reason>``, ``unknown_task`` or ``not_finished``."""
-    record = await app.store.job_record(job_id)
+    record = await app.store_for_job(job_id).job_record(job_id)
     status = text(record.get("st"))
     if status not in TERMINAL - {"completed"}:
         return "not_finished", None
@@ -67,7 +70,7 @@ async def retry(app: App, job_id: str) -> tuple[str, str | None]:
         priority=int(text(record.get("prio")) or 0),
         service_class=text(record.get("cls")) or None,
     )
-    (reply,) = await app.store.submit(task.options.lane, [new])
+    (reply,) = await app.store_for_tenant(new.tenant).submit(task.options.lane, [new])
     if reply.code < 0:
         return f"rejected:{reply.reason or reply.code}", None
     return ("deferred" if reply.code == 2 else "accepted"), reply.id

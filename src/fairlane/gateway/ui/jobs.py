@@ -18,6 +18,11 @@ failed         ``kept:<task>:failed`` (also cancelled and expired), ``dead``
 Each index is read up to ``PER_INDEX`` ids (newest first where the index is ordered
 by time), so a listing is bounded whatever the backlog; the answer says when a bound
 was reached (``truncated``). A job's state is always its record's, read afresh.
+
+An app split into scheduling shards (``App(shards=n)``) has these indexes in every
+shard: each shard's are read (``PER_INDEX`` ids each, so a listing reads at most
+``n`` times as many) and the jobs merged; a job's record is read in the shard whose
+index named it, and one job's page in the shard its id names (``App.store_for_job``).
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from typing import Any
 from fairlane.app import App
 from fairlane.codec import decode_error
 from fairlane.explain import explain
-from fairlane.gateway.ui.queries import execute, lanes_of, server_ms, task_names, text
+from fairlane.gateway.ui.queries import execute, lanes_of, task_names, text
 from fairlane.runview import run_view
+from fairlane.store.keys import AppKeys
 from fairlane.workflows import Workflow
 
 __all__ = ["PER_INDEX", "STATES", "Filter", "find_jobs", "job_detail"]
@@ -73,59 +79,76 @@ class Filter:
 
 @dataclass
 class _Found:
-    ids: dict[str, None] = field(default_factory=dict)
+    ids: dict[str, int] = field(default_factory=dict)  # job id -> the shard that named it
     truncated: bool = False
 
-    def add(self, batch: Iterable[Any]) -> None:
+    def add(self, shard: int, batch: Iterable[Any]) -> None:
         got = [text(i) for i in batch]
         self.truncated |= len(got) >= PER_INDEX
-        self.ids.update(dict.fromkeys(got))
+        for job_id in got:
+            self.ids.setdefault(job_id, shard)
 
 
-async def _candidates(app: App, flt: Filter) -> _Found:  # noqa: C901, PLR0912 - one branch per index
-    store, keys = app.store, app.store.keys
-    client = store.client
-    found = _Found()
-    lanes = lanes_of(app)
-    classes = {
-        lane: [c for c in app.lane_classes(lane).names if flt.cls in (None, c)] for lane in lanes
-    }
-    pipe = client.pipeline(transaction=False)
-    if flt.wants("queued"):
-        for lane in lanes:
-            for cls in classes[lane]:
-                pipe.zrange(keys.class_key(lane, cls, "fair"), 0, -1)
-        tenants = await execute(pipe)
-        pipe = client.pipeline(transaction=False)
-        i = 0
-        for lane in lanes:
-            for cls in classes[lane]:
-                for tenant in tenants[i]:
-                    if flt.tenant in (None, text(tenant)):
-                        pipe.zrange(keys.tenant_queue(lane, cls, text(tenant)), 0, PER_INDEX - 1)
-                pipe.zrange(keys.class_key(lane, cls, "granted"), 0, PER_INDEX - 1)
-                i += 1
-    for lane in lanes:
+def _fixed_indexes(
+    keys: AppKeys, flt: Filter, classes: dict[str, list[str]], tasks: list[str]
+) -> list[tuple[str, bool]]:
+    """One shard's indexes whose names are known before any read: (key, newest first)."""
+    out: list[tuple[str, bool]] = []
+    for lane, names in classes.items():
         if flt.wants("scheduled"):
-            pipe.zrange(keys.lane(lane).delayed, 0, PER_INDEX - 1)
+            out.append((keys.lane(lane).delayed, False))
         if flt.wants("deferred"):
-            for cls in classes[lane]:
-                pipe.zrange(keys.class_key(lane, cls, "deferred"), 0, PER_INDEX - 1)
+            out += [(keys.class_key(lane, cls, "deferred"), False) for cls in names]
     if flt.wants("running"):
-        pipe.zrange(keys.leases, 0, PER_INDEX - 1)
+        out.append((keys.leases, False))
     if flt.wants("dead") or flt.wants("failed"):
-        pipe.zrevrange(keys.dead, 0, PER_INDEX - 1)
-    tasks = [flt.task] if flt.task else await task_names(app)
+        out.append((keys.dead, True))
     for task in tasks:
         if flt.wants("completed"):
-            pipe.zrevrange(keys.kept(task, "ok"), 0, PER_INDEX - 1)
+            out.append((keys.kept(task, "ok"), True))
         if flt.states & {"failed", "cancelled", "expired"} or not flt.states:
-            pipe.zrevrange(keys.kept(task, "failed"), 0, PER_INDEX - 1)
-    for batch in await execute(pipe):
-        found.add(batch)
-    if flt.wants("throttled"):
-        members = await client.zrange(keys.throttle_waiters, 0, PER_INDEX - 1)
-        found.add(text(m).rpartition("\0")[2] for m in members)
+            out.append((keys.kept(task, "failed"), True))
+    return out
+
+
+async def _candidates(app: App, flt: Filter) -> _Found:
+    client = app.store.client
+    found = _Found()
+    classes = {
+        lane: [c for c in app.lane_classes(lane).names if flt.cls in (None, c)]
+        for lane in lanes_of(app)
+    }
+    pairs = [(lane, cls) for lane, names in classes.items() for cls in names]
+    tasks = [flt.task] if flt.task else await task_names(app)
+    # the shard each read of the last pipeline is for, in order, and whether it reads
+    # throttle waiters ('<key>\0<order>\0<job id>') rather than job ids
+    reads: list[tuple[int, bool]] = []
+    pipe = client.pipeline(transaction=False)
+    if flt.wants("queued"):
+        for store in app.stores:
+            for lane, cls in pairs:
+                pipe.zrange(store.keys.class_key(lane, cls, "fair"), 0, -1)
+        tenants = iter(await execute(pipe))
+        pipe = client.pipeline(transaction=False)
+        for shard, store in enumerate(app.stores):
+            for lane, cls in pairs:
+                for tenant in next(tenants):
+                    if flt.tenant in (None, text(tenant)):
+                        queue = store.keys.tenant_queue(lane, cls, text(tenant))
+                        pipe.zrange(queue, 0, PER_INDEX - 1)
+                        reads.append((shard, False))
+                pipe.zrange(store.keys.class_key(lane, cls, "granted"), 0, PER_INDEX - 1)
+                reads.append((shard, False))
+    for shard, store in enumerate(app.stores):
+        for key, newest_first in _fixed_indexes(store.keys, flt, classes, tasks):
+            read = pipe.zrevrange if newest_first else pipe.zrange
+            read(key, 0, PER_INDEX - 1)
+            reads.append((shard, False))
+        if flt.wants("throttled"):
+            pipe.zrange(store.keys.throttle_waiters, 0, PER_INDEX - 1)
+            reads.append((shard, True))
+    for (shard, waiters), batch in zip(reads, await execute(pipe), strict=True):
+        found.add(shard, (text(m).rpartition("\0")[2] for m in batch) if waiters else batch)
     return found
 
 
@@ -165,12 +188,13 @@ def _row(job_id: str, values: list[Any], dead: bool) -> dict[str, Any]:
     }
 
 
-async def _rows(app: App, ids: list[str]) -> list[dict[str, Any]]:
-    store = app.store
-    pipe = store.client.pipeline(transaction=False)
-    for job_id in ids:
-        pipe.hmget(store.keys.job(job_id), *_FIELDS)
-        pipe.zscore(store.keys.dead, job_id)
+async def _rows(app: App, ids: dict[str, int]) -> list[dict[str, Any]]:
+    """Listing rows of ``ids`` (job id -> its shard), each read in its shard."""
+    pipe = app.store.client.pipeline(transaction=False)
+    for job_id, shard in ids.items():
+        keys = app.stores[shard].keys
+        pipe.hmget(keys.job(job_id), *_FIELDS)
+        pipe.zscore(keys.dead, job_id)
     reply = await execute(pipe) if ids else []
     rows = []
     for n, job_id in enumerate(ids):
@@ -196,7 +220,7 @@ async def find_jobs(app: App, flt: Filter, limit: int) -> dict[str, Any]:
     """Jobs matching ``flt``, newest first, at most ``limit``; ``matched`` counts all the
     indexes gave (bounded by ``PER_INDEX`` per index, ``truncated`` when a bound hit)."""
     found = await _candidates(app, flt)
-    rows = [r for r in await _rows(app, list(found.ids)) if _matches(r, flt)]
+    rows = [r for r in await _rows(app, found.ids) if _matches(r, flt)]
     rows.sort(key=lambda r: (r["enqueued_ms"] or 0, r["id"]), reverse=True)
     return {
         "jobs": rows[:limit],
@@ -220,13 +244,14 @@ def _value(raw: bytes | None) -> Any:
 
 async def job_detail(app: App, job_id: str) -> dict[str, Any] | None:
     """One job: its record, its lifecycle events, the explanation, and its run if it is one."""
-    record = await app.store.job_record(job_id)
+    store = app.store_for_job(job_id)
+    record = await store.job_record(job_id)
     if not record:
         return None
-    events = await app.store.job_events(job_id)
-    now = await server_ms(app)
+    events = await store.job_events(job_id)
+    now = await store.server_time_ms()
     why = explain(record, events, now_ms=now)
-    dead = await app.store.client.zscore(app.store.keys.dead, job_id)
+    dead = await store.client.zscore(store.keys.dead, job_id)
     row = _row(job_id, [record.get(f) for f in _FIELDS], dead is not None)
     detail: dict[str, Any] = {
         **row,
@@ -247,7 +272,7 @@ async def job_detail(app: App, job_id: str) -> dict[str, Any] | None:
     }
     task = app.tasks.get(row["task"])
     if isinstance(task, Workflow) or record.get("wfr"):
-        history = await app.store.runs.history(job_id)
+        history = await store.runs.history(job_id)
         detail["run"] = asdict(run_view(job_id, record, history, now))
     return detail
 
