@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.shards`` starts a private 3-master cluster, then for each shard
 count (``--shards 1 3`` by default) enqueues ``--jobs`` no-op jobs from ``--tenants``
-tenants and drains them with ``--workers`` worker processes, each serving every shard.
+tenants and drains them with one worker (50 slots, in this process) serving every shard.
 It reports the jobs per second of the drain and, from each primary's ``INFO
 commandstats``, the share of the server's commands that primary ran: with one shard
 every command of the app goes to one primary; with one shard per primary they spread.
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import secrets
 import sys
 import time
@@ -61,11 +60,6 @@ def _app(url: str, name: str, shards: int) -> App:
     return app
 
 
-def _worker_process(url: str, name: str, shards: int) -> None:
-    app = _app(url, name, shards)
-    asyncio.run(app.run_worker(concurrency=50, burst=True))
-
-
 def _commands(cluster: RedisCluster) -> list[int]:
     counts = []
     for server in cluster.servers:
@@ -78,40 +72,27 @@ def _commands(cluster: RedisCluster) -> list[int]:
     return counts
 
 
-async def _enqueue(app: App, jobs: int, tenants: int) -> None:
+async def _drain(cluster: RedisCluster, app: App, jobs: int, tenants: int) -> SpreadRun:
     task = app.get_task("bench.noop")
     per_tenant = jobs // tenants
     async with app:
         for t in range(tenants):
             await task.enqueue_many([()] * per_tenant, tenant=f"tenant-{t}")
-
-
-def spread(cluster: RedisCluster, shards: int, jobs: int, tenants: int, workers: int) -> SpreadRun:
-    name = f"bench_{secrets.token_hex(3)}"
-    app = _app(cluster.url, name, shards)
-    asyncio.run(_enqueue(app, jobs, tenants))
-    before = _commands(cluster)
-    started = time.perf_counter()
-    context = multiprocessing.get_context("spawn")
-    procs = [
-        context.Process(target=_worker_process, args=(cluster.url, name, shards))
-        for _ in range(workers)
-    ]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join()
-    seconds = time.perf_counter() - started
-    after = _commands(cluster)
+        before = _commands(cluster)
+        started = time.perf_counter()
+        await app.run_worker(concurrency=50, burst=True)
+        seconds = time.perf_counter() - started
+        after = _commands(cluster)
+        await app.purge()
     sent = [a - b for a, b in zip(after, before, strict=True)]
     total = sum(sent) or 1
-    asyncio.run(_purge(app))
-    return SpreadRun(shards, jobs, seconds, jobs / seconds, [round(n / total, 3) for n in sent])
+    shares = [round(n / total, 3) for n in sent]
+    return SpreadRun(app.shards, jobs, seconds, jobs / seconds, shares)
 
 
-async def _purge(app: App) -> None:
-    async with app:
-        await app.purge()
+def spread(cluster: RedisCluster, shards: int, jobs: int, tenants: int) -> SpreadRun:
+    app = _app(cluster.url, f"bench_{secrets.token_hex(3)}", shards)
+    return asyncio.run(_drain(cluster, app, jobs, tenants))
 
 
 async def cross_shard_share(url: str, flood_jobs: int, steady_jobs: int) -> dict[str, float]:
@@ -151,13 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--tenants", type=int, default=100)
-    parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     with RedisCluster(masters=3) as cluster:
-        runs = [
-            spread(cluster, count, args.jobs, args.tenants, args.workers) for count in args.shards
-        ]
+        runs = [spread(cluster, count, args.jobs, args.tenants) for count in args.shards]
         share = asyncio.run(cross_shard_share(cluster.url, 1_500, 300))
     if args.json:
         json.dump({"runs": [asdict(r) for r in runs], "cross_shard": share}, sys.stdout, indent=2)

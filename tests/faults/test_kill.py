@@ -6,7 +6,8 @@ replacement started. Afterwards: every job completed and is in the ledger; the j
 run twice are exactly among those the dead worker held leases on at the kill (its
 in-flight jobs), at most its concurrency of them; each of those was reclaimed once;
 and the last of them completed within a lease plus a sweep period (plus slack) of
-the kill.
+the kill. With three scheduling shards the same holds in every shard: the worker
+served them all, and its jobs in each are reclaimed by that shard's sweep.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from fairlane import App, Job
+from fairlane.store.keys import job_shard
 from tests.faults.worker_proc import (
+    FaultTasks,
     Fleet,
     build_app,
     eventually,
@@ -36,20 +40,30 @@ SWEEP_JITTER = 0.25  # LeaseSettings.sweep_jitter default
 SLACK = 5.0  # s: a replacement's start, a loaded machine
 
 
-async def test_kill_9_mid_run_loses_nothing(redis_url: str, namespace: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("shards", [1, 3])
+async def test_kill_9_mid_run_loses_nothing(
+    redis_url: str, namespace: str, tmp_path: Path, shards: int
+) -> None:
     ledger = f"{{fl:{namespace}}}:ledger"
-    app, tasks = build_app(namespace, redis_url)
+    app, tasks = build_app(namespace, redis_url, shards=shards)
     env = worker_env(
-        namespace, redis_url, ledger, lease=LEASE, renew=RENEW, sweep=SWEEP, concurrency=CONCURRENCY
+        namespace,
+        redis_url,
+        ledger,
+        lease=LEASE,
+        renew=RENEW,
+        sweep=SWEEP,
+        concurrency=CONCURRENCY,
+        shards=shards,
     )
+    tenants = _one_tenant_per_shard(app)
     async with app:
-        client, keys = app.store.client, app.store.keys
+        client = app.store.client
         with Fleet(env, tmp_path) as fleet:
             victim, survivor = fleet.start(), fleet.start()
             await wait_ready(app, victim.pid)
             await wait_ready(app, survivor.pid)
-            jobs = await tasks.record.enqueue_many([(n, PAUSE) for n in range(JOBS)])
-            number = {job.id: n for n, job in enumerate(jobs)}
+            jobs, number = await _enqueue_in_every_shard(tasks, tenants)
 
             async def progressed() -> bool:
                 return int(await client.llen(ledger)) >= JOBS * 3 // 10
@@ -73,7 +87,7 @@ async def test_kill_9_mid_run_loses_nothing(redis_url: str, namespace: str, tmp_
 
         pipe = client.pipeline(transaction=False)
         for job in jobs:
-            pipe.hmget(keys.job(job.id), ["st", "att", "fin"])
+            pipe.hmget(app.store_for_job(job.id).keys.job(job.id), ["st", "att", "fin"])
         records = dict(zip([j.id for j in jobs], await pipe.execute(), strict=True))
         entries = [e.decode() for e in await client.lrange(ledger, 0, -1)]
         stats = await app.stats()
@@ -99,3 +113,31 @@ async def test_kill_9_mid_run_loses_nothing(redis_url: str, namespace: str, tmp_
         f"{len(twice)} run twice, recovery {recovery:.2f}s (bound {bound:.2f}s)"
     )
     assert recovery <= bound
+    if shards > 1:
+        assert len({job_shard(i, shards) for i in in_flight}) > 1, (
+            "the killed worker held jobs of one shard only: the shards were not all served"
+        )
+
+
+async def _enqueue_in_every_shard(
+    tasks: FaultTasks, tenants: list[str]
+) -> tuple[list[Job[int]], dict[str, int]]:
+    """The jobs, interleaved over the tenants (so every shard is busy), and each one's n."""
+    jobs: list[Job[int]] = []
+    number: dict[str, int] = {}
+    for part, tenant in enumerate(tenants):
+        calls = [(n, PAUSE) for n in range(part, JOBS, len(tenants))]
+        made = await tasks.record.enqueue_many(calls, tenant=tenant)
+        number.update((job.id, n) for job, (n, _) in zip(made, calls, strict=True))
+        jobs += made
+    return jobs, number
+
+
+def _one_tenant_per_shard(app: App) -> list[str]:
+    names = (f"tenant-{i}" for i in range(10_000))
+    found: dict[int, str] = {}
+    for name in names:
+        found.setdefault(app.shard_of(name), name)
+        if len(found) == app.shards:
+            return [found[s] for s in range(app.shards)]
+    raise AssertionError("no tenant name found for some shard")

@@ -15,6 +15,7 @@ FLT_SWEEP         reclaim sweep interval, s                    0.5
 FLT_CONCURRENCY   jobs run at once                             8
 FLT_PROCESSES     process-pool size; 0 registers no process    0
                   tasks (so no pool is started)
+FLT_SHARDS        the app's scheduling shards                  1
 ================  ===========================================  =======
 
 The tasks are registered under fixed names, so the test process (which builds the
@@ -151,6 +152,7 @@ def build_app(
     sweep: float = 0.5,
     concurrency: int = 8,
     processes: int = 0,
+    shards: int = 1,
 ) -> tuple[App, FaultTasks]:
     """The fault tests' app; with ``processes`` it has process tasks (and a pool of that size)."""
     settings = load_settings(
@@ -165,7 +167,7 @@ def build_app(
             "process_pool_size": max(processes, 1),
         },
     )
-    app = App(name, redis_url=url, settings=settings)
+    app = App(name, redis_url=url, settings=settings, shards=shards)
 
     def task(**options: Any) -> Any:  # every record is kept: the tests inspect them all
         return app.task(retention=KEEP_ALL, **options)
@@ -207,6 +209,7 @@ def main() -> None:
         sweep=float(env.get("FLT_SWEEP", "0.5")),
         concurrency=int(env.get("FLT_CONCURRENCY", "8")),
         processes=int(env.get("FLT_PROCESSES", "0")),
+        shards=int(env.get("FLT_SHARDS", "1")),
     )
     _ctx.update(app=app, ledger=env["FLT_LEDGER"])
     asyncio.run(app.run_worker(handle_signals=True))
@@ -225,6 +228,7 @@ def worker_env(
     sweep: float = 0.5,
     concurrency: int = 8,
     processes: int = 0,
+    shards: int = 1,
 ) -> dict[str, str]:
     """The environment of a worker process (no ``FAIRLANE_`` variables leak in)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRLANE_")}
@@ -238,6 +242,7 @@ def worker_env(
         FLT_RENEW=str(renew),
         FLT_SWEEP=str(sweep),
         FLT_CONCURRENCY=str(concurrency),
+        FLT_SHARDS=str(shards),
         FLT_PROCESSES=str(processes),
     )
     return env
@@ -330,17 +335,20 @@ async def wait_ready(app: App, pid: int, timeout: float = 30.0) -> None:
 
 
 async def held_by(app: App, pid: int) -> set[str]:
-    """Ids of the jobs whose lease is held by the worker process ``pid``."""
-    client, keys = app.store.client, app.store.keys
-    ids = [i.decode() for i in await client.zrange(keys.leases, 0, -1)]
-    if not ids:
-        return set()
-    pipe = client.pipeline(transaction=False)
-    for job_id in ids:
-        pipe.hget(keys.job(job_id), "wk")
-    owners = await pipe.execute()
+    """Ids of the jobs whose lease is held by the worker process ``pid``, in every shard."""
+    held: set[str] = set()
     mark = f":{pid}:".encode()
-    return {i for i, wk in zip(ids, owners, strict=True) if wk and mark in wk}
+    for store in app.stores:
+        client, keys = store.client, store.keys
+        ids = [i.decode() for i in await client.zrange(keys.leases, 0, -1)]
+        if not ids:
+            continue
+        pipe = client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hget(keys.job(job_id), "wk")
+        owners = await pipe.execute()
+        held |= {i for i, wk in zip(ids, owners, strict=True) if wk and mark in wk}
+    return held
 
 
 if __name__ == "__main__":
