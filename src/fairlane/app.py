@@ -29,6 +29,7 @@ from fairlane.lanes import LaneClasses, LaneTables, check_limits, load_lanes
 from fairlane.metrics import MetricsConfig
 from fairlane.payloads import PayloadStore, open_store
 from fairlane.payloads.offload import Payloads
+from fairlane.payloads.sweep import remove_all as remove_all_payloads
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.classes import ClassTable
 from fairlane.policy.retention import Retention
@@ -777,8 +778,11 @@ class App:
         return total
 
     async def purge(self) -> int:
-        """Delete every key of this app, in every shard. Returns the number removed."""
+        """Delete every key of this app, in every shard, and the large payloads its
+        records kept in the payload store. Returns the number of keys removed."""
         removed = 0
         for store in self.stores:
+            if self.payloads is not None:
+                await remove_all_payloads(store, self.payloads)
             removed += await unlink_matching(store.client, store.keys.match_all())
         return removed

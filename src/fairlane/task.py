@@ -254,8 +254,26 @@ class JobInfo:
     ``children``); None when it is not suspended."""
 
 
+# A record is shown as it is: a field that does not parse (a record damaged outside
+# Fairlane, which a worker dead-letters as MalformedJob) hides nothing else.
+
+
+def _text(raw: bytes | None, default: str) -> str:
+    return default if raw is None else raw.decode(errors="replace")
+
+
+def _int(raw: bytes | None, default: int) -> int:
+    try:
+        return default if raw is None else int(raw)
+    except ValueError:
+        return default
+
+
 def _units(raw: bytes | None) -> float | None:
-    return None if raw is None else int(float(raw)) / 1000
+    try:
+        return None if raw is None else int(float(raw)) / 1000
+    except (ValueError, OverflowError):
+        return None
 
 
 _LIMITS = msgspec.msgpack.Decoder(list[tuple[str, int]])
@@ -267,11 +285,14 @@ def _limits(raw: bytes | None) -> dict[str, int]:
     try:
         return dict(_LIMITS.decode(raw))
     except msgspec.DecodeError:
-        return {}  # a record is shown as it is; a malformed field hides nothing else
+        return {}
 
 
 def _when(raw: bytes | None) -> datetime | None:
-    return datetime.fromtimestamp(int(raw) / 1000, UTC) if raw else None
+    try:
+        return datetime.fromtimestamp(int(raw) / 1000, UTC) if raw else None
+    except (ValueError, OverflowError, OSError):
+        return None
 
 
 class Job(Generic[R]):
@@ -303,23 +324,24 @@ class Job(Generic[R]):
         if not rec:
             raise JobNotFound(f"no record of job {self.id}")
         err = rec.get("err")
+        status = _text(rec.get("st"), "")
         return JobInfo(
             id=self.id,
-            status=rec["st"].decode(),
-            task=rec.get("task", b"").decode(),
-            tenant=rec.get("tenant", b"").decode(),
-            attempts=int(rec.get("att", 0)),
-            max_attempts=int(rec.get("max", 1)),
+            status=status,
+            task=_text(rec.get("task"), ""),
+            tenant=_text(rec.get("tenant"), ""),
+            attempts=_int(rec.get("att"), 0),
+            max_attempts=_int(rec.get("max"), 1),
             enqueued_at=_when(rec.get("enq")),
             finished_at=_when(rec.get("fin")),
             error=decode_error(err).message if err else None,
-            service_class=rec.get("cls", DEFAULT_CLASS.encode()).decode(),
-            slots=int(rec.get("sl", 1)),
+            service_class=_text(rec.get("cls"), DEFAULT_CLASS),
+            slots=_int(rec.get("sl"), 1),
             limits=_limits(rec.get("lim")),
             reserved_units=_units(rec.get("emu") or rec.get("dmu")),
             charged_units=_units(rec.get("cu")),
             actual_units=_units(rec.get("amu")),
-            waiting_for=rec["wf"].decode() if rec["st"] == b"scheduled" and "wf" in rec else None,
+            waiting_for=_text(rec.get("wf"), "") or None if status == "scheduled" else None,
         )
 
     async def cancel(self) -> str:

@@ -131,9 +131,13 @@ async def test_corrupt_job_fields_are_dead_lettered_with_the_field_named(
             assert worker.statistics().fenced == 0
         assert await _dead_letters(app) == {job.id for job in bad.values()}
         for label, job in bad.items():
-            # failed on its first lease at most (info() would decode the corrupt fields)
+            # failed on its first lease at most
             att = await client.hget(app.store.keys.job(job.id), "att")
             assert att in (b"0", b"1", b"1.5"), f"{label}: attempts {att!r}"
+            # and still shown, the field that does not parse left at its default
+            info = await job.info()
+            assert (info.id, info.status) == (job.id, "failed"), label
+            assert info.error, label
     assert sorted(ran) == [1, 2, 4], "a corrupt job was executed"
 
 

@@ -35,9 +35,10 @@ from typing import Any
 import pytest
 import redis
 
-from fairlane import App
+from fairlane import App, Context, TaskFailed
 from fairlane.admission import NotAcknowledged
 from fairlane.config import DurabilitySettings
+from fairlane.gateway.ui.actions import retry
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.runtime.outage import Outage
@@ -356,6 +357,38 @@ async def test_waitaof_and_wait_report_what_was_acknowledged(
         ack = answer.acknowledgement
         assert answer.status == "accepted" and ack is not None
         assert not ack.met and ack.error is not None and "appendonly" in ack.error
+
+
+async def test_children_and_dashboard_retries_wait_for_the_apps_durability(
+    server: RedisServer, namespace: str
+) -> None:
+    """A workflow's children and the dashboard's retries are enqueues like any other:
+    with ``durability`` asking for a replica that is not there, a run's children are
+    stored but the run does not go on, and a retry says it was not acknowledged."""
+    shortfall = DurabilitySettings(replicas=1, timeout=0.1)
+    app = App(namespace, redis_url=server.url, settings=fast_settings(), durability=shortfall)
+
+    @app.task(name="child")
+    async def child() -> int:
+        return 1
+
+    @app.workflow(name="parent", attempts=1)
+    async def parent(ctx: Context) -> int:
+        (one,) = await ctx.gather(ctx.call(child))
+        return one
+
+    async with app:
+        run = await parent.enqueue(durability=DurabilitySettings())
+        async with running_workers(app):
+            with pytest.raises(TaskFailed) as failed:
+                await run.result(timeout=10)
+        assert failed.value.type_name.endswith(".NotAcknowledged"), failed.value
+        assert await app.store.job_fields(f"{run.id}.0.0", "task") == [b"child"]
+
+        gone = await child.enqueue(durability=DurabilitySettings())
+        await gone.cancel()
+        outcome, new_id = await retry(app, gone.id)
+        assert outcome == "accepted:not_acknowledged" and new_id is not None
 
 
 # -- the backoff and the log of an outage ----------------------------------------------------

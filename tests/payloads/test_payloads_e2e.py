@@ -262,3 +262,24 @@ async def test_a_copy_of_a_stored_job_gets_its_own_payload(
         assert decode_ref(new).name.startswith(f"{copy_id}.args.")
         assert decode_ref(new).sha256 == decode_ref(old).sha256
     assert calls == [5_000, 5_000]
+
+
+@pytest.mark.contract
+async def test_purge_removes_the_payloads_of_every_shard(
+    redis_url: str, namespace: str, payload_store: PayloadStore
+) -> None:
+    settings = fast_settings(payloads={"threshold_bytes": THRESHOLD})
+    app = App(namespace, redis_url=redis_url, settings=settings, payloads=payload_store, shards=3)
+
+    @app.task
+    async def echo(blob: str) -> str:
+        return blob
+
+    async with app:
+        before = stored_names(payload_store)
+        for i in range(6):  # tenants over the shards; nothing runs, the payloads wait
+            await echo.enqueue("x" * (THRESHOLD * 2), tenant=f"tenant-{i}")
+        assert len({app.shard_of(f"tenant-{i}") for i in range(6)}) > 1
+        assert len(stored_names(payload_store) - before) == 6
+        assert await app.purge() > 0
+        assert stored_names(payload_store) - before == set()

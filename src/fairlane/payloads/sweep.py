@@ -17,6 +17,7 @@ deleting twice is harmless. Scores are the worker's clock: they only pace checks
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -88,6 +89,24 @@ async def sweep_once(server: Store, payloads: Payloads, now_ms: int) -> tuple[in
     if kept:
         await server._call(server.client.zadd, key, kept, xx=True)
     return len(due), len(names)
+
+
+async def remove_all(server: Store, payloads: Payloads) -> int:
+    """Delete every payload the index of ``server``'s shard names, whatever its job's
+    state (for ``App.purge``); returns how many were removed."""
+    key, batch, removed = server.keys.payloads, payloads.settings.sweep_batch, 0
+    while True:
+        members: list[bytes] = await server._call(server.client.zrange, key, 0, batch - 1)
+        if not members:
+            return removed
+        names = []
+        for member in members:
+            with contextlib.suppress(MalformedReference):
+                names.append(check_name(split_member(member)[1]))
+        if names:
+            await payloads.store.delete(names)  # the files first, as in the sweep
+        await server._call(server.client.zrem, key, *members)
+        removed += len(names)
 
 
 async def payload_sweep_loop(

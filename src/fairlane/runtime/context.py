@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 import msgspec
 
 from fairlane import tracing
+from fairlane.admission import NotAcknowledged
 from fairlane.codec import ArgsCodec, decode_error
 from fairlane.errors import FairlaneError, TaskFailed
 from fairlane.policy.slicing import SliceBudget
 from fairlane.runtime.invoke import target_of
+from fairlane.store.durability import submit_acknowledged
 from fairlane.store.runs import Checkpoint, CorruptRunHistory
 
 if TYPE_CHECKING:
@@ -440,10 +442,19 @@ class Context:
             by_lane.setdefault(lane, []).append(
                 msgspec.structs.replace(job, id=child_id, parent=self.run_id)
             )
+        if not by_lane:
+            return
+        durability = pending[0][1].task.app.durability
         for lane, jobs in by_lane.items():
             # the children carry the run's trace: the send span is the slice's child
             with tracing.sending(lane, jobs):
-                replies = await self._store.submit(lane, jobs)
+                if durability.requested:
+                    replies, ack = await submit_acknowledged(self._store, lane, jobs, durability)
+                    if not ack.met:
+                        # their ids are fixed: the retried slice submits the same ones
+                        raise NotAcknowledged([], ack)
+                else:
+                    replies = await self._store.submit(lane, jobs)
             for reply in replies:
                 if reply.code < 0:
                     # a child refused now is asked for again when the run is retried

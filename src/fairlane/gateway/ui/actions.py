@@ -8,7 +8,9 @@ Every action goes through the app's own calls, never a script of its own:
   to its queue, same id, with a fresh attempt budget;
 - ``retry``: a finished job that is not a dead letter (cancelled, expired, or failed
   and no longer in the dead set) is submitted again as a new job of the same task,
-  tenant, arguments, class and priority, through admission like any submission.
+  tenant, arguments, class and priority, through admission and the app's
+  ``durability`` like any submission (``accepted:not_acknowledged`` when the
+  replicas or the AOF did not confirm it in time).
 
 A bulk action applies to the jobs a filter matches, at most ``BULK_MAX`` of them; the
 caller first asks how many (``dry_run``) and must then confirm that count.
@@ -24,6 +26,7 @@ from typing import Any
 from fairlane.app import App
 from fairlane.gateway.ui.jobs import Filter, find_jobs
 from fairlane.gateway.ui.queries import text
+from fairlane.store.redis import StoreUnavailable
 from fairlane.task import TERMINAL
 
 __all__ = ["BULK_MAX", "applies", "bulk", "cancel", "redrive", "retry"]
@@ -70,10 +73,15 @@ async def retry(app: App, job_id: str) -> tuple[str, str | None]:
         priority=int(text(record.get("prio")) or 0),
         service_class=text(record.get("cls")) or None,
     )
-    (reply,) = await app.store_for_tenant(new.tenant).submit(task.options.lane, [new])
-    if reply.code < 0:
-        return f"rejected:{reply.reason or reply.code}", None
-    return ("deferred" if reply.code == 2 else "accepted"), reply.id
+    # through admission and the app's durability, as any submission
+    admission = await task.submit_job(new)
+    if admission.status == "unavailable":
+        raise StoreUnavailable("the store cannot be reached; nothing was retried")
+    if admission.job is None:
+        return f"rejected:{admission.reason}", None
+    ack = admission.acknowledgement
+    short = ":not_acknowledged" if ack is not None and not ack.met else ""
+    return admission.status + short, admission.job.id
 
 
 async def one(app: App, action: str, job_id: str) -> dict[str, Any]:
