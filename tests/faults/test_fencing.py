@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from fairlane.store.redis import Outcome
 from tests.faults.worker_proc import (
     Fleet,
     build_app,
@@ -114,3 +115,29 @@ async def test_a_renewed_lease_is_never_reclaimed(
     # the lease moved ahead at every look, all through the run
     assert len(expiries) >= 5
     assert all(a < b for a, b in itertools.pairwise(expiries)), expiries
+
+
+@pytest.mark.contract
+async def test_a_settlement_sent_again_is_not_counted_as_fenced(
+    redis_url: str, namespace: str
+) -> None:
+    """A worker whose settlement call lost its reply sends it again: the store applied
+    it the first time, so the second is neither applied nor counted as a stale write;
+    a write of a lease the store reclaimed meanwhile still is."""
+    app, tasks = build_app(namespace, redis_url)
+    async with app:
+        store = app.store
+        kept, lost = await tasks.record.enqueue_many([(1, 0.0), (2, 0.0)])
+        fetched = await store.exchange("w", ["default"], 2, 60_000)
+        tokens = {job.id: job.token for job in fetched.jobs}
+        done = Outcome(kept.id, tokens[kept.id], "ok", "1")
+        assert await store.ack(["default"], [done]) == [1]
+        assert await store.ack(["default"], [done]) == [2]
+        assert await kept.status() == "completed"
+        # the other lease is reclaimed (its worker presumed lost) before its write lands
+        await store.client.zadd(store.keys.leases, {lost.id: 0})
+        await store.sweep(10, 0, 60_000)
+        late = Outcome(lost.id, tokens[lost.id], "ok", "2")
+        assert await store.ack(["default"], [late]) == [0]
+        stats = await app.stats()
+        assert (stats.get("resettled"), stats.get("fenced")) == (1, 1)

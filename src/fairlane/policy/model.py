@@ -75,7 +75,9 @@ Rules, as in the scripts:
   handing a job back unstarted) gives the attempt back and queues the job again.
 * **Fencing.** Every lease draws a new token from one counter, so tokens only grow.
   An ack or a renewal is applied only if the job is running under that very token;
-  otherwise the ack is rejected and counted as ``fenced``.
+  otherwise the ack is rejected and counted as ``fenced``, unless it is the ack that
+  settled the job under that token, sent again (its reply was lost): that one is
+  not applied twice, and counted as ``resettled``.
 * **Reclaim.** A sweep at ``now`` takes up to ``limit`` leases that expired at or before
   ``now`` (earliest expiry first, ties by id). A reclaim counts as the attempt it
   interrupted: with ``attempts >= max_attempts`` the job is dead-lettered, otherwise it
@@ -305,7 +307,7 @@ class QueueModel(LaneDispatch):
         now: int,
         idle_ms: int = 0,
         slots: int | None = None,
-    ) -> tuple[list[bool], Batch]:
+    ) -> tuple[list[int], Batch]:
         """Register the worker, settle ``acks``, then fetch up to ``n`` slots of work."""
         self._register(worker, n if slots is None else slots, lanes, now)
         codes = [self.ack(a.id, a.token, a.kind, now=now, delay_ms=a.delay_ms) for a in acks]
@@ -367,11 +369,16 @@ class QueueModel(LaneDispatch):
         """A renewal call's heartbeat (it registers no capacity)."""
         self.heartbeats[worker] = now
 
-    def ack(self, job_id: str, token: int, kind: AckKind, *, now: int, delay_ms: int = 0) -> bool:
-        """Settle an attempt; False when the token is stale (the ack is fenced)."""
+    def ack(self, job_id: str, token: int, kind: AckKind, *, now: int, delay_ms: int = 0) -> int:
+        """Settle an attempt: 1 applied; 2 the settlement this lease made already, sent
+        again (not applied twice); 0 fenced, the token being stale."""
         if not self._holds(job_id, token):
+            job = self.jobs.get(job_id)
+            if job is not None and job.status != "running" and job.settled == token:
+                self.stats["resettled"] += 1
+                return 2
             self.stats["fenced"] += 1
-            return False
+            return 0
         job = self.jobs[job_id]
         del self.leases[job_id]
         self._settle_running(job)
@@ -379,6 +386,7 @@ class QueueModel(LaneDispatch):
         if kind != "release" and job.tenant in self.tenant_limits:
             mean = self.durations.setdefault(job.tenant, DurationMean())
             mean.observe(max(0, now - (job.started_at or now)) / 1000)
+        job.settled = token
         job.token = job.worker = None
         job.lease_lost = False
         if kind == "ok":
@@ -394,7 +402,7 @@ class QueueModel(LaneDispatch):
             job.attempts -= 1
             job.status = "queued"
             self._push_ready(job)
-        return True
+        return 1
 
     def sweep(
         self, limit: int, *, now: int, delay_ms: int = 0, stale_ms: int | None = None
@@ -476,6 +484,7 @@ class QueueModel(LaneDispatch):
         self.fence += 1
         job.attempts += 1
         job.status, job.token, job.worker, job.started_at = "running", self.fence, worker, now
+        job.settled = None
         self.leases[job.id] = now + lease_ms
         return Grant(job.id, self.fence, job.attempts)
 

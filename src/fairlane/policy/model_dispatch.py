@@ -63,6 +63,7 @@ class ModelJob:
     limits: tuple[tuple[str, int], ...] = ()  # its own throttle keys and limits
     attempts: int = 0
     token: int | None = None
+    settled: int | None = None  # the token whose ack last settled it (until its next lease)
     worker: str | None = None
     started_at: int | None = None  # when its last attempt was leased
     ttok: int | None = None  # the throttle grant it holds

@@ -156,7 +156,10 @@ end
 -- [id, token, kind (ok | retry | dead | cancel | release | suspend), payload, delay_ms, cost]
 -- (a workflow run suspends with what it waits for as its payload).
 -- (cost: the work units the attempt used, -1 when it did not run).
--- Returns one code per entry: 1 applied, 0 rejected as stale (counted in stats 'fenced').
+-- Returns one code per entry: 1 applied; 2 the settlement this lease made already, sent
+-- again after its reply was lost (not applied twice; counted 'resettled'); 0 rejected as
+-- stale (counted 'fenced'). A job keeps the token that settled it until its next lease
+-- (a reclaim removes it), so the two cannot be confused.
 local function apply_acks(keys, p, acks, now, tally)
   local codes, released, freed, limited, settled = {}, {}, {}, {}, {}
   local costing = {samples = {}, tags = {}}
@@ -165,7 +168,10 @@ local function apply_acks(keys, p, acks, now, tally)
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'st', 'tok', 'task', 'rc', 'rf', 'w', 'att', 'max', 'lane',
       'cls', 'sl', 'ttok', 'tenant', 'start', 'mu', 'ck', 'cu', 'par', 'wfr')
-    if f[1] ~= 'running' or f[2] ~= a[2] then
+    if f[1] ~= 'running' and f[2] == a[2] then
+      count(tally, 'resettled')
+      codes[i] = 2
+    elseif f[1] ~= 'running' or f[2] ~= a[2] then
       count(tally, 'fenced')
       codes[i] = 0
     else
