@@ -138,6 +138,11 @@ async def test_corrupt_job_fields_are_dead_lettered_with_the_field_named(
             info = await job.info()
             assert (info.id, info.status) == (job.id, "failed"), label
             assert info.error, label
+        # the lane's counts of waiting and running slots are back to nothing, a damaged
+        # width (0, a fraction, text) read as the width the job was counted at
+        state = await client.hgetall(app.store.keys.lane("default").state)
+        counts = {k: v for k, v in state.items() if k[:2] in (b"d:", b"f:", b"g:")}
+        assert counts and set(counts.values()) == {b"0"}, counts
     assert sorted(ran) == [1, 2, 4], "a corrupt job was executed"
 
 

@@ -78,14 +78,14 @@ local function cancel(keys, args)
   if st == 'queued' and f[6] then
     if redis.call('ZREM', class_key(p, f[2], cls, 'granted'), id) == 1 then
       local sk = lane_key(p, f[2], 'state')
-      redis.call('HINCRBY', sk, 'd:' .. cls, -(tonumber(f[5]) or 1))
+      redis.call('HINCRBY', sk, 'd:' .. cls, -slots_of(f[5]))
       redis.call('HINCRBY', sk, 'g:' .. cls, -1)
     end
     release_throttle(keys, p, id, f[6], now)
   elseif st == 'queued' then
     local q = tenant_queue(p, f[2], cls, f[3])
     if redis.call('ZREM', q, id) == 1 then
-      redis.call('HINCRBY', lane_key(p, f[2], 'state'), 'd:' .. cls, -(tonumber(f[5]) or 1))
+      redis.call('HINCRBY', lane_key(p, f[2], 'state'), 'd:' .. cls, -slots_of(f[5]))
     end
     if redis.call('ZCARD', q) == 0 then
       -- the tag stays as it was: cancelling and queueing again gains nothing

@@ -84,7 +84,7 @@ local function class_head(cx, i)
     local g = redis.call('ZRANGE', class_key(p, lane, cls, 'granted'), 0, 0)[1]
     if g then
       -- pcall: a job key of the wrong type reads as width 1; `runnable` then drops it
-      return {'g', g, tonumber(redis.pcall('HGET', job_key(p, g), 'sl')) or 1}
+      return {'g', g, slots_of(redis.pcall('HGET', job_key(p, g), 'sl'))}
     end
   end
   local run = cx.runs[cls]
@@ -103,7 +103,7 @@ local function class_head(cx, i)
       id = redis.call('ZRANGE', tenant_queue(p, lane, cls, tenant), 0, 0)[1]
     end
   end
-  local width = id and tonumber(redis.pcall('HGET', job_key(p, id), 'sl')) or 1
+  local width = id and slots_of(redis.pcall('HGET', job_key(p, id), 'sl')) or 1
   return {'q', id, width, tenant, tag}
 end
 

@@ -77,6 +77,17 @@ local function error_type(err)
   return err and string.match(err, '"type"%s*:%s*"([^"]*)"') or ''
 end
 
+-- A job's width in slots from its record's `sl`: enqueue writes a whole number >= 1,
+-- so anything else is damage, read as the default width that enqueue counted it at;
+-- the waiting and in-flight counts then return to where they were before the job.
+local function slots_of(raw)
+  local n = tonumber(raw)
+  if n and n >= 1 and n == math.floor(n) then
+    return n
+  end
+  return 1
+end
+
 local function order_score(prio, seq)
   return -tonumber(prio) * PRIO_SPAN + tonumber(seq)
 end
@@ -182,7 +193,7 @@ local function apply_acks(keys, p, acks, now, tally)
       -- held its class's capacity (queued_why)
       local ek = f[9] .. '\0' .. (f[10] or DEFAULT_CLASS)
       tally.ended = tally.ended or {}
-      tally.ended[ek] = (tally.ended[ek] or 0) + (tonumber(f[11]) or 1)
+      tally.ended[ek] = (tally.ended[ek] or 0) + slots_of(f[11])
       freed[f[9]] = true
       release_throttle(keys, p, id, f[12], now)
       local tenant = f[13] or ''

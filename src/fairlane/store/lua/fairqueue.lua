@@ -53,9 +53,9 @@ local function push_ready(p, lane, cls, tenant, id, prio, seq, slots, batch)
   end
   redis.call('ZADD', q, order_score(prio, seq), id)
   if batch then
-    batch.d[cls] = (batch.d[cls] or 0) + (tonumber(slots) or 1)
+    batch.d[cls] = (batch.d[cls] or 0) + slots_of(slots)
   else
-    redis.call('HINCRBY', lane_key(p, lane, 'state'), 'd:' .. cls, tonumber(slots) or 1)
+    redis.call('HINCRBY', lane_key(p, lane, 'state'), 'd:' .. cls, slots_of(slots))
   end
 end
 
@@ -97,7 +97,7 @@ end
 -- A running attempt of a job ended: the class's in-flight slots and work shrink.
 local function settle_running(p, lane, cls, slots, work)
   redis.call('HINCRBYFLOAT', class_key(p, lane, cls, 'vt'), 'run', -(work or 1))
-  redis.call('HINCRBY', lane_key(p, lane, 'state'), 'f:' .. cls, -(tonumber(slots) or 1))
+  redis.call('HINCRBY', lane_key(p, lane, 'state'), 'f:' .. cls, -slots_of(slots))
 end
 
 -- Settlements of one ack batch, added up per lane and class and written at once.
@@ -108,7 +108,7 @@ local function add_settled(settled, lane, cls, slots, work)
     e = {lane, cls, 0, 0}
     settled[key] = e
   end
-  e[3], e[4] = e[3] + work, e[4] + (tonumber(slots) or 1)
+  e[3], e[4] = e[3] + work, e[4] + slots_of(slots)
 end
 
 local function flush_settled(p, settled)
@@ -127,7 +127,7 @@ local function enter_granted(p, id, token, now)
   log_event(p, id, now or now_ms(), 'granted', {tok = token})
   redis.call('ZADD', class_key(p, f[1], f[2], 'granted'), token, id)
   local sk = lane_key(p, f[1], 'state')
-  redis.call('HINCRBY', sk, 'd:' .. f[2], tonumber(f[3]) or 1)
+  redis.call('HINCRBY', sk, 'd:' .. f[2], slots_of(f[3]))
   redis.call('HINCRBY', sk, 'g:' .. f[2], 1)
   wake(p, f[1])
 end
