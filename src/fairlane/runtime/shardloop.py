@@ -120,6 +120,9 @@ class ShardLoop:
                 await self._wait_for_room(free)
                 continue
             if fetched is None:
+                # the backoff is waited out here, not holding the turn: the other
+                # shards (perhaps on other servers) go on meanwhile
+                await wait_or_stop(worker.stopping, self.fetch_outage.delay())
                 continue
             widen = False
             self.maybe_idle = not fetched.jobs and worker.idle_ms() > 0
@@ -152,7 +155,6 @@ class ShardLoop:
         sent = time.monotonic()
         worker.reserved += want
         fetched: Fetched | None = None
-        failure: StoreUnavailable | None = None
         try:
             fetched = await self.store.exchange(
                 worker.id,
@@ -164,7 +166,7 @@ class ShardLoop:
                 slots=worker.concurrency,
             )
         except StoreUnavailable as exc:
-            failure = exc
+            self.fetch_outage.failed(exc)
         finally:
             worker.reserved -= want
         if fetched is not None:
@@ -173,8 +175,6 @@ class ShardLoop:
         if fetched is None:
             self.outcomes[:0] = outcomes
             self.drop_expired_outcomes()
-            if failure is not None:
-                await wait_or_stop(worker.stopping, self.fetch_outage.failed(failure))
             return None
         if self.fetch_outage.down:
             self.fetch_outage.recovered()
