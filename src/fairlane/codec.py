@@ -158,8 +158,8 @@ class ArgsCodec:
             # a result kept in a payload store: its reader must fetch it first, never
             # take the reference for the value (``fairlane.payloads``)
             raise PayloadTooLarge(
-                "the result is kept in the payload store; only Job.result() fetches it "
-                "(a workflow's children cannot return results over payloads.threshold_bytes)"
+                "the result is kept in the payload store: its reader fetches it first "
+                "(Job.result() and a workflow reading its children's results do)"
             )
         return msgspec.json.decode(blob, type=self.return_type, strict=False)
 

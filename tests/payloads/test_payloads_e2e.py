@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 
-from fairlane import App, Backoff, Job, Retention, TaskFailed
+from fairlane import App, Backoff, Context, Job, Retention, TaskFailed
 from fairlane.codec import PayloadTooLarge
 from fairlane.gateway.ui.actions import retry
 from fairlane.payloads import PayloadMissing, PayloadStore
 from fairlane.payloads.directory import DirectoryPayloadStore
 from fairlane.payloads.refs import decode_ref, is_ref
 from fairlane.payloads.s3 import S3PayloadStore
+from fairlane.payloads.sweep import split_member, sweep_once
 from tests.e2e.helpers import WAIT, eventually, fast_settings, running_worker
 
 # they test payload stores more than the server: one backend is enough, and the
@@ -283,3 +284,41 @@ async def test_purge_removes_the_payloads_of_every_shard(
         assert len(stored_names(payload_store) - before) == 6
         assert await app.purge() > 0
         assert stored_names(payload_store) - before == set()
+
+
+@pytest.mark.contract
+async def test_a_childs_large_result_lives_as_long_as_its_run(
+    redis_url: str, namespace: str, payload_store: PayloadStore
+) -> None:
+    app = make_app(namespace, redis_url, payload_store)
+    big = "y" * (THRESHOLD * 3)
+
+    @app.task(name="draft")
+    async def draft() -> str:
+        return big
+
+    @app.workflow(name="review")
+    async def review(ctx: Context) -> int:
+        (text,) = await ctx.gather(ctx.call(draft))
+        await ctx.sleep(0.01)  # a second slice replays the children's results
+        return len(text)
+
+    async with app:
+        before = stored_names(payload_store)
+        run = await review.enqueue()
+        async with running_worker(app):
+            assert await run.result(timeout=WAIT) == len(big)
+        (name,) = stored_names(payload_store) - before
+        store = app.store
+        owners = {split_member(m)[0] for m in await store.client.zrange(store.keys.payloads, 0, -1)}
+        assert owners == {run.id}
+        # the child's record goes (retention), the run's stays: the payload stays too
+        await store.client.delete(store.keys.job(f"{run.id}.0.0"))
+        assert app.payloads is not None
+        far = int(time.time() * 1000) + 10**9
+        await sweep_once(store, app.payloads, far)
+        assert name in stored_names(payload_store)
+        # and goes with the run's record
+        await store.client.delete(store.keys.job(run.id))
+        await sweep_once(store, app.payloads, far + 10**9)
+        assert name not in stored_names(payload_store)

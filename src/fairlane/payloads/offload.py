@@ -89,12 +89,16 @@ class Payloads:
         await asyncio.gather(*(self.store.put(name, blob) for _, name, blob in writes))
         return out
 
-    async def offload_result(self, server: Store, job_id: str, blob: bytes) -> bytes:
-        """Store a result and return the reference to settle the attempt with."""
+    async def offload_result(
+        self, server: Store, job_id: str, blob: bytes, parent: str = ""
+    ) -> bytes:
+        """Store a result and return the reference to settle the attempt with. A
+        workflow child's result goes with its run's record, not its own (``parent``):
+        the run reads it on every replay, long after the child's record may be gone."""
         self.check_size(blob, "the result's bytes")
         name = new_name(job_id, "result")
         ref = encode_ref(PayloadRef(name, len(blob), await _sha256(blob)))
-        await self._index(server, [(job_id, name)])
+        await self._index(server, [(parent or job_id, name)])
         await self.store.put(name, blob)
         return ref
 

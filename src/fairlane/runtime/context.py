@@ -401,7 +401,7 @@ class Context:
         name = ",".join(c.task.name for c in calls)
         done = self._replay("children", name)
         if done is not None:
-            return _child_results(calls, _unpack_results(done.value), self.run_id, self._seq)
+            return await _child_results(calls, _unpack_results(done.value), self.run_id, self._seq)
         if self._budget.spent(time.monotonic()):
             raise Suspend("yield", 0)
         ids = [f"{self.run_id}.{self._seq}.{i}" for i in range(len(calls))]
@@ -418,7 +418,7 @@ class Context:
         if state == "fenced":
             raise LeaseLost(self.run_id)
         self._seq += 1
-        return _child_results(calls, found, self.run_id, self._seq - 1)
+        return await _child_results(calls, found, self.run_id, self._seq - 1)
 
     async def _start_children(self, pending: list[tuple[str, ChildCall]]) -> None:
         by_lane: dict[str, list[Any]] = {}
@@ -496,7 +496,7 @@ def _unpack_results(value: str | bytes) -> list[Any]:
     return list(results) if results else []  # the server writes an empty array as {}
 
 
-def _child_results(
+async def _child_results(
     calls: Sequence[ChildCall], results: list[Any], run_id: str, seq: int
 ) -> list[Any]:
     out: list[Any] = []
@@ -506,5 +506,8 @@ def _child_results(
         if status_text != "completed":
             info = decode_error(blob)
             raise ChildFailed(f"{run_id}.{seq}.{i}", info.type, info.message, info.traceback)
+        payloads = call.task.app.payloads
+        if payloads is not None:  # a large result waits in the payload store
+            blob = await payloads.resolve(blob)
         out.append(call.task.codec.decode_result(blob))
     return out

@@ -244,7 +244,8 @@ class Runner:
         payloads = self.app.payloads
         assert payloads is not None
         try:
-            return await payloads.offload_result(self.app.store_for_job(job.id), job.id, payload)
+            store = self.app.store_for_job(job.id)
+            return await payloads.offload_result(store, job.id, payload, job.parent)
         except PayloadTooLarge as exc:
             raise _Failure(encode_error(exc), retryable=False) from None
         except Exception as exc:  # the store or the index failed: perhaps passing

@@ -123,6 +123,7 @@ class FetchedJob(msgspec.Struct, array_like=True, frozen=True):
     slots: int = 1  # worker slots the job occupies
     service_class: str = "standard"
     trace_context: str = ""  # the producer's W3C trace context ('' none; fairlane.tracing)
+    parent: str = ""  # the workflow run a child job belongs to ('' none)
 
 
 @dataclass(frozen=True, slots=True)

@@ -149,7 +149,7 @@ end
 -- fencing token each, the attempt counted, one ZADD for all the leases; the classes'
 -- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns the rows a worker receives: [id, token,
 -- attempt, task, args, timeout, deadline, tenant, max, backoff, enqueued, slots, class,
--- trace context ('' for none)].
+-- trace context ('' for none), parent run ('' for none)].
 local function lease_jobs(keys, p, popped, worker, lease, now)
   local jobs = {}
   if #popped == 0 then
@@ -178,7 +178,7 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
     -- a trace context that is not valid UTF-8 is dropped: tracing never costs the job
     jobs[i] = {id, tostring(tok), att, f[2], f[3], tonumber(f[6]) or 0,
       tonumber(f[5]) or 0, f[7] or '', tonumber(f[4]), f[8] or '', tonumber(f[9]) or 0,
-      tonumber(f[11]) or 1, cls, utf8_ok(f[18]) and f[18] or ''}
+      tonumber(f[11]) or 1, cls, utf8_ok(f[18]) and f[18] or '', utf8_ok(f[19]) and f[19] or ''}
   end
   redis.call('ZADD', keys[LEASES], unpack(zargs))
   for _, r in pairs(running) do
@@ -218,13 +218,13 @@ local function hand_off(keys, p, worker, lease, popped, now)
 end
 
 -- Check a job popped from a tenant queue or a granted set. Returns its fields (st,
--- task, args, max, dl, to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok, cu, tp) when it
+-- task, args, max, dl, to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok, cu, tp, par) when it
 -- can run; settles it (and frees any throttle grant it held) and returns nil when it
 -- cannot (expired, malformed, or a stale entry).
 local function runnable(keys, p, id, now, tally)
   -- pcall: a job key that is not a hash reads as a missing record (left for a human)
   local f = redis.pcall('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
-    'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok', 'cu', 'tp')
+    'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok', 'cu', 'tp', 'par')
   local bad = f[1] == 'queued' and malformed_field(f)
   if bad then
     count(tally, 'malformed')
