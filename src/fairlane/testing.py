@@ -425,7 +425,8 @@ class RedisSentinel:
     ``master`` is the server to monitor (a running :class:`RedisServer`, or ``(host,
     port)``); it is named ``service_name``. :meth:`start` returns once the sentinel answers
     ``SENTINEL GET-MASTER-ADDR-BY-NAME`` with the master's address. ``url`` is the
-    ``redis+sentinel://`` URL of that service.
+    ``redis+sentinel://`` URL of that service. ``down_after_ms`` is how long the master
+    must be silent before the sentinel (its own quorum) fails over to a replica.
     """
 
     def __init__(
@@ -435,9 +436,11 @@ class RedisSentinel:
         service_name: str = "fairlane",
         binary: str | None = None,
         start_timeout: float = 10.0,
+        down_after_ms: int = 5000,
     ) -> None:
         self._master = master
         self.service_name = service_name
+        self._down_after_ms = down_after_ms
         self._binary_name = binary
         self._start_timeout = start_timeout
         self._port: int | None = None
@@ -514,7 +517,8 @@ class RedisSentinel:
             f"bind {_HOST}\n"
             f"dir {self._dir}\n"
             f"sentinel monitor {self.service_name} {host} {port} 1\n"
-            f"sentinel down-after-milliseconds {self.service_name} 5000\n"
+            f"sentinel down-after-milliseconds {self.service_name} {self._down_after_ms}\n"
+            f"sentinel failover-timeout {self.service_name} {max(3 * self._down_after_ms, 1000)}\n"
         )
         self._log = open(self._dir / "sentinel.log", "ab")  # noqa: SIM115 - closed in stop
         self._proc = subprocess.Popen(
