@@ -13,6 +13,7 @@ marked ``embedded_only`` (processes, a browser or a benchmark harness).
 binary (skipped with ``FAIRLANE_TEST_CLUSTER=0``). Only tests marked ``contract`` run on
 it: they hold the store to what every deployment must give (each script, on a cluster,
 with no CROSSSLOT error), while the rest of the suite runs once, on a single server.
+Tests marked ``cluster_only`` need several primaries and run there alone.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def _backends() -> list[str]:
 def _deselected(item: pytest.Item) -> bool:
     params = getattr(getattr(item, "callspec", None), "params", {})
     backend = params.get("redis_url")
+    if item.get_closest_marker("cluster_only") is not None:
+        return backend != "cluster"
     if backend == "external":
         if item.get_closest_marker("embedded_only") is not None:
             return True

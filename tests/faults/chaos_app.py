@@ -83,6 +83,7 @@ def build_app(
     renew: float = 0.2,
     sweep: float = 0.3,
     concurrency: int = 10,
+    shards: int = 1,
 ) -> tuple[App, Task[[int, float], int], Workflow[[int, float], int]]:
     settings = load_settings(
         project_dir=HERE,
@@ -96,7 +97,7 @@ def build_app(
         },
         worker={"concurrency": concurrency, "grace_period": 1.0, "idle_block": 0.5},
     )
-    app = App(name, redis_url=url, settings=settings)
+    app = App(name, redis_url=url, settings=settings, shards=shards)
     task = app.task(
         name="effect", attempts=ATTEMPTS, backoff=NO_WAIT, timeout=30.0, retention=KEEP_ALL
     )(effect)
@@ -125,6 +126,7 @@ def main() -> None:
         renew=float(env["FLT_RENEW"]),
         sweep=float(env["FLT_SWEEP"]),
         concurrency=int(env["FLT_CONCURRENCY"]),
+        shards=int(env.get("FLT_SHARDS", "1")),
     )
 
     async def serve() -> None:

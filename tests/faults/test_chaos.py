@@ -16,6 +16,10 @@ Afterwards:
   per job and kill, naming the dead worker), and nothing was fenced;
 * recovery: each of those jobs was reclaimed, and leased again, within the lease plus
   a sweep interval (plus slack for a loaded machine) of the kill.
+
+It runs on the single server with one shard, and on the local 3-master cluster with
+three shards, their tenants spread over them: every worker serves every shard, and
+each shard on its own primary reclaims what a killed worker held.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import pytest
 
 from fairlane.app import App
 from fairlane.explain import Event
+from fairlane.store.keys import job_shard
 from fairlane.task import Task
 from fairlane.workflows import Workflow
 from tests.faults.chaos_app import FLOW_STEPS, build_app, keys_of
@@ -103,16 +108,20 @@ def _first_start_after(ms: int, events: list[Event], record_start: int | None) -
 
 
 async def _enqueue_mixed(
-    task: Task[[int, float], int], flow: Workflow[[int, float], int]
+    task: Task[[int, float], int], flow: Workflow[[int, float], int], tasks: int, flows: int
 ) -> tuple[list[str], list[str]]:
-    """Enqueue the tasks and the runs interleaved, in ``CHUNKS`` rounds; their ids."""
+    """Enqueue the tasks and the runs interleaved, in ``CHUNKS`` rounds, each round as
+    another tenant (so that several shards get work); their ids."""
     task_ids: list[str] = []
     run_ids: list[str] = []
     for c in range(CHUNKS):
-        lo, hi = c * TASKS // CHUNKS, (c + 1) * TASKS // CHUNKS
-        task_ids += [j.id for j in await task.enqueue_many([(n, PAUSE) for n in range(lo, hi)])]
-        lo, hi = c * FLOWS // CHUNKS, (c + 1) * FLOWS // CHUNKS
-        run_ids += [j.id for j in await flow.enqueue_many([(n, PAUSE) for n in range(lo, hi)])]
+        tenant = f"tenant-{c}"
+        lo, hi = c * tasks // CHUNKS, (c + 1) * tasks // CHUNKS
+        calls = [(n, PAUSE) for n in range(lo, hi)]
+        task_ids += [j.id for j in await task.enqueue_many(calls, tenant=tenant)]
+        lo, hi = c * flows // CHUNKS, (c + 1) * flows // CHUNKS
+        calls = [(n, PAUSE) for n in range(lo, hi)]
+        run_ids += [j.id for j in await flow.enqueue_many(calls, tenant=tenant)]
     return task_ids, run_ids
 
 
@@ -142,16 +151,38 @@ def _worst_recovery(
 async def test_kill_9_random_workers_during_10000_jobs(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
+    await _chaos(redis_url, namespace, tmp_path, shards=1, tasks=TASKS, flows=FLOWS)
+
+
+@pytest.mark.cluster_only
+async def test_kill_9_random_workers_serving_three_shards_on_a_cluster(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    await _chaos(redis_url, namespace, tmp_path, shards=3, tasks=TASKS, flows=FLOWS)
+
+
+async def _chaos(
+    redis_url: str, namespace: str, tmp_path: Path, *, shards: int, tasks: int, flows: int
+) -> None:
     prefix = f"{{fl:{namespace}}}:chaos"
-    app, task, flow = build_app(namespace, redis_url, lease=LEASE, renew=RENEW, sweep=SWEEP)
+    app, task, flow = build_app(
+        namespace, redis_url, lease=LEASE, renew=RENEW, sweep=SWEEP, shards=shards
+    )
     env = worker_env(
-        namespace, redis_url, prefix, lease=LEASE, renew=RENEW, sweep=SWEEP, concurrency=CONCURRENCY
+        namespace,
+        redis_url,
+        prefix,
+        lease=LEASE,
+        renew=RENEW,
+        sweep=SWEEP,
+        concurrency=CONCURRENCY,
+        shards=shards,
     )
     rng = random.Random(8)
     began = time.monotonic()
     async with app:
-        client, keys = app.store.client, app.store.keys
-        task_ids, run_ids = await _enqueue_mixed(task, flow)
+        client = app.store.client
+        task_ids, run_ids = await _enqueue_mixed(task, flow, tasks, flows)
         ids = task_ids + run_ids
         with Fleet(env, tmp_path, "tests.faults.chaos_app") as fleet:
             kills = await _supervise(app, fleet, len(ids), rng)
@@ -159,13 +190,13 @@ async def test_kill_9_random_workers_during_10000_jobs(
 
         pipe = client.pipeline(transaction=False)
         for job_id in ids:
-            pipe.hmget(keys.job(job_id), ["st", "start", "res"])
+            pipe.hmget(app.store_for_job(job_id).keys.job(job_id), ["st", "start", "res"])
         records = dict(zip(ids, await pipe.execute(), strict=True))
         ledger_key, calls_key = keys_of(prefix)
         ledger = {_text(k) for k in await client.hkeys(ledger_key)}
         calls = {_text(k): int(v) for k, v in (await client.hgetall(calls_key)).items()}
         lost = set().union(*(k.held for k in kills)) if kills else set()
-        events = {job_id: await app.store.job_events(job_id) for job_id in ids}
+        events = {job_id: await app.store_for_job(job_id).job_events(job_id) for job_id in ids}
         stats = await app.stats()
 
     # nothing lost: every job completed; the workflows with the right result
@@ -173,6 +204,11 @@ async def test_kill_9_random_workers_during_10000_jobs(
     assert statuses == {"completed": len(ids)}, statuses
     for n, run_id in enumerate(run_ids):
         assert int(records[run_id][2]) == n * sum(range(1, FLOW_STEPS + 1)), run_id
+    if shards > 1:
+        served = {job_shard(job_id, shards) for job_id in ids}
+        assert served == set(range(shards)), f"work in shards {served} only"
+        held = {job_shard(job_id, shards) for k in kills for job_id in k.held}
+        assert len(held) > 1, "the killed workers held jobs of one shard only"
     assert len(kills) >= MIN_KILLS, f"only {len(kills)} kills: the chaos tested little"
     assert lost, "no killed worker held a job: the kills tested nothing"
 
@@ -197,7 +233,7 @@ async def test_kill_9_random_workers_during_10000_jobs(
     starts = {job_id: int(records[job_id][1] or 0) or None for job_id in reclaimed}
     worst_reclaim, worst_restart = _worst_recovery(kills, reclaimed, events, starts)
     print(
-        f"\n{len(ids):,} jobs ({len(run_ids)} workflow runs) in {elapsed:.1f}s; "
+        f"\n{shards} shard(s): {len(ids):,} jobs ({len(run_ids)} workflow runs) in {elapsed:.1f}s; "
         f"{len(kills)} kills, {sum(times_lost.values())} leases lost, "
         f"{len(repeated)} effects invoked twice (each applied once); worst recovery: "
         f"reclaimed {worst_reclaim} ms, leased again {worst_restart} ms after the kill "
