@@ -2,8 +2,8 @@
 
 Run it as ``python -m tests.faults.chaos_app`` from the repository root, with the
 environment ``tests.faults.worker_proc.worker_env`` builds (``FLT_APP``, ``FLT_URL``,
-``FLT_LEASE``, ``FLT_RENEW``, ``FLT_SWEEP``, ``FLT_CONCURRENCY``; ``FLT_LEDGER`` is the
-prefix of the test's own keys).
+``FLT_LEASE``, ``FLT_RENEW``, ``FLT_SWEEP``, ``FLT_CONCURRENCY``, ``FLT_SHARDS``;
+``FLT_LEDGER`` is the prefix of the test's own keys).
 
 Side effects go to two hashes apart from the app's keys, as a consumer that dedupes
 would write them:
@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import fairlane
 from fairlane.app import App
-from fairlane.config import load_settings
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.task import Task
 from fairlane.workflows import Workflow
+from tests.faults.worker_proc import fault_settings, process_options, serve_with_ledger
 
 __all__ = ["FLOW_STEPS", "build_app", "keys_of", "main"]
 
@@ -85,10 +83,8 @@ def build_app(
     concurrency: int = 10,
     shards: int = 1,
 ) -> tuple[App, Task[[int, float], int], Workflow[[int, float], int]]:
-    settings = load_settings(
-        project_dir=HERE,
-        environ={},
-        redis_url=url,
+    settings = fault_settings(
+        url,
         lease={
             "duration": lease,
             "renew_interval": renew,
@@ -113,28 +109,8 @@ def build_app(
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
-    )
-    env = os.environ
-    app, _, _ = build_app(
-        env["FLT_APP"],
-        env["FLT_URL"],
-        lease=float(env["FLT_LEASE"]),
-        renew=float(env["FLT_RENEW"]),
-        sweep=float(env["FLT_SWEEP"]),
-        concurrency=int(env["FLT_CONCURRENCY"]),
-        shards=int(env.get("FLT_SHARDS", "1")),
-    )
-
-    async def serve() -> None:
-        async with app:
-            _ctx.update(prefix=env["FLT_LEDGER"], client=app.store.client)
-            await app.run_worker(handle_signals=True)
-
-    asyncio.run(serve())
+    app, _, _ = build_app(**process_options())
+    asyncio.run(serve_with_ledger(app, _ctx))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A worker process for the fault tests, plus the helpers the tests drive it with.
 
 Run it as ``python -m tests.faults.worker_proc`` from the repository root; it is
-configured entirely by environment variables:
+configured entirely by the environment variables ``worker_env`` writes (all of them;
+the other fault apps read the same ones, through ``process_options``):
 
 ================  ===========================================  =======
 variable          meaning                                      default
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from fairlane.app import App
-from fairlane.config import load_settings
+from fairlane.config import Settings, load_settings
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.task import Task
@@ -155,10 +156,8 @@ def build_app(
     shards: int = 1,
 ) -> tuple[App, FaultTasks]:
     """The fault tests' app; with ``processes`` it has process tasks (and a pool of that size)."""
-    settings = load_settings(
-        project_dir=HERE,
-        environ={},
-        redis_url=url,
+    settings = fault_settings(
+        url,
         lease={"duration": lease, "renew_interval": renew, "sweep_interval": sweep},
         worker={
             "concurrency": concurrency,
@@ -194,24 +193,43 @@ def build_app(
     return app, tasks
 
 
-def main() -> None:
+def fault_settings(url: str, **sections: Any) -> Settings:
+    """Settings of a fault test's app: this directory's, no ``FAIRLANE_`` variables."""
+    return load_settings(project_dir=HERE, environ={}, redis_url=url, **sections)
+
+
+def process_options() -> dict[str, Any]:
+    """In a fault test's worker process: set up its log, and read the app's options
+    from the ``FLT_`` variables (``worker_env`` writes them all)."""
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
     )
     env = os.environ
-    app, _ = build_app(
-        env["FLT_APP"],
-        env["FLT_URL"],
-        lease=float(env.get("FLT_LEASE", "1.5")),
-        renew=float(env.get("FLT_RENEW", "0.3")),
-        sweep=float(env.get("FLT_SWEEP", "0.5")),
-        concurrency=int(env.get("FLT_CONCURRENCY", "8")),
-        processes=int(env.get("FLT_PROCESSES", "0")),
-        shards=int(env.get("FLT_SHARDS", "1")),
-    )
-    _ctx.update(app=app, ledger=env["FLT_LEDGER"])
+    return {
+        "name": env["FLT_APP"],
+        "url": env["FLT_URL"],
+        "lease": float(env["FLT_LEASE"]),
+        "renew": float(env["FLT_RENEW"]),
+        "sweep": float(env["FLT_SWEEP"]),
+        "concurrency": int(env["FLT_CONCURRENCY"]),
+        "shards": int(env["FLT_SHARDS"]),
+    }
+
+
+async def serve_with_ledger(app: App, ctx: dict[str, Any]) -> None:
+    """Run the worker of a fault test's app whose tasks write to the ledger keys under
+    ``FLT_LEDGER``, through the app's own client (kept in ``ctx``)."""
+    async with app:
+        ctx.update(prefix=os.environ["FLT_LEDGER"], client=app.store.client)
+        await app.run_worker(handle_signals=True)
+
+
+def main() -> None:
+    options = process_options()
+    app, _ = build_app(processes=int(os.environ["FLT_PROCESSES"]), **options)
+    _ctx.update(app=app, ledger=os.environ["FLT_LEDGER"])
     asyncio.run(app.run_worker(handle_signals=True))
 
 

@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import fairlane
 from fairlane.app import App
-from fairlane.config import load_settings
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.workflows import Workflow
+from tests.faults.worker_proc import fault_settings, process_options, serve_with_ledger
 
 __all__ = ["STEPS", "WORKFLOW", "build_app", "expected_total", "keys_of", "main"]
 
@@ -85,11 +83,10 @@ def build_app(
     renew: float = 0.2,
     sweep: float = 0.3,
     concurrency: int = 1,
+    shards: int = 1,
 ) -> tuple[App, Workflow[[int, int, str], int]]:
-    settings = load_settings(
-        project_dir=HERE,
-        environ={},
-        redis_url=url,
+    settings = fault_settings(
+        url,
         lease={
             "duration": lease,
             "renew_interval": renew,
@@ -98,7 +95,7 @@ def build_app(
         },
         worker={"concurrency": concurrency, "grace_period": 1.0, "idle_block": 0.5},
     )
-    app = App(name, redis_url=url, settings=settings)
+    app = App(name, redis_url=url, settings=settings, shards=shards)
 
     # one slice per lease: the run only gives its slot back when it is killed
     @app.workflow(
@@ -125,27 +122,8 @@ def build_app(
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
-    )
-    env = os.environ
-    app, _ = build_app(
-        env["FLT_APP"],
-        env["FLT_URL"],
-        lease=float(env.get("FLT_LEASE", "1.0")),
-        renew=float(env.get("FLT_RENEW", "0.2")),
-        sweep=float(env.get("FLT_SWEEP", "0.3")),
-        concurrency=int(env.get("FLT_CONCURRENCY", "1")),
-    )
-
-    async def serve() -> None:
-        async with app:
-            _ctx.update(prefix=env["FLT_LEDGER"], client=app.store.client)
-            await app.run_worker(handle_signals=True)
-
-    asyncio.run(serve())
+    app, _ = build_app(**process_options())
+    asyncio.run(serve_with_ledger(app, _ctx))
 
 
 if __name__ == "__main__":
