@@ -55,6 +55,8 @@ from typing import Any
 
 import msgspec
 
+from fairlane.store.fields import field_int, field_text
+
 __all__ = [
     "Event",
     "Explanation",
@@ -146,30 +148,13 @@ def format_ms(ms: int) -> str:
     return f"{ms / 60_000:.1f} min"
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return "" if value is None else str(value)
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    try:
-        return int(float(_text(value)))
-    except ValueError:
-        return None
-
-
 def _error_type(err: Any) -> str:
     """The type of a recorded error (JSON ``{"type": ...}``), or ''."""
     try:
-        value = json.loads(_text(err))
+        value = json.loads(field_text(err))
     except ValueError:
         return ""
-    return _text(value.get("type")) if isinstance(value, dict) else ""
+    return field_text(value.get("type")) if isinstance(value, dict) else ""
 
 
 def _plural(n: int, one: str, many: str) -> str:
@@ -189,7 +174,7 @@ class _Why:
 
 def _queued_why(qw: Any, cls: str) -> _Why | None:
     """Dispatch's ``qw`` view of a wait in words, or None when it says nothing."""
-    text = _text(qw)
+    text = field_text(qw)
     if not text:
         return None
     try:
@@ -199,7 +184,7 @@ def _queued_why(qw: Any, cls: str) -> _Why | None:
     if not isinstance(data, dict):
         return None
     by = data.get("by") if isinstance(data.get("by"), dict) else {}
-    rivals = _int(data.get("ten")) or 0
+    rivals = field_int(data.get("ten")) or 0
     parts: list[str] = []
     borrowers: list[str] = []
     if by:
@@ -230,12 +215,12 @@ def _limit_of(record: Mapping[str, Any], key: str) -> int | None:
     if not raw:
         return None
     try:
-        limits = _DECODER.decode(raw if isinstance(raw, bytes) else _text(raw).encode())
+        limits = _DECODER.decode(raw if isinstance(raw, bytes) else field_text(raw).encode())
     except (msgspec.DecodeError, UnicodeEncodeError):
         return None
     for entry in limits if isinstance(limits, list) else ():
-        if isinstance(entry, list) and len(entry) == 2 and _text(entry[0]) == key:
-            return _int(entry[1])
+        if isinstance(entry, list) and len(entry) == 2 and field_text(entry[0]) == key:
+            return field_int(entry[1])
     return None
 
 
@@ -280,7 +265,7 @@ class _Walk:
         self.open(ms, "queued", _Why(f"queued for a worker slot in class {self.cls}", "slot"))
 
     def deferred(self, ms: int, reason: Any, cls: Any) -> None:
-        where, because = _text(cls) or self.cls, _text(reason) or "?"
+        where, because = field_text(cls) or self.cls, field_text(reason) or "?"
         self.open(
             ms,
             "deferred",
@@ -288,7 +273,7 @@ class _Walk:
         )
 
     def from_now_or_later(self, ms: int, at: Any) -> None:
-        until = _int(at)
+        until = field_int(at)
         if until is not None and until > ms:
             later = f"scheduled to start {format_ms(until - ms)} later"
             self.open(ms, "scheduled", _Why(later, "schedule"))
@@ -311,7 +296,7 @@ class _Walk:
             told = _queued_why(d.get("qw"), self.cls)
             if told is not None:
                 self.close(ms, why=told)
-        worker, att = _text(d.get("wk")) or "?", _int(d.get("att")) or 0
+        worker, att = field_text(d.get("wk")) or "?", field_int(d.get("att")) or 0
         self.running = {"worker": worker, "attempt": att}
         shown = f"attempt {att} on worker {worker}" if att else f"on worker {worker}"
         self.open(ms, "running", _Why(shown, ""))
@@ -319,7 +304,7 @@ class _Walk:
     def step(self, ev: Event) -> None:  # noqa: C901, PLR0912 - one branch per kind
         d, ms = ev.detail, ev.ms
         if d.get("cls"):
-            self.cls = _text(d["cls"])
+            self.cls = field_text(d["cls"])
         match ev.kind:
             case "submitted" | "due":
                 if d.get("v") == "deferred":
@@ -329,7 +314,7 @@ class _Walk:
             case "scheduled" | "admitted":
                 self.from_now_or_later(ms, d.get("at"))
             case "parked":
-                self.parked(ms, _text(d.get("key")))
+                self.parked(ms, field_text(d.get("key")))
             case "granted":
                 self.open(
                     ms,
@@ -342,9 +327,9 @@ class _Walk:
             case "dispatched":
                 self.dispatched(ms, d)
             case "retry":
-                err = _text(d.get("err")) or "an error"
+                err = field_text(d.get("err")) or "an error"
                 self.end_running(ms, f"failed with {err}")
-                delay = _int(d.get("delay"))
+                delay = field_int(d.get("delay"))
                 shown = format_ms(delay) if delay is not None else "a"
                 self.open(
                     ms, "backoff", _Why(f"retry backoff ({shown} after {err})", "backoff", (err,))
@@ -352,7 +337,7 @@ class _Walk:
             case "reclaimed":
                 self.end_running(ms, "lost (its lease expired)")
             case "suspended":
-                wait = _text(d.get("wait")) or "something"
+                wait = field_text(d.get("wait")) or "something"
                 self.end_running(ms, "suspended")
                 self.open(
                     ms, "suspended", _Why(f"suspended waiting for {wait}", "workflow", (wait,))
@@ -364,7 +349,7 @@ class _Walk:
                 self.queued(ms)
             case kind if kind in _FINAL:
                 if kind != "completed":
-                    err = _text(d.get("err"))
+                    err = field_text(d.get("err"))
                     self.end_running(ms, kind + (f" ({err})" if err else ""))
                 self.close(ms)
             case _:
@@ -401,11 +386,11 @@ def timeline(record: Mapping[str, Any], events: Sequence[Event]) -> list[Event]:
     attempt's start (``start``, ``wk``, ``att``, ``qw``) and the end (``st``, ``fin``,
     ``err``); events that ended earlier attempts keep those attempts' starts. A kind
     the events already hold (as logged by earlier versions) is not derived again."""
-    cls = _text(record.get("cls")) or "standard"
+    cls = field_text(record.get("cls")) or "standard"
     logged = sorted(events, key=lambda e: e.ms)
     kinds = {e.kind for e in logged}
     derived: list[Event] = []
-    enq = _int(record.get("enq"))
+    enq = field_int(record.get("enq"))
     # a job scheduled at enqueue logs that; a submission at the same instant adds nothing
     scheduled_at_once = any(e.kind == "scheduled" and e.ms == enq for e in logged)
     if "submitted" not in kinds and enq is not None and not scheduled_at_once:
@@ -413,19 +398,19 @@ def timeline(record: Mapping[str, Any], events: Sequence[Event]) -> list[Event]:
     if "dispatched" not in kinds:
         starts: dict[int, Event] = {}
         for e in logged:
-            start = _int(e.detail.get("start")) if e.kind in _ATTEMPT_ENDS else None
+            start = field_int(e.detail.get("start")) if e.kind in _ATTEMPT_ENDS else None
             if start is not None and start not in starts:
                 starts[start] = _attempt(start, e.detail)
-        start = _int(record.get("start"))
+        start = field_int(record.get("start"))
         if start is not None and start not in starts:
             starts[start] = _attempt(start, record)
         derived.extend(starts[ms] for ms in sorted(starts))
     if not kinds & _FINAL:
         for e in logged:
-            fin = _int(e.detail.get("fin")) if e.kind == "redriven" else None
+            fin = field_int(e.detail.get("fin")) if e.kind == "redriven" else None
             if fin is not None:
-                derived.append(Event(fin, "failed", {"err": _text(e.detail.get("err"))}, True))
-        status, fin = _text(record.get("st")), _int(record.get("fin"))
+                derived.append(Event(fin, "failed", {"err": field_text(e.detail.get("err"))}, True))
+        status, fin = field_text(record.get("st")), field_int(record.get("fin"))
         if status in _FINAL and fin is not None:
             err = _error_type(record.get("err")) if status != "completed" else ""
             derived.append(Event(fin, status, {"err": err} if err else {}, derived=True))
@@ -479,8 +464,8 @@ def explain(
 
     A job not finished yet has its last segment end at ``now_ms`` (server time), or at its
     last event when ``now_ms`` is not given."""
-    cls = _text(record.get("cls")) or "standard"
-    status = _text(record.get("st"))
+    cls = field_text(record.get("cls")) or "standard"
+    status = field_text(record.get("st"))
     ordered = timeline(record, events)
     walk = _Walk(cls, record)
     for ev in ordered:
@@ -497,7 +482,7 @@ def explain(
         segments=segments,
         waited_ms=waited,
         ran_ms=ran,
-        summary=_summary(status, segments, _int(record.get("max"))),
+        summary=_summary(status, segments, field_int(record.get("max"))),
         causes=causes,
         events=tuple(ordered),
     )

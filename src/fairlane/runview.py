@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fairlane.codec import decode_error
+from fairlane.store.fields import field_int, field_text
 from fairlane.store.runs import Checkpoint, LogEvent, RunHistory
 
 __all__ = ["RunView", "SliceView", "StepView", "WaitView", "record_text", "run_view"]
@@ -93,16 +94,11 @@ class RunView:
 
 
 def record_text(record: dict[str, bytes], key: str, default: str = "-") -> str:
-    raw = record.get(key)
-    return raw.decode("utf-8", "replace") if raw else default
+    return field_text(record.get(key)) or default
 
 
 def _int(record: dict[str, bytes], key: str) -> int | None:
-    raw = record.get(key)
-    try:
-        return int(raw) if raw else None
-    except ValueError:
-        return None
+    return field_int(record.get(key))
 
 
 def _json_value(raw: str | bytes) -> Any:

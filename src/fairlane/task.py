@@ -44,6 +44,7 @@ from fairlane.policy.admission import Estimate
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.store.durability import submit_acknowledged
+from fairlane.store.fields import field_int, field_text
 from fairlane.store.keys import shard_job_id
 from fairlane.store.redis import NewJob, Store, StoreUnavailable, Submitted
 
@@ -254,21 +255,6 @@ class JobInfo:
     ``children``); None when it is not suspended."""
 
 
-# A record is shown as it is: a field that does not parse (a record damaged outside
-# Fairlane, which a worker dead-letters as MalformedJob) hides nothing else.
-
-
-def _text(raw: bytes | None, default: str) -> str:
-    return default if raw is None else raw.decode(errors="replace")
-
-
-def _int(raw: bytes | None, default: int) -> int:
-    try:
-        return default if raw is None else int(raw)
-    except ValueError:
-        return default
-
-
 def _units(raw: bytes | None) -> float | None:
     try:
         return None if raw is None else int(float(raw)) / 1000
@@ -324,24 +310,24 @@ class Job(Generic[R]):
         if not rec:
             raise JobNotFound(f"no record of job {self.id}")
         err = rec.get("err")
-        status = _text(rec.get("st"), "")
+        status = field_text(rec.get("st"), "")
         return JobInfo(
             id=self.id,
             status=status,
-            task=_text(rec.get("task"), ""),
-            tenant=_text(rec.get("tenant"), ""),
-            attempts=_int(rec.get("att"), 0),
-            max_attempts=_int(rec.get("max"), 1),
+            task=field_text(rec.get("task"), ""),
+            tenant=field_text(rec.get("tenant"), ""),
+            attempts=field_int(rec.get("att"), 0),
+            max_attempts=field_int(rec.get("max"), 1),
             enqueued_at=_when(rec.get("enq")),
             finished_at=_when(rec.get("fin")),
             error=decode_error(err).message if err else None,
-            service_class=_text(rec.get("cls"), DEFAULT_CLASS),
-            slots=_int(rec.get("sl"), 1),
+            service_class=field_text(rec.get("cls"), DEFAULT_CLASS),
+            slots=field_int(rec.get("sl"), 1),
             limits=_limits(rec.get("lim")),
             reserved_units=_units(rec.get("emu") or rec.get("dmu")),
             charged_units=_units(rec.get("cu")),
             actual_units=_units(rec.get("amu")),
-            waiting_for=_text(rec.get("wf"), "") or None if status == "scheduled" else None,
+            waiting_for=field_text(rec.get("wf"), "") or None if status == "scheduled" else None,
         )
 
     async def cancel(self) -> str:

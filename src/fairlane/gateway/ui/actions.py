@@ -25,7 +25,7 @@ from typing import Any
 
 from fairlane.app import App
 from fairlane.gateway.ui.jobs import Filter, find_jobs
-from fairlane.gateway.ui.queries import text
+from fairlane.store.fields import field_text
 from fairlane.store.redis import StoreUnavailable
 from fairlane.task import TERMINAL
 
@@ -57,21 +57,21 @@ async def retry(app: App, job_id: str) -> tuple[str, str | None]:
     """Submit a copy of a finished job: ``(outcome, new id)``; outcome is ``accepted``,
     ``deferred``, ``rejected:<reason>``, ``unknown_task`` or ``not_finished``."""
     record = await app.store_for_job(job_id).job_record(job_id)
-    status = text(record.get("st"))
+    status = field_text(record.get("st"))
     if status not in TERMINAL - {"completed"}:
         return "not_finished", None
-    task = app.tasks.get(text(record.get("task")))
+    task = app.tasks.get(field_text(record.get("task")))
     if task is None:
         return "unknown_task", None
     new = task.new_job(
         record.get("args", b"[[],{}]"),
-        tenant=text(record.get("tenant")),
+        tenant=field_text(record.get("tenant")),
         delay=None,
         at=None,
         deadline=None,
         idempotency_key=None,
-        priority=int(text(record.get("prio")) or 0),
-        service_class=text(record.get("cls")) or None,
+        priority=int(field_text(record.get("prio")) or 0),
+        service_class=field_text(record.get("cls")) or None,
     )
     # through admission and the app's durability, as any submission
     admission = await task.submit_job(new)

@@ -35,8 +35,9 @@ from typing import Any
 from fairlane.app import App
 from fairlane.codec import decode_error
 from fairlane.explain import explain
-from fairlane.gateway.ui.queries import execute, lanes_of, task_names, text
+from fairlane.gateway.ui.queries import execute, lanes_of, task_names
 from fairlane.runview import run_view
+from fairlane.store.fields import field_text
 from fairlane.store.keys import AppKeys
 from fairlane.workflows import Workflow
 
@@ -83,7 +84,7 @@ class _Found:
     truncated: bool = False
 
     def add(self, shard: int, batch: Iterable[Any]) -> None:
-        got = [text(i) for i in batch]
+        got = [field_text(i) for i in batch]
         self.truncated |= len(got) >= PER_INDEX
         for job_id in got:
             self.ids.setdefault(job_id, shard)
@@ -133,8 +134,8 @@ async def _candidates(app: App, flt: Filter) -> _Found:
         for shard, store in enumerate(app.stores):
             for lane, cls in pairs:
                 for tenant in next(tenants):
-                    if flt.tenant in (None, text(tenant)):
-                        queue = store.keys.tenant_queue(lane, cls, text(tenant))
+                    if flt.tenant in (None, field_text(tenant)):
+                        queue = store.keys.tenant_queue(lane, cls, field_text(tenant))
                         pipe.zrange(queue, 0, PER_INDEX - 1)
                         reads.append((shard, False))
                 pipe.zrange(store.keys.class_key(lane, cls, "granted"), 0, PER_INDEX - 1)
@@ -148,7 +149,7 @@ async def _candidates(app: App, flt: Filter) -> _Found:
             pipe.zrange(store.keys.throttle_waiters, 0, PER_INDEX - 1)
             reads.append((shard, True))
     for (shard, waiters), batch in zip(reads, await execute(pipe), strict=True):
-        found.add(shard, (text(m).rpartition("\0")[2] for m in batch) if waiters else batch)
+        found.add(shard, (field_text(m).rpartition("\0")[2] for m in batch) if waiters else batch)
     return found
 
 
@@ -158,7 +159,7 @@ def _error(raw: bytes | None) -> str | None:
     try:
         info = decode_error(raw)
     except Exception:  # a malformed record is still shown, raw
-        return text(raw)[:300]
+        return field_text(raw)[:300]
     return f"{info.type}: {info.message}"[:300]
 
 
@@ -169,16 +170,16 @@ def _row(job_id: str, values: list[Any], dead: bool) -> dict[str, Any]:
         raw = rec.get(name)
         return int(raw) if raw else None
 
-    status = text(rec["st"])
+    status = field_text(rec["st"])
     return {
         "id": job_id,
-        "task": text(rec["task"]),
-        "tenant": text(rec["tenant"]),
-        "lane": text(rec["lane"]),
-        "class": text(rec["cls"]) or "standard",
+        "task": field_text(rec["task"]),
+        "tenant": field_text(rec["tenant"]),
+        "lane": field_text(rec["lane"]),
+        "class": field_text(rec["cls"]) or "standard",
         "status": status,
         "state": "dead" if dead and status == "failed" else status,
-        "waiting_for": text(rec["wf"]) or None,
+        "waiting_for": field_text(rec["wf"]) or None,
         "attempts": num("att") or 0,
         "max_attempts": num("max"),
         "enqueued_ms": num("enq"),
@@ -233,7 +234,7 @@ async def find_jobs(app: App, flt: Filter, limit: int) -> dict[str, Any]:
 def _value(raw: bytes | None) -> Any:
     if not raw:
         return None
-    shown = text(raw)
+    shown = field_text(raw)
     if len(shown) > _VALUE_WIDTH:
         return shown[:_VALUE_WIDTH] + "..."
     try:
@@ -256,7 +257,7 @@ async def job_detail(app: App, job_id: str) -> dict[str, Any] | None:
     detail: dict[str, Any] = {
         **row,
         "priority": int(record.get("prio", b"0") or 0),
-        "worker": text(record.get("wk")) or None,
+        "worker": field_text(record.get("wk")) or None,
         "args": _value(record.get("args")),
         "result": _value(record.get("res")),
         "error_full": _error(record.get("err")) if record.get("err") else None,
@@ -280,7 +281,7 @@ async def job_detail(app: App, job_id: str) -> dict[str, Any] | None:
 def _plain(value: Any) -> Any:
     """Event details as JSON can carry them (msgpack may hold bytes)."""
     if isinstance(value, bytes):
-        return text(value)
+        return field_text(value)
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

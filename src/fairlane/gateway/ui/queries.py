@@ -34,6 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairlane.app import App
 from fairlane.policy.classes import allocate_observed
+from fairlane.store.fields import field_int, field_text
 from fairlane.store.redis import LaneState, StoreUnavailable
 
 __all__ = [
@@ -46,26 +47,12 @@ __all__ = [
     "percentile",
     "server_ms",
     "task_names",
-    "text",
 ]
 
 WAIT_SAMPLE = 200  # completed records per task read for the start-delay percentiles
 LEASE_LIMIT = 5000  # running jobs read to attribute running slots to tenants
 WAITER_LIMIT = 5000  # throttle waiters read
 HEAD = 5  # waiter ids shown per throttle key
-
-
-def text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return "" if value is None else str(value)
-
-
-def number(value: Any) -> int | None:
-    try:
-        return int(text(value))
-    except ValueError:
-        return None
 
 
 async def execute(pipe: Any) -> list[Any]:
@@ -91,7 +78,7 @@ async def task_names(app: App) -> list[str]:
     for store in app.stores:
         pipe.hkeys(store.keys.tasks)
     declared = [t for batch in await execute(pipe) for t in batch]
-    return sorted({*app.tasks, *(text(t) for t in declared)})
+    return sorted({*app.tasks, *(field_text(t) for t in declared)})
 
 
 async def lane_state(app: App, lane: str) -> LaneState:
@@ -143,12 +130,14 @@ async def _running(app: App) -> dict[tuple[str, str, str], int]:
     n = 0
     for store, ids in zip(app.stores, leases, strict=True):
         for job_id in ids:
-            pipe.hmget(store.keys.job(text(job_id)), "lane", "cls", "tenant", "sl")
+            pipe.hmget(store.keys.job(field_text(job_id)), "lane", "cls", "tenant", "sl")
             n += 1
     held: dict[tuple[str, str, str], int] = defaultdict(int)
     for lane, cls, tenant, slots in await execute(pipe) if n else []:
         if lane is not None:
-            held[(text(lane), text(cls) or "standard", text(tenant))] += number(slots) or 1
+            held[(field_text(lane), field_text(cls) or "standard", field_text(tenant))] += (
+                field_int(slots) or 1
+            )
     return held
 
 
@@ -166,7 +155,11 @@ async def _recent_completed(app: App, tasks: list[str]) -> list[tuple[int, str]]
         batches = reply[i * shards : (i + 1) * shards]
         newest = heapq.nlargest(
             WAIT_SAMPLE,
-            ((score, shard, text(job)) for shard, got in enumerate(batches) for job, score in got),
+            (
+                (score, shard, field_text(job))
+                for shard, got in enumerate(batches)
+                for job, score in got
+            ),
         )
         picked.extend((shard, job) for _, shard, job in newest)
     return picked
@@ -180,12 +173,12 @@ async def _waits(app: App, tasks: list[str]) -> dict[str, Any]:
     by_class: dict[tuple[str, str], list[int]] = defaultdict(list)
     by_tenant: dict[str, list[int]] = defaultdict(list)
     for lane, cls, tenant, run, start in await execute(pipe) if picked else []:
-        began, due = number(start), number(run)
+        began, due = field_int(start), field_int(run)
         if began is None or due is None:
             continue
         delay = max(0, began - due)
-        by_class[(text(lane), text(cls) or "standard")].append(delay)
-        by_tenant[text(tenant)].append(delay)
+        by_class[(field_text(lane), field_text(cls) or "standard")].append(delay)
+        by_tenant[field_text(tenant)].append(delay)
     return {
         "note": (
             f"start delay (eligible to started, last attempt) of the {WAIT_SAMPLE} most "
@@ -209,11 +202,11 @@ async def _throttles(app: App) -> list[dict[str, Any]]:
     for shard, store in enumerate(app.stores):
         known: set[str] = set()
         async for field, value in client.hscan_iter(store.keys.throttles, match="l:*", count=500):
-            key = text(field)[2:]
-            limits[key] = max(limits.get(key, 0), number(value) or 0)
+            key = field_text(field)[2:]
+            limits[key] = max(limits.get(key, 0), field_int(value) or 0)
             known.add(key)
         for member in await client.zrange(store.keys.throttle_waiters, 0, WAITER_LIMIT - 1):
-            key, _, rest = text(member).partition("\0")
+            key, _, rest = field_text(member).partition("\0")
             waiters[key].append(rest.partition("\0")[2])
             known.add(key)
         held.extend((shard, key) for key in sorted(known))
@@ -225,8 +218,8 @@ async def _throttles(app: App) -> list[dict[str, Any]]:
     in_use: dict[str, int] = defaultdict(int)
     jobs: dict[str, int] = defaultdict(int)
     for (_, key), (used, refs) in zip(held, await execute(pipe), strict=True):
-        in_use[key] += number(used) or 0
-        jobs[key] += number(refs) or 0
+        in_use[key] += field_int(used) or 0
+        jobs[key] += field_int(refs) or 0
     rows = []
     for key in sorted({key for _, key in held}):
         queue = waiters.get(key, [])
@@ -267,10 +260,10 @@ async def _lane(
     for shard in range(len(stores)):
         part = reply[shard * width : (shard + 1) * width]
         delayed += int(part[0])
-        rejections.update({text(k): text(v) for k, v in part[1].items()})
+        rejections.update({field_text(k): field_text(v) for k, v in part[1].items()})
         for i, cls in enumerate(classes):
             for tenant in part[2 + 2 * i]:
-                active[(cls, text(tenant))].append(shard)
+                active[(cls, field_text(tenant))].append(shard)
             deferred[cls] += int(part[3 + 2 * i])
     state = await lane_state(app, lane)
     alloc = allocate_observed(
@@ -301,7 +294,7 @@ async def _lane(
                     "weight": weights.get(tenant, 1.0),
                     "share": run / total_run if total_run else 0.0,
                     "weight_share": weights.get(tenant, 1.0) / total_weight,
-                    "rejected_recent": number(rejected) or 0,
+                    "rejected_recent": field_int(rejected) or 0,
                 }
             )
     return {
@@ -352,10 +345,10 @@ async def overview(app: App) -> dict[str, Any]:
         # every worker heartbeats in every shard: the fleet is counted once, not per shard
         workers_n = max(workers_n, workers)
         for k, v in raw_weights.items():
-            tenant = text(k)
+            tenant = field_text(k)
             # the tenant's own shard has the say; another's is a leftover of a reshard
             if tenant not in weights or app.shard_of(tenant) == shard:
-                weights[tenant] = float(text(v))
+                weights[tenant] = float(field_text(v))
     running = await _running(app)
     # admission decisions per lane, class and reason are the metrics' business, not a card's
     stats = {k: v for k, v in (await app.stats()).items() if k != "seq" and ":" not in k}
