@@ -31,7 +31,7 @@ from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.task import Task
 from fairlane.workflows import Workflow
-from tests.faults.worker_proc import fault_settings, process_options, serve_with_ledger
+from tests.faults.worker_proc import process_options, quick_app, serve_with_ledger
 
 __all__ = ["FLOW_STEPS", "build_app", "keys_of", "main"]
 
@@ -83,17 +83,9 @@ def build_app(
     concurrency: int = 10,
     shards: int = 1,
 ) -> tuple[App, Task[[int, float], int], Workflow[[int, float], int]]:
-    settings = fault_settings(
-        url,
-        lease={
-            "duration": lease,
-            "renew_interval": renew,
-            "sweep_interval": sweep,
-            "sweep_jitter": 0.0,
-        },
-        worker={"concurrency": concurrency, "grace_period": 1.0, "idle_block": 0.5},
+    app = quick_app(
+        name, url, lease=lease, renew=renew, sweep=sweep, concurrency=concurrency, shards=shards
     )
-    app = App(name, redis_url=url, settings=settings, shards=shards)
     task = app.task(
         name="effect", attempts=ATTEMPTS, backoff=NO_WAIT, timeout=30.0, retention=KEEP_ALL
     )(effect)

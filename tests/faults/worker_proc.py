@@ -54,8 +54,12 @@ __all__ = [
     "Fleet",
     "build_app",
     "eventually",
+    "fault_settings",
     "held_by",
     "main",
+    "process_options",
+    "quick_app",
+    "serve_with_ledger",
     "server_ms",
     "wait_ready",
     "worker_env",
@@ -196,6 +200,24 @@ def build_app(
 def fault_settings(url: str, **sections: Any) -> Settings:
     """Settings of a fault test's app: this directory's, no ``FAIRLANE_`` variables."""
     return load_settings(project_dir=HERE, environ={}, redis_url=url, **sections)
+
+
+def quick_app(
+    name: str, url: str, *, lease: float, renew: float, sweep: float, concurrency: int, shards: int
+) -> App:
+    """An app for the kill tests' own worker apps: sweeps without jitter, and a short
+    grace and idle block, so that kills and recoveries follow each other quickly."""
+    settings = fault_settings(
+        url,
+        lease={
+            "duration": lease,
+            "renew_interval": renew,
+            "sweep_interval": sweep,
+            "sweep_jitter": 0.0,
+        },
+        worker={"concurrency": concurrency, "grace_period": 1.0, "idle_block": 0.5},
+    )
+    return App(name, redis_url=url, settings=settings, shards=shards)
 
 
 def process_options() -> dict[str, Any]:

@@ -32,7 +32,7 @@ from fairlane.app import App
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.workflows import Workflow
-from tests.faults.worker_proc import fault_settings, process_options, serve_with_ledger
+from tests.faults.worker_proc import process_options, quick_app, serve_with_ledger
 
 __all__ = ["STEPS", "WORKFLOW", "build_app", "expected_total", "keys_of", "main"]
 
@@ -85,17 +85,9 @@ def build_app(
     concurrency: int = 1,
     shards: int = 1,
 ) -> tuple[App, Workflow[[int, int, str], int]]:
-    settings = fault_settings(
-        url,
-        lease={
-            "duration": lease,
-            "renew_interval": renew,
-            "sweep_interval": sweep,
-            "sweep_jitter": 0.0,
-        },
-        worker={"concurrency": concurrency, "grace_period": 1.0, "idle_block": 0.5},
+    app = quick_app(
+        name, url, lease=lease, renew=renew, sweep=sweep, concurrency=concurrency, shards=shards
     )
-    app = App(name, redis_url=url, settings=settings, shards=shards)
 
     # one slice per lease: the run only gives its slot back when it is killed
     @app.workflow(
