@@ -29,7 +29,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 
-from fairlane.store.redis import HiredisPacking, unlink_matching
+from fairlane.store.api import unlink_matching
+from fairlane.store.sockets import HiredisPacking
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from benchmarks.venvs import PEERS, SYSTEMS
-from fairlane.store.redis import redact_url
+from fairlane.store.api import redact_url
 
 #: scenarios every system runs, in this order within a repetition
 SHARED = ("throughput", "latency", "noisy")

@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks.common import Meter, delete_matching, script_commands
 from benchmarks.config import SHARED, Config
 from benchmarks.venvs import SYSTEMS, ensure, peers_dir
-from fairlane.store.redis import LIBRARY_CODE
+from fairlane.store.library import LIBRARY_CODE
 
 Progress = Callable[[str], None]
 IN_FAIRLANE_SCRIPTS = script_commands(LIBRARY_CODE)

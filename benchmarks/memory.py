@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass, field
 import redis.asyncio as aioredis
 
 from fairlane import App
-from fairlane.config import load_settings
+from fairlane.config.settings import load_settings
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.runtime.worker import Worker
-from fairlane.store.redis import unlink_matching
+from fairlane.store.api import unlink_matching
 from fairlane.testing import RedisServer
 
 __all__ = ["MemoryRun", "Sample", "main", "measure"]

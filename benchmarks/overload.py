@@ -8,7 +8,7 @@ the benchmark offers ``load`` times that, at an even pace, one job in
 from one tenant (so that only classes and admission tell the jobs apart). Three
 variants of the same lane:
 
-* ``admission``: a pool (``fairlane.pools``) of ``slots`` units, each job declaring one
+* ``admission``: a pool (``fairlane.config.pools``) of ``slots`` units, each job declaring one
   unit; ``guaranteed`` has a nominal half and lends none of it (``lendable = 0``),
   ``standard`` the other half; both classes reject when full. A job is admitted only
   if a slot's worth of units is free for its class, so the lane's queue stays empty
@@ -42,9 +42,9 @@ from typing import Any
 
 from benchmarks.common import DEFAULT_URL, WorkerProcess, delete_matching, emit, percentile
 from fairlane import App, Retention, Task
-from fairlane.lanes import LaneClasses
+from fairlane.config.lanes import LaneClasses
+from fairlane.config.pools import parse_config
 from fairlane.policy.classes import ServiceClass
-from fairlane.pools import parse_config
 from fairlane.runtime.loop import run as run_loop
 from fairlane.store.keys import AppKeys
 

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import redis
 
 from fairlane import App
-from fairlane.config import load_settings
+from fairlane.config.settings import load_settings
 from fairlane.policy.shards import shard_of_tenant
 from fairlane.testing import RedisCluster
 

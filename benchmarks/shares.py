@@ -20,7 +20,8 @@ from collections import Counter
 from typing import Any
 
 from benchmarks.common import delete_matching
-from fairlane.store.redis import NewJob, Outcome, Store
+from fairlane.store.api import Store
+from fairlane.store.wire import NewJob, Outcome
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 WEIGHTS = {"t5": 5.0, "t3": 3.0, "t2": 2.0}

@@ -25,7 +25,7 @@ from typing import Any
 
 from benchmarks.common import delete_matching, percentile
 from fairlane import App
-from fairlane.pools import parse_config
+from fairlane.config.pools import parse_config
 from fairlane.runtime.loop import run as run_loop
 from fairlane.store.keys import AppKeys
 

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from fairlane.charts import bar_chart, line_chart
+from fairlane.sim.svg import bar_chart, line_chart
 
 SVG = "{http://www.w3.org/2000/svg}"
 

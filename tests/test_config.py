@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fairlane.config import (
+from fairlane.config.settings import (
     ConfigError,
     LeaseSettings,
     SettingOrigin,

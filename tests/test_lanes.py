@@ -1,4 +1,4 @@
-"""Unit tests of ``fairlane.lanes``: lane tables in Python and TOML, and per-job option checks.
+"""Unit tests of ``fairlane.config.lanes``: lane tables in Python and TOML, per-job option checks.
 
 Pure: no server. The App-level behaviour (declaring on connect, refusing enqueues) is
 tested end to end in ``tests/e2e/test_api.py``.
@@ -14,8 +14,7 @@ from typer.testing import CliRunner
 
 from fairlane import DEFAULT_CLASSES, App, ClassTable, ServiceClass, load_lanes
 from fairlane.cli import cli
-from fairlane.config import ConfigError, load_settings
-from fairlane.lanes import (
+from fairlane.config.lanes import (
     MAX_LIMIT_KEYS,
     LaneTables,
     check_lane,
@@ -26,6 +25,7 @@ from fairlane.lanes import (
     merge_limits,
     parse_lanes,
 )
+from fairlane.config.settings import ConfigError, load_settings
 
 HEAVY = """
 [[lanes.heavy.classes]]

@@ -1,4 +1,4 @@
-"""Unit tests of ``fairlane.pools``: the seed's pools config in TOML and Python, and its checks.
+"""Unit tests of ``fairlane.config.pools``: the seed's pools config in TOML and Python, its checks.
 
 Pure: no server.
 """
@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from fairlane import App
-from fairlane.config import ConfigError
+from fairlane.config.pools import FairlaneConfig, Pool, RetrySettings, load_config, parse_config
+from fairlane.config.settings import ConfigError
 from fairlane.policy.admission import (
     AdmissionClass,
     Coefficients,
@@ -23,7 +24,6 @@ from fairlane.policy.admission import (
 )
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.classes import ClassTable, ServiceClass
-from fairlane.pools import FairlaneConfig, Pool, RetrySettings, load_config, parse_config
 
 SEED = """
 [pools.agent-shared]

@@ -28,8 +28,8 @@ from benchmarks.fairlane_worker import make_app
 from benchmarks.submit import bench_submit
 from benchmarks.tenants import drain_rate
 
+from fairlane.store.api import unlink_matching
 from fairlane.store.keys import AppKeys
-from fairlane.store.redis import unlink_matching
 
 
 class Fairlane(Adapter):

@@ -12,6 +12,8 @@ async def classify(text: str) -> str: ...
 
 from fairlane.admission import Admission, Rejected
 from fairlane.app import App
+from fairlane.config.lanes import load_lanes
+from fairlane.config.pools import FairlaneConfig, load_config
 from fairlane.errors import (
     FairlaneError,
     JobCancelled,
@@ -20,13 +22,11 @@ from fairlane.errors import (
     TaskFailed,
     UnknownTask,
 )
-from fairlane.lanes import load_lanes
 from fairlane.policy.admission import Coefficients, Estimate, EstimationSettings
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.policy.retention import Retention
-from fairlane.pools import FairlaneConfig, load_config
 from fairlane.runtime.context import (
     ChildFailed,
     Context,
@@ -34,7 +34,7 @@ from fairlane.runtime.context import (
     StepInfo,
     current_step,
 )
-from fairlane.store.redis import StoreUnavailable
+from fairlane.store.wire import StoreUnavailable
 from fairlane.task import Job, Task
 from fairlane.usage import JobContext, context, report_usage
 from fairlane.workflows import RunNotFound, Workflow, WorkflowOptions

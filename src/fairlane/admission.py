@@ -27,7 +27,7 @@ from fairlane.policy.admission import (
 
 if TYPE_CHECKING:
     from fairlane.store.durability import Acknowledgement
-    from fairlane.store.redis import Submitted
+    from fairlane.store.wire import Submitted
     from fairlane.task import Job
 
 __all__ = [

@@ -23,9 +23,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairlane.admission import Pricing
-from fairlane.config import DurabilitySettings, Settings, load_settings
+from fairlane.config.lanes import LaneClasses, LaneTables, check_limits, load_lanes
+from fairlane.config.pools import FairlaneConfig, load_config
+from fairlane.config.settings import DurabilitySettings, Settings, load_settings
 from fairlane.errors import JobNotFound, UnknownTask
-from fairlane.lanes import LaneClasses, LaneTables, check_limits, load_lanes
 from fairlane.metrics import MetricsConfig
 from fairlane.payloads import PayloadStore, open_store
 from fairlane.payloads.offload import Payloads
@@ -34,14 +35,14 @@ from fairlane.policy.backoff import Backoff
 from fairlane.policy.classes import ClassTable
 from fairlane.policy.retention import Retention
 from fairlane.policy.shards import check_shard_count, shard_of_tenant
-from fairlane.pools import FairlaneConfig, load_config
 from fairlane.runtime.outage import Outage
 from fairlane.runtime.pressure import PressureConfig, Sensor
 from fairlane.runtime.worker import Worker
+from fairlane.store.api import Store, redact_url, unlink_matching
 from fairlane.store.connection import cluster_url, sentinel_url
 from fairlane.store.keys import job_shard, namespace
-from fairlane.store.redis import Store, StoreUnavailable, redact_url, unlink_matching
 from fairlane.store.server import ensure_dev_server
+from fairlane.store.wire import StoreUnavailable
 from fairlane.task import Executor, Job, Task, TaskOptions
 from fairlane.tenants import Tenants
 from fairlane.workflows import (

@@ -30,9 +30,7 @@ from fairlane.admission import (
     unavailable,
 )
 from fairlane.codec import ArgsCodec, PayloadTooLarge, decode_error
-from fairlane.config import DurabilitySettings
-from fairlane.errors import JobCancelled, JobExpired, JobNotFound, TaskFailed
-from fairlane.lanes import (
+from fairlane.config.lanes import (
     DEFAULT_CLASS,
     check_lane,
     check_limits,
@@ -40,13 +38,16 @@ from fairlane.lanes import (
     check_slots,
     merge_limits,
 )
+from fairlane.config.settings import DurabilitySettings
+from fairlane.errors import JobCancelled, JobExpired, JobNotFound, TaskFailed
 from fairlane.policy.admission import Estimate
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
+from fairlane.store.api import Store
 from fairlane.store.durability import submit_acknowledged
 from fairlane.store.fields import field_int, field_text
 from fairlane.store.keys import shard_job_id
-from fairlane.store.redis import NewJob, Store, StoreUnavailable, Submitted
+from fairlane.store.wire import NewJob, StoreUnavailable, Submitted
 
 if TYPE_CHECKING:
     from fairlane.app import App

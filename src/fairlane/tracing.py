@@ -70,7 +70,7 @@ if TYPE_CHECKING:
 
     from fairlane.admission import Admission
     from fairlane.runtime.context import StepInfo
-    from fairlane.store.redis import FetchedJob, NewJob, Outcome
+    from fairlane.store.wire import FetchedJob, NewJob, Outcome
     from fairlane.task import Task
 
 __all__ = [

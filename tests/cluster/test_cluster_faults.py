@@ -8,7 +8,8 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from fairlane.store.redis import Store, StoreUnavailable
+from fairlane.store.api import Store
+from fairlane.store.wire import StoreUnavailable
 from fairlane.testing import RedisCluster
 
 pytestmark = pytest.mark.anyio

@@ -20,9 +20,10 @@ import redis
 
 from fairlane import App
 from fairlane.admission import NotAcknowledged
-from fairlane.config import DurabilitySettings
+from fairlane.config.settings import DurabilitySettings
+from fairlane.store.api import Store
 from fairlane.store.durability import submit_acknowledged
-from fairlane.store.redis import NewJob, Store, StoreUnavailable
+from fairlane.store.wire import NewJob, StoreUnavailable
 from fairlane.task import Task
 from tests.e2e.helpers import fast_settings
 

@@ -20,11 +20,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from fairlane import App, Backoff, Context, TaskFailed
-from fairlane.pools import parse_config
+from fairlane.config.pools import parse_config
+from fairlane.store.api import Store, unlink_matching
 from fairlane.store.connection import create_client
 from fairlane.store.keys import AppKeys
 from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE
-from fairlane.store.redis import Store, unlink_matching
 from tests.e2e.helpers import WAIT, app_keys, eventually, fast_settings, running_worker
 
 pytestmark = [

@@ -13,7 +13,7 @@ import redis
 from redis.asyncio.sentinel import SentinelConnectionPool
 
 from fairlane import App
-from fairlane.config import DurabilitySettings
+from fairlane.config.settings import DurabilitySettings
 from fairlane.testing import RedisSentinel, RedisServer
 from tests.e2e.helpers import WAIT, fast_settings, running_worker
 

@@ -15,8 +15,9 @@ import pytest
 from fairlane.cli._common import live_workers
 from fairlane.gateway.apikeys import ApiKeys
 from fairlane.metrics.store import StoreReader
+from fairlane.store.api import Store
 from fairlane.store.connection import create_client, create_sync_client
-from fairlane.store.redis import NewJob, Store
+from fairlane.store.wire import NewJob
 
 pytestmark = [
     pytest.mark.anyio,

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from fairlane import App
-from fairlane.pools import parse_config
+from fairlane.config.pools import parse_config
 from fairlane.task import Task
 from tests.e2e.helpers import fast_settings
 

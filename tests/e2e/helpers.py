@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fairlane import App
-from fairlane.config import Settings, load_settings
+from fairlane.config.settings import Settings, load_settings
 from fairlane.runtime.worker import Worker
 from fairlane.store.connection import create_client
 

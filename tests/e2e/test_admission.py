@@ -21,8 +21,8 @@ import pytest
 
 from fairlane import App, Backoff, Job
 from fairlane.admission import Admission, Rejected
+from fairlane.config.pools import parse_config
 from fairlane.policy.admission import Estimate
-from fairlane.pools import parse_config
 from fairlane.testing import RedisServer
 from tests.e2e.admission_proc import build_app
 from tests.e2e.helpers import ROOT, WAIT, app_keys, eventually, fast_settings, running_worker

@@ -387,7 +387,7 @@ def test_inspect_concurrency_from_settings_is_not_a_default(
     project: ModuleType, tmp_path: Path
 ) -> None:
     (tmp_path / "other_app.py").write_text(
-        "from fairlane import App\nfrom fairlane.config import load_settings\n"
+        "from fairlane import App\nfrom fairlane.config.settings import load_settings\n"
         "app = App('other', settings=load_settings(worker={'concurrency': 7}))\n"
         "@app.task(attempts=2)\nasync def hello() -> None: ...\n"
     )

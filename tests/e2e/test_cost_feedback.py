@@ -14,9 +14,9 @@ import pytest
 
 import fairlane
 from fairlane import App, Estimate, FairlaneConfig
+from fairlane.config.pools import Pool
 from fairlane.policy.admission import EstimationSettings, PoolConfig
 from fairlane.policy.classes import ClassTable
-from fairlane.pools import Pool
 from tests.e2e.helpers import WAIT, fast_settings, running_worker
 
 pytestmark = pytest.mark.anyio

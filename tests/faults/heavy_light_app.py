@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from fairlane import App, Context
-from fairlane.config import load_settings
+from fairlane.config.settings import load_settings
 from fairlane.policy.retention import Retention
 
 __all__ = ["app", "build", "burn", "crunch", "light"]

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from fairlane.app import App
-from fairlane.config import load_settings
+from fairlane.config.settings import load_settings
 from fairlane.policy.retention import Retention
 
 HERE = Path(__file__).resolve().parent

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from fairlane.app import App
-from fairlane.explain import Event
+from fairlane.store.explain import Event
 from fairlane.store.keys import job_shard
 from fairlane.task import Task
 from fairlane.workflows import Workflow

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from fairlane.store.redis import Outcome
+from fairlane.store.wire import Outcome
 from tests.faults.worker_proc import (
     Fleet,
     build_app,

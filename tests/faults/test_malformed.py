@@ -22,7 +22,7 @@ import pytest
 import fairlane
 from fairlane import App, Backoff
 from fairlane.errors import TaskFailed
-from fairlane.store.redis import Outcome, _parse_fetched
+from fairlane.store.wire import Outcome, parse_fetched
 from fairlane.task import Job
 from tests.e2e.helpers import WAIT, eventually, make_app, running_worker
 
@@ -338,6 +338,6 @@ def test_a_fetched_row_the_worker_cannot_read_is_set_aside() -> None:
     good = ["j1", "7", 1, "count", '{"n": 1}', 0, 0, "default", 3, "1.0,60.0,full", 5, 1]
     bad = ["j2", "8", 1.5, "count", '{"n": 1}', 0, 0, "default", 3, "1.0,60.0,full", 5, 1]
     unreadable = [None]
-    fetched = _parse_fetched(PACK.encode([-1, [], [good, bad, unreadable]]))
+    fetched = parse_fetched(PACK.encode([-1, [], [good, bad, unreadable]]))
     assert [j.id for j in fetched.jobs] == ["j1"]
     assert fetched.malformed == [("j2", "8")]

@@ -37,12 +37,12 @@ import redis
 
 from fairlane import App, Context, TaskFailed
 from fairlane.admission import NotAcknowledged
-from fairlane.config import DurabilitySettings
+from fairlane.config.settings import DurabilitySettings
 from fairlane.gateway.ui.actions import retry
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.runtime.outage import Outage
-from fairlane.store.redis import StoreUnavailable
+from fairlane.store.wire import StoreUnavailable
 from fairlane.task import Task
 from fairlane.testing import RedisServer
 from tests.e2e.helpers import fast_settings, running_workers

@@ -42,7 +42,7 @@ import os
 from pathlib import Path
 
 from fairlane import App
-from fairlane.config import load_settings
+from fairlane.config.settings import load_settings
 
 settings = load_settings(
     project_dir=Path(__file__).parent,

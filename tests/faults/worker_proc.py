@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from fairlane.app import App
-from fairlane.config import Settings, load_settings
+from fairlane.config.settings import Settings, load_settings
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.task import Task

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 
 from fairlane import App
+from fairlane.config.pools import parse_config
 from fairlane.gateway import ApiKeys, create_app
-from fairlane.pools import parse_config
 from fairlane.runtime.context import Context
 from tests.e2e.helpers import fast_settings
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from fairlane import App
+from fairlane.config.pools import parse_config
 from fairlane.metrics.store import _split_stats
-from fairlane.pools import parse_config
 from tests.e2e.helpers import WAIT, eventually, fast_settings, running_worker
 from tests.metrics.helpers import scrape_store, series, store_reader, value
 

@@ -17,10 +17,10 @@ import pytest
 
 from fairlane import App, Backoff, Context, Job, Retention, TaskFailed
 from fairlane.codec import PayloadTooLarge
+from fairlane.codec.refs import decode_ref, is_ref
 from fairlane.gateway.ui.actions import retry
 from fairlane.payloads import PayloadMissing, PayloadStore
 from fairlane.payloads.directory import DirectoryPayloadStore
-from fairlane.payloads.refs import decode_ref, is_ref
 from fairlane.payloads.s3 import S3PayloadStore
 from fairlane.payloads.sweep import split_member, sweep_once
 from tests.e2e.helpers import WAIT, eventually, fast_settings, running_worker

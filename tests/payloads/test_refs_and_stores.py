@@ -15,11 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairlane.codec import ArgsCodec, PayloadTooLarge
-from fairlane.config import PayloadSettings
-from fairlane.payloads import PayloadMissing, PayloadStore, open_store
-from fairlane.payloads.directory import DirectoryPayloadStore
-from fairlane.payloads.offload import Payloads
-from fairlane.payloads.refs import (
+from fairlane.codec.refs import (
     MalformedReference,
     PayloadRef,
     check_name,
@@ -28,6 +24,10 @@ from fairlane.payloads.refs import (
     is_ref,
     new_name,
 )
+from fairlane.config.settings import PayloadSettings
+from fairlane.payloads import PayloadMissing, PayloadStore, open_store
+from fairlane.payloads.directory import DirectoryPayloadStore
+from fairlane.payloads.offload import Payloads
 from fairlane.payloads.sweep import index_member, split_member
 
 json_values = st.recursive(

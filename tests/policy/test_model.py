@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from fairlane.policy.model import QueueModel
+from fairlane.policy.reference.model import QueueModel
 
 
 def _flood(model: QueueModel, jobs: int, running: int) -> list[str]:

@@ -26,7 +26,7 @@ import pytest
 
 from fairlane import App
 from fairlane.cli.worker import _pressure_argv, _pressure_config
-from fairlane.config import ConfigError, load_settings
+from fairlane.config.settings import ConfigError, load_settings
 from fairlane.policy.backpressure import Bounds
 from fairlane.runtime.pressure import (
     CpuSensor,

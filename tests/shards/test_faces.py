@@ -25,11 +25,11 @@ from typer.testing import CliRunner, Result
 
 from fairlane import App, Job, TaskFailed
 from fairlane.cli import cli
+from fairlane.config.pools import parse_config
 from fairlane.demo.stats import RowKey, Tracker
 from fairlane.demo.workload import Arrival
 from fairlane.gateway import create_app
 from fairlane.metrics import StoreReader
-from fairlane.pools import parse_config
 from tests.e2e.helpers import WAIT, eventually, fast_settings, running_worker
 from tests.metrics.helpers import scrape_store, series, value
 from tests.ui.helpers import ADMIN, ADMIN_KEY

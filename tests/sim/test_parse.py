@@ -2,8 +2,8 @@
 
 Every shipped scenario must load; a broken file must fail with ``ConfigError`` whose
 message starts with the file's path and names the key path (``tenants[1].size.mean``),
-including errors raised by the reused parsers of ``fairlane.pools`` and
-``fairlane.lanes``. Variants parse by the grammar documented in
+including errors raised by the reused parsers of ``fairlane.config.pools`` and
+``fairlane.config.lanes``. Variants parse by the grammar documented in
 ``fairlane.sim.variants``.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from fairlane.config import ConfigError
+from fairlane.config.settings import ConfigError
 from fairlane.sim import find_scenario, load_scenario, parse_scenario, parse_variants, shipped
 from fairlane.sim.runner import SCENARIO_DIR
 from fairlane.sim.variants import parse_variant, resolve
@@ -165,7 +165,7 @@ BROKEN: list[tuple[str, str, str]] = [
     (GOOD.replace("stop = 10", ""), "tenants[0].stop", "needs a stop"),
     (GOOD + "[pools.cpu]\ncapacity_units = 4\n[pools.cpu.classes.standard]\n",
      "pools.cpu", "no lane 'cpu'"),
-    # errors found by fairlane.pools and fairlane.lanes keep the same form
+    # errors found by fairlane.config.pools and fairlane.config.lanes keep the same form
     (GOOD + "[pools.gpu]\ncapacity_units = 4\n[pools.gpu.classes.standard]\nmax_queue = -1\n",
      "pools.gpu.classes.standard.max_queue", "int"),
     (GOOD + "[[lanes.gpu.classes]]\nname = 'standard'\nnominal_share = 2\n",

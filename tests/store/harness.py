@@ -11,8 +11,8 @@ from typing import Any, ClassVar, TypeVar
 
 from hypothesis.stateful import RuleBasedStateMachine
 
+from fairlane.store.api import Store
 from fairlane.store.connection import create_sync_client
-from fairlane.store.redis import Store
 
 T = TypeVar("T")
 

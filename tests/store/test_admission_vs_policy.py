@@ -1,7 +1,7 @@
 """The store's admission gate against its pure rules (``fairlane.policy.admission``).
 
 A hypothesis state machine drives the real Lua library (through
-``fairlane.store.redis.Store`` on the real server) and the pure policy (``decide``,
+``fairlane.store.api.Store`` on the real server) and the pure policy (``decide``,
 ``drain`` on a :class:`PoolState` and FIFO deferred queues) with the same operations,
 and requires the same decisions step by step:
 
@@ -62,7 +62,7 @@ from fairlane.policy.admission import (
     to_milli,
 )
 from fairlane.policy.classes import ClassTable, ServiceClass
-from fairlane.store.redis import NewJob, Outcome
+from fairlane.store.wire import NewJob, Outcome
 from tests.store.harness import StoreMachine
 
 T = TypeVar("T")

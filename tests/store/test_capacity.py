@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from fairlane.store.redis import NewJob, Store
+from fairlane.store.api import Store
+from fairlane.store.wire import NewJob
 
 pytestmark = [pytest.mark.anyio, pytest.mark.contract]
 

@@ -28,7 +28,8 @@ from fairlane.policy.ceilings import (
     TenantLimits,
     tenant_limit,
 )
-from fairlane.store.redis import NewJob, Outcome, Store
+from fairlane.store.api import Store
+from fairlane.store.wire import NewJob, Outcome
 
 T = TypeVar("T")
 LANE = "c"

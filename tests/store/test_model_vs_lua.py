@@ -1,6 +1,6 @@
-"""The Lua library against its reference model (``fairlane.policy.model``), step by step.
+"""The Lua library against its reference model (``fairlane.policy.reference.model``), step by step.
 
-A hypothesis state machine drives the real scripts (through ``fairlane.store.redis.Store``
+A hypothesis state machine drives the real scripts (through ``fairlane.store.api.Store``
 on the real server) and ``QueueModel`` with the same operations -- enqueue (with service
 classes, widths of 1-3 slots and throttle keys), exchanges (registering workers of 1, 2
 and 3 slots, settling the worker's jobs in the same call or not, registering the worker
@@ -62,10 +62,10 @@ from hypothesis.stateful import (
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import ClassTable, ServiceClass, next_class
-from fairlane.policy.model import FINISHED, Ack, AckKind, Batch, Grant, QueueModel
-from fairlane.policy.model import NewJob as ModelNewJob
+from fairlane.policy.reference.model import FINISHED, Ack, AckKind, Batch, Grant, QueueModel
+from fairlane.policy.reference.model import NewJob as ModelNewJob
 from fairlane.policy.retry import after_failure
-from fairlane.store.redis import FetchedJob, NewJob, Outcome
+from fairlane.store.wire import FetchedJob, NewJob, Outcome
 from tests.store.harness import StoreMachine
 
 T = TypeVar("T")

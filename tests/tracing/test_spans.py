@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode, TraceState
 
 from fairlane import App, Backoff, Context, tracing
-from fairlane.pools import parse_config
+from fairlane.config.pools import parse_config
 from tests.e2e.helpers import WAIT, fast_settings, make_app, running_worker
 
 pytestmark = pytest.mark.anyio

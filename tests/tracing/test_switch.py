@@ -32,7 +32,7 @@ def test_without_the_api_every_hook_is_a_no_op() -> None:
         import sys
         sys.modules["opentelemetry"] = None  # as if the extra were not installed
         from fairlane import tracing
-        from fairlane.store.redis import NewJob
+        from fairlane.store.wire import NewJob
         job = NewJob("j", "t", 0, "task", "[]", 1, "", 0.0, "", "")
         with tracing.sending("lane", [job]) as span:
             tracing.admitted(span, None)
@@ -50,7 +50,7 @@ def test_a_global_provider_turns_tracing_on() -> None:
         from opentelemetry import trace
         from opentelemetry.sdk.trace import TracerProvider
         from fairlane import tracing
-        from fairlane.store.redis import NewJob
+        from fairlane.store.wire import NewJob
         before = tracing.active_tracer()
         trace.set_tracer_provider(TracerProvider())
         soon = tracing.active_tracer()  # "off" is believed for a while

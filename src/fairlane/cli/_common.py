@@ -22,12 +22,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from fairlane.app import App
-from fairlane.config import ConfigError, Settings, load_settings
+from fairlane.config.settings import ConfigError, Settings, load_settings
 from fairlane.runtime.loop import run as run_loop
 from fairlane.store.connection import SyncClient, sync_server_time_ms
 from fairlane.store.keys import AppKeys
-from fairlane.store.redis import StoreUnavailable
 from fairlane.store.server import ServerNotFound, ServerStartError, dev_server_status
+from fairlane.store.wire import StoreUnavailable
 
 __all__ = [
     "EXIT_FAILURE",

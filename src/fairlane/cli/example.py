@@ -19,10 +19,10 @@ from rich.table import Table
 
 from fairlane.app import App
 from fairlane.cli._common import EXIT_FAILURE, EXIT_USAGE, RedisUrl, console, fail, run
-from fairlane.config import ConfigError
+from fairlane.config.settings import ConfigError
 from fairlane.errors import TaskFailed
 from fairlane.runtime.worker import Worker
-from fairlane.store.redis import redact_url
+from fairlane.store.api import redact_url
 from fairlane.task import Job
 
 __all__ = ["example"]

@@ -23,8 +23,8 @@ from rich.table import Table
 
 from fairlane.app import App
 from fairlane.cli._common import EXIT_FAILURE, AppSpec, RedisUrl, console, fail, load_app, run
-from fairlane.explain import Event, format_ms
-from fairlane.explain import explain as explain_record
+from fairlane.store.explain import Event, format_ms
+from fairlane.store.explain import explain as explain_record
 
 __all__ = ["explain"]
 

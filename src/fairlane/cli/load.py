@@ -17,7 +17,7 @@ from rich.table import Table
 from fairlane.app import App
 from fairlane.cli._common import AppSpec, RedisUrl, console, load_app, run
 from fairlane.policy.classes import Allocation, allocate_observed
-from fairlane.store.redis import LaneState
+from fairlane.store.wire import LaneState
 
 __all__ = ["inspect_load"]
 

@@ -28,9 +28,9 @@ from fairlane.cli._common import (
     run,
 )
 from fairlane.codec import decode_error
-from fairlane.config import WorkerSettings
+from fairlane.config.settings import WorkerSettings
 from fairlane.policy.retention import Keep
-from fairlane.store.redis import redact_url
+from fairlane.store.api import redact_url
 
 __all__ = ["dead_app", "inspect_app", "job_app", "purge"]
 

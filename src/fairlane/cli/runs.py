@@ -23,8 +23,8 @@ from rich.table import Table
 
 from fairlane.app import App
 from fairlane.cli._common import EXIT_FAILURE, AppSpec, RedisUrl, console, fail, load_app, run
-from fairlane.runview import RunView, SliceView, record_text, run_view
 from fairlane.store.runs import RunHistory
+from fairlane.store.runview import RunView, SliceView, record_text, run_view
 from fairlane.workflows import Workflow
 
 __all__ = ["runs_app", "runs_show"]

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fairlane.cli._common import EXIT_USAGE, console, fail
-from fairlane.config import ConfigError
+from fairlane.config.settings import ConfigError
 from fairlane.sim import find_scenario, run, shipped
 from fairlane.sim.chart import write_charts
 from fairlane.sim.report import print_report, write_json

@@ -25,9 +25,9 @@ from fairlane.cli._common import (
     locate_server,
     settings_or_fail,
 )
-from fairlane.config import ConfigError, explain_settings
+from fairlane.config.settings import ConfigError, explain_settings
+from fairlane.store.api import redact_url
 from fairlane.store.connection import SyncClient, create_sync_client
-from fairlane.store.redis import redact_url
 from fairlane.store.server import (
     ServerNotFound,
     ServerStartError,

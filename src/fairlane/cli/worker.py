@@ -30,12 +30,12 @@ from fairlane.cli._common import (
     run,
     settings_or_fail,
 )
-from fairlane.config import Settings
+from fairlane.config.settings import Settings
 from fairlane.metrics import MetricsConfig
 from fairlane.runtime.pressure import PressureConfig, detect_memory_limit, parse_size
 from fairlane.runtime.supervisor import Supervisor
+from fairlane.store.api import redact_url
 from fairlane.store.connection import create_sync_client
-from fairlane.store.redis import redact_url
 
 __all__ = ["worker"]
 

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Literal
 
 from fairlane.app import App
-from fairlane.config import load_settings
+from fairlane.config.pools import FairlaneConfig, parse_config
+from fairlane.config.settings import load_settings
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
-from fairlane.pools import FairlaneConfig, parse_config
 from fairlane.runtime.context import Context
 from fairlane.usage import context
 

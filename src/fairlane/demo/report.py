@@ -3,7 +3,7 @@
 This module owns what the demo leaves on disk. The JSON holds the settings, each run's
 figures per tenant (admission answers, start delays, shares of capacity), each lane's
 use, the workflow runs and the pooled figures of groups of tenants; the SVG
-(``fairlane.charts``) shows each tenant's p50 and p99 start delay in the fair run beside the FIFO
+(``fairlane.sim.svg``) shows each tenant's p50 and p99 start delay in the fair run beside the FIFO
 run, on a logarithmic scale, since the two differ by orders of magnitude.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fairlane.charts import bar_chart
 from fairlane.demo.stats import Snapshot
+from fairlane.sim.svg import bar_chart
 
 __all__ = ["JSON_NAME", "SVG_NAME", "RunReport", "write_json", "write_svg"]
 

@@ -62,7 +62,7 @@ from fairlane.demo.view import (
 from fairlane.demo.workload import Arrival, Workload, build_workload
 from fairlane.policy.admission import Estimate
 from fairlane.runtime.loop import run as run_loop
-from fairlane.store.redis import redact_url, unlink_matching
+from fairlane.store.api import redact_url, unlink_matching
 
 __all__ = ["FAIR_WEIGHTS", "GROUPS", "DemoOptions", "DemoResult", "run_demo"]
 

@@ -31,8 +31,9 @@ from typing import Any
 
 from fairlane.admission import Admission
 from fairlane.demo.workload import Arrival
+from fairlane.store.api import Store
 from fairlane.store.keys import job_shard
-from fairlane.store.redis import LaneState, Store
+from fairlane.store.wire import LaneState
 
 __all__ = [
     "TERMINAL",

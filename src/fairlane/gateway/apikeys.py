@@ -27,7 +27,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairlane.store.connection import AsyncClient, slot_client
 from fairlane.store.keys import AppKeys
-from fairlane.store.redis import StoreUnavailable
+from fairlane.store.wire import StoreUnavailable
 
 __all__ = ["ApiKeys", "KeyNotFound", "KeyRecord", "MintedKey", "parse_key"]
 

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from fairlane.admission import UNAVAILABLE_RETRY_AFTER
 from fairlane.gateway.models import ErrorBody
-from fairlane.store.redis import StoreUnavailable
+from fairlane.store.wire import StoreUnavailable
 
 __all__ = ["RETRY_AFTER_HEADER", "error", "install_handlers", "responses"]
 

@@ -35,7 +35,7 @@ from prometheus_client.registry import Collector
 
 from fairlane.metrics.config import MetricsConfig
 from fairlane.metrics.tenants import TenantLabels
-from fairlane.store.redis import FetchedJob, Outcome
+from fairlane.store.wire import FetchedJob, Outcome
 
 if TYPE_CHECKING:
     from fairlane.app import App

@@ -3,7 +3,7 @@
 This package owns the ``PayloadStore`` protocol and its two stores (a shared
 directory, ``fairlane.payloads.directory``; S3-compatible object storage,
 ``fairlane.payloads.s3``, behind the ``s3`` extra), the reference a stored payload
-travels as (``fairlane.payloads.refs``), moving payloads in and out of jobs
+travels as (``fairlane.codec.refs``), moving payloads in and out of jobs
 (``fairlane.payloads.offload``) and removing them after their job's record
 (``fairlane.payloads.sweep``).
 

@@ -21,8 +21,8 @@ import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
+from fairlane.codec.refs import check_name
 from fairlane.payloads import PayloadMissing
-from fairlane.payloads.refs import check_name
 
 __all__ = ["DirectoryPayloadStore"]
 

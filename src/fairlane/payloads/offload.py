@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Final
 import msgspec
 
 from fairlane.codec import PayloadTooLarge
+from fairlane.codec.refs import PayloadRef, decode_ref, encode_ref, is_ref, new_name
 from fairlane.payloads import PayloadMissing, PayloadStore
-from fairlane.payloads.refs import PayloadRef, decode_ref, encode_ref, is_ref, new_name
 from fairlane.payloads.sweep import add_to_index, index_member
 
 if TYPE_CHECKING:
-    from fairlane.config import PayloadSettings
-    from fairlane.store.redis import NewJob, Store
+    from fairlane.config.settings import PayloadSettings
+    from fairlane.store.api import Store
+    from fairlane.store.wire import NewJob
 
 __all__ = ["Payloads"]
 

@@ -17,8 +17,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from fairlane.codec.refs import check_name
 from fairlane.payloads import PayloadError, PayloadMissing
-from fairlane.payloads.refs import check_name
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

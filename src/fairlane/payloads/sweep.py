@@ -23,14 +23,14 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
+from fairlane.codec.refs import MalformedReference, check_name
 from fairlane.payloads import PayloadError
-from fairlane.payloads.refs import MalformedReference, check_name
 from fairlane.runtime.lease import wait_or_stop
-from fairlane.store.redis import StoreUnavailable
+from fairlane.store.wire import StoreUnavailable
 
 if TYPE_CHECKING:
     from fairlane.payloads.offload import Payloads
-    from fairlane.store.redis import Store
+    from fairlane.store.api import Store
 
 __all__ = ["add_to_index", "index_member", "payload_sweep_loop", "split_member", "sweep_once"]
 

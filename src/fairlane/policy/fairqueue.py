@@ -96,7 +96,7 @@ its start with the weight ``t`` was last charged at.
 
 The store's activation credit
 -----------------------------
-The store (and its reference model, ``fairlane.policy.model``) activates a tenant at
+The store (and its reference model, ``fairlane.policy.reference.model``) activates a tenant at
 ``max(F_t, V - r / m)`` instead of rule 1's ``max(V, tag_t)``, where ``r`` is the
 class's work dispatched but not yet settled and ``m`` the number of active tenants
 (``V`` alone when none is). Dispatch moves ``V`` to ``max(V, tag)``, so ``V`` still never

@@ -39,7 +39,7 @@ from fairlane.store.runs import Checkpoint, CorruptRunHistory
 
 if TYPE_CHECKING:
     from fairlane.runtime.executors import ProcessExecutor
-    from fairlane.store.redis import Store
+    from fairlane.store.api import Store
     from fairlane.task import Task
 
 __all__ = [

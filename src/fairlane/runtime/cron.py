@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from cronsim import CronSim
 
 from fairlane.runtime.lease import wait_or_stop
-from fairlane.store.redis import StoreUnavailable
+from fairlane.store.wire import StoreUnavailable
 
 if TYPE_CHECKING:
     from fairlane.app import CronEntry

@@ -15,9 +15,10 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
-from fairlane.config import LeaseSettings
+from fairlane.config.settings import LeaseSettings
 from fairlane.runtime.outage import Outage
-from fairlane.store.redis import Store, StoreUnavailable
+from fairlane.store.api import Store
+from fairlane.store.wire import StoreUnavailable
 
 __all__ = ["renew_loop", "sweep_loop"]
 

@@ -28,7 +28,7 @@ import psutil
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fairlane.config import PressureSettings
+from fairlane.config.settings import PressureSettings
 from fairlane.policy.backpressure import Bounds, Decision, PressureState, Reading, allowance, decide
 
 __all__ = [

@@ -19,8 +19,8 @@ import msgspec
 
 from fairlane import usage
 from fairlane.codec import PayloadTooLarge, encode_error
+from fairlane.codec.refs import MalformedReference, is_ref
 from fairlane.payloads import PayloadMissing
-from fairlane.payloads.refs import MalformedReference, is_ref
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retry import after_failure
 from fairlane.runtime.context import LeaseLost, NonDeterminismError, Suspend
@@ -34,8 +34,8 @@ from fairlane.runtime.executors import (
 )
 from fairlane.runtime.invoke import target_of
 from fairlane.runtime.slices import run_slice
-from fairlane.store.redis import FetchedJob, Outcome
 from fairlane.store.runs import CorruptRunHistory
+from fairlane.store.wire import FetchedJob, Outcome
 from fairlane.usage import JobContext
 from fairlane.workflows import Workflow
 

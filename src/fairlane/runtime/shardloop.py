@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from fairlane.payloads.sweep import payload_sweep_loop
 from fairlane.runtime.lease import renew_loop, sweep_loop, wait_or_stop
 from fairlane.runtime.outage import Outage
-from fairlane.store.redis import Fetched, FetchedJob, Outcome, Store, StoreUnavailable
+from fairlane.store.api import Store
+from fairlane.store.wire import Fetched, FetchedJob, Outcome, StoreUnavailable
 
 if TYPE_CHECKING:
     from fairlane.runtime.worker import Worker

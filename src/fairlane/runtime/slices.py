@@ -22,7 +22,8 @@ from fairlane.runtime.context import (
 )
 
 if TYPE_CHECKING:
-    from fairlane.store.redis import FetchedJob, Store
+    from fairlane.store.api import Store
+    from fairlane.store.wire import FetchedJob
     from fairlane.workflows import Workflow
 
 __all__ = ["run_slice"]

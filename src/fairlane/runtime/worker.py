@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from fairlane import tracing
 from fairlane.codec import encode_error
-from fairlane.lanes import check_lane
+from fairlane.config.lanes import check_lane
 from fairlane.metrics import (
     MetricsConfig,
     MetricsServer,
@@ -67,7 +67,7 @@ from fairlane.runtime.pressure import (
 )
 from fairlane.runtime.runner import CancelReason, Runner
 from fairlane.runtime.shardloop import ShardLoop
-from fairlane.store.redis import FetchedJob, Outcome, StoreUnavailable
+from fairlane.store.wire import FetchedJob, Outcome, StoreUnavailable
 
 if TYPE_CHECKING:
     from fairlane.app import App

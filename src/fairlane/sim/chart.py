@@ -1,4 +1,4 @@
-"""SVG charts of a comparison (``fairlane.charts``).
+"""SVG charts of a comparison (``fairlane.sim.svg``).
 
 This module owns the charts ``--chart PATH.svg`` writes:
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from fairlane.charts import bar_chart, line_chart
 from fairlane.sim.runner import Comparison
+from fairlane.sim.svg import bar_chart, line_chart
 
 __all__ = ["queue_chart_path", "write_charts"]
 

@@ -21,7 +21,7 @@ Its life, under ``fair``:
    A fair head whose tenant has a cap or floor/ceiling settings then takes its tenant's
    key (``TenantThrottle``, at ``ceilings.tenant_limit`` for settings): admitted, it
    starts; else it parks until a release hands it a slot, and joins the class's
-   granted queue, which goes before the fair head -- as ``policy.model`` does.
+   granted queue, which goes before the fair head -- as ``policy.reference.model`` does.
 4. **Run** ``min(remaining, slice)`` seconds. At the end its slot (and its throttle
    slot) is freed; a job with work left *yields*: it re-enters its tenant's queue in
    its original order (a job keeps its seq, as in the store), so the fair queue decides

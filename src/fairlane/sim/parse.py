@@ -2,8 +2,8 @@
 
 This module owns the scenario file format. Lane class tables and admission pools are
 read by the project's own parsers -- ``[[lanes.<lane>.classes]]`` by
-``fairlane.lanes.parse_lanes``, ``[pools.<lane>]`` (seed 002's layout, with
-``[estimation]`` and ``[retry]``) by ``fairlane.pools.parse_config`` -- so a scenario's
+``fairlane.config.lanes.parse_lanes``, ``[pools.<lane>]`` (seed 002's layout, with
+``[estimation]`` and ``[retry]``) by ``fairlane.config.pools.parse_config`` -- so a scenario's
 lanes are declared exactly as a deployment's are. Layout::
 
     name = "noisy-neighbor"          # default: the file's stem
@@ -22,7 +22,7 @@ lanes are declared exactly as a deployment's are. Layout::
 
     [lanes.default]
     slots = 16                       # worker slots (the lane's capacity C)
-    # classes: [[lanes.default.classes]] as in fairlane.lanes, or a [pools.default]
+    # classes: [[lanes.default.classes]] as in fairlane.config.lanes, or a [pools.default]
     # table (classes and admission together); neither: guaranteed/standard/batch
 
     [[tenants]]
@@ -61,11 +61,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
-from fairlane.config import ConfigError
-from fairlane.lanes import DEFAULT_CLASS, check_lane, parse_lanes, read_toml
+from fairlane.config.lanes import DEFAULT_CLASS, check_lane, parse_lanes, read_toml
+from fairlane.config.pools import parse_config
+from fairlane.config.settings import ConfigError
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import ClassTable
-from fairlane.pools import parse_config
 from fairlane.sim.fastpath import ClassChooser
 from fairlane.sim.scenario import (
     Burst,

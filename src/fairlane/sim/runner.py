@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fairlane.config import ConfigError
+from fairlane.config.settings import ConfigError
 from fairlane.sim.engine import simulate
 from fairlane.sim.metrics import VariantResult, summarize
 from fairlane.sim.parse import load_scenario

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from fairlane.config.pools import RetrySettings
 from fairlane.policy.admission import EstimationSettings, PoolConfig
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import ClassTable
-from fairlane.pools import RetrySettings
 
 __all__ = [
     "MIN_SIZE",

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import AskError, ClusterDownError, ResponseError, TryAgainError
 
 from fairlane.store.connection import is_cluster, slot_client
-from fairlane.store.redis import NewJob, StoreUnavailable, Submitted, parse_submitted
+from fairlane.store.wire import NewJob, StoreUnavailable, Submitted, parse_submitted
 
 if TYPE_CHECKING:
-    from fairlane.config import DurabilitySettings
-    from fairlane.store.redis import Store
+    from fairlane.config.settings import DurabilitySettings
+    from fairlane.store.api import Store
 
 __all__ = ["Acknowledgement", "submit_acknowledged"]
 

@@ -15,7 +15,7 @@ import msgspec
 from redis.exceptions import ResponseError
 
 if TYPE_CHECKING:
-    from fairlane.store.redis import Store
+    from fairlane.store.api import Store
 
 __all__ = [
     "Checkpoint",

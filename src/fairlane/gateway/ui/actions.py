@@ -26,7 +26,7 @@ from typing import Any
 from fairlane.app import App
 from fairlane.gateway.ui.jobs import Filter, find_jobs
 from fairlane.store.fields import field_text
-from fairlane.store.redis import StoreUnavailable
+from fairlane.store.wire import StoreUnavailable
 from fairlane.task import TERMINAL
 
 __all__ = ["BULK_MAX", "applies", "bulk", "cancel", "redrive", "retry"]

@@ -34,11 +34,11 @@ from typing import Any
 
 from fairlane.app import App
 from fairlane.codec import decode_error
-from fairlane.explain import explain
 from fairlane.gateway.ui.queries import execute, lanes_of, task_names
-from fairlane.runview import run_view
+from fairlane.store.explain import explain
 from fairlane.store.fields import field_text
 from fairlane.store.keys import AppKeys
+from fairlane.store.runview import run_view
 from fairlane.workflows import Workflow
 
 __all__ = ["PER_INDEX", "STATES", "Filter", "find_jobs", "job_detail"]

@@ -35,7 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from fairlane.app import App
 from fairlane.policy.classes import allocate_observed
 from fairlane.store.fields import field_int, field_text
-from fairlane.store.redis import LaneState, StoreUnavailable
+from fairlane.store.wire import LaneState, StoreUnavailable
 
 __all__ = [
     "LEASE_LIMIT",

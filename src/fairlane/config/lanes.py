@@ -31,7 +31,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from fairlane.config import ConfigError
+from fairlane.config.settings import ConfigError
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 
 __all__ = [

@@ -11,7 +11,7 @@ It is built from the policy modules, which decide; the model only composes them:
 ``fairlane.policy.classes.next_class`` chooses the class that starts,
 ``fairlane.policy.throttle.Throttles`` admits or parks a job on its throttle keys, and
 ``fairlane.policy.ceilings.tenant_limit`` gives a tenant's limit. The lanes' state and
-the steps of one dispatch live in ``fairlane.policy.model_dispatch``.
+the steps of one dispatch live in ``fairlane.policy.reference.dispatch``.
 
 What it covers: enqueue (optionally delayed) with a service class, a width in worker
 slots and throttle keys, fetch (an exchange: worker registration, acks, then the
@@ -124,7 +124,7 @@ from fairlane.policy.ceilings import (
     TenantLimits,
 )
 from fairlane.policy.classes import ClassTable
-from fairlane.policy.model_dispatch import (
+from fairlane.policy.reference.dispatch import (
     DEFAULT_CLASS,
     PRIO_SPAN,
     Grant,

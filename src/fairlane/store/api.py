@@ -14,24 +14,20 @@ by its own wait plus ``socket_timeout``.
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final
 
-import hiredis
 import msgspec
 import redis.asyncio as aioredis
-from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ClusterError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from fairlane.explain import Event, decode_event
 from fairlane.policy.admission import EstimationSettings, PoolConfig
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import ClassTable
 from fairlane.store.connection import AsyncClient, create_client, slot_client
+from fairlane.store.explain import Event, decode_event
 from fairlane.store.keys import AppKeys
 from fairlane.store.library import (
     FUNCTION_PREFIX,
@@ -40,215 +36,34 @@ from fairlane.store.library import (
     encode_classes,
 )
 from fairlane.store.runs import RunStore
-
-__all__ = [
-    "AckKind",
-    "Fetched",
-    "FetchedJob",
-    "LaneState",
-    "NewJob",
-    "Outcome",
-    "Store",
-    "StoreUnavailable",
-    "Submitted",
-    "TenantSignal",
-    "redact_url",
-    "unlink_matching",
-]
+from fairlane.store.sockets import FAST_CONNECTIONS, POOL_CHECKS
+from fairlane.store.wire import (
+    UNPACK_JOB,
+    UNPACK_JOBS,
+    UNPACK_RAWS,
+    Fetched,
+    FetchedJob,
+    LaneState,
+    NewJob,
+    Outcome,
+    StoreUnavailable,
+    Submitted,
+    TenantSignal,
+    as_text,
+    decode_limits,
+    decode_rows,
+    encode_limits,
+    parse_fetched,
+    parse_submitted,
+)
 
 _FN: Final = FUNCTION_PREFIX
 # what a cluster answers while a slot changes hands (ClusterError covers CLUSTERDOWN)
 _CLUSTER_IN_TRANSITION: Final = (ClusterError, TryAgainError, SlotNotCoveredError)
 
-AckKind = str  # "ok" | "retry" | "dead" | "cancel" | "release" | "suspend"
 # Batches travel as one msgpack argument / reply: one argument to pack instead of
 # five per job, and one buffer to parse instead of eleven reply elements per job.
 _PACK: Final = msgspec.msgpack.Encoder()
-# [next_due_ms, ack codes, jobs]; each job as fetch returns it in the Lua library
-
-
-class StoreUnavailable(ConnectionError):
-    """The server cannot be reached (or stopped answering within the timeout)."""
-
-
-class NewJob(msgspec.Struct, array_like=True):
-    """One job as the enqueue script takes it (encoded in this field order). Times in ms."""
-
-    id: str
-    tenant: str
-    priority: int
-    task: str
-    args: str  # JSON text (bytes are accepted and decoded)
-    max_attempts: int
-    backoff: str
-    timeout: float
-    keep_completed: str
-    keep_failed: str
-    idempotency_key: str = ""
-    delay_ms: int | None = None
-    at_ms: int | None = None
-    deadline: str = ""  # "" none, "+ms" relative, or absolute ms
-    service_class: str = "standard"
-    slots: int = 1
-    limits: list[tuple[str, int]] = msgspec.field(default_factory=list)  # sorted by key
-    declared_mu: int = 1000  # the caller's estimate (or the default cost), in milli-units
-    cost_key: str = ""  # "tenant|workflow|model": whose learned cost applies
-    declared: int = 0  # 1 when the caller declared an estimate (else learned cost rules)
-    parent: str = ""  # the workflow run this job is a child of
-    trace_context: str = ""  # W3C trace context of the enqueue ('' none; fairlane.tracing)
-
-    def __post_init__(self) -> None:
-        args: object = self.args
-        if isinstance(args, bytes):
-            self.args = args.decode()
-
-
-class FetchedJob(msgspec.Struct, array_like=True, frozen=True):
-    """A job handed to a worker, with the lease token that fences its writes.
-
-    Decoded straight from the fetch reply (the field order is the Lua library's).
-    """
-
-    id: str
-    token: str
-    attempt: int
-    task: str
-    args: str  # JSON text
-    timeout: float  # seconds; 0 = none
-    deadline_ms: int  # server ms; 0 = none
-    tenant: str
-    max_attempts: int
-    backoff: str
-    enqueued_ms: int
-    slots: int = 1  # worker slots the job occupies
-    service_class: str = "standard"
-    trace_context: str = ""  # the producer's W3C trace context ('' none; fairlane.tracing)
-    parent: str = ""  # the workflow run a child job belongs to ('' none)
-
-
-@dataclass(frozen=True, slots=True)
-class Submitted:
-    """One job's answer from the enqueue script."""
-
-    id: str
-    code: int  # 1 accepted, 2 deferred, 0 existing, -1 deadline past, -2 bad class, -4 rejected
-    reason: str | None  # why it was deferred or rejected
-    earlier_rejections: int  # the tenant's rejections in the last minute, before this one
-
-
-@dataclass(frozen=True, slots=True)
-class TenantSignal:
-    """A tenant's concurrency limit now (None: no settings) and what it follows."""
-
-    limit: int | None
-    rate_per_min: float
-    mean_duration_s: float
-    capacity: int
-    load: int
-
-
-@dataclass(frozen=True, slots=True)
-class LaneState:
-    """A lane's cached capacity (live workers' slots) and its classes' slots."""
-
-    capacity: int
-    in_flight: dict[str, int]
-    waiting: dict[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class Fetched:
-    jobs: list[FetchedJob]
-    next_due_ms: int | None  # time until the next scheduled job of the lanes, if any
-    ack_codes: list[int]
-    # (id, token) of leased rows the worker cannot read: to settle as dead, never to run
-    malformed: list[tuple[str, str]] = field(default_factory=list)
-
-
-class Outcome(msgspec.Struct, array_like=True, frozen=True):
-    """A settled attempt, sent back fenced by its token (encoded as the script reads it)."""
-
-    id: str
-    token: str
-    kind: AckKind
-    # the server's msgpack reads no binary type: payloads are UTF-8 JSON, sent as text
-    payload: str = ""
-    delay_ms: int = 0
-    cost: float = -1.0  # work units the attempt used (-1: it did not run)
-
-    def __post_init__(self) -> None:
-        # accept the bytes a caller may hold; the wire needs text
-        payload: object = self.payload
-        if isinstance(payload, bytes):
-            msgspec.structs.force_setattr(self, "payload", payload.decode())
-        token: object = self.token
-        if isinstance(token, bytes):
-            msgspec.structs.force_setattr(self, "token", token.decode())
-
-
-class HiredisPacking:
-    """Packs commands with hiredis's C packer.
-
-    redis-py's asyncio connections pack each command in Python, which costs more than
-    the server takes to run a short script; hiredis does the same work in C.
-    """
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        first = args[0]
-        if isinstance(first, str) and " " in first:  # e.g. "FUNCTION LOAD"
-            args = (*first.split(), *args[1:])
-        return [hiredis.pack_command(args)]
-
-
-class ResetAware:
-    """Reports a pooled connection the peer reset while it sat idle as unusable.
-
-    The pool checks each connection it hands out (``can_read``) and reconnects one the
-    server closed; redis-py sees a FIN there, but not a reset, which asyncio keeps as
-    the stream's exception: without this the first call after it fails for nothing.
-    """
-
-    async def can_read(self) -> bool:
-        reader: asyncio.StreamReader | None = getattr(self, "_reader", None)
-        if reader is not None and reader.exception() is not None:
-            return True
-        parent: Any = super()
-        return bool(await parent.can_read())
-
-
-class _TcpConnection(ResetAware, HiredisPacking, Connection):
-    pass
-
-
-class _UnixConnection(ResetAware, HiredisPacking, UnixDomainSocketConnection):
-    pass
-
-
-class _TlsConnection(ResetAware, HiredisPacking, SSLConnection):
-    pass
-
-
-def _pool_checks() -> dict[str, Any]:
-    """Options that keep the pool's check of idle connections on.
-
-    With maintenance notifications on (redis-py's "auto", from its 7th release), the
-    pool skips that check, so every pooled connection a restarted server closed would
-    fail once before being reconnected. Older releases have no such option.
-    """
-    try:
-        notifications = importlib.import_module("redis.maint_notifications")
-    except ImportError:
-        return {}
-    return {"maint_notifications_config": notifications.MaintNotificationsConfig(enabled=False)}
-
-
-_POOL_CHECKS: Final = _pool_checks()
-
-_FAST_CONNECTIONS: dict[type[Any], type[Any]] = {
-    Connection: _TcpConnection,
-    UnixDomainSocketConnection: _UnixConnection,
-    SSLConnection: _TlsConnection,
-}
 
 
 def redact_url(url: str) -> str:
@@ -274,10 +89,6 @@ async def unlink_matching(client: AsyncClient, pattern: str) -> int:
     if batch:
         removed += await client.unlink(*batch)
     return removed
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class Store:
@@ -337,7 +148,7 @@ class Store:
             socket_connect_timeout=2.0,
             socket_timeout=5.0,
             health_check_interval=30,
-            **_POOL_CHECKS,
+            **POOL_CHECKS,
         )
         options.update(connection_kwargs)
         client = create_client(url, **options)
@@ -345,7 +156,7 @@ class Store:
         for made in (client, blocking):
             if isinstance(made, aioredis.Redis):
                 pool = made.connection_pool
-                pool.connection_class = _FAST_CONNECTIONS.get(
+                pool.connection_class = FAST_CONNECTIONS.get(
                     pool.connection_class, pool.connection_class
                 )
         return cls(
@@ -485,7 +296,7 @@ class Store:
 
     async def configure_tenant_limits(self, tenant: str, limits: TenantLimits | None) -> None:
         """Set a tenant's concurrency settings (None: no tenant key at all)."""
-        await self.fcall("configure_limits", self._common, [tenant, _encode_limits(limits)])
+        await self.fcall("configure_limits", self._common, [tenant, encode_limits(limits)])
 
     async def update_tenant_limits(
         self, tenant: str, change: Callable[[TenantLimits | None], TenantLimits | None]
@@ -498,14 +309,14 @@ class Store:
         """
 
         async def step(pipe: Any) -> TenantLimits | None:
-            new = change(_decode_limits(await pipe.hget(self.keys.tlimits, tenant)))
+            new = change(decode_limits(await pipe.hget(self.keys.tlimits, tenant)))
             pipe.multi()
             pipe.fcall(
                 _FN + "configure_limits",
                 len(self._common),
                 *self._common,
                 tenant,
-                _encode_limits(new),
+                encode_limits(new),
             )
             return new
 
@@ -516,7 +327,7 @@ class Store:
         return result
 
     async def tenant_limits(self, tenant: str) -> TenantLimits | None:
-        return _decode_limits(await self._call(self.client.hget, self.keys.tlimits, tenant))
+        return decode_limits(await self._call(self.client.hget, self.keys.tlimits, tenant))
 
     async def tenant_limit_now(self, lane: str, tenant: str) -> TenantSignal:
         """The tenant's concurrency limit in ``lane`` now, and the signals behind it."""
@@ -538,7 +349,7 @@ class Store:
     async def lane_state(self, lane: str) -> LaneState:
         """A lane's capacity and its classes' in-flight and waiting slots, as cached."""
         raw = await self._call(self.client.hgetall, self.keys.lane(lane).state)
-        fields = {_s(k): _s(v) for k, v in raw.items()}
+        fields = {as_text(k): as_text(v) for k, v in raw.items()}
         in_flight = {k[2:]: int(v) for k, v in fields.items() if k.startswith("f:")}
         waiting = {k[2:]: int(v) for k, v in fields.items() if k.startswith("d:")}
         return LaneState(int(fields.get("C", 0)), in_flight, waiting)
@@ -548,7 +359,7 @@ class Store:
         return float(raw) if raw is not None else 1.0
 
     async def cancel(self, job_id: str) -> str:
-        return _s(await self.fcall("cancel", self._common, [job_id]))
+        return as_text(await self.fcall("cancel", self._common, [job_id]))
 
     async def watch(self, job_id: str) -> list[bytes]:
         return list(await self.fcall("watch", self._common, [job_id]))
@@ -558,7 +369,7 @@ class Store:
 
     async def job_record(self, job_id: str) -> dict[str, bytes]:
         raw = await self._call(self.client.hgetall, self.keys.job(job_id))
-        return {_s(k): v for k, v in raw.items()}
+        return {as_text(k): v for k, v in raw.items()}
 
     async def job_events(self, job_id: str) -> list[Event]:
         """A job's lifecycle events, oldest first (the last 64 the store kept)."""
@@ -567,15 +378,15 @@ class Store:
 
     async def redrive(self, ids: Sequence[str] = (), limit: int = 100) -> list[str]:
         reply = await self.fcall("redrive", self._common, [limit, *ids])
-        return [_s(x) for x in reply]
+        return [as_text(x) for x in reply]
 
     async def dead_letters(self, limit: int = 100) -> list[tuple[str, float]]:
         raw = await self._call(self.client.zrange, self.keys.dead, 0, limit - 1, withscores=True)
-        return [(_s(member), float(score)) for member, score in raw]
+        return [(as_text(member), float(score)) for member, score in raw]
 
     async def stats(self) -> dict[str, int]:
         raw = await self._call(self.client.hgetall, self.keys.stats)
-        return {_s(k): int(v) for k, v in raw.items()}
+        return {as_text(k): int(v) for k, v in raw.items()}
 
     # -- worker side ------------------------------------------------------------------
 
@@ -601,17 +412,17 @@ class Store:
         size = want if slots is None else slots
         blob = _PACK.encode((outcomes, worker, want, lease_ms, promote_limit, lanes, idle_ms, size))
         reply = await self.fcall("exchange", self._lane_keys(lanes), [blob])
-        return _parse_fetched(reply)
+        return parse_fetched(reply)
 
     async def leave(self, worker: str, lease_ms: int, lanes: Sequence[str]) -> list[FetchedJob]:
         """Deregister a stopping worker; returns jobs handed to it that it must hand back."""
         blob = _PACK.encode((worker, lease_ms, lanes))
         reply = await self.fcall("leave", self._lane_keys(lanes), [blob])
         try:
-            return _UNPACK_JOBS.decode(reply)
+            return UNPACK_JOBS.decode(reply)
         except msgspec.ValidationError:
             # a row it cannot read is not handed back: its lease expires and it is reclaimed
-            return _rows(_UNPACK_RAWS.decode(reply))[0]
+            return decode_rows(UNPACK_RAWS.decode(reply))[0]
 
     async def ack(self, lanes: Sequence[str], outcomes: Sequence[Outcome]) -> list[int]:
         blob = _PACK.encode(outcomes)
@@ -625,14 +436,14 @@ class Store:
         for job_id, token in held:
             args.extend((job_id, token))
         lost, cancel = await self.fcall("renew", self._common, args)
-        return [_s(x) for x in lost], [_s(x) for x in cancel]
+        return [as_text(x) for x in lost], [as_text(x) for x in cancel]
 
     async def sweep(
         self, limit: int, seed: int, stale_worker_ms: int
     ) -> tuple[list[str], list[str]]:
         """Reclaim expired leases; returns (ids scheduled for retry, ids dead-lettered)."""
         retried, dead = await self.fcall("sweep", self._common, [limit, seed, stale_worker_ms])
-        return [_s(x) for x in retried], [_s(x) for x in dead]
+        return [as_text(x) for x in retried], [as_text(x) for x in dead]
 
     async def wait_for_work(
         self, lanes: Sequence[str], timeout: float, worker: str | None = None
@@ -651,80 +462,11 @@ class Store:
         if reply is None:
             return False
         key, value = reply
-        if worker is not None and _s(key) == wake_keys[0]:
+        if worker is not None and as_text(key) == wake_keys[0]:
             try:
-                return _UNPACK_JOB.decode(value)
+                return UNPACK_JOB.decode(value)
             except msgspec.DecodeError:
                 # not a row a hand-off wrote: a wake-up, and its job (if any) is
                 # reclaimed with its lease and its record checked again
                 return True
         return True
-
-
-# [next_due_ms, ack codes, jobs]
-_UNPACK_FETCH: Final = msgspec.msgpack.Decoder(tuple[int, list[int], list[FetchedJob]])
-_UNPACK_JOB: Final = msgspec.msgpack.Decoder(FetchedJob)
-_UNPACK_JOBS: Final = msgspec.msgpack.Decoder(list[FetchedJob])
-_UNPACK_ROWS: Final = msgspec.msgpack.Decoder(tuple[int, list[int], list[msgspec.Raw]])
-_UNPACK_RAWS: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
-_UNPACK_ANY: Final = msgspec.msgpack.Decoder()
-
-
-def parse_submitted(reply: Sequence[Any]) -> list[Submitted]:
-    """The enqueue script's flat reply, one ``Submitted`` per job."""
-    out: list[Submitted] = []
-    for i in range(0, len(reply), 3):
-        reason, _, earlier = _s(reply[i + 2]).partition("|")
-        out.append(Submitted(_s(reply[i]), int(reply[i + 1]), reason or None, int(earlier or 0)))
-    return out
-
-
-def _encode_limits(limits: TenantLimits | None) -> str:
-    if limits is None:
-        return ""
-    cap = -1 if limits.max_concurrency is None else limits.max_concurrency
-    return f"{limits.floor},{cap},{limits.burst_floor},{limits.burst_pct!r}"
-
-
-def _decode_limits(raw: bytes | str | None) -> TenantLimits | None:
-    if raw is None:
-        return None
-    floor, cap, burst_floor, burst_pct = _s(raw).split(",")
-    return TenantLimits(
-        floor=int(floor),
-        max_concurrency=None if int(cap) < 0 else int(cap),
-        burst_floor=int(burst_floor),
-        burst_pct=float(burst_pct),
-    )
-
-
-def _parse_fetched(reply: bytes) -> Fetched:
-    try:
-        next_due, codes, jobs = _UNPACK_FETCH.decode(reply)
-    except msgspec.ValidationError:
-        return _parse_rows(reply)
-    return Fetched(jobs, None if next_due < 0 else next_due, codes)
-
-
-def _parse_rows(reply: bytes) -> Fetched:
-    """The fetch reply row by row, when one row does not decode: the scripts check every
-    record before leasing it, so this is a second line, which keeps one bad row from
-    failing its whole batch (and the worker with it)."""
-    next_due, codes, rows = _UNPACK_ROWS.decode(reply)
-    jobs, malformed = _rows(rows)
-    return Fetched(jobs, None if next_due < 0 else next_due, codes, malformed)
-
-
-def _rows(rows: Sequence[msgspec.Raw]) -> tuple[list[FetchedJob], list[tuple[str, str]]]:
-    """The rows that decode as jobs, and (id, token) of those that do not but name one."""
-    jobs: list[FetchedJob] = []
-    malformed: list[tuple[str, str]] = []
-    for row in rows:
-        try:
-            jobs.append(_UNPACK_JOB.decode(row))
-        except msgspec.DecodeError:
-            head = _UNPACK_ANY.decode(row)
-            if isinstance(head, list) and len(head) > 1 and isinstance(head[0], str):
-                malformed.append((head[0], str(head[1])))
-            # else: not even an id; its lease expires and the sweep reclaims it
-    return jobs, malformed

@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fairlane.config import ConfigError
-from fairlane.lanes import check_lane, read_toml
+from fairlane.config.lanes import check_lane, read_toml
+from fairlane.config.settings import ConfigError
 from fairlane.policy.admission import (
     AdmissionClass,
     Coefficients,

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import msgspec
 
-from fairlane.payloads.refs import MalformedReference, decode_ref, is_ref
+from fairlane.codec.refs import MalformedReference, decode_ref, is_ref
 
 __all__ = ["ArgsCodec", "PayloadTooLarge", "decode_error", "encode_error"]
 

@@ -1,6 +1,6 @@
 """The lanes of the reference model: capacity, service classes, fair queues and dispatch.
 
-``fairlane.policy.model`` states the rules; this module holds the per-lane state and
+``fairlane.policy.reference.model`` states the rules; this module holds the per-lane state and
 the steps the scripts run inside one call (``dispatch_lane`` and the fetch's rounds,
 ``push_ready``, ``enter_granted``, the throttle release, worker registration and
 promotion in ``fairlane.lua``), and checks the lanes' invariants. The decisions are the
@@ -324,7 +324,7 @@ class LaneDispatch:
     # -- invariants -------------------------------------------------------------------
 
     def _check_lanes(self) -> None:
-        """Invariants 2 and 5 (see ``fairlane.policy.model``), for every lane and key."""
+        """Invariants 2 and 5 (see ``fairlane.policy.reference.model``), for every lane and key."""
         thr = self.throttles
         for name, lane in self.lanes.items():
             running = [j for j in self.jobs.values() if j.lane == name and j.status == "running"]

@@ -1,0 +1,217 @@
+"""The structs that travel to and from the Lua library, and the decoders of its replies.
+
+Batches travel as one msgpack argument / reply: one argument to pack instead of five
+per job, and one buffer to parse instead of eleven reply elements per job. A reply
+row that does not decode is kept apart (``Fetched.malformed``) so one bad record never
+fails its whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgspec
+
+from fairlane.policy.ceilings import TenantLimits
+
+AckKind = str  # "ok" | "retry" | "dead" | "cancel" | "release" | "suspend"
+# Batches travel as one msgpack argument / reply: one argument to pack instead of
+# five per job, and one buffer to parse instead of eleven reply elements per job.
+_PACK: Final = msgspec.msgpack.Encoder()
+# [next_due_ms, ack codes, jobs]; each job as fetch returns it in the Lua library
+
+
+class StoreUnavailable(ConnectionError):
+    """The server cannot be reached (or stopped answering within the timeout)."""
+
+
+class NewJob(msgspec.Struct, array_like=True):
+    """One job as the enqueue script takes it (encoded in this field order). Times in ms."""
+
+    id: str
+    tenant: str
+    priority: int
+    task: str
+    args: str  # JSON text (bytes are accepted and decoded)
+    max_attempts: int
+    backoff: str
+    timeout: float
+    keep_completed: str
+    keep_failed: str
+    idempotency_key: str = ""
+    delay_ms: int | None = None
+    at_ms: int | None = None
+    deadline: str = ""  # "" none, "+ms" relative, or absolute ms
+    service_class: str = "standard"
+    slots: int = 1
+    limits: list[tuple[str, int]] = msgspec.field(default_factory=list)  # sorted by key
+    declared_mu: int = 1000  # the caller's estimate (or the default cost), in milli-units
+    cost_key: str = ""  # "tenant|workflow|model": whose learned cost applies
+    declared: int = 0  # 1 when the caller declared an estimate (else learned cost rules)
+    parent: str = ""  # the workflow run this job is a child of
+    trace_context: str = ""  # W3C trace context of the enqueue ('' none; fairlane.tracing)
+
+    def __post_init__(self) -> None:
+        args: object = self.args
+        if isinstance(args, bytes):
+            self.args = args.decode()
+
+
+class FetchedJob(msgspec.Struct, array_like=True, frozen=True):
+    """A job handed to a worker, with the lease token that fences its writes.
+
+    Decoded straight from the fetch reply (the field order is the Lua library's).
+    """
+
+    id: str
+    token: str
+    attempt: int
+    task: str
+    args: str  # JSON text
+    timeout: float  # seconds; 0 = none
+    deadline_ms: int  # server ms; 0 = none
+    tenant: str
+    max_attempts: int
+    backoff: str
+    enqueued_ms: int
+    slots: int = 1  # worker slots the job occupies
+    service_class: str = "standard"
+    trace_context: str = ""  # the producer's W3C trace context ('' none; fairlane.tracing)
+    parent: str = ""  # the workflow run a child job belongs to ('' none)
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """One job's answer from the enqueue script."""
+
+    id: str
+    code: int  # 1 accepted, 2 deferred, 0 existing, -1 deadline past, -2 bad class, -4 rejected
+    reason: str | None  # why it was deferred or rejected
+    earlier_rejections: int  # the tenant's rejections in the last minute, before this one
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSignal:
+    """A tenant's concurrency limit now (None: no settings) and what it follows."""
+
+    limit: int | None
+    rate_per_min: float
+    mean_duration_s: float
+    capacity: int
+    load: int
+
+
+@dataclass(frozen=True, slots=True)
+class LaneState:
+    """A lane's cached capacity (live workers' slots) and its classes' slots."""
+
+    capacity: int
+    in_flight: dict[str, int]
+    waiting: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    jobs: list[FetchedJob]
+    next_due_ms: int | None  # time until the next scheduled job of the lanes, if any
+    ack_codes: list[int]
+    # (id, token) of leased rows the worker cannot read: to settle as dead, never to run
+    malformed: list[tuple[str, str]] = field(default_factory=list)
+
+
+class Outcome(msgspec.Struct, array_like=True, frozen=True):
+    """A settled attempt, sent back fenced by its token (encoded as the script reads it)."""
+
+    id: str
+    token: str
+    kind: AckKind
+    # the server's msgpack reads no binary type: payloads are UTF-8 JSON, sent as text
+    payload: str = ""
+    delay_ms: int = 0
+    cost: float = -1.0  # work units the attempt used (-1: it did not run)
+
+    def __post_init__(self) -> None:
+        # accept the bytes a caller may hold; the wire needs text
+        payload: object = self.payload
+        if isinstance(payload, bytes):
+            msgspec.structs.force_setattr(self, "payload", payload.decode())
+        token: object = self.token
+        if isinstance(token, bytes):
+            msgspec.structs.force_setattr(self, "token", token.decode())
+
+
+def as_text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# [next_due_ms, ack codes, jobs]
+_UNPACK_FETCH: Final = msgspec.msgpack.Decoder(tuple[int, list[int], list[FetchedJob]])
+UNPACK_JOB: Final = msgspec.msgpack.Decoder(FetchedJob)
+UNPACK_JOBS: Final = msgspec.msgpack.Decoder(list[FetchedJob])
+_UNPACK_ROWS: Final = msgspec.msgpack.Decoder(tuple[int, list[int], list[msgspec.Raw]])
+UNPACK_RAWS: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_UNPACK_ANY: Final = msgspec.msgpack.Decoder()
+
+
+def parse_submitted(reply: Sequence[Any]) -> list[Submitted]:
+    """The enqueue script's flat reply, one ``Submitted`` per job."""
+    out: list[Submitted] = []
+    for i in range(0, len(reply), 3):
+        reason, _, earlier = as_text(reply[i + 2]).partition("|")
+        out.append(
+            Submitted(as_text(reply[i]), int(reply[i + 1]), reason or None, int(earlier or 0))
+        )
+    return out
+
+
+def encode_limits(limits: TenantLimits | None) -> str:
+    if limits is None:
+        return ""
+    cap = -1 if limits.max_concurrency is None else limits.max_concurrency
+    return f"{limits.floor},{cap},{limits.burst_floor},{limits.burst_pct!r}"
+
+
+def decode_limits(raw: bytes | str | None) -> TenantLimits | None:
+    if raw is None:
+        return None
+    floor, cap, burst_floor, burst_pct = as_text(raw).split(",")
+    return TenantLimits(
+        floor=int(floor),
+        max_concurrency=None if int(cap) < 0 else int(cap),
+        burst_floor=int(burst_floor),
+        burst_pct=float(burst_pct),
+    )
+
+
+def parse_fetched(reply: bytes) -> Fetched:
+    try:
+        next_due, codes, jobs = _UNPACK_FETCH.decode(reply)
+    except msgspec.ValidationError:
+        return parse_rows(reply)
+    return Fetched(jobs, None if next_due < 0 else next_due, codes)
+
+
+def parse_rows(reply: bytes) -> Fetched:
+    """The fetch reply row by row, when one row does not decode: the scripts check every
+    record before leasing it, so this is a second line, which keeps one bad row from
+    failing its whole batch (and the worker with it)."""
+    next_due, codes, rows = _UNPACK_ROWS.decode(reply)
+    jobs, malformed = decode_rows(rows)
+    return Fetched(jobs, None if next_due < 0 else next_due, codes, malformed)
+
+
+def decode_rows(rows: Sequence[msgspec.Raw]) -> tuple[list[FetchedJob], list[tuple[str, str]]]:
+    """The rows that decode as jobs, and (id, token) of those that do not but name one."""
+    jobs: list[FetchedJob] = []
+    malformed: list[tuple[str, str]] = []
+    for row in rows:
+        try:
+            jobs.append(UNPACK_JOB.decode(row))
+        except msgspec.DecodeError:
+            head = _UNPACK_ANY.decode(row)
+            if isinstance(head, list) and len(head) > 1 and isinstance(head[0], str):
+                malformed.append((head[0], str(head[1])))
+            # else: not even an id; its lease expires and the sweep reclaims it
+    return jobs, malformed
