@@ -1,0 +1,125 @@
+"""The hot path's cost in counts: Redis commands and client round trips per no-op job.
+
+A few thousand no-op jobs are enqueued in batches and drained by one in-process worker
+(``run_worker(burst=True)``) on the session's private server. Two counts are taken over
+that whole life, producer and worker together:
+
+* **commands per job**: every command the server ran (``CONFIG RESETSTAT`` before,
+  ``INFO commandstats`` after), the ones run inside the Lua functions included, less the
+  measuring client's own;
+* **round trips per job**: every write of a command (or of a whole pipeline) that the
+  app's and the worker's connections sent, counted where redis-py sends a packed buffer
+  (``send_packed_command``), so a pipeline counts once.
+
+Each budget is the figure measured when it was set, plus 5 %: a change that adds work
+per job fails here, deterministically, instead of showing up months later as lost
+speed. A change that saves work lowers the figure; then lower the budget with it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
+
+from fairlane import App
+from tests.e2e.helpers import fast_settings
+
+pytestmark = [pytest.mark.anyio, pytest.mark.embedded_only]
+
+JOBS = 3000
+BATCH = 500
+CONCURRENCY = 100
+# Measured on 2b30d5e, before the refactor of issue 15, the same in every run (the counts
+# do not depend on timing): batched, 12.334 commands and 0.0273 round trips a job; one
+# enqueue a job, 23.312 commands and 1.0253 round trips (each enqueue is one FCALL).
+COMMANDS_PER_JOB_BUDGET = 12.334 * 1.05
+ROUND_TRIPS_PER_JOB_BUDGET = 0.0273 * 1.05
+SINGLE_COMMANDS_PER_JOB_BUDGET = 23.312 * 1.05
+SINGLE_ROUND_TRIPS_PER_JOB_BUDGET = 1.0253 * 1.05
+MEASURING = frozenset({"info", "config|resetstat"})
+
+
+class RoundTrips:
+    """Counts every packed write of this process's redis-py asyncio connections."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self.on = False
+        original = AbstractConnection.send_packed_command
+
+        async def counted(
+            conn: AbstractConnection, command: Any, check_health: bool = True
+        ) -> None:
+            if self.on:
+                self.count += 1
+            await original(conn, command, check_health)
+
+        monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+
+
+@pytest.fixture
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[RoundTrips]:
+    yield RoundTrips(monkeypatch)
+
+
+async def _server_commands(meter: aioredis.Redis) -> Counter[str]:
+    raw = await meter.info("commandstats")
+    calls: Counter[str] = Counter()
+    for key, value in raw.items():
+        name = key.removeprefix("cmdstat_")
+        if name not in MEASURING:
+            calls[name] = int(value["calls"])
+    return calls
+
+
+class Budget(NamedTuple):
+    batch: int  # jobs per enqueue call
+    commands: float  # server commands per job, at most
+    round_trips: float  # client round trips per job, at most
+
+
+BUDGETS = {
+    "batched": Budget(BATCH, COMMANDS_PER_JOB_BUDGET, ROUND_TRIPS_PER_JOB_BUDGET),
+    "single": Budget(1, SINGLE_COMMANDS_PER_JOB_BUDGET, SINGLE_ROUND_TRIPS_PER_JOB_BUDGET),
+}
+
+
+@pytest.mark.parametrize("case", BUDGETS)
+async def test_a_noop_job_costs_no_more_commands_or_round_trips_than_its_budget(
+    namespace: str, redis_url: str, round_trips: RoundTrips, case: str
+) -> None:
+    """``batched``: ``enqueue_many`` of 500 at a time; ``single``: one ``enqueue`` a job."""
+    batch, commands_budget, round_trips_budget = BUDGETS[case]
+    app = App(namespace, redis_url=redis_url, settings=fast_settings())
+
+    @app.task
+    async def noop(i: int) -> None:
+        return None
+
+    meter = aioredis.Redis.from_url(redis_url)
+    try:
+        async with app:
+            await meter.config_resetstat()
+            round_trips.on = True
+            for start in range(0, JOBS, batch):
+                if batch == 1:
+                    await noop.enqueue(start)
+                else:
+                    await noop.enqueue_many([(i,) for i in range(start, start + batch)])
+            await app.run_worker(concurrency=CONCURRENCY, burst=True)
+            round_trips.on = False
+            commands = await _server_commands(meter)
+            assert (await app.stats()).get("completed", 0) >= JOBS
+    finally:
+        await meter.aclose()
+    per_job = sum(commands.values()) / JOBS
+    trips_per_job = round_trips.count / JOBS
+    top = ", ".join(f"{name} {n / JOBS:.2f}" for name, n in commands.most_common(8))
+    print(f"\ncommands per job {per_job:.3f} ({top}); round trips per job {trips_per_job:.4f}")
+    assert per_job <= commands_budget, f"{per_job:.3f} commands per job ({top})"
+    assert trips_per_job <= round_trips_budget, f"{trips_per_job:.4f} round trips per job"
