@@ -5,6 +5,6 @@ test:
 example:
 	./scripts/example
 lint:
-	.venv/bin/ruff check src tests benchmarks && .venv/bin/ruff format --check src tests benchmarks && .venv/bin/mypy
+	.venv/bin/ruff check src tests benchmarks && .venv/bin/ruff format --check src tests benchmarks && .venv/bin/mypy && .venv/bin/lint-imports --no-cache
 bench:
 	.venv/bin/fairlane bench
