@@ -1,11 +1,14 @@
 """Large payloads: arguments and results over a threshold, kept outside the server.
 
-This package owns the ``PayloadStore`` protocol and its two stores (a shared
-directory, ``fairlane.payloads.directory``; S3-compatible object storage,
-``fairlane.payloads.s3``, behind the ``s3`` extra), the reference a stored payload
-travels as (``fairlane.codec.refs``), moving payloads in and out of jobs
-(``fairlane.payloads.offload``) and removing them after their job's record
-(``fairlane.payloads.sweep``).
+This package owns the ``PayloadStore`` protocol and its errors
+(``fairlane.payloads.base``), its two stores (a shared directory,
+``fairlane.payloads.directory``; S3-compatible object storage, ``fairlane.payloads.s3``,
+behind the ``s3`` extra) and ``open_store``, which picks one from a URL; moving payloads
+in and out of jobs (``fairlane.payloads.offload``), the index that records every stored
+payload with its job (``fairlane.payloads.index``) and the sweep step that removes a
+payload after its job's record (``fairlane.payloads.sweep``; the worker's loop that
+repeats it is ``fairlane.runtime.payload_sweep``). The reference a stored payload
+travels as is the codec's (``fairlane.codec.refs``).
 
 A payload store is shared by every producer and worker of an app: each writes
 what it offloads and reads what it is handed by name. Names are unique per job and
@@ -14,9 +17,11 @@ attempt, so nothing is ever overwritten in place.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from fairlane.payloads.base import PayloadError, PayloadMissing, PayloadStore
+from fairlane.payloads.directory import DirectoryPayloadStore
+from fairlane.payloads.s3 import S3PayloadStore
 
 __all__ = [
     "PayloadError",
@@ -26,31 +31,6 @@ __all__ = [
 ]
 
 
-class PayloadError(Exception):
-    """A payload store failed to keep or hand back a payload."""
-
-
-class PayloadMissing(PayloadError, LookupError):
-    """A referenced payload is not in the store (removed, never written, or damaged)."""
-
-
-@runtime_checkable
-class PayloadStore(Protocol):
-    """Where large payloads are kept, by name. Every method may be called concurrently."""
-
-    async def put(self, name: str, data: bytes) -> None:
-        """Store ``data`` under ``name``; a reader sees all of it or nothing."""
-        ...
-
-    async def get(self, name: str) -> bytes:
-        """The payload stored under ``name``; ``PayloadMissing`` if there is none."""
-        ...
-
-    async def delete(self, names: Sequence[str]) -> None:
-        """Remove payloads; a name that is not stored is no error."""
-        ...
-
-
 def open_store(url: str) -> PayloadStore:
     """A store from a URL: ``file:///shared/dir`` (``?fsync=1`` to fsync each write),
     or ``s3://bucket/prefix`` with optional ``endpoint_url`` and ``region`` query
@@ -58,17 +38,12 @@ def open_store(url: str) -> PayloadStore:
     parts = urlsplit(url)
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     if parts.scheme == "file":
-        # imported here: the store modules import this package's errors
-        from fairlane.payloads.directory import DirectoryPayloadStore  # noqa: PLC0415
-
         if parts.netloc not in ("", "localhost"):
             raise ValueError(f"a file:// payload store must be local: {url!r}")
         return DirectoryPayloadStore(
             unquote(parts.path), fsync=query.get("fsync", "0") in ("1", "true", "yes")
         )
     if parts.scheme == "s3":
-        from fairlane.payloads.s3 import S3PayloadStore  # noqa: PLC0415
-
         if not parts.netloc:
             raise ValueError(f"an s3:// payload store needs a bucket: {url!r}")
         return S3PayloadStore(

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fairlane.codec.refs import check_name
-from fairlane.payloads import PayloadMissing
+from fairlane.payloads.base import PayloadMissing
 
 __all__ = ["DirectoryPayloadStore"]
 

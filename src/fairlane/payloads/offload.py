@@ -6,10 +6,11 @@ which calls it), a worker resolves a job's reference only when an attempt runs
 (``resolve``), and a result over the threshold goes to the store before the
 attempt settles (``offload_result``); ``Job.result()`` resolves on the producer side.
 
-Each payload is put in the index (``payloads`` in ``fairlane.store.keys``) *before*
-it is written, so that no crash leaves a payload nobody will ever remove: the
-sweep (``fairlane.payloads.sweep``) removes it once its job's record is gone. A new
-entry is first checked only after ``payloads.grace``: its job may not be stored yet.
+Each payload is put in the index (``payloads`` in ``fairlane.store.keys``, kept by
+``fairlane.payloads.index``) *before* it is written, so that no crash leaves a payload
+nobody will ever remove: the sweep (``fairlane.payloads.sweep``) removes it once its
+job's record is gone. A new entry is first checked only after ``payloads.grace``: its
+job may not be stored yet.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import msgspec
 
 from fairlane.codec import PayloadTooLarge
 from fairlane.codec.refs import PayloadRef, decode_ref, encode_ref, is_ref, new_name
-from fairlane.payloads import PayloadMissing, PayloadStore
-from fairlane.payloads.sweep import add_to_index, index_member
+from fairlane.payloads.base import PayloadMissing, PayloadStore
+from fairlane.payloads.index import add_to_index, index_member
 
 if TYPE_CHECKING:
     from fairlane.config.settings import PayloadSettings

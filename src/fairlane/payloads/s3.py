@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fairlane.codec.refs import check_name
-from fairlane.payloads import PayloadError, PayloadMissing
+from fairlane.payloads.base import PayloadError, PayloadMissing
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client

@@ -1,12 +1,12 @@
-"""Removing payloads with their job's record: the ``payloads`` index and its sweep.
+"""Removing payloads with their job's record: one pass of the sweep over the index.
 
-Retention removes job records inside the server, where no script can reach a file
-or a bucket. So every stored payload has an entry in the ``payloads`` sorted set
-(``fairlane.store.keys``): member ``<job id>|<name>``, score the time (ms) it is
-next due for a check. Each worker, every ``lease.sweep_interval``, takes up to
-``payloads.sweep_batch`` due entries (repeating while a pass comes back full),
-asks whether each job's record still exists, deletes the payloads of those gone
-and drops their entries, and puts the others back for ``payloads.recheck_interval``.
+Every stored payload has an entry in the ``payloads`` index
+(``fairlane.payloads.index``). A pass (``sweep_once``) takes up to
+``payloads.sweep_batch`` due entries, asks whether each job's record still exists,
+deletes the payloads of those gone and drops their entries, and puts the others back
+for ``payloads.recheck_interval``. Each worker runs a pass every
+``lease.sweep_interval``, repeating while a pass comes back full
+(``fairlane.runtime.payload_sweep``); ``remove_all`` empties a shard's index for purge.
 
 A payload therefore outlives its record by at most ``recheck_interval`` plus a
 sweep interval (longer only while the sweep is behind), and a new one is first
@@ -16,43 +16,20 @@ deleting twice is harmless. Scores are the worker's clock: they only pace checks
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from fairlane.codec.refs import MalformedReference, check_name
-from fairlane.payloads import PayloadError
-from fairlane.runtime.lease import wait_or_stop
-from fairlane.store.wire import StoreUnavailable
+from fairlane.payloads.index import split_member
 
 if TYPE_CHECKING:
     from fairlane.payloads.offload import Payloads
     from fairlane.store.api import Store
 
-__all__ = ["add_to_index", "index_member", "payload_sweep_loop", "split_member", "sweep_once"]
+__all__ = ["remove_all", "sweep_once"]
 
 log = logging.getLogger("fairlane.worker")
-_MAX_PASSES: Final = 20
-
-
-def index_member(job_id: str, name: str) -> str:
-    """An index entry: the job whose record keeps the payload, then the payload's name
-    (a name holds no ``|``; a job id may, so the name is split off from the right)."""
-    return f"{job_id}|{name}"
-
-
-def split_member(member: bytes | str) -> tuple[str, str]:
-    text = member.decode() if isinstance(member, bytes) else member
-    job_id, _, name = text.rpartition("|")
-    return job_id, name
-
-
-async def add_to_index(server: Store, members: Sequence[str], due_ms: int) -> None:
-    if members:
-        await server._call(server.client.zadd, server.keys.payloads, dict.fromkeys(members, due_ms))
 
 
 async def sweep_once(server: Store, payloads: Payloads, now_ms: int) -> tuple[int, int]:
@@ -107,24 +84,3 @@ async def remove_all(server: Store, payloads: Payloads) -> int:
             await payloads.store.delete(names)  # the files first, as in the sweep
         await server._call(server.client.zrem, key, *members)
         removed += len(names)
-
-
-async def payload_sweep_loop(
-    server: Store, payloads: Payloads, interval: float, stop: asyncio.Event
-) -> None:
-    """Sweep every ``interval`` seconds until ``stop`` is set."""
-    batch = payloads.settings.sweep_batch
-    while not await wait_or_stop(stop, interval):
-        for _ in range(_MAX_PASSES):
-            try:
-                checked, removed = await sweep_once(server, payloads, int(time.time() * 1000))
-            except (StoreUnavailable, PayloadError, OSError) as exc:
-                log.warning("payload sweep failed: %s", exc)
-                break
-            except Exception:  # a store's unexpected error must not stop the worker
-                log.exception("payload sweep failed")
-                break
-            if removed:
-                log.info("removed %d payload(s) whose job records are gone", removed)
-            if checked < batch:
-                break

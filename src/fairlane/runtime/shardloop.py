@@ -22,9 +22,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from fairlane.payloads.sweep import payload_sweep_loop
 from fairlane.runtime.lease import renew_loop, sweep_loop, wait_or_stop
 from fairlane.runtime.outage import Outage
+from fairlane.runtime.payload_sweep import payload_sweep_loop
 from fairlane.store.api import Store
 from fairlane.store.wire import Fetched, FetchedJob, Outcome, StoreUnavailable
 
