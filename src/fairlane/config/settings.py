@@ -32,6 +32,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from fairlane.config.units import parse_size
+
 __all__ = [
     "ConfigError",
     "ConnectionSettings",
@@ -139,8 +141,6 @@ class PressureSettings(BaseModel):
     @classmethod
     def _parse_size(cls, value: object) -> object:
         if isinstance(value, str) and not value.strip().isdigit():
-            from fairlane.runtime.pressure import parse_size  # noqa: PLC0415 - psutil on use
-
             return parse_size(value)
         return value
 

@@ -29,6 +29,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fairlane.config.settings import PressureSettings
+from fairlane.config.units import parse_size
 from fairlane.policy.backpressure import Bounds, Decision, PressureState, Reading, allowance, decide
 
 __all__ = [
@@ -447,38 +448,3 @@ def describe_limit(sensors: Sequence[Sensor]) -> MemoryLimit | None:
         if isinstance(sensor, MemorySensor):
             return sensor.limit
     return None
-
-
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "m": 1 << 20,
-    "g": 1 << 30,
-    "t": 1 << 40,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from ``"2147483648"``, ``"512MiB"``, ``"2GB"`` or Docker's ``"512m"`` (binary)."""
-    raw = text.strip().lower().replace(" ", "")
-    digits = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = raw[len(digits) :]
-    if unit not in _SIZE_UNITS or not digits:
-        raise ValueError(f"not a size: {text!r} (e.g. 2147483648, 512MiB, 2GB, 512m)")
-    try:
-        value = float(digits)
-    except ValueError:
-        raise ValueError(f"not a size: {text!r}") from None
-    size = int(value * _SIZE_UNITS[unit])
-    if size <= 0:
-        raise ValueError(f"a size must be above 0, got {text!r}")
-    return size
