@@ -3,11 +3,16 @@
 ``lua/fairlane.lua`` is the library: its header, helpers and entry points. It pulls
 in the other files of ``lua/`` where it says ``-- @include <file>``, in dependency
 order: ``classes`` (the class rules), ``throttle`` (throttle keys, tenant ceilings),
-``fairqueue`` (tenants within a class), ``records`` (settling records), ``lease``
-(handing jobs out), ``dispatch`` (which jobs a worker gets) and ``control`` (queries
-and declarations). Constants the policy core
-owns (the default service classes, the ceilings' signal windows and pressure bounds)
-are written into the source here, so the scripts and the policy never disagree on them.
+``fairqueue`` (tenants within a class), ``admission`` (reservations and deferral),
+``runs`` and ``records`` (workflow runs' keys, settling records), ``workflows``
+(durable runs), ``lease`` (handing jobs out), ``dispatch`` (which jobs a worker gets)
+and ``control`` (queries and declarations). Which policy module, simulator fast path
+and agreement test stand beside each file is ``docs/contracts/twins.md``.
+
+Constants the policy core owns (the default service classes, the ceilings' signal
+windows and pressure bounds, the least charge) and the fence key's name from
+``fairlane.store.keys`` (the scripts cut the app's prefix from it) are written into
+the source here, so the scripts, the policy and the key layout never disagree on them.
 The library is named after its content so that workers of two releases sharing a
 server during a rolling deploy each call the code they were written against.
 """
@@ -24,6 +29,7 @@ from typing import Final
 from fairlane.policy import admission, ceilings
 from fairlane.policy.admission import EstimationSettings, PoolConfig, to_milli, unit_table
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
+from fairlane.store.keys import AppKeys
 
 __all__ = [
     "FUNCTION_PREFIX",
@@ -96,6 +102,8 @@ def fill_constants(source: str) -> str:
         "__F_MAX__": repr(ceilings.F_MAX),
         "__DURATION_ALPHA__": repr(ceilings.DURATION_ALPHA),
         "__MIN_CHARGE_MILLI__": str(admission.MIN_CHARGE_MILLI),
+        # an app of no prefix: what is left of its fence key is the key's own name
+        "__FENCE_NAME__": AppKeys("").fence,
     }
     for name, value in constants.items():
         source = source.replace(name, value)

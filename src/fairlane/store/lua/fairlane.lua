@@ -42,8 +42,13 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The app's prefix: KEYS[FENCE] less the fence key's own name (keys.py's, written in
+-- by library.py), so that the prefix never hangs on how long that name is.
+local FENCE_NAME = '__FENCE_NAME__'
+
 local function prefix(keys)
-  return string.sub(keys[FENCE], 1, -6)
+  local k = keys[FENCE]
+  return string.sub(k, 1, #k - #FENCE_NAME)
 end
 
 local function lane_key(p, lane, what)
