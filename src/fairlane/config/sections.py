@@ -1,0 +1,267 @@
+"""The sections of Fairlane's settings: leases, workers and their backpressure, the
+server connection, acknowledged writes, large payloads and the dev server.
+
+This module owns each section's fields, their defaults, bounds and descriptions (which
+``fairlane config view`` shows), and the checks that tie a section's fields together
+(a lease is renewed before it expires, a soft threshold sits below its hard one). The
+whole model, its sources and its loading are ``fairlane.config.settings``. All
+durations are seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Self
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import NoDecode
+
+from fairlane.config.units import parse_size
+
+__all__ = [
+    "ConnectionSettings",
+    "DurabilitySettings",
+    "LeaseSettings",
+    "PayloadSettings",
+    "PressureSettings",
+    "ServerSettings",
+    "WorkerSettings",
+]
+
+
+class LeaseSettings(BaseModel):
+    """How long a running job is leased to its worker, and how expired leases are reclaimed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    duration: float = Field(default=30.0, gt=0, description="Lease length of a running job.")
+    renew_interval: float = Field(
+        default=10.0,
+        gt=0,
+        description="How often a worker renews its leases; must be below duration.",
+    )
+    sweep_interval: float = Field(
+        default=5.0, gt=0, description="Period of the expired-lease sweep."
+    )
+    sweep_jitter: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="Random spread of the sweep period, as a fraction (0..1).",
+    )
+    sweep_batch: int = Field(
+        default=200, ge=1, description="Most jobs reclaimed in one sweep pass."
+    )
+
+    @model_validator(mode="after")
+    def _renew_before_expiry(self) -> Self:
+        if self.renew_interval >= self.duration:
+            raise ValueError(
+                f"renew_interval ({self.renew_interval}) must be less than "
+                f"duration ({self.duration}), or leases expire before they are renewed"
+            )
+        return self
+
+
+class PressureSettings(BaseModel):
+    """How a worker holds back under resource pressure (``fairlane.runtime.pressure``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        default=True, description="Watch memory, CPU and pressure stalls; fetch less under them."
+    )
+    interval: float = Field(default=0.5, gt=0, description="Time between sensor readings.")
+    memory_limit: int | None = Field(
+        default=None,
+        gt=0,
+        description='Bytes (or "2GiB", "512m") the worker and its children may use; None: '
+        "the container's cgroup limit, else the machine's RAM.",
+    )
+    memory_soft: float = Field(
+        default=0.8, gt=0, le=1, description="Share of the limit above which fewer slots fill."
+    )
+    memory_hard: float = Field(
+        default=0.9, gt=0, le=1, description="Share of the limit at which no new work is taken."
+    )
+    cpu_soft: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="Machine CPU busy share (0..1) above which fewer slots fill; None: off.",
+    )
+    psi_soft: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Stall percent (PSI some avg10) above which fewer slots fill; None: off.",
+    )
+    psi_hard: float = Field(
+        default=90.0, ge=0, le=100, description="Stall percent at which the fewest slots fill."
+    )
+    min_fraction: float = Field(
+        default=0.25, ge=0, le=1, description="Fewest slots filled under pressure, as a share."
+    )
+    recovery: float = Field(
+        default=0.5, gt=0, description="Share of the slots regained per second as pressure eases."
+    )
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _parse_size(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip().isdigit():
+            return parse_size(value)
+        return value
+
+    @model_validator(mode="after")
+    def _soft_below_hard(self) -> Self:
+        if self.memory_soft >= self.memory_hard:
+            raise ValueError("memory_soft must be below memory_hard")
+        if self.psi_soft is not None and self.psi_soft >= self.psi_hard:
+            raise ValueError("psi_soft must be below psi_hard")
+        return self
+
+
+class WorkerSettings(BaseModel):
+    """How a worker process runs jobs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: int = Field(
+        default=50,
+        ge=1,
+        description="A worker's slots: jobs it runs at once, a job of slots=N taking N.",
+    )
+    lanes: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["default"],
+        min_length=1,
+        description='Lanes the worker serves; the environment may give "light,heavy".',
+    )
+    fetch_batch: int = Field(default=100, ge=1, description="Most jobs fetched in one round trip.")
+    grace_period: float = Field(
+        default=30.0, ge=0, description="Time running jobs get to finish on shutdown."
+    )
+    idle_block: float = Field(
+        default=5.0, gt=0, description="Time an idle worker blocks on the server per wait."
+    )
+    health_port: int | None = Field(
+        default=None, ge=0, le=65535, description="Port of the /health endpoint; None disables it."
+    )
+    loop_block_threshold: float = Field(
+        default=2.0, gt=0, description="/health fails when the event loop lagged longer than this."
+    )
+    thread_pool_size: int = Field(default=32, ge=1, description="Threads for synchronous jobs.")
+    process_pool_size: int = Field(
+        default=0, ge=0, description="Processes for CPU-bound jobs; 0 means the number of CPUs."
+    )
+    pressure: PressureSettings = Field(
+        default_factory=PressureSettings, description="Resource backpressure."
+    )
+
+    @field_validator("lanes", mode="before")
+    @classmethod
+    def _split_lanes(cls, value: object) -> object:
+        """Accept a comma-separated string or a JSON list, as environment variables give."""
+        if not isinstance(value, str):
+            return value
+        if value.lstrip().startswith("["):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"lanes is not a valid JSON list: {exc}") from exc
+        return [lane.strip() for lane in value.split(",") if lane.strip()]
+
+    @field_validator("lanes")
+    @classmethod
+    def _lanes_named(cls, value: list[str]) -> list[str]:
+        if any(not lane.strip() for lane in value):
+            raise ValueError("lane names must not be empty")
+        return value
+
+
+class ConnectionSettings(BaseModel):
+    """How long a call waits for the server before it counts as unreachable."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    connect_timeout: float = Field(
+        default=2.0, gt=0, description="Time to open a connection to the server."
+    )
+    timeout: float = Field(
+        default=5.0,
+        gt=0,
+        description="Time to wait for a reply; past it the call fails as unavailable "
+        "(blocking waits get this on top of their block time).",
+    )
+
+
+class DurabilitySettings(BaseModel):
+    """Acknowledged writes: after an enqueue, wait until replicas (WAIT) or append-only
+    files (WAITAOF) hold it. The default asks nothing (the primary's memory only)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    replicas: int = Field(
+        default=0, ge=0, description="Replicas that must acknowledge an enqueue (WAIT)."
+    )
+    aof: bool = Field(
+        default=False,
+        description="The primary's AOF, and each counted replica's, must be fsynced (WAITAOF).",
+    )
+    timeout: float = Field(
+        default=1.0, gt=0, description="Most time an enqueue waits for the acknowledgements."
+    )
+
+    @property
+    def requested(self) -> bool:
+        """Whether any acknowledgement is asked for."""
+        return self.replicas > 0 or self.aof
+
+
+class PayloadSettings(BaseModel):
+    """Large payloads: arguments and results over a threshold kept in a payload store."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = Field(
+        default=None,
+        description="Payload store shared by producers and workers: file:///shared/dir or "
+        "s3://bucket/prefix?endpoint_url=...; None keeps every payload in the server.",
+    )
+    threshold_bytes: int = Field(
+        default=65_536,
+        ge=0,
+        description="Arguments or results longer than this travel as a reference.",
+    )
+    max_bytes: int = Field(
+        default=268_435_456, ge=1, description="Largest payload the payload store takes."
+    )
+    grace: float = Field(
+        default=900.0,
+        gt=0,
+        description="Time before a new payload's job record is first looked for "
+        "(its enqueue may still be in flight).",
+    )
+    recheck_interval: float = Field(
+        default=300.0,
+        gt=0,
+        description="Time between checks of a payload whose job record exists; a payload "
+        "outlives its record by up to this plus a sweep interval.",
+    )
+    sweep_batch: int = Field(
+        default=500, ge=1, description="Payload index entries checked per sweep pass."
+    )
+
+
+class ServerSettings(BaseModel):
+    """The local development server that Fairlane can start."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state_dir: Path | None = Field(
+        default=None, description="Directory of the local dev server; None means the XDG state dir."
+    )
+    binary: str | None = Field(
+        default=None, description="Server binary; None means the bundled one or one on PATH."
+    )
