@@ -6,6 +6,7 @@ tested end to end in ``tests/e2e/test_api.py``.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,21 @@ from fairlane.config.lanes import (
 from fairlane.config.settings import ConfigError, load_settings
 
 HEAVY = """
+[lanes.heavy.classes.interactive]
+nominal_share = 0.7
+min_slots = 2
+lendable = 0.5
+borrowable = 1.0
+
+[lanes.heavy.classes.bulk]
+batch = true
+
+[lanes.light.classes.standard]
+nominal_share = 1
+"""
+
+# the lanes file's first shape, still read with a DeprecationWarning
+HEAVY_ARRAY = """
 [[lanes.heavy.classes]]
 name = "interactive"
 nominal_share = 0.7
@@ -51,11 +67,23 @@ def write(tmp_path: Path, text: str, name: str = "lanes.toml") -> Path:
     return path
 
 
+def deprecated_if_array(text: str) -> AbstractContextManager[object]:
+    """Expect the array shape's DeprecationWarning where ``text`` is written in it."""
+    if "[[lanes." in text:
+        return pytest.warns(DeprecationWarning, match=r"\[lanes\.heavy\.classes\.<name>\]")
+    return nullcontext()  # and no warning at all: pytest makes any an error
+
+
+SHAPES = pytest.mark.parametrize("text", [HEAVY, HEAVY_ARRAY], ids=["tables", "array"])
+
+
 # -- TOML ----------------------------------------------------------------------------------------
 
 
-def test_load_lanes_reads_every_field(tmp_path: Path) -> None:
-    tables = load_lanes(write(tmp_path, HEAVY))
+@SHAPES
+def test_load_lanes_reads_every_field(tmp_path: Path, text: str) -> None:
+    with deprecated_if_array(text):
+        tables = load_lanes(write(tmp_path, text))
     assert list(tables) == ["heavy", "light"]
     assert tables["heavy"] == ClassTable(
         [
@@ -131,12 +159,14 @@ def test_parse_lanes_takes_parsed_data() -> None:
 # -- lanes declared on an App --------------------------------------------------------------------
 
 
-def test_lanes_from_python_and_from_the_lanes_file_setting(tmp_path: Path) -> None:
-    write(tmp_path, HEAVY)
+@SHAPES
+def test_lanes_from_python_and_from_the_lanes_file_setting(tmp_path: Path, text: str) -> None:
+    write(tmp_path, text)
     settings = load_settings(project_dir=tmp_path, environ={}, lanes_file="lanes.toml")
     assert settings.lanes_file == tmp_path / "lanes.toml"  # relative to the project
     gpu = [ServiceClass("train", nominal_share=0.5), ServiceClass("infer", nominal_share=0.5)]
-    app = App("lanes", settings=settings, lanes={"gpu": gpu})
+    with deprecated_if_array(text):
+        app = App("lanes", settings=settings, lanes={"gpu": gpu})
     app.lane("cpu", classes=ClassTable([ServiceClass("only", nominal_share=1.0)]))
     assert list(app.lanes) == ["heavy", "light", "gpu", "cpu"]
     assert app.lane_classes("gpu") == ClassTable(gpu)
@@ -145,10 +175,13 @@ def test_lanes_from_python_and_from_the_lanes_file_setting(tmp_path: Path) -> No
         app.lane("heavy", classes=DEFAULT_CLASSES)
 
 
-def test_lanes_file_from_the_environment(tmp_path: Path) -> None:
-    write(tmp_path, HEAVY, "ops.toml")
+@SHAPES
+def test_lanes_file_from_the_environment(tmp_path: Path, text: str) -> None:
+    write(tmp_path, text, "ops.toml")
     settings = load_settings(project_dir=tmp_path, environ={"FAIRLANE_LANES_FILE": "ops.toml"})
-    assert set(App("envlanes", settings=settings).lanes) == {"heavy", "light"}
+    with deprecated_if_array(text):
+        app = App("envlanes", settings=settings)
+    assert set(app.lanes) == {"heavy", "light"}
 
 
 def test_a_missing_lanes_file_fails_when_the_app_is_built(tmp_path: Path) -> None:

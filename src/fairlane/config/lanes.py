@@ -1,37 +1,39 @@
 """Lanes as users declare them, and what one job asks of its lane.
 
 This module owns the lane side of the public API: the service-class table of each
-lane, declared in Python (``ClassTable`` / ``ServiceClass``) or read from a TOML file
-(``load_lanes``), and the checks of the per-job options that spend a lane's resources:
-the service class, the slot width and the throttle limits. It is pure -- no Redis, no
-asyncio; the rules by which classes share a lane are in ``fairlane.policy.classes``.
+lane, declared in Python (``ClassTable`` / ``ServiceClass``) or read from a lanes file
+(``load_lanes``; the ``lanes_file`` setting reads the same), and the checks of the
+per-job options that spend a lane's resources: the service class, the slot width and
+the throttle limits. It is pure -- no Redis, no asyncio; the rules by which classes
+share a lane are in ``fairlane.policy.classes``.
 
 A lane that is never declared uses ``DEFAULT_CLASSES`` (guaranteed, standard, batch).
 
-TOML layout (``load_lanes``; the ``lanes_file`` setting reads the same)::
+A lanes file holds ``[lanes.<lane>]`` tables, each class a table keyed by its name, in
+the one shape of ``fairlane.config.classes`` (a config file's ``[pools.<lane>]`` adds
+the admission pool to the same shape)::
 
-    [[lanes.heavy.classes]]
-    name = "interactive"
+    [lanes.heavy.classes.interactive]
     nominal_share = 0.7
     min_slots = 2
     lendable = 0.5
 
-    [[lanes.heavy.classes]]
-    name = "bulk"
+    [lanes.heavy.classes.bulk]
     batch = true
+
+The older array shape, ``[[lanes.heavy.classes]]`` with ``name = "interactive"``, is
+still read, with a ``DeprecationWarning`` (``fairlane.config.legacy``).
 """
 
 from __future__ import annotations
 
-import difflib
-import math
-import tomllib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from fairlane.config.settings import ConfigError
+from fairlane.config.classes import read_classes
+from fairlane.config.files import MAX_COUNT, ConfigError, join_key, read_toml
+from fairlane.config.legacy import array_classes, warn_array_shape
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 
 __all__ = [
@@ -49,6 +51,7 @@ __all__ = [
     "load_lanes",
     "merge_limits",
     "parse_lanes",
+    "read_toml",
 ]
 
 LaneClasses = ClassTable | Iterable[ServiceClass]
@@ -60,17 +63,10 @@ MAX_LIMIT_KEY_LENGTH = 200
 #: ``tenant:<name>`` is the key of the tenant's own concurrency limit, set by
 #: ``app.tenants.configure``; a job naming it could raise or lower another's limit.
 RESERVED_LIMIT_PREFIX = "tenant:"
-#: Counts travel through Lua numbers and msgpack; this keeps them exact and encodable.
-_MAX_COUNT = 2**31 - 1
 _MAX_LANE_LENGTH = 100
 # a colon would make ``q:<lane>:<tenant>`` keys of two lanes collide
 _BAD_LANE_CHARS = "{}:| \t\n\r\0"
 _DEFAULT_TABLE = ClassTable(DEFAULT_CLASSES)
-_CLASS_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ServiceClass))
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # -- lanes and their tables ------------------------------------------------------------------
@@ -170,7 +166,7 @@ def check_slots(value: object) -> int:
     """A job's width: how many of a worker's slots it occupies while it runs."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"slots must be an int, got {value!r}")
-    if not 1 <= value <= _MAX_COUNT:
+    if not 1 <= value <= MAX_COUNT:
         raise ValueError(f"slots must be at least 1 (and below 2**31), got {value}")
     return value
 
@@ -187,7 +183,7 @@ def check_limits(limits: Mapping[str, int] | None) -> tuple[tuple[str, int], ...
         _check_limit_key(key)
         if not isinstance(limit, int) or isinstance(limit, bool):
             raise TypeError(f"limit of {key!r} must be an int, got {limit!r}")
-        if not 0 <= limit <= _MAX_COUNT:
+        if not 0 <= limit <= MAX_COUNT:
             raise ValueError(f"limit of {key!r} must be >= 0 (and below 2**31), got {limit}")
     return tuple(sorted(limits.items()))
 
@@ -228,27 +224,32 @@ def merge_limits(
     return tuple(sorted(merged.items()))
 
 
-# -- TOML ------------------------------------------------------------------------------------
-
-
-def read_toml(path: Path | str, what: str) -> dict[str, Any]:
-    """A TOML file's contents; ``ConfigError`` naming the ``what`` file if unreadable."""
-    try:
-        with Path(path).open("rb") as handle:
-            return tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"invalid TOML in {path}: {exc}") from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} file {path}: {exc}") from exc
+# -- lanes files ----------------------------------------------------------------------------
 
 
 def load_lanes(path: Path | str) -> dict[str, ClassTable]:
-    """Read ``[[lanes.<name>.classes]]`` tables from a TOML file; ``ConfigError`` if invalid."""
-    return parse_lanes(read_toml(path, "lanes"), source=str(path))
+    """Read the ``[lanes.<name>]`` tables of a TOML file; ``ConfigError`` if invalid.
+
+    A file in the deprecated array shape (``[[lanes.<name>.classes]]``) reads the same,
+    with a ``DeprecationWarning`` naming its lanes.
+    """
+    tables, arrays = _read_lanes(read_toml(path, "lanes"), str(path))
+    if arrays:
+        warn_array_shape(str(path), arrays, stacklevel=2)
+    return tables
 
 
 def parse_lanes(data: Mapping[str, Any], *, source: str = "lanes") -> dict[str, ClassTable]:
-    """Lane tables from parsed TOML (a top-level ``lanes`` table); errors name the entry."""
+    """Lane tables from parsed TOML (a top-level ``lanes`` table); errors name the entry.
+
+    Both shapes are read, and the array shape without a warning: ``load_lanes`` warns of
+    a file's, here the caller knows where the data came from.
+    """
+    return _read_lanes(data, source)[0]
+
+
+def _read_lanes(data: Mapping[str, Any], source: str) -> tuple[dict[str, ClassTable], list[str]]:
+    """The lanes' tables, and the lanes that wrote their classes in the array shape."""
     extra = sorted(set(data) - {"lanes"})
     if extra:
         raise ConfigError(
@@ -258,6 +259,7 @@ def parse_lanes(data: Mapping[str, Any], *, source: str = "lanes") -> dict[str, 
     if not isinstance(lanes, Mapping):
         raise ConfigError(f"{source}: 'lanes' must be a table of lanes")
     tables: dict[str, ClassTable] = {}
+    arrays: list[str] = []
     for lane, body in lanes.items():
         where = f"{source}: lanes.{lane}"
         try:
@@ -266,49 +268,18 @@ def parse_lanes(data: Mapping[str, Any], *, source: str = "lanes") -> dict[str, 
             raise ConfigError(f"{where}: {exc}") from None
         if not isinstance(body, Mapping) or set(body) != {"classes"}:
             raise ConfigError(
-                f"{where} must hold exactly one key, 'classes': an array of tables "
-                f"([[lanes.{lane}.classes]])"
+                f"{where} must hold exactly one key, 'classes': a table per class "
+                f"([lanes.{lane}.classes.<name>])"
             )
         entries = body["classes"]
-        if not isinstance(entries, list):
-            raise ConfigError(f"{where}.classes must be an array of tables")
-        classes = [_parse_class(entry, f"{where}.classes[{i}]") for i, entry in enumerate(entries)]
-        try:
-            tables[lane] = ClassTable(classes)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-    return tables
-
-
-def _parse_class(entry: object, where: str) -> ServiceClass:
-    if not isinstance(entry, Mapping):
-        raise ConfigError(f"{where} must be a table")
-    for key in entry:
-        if key not in _CLASS_FIELDS:
-            close = difflib.get_close_matches(str(key), list(_CLASS_FIELDS), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+        if isinstance(entries, list):
+            tables[lane] = array_classes(entries, where)
+            arrays.append(lane)
+        elif isinstance(entries, Mapping):
+            tables[lane] = read_classes(body, join_key("lanes", lane), source)
+        else:
             raise ConfigError(
-                f"{where}: unknown key {key!r}{hint} (keys: {', '.join(_CLASS_FIELDS)})"
+                f"{where}.classes must be a table per class ([lanes.{lane}.classes.<name>]), "
+                f"or the deprecated array of tables ([[lanes.{lane}.classes]])"
             )
-    if "name" not in entry:
-        raise ConfigError(f"{where}: every class needs a name")
-    for key, value in entry.items():
-        _check_toml_value(key, value, where)
-    try:
-        return ServiceClass(**entry)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
-def _check_toml_value(key: str, value: object, where: str) -> None:
-    if key == "name":
-        ok, wanted = isinstance(value, str), "a string"
-    elif key == "batch":
-        ok, wanted = isinstance(value, bool), "true or false"
-    elif key == "min_slots":
-        ok, wanted = _is_int(value), "an integer"
-    else:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        wanted = "a finite number (leave borrowable out for no limit)"
-    if not ok:
-        raise ConfigError(f"{where}.{key} must be {wanted}, got {value!r}")
+    return tables, arrays

@@ -1,11 +1,13 @@
-"""Pools as users declare them: one lane's classes, its admission bounds, retry and estimation.
+"""Pools as users declare them: lanes with an admission gate, and the retry and estimation settings.
 
 This module owns the typed configuration of admission control, read from a Python
 mapping (``parse_config``) or a TOML file (``load_config``). A pool *is* a lane: one
 declaration gives both the lane's slot ``ClassTable`` (how fair dispatch shares its
 workers) and its ``PoolConfig`` (how the admission gate shares its units); the shares,
-lending and borrowing are declared once and used by both. It is pure -- no Redis; the
-rules are in ``fairlane.policy.classes`` and ``fairlane.policy.admission``.
+lending and borrowing are declared once and used by both. A pool's table is a lane's,
+in the one shape that ``fairlane.config.classes`` documents and reads; this module adds
+the config file's other sections. It is pure -- no Redis; the rules are in
+``fairlane.policy.classes`` and ``fairlane.policy.admission``.
 
 TOML layout (classes in declared order, the rank tie-break)::
 
@@ -26,28 +28,19 @@ TOML layout (classes in declared order, the rank tie-break)::
                                         # safety_multiplier, default_units
     [estimation.coefficients]           # per_1k_tokens, per_tool_call, per_tool_second
     [estimation.coefficients.models]    # "model-name" = token multiplier
-
-**Batch.** ``batch = true`` makes the class a batch class for slots *and* units: it
-runs only on spare, is assured nothing, and so must leave ``nominal_share``,
-``min_slots``, ``min_units`` and ``borrowable`` out (or zero). Without ``batch`` a class
-is an ordinary one whatever its name: the seed's ``batch`` class with a share of 0.15
-and 5 units is assured its share like the others. The nominal shares of the non-batch
-classes sum to at most 1.
 """
 
 from __future__ import annotations
 
-import difflib
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from fairlane.config.lanes import check_lane, read_toml
-from fairlane.config.settings import ConfigError
+from fairlane.config.classes import read_pool
+from fairlane.config.files import TableReader, join_key, read_toml
+from fairlane.config.lanes import check_lane
 from fairlane.policy.admission import (
-    AdmissionClass,
     Coefficients,
     EstimationSettings,
     PoolConfig,
@@ -55,7 +48,7 @@ from fairlane.policy.admission import (
     unit_table,
 )
 from fairlane.policy.backoff import Backoff, Jitter
-from fairlane.policy.classes import ClassTable, ServiceClass
+from fairlane.policy.classes import ClassTable
 
 __all__ = [
     "FairlaneConfig",
@@ -66,21 +59,6 @@ __all__ = [
 ]
 
 _TOP_KEYS = ("pools", "retry", "estimation")
-_POOL_KEYS = ("capacity_units", "recovery_reserve_units", "classes")
-_CLASS_KEYS = (
-    "nominal_share",
-    "min_units",
-    "max_queue",
-    "max_queue_units",
-    "tenant_max_queue",
-    "tenant_max_queue_units",
-    "max_deferred",
-    "response_when_full",
-    "min_slots",
-    "lendable",
-    "borrowable",
-    "batch",
-)
 _RETRY_KEYS = ("max_attempts", "base_seconds", "max_seconds", "jitter")
 _ESTIMATION_KEYS = (
     "max_reservation_units",
@@ -91,9 +69,6 @@ _ESTIMATION_KEYS = (
 )
 _COEFFICIENT_KEYS = ("per_1k_tokens", "per_tool_call", "per_tool_second", "models")
 _JITTERS = ("full", "equal", "none")
-_WHEN_FULL = ("reject", "defer")
-_MAX_COUNT = 2**31 - 1
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,77 +137,6 @@ class FairlaneConfig:
 # -- reading ---------------------------------------------------------------------------------
 
 
-def _join(path: str, key: str) -> str:
-    # TOML quotes keys that are not bare; do the same so the path can be pasted back.
-    bare = bool(key) and all(c.isalnum() or c in "-_" for c in key)
-    part = key if bare else f'"{key}"'
-    return f"{path}.{part}" if path else part
-
-
-class _Reader:
-    """Typed reads from one table, naming ``source`` and the key path in every error."""
-
-    def __init__(self, data: object, path: str, source: str, keys: tuple[str, ...]) -> None:
-        self.source = source
-        self.path = path
-        if not isinstance(data, Mapping):
-            raise self.error(path, f"must be a table, got {data!r}")
-        for key in data:
-            if key not in keys:
-                close = difflib.get_close_matches(str(key), list(keys), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise self.error(self.at(str(key)), f"unknown key{hint} (keys: {', '.join(keys)})")
-        self.data: Mapping[str, Any] = data
-
-    def at(self, key: str) -> str:
-        return _join(self.path, key)
-
-    def error(self, path: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.source}: {path}: {message}")
-
-    def number(self, key: str, default: float, *, positive: bool = False) -> float:
-        value = self.data.get(key, default)
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if not ok or not math.isfinite(value) or value < 0 or (positive and value == 0):
-            wanted = "> 0" if positive else ">= 0"
-            raise self.error(self.at(key), f"must be a finite number {wanted}, got {value!r}")
-        return float(value)
-
-    def optional_number(self, key: str) -> float | None:
-        return self.number(key, 0.0) if key in self.data else None
-
-    def count(self, key: str, default: int, *, low: int = 0) -> int:
-        value = self.data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _MAX_COUNT:
-            raise self.error(self.at(key), f"must be an int >= {low}, got {value!r}")
-        return value
-
-    def optional_count(self, key: str) -> int | None:
-        return self.count(key, 0) if key in self.data else None
-
-    def flag(self, key: str) -> bool:
-        value = self.data.get(key, False)
-        if not isinstance(value, bool):
-            raise self.error(self.at(key), f"must be true or false, got {value!r}")
-        return value
-
-    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
-        value = self.data.get(key, default)
-        if value not in choices:
-            raise self.error(self.at(key), f"must be one of {', '.join(choices)}, got {value!r}")
-        return str(value)
-
-    def table(self, key: str, keys: tuple[str, ...]) -> _Reader:
-        return _Reader(self.data.get(key, {}), self.at(key), self.source, keys)
-
-    def build(self, make: Callable[..., _T], path: str, **kwargs: Any) -> _T:
-        """``make(**kwargs)``, its own checks reported at ``path``."""
-        try:
-            return make(**kwargs)
-        except (TypeError, ValueError) as exc:
-            raise self.error(path, str(exc)) from None
-
-
 def load_config(path: Path | str) -> FairlaneConfig:
     """Read pools, retry and estimation settings from a TOML file; ``ConfigError`` if invalid."""
     return parse_config(read_toml(path, "config"), source=str(path))
@@ -240,7 +144,7 @@ def load_config(path: Path | str) -> FairlaneConfig:
 
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> FairlaneConfig:
     """The config from parsed TOML or an equivalent Python mapping; errors name the key path."""
-    top = _Reader(data, "", source, _TOP_KEYS)
+    top = TableReader(data, "", source, _TOP_KEYS)
     pools_table = top.data.get("pools", {})
     if not isinstance(pools_table, Mapping):
         raise top.error("pools", "must be a table of pools ([pools.<lane>])")
@@ -277,85 +181,20 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> Fairlane
     )
 
 
-def _parse_models(coefficients: _Reader) -> dict[str, float]:
+def _parse_models(coefficients: TableReader) -> dict[str, float]:
     raw = coefficients.data.get("models", {})
     if not isinstance(raw, Mapping):
         raise coefficients.error(coefficients.at("models"), "must be a table of multipliers")
     keys = tuple(str(k) for k in raw)
-    models = _Reader(raw, coefficients.at("models"), coefficients.source, keys)
+    models = TableReader(raw, coefficients.at("models"), coefficients.source, keys)
     return {key: models.number(key, 1.0) for key in keys}
 
 
-def _parse_pool(name: str, body: object, top: _Reader) -> Pool:
-    pool = _join("pools", name)
+def _parse_pool(name: str, body: object, top: TableReader) -> Pool:
+    path = join_key("pools", name)
     try:
         check_lane(name)
     except ValueError as exc:
-        raise top.error(pool, str(exc)) from None
-    reader = _Reader(body, pool, top.source, _POOL_KEYS)
-    if "capacity_units" not in reader.data:
-        raise reader.error(reader.at("capacity_units"), "is required")
-    capacity = reader.number("capacity_units", 0.0, positive=True)
-    reserve = reader.number("recovery_reserve_units", 0.0)
-    if reserve > capacity:
-        raise reader.error(
-            reader.at("recovery_reserve_units"),
-            f"must be at most capacity_units ({capacity:g}), got {reserve:g}",
-        )
-    classes_table = reader.data.get("classes")
-    if not isinstance(classes_table, Mapping) or not classes_table:
-        raise reader.error(
-            reader.at("classes"), f"needs at least one class ([{pool}.classes.<name>])"
-        )
-    slots: list[ServiceClass] = []
-    admission: list[AdmissionClass] = []
-    for class_name, class_body in classes_table.items():
-        where = _join(reader.at("classes"), str(class_name))
-        entry = _Reader(class_body, where, top.source, _CLASS_KEYS)
-        service, limits = _parse_class(str(class_name), entry)
-        slots.append(service)
-        admission.append(limits)
-    table = reader.build(ClassTable, reader.at("classes"), classes=slots)
-    config = PoolConfig(capacity, tuple(admission), reserve)
-    return reader.build(Pool, pool, name=name, table=table, admission=config)
-
-
-def _parse_class(name: str, entry: _Reader) -> tuple[ServiceClass, AdmissionClass]:
-    batch = entry.flag("batch")
-    if batch:
-        for key in ("nominal_share", "min_slots", "min_units", "borrowable"):
-            if entry.data.get(key, 0):
-                raise entry.error(
-                    entry.at(key),
-                    "a batch class is assured nothing and borrows without bound; leave "
-                    f"{key} out (or drop batch = true for an ordinary class with a share)",
-                )
-    share = entry.number("nominal_share", 0.0)
-    lendable = entry.number("lendable", 1.0)
-    for key, value in (("nominal_share", share), ("lendable", lendable)):
-        if value > 1:
-            raise entry.error(entry.at(key), f"must be within [0, 1], got {value!r}")
-    borrowable = entry.optional_number("borrowable")
-    service = entry.build(
-        ServiceClass,
-        entry.path,
-        name=name,
-        nominal_share=share,
-        min_slots=entry.count("min_slots", 0),
-        lendable=lendable,
-        borrowable=borrowable,
-        batch=batch,
-    )
-    limits = entry.build(
-        AdmissionClass,
-        entry.path,
-        name=name,
-        min_units=entry.number("min_units", 0.0),
-        max_queue=entry.count("max_queue", 1000),
-        max_queue_units=entry.optional_number("max_queue_units"),
-        tenant_max_queue=entry.optional_count("tenant_max_queue"),
-        tenant_max_queue_units=entry.optional_number("tenant_max_queue_units"),
-        max_deferred=entry.optional_count("max_deferred"),
-        when_full=entry.choice("response_when_full", "reject", _WHEN_FULL),
-    )
-    return service, limits
+        raise top.error(path, str(exc)) from None
+    table, admission = read_pool(body, path, top.source)
+    return top.build(Pool, path, name=name, table=table, admission=admission)
