@@ -1,3 +1,13 @@
-"""Configuration: settings and where each value came from (``settings``), and what a
-deployment declares in TOML besides them: lanes and their classes (``lanes``), admission
-pools, estimation and retry (``pools``)."""
+"""Configuration: the settings, where each value came from, and what a deployment declares.
+
+This package owns everything Fairlane reads from files and the environment, in one
+system. ``settings`` is the settings model and its loading (``load_settings``,
+``explain_settings`` behind ``fairlane config view``); its sections are ``sections``,
+its sources (environment, ``fairlane.toml``, ``pyproject.toml``) ``sources``, and which
+source set each value ``origins``. The declarations: ``lanes`` (lane names, a lanes
+file's tables, the per-job options that spend a lane) and ``pools`` (a config file's
+admission pools, retry and estimation), whose lanes' classes are written in the one
+shape that ``classes`` reads (``legacy`` reads a lanes file's deprecated array shape).
+``files`` is the one TOML reader and ``ConfigError``; ``units`` reads sizes. The
+package imports only the policy core, which gives the tables their meaning.
+"""
