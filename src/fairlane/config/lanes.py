@@ -51,7 +51,7 @@ __all__ = [
     "load_lanes",
     "merge_limits",
     "parse_lanes",
-    "read_toml",
+    "read_toml",  # config.files' reader, still imported from here by the scenario reader
 ]
 
 LaneClasses = ClassTable | Iterable[ServiceClass]
