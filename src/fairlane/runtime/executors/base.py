@@ -3,20 +3,12 @@
 An executor runs an *invoker* -- ``(target, payload) -> result bytes`` -- somewhere
 other than the event loop. The errors here are failures of the executor itself (closed,
 a child that died, a timeout, an invoker that raised inside a child), never a task's.
+The package exports every name here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-
-__all__ = [
-    "ChildCrashed",
-    "ExecutionTimeout",
-    "ExecutorClosed",
-    "ExecutorError",
-    "Invoker",
-    "RemoteError",
-]
 
 Invoker = Callable[[str, bytes], bytes]
 """``(target, payload) -> result bytes``; runs in the worker thread or child process."""
