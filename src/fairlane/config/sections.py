@@ -33,26 +33,18 @@ __all__ = [
 class LeaseSettings(BaseModel):
     """How long a running job is leased to its worker, and how expired leases are reclaimed."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    duration: float = Field(default=30.0, gt=0, description="Lease length of a running job.")
-    renew_interval: float = Field(
-        default=10.0,
-        gt=0,
-        description="How often a worker renews its leases; must be below duration.",
-    )
-    sweep_interval: float = Field(
-        default=5.0, gt=0, description="Period of the expired-lease sweep."
-    )
-    sweep_jitter: float = Field(
-        default=0.25,
-        ge=0,
-        le=1,
-        description="Random spread of the sweep period, as a fraction (0..1).",
-    )
-    sweep_batch: int = Field(
-        default=200, ge=1, description="Most jobs reclaimed in one sweep pass."
-    )
+    duration: float = Field(default=30.0, gt=0)
+    """Lease length of a running job."""
+    renew_interval: float = Field(default=10.0, gt=0)
+    """How often a worker renews its leases; must be below duration."""
+    sweep_interval: float = Field(default=5.0, gt=0)
+    """Period of the expired-lease sweep."""
+    sweep_jitter: float = Field(default=0.25, ge=0, le=1)
+    """Random spread of the sweep period, as a fraction (0..1)."""
+    sweep_batch: int = Field(default=200, ge=1)
+    """Most jobs reclaimed in one sweep pass."""
 
     @model_validator(mode="after")
     def _renew_before_expiry(self) -> Self:
@@ -67,45 +59,29 @@ class LeaseSettings(BaseModel):
 class PressureSettings(BaseModel):
     """How a worker holds back under resource pressure (``fairlane.runtime.pressure``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    enabled: bool = Field(
-        default=True, description="Watch memory, CPU and pressure stalls; fetch less under them."
-    )
-    interval: float = Field(default=0.5, gt=0, description="Time between sensor readings.")
-    memory_limit: int | None = Field(
-        default=None,
-        gt=0,
-        description='Bytes (or "2GiB", "512m") the worker and its children may use; None: '
-        "the container's cgroup limit, else the machine's RAM.",
-    )
-    memory_soft: float = Field(
-        default=0.8, gt=0, le=1, description="Share of the limit above which fewer slots fill."
-    )
-    memory_hard: float = Field(
-        default=0.9, gt=0, le=1, description="Share of the limit at which no new work is taken."
-    )
-    cpu_soft: float | None = Field(
-        default=None,
-        ge=0,
-        lt=1,
-        description="Machine CPU busy share (0..1) above which fewer slots fill; None: off.",
-    )
-    psi_soft: float | None = Field(
-        default=None,
-        ge=0,
-        le=100,
-        description="Stall percent (PSI some avg10) above which fewer slots fill; None: off.",
-    )
-    psi_hard: float = Field(
-        default=90.0, ge=0, le=100, description="Stall percent at which the fewest slots fill."
-    )
-    min_fraction: float = Field(
-        default=0.25, ge=0, le=1, description="Fewest slots filled under pressure, as a share."
-    )
-    recovery: float = Field(
-        default=0.5, gt=0, description="Share of the slots regained per second as pressure eases."
-    )
+    enabled: bool = True
+    """Watch memory, CPU and pressure stalls; fetch less under them."""
+    interval: float = Field(default=0.5, gt=0)
+    """Time between sensor readings."""
+    memory_limit: int | None = Field(default=None, gt=0)
+    """Bytes (or "2GiB", "512m") the worker and its children may use; None: the container's cgroup
+    limit, else the machine's RAM."""
+    memory_soft: float = Field(default=0.8, gt=0, le=1)
+    """Share of the limit above which fewer slots fill."""
+    memory_hard: float = Field(default=0.9, gt=0, le=1)
+    """Share of the limit at which no new work is taken."""
+    cpu_soft: float | None = Field(default=None, ge=0, lt=1)
+    """Machine CPU busy share (0..1) above which fewer slots fill; None: off."""
+    psi_soft: float | None = Field(default=None, ge=0, le=100)
+    """Stall percent (PSI some avg10) above which fewer slots fill; None: off."""
+    psi_hard: float = Field(default=90.0, ge=0, le=100)
+    """Stall percent at which the fewest slots fill."""
+    min_fraction: float = Field(default=0.25, ge=0, le=1)
+    """Fewest slots filled under pressure, as a share."""
+    recovery: float = Field(default=0.5, gt=0)
+    """Share of the slots regained per second as pressure eases."""
 
     @field_validator("memory_limit", mode="before")
     @classmethod
@@ -126,38 +102,28 @@ class PressureSettings(BaseModel):
 class WorkerSettings(BaseModel):
     """How a worker process runs jobs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    concurrency: int = Field(
-        default=50,
-        ge=1,
-        description="A worker's slots: jobs it runs at once, a job of slots=N taking N.",
-    )
-    lanes: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["default"],
-        min_length=1,
-        description='Lanes the worker serves; the environment may give "light,heavy".',
-    )
-    fetch_batch: int = Field(default=100, ge=1, description="Most jobs fetched in one round trip.")
-    grace_period: float = Field(
-        default=30.0, ge=0, description="Time running jobs get to finish on shutdown."
-    )
-    idle_block: float = Field(
-        default=5.0, gt=0, description="Time an idle worker blocks on the server per wait."
-    )
-    health_port: int | None = Field(
-        default=None, ge=0, le=65535, description="Port of the /health endpoint; None disables it."
-    )
-    loop_block_threshold: float = Field(
-        default=2.0, gt=0, description="/health fails when the event loop lagged longer than this."
-    )
-    thread_pool_size: int = Field(default=32, ge=1, description="Threads for synchronous jobs.")
-    process_pool_size: int = Field(
-        default=0, ge=0, description="Processes for CPU-bound jobs; 0 means the number of CPUs."
-    )
-    pressure: PressureSettings = Field(
-        default_factory=PressureSettings, description="Resource backpressure."
-    )
+    concurrency: int = Field(default=50, ge=1)
+    """A worker's slots: jobs it runs at once, a job of slots=N taking N."""
+    lanes: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["default"], min_length=1)
+    """Lanes the worker serves; the environment may give "light,heavy"."""
+    fetch_batch: int = Field(default=100, ge=1)
+    """Most jobs fetched in one round trip."""
+    grace_period: float = Field(default=30.0, ge=0)
+    """Time running jobs get to finish on shutdown."""
+    idle_block: float = Field(default=5.0, gt=0)
+    """Time an idle worker blocks on the server per wait."""
+    health_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of the /health endpoint; None disables it."""
+    loop_block_threshold: float = Field(default=2.0, gt=0)
+    """/health fails when the event loop lagged longer than this."""
+    thread_pool_size: int = Field(default=32, ge=1)
+    """Threads for synchronous jobs."""
+    process_pool_size: int = Field(default=0, ge=0)
+    """Processes for CPU-bound jobs; 0 means the number of CPUs."""
+    pressure: PressureSettings = Field(default_factory=PressureSettings)
+    """Resource backpressure."""
 
     @field_validator("lanes", mode="before")
     @classmethod
@@ -183,35 +149,27 @@ class WorkerSettings(BaseModel):
 class ConnectionSettings(BaseModel):
     """How long a call waits for the server before it counts as unreachable."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    connect_timeout: float = Field(
-        default=2.0, gt=0, description="Time to open a connection to the server."
-    )
-    timeout: float = Field(
-        default=5.0,
-        gt=0,
-        description="Time to wait for a reply; past it the call fails as unavailable "
-        "(blocking waits get this on top of their block time).",
-    )
+    connect_timeout: float = Field(default=2.0, gt=0)
+    """Time to open a connection to the server."""
+    timeout: float = Field(default=5.0, gt=0)
+    """Time to wait for a reply; past it the call fails as unavailable (blocking waits get this on
+    top of their block time)."""
 
 
 class DurabilitySettings(BaseModel):
     """Acknowledged writes: after an enqueue, wait until replicas (WAIT) or append-only
     files (WAITAOF) hold it. The default asks nothing (the primary's memory only)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    replicas: int = Field(
-        default=0, ge=0, description="Replicas that must acknowledge an enqueue (WAIT)."
-    )
-    aof: bool = Field(
-        default=False,
-        description="The primary's AOF, and each counted replica's, must be fsynced (WAITAOF).",
-    )
-    timeout: float = Field(
-        default=1.0, gt=0, description="Most time an enqueue waits for the acknowledgements."
-    )
+    replicas: int = Field(default=0, ge=0)
+    """Replicas that must acknowledge an enqueue (WAIT)."""
+    aof: bool = False
+    """The primary's AOF, and each counted replica's, must be fsynced (WAITAOF)."""
+    timeout: float = Field(default=1.0, gt=0)
+    """Most time an enqueue waits for the acknowledgements."""
 
     @property
     def requested(self) -> bool:
@@ -222,46 +180,31 @@ class DurabilitySettings(BaseModel):
 class PayloadSettings(BaseModel):
     """Large payloads: arguments and results over a threshold kept in a payload store."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    url: str | None = Field(
-        default=None,
-        description="Payload store shared by producers and workers: file:///shared/dir or "
-        "s3://bucket/prefix?endpoint_url=...; None keeps every payload in the server.",
-    )
-    threshold_bytes: int = Field(
-        default=65_536,
-        ge=0,
-        description="Arguments or results longer than this travel as a reference.",
-    )
-    max_bytes: int = Field(
-        default=268_435_456, ge=1, description="Largest payload the payload store takes."
-    )
-    grace: float = Field(
-        default=900.0,
-        gt=0,
-        description="Time before a new payload's job record is first looked for "
-        "(its enqueue may still be in flight).",
-    )
-    recheck_interval: float = Field(
-        default=300.0,
-        gt=0,
-        description="Time between checks of a payload whose job record exists; a payload "
-        "outlives its record by up to this plus a sweep interval.",
-    )
-    sweep_batch: int = Field(
-        default=500, ge=1, description="Payload index entries checked per sweep pass."
-    )
+    url: str | None = None
+    """Payload store shared by producers and workers: file:///shared/dir or
+    s3://bucket/prefix?endpoint_url=...; None keeps every payload in the server."""
+    threshold_bytes: int = Field(default=65_536, ge=0)
+    """Arguments or results longer than this travel as a reference."""
+    max_bytes: int = Field(default=268_435_456, ge=1)
+    """Largest payload the payload store takes."""
+    grace: float = Field(default=900.0, gt=0)
+    """Time before a new payload's job record is first looked for (its enqueue may still be in
+    flight)."""
+    recheck_interval: float = Field(default=300.0, gt=0)
+    """Time between checks of a payload whose job record exists; a payload outlives its record by up
+    to this plus a sweep interval."""
+    sweep_batch: int = Field(default=500, ge=1)
+    """Payload index entries checked per sweep pass."""
 
 
 class ServerSettings(BaseModel):
     """The local development server that Fairlane can start."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    state_dir: Path | None = Field(
-        default=None, description="Directory of the local dev server; None means the XDG state dir."
-    )
-    binary: str | None = Field(
-        default=None, description="Server binary; None means the bundled one or one on PATH."
-    )
+    state_dir: Path | None = None
+    """Directory of the local dev server; None means the XDG state dir."""
+    binary: str | None = None
+    """Server binary; None means the bundled one or one on PATH."""

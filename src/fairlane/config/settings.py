@@ -47,8 +47,8 @@ from fairlane.config.sources import (
     loading,
 )
 
-# The sections and ConfigError are imported from here by much of the project: this is
-# the settings' one public address.
+# The sections are imported from here by much of the project, as is ConfigError: this
+# module is the settings' one public address.
 __all__ = [
     "ConfigError",
     "ConnectionSettings",
@@ -73,42 +73,33 @@ class Settings(BaseSettings):
         env_nested_delimiter=ENV_NESTED_DELIMITER,
         extra="forbid",
         pyproject_toml_table_header=("tool", "fairlane"),
+        use_attribute_docstrings=True,
     )
 
-    redis_url: str | None = Field(
-        default=None,
-        description="Redis/Valkey URL, e.g. redis://localhost:6379/0; None if not configured.",
-    )
-    max_payload_bytes: int = Field(
-        default=1_048_576, ge=1, description="Largest accepted job payload, in bytes."
-    )
-    default_lane: str = Field(
-        default="default", min_length=1, description="Lane of jobs that name none."
-    )
-    lanes_file: Path | None = Field(
-        default=None,
-        description="TOML file of lanes' service classes ([lanes.<name>.classes.<class>]); "
-        "relative to the project directory.",
-    )
-    shards: int = Field(
-        default=1,
-        ge=1,
-        le=1024,
-        description="Scheduling shards of each app: tenants are spread over them by a "
-        "stable hash; every process of an app must use the same count.",
-    )
-    lease: LeaseSettings = Field(default_factory=LeaseSettings, description="Job leases.")
-    worker: WorkerSettings = Field(default_factory=WorkerSettings, description="Workers.")
-    server: ServerSettings = Field(default_factory=ServerSettings, description="Dev server.")
-    payloads: PayloadSettings = Field(
-        default_factory=PayloadSettings, description="Large payloads."
-    )
-    connection: ConnectionSettings = Field(
-        default_factory=ConnectionSettings, description="Server timeouts."
-    )
-    durability: DurabilitySettings = Field(
-        default_factory=DurabilitySettings, description="Acknowledged enqueues."
-    )
+    redis_url: str | None = None
+    """Redis/Valkey URL, e.g. redis://localhost:6379/0; None if not configured."""
+    max_payload_bytes: int = Field(default=1_048_576, ge=1)
+    """Largest accepted job payload, in bytes."""
+    default_lane: str = Field(default="default", min_length=1)
+    """Lane of jobs that name none."""
+    lanes_file: Path | None = None
+    """TOML file of lanes' service classes ([lanes.<name>.classes.<class>]); relative to the project
+    directory."""
+    shards: int = Field(default=1, ge=1, le=1024)
+    """Scheduling shards of each app: tenants are spread over them by a stable hash; every process
+    of an app must use the same count."""
+    lease: LeaseSettings = Field(default_factory=LeaseSettings)
+    """Job leases."""
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    """Workers."""
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    """Dev server."""
+    payloads: PayloadSettings = Field(default_factory=PayloadSettings)
+    """Large payloads."""
+    connection: ConnectionSettings = Field(default_factory=ConnectionSettings)
+    """Server timeouts."""
+    durability: DurabilitySettings = Field(default_factory=DurabilitySettings)
+    """Acknowledged enqueues."""
 
     @field_validator("lanes_file")
     @classmethod
