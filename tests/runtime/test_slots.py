@@ -227,14 +227,16 @@ async def test_a_loop_cancelled_in_the_queue_leaves_it() -> None:
 
 def test_a_handed_job_starts_only_in_a_free_slot() -> None:
     pool = SlotPool(3, batch=100)
-    assert pool.admit_handed(2)
-    assert (pool.used, pool.free()) == (2, 1)
-    # wider than what is free: admitted, and the pool is over for a while
-    assert pool.admit_handed(2)
+    assert pool.takes_handed()
+    pool.occupy(2)
+    assert pool.takes_handed()  # wider than what is free: it starts, and the pool is over
+    pool.occupy(2)
     assert pool.free() == -1
     before = pool.statistics()
-    assert not pool.admit_handed(1)  # handed back unstarted: nothing held
+    assert not pool.takes_handed()  # handed back unstarted: nothing held
     assert pool.statistics() == before
+    pool.vacate(2)
+    assert pool.takes_handed()  # a slot is free again
 
 
 def test_a_handed_job_goes_back_while_pressure_holds() -> None:
@@ -242,7 +244,7 @@ def test_a_handed_job_goes_back_while_pressure_holds() -> None:
     pool = SlotPool(4, batch=100, pressure=gauge(dial, 4))
     assert pool.pressure is not None
     pool.pressure.sample(0.0)
-    assert not pool.admit_handed(1)
+    assert not pool.takes_handed()
     assert pool.statistics().used == 0
 
 

@@ -123,13 +123,10 @@ class SlotPool:
         self._used -= width
         self.freed.set()
 
-    def admit_handed(self, width: int) -> bool:
-        """Start a job an enqueue handed to an idle loop if it may start now (it holds
-        its slots from here); False: it goes back unstarted, holding nothing."""
-        if not accept_handed(holding=self.holding, free=self.free()):
-            return False
-        self.occupy(width)
-        return True
+    def takes_handed(self) -> bool:
+        """Whether a job an enqueue handed to an idle loop starts now (and is then
+        ``occupy``-ed like any other); False: it goes back unstarted, holding nothing."""
+        return accept_handed(holding=self.holding, free=self.free())
 
     def notify(self) -> None:
         """Wake the loops waiting for room (and a draining worker)."""
