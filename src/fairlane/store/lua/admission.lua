@@ -1,5 +1,6 @@
 -- Admission: reservations of work against a lane's capacity in units, bounded queues,
--- and deferral (fairlane/policy/admission.py states the rules; this is their twin).
+-- and deferral (docs/contracts/admission.md states the rules, fairlane/policy/admission
+-- is their Python twin; this is the store's).
 -- Everything is counted in integer milli-units. A lane without an admission config
 -- (`adm` in its state hash) admits everything and reserves nothing.
 --   state `adm`        JSON {C, R, max, safety, window, classes = {name: [max_queue,
@@ -74,7 +75,7 @@ local function expected_mu(p, declared_mu, declared, cost_key, cache)
 end
 
 -- What dispatch charges a new job's tenant in 'cost' mode, in milli-units
--- (fairlane/policy/admission.py, charge_milli): what the job's key was learned to cost
+-- (fairlane/policy/admission, charge_milli): what the job's key was learned to cost
 -- (or what the caller declared, if more); a job nobody knows anything about yet is
 -- charged the least, MIN_CHARGE_MU, and corrected when it ends.
 local function charge_mu(p, declared_mu, declared, cost_key, cache)
@@ -127,7 +128,7 @@ local function learn_costs(p, cost_key, samples, window)
   return mean
 end
 
--- Rules 3-5 of the spec for one request; returns 'accepted', or the reason it is full.
+-- Rules 3-5 of the admission contract for one request; returns 'accepted', or the reason it is full.
 local function room_for(p, lane, cfg, cls, tenant, mu, fresh)
   local bounds = cfg.classes[cls]
   local sk = lane_key(p, lane, 'state')

@@ -1,0 +1,83 @@
+"""Admission: what a job is expected to cost, and whether a pool takes it now.
+
+This package owns the reference rules of the admission gate; the Lua store carries out
+the same rules (``lua/admission.lua``, ``admit_deferred`` in ``lua/records.lua``).
+Their shared contract is ``docs/contracts/admission.md`` (the decision's rules 1-5 are
+cited by number here and in the scripts); ``tests/store/test_admission_vs_policy.py``
+and ``tests/store/test_costs_lua.py`` hold the two to it. It is pure: no I/O, no clock
+(times are int milliseconds passed in), no randomness (draws passed in).
+
+By concern:
+
+* ``units``: milli-units (``to_milli``) and the checks every setting passes;
+* ``cost``: estimates and work units, the learned cost, the reservation and its bound,
+  the charge in cost mode;
+* ``gate``: the pool, its state, the decision on one submission (rules 1-5) and the
+  drain of the deferred queues;
+* ``rejections``: the Retry-After a rejected client is told.
+
+Every name is importable from ``fairlane.policy.admission`` itself.
+"""
+
+from __future__ import annotations
+
+from fairlane.policy.admission.cost import (
+    MAX_TOKENS,
+    MAX_TOOL_CALLS,
+    MAX_TOOL_SECONDS,
+    MIN_CHARGE_MILLI,
+    Coefficients,
+    Estimate,
+    EstimationSettings,
+    LearnedCost,
+    charge_milli,
+    reservation_units,
+    too_wide,
+    work_units,
+)
+from fairlane.policy.admission.gate import (
+    AdmissionClass,
+    Decision,
+    DeferredJob,
+    FullReason,
+    PoolConfig,
+    PoolState,
+    Reason,
+    WhenFull,
+    decide,
+    drain,
+    fits,
+    unit_table,
+)
+from fairlane.policy.admission.rejections import RetryAfterPolicy, retry_after
+from fairlane.policy.admission.units import to_milli
+
+__all__ = [
+    "MAX_TOKENS",
+    "MAX_TOOL_CALLS",
+    "MAX_TOOL_SECONDS",
+    "MIN_CHARGE_MILLI",
+    "AdmissionClass",
+    "Coefficients",
+    "Decision",
+    "DeferredJob",
+    "Estimate",
+    "EstimationSettings",
+    "FullReason",
+    "LearnedCost",
+    "PoolConfig",
+    "PoolState",
+    "Reason",
+    "RetryAfterPolicy",
+    "WhenFull",
+    "charge_milli",
+    "decide",
+    "drain",
+    "fits",
+    "reservation_units",
+    "retry_after",
+    "to_milli",
+    "too_wide",
+    "unit_table",
+    "work_units",
+]
