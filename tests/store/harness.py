@@ -1,10 +1,12 @@
-"""What the store's state machines share: a private app on the real server, an event
-loop to drive ``Store`` calls from hypothesis's synchronous rules, and a teardown that
-deletes every key the run wrote."""
+"""What the store's agreement tests share: a private app on the real server, an event
+loop to drive ``Store`` calls from hypothesis's synchronous rules, a teardown that
+deletes every key the run wrote, and ``lua_parts``, which lifts named helpers out of a
+file of the library so that a test can run them alone as a script."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 from collections.abc import Coroutine
 from typing import Any, ClassVar, TypeVar
@@ -13,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from fairlane.store.api import Store
 from fairlane.store.connection import create_sync_client
+from fairlane.store.library import _LUA, fill_constants
 
 T = TypeVar("T")
 
@@ -48,3 +51,19 @@ class StoreMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.close()
+
+
+def lua_parts(file: str, *names: str) -> str:
+    """The top-level ``local`` constants and ``local function``s called ``names`` in
+    ``lua/<file>``, in the order named, with the policy's constants written in: a test
+    appends its driver and runs the helpers as one script."""
+    source = _LUA.joinpath(file).read_text()
+    parts = []
+    for name in names:
+        found = re.search(
+            rf"^local function {name}\(.*?^end$|^local {name} = [^\n]*$", source, re.M | re.S
+        )
+        if found is None:
+            raise LookupError(f"lua/{file} has no top-level local {name!r}")
+        parts.append(found.group(0))
+    return fill_constants("\n".join(parts)) + "\n"

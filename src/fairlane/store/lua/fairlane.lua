@@ -3,24 +3,24 @@
 Fairlane's store: every state change of a job, each one atomic.
 
 Keys. Every function receives the app's fixed keys first, in this order
-(fairlane/store/keys.py, AppKeys.common):
-  KEYS[1] fence    string  fencing-token counter
-  KEYS[2] leases   zset    running job id -> lease expiry (server ms)
-  KEYS[3] stats    hash    counters; also the 'seq' FIFO counter
-  KEYS[4] idem     hash    idempotency key -> job id
-  KEYS[5] dead     zset    dead-lettered job id -> time (ms)
-  KEYS[6] workers  zset    worker id -> last heartbeat (ms)
-  KEYS[7] tasks    hash    task name -> 'rc|rf' retention of its records
-  KEYS[8] weights  hash    tenant -> fair-share weight (absent = 1)
-  KEYS[9] fleet    hash    worker -> its slots and lanes ('slots|lane,lane')
-  KEYS[10] tlimits hash    tenant -> concurrency settings 'floor,max,burst_floor,burst_pct'
-  KEYS[11] thr     hash    throttle keys, grants and parked jobs (throttle.lua)
-  KEYS[12] thrw    zset    throttle waiters, one lex range per key (throttle.lua)
+(fairlane/store/keys.py, AppKeys.common), each indexed by the Lua constant named here:
+  KEYS[1]  FENCE    fence     string  fencing-token counter
+  KEYS[2]  LEASES   leases    zset    running job id -> lease expiry (server ms)
+  KEYS[3]  STATS    stats     hash    counters; also the 'seq' FIFO counter
+  KEYS[4]  IDEM     idem      hash    idempotency key -> job id
+  KEYS[5]  DEAD     dead      zset    dead-lettered job id -> time (ms)
+  KEYS[6]  WORKERS  workers   zset    worker id -> last heartbeat (ms)
+  KEYS[7]  TASKS    tasks     hash    task name -> 'rc|rf' retention of its records
+  KEYS[8]  WEIGHTS  weights   hash    tenant -> fair-share weight (absent = 1)
+  KEYS[9]  FLEET    fleet     hash    worker -> its slots and lanes ('slots|lane,lane')
+  KEYS[10] TLIMITS  tlimits   hash    tenant -> concurrency 'floor,max,burst_floor,burst_pct'
+  KEYS[11] THR      thr       hash    throttle keys, grants and parked jobs (throttle.lua)
+  KEYS[12] THRW     thr:wait  zset    throttle waiters, one lex range per key (throttle.lua)
 followed by the keys of the lanes the caller names (state, cap, delayed, wake, idle
 per lane). Per-job hashes (job:<id>), per-tenant queues (q:<lane>:<class>:<tenant>),
 per-class fair queues (lane:<l>:c:<class>:fair|vt|granted), tenant signals
 (sig:<tenant>), retention indexes (kept:<task>:<outcome>) and lane keys are derived
-from the prefix of KEYS[1], so they always carry the same hash tag (same cluster slot).
+from the prefix of KEYS[FENCE], so they always carry the same hash tag (same cluster slot).
 
 Time is always the server's (TIME), never a client's.
 
