@@ -1,10 +1,11 @@
 """The lanes of the reference model: capacity, service classes, fair queues and dispatch.
 
-``fairlane.policy.reference.model`` states the rules; this module holds the per-lane state and
-the steps the scripts run inside one call (``dispatch_lane`` and the fetch's rounds,
-``push_ready``, ``enter_granted``, the throttle release, worker registration and
-promotion in ``fairlane.lua``), and checks the lanes' invariants. The decisions are the
-policy modules' own: ``fairlane.policy.classes.next_class`` picks the class,
+``fairlane.policy.reference.model`` states the rules; this module holds the per-lane
+state and the steps the scripts run inside one call (``dispatch_lane`` and the fetch's
+rounds, ``push_ready``, ``enter_granted``, the throttle release, worker registration
+and promotion in ``fairlane.lua``), and the declarations a lane and its tenants take
+(class table, weights, concurrency settings). The decisions are the policy modules'
+own: ``fairlane.policy.classes.next_class`` picks the class,
 ``fairlane.policy.throttle.Throttles`` admits or parks, ``fairlane.policy.ceilings``
 gives a tenant's limit. This module only composes them.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, TypeVar
 
 from fairlane.policy import ceilings
 from fairlane.policy.ceilings import DurationMean, RateWindow, TenantLimits
@@ -38,6 +39,7 @@ Status = Literal["queued", "throttled", "scheduled", "running", "completed", "fa
 #: The order score of a queued job is ``-prio * PRIO_SPAN + seq`` (``order_score`` in Lua).
 PRIO_SPAN = 1 << 40
 DEFAULT_CLASS = "standard"
+T = TypeVar("T")
 
 
 class Grant(NamedTuple):
@@ -117,6 +119,14 @@ class Head(NamedTuple):
     tag: float
 
 
+def _set_or_drop(settings: dict[str, T], tenant: str, value: T | None) -> None:
+    """A tenant's setting set, or dropped back to the default (as the scripts HDEL it)."""
+    if value is None:
+        settings.pop(tenant, None)
+    else:
+        settings[tenant] = value
+
+
 class LaneDispatch:
     """The state of the lanes and the steps of one call on them (``QueueModel``'s base)."""
 
@@ -134,6 +144,24 @@ class LaneDispatch:
 
     def lane(self, name: str) -> LaneModel:
         return self.lanes.setdefault(name, LaneModel())
+
+    # -- declarations -----------------------------------------------------------------
+
+    def declare_lane(self, lane: str, table: ClassTable) -> None:
+        """A lane's class table; applies from the next decision."""
+        self.lane(lane).table = table
+
+    def configure(self, tenant: str, weight: float | None) -> None:
+        """A tenant's fair-share weight (None: the default, 1); applies from its next dispatch."""
+        _set_or_drop(self.weights, tenant, weight)
+
+    def configure_limits(self, tenant: str, limits: TenantLimits | None) -> None:
+        """A tenant's concurrency settings (None: none; its signals are kept)."""
+        _set_or_drop(self.tenant_limits, tenant, limits)
+
+    def queue_ids(self, lane: str, tenant: str, cls: str = DEFAULT_CLASS) -> list[str]:
+        """A tenant's waiting jobs in one class, in the order they will run."""
+        return self.lane(lane).cls(cls).queue_ids(tenant)
 
     # -- fair queues ------------------------------------------------------------------
 
@@ -320,25 +348,3 @@ class LaneDispatch:
             job = self.jobs[job_id]
             job.status = "queued"
             self._push_ready(job)
-
-    # -- invariants -------------------------------------------------------------------
-
-    def _check_lanes(self) -> None:
-        """Invariants 2 and 5 (see ``fairlane.policy.reference.model``), for every lane and key."""
-        thr = self.throttles
-        for name, lane in self.lanes.items():
-            running = [j for j in self.jobs.values() if j.lane == name and j.status == "running"]
-            waiting = [j for j in self.jobs.values() if j.lane == name and j.status == "queued"]
-            for cls, cq in lane.classes.items():
-                for tenant, queue in cq.queues.items():
-                    active = tenant in cq.fair
-                    assert active == bool(queue), f"tenant {tenant} of {name}/{cls}: {active}"
-                mine = [j for j in running if j.cls == cls]
-                assert cq.run == len(mine), f"in-flight work of {name}/{cls}"
-            for cls in set(lane.in_flight) | set(lane.waiting) | {j.cls for j in running}:
-                f = sum(j.slots for j in running if j.cls == cls)
-                d = sum(j.slots for j in waiting if j.cls == cls)
-                assert lane.in_flight[cls] == f, f"in-flight slots of {name}/{cls}"
-                assert lane.waiting[cls] == d, f"waiting slots of {name}/{cls}"
-        for key in thr.statistics().keys:
-            assert not key.waiters or key.in_use >= key.limit, f"key {key.key} idles"

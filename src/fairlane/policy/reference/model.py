@@ -95,7 +95,7 @@ Rules, as in the scripts:
   the whole inbox (to hand it back), and an inbox vanishes once it has been left
   longer than the last lease handed into it.
 
-Invariants (``check_invariants``):
+Invariants (``check_invariants``, by ``fairlane.policy.reference.invariants``):
 
 1. Every job is in exactly one place, matching its status: ``queued`` in its tenant's
    queue or (with a throttle grant) in its class's granted set, ``throttled`` in one
@@ -121,9 +121,7 @@ from fairlane.policy.ceilings import (
     RATE_WIDTH_MS,
     DurationMean,
     RateWindow,
-    TenantLimits,
 )
-from fairlane.policy.classes import ClassTable
 from fairlane.policy.reference.dispatch import (
     DEFAULT_CLASS,
     PRIO_SPAN,
@@ -133,6 +131,7 @@ from fairlane.policy.reference.dispatch import (
     ModelJob,
     Status,
 )
+from fairlane.policy.reference.invariants import check_jobs, check_lanes
 
 __all__ = [
     "FINISHED",
@@ -190,26 +189,6 @@ class QueueModel(LaneDispatch):
         self.dead: dict[str, int] = {}  # id -> time dead-lettered
         self.inbox: dict[str, list[Grant]] = {}  # worker -> jobs handed to it, oldest first
         self.inbox_expiry: dict[str, int] = {}  # worker -> when its inbox vanishes
-
-    # -- configuration ----------------------------------------------------------------
-
-    def declare_lane(self, lane: str, table: ClassTable) -> None:
-        """A lane's class table; applies from the next decision."""
-        self.lane(lane).table = table
-
-    def configure(self, tenant: str, weight: float | None) -> None:
-        """A tenant's fair-share weight (None: the default, 1); applies from its next dispatch."""
-        if weight is None:
-            self.weights.pop(tenant, None)
-        else:
-            self.weights[tenant] = weight
-
-    def configure_limits(self, tenant: str, limits: TenantLimits | None) -> None:
-        """A tenant's concurrency settings (None: none; its signals are kept)."""
-        if limits is None:
-            self.tenant_limits.pop(tenant, None)
-        else:
-            self.tenant_limits[tenant] = limits
 
     # -- producer ---------------------------------------------------------------------
 
@@ -380,15 +359,11 @@ class QueueModel(LaneDispatch):
             self.stats["fenced"] += 1
             return 0
         job = self.jobs[job_id]
-        del self.leases[job_id]
-        self._settle_running(job)
-        self._release_throttle(job)
+        self._end_lease(job, lost=False)
         if kind != "release" and job.tenant in self.tenant_limits:
             mean = self.durations.setdefault(job.tenant, DurationMean())
             mean.observe(max(0, now - (job.started_at or now)) / 1000)
         job.settled = token
-        job.token = job.worker = None
-        job.lease_lost = False
         if kind == "ok":
             self._finish(job, "completed", now)
         elif kind == "retry" and job.attempts >= job.max_attempts:
@@ -414,11 +389,7 @@ class QueueModel(LaneDispatch):
         dead: list[str] = []
         for _, job_id in expired:
             job = self.jobs[job_id]
-            del self.leases[job_id]
-            self._settle_running(job)
-            self._release_throttle(job)
-            job.token = job.worker = None
-            job.lease_lost = True
+            self._end_lease(job, lost=True)
             self.stats["reclaimed"] += 1
             if job.attempts >= job.max_attempts:
                 self._dead_letter(job, now)
@@ -434,43 +405,11 @@ class QueueModel(LaneDispatch):
 
     # -- queries ----------------------------------------------------------------------
 
-    def queue_ids(self, lane: str, tenant: str, cls: str = DEFAULT_CLASS) -> list[str]:
-        """A tenant's waiting jobs in one class, in the order they will run."""
-        return self.lane(lane).cls(cls).queue_ids(tenant)
-
     def check_invariants(self) -> None:
-        """Raise ``AssertionError`` naming the first broken invariant."""
-        queued: Counter[str] = Counter()
-        granted: Counter[str] = Counter()
-        scheduled: Counter[str] = Counter()
-        for lane in self.lanes.values():
-            scheduled.update(lane.delayed.keys())
-            for cq in lane.classes.values():
-                queued.update(i for q in cq.queues.values() for _, i in q)
-                granted.update(i for _, i in cq.granted)
-        thr = self.throttles
-        for job in self.jobs.values():
-            places = (
-                queued[job.id], granted[job.id], int(thr.parked_on(job.id) is not None),
-                scheduled[job.id], int(job.id in self.leases),
-            )  # fmt: skip
-            expected = {
-                "queued": (int(job.ttok is None), int(job.ttok is not None), 0, 0, 0),
-                "throttled": (0, 0, 1, 0, 0),
-                "scheduled": (0, 0, 0, 1, 0),
-                "running": (0, 0, 0, 0, 1),
-            }.get(job.status, (0, 0, 0, 0, 0))
-            assert places == expected, f"{job.id} ({job.status}) is in {places}"
-            assert (job.id in self.dead) == (job.status == "failed"), f"{job.id} dead set"
-            assert 0 <= job.attempts <= job.max_attempts, f"{job.id} attempts {job.attempts}"
-            assert (job.token is not None) == (job.status == "running"), f"{job.id} token"
-            assert job.status != "running" or job.attempts >= 1, f"{job.id} runs unattempted"
-            assert thr.token(job.id) == job.ttok, f"{job.id} throttle grant {job.ttok}"
-            assert job.ttok is None or job.status in ("queued", "running"), f"{job.id} grant"
-        self._check_lanes()
-        tokens = [j.token for j in self.jobs.values() if j.token is not None]
-        assert len(tokens) == len(set(tokens)), "two running jobs share a token"
-        assert all(t <= self.fence for t in tokens), "a token above the counter"
+        """Raise ``AssertionError`` naming the first broken invariant (the five above)."""
+        jobs, lanes, throttles = self.jobs, self.lanes, self.throttles
+        check_jobs(jobs, lanes, throttles, leases=self.leases, dead=self.dead, fence=self.fence)
+        check_lanes(jobs, lanes, throttles)
 
     # -- internals --------------------------------------------------------------------
 
@@ -487,6 +426,15 @@ class QueueModel(LaneDispatch):
         job.settled = None
         self.leases[job.id] = now + lease_ms
         return Grant(job.id, self.fence, job.attempts)
+
+    def _end_lease(self, job: ModelJob, *, lost: bool) -> None:
+        """A running job's lease ends, settled (``lost=False``) or reclaimed: its slots,
+        its in-flight work and its throttle slots go back."""
+        del self.leases[job.id]
+        self._settle_running(job)
+        self._release_throttle(job)
+        job.token = job.worker = None
+        job.lease_lost = lost
 
     def _holds(self, job_id: str, token: int) -> bool:
         job = self.jobs.get(job_id)

@@ -1,0 +1,83 @@
+"""The reference model's invariants: what must hold of its state after every operation.
+
+``fairlane.policy.reference.model`` states them (invariants 1-5 of its docstring) and
+``QueueModel.check_invariants`` checks them after each step of the agreement tests;
+the store's own state is held to the same ones, read back from the server, by
+``tests/store/test_model_vs_lua.py``. These functions only read: they raise
+``AssertionError`` naming the first broken invariant.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+
+from fairlane.policy.reference.dispatch import LaneModel, ModelJob
+from fairlane.policy.throttle import Throttles
+
+__all__ = ["check_jobs", "check_lanes"]
+
+
+def check_jobs(
+    jobs: Mapping[str, ModelJob],
+    lanes: Mapping[str, LaneModel],
+    throttles: Throttles,
+    *,
+    leases: Mapping[str, int],
+    dead: Mapping[str, int],
+    fence: int,
+) -> None:
+    """Invariants 1, 3, 4 and 5 for every job: one place matching its status, its
+    attempts within budget, distinct tokens none above the counter, its throttle grant."""
+    queued: Counter[str] = Counter()
+    granted: Counter[str] = Counter()
+    scheduled: Counter[str] = Counter()
+    for lane in lanes.values():
+        scheduled.update(lane.delayed.keys())
+        for cq in lane.classes.values():
+            queued.update(i for q in cq.queues.values() for _, i in q)
+            granted.update(i for _, i in cq.granted)
+    for job in jobs.values():
+        places = (
+            queued[job.id], granted[job.id], int(throttles.parked_on(job.id) is not None),
+            scheduled[job.id], int(job.id in leases),
+        )  # fmt: skip
+        expected = {
+            "queued": (int(job.ttok is None), int(job.ttok is not None), 0, 0, 0),
+            "throttled": (0, 0, 1, 0, 0),
+            "scheduled": (0, 0, 0, 1, 0),
+            "running": (0, 0, 0, 0, 1),
+        }.get(job.status, (0, 0, 0, 0, 0))
+        assert places == expected, f"{job.id} ({job.status}) is in {places}"
+        assert (job.id in dead) == (job.status == "failed"), f"{job.id} dead set"
+        assert 0 <= job.attempts <= job.max_attempts, f"{job.id} attempts {job.attempts}"
+        assert (job.token is not None) == (job.status == "running"), f"{job.id} token"
+        assert job.status != "running" or job.attempts >= 1, f"{job.id} runs unattempted"
+        assert throttles.token(job.id) == job.ttok, f"{job.id} throttle grant {job.ttok}"
+        assert job.ttok is None or job.status in ("queued", "running"), f"{job.id} grant"
+    tokens = [j.token for j in jobs.values() if j.token is not None]
+    assert len(tokens) == len(set(tokens)), "two running jobs share a token"
+    assert all(t <= fence for t in tokens), "a token above the counter"
+
+
+def check_lanes(
+    jobs: Mapping[str, ModelJob], lanes: Mapping[str, LaneModel], throttles: Throttles
+) -> None:
+    """Invariants 2 and 5 for every lane and throttle key: a tenant is active exactly
+    while it waits, in-flight and waiting slots are the jobs' widths, no key idles."""
+    for name, lane in lanes.items():
+        running = [j for j in jobs.values() if j.lane == name and j.status == "running"]
+        waiting = [j for j in jobs.values() if j.lane == name and j.status == "queued"]
+        for cls, cq in lane.classes.items():
+            for tenant, queue in cq.queues.items():
+                active = tenant in cq.fair
+                assert active == bool(queue), f"tenant {tenant} of {name}/{cls}: {active}"
+            mine = [j for j in running if j.cls == cls]
+            assert cq.run == len(mine), f"in-flight work of {name}/{cls}"
+        for cls in set(lane.in_flight) | set(lane.waiting) | {j.cls for j in running}:
+            f = sum(j.slots for j in running if j.cls == cls)
+            d = sum(j.slots for j in waiting if j.cls == cls)
+            assert lane.in_flight[cls] == f, f"in-flight slots of {name}/{cls}"
+            assert lane.waiting[cls] == d, f"waiting slots of {name}/{cls}"
+    for key in throttles.statistics().keys:
+        assert not key.waiters or key.in_use >= key.limit, f"key {key.key} idles"
