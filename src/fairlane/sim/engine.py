@@ -46,10 +46,10 @@ import math
 import time
 from collections import deque
 
-from fairlane.policy.ceilings import F_MAX, F_MIN, DurationMean, RateWindow, tenant_limit
 from fairlane.sim.arrivals import arrivals
-from fairlane.sim.fastpath import FairClass, TenantThrottle
+from fairlane.sim.fastpath import FairClass
 from fairlane.sim.gate import Admission
+from fairlane.sim.limits import Limits
 from fairlane.sim.metrics import Raw
 from fairlane.sim.scenario import Scenario
 from fairlane.sim.variants import Settings
@@ -92,13 +92,6 @@ class Engine:
             (self.f[li], self.d[li], lane.chooser, lane.queues, lane.uniform)
             for li, lane in enumerate(w.lanes)
         ]
-        # throttles: a tenant is throttled with a static cap or floor/ceiling settings
-        self.thr = TenantThrottle(n)
-        self.throttled = [
-            bool(c) or lim is not None for c, lim in zip(w.cap, w.limits, strict=True)
-        ]
-        self.rates = {t: RateWindow() for t in range(n) if w.limits[t] is not None}
-        self.durs = {t: DurationMean() for t in range(n) if self.throttled[t]}
         self.comp: list[tuple[float, int, Job]] = []
         self.seq = 0
         horizon = scenario.horizon
@@ -106,15 +99,14 @@ class Engine:
         self.w0, self.w1 = w0, w1
         self.dt = scenario.sim.sample or (horizon / _SAMPLES if horizon > 0 else 1.0)
         self.phases = [(p.start, p.end) for p in scenario.phases]
-        k = len(self.phases)
-        self.raw = Raw(
-            settings=settings, world=w, window=(w0, w1), phases=scenario.phases,
-            waits=[[] for _ in range(n)], served=[0.0] * n, backlog=[0.0] * n,
-            since=[0.0] * n, waiting=[0] * n, submitted=[0] * n, completed=[0] * n,
-            rejected=[0] * n, lost=[0] * n, resp=[0.0] * n,
-            phase_waits=[[[] for _ in range(k)] for _ in w.ckeys],
-            phase_served=[[0.0] * k for _ in range(n)] if k else [],
-        )  # fmt: skip
+        self.raw = Raw.empty(settings, w, (w0, w1), scenario.phases)
+        # a tenant is throttled with a static cap or floor/ceiling settings
+        self.limits = Limits(w, self.raw, self.phases)
+        self.thr, self.throttled, self.durs = (
+            self.limits.thr,
+            self.limits.throttled,
+            self.limits.durs,
+        )
         self.gate = Admission(scenario, w, self.raw)
         self.retry = self.gate.retry
         self.queued = 0
@@ -183,8 +175,7 @@ class Engine:
 
     def _submit(self, job: Job, now: float) -> None:
         t = job[TEN]
-        if self.rates and t in self.rates:
-            self.rates[t].add(int(now * 1000))
+        self.limits.submitted(t, now)
         li = self.lane_of[t]
         if self.gated[li] and not self.gate.offer(job, li, now):
             return
@@ -282,11 +273,12 @@ class Engine:
         if not self.throttled[t]:
             return job
         out: list[Job] = []
-        admitted = self.thr.acquire(t, self._limit(t, li, now), job[SEQ], job, out)
+        limit = self.limits.limit(t, li, now, self.f[li], self.d[li])
+        admitted = self.thr.acquire(t, limit, job[SEQ], job, out)
         for other in out:
             self._grant(other)
         if admitted:
-            self._peak(t)
+            self.limits.peak(t)
             return job
         self.raw.parked += 1
         return None
@@ -296,35 +288,7 @@ class Engine:
         q = self.w.queue_of[t]
         self.granted[q].append(job)
         self.d[self.w.queue_lane[q]][self.w.queue_pos[q]] += self.w.width[t]
-        self._peak(t)
-
-    def _peak(self, t: int) -> None:
-        peak = self.raw.peak
-        if self.thr.in_use[t] > peak.get(t, 0):
-            peak[t] = self.thr.in_use[t]
-
-    def _limit(self, t: int, li: int, now: float) -> int:
-        """The tenant's concurrency limit now: its cap, or its compressed ceiling."""
-        cap, settings = self.w.cap[t], self.w.limits[t]
-        if settings is None:
-            return cap
-        rate = self.rates[t].per_minute(int(now * 1000))
-        load = sum(self.f[li]) + sum(self.d[li])
-        slots = self.w.lanes[li].slots
-        limit = tenant_limit(
-            settings, rate, self.durs[t].value(), slots, load, f_min=F_MIN, f_max=F_MAX
-        )
-        if cap:
-            limit = min(limit, cap)
-        lo, hi = self.raw.limit_range.get(t, (limit, limit))
-        self.raw.limit_range[t] = (min(lo, limit), max(hi, limit))
-        for k, (p0, p1) in enumerate(self.phases):
-            if p0 <= now < p1:
-                ranges = self.raw.limit_phase.setdefault(t, [None] * len(self.phases))
-                seen = ranges[k] or (limit, limit)
-                ranges[k] = (min(seen[0], limit), max(seen[1], limit))
-                break
-        return limit
+        self.limits.peak(t)
 
     def _start(self, job: Job, li: int, pos: int, wd: int, now: float) -> None:
         t = job[TEN]

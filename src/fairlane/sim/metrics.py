@@ -88,6 +88,25 @@ class Raw:
     makespan: float = 0.0
     wall: float = 0.0
 
+    @classmethod
+    def empty(
+        cls,
+        settings: Settings,
+        world: World,
+        window: tuple[float, float],
+        phases: tuple[Phase, ...],
+    ) -> Raw:
+        """Every counter at zero, for ``world``'s tenants and report classes."""
+        n, k = world.tenants, len(phases)
+        return cls(
+            settings=settings, world=world, window=window, phases=phases,
+            waits=[[] for _ in range(n)], served=[0.0] * n, backlog=[0.0] * n,
+            since=[0.0] * n, waiting=[0] * n, submitted=[0] * n, completed=[0] * n,
+            rejected=[0] * n, lost=[0] * n, resp=[0.0] * n,
+            phase_waits=[[[] for _ in range(k)] for _ in world.ckeys],
+            phase_served=[[0.0] * k for _ in range(n)] if k else [],
+        )  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
 class Waits:
