@@ -41,7 +41,13 @@ samples = st.lists(st.integers(MIN_CHARGE_MILLI, 10**7), min_size=1, max_size=6)
 def lua(redis_url: str) -> Iterator[tuple[redis.Redis, Any]]:
     client = redis.Redis.from_url(redis_url)
     script = lua_parts(
-        "admission.lua", "COST_RISE", "MIN_CHARGE_MU", "learned_mu", "charge_mu", "learn_costs"
+        "admission.lua",
+        "COST_RISE",
+        "MIN_CHARGE_MU",
+        "learned_mu",
+        "cached_learned_mu",
+        "charge_mu",
+        "learn_costs",
     )
     try:
         yield client, client.register_script(script + _DRIVER)

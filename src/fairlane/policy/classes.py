@@ -101,6 +101,7 @@ __all__ = [
     "allocate",
     "allocate_observed",
     "assured_slots",
+    "levels",
     "may_start",
     "next_class",
 ]
@@ -346,6 +347,21 @@ def allocate_observed(
     return allocate(table, capacity, flying, heads, demand=queued)
 
 
+def levels(table: ClassTable, capacity: int) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Each class's assured level, lend limit, ceiling and max width at ``capacity``, in
+    the table's order: what ``allocate`` judges against, and what a caller deciding
+    many times at one capacity computes once."""
+    a = [c.assured(capacity) for c in table]
+    lend = [c.lend_limit(capacity) for c in table]
+    ceil = [c.ceiling(capacity) for c in table]
+    reserves = sum(a) - sum(lend)
+    widest = [
+        max(min(a[i], capacity), min(ceil[i], capacity - reserves + a[i] - lend[i]))
+        for i in range(len(a))
+    ]
+    return a, lend, ceil, widest
+
+
 def allocate(
     table: ClassTable,
     capacity: int,
@@ -358,14 +374,7 @@ def allocate(
     _check_capacity(capacity)
     f, w, d = _read(table, in_flight, waiting_width, demand)
     cls = table.classes
-    a = [c.assured(capacity) for c in cls]
-    lend = [c.lend_limit(capacity) for c in cls]
-    ceil = [c.ceiling(capacity) for c in cls]
-    reserves = sum(a) - sum(lend)
-    widest = [
-        max(min(a[i], capacity), min(ceil[i], capacity - reserves + a[i] - lend[i]))
-        for i in range(len(cls))
-    ]
+    a, lend, ceil, widest = levels(table, capacity)
     pressure = sum(d_i for d_i, c in zip(d, cls, strict=True) if not c.batch)
     # Waiting work claims slots only while its head fits the assured level (rule 1, claims).
     owed = [

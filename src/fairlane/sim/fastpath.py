@@ -8,7 +8,7 @@ own object on random small cases (``tests/sim/test_fastpath.py``, with hypothesi
 
 * :class:`ClassChooser` is ``fairlane.policy.classes.next_class`` for one table at one
   fixed capacity: the levels (assured, lend limit, ceiling, max width) are computed
-  once by the core's own ``ServiceClass`` methods and formula; per call it forms the
+  once by the core's own ``fairlane.policy.classes.levels``; per call it forms the
   claims, ranks the classes (``f / a`` compared exactly, as integers ``f * (L // a)``
   with ``L`` the lcm of the assured levels) and returns at the first class that may
   start -- holds and batch yielding depend only on better-ranked classes, and no
@@ -38,25 +38,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from fairlane.policy.admission import FullReason, PoolConfig, unit_table
-from fairlane.policy.classes import ClassTable
+from fairlane.policy.classes import ClassTable, levels
 
-__all__ = ["ClassChooser", "FairClass", "Gate", "TenantThrottle", "levels"]
+__all__ = ["ClassChooser", "FairClass", "Gate", "TenantThrottle"]
 
 _MEMO_SIZE = 1 << 16
-
-
-def levels(table: ClassTable, capacity: int) -> tuple[list[int], list[int], list[int], list[int]]:
-    """Each class's assured level, lend limit, ceiling and max width at ``capacity``,
-    by the core's ``ServiceClass`` methods and ``allocate``'s max-width formula."""
-    a = [c.assured(capacity) for c in table]
-    lend = [c.lend_limit(capacity) for c in table]
-    ceil = [c.ceiling(capacity) for c in table]
-    reserves = sum(a) - sum(lend)
-    widest = [
-        max(min(a[i], capacity), min(ceil[i], capacity - reserves + a[i] - lend[i]))
-        for i in range(len(a))
-    ]
-    return a, lend, ceil, widest
 
 
 class ClassChooser:

@@ -56,15 +56,22 @@ local function learned_mu(p, cost_key)
   return tonumber(redis.call('HGET', p .. 'cost:' .. cost_key, 'mean'))
 end
 
--- What a new job is expected to cost, in milli-units: the larger of what the caller
--- declared and what its key was learned to cost; with nothing declared, the learned
--- cost alone (the default cost until something is learned).
-local function expected_mu(p, declared_mu, declared, cost_key, cache)
+-- The learned cost of a key, read once per call: `cache` keeps false for a key that has
+-- none, so that a batch of one key's jobs costs one read.
+local function cached_learned_mu(p, cost_key, cache)
   local learned = cache[cost_key or '']
   if learned == nil then
     learned = learned_mu(p, cost_key) or false
     cache[cost_key or ''] = learned
   end
+  return learned
+end
+
+-- What a new job is expected to cost, in milli-units: the larger of what the caller
+-- declared and what its key was learned to cost; with nothing declared, the learned
+-- cost alone (the default cost until something is learned).
+local function expected_mu(p, declared_mu, declared, cost_key, cache)
+  local learned = cached_learned_mu(p, cost_key, cache)
   if learned == false then
     return declared_mu
   end
@@ -79,11 +86,7 @@ end
 -- (or what the caller declared, if more); a job nobody knows anything about yet is
 -- charged the least, MIN_CHARGE_MU, and corrected when it ends.
 local function charge_mu(p, declared_mu, declared, cost_key, cache)
-  local learned = cache[cost_key or '']
-  if learned == nil then
-    learned = learned_mu(p, cost_key) or false
-    cache[cost_key or ''] = learned
-  end
+  local learned = cached_learned_mu(p, cost_key, cache)
   local mu = declared and declared_mu or 0
   if learned then
     mu = math.max(mu, learned)
