@@ -9,7 +9,8 @@ failed together do not come back together:
 * ``none``  -- exactly ``raw``.
 
 The random draw ``u`` in ``[0, 1)`` is passed in so the function is pure; the Lua
-library computes the same formula (``backoff_ms`` in ``fairlane.lua``) for reclaims.
+library computes the same formula (``backoff_ms`` in ``lua/records.lua``, held to it by
+``tests/store/test_records_lua.py``) for reclaims.
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ in the other files of ``lua/`` where it says ``-- @include <file>``, in dependen
 order: ``classes`` (the class rules), ``throttle`` (throttle keys, tenant ceilings),
 ``fairqueue`` (tenants within a class), ``admission`` (reservations and deferral),
 ``runs`` and ``records`` (workflow runs' keys, settling records), ``workflows``
-(durable runs), ``lease`` (handing jobs out), ``dispatch`` (which jobs a worker gets)
-and ``control`` (queries and declarations). Which policy module, simulator fast path
-and agreement test stand beside each file is ``docs/contracts/twins.md``.
+(durable runs), ``acks`` (settling a batch of outcomes), ``lease`` (handing jobs out),
+``dispatch`` (which jobs a worker gets), ``enqueue`` (storing submitted jobs) and
+``control`` (queries and declarations). Which policy module, simulator fast path and
+agreement test stand beside each file is ``docs/contracts/twins.md``.
 
 Constants the policy core owns (the default service classes, the ceilings' signal
 windows and pressure bounds, the least charge) and the fence key's name from

@@ -1,0 +1,144 @@
+-- Settling attempts: a batch of outcomes applied, each fenced by its lease token, and
+-- what each attempt used fed back into its key's learned cost and, in 'cost' mode, its
+-- tenant's fair-queue tag.
+
+-- How a lane learns costs: {cost_mode, learn, window}, read once per call and lane.
+-- `cache` also gathers a call's cost samples per key and tag corrections per tenant,
+-- written once each by `flush_costs`.
+local function lane_costing(p, lane, cache)
+  local c = cache[lane]
+  if not c then
+    local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'charge', 'adm')
+    local window = 500
+    if v[2] then
+      window = cjson.decode(v[2]).window or window
+    end
+    c = {cost_mode = v[1] == 'cost', learn = v[1] == 'cost' or v[2] ~= false, window = window}
+    cache[lane] = c
+  end
+  return c
+end
+
+-- An attempt ended having used `cost` units: its key's learned cost moves towards it,
+-- the job records it next to what it was charged, and in 'cost' mode the tenant's tag
+-- takes the difference.
+local function feed_back_cost(p, id, lane, cls, tenant, cost_key, charged_mu, cost, cache, keys)
+  local c = lane_costing(p, lane, cache)
+  if not c.learn then
+    return
+  end
+  local actual_mu = math.max(MIN_CHARGE_MU, math.floor(cost * 1000 + 0.5))
+  redis.call('HSET', job_key(p, id), 'amu', actual_mu)
+  if cost_key then
+    local samples = cache.samples[cost_key]
+    if not samples then
+      samples = {window = c.window}
+      cache.samples[cost_key] = samples
+    end
+    samples[#samples + 1] = actual_mu
+  end
+  if c.cost_mode then
+    local key = lane .. '\0' .. cls .. '\0' .. tenant
+    local e = cache.tags[key] or {lane, cls, tenant, 0}
+    e[4] = e[4] + (actual_mu - (tonumber(charged_mu) or 1)) / 1000
+    cache.tags[key] = e
+  end
+end
+
+local function flush_costs(p, cache, keys)
+  for cost_key, samples in pairs(cache.samples) do
+    learn_costs(p, cost_key, samples, samples.window)
+  end
+  for _, e in pairs(cache.tags) do
+    local weight = tonumber(redis.call('HGET', keys[WEIGHTS], e[3])) or 1
+    adjust_tag(p, e[1], e[2], e[3], e[4] / weight)
+  end
+end
+
+-- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
+-- [id, token, kind (ok | retry | dead | cancel | release | suspend), payload, delay_ms, cost]
+-- (a workflow run suspends with what it waits for as its payload).
+-- (cost: the work units the attempt used, -1 when it did not run).
+-- Returns one code per entry: 1 applied; 2 the settlement this lease made already, sent
+-- again after its reply was lost (not applied twice; counted 'resettled'); 0 rejected as
+-- stale (counted 'fenced'). A job keeps the token that settled it until its next lease
+-- (a reclaim removes it), so the two cannot be confused.
+local function apply_acks(keys, p, acks, now, tally)
+  local codes, released, freed, limited, settled = {}, {}, {}, {}, {}
+  local costing = {samples = {}, tags = {}}
+  for i, a in ipairs(acks) do
+    local id, kind, payload = a[1], a[3], a[4]
+    local jk = job_key(p, id)
+    local f = redis.call('HMGET', jk, 'st', 'tok', 'task', 'rc', 'rf', 'w', 'att', 'max', 'lane',
+      'cls', 'sl', 'ttok', 'tenant', 'start', 'mu', 'ck', 'cu', 'par', 'wfr')
+    if f[1] ~= 'running' and f[2] == a[2] then
+      count(tally, 'resettled')
+      codes[i] = 2
+    elseif f[1] ~= 'running' or f[2] ~= a[2] then
+      count(tally, 'fenced')
+      codes[i] = 0
+    else
+      -- the status leaves 'running' below, which alone fences any later write of this token
+      released[#released + 1] = id
+      add_settled(settled, f[9], f[10] or DEFAULT_CLASS, f[11], work_of(f[17]))
+      -- slots held until this call still count when dispatch tells a waiting job who
+      -- held its class's capacity (queued_why)
+      local ek = f[9] .. '\0' .. (f[10] or DEFAULT_CLASS)
+      tally.ended = tally.ended or {}
+      tally.ended[ek] = (tally.ended[ek] or 0) + slots_of(f[11])
+      freed[f[9]] = true
+      release_throttle(keys, p, id, f[12], now)
+      local tenant = f[13] or ''
+      if limited[tenant] == nil then
+        limited[tenant] = redis.call('HEXISTS', keys[TLIMITS], tenant) == 1
+      end
+      if kind ~= 'release' and limited[tenant] then
+        note_duration(p, f[13], math.max(0, now - (tonumber(f[14]) or now)) / 1000)
+      end
+      local cost = tonumber(a[6]) or -1
+      if cost >= 0 and kind ~= 'release' then
+        feed_back_cost(p, id, f[9], f[10] or DEFAULT_CLASS, f[13] or '', f[16], f[17], cost,
+          costing, keys)
+      end
+      local meta = {f[3], f[4], f[5], f[6], f[15], f[9], f[10], f[13], f[18], f[19]}
+      if kind == 'ok' then
+        finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
+      elseif kind == 'retry' and (tonumber(f[7]) or 0) >= (tonumber(f[8]) or 1) then
+        -- the store holds the attempt budget itself: a retry past it is a dead letter
+        dead_letter(keys, p, id, payload, now, tally, meta)
+      elseif kind == 'retry' then
+        schedule_retry(keys, p, id, tonumber(a[5]), payload, now, tally)
+      elseif kind == 'dead' then
+        dead_letter(keys, p, id, payload, now, tally, meta)
+      elseif kind == 'cancel' then
+        finish(keys, p, id, 'cancelled', 'err', payload, now, tally, meta)
+      elseif kind == 'suspend' then
+        suspend_run(keys, p, id, payload, tonumber(a[5]) or 0, now, tally)
+      else -- release: handed back unstarted by a stopping worker; the attempt is not counted
+        local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq', 'start', 'wk')
+        -- written first, so that the job handed back sees the lane's true load
+        flush_settled(p, settled)
+        redis.call('HINCRBY', jk, 'att', -1)
+        redis.call('HSET', jk, 'st', 'queued')
+        log_event(p, id, now, 'released', {start = tonumber(r[5]), wk = r[6] or nil})
+        push_ready(p, r[1], f[10], r[2], id, r[3], r[4], f[11])
+        wake(p, r[1])
+      end
+      codes[i] = 1
+    end
+  end
+  -- dropped before anything is fetched, so a job settled and leased again in one
+  -- exchange keeps its new lease
+  flush_settled(p, settled)
+  flush_costs(p, costing, keys)
+  if #released > 0 then
+    redis.call('ZREM', keys[LEASES], unpack(released))
+  end
+  -- freed slots may let a class start that the rules held back: wake a worker to look
+  for lane in pairs(freed) do
+    if lane_waiting(p, lane) then
+      wake(p, lane)
+    end
+  end
+  return codes
+end

@@ -1,0 +1,146 @@
+-- Storing submitted jobs: idempotency keys, deadlines, the admission gate, the job's
+-- record, its tenant queue or its lane's delayed set, and the hand-off to an idle worker.
+
+-- ARGV: lane, msgpack array of jobs, each
+--   [id, tenant, prio, task, args, max, bo, to, rc, rf, idem, delay_ms, at_ms, deadline,
+--    class, slots, limits, declared milli-units, cost key, declared (1) or default (0),
+--    parent run id ('' for none), W3C trace context ('' or absent for none: field tp)]
+-- with nil for an absent delay/at, '' for an absent idem/deadline; a deadline is '+ms'
+-- (relative) or absolute ms; limits is {{key, limit}, ..} sorted by key.
+-- Returns a flat list: id, code, detail per job. Codes: 1 accepted, 2 deferred (stored,
+-- admitted when room frees), 0 existing via idempotency key, -1 deadline already
+-- past, -2 class unknown in the lane, -4 rejected by admission (detail
+-- 'reason|earlier rejections'): nothing written for negative codes.
+local function enqueue(keys, args)
+  local p, now = prefix(keys), now_ms()
+  local lane = args[1]
+  local jobs = cmsgpack.unpack(args[2])
+  local out, tally = {}, new_effects()
+  local tbl, cost_mode, adm = lane_declarations(p, lane)
+  local learned = {}
+  local ready, submitted, pushes = false, {}, {active = {}, d = {}}
+  -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
+  local seq = redis.call('HINCRBY', keys[STATS], 'seq', #jobs) - #jobs
+  for _, j in ipairs(jobs) do
+    seq = seq + 1
+    local id, tenant, prio, idem = j[1], j[2], j[3], j[11]
+    local cls, slots = j[15] or DEFAULT_CLASS, tonumber(j[16]) or 1
+    local existing = idem ~= '' and redis.call('HGET', keys[IDEM], idem)
+    local verdict, reason, mu = 'accepted', nil, nil
+    local existing_st = existing and redis.call('HGET', job_key(p, existing), 'st')
+    if existing_st then
+      -- the detail says whether the job the key names still waits for admission
+      out[#out + 1], out[#out + 2], out[#out + 3] =
+        existing, 0, existing_st == 'deferred' and 'deferred' or ''
+    elseif not class_index(tbl, cls) then
+      out[#out + 1], out[#out + 2], out[#out + 3] = id, -2, ''
+    else
+      local run_at = now
+      if j[13] then
+        run_at = tonumber(j[13])
+      elseif j[12] then
+        run_at = now + tonumber(j[12])
+      end
+      local dl = j[14]
+      if string.sub(dl, 1, 1) == '+' then
+        dl = now + tonumber(string.sub(dl, 2))
+      elseif dl ~= '' then
+        dl = tonumber(dl)
+      end
+      local base_mu = tonumber(j[18]) or 1000
+      if adm then
+        base_mu = expected_mu(p, base_mu, j[20] == 1, j[19], learned)
+      end
+      if adm and not (dl ~= '' and (dl <= now or dl < run_at)) then
+        verdict, reason, mu = admit_new(p, lane, adm, cls, tenant, base_mu)
+        count_decision(tally, lane, cls, verdict, reason)
+      end
+      if dl ~= '' and (dl <= now or dl < run_at) then
+        out[#out + 1], out[#out + 2], out[#out + 3] = id, -1, ''
+      elseif verdict == 'rejected' then
+        local earlier = note_rejection(p, lane, tenant, now)
+        out[#out + 1], out[#out + 2], out[#out + 3] = id, -4, reason .. '|' .. earlier
+        count(tally, 'rejected')
+      else
+        local jk = job_key(p, id)
+        local st = run_at > now and 'scheduled' or 'queued'
+        redis.call('HSET', jk, 'task', j[4], 'tenant', tenant, 'lane', lane, 'prio', prio,
+          'args', j[5], 'max', j[6], 'bo', j[7], 'to', j[8], 'rc', j[9], 'rf', j[10],
+          'enq', now, 'run', run_at, 'seq', seq, 'st', st, 'att', 0, 'cls', cls, 'sl', slots)
+        if j[17] and #j[17] > 0 then
+          redis.call('HSET', jk, 'lim', cmsgpack.pack(j[17]))
+        end
+        if dl ~= '' then
+          redis.call('HSET', jk, 'dl', dl)
+        end
+        if idem ~= '' then
+          redis.call('HSET', jk, 'idem', idem)
+          redis.call('HSET', keys[IDEM], idem, id)
+        end
+        if j[19] and j[19] ~= '' then
+          redis.call('HSET', jk, 'ck', j[19])
+        end
+        if j[21] and j[21] ~= '' then
+          redis.call('HSET', jk, 'par', j[21])
+        end
+        -- only traced enqueues send a context: an untraced job costs no command here
+        if j[22] and j[22] ~= '' then
+          redis.call('HSET', jk, 'tp', j[22])
+        end
+        if cost_mode then
+          redis.call('HSET', jk, 'cu', charge_mu(p, tonumber(j[18]) or 0, j[20] == 1, j[19], learned))
+        end
+        -- an accepted job's submission is in its record (enq, cls): only a deferral,
+        -- and why, needs an event
+        if verdict == 'deferred' then
+          log_event(p, id, now, 'submitted', {v = verdict, why = reason, cls = cls})
+        end
+        -- a deferred job is scheduled when admitted (its 'admitted' event says until when)
+        if st == 'scheduled' and verdict ~= 'deferred' then
+          log_event(p, id, now, 'scheduled', {at = run_at})
+        end
+        if verdict == 'deferred' then
+          redis.call('HSET', jk, 'dmu', mu)
+          defer(p, lane, cls, id, seq)
+          count(tally, 'deferred')
+        elseif mu then
+          reserve(p, lane, cls, tenant, id, mu)
+        end
+        -- a deferred job waits in its class's deferred queue until room frees
+        if verdict ~= 'deferred' and st == 'scheduled' then
+          redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
+        elseif verdict ~= 'deferred' then
+          push_ready(p, lane, cls, tenant, id, prio, seq, slots, pushes)
+          ready = true
+        end
+        submitted[tenant] = (submitted[tenant] or 0) + 1
+        out[#out + 1], out[#out + 2], out[#out + 3] =
+          id, verdict == 'deferred' and 2 or 1, reason or ''
+      end
+    end
+  end
+  flush_pushes(p, lane, pushes)
+  for tenant, n in pairs(submitted) do
+    if redis.call('HEXISTS', keys[TLIMITS], tenant) == 1 then
+      note_submissions(p, tenant, n, now)
+    end
+  end
+  if ready then
+    -- a worker blocked on its inbox gets the lane's next job (one slot's worth) at once
+    local member, worker, lease = peek_idle_worker(p, lane, now)
+    if member then
+      local popped = {}
+      dispatch_lane(keys, p, lane, 1, now, tally, popped)
+      if #popped > 0 then
+        redis.call('ZREM', lane_key(p, lane, 'idle'), member)
+        hand_off(keys, p, worker, lease, popped, now)
+      end
+    end
+  end
+  apply_effects(keys, p, tally, now)
+  if #jobs > 0 then
+    -- a scheduled job may be due sooner than a blocked worker's timeout: wake one either way
+    wake(p, lane)
+  end
+  return out
+end
