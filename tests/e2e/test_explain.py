@@ -26,7 +26,8 @@ from typer.testing import CliRunner
 from fairlane import App, Backoff, Retention, ServiceClass
 from fairlane.cli.explain import explain as explain_command
 from fairlane.config.pools import parse_config
-from fairlane.store.explain import Event, Explanation, decode_event, explain
+from fairlane.store.explain import Explanation, explain
+from fairlane.store.records import Event, decode_event
 from tests.e2e.helpers import WAIT, app_keys, eventually, fast_settings, make_app, running_worker
 
 pytestmark = pytest.mark.anyio

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fairlane.codec import ArgsCodec, decode_error, encode_error
-from fairlane.store.explain import decode_event
+from fairlane.store.records import decode_event
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -11,7 +11,7 @@ import pytest
 
 from fairlane import App
 from fairlane.config.pools import parse_config
-from fairlane.metrics.store import _split_stats
+from fairlane.store.views.totals import split_stats as _split_stats
 from tests.e2e.helpers import WAIT, eventually, fast_settings, running_worker
 from tests.metrics.helpers import scrape_store, series, store_reader, value
 

@@ -15,7 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairlane import App, Backoff, TaskFailed
-from fairlane.cli.worker import _child_argv, _metrics_argv
+from fairlane.app.worker import Worker
+from fairlane.cli.worker import _metrics_argv
+from fairlane.cli.worker_modes import child_argv as _child_argv
 from fairlane.gateway.metrics import GatewayMetrics
 from fairlane.metrics import (
     OTHER,
@@ -26,8 +28,7 @@ from fairlane.metrics import (
     TenantLabels,
     WorkerMetrics,
 )
-from fairlane.metrics.store import LaneSnapshot
-from fairlane.runtime.worker import Worker
+from fairlane.store.views.lanes import LaneState as LaneSnapshot
 from tests.e2e.helpers import ROOT, WAIT, eventually, make_app
 
 pytestmark = pytest.mark.anyio

@@ -24,15 +24,18 @@ from rich.markup import escape
 from fairlane.app import App
 from fairlane.config.settings import ConfigError, Settings, load_settings
 from fairlane.runtime.loop import run as run_loop
-from fairlane.store.connection import SyncClient, sync_server_time_ms
+from fairlane.store.connection import SyncClient
 from fairlane.store.keys import AppKeys
+from fairlane.store.reads import run_sync
 from fairlane.store.server import ServerNotFound, ServerStartError, dev_server_status
+from fairlane.store.views.fleet import live_workers as workers_alive
 from fairlane.store.wire import StoreUnavailable
 
 __all__ = [
     "EXIT_FAILURE",
     "EXIT_USAGE",
     "AppSpec",
+    "JobId",
     "RedisUrl",
     "ServerTarget",
     "console",
@@ -59,6 +62,7 @@ AppSpec = Annotated[
         show_default=False,
     ),
 ]
+JobId = Annotated[str, typer.Argument(metavar="JOB_ID", show_default=False)]
 RedisUrl = Annotated[
     str | None,
     typer.Option(
@@ -183,14 +187,7 @@ def live_workers(
     """Workers of the app whose heartbeat is younger than ``max_age`` s, with their age (s).
 
     Every worker serves, and beats in, every shard: the home shard's set has them all."""
-    workers = AppKeys.for_shard(app_name, 0, shards).workers
-    now_ms = sync_server_time_ms(client, workers)
-    raw: Any = client.zrangebyscore(workers, now_ms - max_age * 1000, "+inf", withscores=True)
-    found: list[tuple[str, float]] = []
-    for member, score in raw:
-        name = member.decode() if isinstance(member, bytes) else str(member)
-        found.append((name, max(0.0, (now_ms - float(score)) / 1000)))
-    return sorted(found, key=lambda item: item[1])
+    return run_sync(client, workers_alive(AppKeys.for_shard(app_name, 0, shards), max_age))
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

@@ -22,17 +22,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from fairlane.app import App
-from fairlane.cli._common import EXIT_FAILURE, AppSpec, RedisUrl, console, fail, load_app, run
-from fairlane.store.explain import Event, format_ms
+from fairlane.cli._common import AppSpec, JobId, RedisUrl, console, fail, load_app, run
 from fairlane.store.explain import explain as explain_record
+from fairlane.store.explain import format_ms
+from fairlane.store.records import Event, JobRecord
 
 __all__ = ["explain"]
 
 
-async def _load(app: App, job_id: str) -> tuple[dict[str, bytes], list[Event], int]:
+async def _load(app: App, job_id: str) -> tuple[JobRecord | None, list[Event], int]:
     async with app:
         store = app.store_for_job(job_id)
-        record = await store.job_record(job_id)
+        record = await store.read_job(job_id)
         events = await store.job_events(job_id)
         return record, events, await store.server_time_ms()
 
@@ -47,20 +48,19 @@ def _plain(value: Any) -> Any:
 
 def explain(
     app_spec: AppSpec,
-    job_id: Annotated[str, typer.Argument(metavar="JOB_ID", show_default=False)],
+    job_id: JobId,
     as_json: Annotated[bool, typer.Option("--json", help="Print the explanation as JSON.")] = False,
     redis_url: RedisUrl = None,
 ) -> None:
     """Explain a job: where its time went (waiting, and why; running, and where) in one answer."""
     app = load_app(app_spec, redis_url)
     record, events, now_ms = run(_load(app, job_id))
-    if not record and not events:
+    if record is None and not events:
         fail(
             f"no record of job {job_id} in app {app.name!r} (never enqueued, or removed by "
-            "retention)",
-            EXIT_FAILURE,
+            "retention)"
         )
-    answer = explain_record(record, events, now_ms=now_ms)
+    answer = explain_record(record or JobRecord(job_id), events, now_ms=now_ms)
     if as_json:
         out = {
             "id": job_id,

@@ -17,27 +17,14 @@ from rich.table import Table
 from fairlane.app import App
 from fairlane.cli._common import AppSpec, RedisUrl, console, load_app, run
 from fairlane.policy.classes import Allocation, allocate_observed
-from fairlane.store.wire import LaneState
+from fairlane.store.views.lanes import LaneState, lane_states
 
 __all__ = ["inspect_load"]
 
 
 async def _lane_states(app: App, lanes: list[str]) -> dict[str, LaneState]:
     async with app:
-        return {lane: _merged([await s.lane_state(lane) for s in app.stores]) for lane in lanes}
-
-
-def _merged(states: list[LaneState]) -> LaneState:
-    """One lane over the shards: their slots summed, the capacity they each count."""
-    in_flight: dict[str, int] = {}
-    waiting: dict[str, int] = {}
-    for state in states:
-        for cls, n in state.in_flight.items():
-            in_flight[cls] = in_flight.get(cls, 0) + n
-        for cls, n in state.waiting.items():
-            waiting[cls] = waiting.get(cls, 0) + n
-    # the largest, should a shard not have heard from a new worker yet
-    return LaneState(max(s.capacity for s in states), in_flight, waiting)
+        return await app.store.view(lane_states, lanes)
 
 
 def _allocation(app: App, lane: str, state: LaneState) -> Allocation:

@@ -21,16 +21,19 @@ from fairlane.cli._common import (
     EXIT_FAILURE,
     EXIT_USAGE,
     AppSpec,
+    JobId,
     RedisUrl,
     console,
     fail,
     load_app,
     run,
 )
-from fairlane.codec import decode_error
 from fairlane.config.settings import WorkerSettings
 from fairlane.policy.retention import Keep
 from fairlane.store.api import redact_url
+from fairlane.store.fields import field_text
+from fairlane.store.keyspace import count_matching
+from fairlane.store.records import JobRecord
 
 __all__ = ["dead_app", "inspect_app", "job_app", "purge"]
 
@@ -48,8 +51,7 @@ async def _count_keys(app: App) -> tuple[str, int]:
     async with app:
         count = 0
         for store in app.stores:
-            async for _ in store.client.scan_iter(match=store.keys.match_all(), count=1000):
-                count += 1
+            count += await count_matching(store.client, store.keys.match_all())
         return app.url or "?", count
 
 
@@ -216,28 +218,25 @@ def _when(epoch_seconds: float | None) -> str:
     return datetime.fromtimestamp(epoch_seconds, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def _ms(raw: bytes | None) -> float | None:
-    return int(raw) / 1000 if raw else None
+def _ms(ms: int | None) -> float | None:
+    return ms / 1000 if ms is not None else None
 
 
-def _error_text(raw: bytes | None, width: int | None = _ERROR_WIDTH) -> str:
-    if not raw:
+def _error_text(record: JobRecord, width: int | None = _ERROR_WIDTH) -> str:
+    failure = record.failure
+    if failure is None:
         return "-"
-    try:
-        info = decode_error(raw)
-    except Exception:  # a malformed record is still listed, raw
-        return raw.decode("utf-8", "replace")[:width]
-    text = f"{info.type}: {info.message}"
+    text = f"{failure.type}: {failure.message}"
     if width is not None and len(text) > width:
         text = text[: width - 3] + "..."
     return text
 
 
-async def _dead_rows(app: App, limit: int) -> list[tuple[str, float, dict[str, bytes]]]:
+async def _dead_rows(app: App, limit: int) -> list[tuple[str, float, JobRecord | None]]:
     async with app:
         rows = []
         for job_id, died in await app.dead_letters(limit):
-            rows.append((job_id, died, await app.store_for_job(job_id).job_record(job_id)))
+            rows.append((job_id, died, await app.store_for_job(job_id).read_job(job_id)))
         return rows
 
 
@@ -258,13 +257,15 @@ def dead_list(
     for column in ("id", "task", "tenant", "attempts", "died at", "last error"):
         table.add_column(column, overflow="fold", no_wrap=column == "id")
     for job_id, died, record in rows:
+        rec = record or JobRecord(job_id)
+        attempts = str(rec.attempts) if record is not None else "?"
         table.add_row(
             job_id,
-            record.get("task", b"?").decode(),
-            record.get("tenant", b"?").decode(),
-            f"{record.get('att', b'?').decode()}/{record.get('max', b'?').decode()}",
+            rec.task or "?",
+            rec.tenant or "?",
+            f"{attempts}/{rec.max_attempts if rec.max_attempts is not None else '?'}",
             _when(died),
-            _error_text(record.get("err")) if record else "(record removed)",
+            _error_text(rec) if record is not None else "(record removed)",
         )
     out.print(table)
 
@@ -309,55 +310,9 @@ def dead_redrive(
 # -- one job ---------------------------------------------------------------------------
 
 
-async def _record(app: App, job_id: str) -> dict[str, bytes]:
+async def _record(app: App, job_id: str) -> JobRecord | None:
     async with app:
-        return await app.store_for_job(job_id).job_record(job_id)
-
-
-@job_app.command("status")
-def job_status(
-    app_spec: AppSpec,
-    job_id: Annotated[str, typer.Argument(metavar="JOB_ID", show_default=False)],
-    redis_url: RedisUrl = None,
-) -> None:
-    """Show a job's record: status, task, tenant, attempts, times, result or last error."""
-    app = load_app(app_spec, redis_url)
-    record = run(_record(app, job_id))
-    if not record:
-        fail(
-            f"no record of job {job_id} in app {app.name!r} (never enqueued, or removed by "
-            "retention)"
-        )
-    table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column(overflow="fold")
-    for label, value in _job_fields(job_id, record):
-        table.add_row(label, escape(value))
-    console().print(table)
-
-
-def _job_fields(job_id: str, rec: dict[str, bytes]) -> list[tuple[str, str]]:
-    def text(key: str) -> str:
-        raw = rec.get(key)
-        return raw.decode("utf-8", "replace") if raw else "-"
-
-    rows = [
-        ("id", job_id),
-        ("status", text("st") + (" (cancel requested)" if rec.get("cx") else "")),
-        ("task", text("task")),
-        ("tenant", text("tenant")),
-        ("lane", text("lane")),
-        ("attempts", f"{text('att') if rec.get('att') else '0'} of {text('max')}"),
-        ("enqueued", _when(_ms(rec.get("enq")))),
-        ("started", _when(_ms(rec.get("start")))),
-        ("finished", _when(_ms(rec.get("fin")))),
-    ]
-    if rec.get("res"):
-        result = text("res")
-        rows.append(("result", result if len(result) <= 500 else result[:497] + "..."))
-    if rec.get("err"):
-        rows.append(("error", _error_text(rec.get("err"), None)))
-    return rows
+        return await app.store_for_job(job_id).read_job(job_id)
 
 
 async def _cancel(app: App, job_id: str) -> str:
@@ -365,10 +320,53 @@ async def _cancel(app: App, job_id: str) -> str:
         return await app.store_for_job(job_id).cancel(job_id)
 
 
+@job_app.command("status")
+def job_status(
+    app_spec: AppSpec,
+    job_id: JobId,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Show a job's record: status, task, tenant, attempts, times, result or last error."""
+    app = load_app(app_spec, redis_url)
+    record = run(_record(app, job_id))
+    if record is None:
+        fail(
+            f"no record of job {job_id} in app {app.name!r} (never enqueued, or removed by "
+            "retention)"
+        )
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for label, value in _job_fields(record):
+        table.add_row(label, escape(value))
+    console().print(table)
+
+
+def _job_fields(rec: JobRecord) -> list[tuple[str, str]]:
+    of = str(rec.max_attempts) if rec.max_attempts is not None else "-"
+    rows = [
+        ("id", rec.id),
+        ("status", (rec.status or "-") + (" (cancel requested)" if rec.cancel_requested else "")),
+        ("task", rec.task or "-"),
+        ("tenant", rec.tenant or "-"),
+        ("lane", rec.lane or "-"),
+        ("attempts", f"{rec.attempts} of {of}"),
+        ("enqueued", _when(_ms(rec.enqueued_ms))),
+        ("started", _when(_ms(rec.started_ms))),
+        ("finished", _when(_ms(rec.finished_ms))),
+    ]
+    if rec.result:
+        result = field_text(rec.result)
+        rows.append(("result", result if len(result) <= 500 else result[:497] + "..."))
+    if rec.error:
+        rows.append(("error", _error_text(rec, None)))
+    return rows
+
+
 @job_app.command("cancel")
 def job_cancel(
     app_spec: AppSpec,
-    job_id: Annotated[str, typer.Argument(metavar="JOB_ID", show_default=False)],
+    job_id: JobId,
     redis_url: RedisUrl = None,
 ) -> None:
     """Cancel a job: a waiting one at once, a running one at its worker's next lease renewal."""

@@ -22,10 +22,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from fairlane.app import App
+from fairlane.app.workflows import Workflow
 from fairlane.cli._common import EXIT_FAILURE, AppSpec, RedisUrl, console, fail, load_app, run
+from fairlane.store.records import JobRecord
 from fairlane.store.runs import RunHistory
-from fairlane.store.runview import RunView, SliceView, record_text, run_view
-from fairlane.workflows import Workflow
+from fairlane.store.runview import RunView, SliceView, run_view
 
 __all__ = ["runs_app", "runs_show"]
 
@@ -34,10 +35,10 @@ runs_app = typer.Typer(help="Durable workflow runs: inspect one.", no_args_is_he
 _VALUE_WIDTH = 40
 
 
-async def _load(app: App, run_id: str) -> tuple[dict[str, bytes], RunHistory, int]:
+async def _load(app: App, run_id: str) -> tuple[JobRecord | None, RunHistory, int]:
     async with app:
         store = app.store_for_job(run_id)
-        record = await store.job_record(run_id)
+        record = await store.read_job(run_id)
         history = await store.runs.history(run_id)
         return record, history, await store.server_time_ms()
 
@@ -156,14 +157,14 @@ def runs_show(
     """Show a workflow run: its record, checkpoints, slices, waits and pending signals."""
     app = load_app(app_spec, redis_url)
     record, history, now_ms = run(_load(app, run_id))
-    if not record and not history.steps and not history.log:
+    if record is None and not history.steps and not history.log:
         fail(
             f"no run {run_id} in app {app.name!r} (never enqueued, or removed by retention)",
             EXIT_FAILURE,
         )
-    task = app.tasks.get(record_text(record, "task", ""))
-    if record and not history.log and not record.get("wfr") and not isinstance(task, Workflow):
-        fail(f"{run_id} is a job of task {record_text(record, 'task')}, not a workflow run")
+    plain = record is not None and not isinstance(app.tasks.get(record.task), Workflow)
+    if record is not None and plain and not history.log and not record.run_started:
+        fail(f"{run_id} is a job of task {record.task or '-'}, not a workflow run")
     view = run_view(run_id, record, history, now_ms)
     if as_json:
         typer.echo(json.dumps(asdict(view), indent=2, ensure_ascii=False))

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
-import redis
 import typer
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -20,7 +17,6 @@ from fairlane.cli._common import (
     RedisUrl,
     console,
     fail,
-    live_workers,
     load_app,
     locate_server,
     settings_or_fail,
@@ -28,6 +24,7 @@ from fairlane.cli._common import (
 from fairlane.config.settings import ConfigError, explain_settings
 from fairlane.store.api import redact_url
 from fairlane.store.connection import SyncClient, create_sync_client
+from fairlane.store.doctor import CLUSTER_WIDE, Finding, Level, check_server
 from fairlane.store.server import (
     ServerNotFound,
     ServerStartError,
@@ -41,19 +38,7 @@ __all__ = ["config_app", "doctor", "server_app"]
 config_app = typer.Typer(help="Fairlane's settings.", no_args_is_help=True)
 server_app = typer.Typer(help="The local development server.", no_args_is_help=True)
 
-Level = Literal["OK", "WARN", "ERROR"]
 _STYLE: dict[Level, str] = {"OK": "bold green", "WARN": "bold yellow", "ERROR": "bold red"}
-_MIN_VERSION = (7, 0)
-_MEMORY_WARN = 0.9
-_CLUSTER_WIDE = "cluster"  # the node column of findings about a whole cluster
-_CLUSTER_SLOTS = 16384
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: Level
-    check: str
-    detail: str
 
 
 # -- doctor ----------------------------------------------------------------------------
@@ -88,15 +73,11 @@ def doctor(
     client: SyncClient | None = None
     try:
         client = create_sync_client(target.url, socket_connect_timeout=5.0, socket_timeout=5.0)
-        wide: str | None = None  # where findings about the whole deployment are shown
-        if isinstance(client, redis.RedisCluster):
-            rows = _diagnose_cluster(client)
-            wide = _CLUSTER_WIDE
+        if app is None:
+            rows = check_server(client)
         else:
-            rows = [(None, finding) for finding in _diagnose(client)]
-        if app is not None:
-            finding = _workers_finding(client, app.name, settings.lease.duration, app.shards)
-            rows.append((wide, finding))
+            max_age = settings.lease.duration
+            rows = check_server(client, app.name, max_age=max_age, shards=app.shards)
     except (RedisError, RedisClusterException) as exc:
         fail(f"the server at {redact_url(target.url)} is unreachable: {exc}")
     finally:
@@ -109,7 +90,7 @@ def doctor(
     if errors:
         if not per_node:
             fail(f"{len(errors)} problem(s) make this server unsafe for Fairlane")
-        nodes = ", ".join(dict.fromkeys(node or _CLUSTER_WIDE for node, _ in errors))
+        nodes = ", ".join(dict.fromkeys(node or CLUSTER_WIDE for node, _ in errors))
         fail(f"{len(errors)} problem(s) make this cluster unsafe for Fairlane (on {nodes})")
     out.print(f"[green]ready[/] ({warnings} warning(s))" if warnings else "[green]ready[/]")
 
@@ -137,198 +118,6 @@ def _findings_table(rows: list[tuple[str | None, Finding]], *, per_node: bool) -
             cells.append(escape(finding.detail))
             table.add_row(*cells)
     return table
-
-
-def _node_name(node: Any) -> str:
-    host, port = str(node.host), int(node.port)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _diagnose_cluster(client: redis.RedisCluster) -> list[tuple[str | None, Finding]]:
-    """Every primary checked as a server of its own (each holds jobs of the apps whose
-    slots it serves), then whether every slot is served. A primary that does not answer
-    is an ERROR of its own rather than the end of the report."""
-    rows: list[tuple[str | None, Finding]] = []
-    states: dict[str, dict[str, str]] = {}
-    get_primaries: Any = client.get_primaries  # unannotated in redis-py
-    primaries: list[Any] = get_primaries()
-    for node in sorted(primaries, key=lambda n: (str(n.host), int(n.port))):
-        name = _node_name(node)
-        # the cluster client's own client of the node: the URL's login, TLS and timeouts
-        direct: redis.Redis = client.get_redis_connection(node)
-        try:
-            findings = _diagnose(direct)
-            states[name] = _cluster_info(direct)
-        except RedisError as exc:
-            findings = [Finding("ERROR", "ping", f"unreachable: {exc}")]
-        rows.extend((name, finding) for finding in findings)
-    rows.insert(0, (_CLUSTER_WIDE, _slots_finding(states, len(primaries))))
-    return rows
-
-
-def _cluster_info(client: redis.Redis) -> dict[str, str]:
-    run: Any = client.execute_command
-    reply: Any = run("CLUSTER", "INFO")
-    if isinstance(reply, dict):
-        return {str(k): str(v) for k, v in reply.items()}
-    text = reply.decode() if isinstance(reply, bytes) else str(reply)
-    return dict(line.strip().split(":", 1) for line in text.splitlines() if ":" in line)
-
-
-def _slots_finding(states: dict[str, dict[str, str]], primaries: int) -> Finding:
-    if not states:
-        return Finding("ERROR", "slots", "no primary answered CLUSTER INFO")
-    faults = []
-    for name, info in states.items():
-        state = info.get("cluster_state", "?")
-        assigned = info.get("cluster_slots_assigned", "?")
-        if state != "ok" or assigned != str(_CLUSTER_SLOTS):
-            faults.append(f"{name} reports cluster_state {state}, {assigned} slots assigned")
-    if faults:
-        return Finding(
-            "ERROR",
-            "slots",
-            "; ".join(faults) + ": jobs in uncovered slots cannot be enqueued or fetched",
-        )
-    return Finding(
-        "OK",
-        "slots",
-        f"all {_CLUSTER_SLOTS} slots assigned, cluster_state ok ({primaries} primaries)",
-    )
-
-
-def _diagnose(client: SyncClient) -> list[Finding]:
-    started = time.perf_counter()
-    client.ping()
-    rtt = (time.perf_counter() - started) * 1000
-    info: dict[str, Any] = {}
-    for section in ("server", "memory", "persistence"):
-        info.update(client.info(section))
-    return [
-        Finding("OK", "ping", f"{rtt:.1f} ms"),
-        _version_finding(info),
-        _policy_finding(client, info),
-        _persistence_finding(client, info),
-        _memory_finding(info),
-        _functions_finding(client),
-    ]
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
-
-
-def _version_finding(info: dict[str, Any]) -> Finding:
-    redis_version = str(info.get("redis_version", "?"))
-    valkey = info.get("valkey_version")
-    name = (
-        f"Valkey {valkey} (redis_version {redis_version})" if valkey else f"Redis {redis_version}"
-    )
-    if valkey is None and _version_tuple(redis_version) < _MIN_VERSION:
-        return Finding("ERROR", "version", f"{name}: Fairlane needs Redis 7.0+ or Valkey 7.2+")
-    return Finding("OK", "version", name)
-
-
-def _config(client: SyncClient, name: str) -> str | None:
-    """A CONFIG GET value, or None where CONFIG is disabled (as on some managed services)."""
-    try:
-        reply: dict[Any, Any] = client.config_get(name)
-    except ResponseError:
-        return None
-    value: Any = reply.get(name, reply.get(name.encode()))
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _policy_finding(client: SyncClient, info: dict[str, Any]) -> Finding:
-    policy = info.get("maxmemory_policy") or _config(client, "maxmemory-policy")
-    if policy is None:
-        return Finding("WARN", "maxmemory-policy", "unknown (neither INFO nor CONFIG reports it)")
-    if policy != "noeviction":
-        return Finding(
-            "ERROR",
-            "maxmemory-policy",
-            f"{policy}: the server may evict job records and queues under memory pressure; "
-            "set maxmemory-policy noeviction",
-        )
-    return Finding("OK", "maxmemory-policy", "noeviction (writes fail instead of losing jobs)")
-
-
-def _persistence_finding(client: SyncClient, info: dict[str, Any]) -> Finding:
-    appendonly = _config(client, "appendonly")
-    aof = appendonly == "yes" if appendonly is not None else bool(info.get("aof_enabled"))
-    fsync = _config(client, "appendfsync")
-    save = _config(client, "save")
-    parts = [f"appendonly {'yes' if aof else 'no'}"]
-    if fsync is not None:
-        parts.append(f"appendfsync {fsync}")
-    if save is not None:
-        parts.append(f"save {save!r}")
-    described = ", ".join(parts)
-    if aof and fsync in ("always", "everysec"):
-        loss = "none" if fsync == "always" else "about 1s of writes"
-        return Finding("OK", "persistence", f"{described}: a crash loses {loss}")
-    if aof:
-        return Finding(
-            "WARN",
-            "persistence",
-            f"{described}: fsync is left to the OS; a crash can lose ~30s of jobs",
-        )
-    if save:
-        return Finding(
-            "WARN",
-            "persistence",
-            f"{described}: snapshots only; a crash loses jobs since the last one",
-        )
-    return Finding("WARN", "persistence", f"{described}: no persistence; a restart loses every job")
-
-
-def _memory_finding(info: dict[str, Any]) -> Finding:
-    limit = int(info.get("maxmemory", 0) or 0)
-    used = int(info.get("used_memory", 0) or 0)
-    used_h = info.get("used_memory_human", f"{used}B")
-    if limit == 0:
-        return Finding("OK", "maxmemory", f"no limit (using {used_h})")
-    share = used / limit
-    level: Level = "WARN" if share >= _MEMORY_WARN else "OK"
-    return Finding(
-        level, "maxmemory", f"{info.get('maxmemory_human', limit)} ({share:.0%} used, {used_h})"
-    )
-
-
-def _functions_finding(client: SyncClient) -> Finding:
-    try:
-        libraries = client.function_list()
-    except ResponseError as exc:
-        return Finding("ERROR", "functions", f"FUNCTION LIST failed: {exc}")
-    names = []
-    for library in libraries:
-        fields = library if isinstance(library, dict) else _pairs(library)
-        raw = fields.get(b"library_name", fields.get("library_name", b""))
-        names.append(raw.decode() if isinstance(raw, bytes) else str(raw))
-    ours = sorted(name for name in names if name.startswith("fairlane_"))
-    if ours:
-        loaded = f"Fairlane library loaded: {', '.join(ours)}"
-    else:
-        loaded = "no Fairlane library loaded yet (loaded on first connect)"
-    count = f"{len(names)} librar{'y' if len(names) == 1 else 'ies'}"
-    return Finding("OK", "functions", f"available ({count}; {loaded})")
-
-
-def _pairs(flat: list[Any]) -> dict[Any, Any]:
-    return dict(zip(flat[::2], flat[1::2], strict=False))
-
-
-def _workers_finding(client: SyncClient, app_name: str, max_age: float, shards: int) -> Finding:
-    workers = live_workers(client, app_name, max_age, shards)
-    if not workers:
-        return Finding("WARN", "workers", f"no live worker of app {app_name!r}")
-    return Finding("OK", "workers", f"{len(workers)} live worker(s) of app {app_name!r}")
 
 
 # -- config view -----------------------------------------------------------------------

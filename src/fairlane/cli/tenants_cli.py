@@ -67,6 +67,17 @@ def _print_minted(minted: MintedKey, what: str) -> None:
     typer.echo(minted.key)  # alone on stdout, for scripts
 
 
+def _key_action(app_spec: str, redis_url: str | None, action: str, argument: str) -> object:
+    """Run ``action`` on the app's keys; an unknown key or a bad tenant is an error."""
+    app = load_app(app_spec, redis_url)
+    try:
+        return run(_with_keys(app, action, argument))
+    except KeyNotFound as exc:
+        fail(str(exc))
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE)
+
+
 @tenants_app.command("create")
 def create(
     app_spec: AppSpec,
@@ -74,11 +85,7 @@ def create(
     redis_url: RedisUrl = None,
 ) -> None:
     """Create an API key for TENANT and print it (once)."""
-    app = load_app(app_spec, redis_url)
-    try:
-        minted = run(_with_keys(app, "create", tenant))
-    except ValueError as exc:
-        fail(str(exc), EXIT_USAGE)
+    minted = _key_action(app_spec, redis_url, "create", tenant)
     assert isinstance(minted, MintedKey)
     _print_minted(minted, "created")
 
@@ -86,11 +93,7 @@ def create(
 @tenants_app.command("rotate")
 def rotate(app_spec: AppSpec, key_id: KeyId, redis_url: RedisUrl = None) -> None:
     """Give KEY_ID a new secret and print the new key (once); the old one stops working."""
-    app = load_app(app_spec, redis_url)
-    try:
-        minted = run(_with_keys(app, "rotate", key_id))
-    except KeyNotFound as exc:
-        fail(str(exc))
+    minted = _key_action(app_spec, redis_url, "rotate", key_id)
     assert isinstance(minted, MintedKey)
     _print_minted(minted, "rotated")
 
@@ -98,11 +101,7 @@ def rotate(app_spec: AppSpec, key_id: KeyId, redis_url: RedisUrl = None) -> None
 @tenants_app.command("revoke")
 def revoke(app_spec: AppSpec, key_id: KeyId, redis_url: RedisUrl = None) -> None:
     """Revoke KEY_ID: requests bearing it are refused from now on."""
-    app = load_app(app_spec, redis_url)
-    try:
-        record = run(_with_keys(app, "revoke", key_id))
-    except KeyNotFound as exc:
-        fail(str(exc))
+    record = _key_action(app_spec, redis_url, "revoke", key_id)
     assert isinstance(record, KeyRecord)
     console().print(f"revoked key {key_id} of tenant {escape(record.tenant)!r}")
 

@@ -46,6 +46,7 @@ import redis
 from fairlane.demo.app import APP_ENV, HEAVY_SLOTS, LIGHT_SLOTS, MODE_ENV, PARENT_ENV, Mode
 from fairlane.store.connection import create_sync_client
 from fairlane.store.keys import AppKeys
+from fairlane.store.keyspace import unlink_matching_sync
 from fairlane.store.server import ensure_dev_server, stop_dev_server
 
 __all__ = [
@@ -222,20 +223,10 @@ def check_ports(ports: dict[int, str]) -> None:
 def delete_keys_sync(url: str, apps: list[str]) -> int:
     """Delete every key of the named apps (SCAN, then UNLINK in batches)."""
     client = create_sync_client(url, socket_timeout=5.0, socket_connect_timeout=5.0)
-    removed = 0
     try:
-        for name in apps:
-            batch: list[bytes] = []
-            for key in client.scan_iter(match=AppKeys.for_app(name).match_all(), count=1000):
-                batch.append(key)
-                if len(batch) >= 500:
-                    removed += int(client.unlink(*batch))
-                    batch.clear()
-            if batch:
-                removed += int(client.unlink(*batch))
+        return sum(unlink_matching_sync(client, AppKeys.for_app(name).match_all()) for name in apps)
     finally:
         client.close()
-    return removed
 
 
 class Fleet:

@@ -29,11 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fairlane.admission import Admission
+from fairlane.app.admission import Admission
 from fairlane.demo.workload import Arrival
 from fairlane.store.api import Store
 from fairlane.store.keys import job_shard
-from fairlane.store.wire import LaneState
+from fairlane.store.records import TIMES, JobRecord
+from fairlane.store.views.jobs import read_jobs
+from fairlane.store.views.lanes import LaneState, lane_states
 
 __all__ = [
     "TERMINAL",
@@ -47,7 +49,6 @@ __all__ = [
 ]
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
-_FIELDS = ("st", "enq", "run", "start", "fin", "att")
 # statuses in which the record's start is the start of the attempt that was due at run
 _STARTED = frozenset({"running", "completed", "failed"})
 # admitted, not started: waiting in a queue, for admission or for a throttle key
@@ -112,6 +113,19 @@ class _Answers:
     gave_up: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
     retry_after: list[float] = field(default_factory=list)
+
+    def figures(self) -> dict[str, Any]:
+        """The answers as a row's figures count them (``RowFigures``' own fields)."""
+        waits = self.retry_after
+        return {
+            "sent": self.sent,
+            "accepted": self.accepted,
+            "deferred": self.deferred,
+            "rejected": self.rejected,
+            "gave_up": self.gave_up,
+            "reasons": dict(self.reasons),
+            "retry_after": (min(waits), max(waits)) if waits else None,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,17 +291,13 @@ class Tracker:
         pending = [t for t in self.jobs if t.job_id is not None and t.status not in TERMINAL]
         # a cluster pipeline refuses TIME, which names no key: it is read on its own
         self.now_ms = await home.server_time_ms()
-        async with home.client.pipeline(transaction=False) as pipe:
-            for t in pending:
-                job_id = t.job_id or ""
-                pipe.hmget(shards[job_shard(job_id, count)].keys.job(job_id), list(_FIELDS))
-            replies = await pipe.execute()
+        ids = [(t.job_id or "", job_shard(t.job_id or "", count)) for t in pending]
+        records = await home.view(read_jobs, ids, TIMES)
         if self.start_ms is None:
             self.start_ms = self.now_ms
-        for t, raw in zip(pending, replies, strict=True):
-            _apply(t, raw)
-        for lane in self.lane_slots:
-            self.lane_states[lane] = _merged([await s.lane_state(lane) for s in shards])
+        for t, record in zip(pending, records, strict=True):
+            _apply(t, record)
+        self.lane_states.update(await home.view(lane_states, list(self.lane_slots)))
         for t in self.jobs:
             if t.workflow and t.job_id is not None and not t.history_final:
                 await self._read_run(shards[job_shard(t.job_id, count)], t)
@@ -437,17 +447,7 @@ class Tracker:
         return RowFigures(
             key=row,
             weight=weight,
-            sent=answers.sent,
-            accepted=answers.accepted,
-            deferred=answers.deferred,
-            rejected=answers.rejected,
-            gave_up=answers.gave_up,
-            reasons=dict(answers.reasons),
-            retry_after=(
-                (min(answers.retry_after), max(answers.retry_after))
-                if answers.retry_after
-                else None
-            ),
+            **answers.figures(),
             queued=queued,
             deferred_now=deferred_now,
             running=running,
@@ -465,30 +465,13 @@ class Tracker:
         )
 
 
-def _merged(states: list[LaneState]) -> LaneState:
-    """A lane over the shards: their slots summed, the capacity each counts in full."""
-    if len(states) == 1:
-        return states[0]
-    in_flight: Counter[str] = Counter()
-    waiting: Counter[str] = Counter()
-    for state in states:
-        in_flight.update(state.in_flight)
-        waiting.update(state.waiting)
-    return LaneState(max(s.capacity for s in states), dict(in_flight), dict(waiting))
-
-
-def _int(raw: bytes | None) -> int | None:
-    return int(raw) if raw else None
-
-
-def _apply(t: Tracked, raw: Sequence[bytes | None]) -> None:
-    st, enq, run, start, fin, att = raw
-    if st is None:
+def _apply(t: Tracked, record: JobRecord | None) -> None:
+    if record is None:
         t.status = "expired"  # the record is gone: nothing more will happen to it
         return
-    t.status = st.decode()
-    t.enq_ms = _int(enq)
-    t.run_ms = _int(run)
-    t.start_ms = _int(start)
-    t.fin_ms = _int(fin)
-    t.attempts = _int(att) or 0
+    t.status = record.status
+    t.enq_ms = record.enqueued_ms
+    t.run_ms = record.run_ms
+    t.start_ms = record.started_ms
+    t.fin_ms = record.finished_ms
+    t.attempts = record.attempts

@@ -17,8 +17,9 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from fairlane import tracing
-from fairlane.admission import Admission
 from fairlane.app import App
+from fairlane.app.admission import Admission
+from fairlane.app.job import TERMINAL, Job
 from fairlane.codec import PayloadTooLarge, decode_error
 from fairlane.errors import JobNotFound
 from fairlane.gateway.auth import Caller, caller, gateway_state
@@ -33,7 +34,7 @@ from fairlane.gateway.models import (
 from fairlane.gateway.responses import error, responses
 from fairlane.gateway.state import GatewayState
 from fairlane.payloads import PayloadError
-from fairlane.task import TERMINAL, Job
+from fairlane.store.records import OWNER, STATUS
 
 __all__ = ["MAX_WAIT_SECONDS", "router"]
 
@@ -57,8 +58,8 @@ def _admin_reads_only() -> JSONResponse:
 
 async def _owner(state: GatewayState, job_id: str) -> str | None:
     app = await state.connected()
-    (tenant,) = await app.store_for_job(job_id).job_fields(job_id, "tenant")
-    return None if tenant is None else tenant.decode()
+    record = await app.store_for_job(job_id).read_job(job_id, OWNER)
+    return None if record is None else record.tenant
 
 
 @router.post(
@@ -135,31 +136,20 @@ async def read(job_id: JobId, who: Who, state: State) -> JobView | JSONResponse:
     if not who.may_read(await _owner(state, job_id)):
         return _not_found(job_id)
     app = state.app
-    (name,) = await app.store_for_job(job_id).job_fields(job_id, "task")
-    task = app.tasks.get(name.decode()) if name else None
+    record = await app.store_for_job(job_id).read_job(job_id, OWNER)
+    task = app.tasks.get(record.task) if record is not None else None
     if task is None:
         return error(404, f"job {job_id!r} is of a task this gateway does not know", "not_found")
     try:
         info = await Job(task, job_id).info()
     except JobNotFound:
         return _not_found(job_id)
-    return JobView(
-        id=info.id,
-        status=info.status,
-        task=info.task,
-        tenant=info.tenant,
-        attempts=info.attempts,
-        max_attempts=info.max_attempts,
-        enqueued_at=info.enqueued_at.isoformat() if info.enqueued_at else None,
-        finished_at=info.finished_at.isoformat() if info.finished_at else None,
-        error=info.error,
-        service_class=info.service_class,
-        slots=info.slots,
-        limits=info.limits,
-        reserved_units=info.reserved_units,
-        charged_units=info.charged_units,
-        actual_units=info.actual_units,
-    )
+    # the view is the record's snapshot, its times as ISO text
+    shown = {name: getattr(info, name) for name in JobView.model_fields}
+    for name in ("enqueued_at", "finished_at"):
+        when = getattr(info, name)
+        shown[name] = when.isoformat() if when else None
+    return JobView(**shown)
 
 
 @router.get(
@@ -190,8 +180,8 @@ async def result(
                 status, res, err = await app.wait_finished(job_id)
             reply = [status.encode(), res, err]
         except TimeoutError:
-            (st,) = await app.store_for_job(job_id).job_fields(job_id, "st")
-            status = st.decode() if st else status
+            now = await app.store_for_job(job_id).read_job(job_id, STATUS)
+            status = now.status if now is not None and now.status else status
         except JobNotFound:
             return _not_found(job_id)
     if len(reply) < 3 or status not in TERMINAL:

@@ -8,11 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
 
+from fairlane.app.workflows import RunNotFound, Workflow
 from fairlane.gateway.auth import Caller, caller, gateway_state
 from fairlane.gateway.models import SignalReply, SignalRequest
 from fairlane.gateway.responses import error, responses
 from fairlane.gateway.state import GatewayState
-from fairlane.workflows import RunNotFound, Workflow
+from fairlane.store.records import OWNER
 
 __all__ = ["router"]
 
@@ -35,9 +36,9 @@ async def signal(
     if who.admin:
         return error(403, "the admin key reads jobs; use a tenant's key to signal", "admin")
     app = await state.connected()
-    owner, task = await app.store_for_job(run_id).job_fields(run_id, "tenant", "task")
-    is_run = task is not None and isinstance(app.tasks.get(task.decode()), Workflow)
-    if not is_run or not who.owns(None if owner is None else owner.decode()):
+    record = await app.store_for_job(run_id).read_job(run_id, OWNER)
+    is_run = record is not None and isinstance(app.tasks.get(record.task), Workflow)
+    if record is None or not is_run or not who.owns(record.tenant):
         # a plain job, another tenant's run and no run at all look the same
         return error(404, f"no run {run_id!r}", "not_found")
     try:

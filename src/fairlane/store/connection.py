@@ -265,6 +265,56 @@ def _sentinel_kwargs(address: ServerAddress, kwargs: dict[str, Any]) -> dict[str
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Flavour:
+    """The client classes of one side of redis-py (asyncio or blocking)."""
+
+    standalone: Any  # (url, options) -> a client of one server
+    cluster: Any
+    node: Any
+    sentinel: Any
+    sentinel_master: Any
+
+
+def _async_standalone(url: str, options: dict[str, Any]) -> aioredis.Redis:
+    return aioredis.Redis.from_pool(aioredis.ConnectionPool.from_url(url, **options))
+
+
+def _sync_standalone(url: str, options: dict[str, Any]) -> redis.Redis:
+    return redis.Redis.from_url(url, **options)
+
+
+_ASYNC = _Flavour(_async_standalone, aioredis.RedisCluster, ClusterNode, Sentinel, _SentinelRedis)
+_SYNC = _Flavour(
+    _sync_standalone, redis.RedisCluster, SyncClusterNode, SyncSentinel, _SyncSentinelRedis
+)
+
+
+def _create(
+    url: str,
+    flavour: _Flavour,
+    sentinel_kwargs: dict[str, Any] | None,
+    connection_kwargs: dict[str, Any],
+) -> Any:
+    address = parse_address(url)
+    if address.kind == "standalone":
+        return flavour.standalone(url, connection_kwargs)
+    options = _login(address, connection_kwargs)
+    if address.kind == "cluster":
+        options = _accepted(flavour.cluster.__init__, options)
+        nodes = [flavour.node(host, port) for host, port in address.nodes]
+        return flavour.cluster(startup_nodes=nodes, **options)
+    sentinel = flavour.sentinel(
+        list(address.nodes),
+        sentinel_kwargs=sentinel_kwargs or _sentinel_kwargs(address, connection_kwargs),
+    )
+    client = sentinel.master_for(
+        address.service_name, redis_class=flavour.sentinel_master, db=address.db, **options
+    )
+    client.owned_sentinel = sentinel
+    return client
+
+
 def create_client(
     url: str, *, sentinel_kwargs: dict[str, Any] | None = None, **connection_kwargs: Any
 ) -> AsyncClient:
@@ -275,23 +325,7 @@ def create_client(
     ``sentinel_kwargs`` are the connections to the sentinels (default: the socket
     options of ``connection_kwargs``). The client is not connected yet.
     """
-    address = parse_address(url)
-    if address.kind == "standalone":
-        pool = aioredis.ConnectionPool.from_url(url, **connection_kwargs)
-        return aioredis.Redis.from_pool(pool)
-    options = _login(address, connection_kwargs)
-    if address.kind == "cluster":
-        options = _accepted(aioredis.RedisCluster.__init__, options)
-        nodes = [_untyped(ClusterNode)(host, port) for host, port in address.nodes]
-        return aioredis.RedisCluster(startup_nodes=nodes, **options)
-    sentinel: Any = _untyped(Sentinel)(
-        list(address.nodes),
-        sentinel_kwargs=sentinel_kwargs or _sentinel_kwargs(address, connection_kwargs),
-    )
-    client: _SentinelRedis = sentinel.master_for(
-        address.service_name, redis_class=_SentinelRedis, db=address.db, **options
-    )
-    client.owned_sentinel = sentinel
+    client: AsyncClient = _create(url, _ASYNC, sentinel_kwargs, connection_kwargs)
     return client
 
 
@@ -299,22 +333,7 @@ def create_sync_client(
     url: str, *, sentinel_kwargs: dict[str, Any] | None = None, **connection_kwargs: Any
 ) -> SyncClient:
     """The blocking twin of :func:`create_client`, for the CLI and threads."""
-    address = parse_address(url)
-    if address.kind == "standalone":
-        return redis.Redis.from_url(url, **connection_kwargs)
-    options = _login(address, connection_kwargs)
-    if address.kind == "cluster":
-        options = _accepted(redis.RedisCluster.__init__, options)
-        nodes = [_untyped(SyncClusterNode)(host, port) for host, port in address.nodes]
-        return redis.RedisCluster(startup_nodes=nodes, **options)
-    sentinel: Any = _untyped(SyncSentinel)(
-        list(address.nodes),
-        sentinel_kwargs=sentinel_kwargs or _sentinel_kwargs(address, connection_kwargs),
-    )
-    client: _SyncSentinelRedis = sentinel.master_for(
-        address.service_name, redis_class=_SyncSentinelRedis, db=address.db, **options
-    )
-    client.owned_sentinel = sentinel
+    client: SyncClient = _create(url, _SYNC, sentinel_kwargs, connection_kwargs)
     return client
 
 

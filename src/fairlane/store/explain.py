@@ -50,50 +50,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from fairlane.store.fields import field_int, field_text
+from fairlane.store.records import Event, JobRecord, from_hash
 
 __all__ = [
-    "Event",
     "Explanation",
     "Segment",
-    "decode_event",
+    "as_record",
     "explain",
     "format_ms",
     "timeline",
 ]
 
-_DECODER = msgspec.msgpack.Decoder()
 _FINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 # events that end an attempt and keep its start, which the next attempt overwrites
 _ATTEMPT_ENDS = ("retry", "reclaimed", "suspended", "released", "redriven")
 # what may happen in the same millisecond as an attempt's start, after it
 _AFTER_START = frozenset({"retry", "reclaimed", "suspended", "released", *_FINAL})
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One lifecycle event: server time (ms), kind and its detail fields.
-
-    ``derived`` marks an event rebuilt from the job's record rather than logged."""
-
-    ms: int
-    kind: str
-    detail: dict[str, Any] = field(default_factory=dict)
-    derived: bool = False
-
-
-def decode_event(raw: bytes) -> Event:
-    """An ``ev:<id>`` entry as the scripts pack it (msgpack ``[ms, kind, detail]``)."""
-    value = _DECODER.decode(raw)
-    if not isinstance(value, list) or len(value) < 2 or not isinstance(value[0], int):
-        raise ValueError(f"not a lifecycle event: {raw!r}")
-    detail = value[2] if len(value) > 2 and isinstance(value[2], dict) else {}
-    return Event(int(value[0]), str(value[1]), {str(k): v for k, v in detail.items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,26 +185,11 @@ def _queued_why(qw: Any, cls: str) -> _Why | None:
     return _Why(", and ".join(parts), "class" if borrowers else "tenants", tuple(borrowers))
 
 
-def _limit_of(record: Mapping[str, Any], key: str) -> int | None:
-    """The limit the job declared for throttle key ``key`` (its ``lim`` field), if any."""
-    raw = record.get("lim")
-    if not raw:
-        return None
-    try:
-        limits = _DECODER.decode(raw if isinstance(raw, bytes) else field_text(raw).encode())
-    except (msgspec.DecodeError, UnicodeEncodeError):
-        return None
-    for entry in limits if isinstance(limits, list) else ():
-        if isinstance(entry, list) and len(entry) == 2 and field_text(entry[0]) == key:
-            return field_int(entry[1])
-    return None
-
-
 class _Walk:
     """The state of a walk through the timeline: the segment open and what is known."""
 
-    def __init__(self, cls: str, record: Mapping[str, Any]) -> None:
-        self.cls = cls
+    def __init__(self, record: JobRecord) -> None:
+        self.cls = record.service_class
         self.record = record
         self.segments: list[Segment] = []
         self.state: tuple[str, _Why] | None = None
@@ -286,7 +247,7 @@ class _Walk:
             self.close(ms, why=_Why(f"{run.why}, {how}", run.cause, run.about))
 
     def parked(self, ms: int, key: str) -> None:
-        limit = _limit_of(self.record, key)
+        limit = self.record.limits.get(key)
         shown = f" (limit {limit})" if limit is not None else ""
         why = _Why(f"parked on throttle key {key or '?'}{shown}", "throttle", (key,))
         self.open(ms, "parked", why)
@@ -361,6 +322,19 @@ def _attempt(start: int, detail: Mapping[str, Any]) -> Event:
     return Event(start, "dispatched", kept, derived=True)
 
 
+def _last_attempt(record: JobRecord) -> dict[str, Any]:
+    """The record's last attempt as an event's detail, in the events' own names."""
+    att = str(record.attempts) if record.attempts else None
+    return {"wk": record.worker, "att": att, "qw": record.queue_wait}
+
+
+def as_record(record: JobRecord | Mapping[str, Any]) -> JobRecord:
+    """A typed record, from one already typed or a job hash's fields (bytes or text)."""
+    if isinstance(record, JobRecord):
+        return record
+    return from_hash("", record) or JobRecord("")
+
+
 def _insert(out: list[Event], ev: Event) -> None:
     """Put a derived event where it happened: by time, and within one millisecond
     a submission first, a start before what ended that attempt, an end last."""
@@ -379,18 +353,19 @@ def _insert(out: list[Event], ev: Event) -> None:
     out.insert(at, ev)
 
 
-def timeline(record: Mapping[str, Any], events: Sequence[Event]) -> list[Event]:
+def timeline(record: JobRecord | Mapping[str, Any], events: Sequence[Event]) -> list[Event]:
     """The job's life in order: its logged events and those its record implies.
 
     The record gives the submission (``enq``; a deferral logs its own), the last
     attempt's start (``start``, ``wk``, ``att``, ``qw``) and the end (``st``, ``fin``,
     ``err``); events that ended earlier attempts keep those attempts' starts. A kind
     the events already hold (as logged by earlier versions) is not derived again."""
-    cls = field_text(record.get("cls")) or "standard"
+    record = as_record(record)
+    cls = record.service_class
     logged = sorted(events, key=lambda e: e.ms)
     kinds = {e.kind for e in logged}
     derived: list[Event] = []
-    enq = field_int(record.get("enq"))
+    enq = record.enqueued_ms
     # a job scheduled at enqueue logs that; a submission at the same instant adds nothing
     scheduled_at_once = any(e.kind == "scheduled" and e.ms == enq for e in logged)
     if "submitted" not in kinds and enq is not None and not scheduled_at_once:
@@ -401,18 +376,18 @@ def timeline(record: Mapping[str, Any], events: Sequence[Event]) -> list[Event]:
             start = field_int(e.detail.get("start")) if e.kind in _ATTEMPT_ENDS else None
             if start is not None and start not in starts:
                 starts[start] = _attempt(start, e.detail)
-        start = field_int(record.get("start"))
+        start = record.started_ms
         if start is not None and start not in starts:
-            starts[start] = _attempt(start, record)
+            starts[start] = _attempt(start, _last_attempt(record))
         derived.extend(starts[ms] for ms in sorted(starts))
     if not kinds & _FINAL:
         for e in logged:
             fin = field_int(e.detail.get("fin")) if e.kind == "redriven" else None
             if fin is not None:
                 derived.append(Event(fin, "failed", {"err": field_text(e.detail.get("err"))}, True))
-        status, fin = field_text(record.get("st")), field_int(record.get("fin"))
+        status, fin = record.status, record.finished_ms
         if status in _FINAL and fin is not None:
-            err = _error_type(record.get("err")) if status != "completed" else ""
+            err = _error_type(record.error) if status != "completed" else ""
             derived.append(Event(fin, status, {"err": err} if err else {}, derived=True))
     out = list(logged)
     for ev in derived:
@@ -458,16 +433,20 @@ def _summary(status: str, segments: Sequence[Segment], max_attempts: int | None)
 
 
 def explain(
-    record: Mapping[str, Any], events: Sequence[Event], *, now_ms: int | None = None
+    record: JobRecord | Mapping[str, Any],
+    events: Sequence[Event],
+    *,
+    now_ms: int | None = None,
 ) -> Explanation:
-    """Explain a job from its record fields (``JOB_FIELDS``; bytes or text) and its events.
+    """Explain a job from its record (a ``JobRecord``, or the hash's fields as bytes or
+    text) and its events.
 
     A job not finished yet has its last segment end at ``now_ms`` (server time), or at its
     last event when ``now_ms`` is not given."""
-    cls = field_text(record.get("cls")) or "standard"
-    status = field_text(record.get("st"))
+    record = as_record(record)
+    status = record.status
     ordered = timeline(record, events)
-    walk = _Walk(cls, record)
+    walk = _Walk(record)
     for ev in ordered:
         walk.step(ev)
     if walk.state is not None:
@@ -482,7 +461,7 @@ def explain(
         segments=segments,
         waited_ms=waited,
         ran_ms=ran,
-        summary=_summary(status, segments, field_int(record.get("max"))),
+        summary=_summary(status, segments, record.max_attempts),
         causes=causes,
         events=tuple(ordered),
     )

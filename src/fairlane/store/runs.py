@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import msgspec
 from redis.exceptions import ResponseError
 
-if TYPE_CHECKING:
-    from fairlane.store.api import Store
+from fairlane.store.base import StoreBase
 
 __all__ = [
     "Checkpoint",
@@ -98,7 +97,7 @@ def _checkpoint(raw: bytes) -> Checkpoint:
 class RunStore:
     """Run checkpoints, waits, children and signals on one store."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: StoreBase) -> None:
         self.store = store
 
     async def _call(self, name: str, args: Sequence[Any]) -> Any:

@@ -15,11 +15,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from fairlane.codec import decode_error
-from fairlane.store.fields import field_int, field_text
+from fairlane.store.records import JobRecord
 from fairlane.store.runs import Checkpoint, LogEvent, RunHistory
 
-__all__ = ["RunView", "SliceView", "StepView", "WaitView", "record_text", "run_view"]
+__all__ = ["RunView", "SliceView", "StepView", "WaitView", "run_view"]
 
 _WAIT_KINDS = frozenset({"sleep", "signal", "children"})
 
@@ -91,14 +90,6 @@ class RunView:
 
 
 # -- reading ---------------------------------------------------------------------------
-
-
-def record_text(record: dict[str, bytes], key: str, default: str = "-") -> str:
-    return field_text(record.get(key)) or default
-
-
-def _int(record: dict[str, bytes], key: str) -> int | None:
-    return field_int(record.get(key))
 
 
 def _json_value(raw: str | bytes) -> Any:
@@ -176,32 +167,28 @@ def _waits(
     return waits
 
 
-def run_view(run_id: str, record: dict[str, bytes], history: RunHistory, now_ms: int) -> RunView:
-    status = record_text(record, "st", "(record removed)")
+def run_view(run_id: str, record: JobRecord | None, history: RunHistory, now_ms: int) -> RunView:
+    """The run ``run_id`` from its record (None: removed) and its history."""
+    rec = record or JobRecord(run_id)
+    status = rec.status or "(record removed)"
     starts = [e.at_ms for e in history.log if e.kind == "slice"]
     steps = [_step(i, c, starts) for i, c in enumerate(history.steps)]
     slices = _slices(history.log, steps, status)
-    error = None
-    if record.get("err"):
-        try:
-            info = decode_error(record["err"])
-            error = f"{info.type}: {info.message}"
-        except Exception:  # a malformed error is still shown, raw
-            error = record_text(record, "err")
+    failure = rec.failure
     return RunView(
         id=run_id,
-        task=record_text(record, "task"),
-        tenant=record_text(record, "tenant"),
-        lane=record_text(record, "lane"),
+        task=rec.task or "-",
+        tenant=rec.tenant or "-",
+        lane=rec.lane or "-",
         status=status,
-        attempts=_int(record, "att") or 0,
-        max_attempts=_int(record, "max"),
-        enqueued_ms=_int(record, "enq"),
+        attempts=rec.attempts,
+        max_attempts=rec.max_attempts,
+        enqueued_ms=rec.enqueued_ms,
         # the record's start is its latest lease's: the run started with its first slice
-        started_ms=slices[0].started_ms if slices else _int(record, "start"),
-        finished_ms=_int(record, "fin"),
-        result=_json_value(record["res"]) if record.get("res") else None,
-        error=error,
+        started_ms=slices[0].started_ms if slices else rec.started_ms,
+        finished_ms=rec.finished_ms,
+        result=_json_value(rec.result) if rec.result else None,
+        error=f"{failure.type}: {failure.message}" if failure is not None else None,
         steps=steps,
         slices=slices,
         waits=_waits(steps, slices, history.log, now_ms),
@@ -210,14 +197,7 @@ def run_view(run_id: str, record: dict[str, bytes], history: RunHistory, now_ms:
 
 
 def _step(index: int, c: Checkpoint, starts: list[int]) -> StepView:
+    slice_ = _slice_of(c.ended_ms, starts)
     return StepView(
-        index=index,
-        kind=c.kind,
-        name=c.name,
-        status=c.status,
-        ms=c.ms,
-        worker=c.worker,
-        ended_ms=c.ended_ms,
-        slice=_slice_of(c.ended_ms, starts),
-        value=_json_value(c.value),
+        index, c.kind, c.name, c.status, c.ms, c.worker, c.ended_ms, slice_, _json_value(c.value)
     )

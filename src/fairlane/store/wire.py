@@ -104,15 +104,6 @@ class TenantSignal:
 
 
 @dataclass(frozen=True, slots=True)
-class LaneState:
-    """A lane's cached capacity (live workers' slots) and its classes' slots."""
-
-    capacity: int
-    in_flight: dict[str, int]
-    waiting: dict[str, int]
-
-
-@dataclass(frozen=True, slots=True)
 class Fetched:
     jobs: list[FetchedJob]
     next_due_ms: int | None  # time until the next scheduled job of the lanes, if any

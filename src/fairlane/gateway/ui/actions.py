@@ -24,10 +24,10 @@ from __future__ import annotations
 from typing import Any
 
 from fairlane.app import App
+from fairlane.app.job import TERMINAL
 from fairlane.gateway.ui.jobs import Filter, find_jobs
-from fairlane.store.fields import field_text
+from fairlane.store.records import JobRecord
 from fairlane.store.wire import StoreUnavailable
-from fairlane.task import TERMINAL
 
 __all__ = ["BULK_MAX", "applies", "bulk", "cancel", "redrive", "retry"]
 
@@ -56,22 +56,21 @@ async def redrive(app: App, job_ids: list[str]) -> list[str]:
 async def retry(app: App, job_id: str) -> tuple[str, str | None]:
     """Submit a copy of a finished job: ``(outcome, new id)``; outcome is ``accepted``,
     ``deferred``, ``rejected:<reason>``, ``unknown_task`` or ``not_finished``."""
-    record = await app.store_for_job(job_id).job_record(job_id)
-    status = field_text(record.get("st"))
-    if status not in TERMINAL - {"completed"}:
+    record = await app.store_for_job(job_id).read_job(job_id) or JobRecord(job_id)
+    if record.status not in TERMINAL - {"completed"}:
         return "not_finished", None
-    task = app.tasks.get(field_text(record.get("task")))
+    task = app.tasks.get(record.task)
     if task is None:
         return "unknown_task", None
     new = task.new_job(
-        record.get("args", b"[[],{}]"),
-        tenant=field_text(record.get("tenant")),
+        record.args or b"[[],{}]",
+        tenant=record.tenant,
         delay=None,
         at=None,
         deadline=None,
         idempotency_key=None,
-        priority=int(field_text(record.get("prio")) or 0),
-        service_class=field_text(record.get("cls")) or None,
+        priority=record.priority,
+        service_class=record.service_class,
     )
     # through admission and the app's durability, as any submission
     admission = await task.submit_job(new)

@@ -1,0 +1,96 @@
+"""The HTTP gateway's API key records: the app's ``gw:keys`` hash.
+
+Field ``<key id>`` -> JSON ``{tenant, sha256, created_ms}`` (``AppKeys.gateway_keys``),
+in the app's home shard (shard 0), where app-wide records live. The gateway
+(``fairlane.gateway.apikeys``) mints, checks and rotates keys; this module only keeps
+their records: it never sees a key, only the digest the gateway computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import msgspec
+
+from fairlane.store.base import unavailable
+from fairlane.store.connection import AsyncClient, slot_client
+from fairlane.store.fields import field_text
+from fairlane.store.keys import AppKeys
+
+__all__ = ["KeyRecord", "KeyRecords"]
+
+T = TypeVar("T")
+
+
+class KeyRecord(msgspec.Struct, frozen=True):
+    """A key as stored: whose it is and the digest of the full key; never the key."""
+
+    tenant: str
+    sha256: str
+    created_ms: int
+
+
+class _Missing(Exception):
+    """No record of the key id a transaction read."""
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(KeyRecord)
+
+
+class KeyRecords:
+    """The API key records of one app."""
+
+    def __init__(self, client: AsyncClient, app_name: str, shards: int = 1) -> None:
+        self.client = client
+        self.hash = AppKeys.for_shard(app_name, 0, shards).gateway_keys
+
+    async def add(self, key_id: str, record: KeyRecord) -> bool:
+        """Store ``record`` under ``key_id`` unless that id is taken; whether it was stored."""
+        with unavailable():
+            return bool(await self.client.hsetnx(self.hash, key_id, _ENCODER.encode(record)))
+
+    async def get(self, key_id: str) -> KeyRecord | None:
+        with unavailable():
+            raw = await self.client.hget(self.hash, key_id)
+        return None if raw is None else _DECODER.decode(raw)
+
+    async def replace(
+        self, key_id: str, change: Callable[[KeyRecord], tuple[T, KeyRecord]]
+    ) -> T | None:
+        """Replace the record of ``key_id`` by what ``change`` makes of it, as one
+        atomic step (WATCHed: redis-py runs it again on a conflict, so a racing removal
+        is never undone); what ``change`` returned, None when there is no such key."""
+
+        async def step(pipe: Any) -> T:
+            raw = await pipe.hget(self.hash, key_id)
+            if raw is None:
+                raise _Missing  # the transaction is abandoned: nothing is written
+            answer, record = change(_DECODER.decode(raw))
+            pipe.multi()
+            pipe.hset(self.hash, key_id, _ENCODER.encode(record))
+            return answer
+
+        try:
+            with unavailable():
+                async with slot_client(self.client, self.hash) as client:
+                    result: T = await client.transaction(step, self.hash, value_from_callable=True)
+        except _Missing:
+            return None
+        return result
+
+    async def remove(self, key_id: str) -> KeyRecord | None:
+        """Delete the record of ``key_id``; it as it was, None when there was none."""
+        with unavailable():
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.hget(self.hash, key_id)
+                pipe.hdel(self.hash, key_id)
+                raw, _ = await pipe.execute()
+        return None if raw is None else _DECODER.decode(raw)
+
+    async def all(self) -> dict[str, KeyRecord]:
+        """Every record, by key id."""
+        with unavailable():
+            raw = await self.client.hgetall(self.hash)
+        return dict(sorted((field_text(k), _DECODER.decode(v)) for k, v in raw.items()))

@@ -1,0 +1,165 @@
+"""A store's connection to its server: clients, the function library, bounded calls.
+
+``StoreBase`` owns the client of one server (or one shard), loads the function
+library on connect (and again when a restarted server has lost it), and runs every
+call within a bound: a reply slower than ``socket_timeout`` fails the call with
+``StoreUnavailable``. The calls the server holds on purpose (an idle worker's BLPOP,
+WAIT) use a second client without a read timeout, each bounded by its own wait plus
+``socket_timeout``. The typed calls (``fairlane.store.api``) stand on it, and so do
+the read models (``fairlane.store.views``), which it runs with :meth:`read`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from functools import cached_property
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import ClusterError, ResponseError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from fairlane.store.connection import AsyncClient
+from fairlane.store.keys import AppKeys
+from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE
+from fairlane.store.reads import Plan, run_async
+from fairlane.store.wire import StoreUnavailable
+
+__all__ = ["StoreBase", "unavailable"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_FN: Final = FUNCTION_PREFIX
+# what a cluster answers while a slot changes hands (ClusterError covers CLUSTERDOWN)
+_CLUSTER_IN_TRANSITION: Final = (ClusterError, TryAgainError, SlotNotCoveredError)
+
+
+@contextlib.contextmanager
+def unavailable() -> Iterator[None]:
+    """A server that cannot be reached, or a slot in transition, as ``StoreUnavailable``."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise StoreUnavailable(f"the Redis server is unreachable: {exc}") from exc
+    except _CLUSTER_IN_TRANSITION as exc:
+        # a failover or a slot migration under way: the slot answers again shortly
+        raise StoreUnavailable(f"the Redis cluster cannot serve the app's slot: {exc}") from exc
+
+
+class StoreBase:
+    """One server (or shard) of one app: its clients, keys and library."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        app: str,
+        *,
+        blocking: AsyncClient | None = None,
+        socket_timeout: float | None = None,
+        shard: int = 0,
+        shards: int = 1,
+    ) -> None:
+        self.client = client
+        # Calls the server holds on purpose (BLPOP, WAIT) go through a client without a
+        # read timeout, each bounded by its own wait plus ``socket_timeout``: the read
+        # timeout of ``client`` is shorter than an idle worker's block.
+        self.blocking = blocking or client
+        self.socket_timeout = socket_timeout
+        self.app = app
+        #: this store's scheduling shard, of ``shards`` (``fairlane.policy.shards``)
+        self.shard = shard
+        self.shards = shards
+        self.keys = AppKeys.for_shard(app, shard, shards)
+        self._common = self.keys.common()
+        # a sibling shares its parent's clients, which the parent closes
+        self._owns_clients = True
+
+    @cached_property
+    def all_keys(self) -> list[AppKeys]:
+        """The keys of every shard of the app, in shard order (this one's among them)."""
+        return [
+            self.keys if i == self.shard else AppKeys.for_shard(self.app, i, self.shards)
+            for i in range(self.shards)
+        ]
+
+    async def connect(self) -> None:
+        """Check the server answers and load the function library."""
+        await self._call(self.client.ping)
+        await self.load_library()
+
+    async def load_library(self) -> None:
+        await self._call(self.client.function_load, LIBRARY_CODE, replace=True)
+
+    async def aclose(self) -> None:
+        if not self._owns_clients:
+            return
+        await self.client.aclose()
+        if self.blocking is not self.client:
+            await self.blocking.aclose()
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        with unavailable():
+            return await fn(*args, **kwargs)
+
+    async def read(self, plan: Plan[T]) -> T:
+        """Run a read model's plan (``fairlane.store.views``) on this store's client:
+        keys of every shard, as the shards share one client."""
+        with unavailable():
+            return await run_async(self.client, plan)
+
+    async def view(
+        self,
+        model: Callable[Concatenate[Sequence[AppKeys], P], Plan[T]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """Read ``model`` over every shard of the app: ``model(all_keys, ...)``."""
+        return await self.read(model(self.all_keys, *args, **kwargs))
+
+    async def blocking_call(self, wait: float, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """A call the server may hold for ``wait`` seconds, bounded by that plus the
+        read timeout (a call cut off there drops its connection, which may be dead)."""
+        limit = None if self.socket_timeout is None else wait + self.socket_timeout
+        try:
+            async with asyncio.timeout(limit):
+                return await self._call(fn, *args, **kwargs)
+        except TimeoutError as exc:
+            raise StoreUnavailable(f"the Redis server did not answer within {limit}s") from exc
+
+    async def slot_node(self) -> dict[str, Any]:
+        """On a cluster, ``{"target_nodes": node}`` for the node holding the app's slot
+        (else nothing): for commands that name no key, such as TIME, which must reach
+        the node whose clock and data the scripts use."""
+        if not isinstance(self.client, aioredis.RedisCluster):
+            return {}
+        await self._call(self.client.initialize)
+        return {"target_nodes": self.client.get_node_from_key(self.keys.stats)}
+
+    async def server_time_ms(self) -> int:
+        """The server's clock in ms (the clock of the app's slot on a cluster)."""
+        seconds, micros = await self._call(self.client.time, **await self.slot_node())
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def fcall(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Call a library function, reloading the library once if the server lost it."""
+        # A cluster client finds an FCALL's keys by asking the server (COMMAND GETKEYS),
+        # a round trip per call; every key shares one slot, so the node is named here.
+        route = await self.slot_node()
+        command = ("FCALL", _FN + name, len(keys), *keys, *args)
+        try:
+            return await self._call(self.client.execute_command, *command, **route)
+        except ResponseError as exc:
+            if "Function not found" not in str(exc):
+                raise
+            await self.load_library()
+            return await self._call(self.client.execute_command, *command, **route)
+
+    def _lane_keys(self, lanes: Sequence[str]) -> list[str]:
+        out = list(self._common)
+        for lane in lanes:
+            out.extend(self.keys.lane(lane).as_list())
+        return out

@@ -1,0 +1,81 @@
+"""The producer's calls: storing jobs through admission, and the declarations they obey.
+
+A submission passes the lane's admission and stores the jobs admitted or deferred in
+one atomic step (the enqueue script); batches travel as one msgpack argument. Before
+they are sent, jobs pass through ``prepare_jobs`` (the app's payload offload,
+``fairlane.payloads``): arguments over the threshold go to the payload store and
+travel as references. The declarations -- a task's retention, a lane's classes and
+charge mode, its admission pool -- are recorded where the scripts read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
+
+import msgspec
+
+from fairlane.policy.admission import EstimationSettings, PoolConfig
+from fairlane.policy.classes import ClassTable
+from fairlane.store.base import StoreBase
+from fairlane.store.library import FUNCTION_PREFIX, encode_admission, encode_classes
+from fairlane.store.wire import NewJob, Submitted, parse_submitted
+
+__all__ = ["Submission"]
+
+_PACK: Final = msgspec.msgpack.Encoder()
+
+
+class Submission(StoreBase):
+    """Enqueueing jobs and declaring what the scripts apply to them."""
+
+    #: what jobs pass through before they are sent (the app's payload offload,
+    #: ``fairlane.payloads``), called with the store and the jobs; None sends them as
+    #: they are
+    prepare_jobs: Callable[[Any, Sequence[NewJob]], Awaitable[Sequence[NewJob]]] | None = None
+
+    async def submit(self, lane: str, jobs: Sequence[NewJob]) -> list[Submitted]:
+        """Pass jobs through the lane's admission and store those admitted or deferred,
+        in one atomic step; one reply per job (codes as the enqueue script says)."""
+        blob = _PACK.encode(await self.prepare(jobs))
+        return parse_submitted(await self.fcall("enqueue", self._lane_keys([lane]), [lane, blob]))
+
+    async def prepare(self, jobs: Sequence[NewJob]) -> Sequence[NewJob]:
+        """Jobs as they are to be sent: arguments over the payload threshold stored in
+        the app's payload store and replaced by references. Every enqueue path calls it."""
+        hook = self.prepare_jobs
+        return jobs if hook is None else await hook(self, jobs)
+
+    def enqueue_call(self, lane: str, jobs: Sequence[NewJob]) -> tuple[Any, ...]:
+        """The enqueue FCALL's arguments, for a caller that sends it in a pipeline."""
+        keys = self._lane_keys([lane])
+        return (FUNCTION_PREFIX + "enqueue", len(keys), *keys, lane, _PACK.encode(jobs))
+
+    async def enqueue(self, lane: str, jobs: Sequence[NewJob]) -> list[tuple[str, int]]:
+        """Store jobs atomically; returns (id, code) per job: 1 new, 2 deferred, 0 existing,
+        negative: refused (nothing written)."""
+        return [(s.id, s.code) for s in await self.submit(lane, jobs)]
+
+    async def declare_admission(
+        self,
+        lane: str,
+        table: ClassTable,
+        pool: PoolConfig | None,
+        estimation: EstimationSettings | None = None,
+    ) -> None:
+        """Record a lane's admission config (None: no admission control in the lane)."""
+        config, units = "", ""
+        if pool is not None:
+            config, units = encode_admission(table, pool, estimation or EstimationSettings())
+        await self.fcall("declare_admission", self._lane_keys([lane]), [lane, config, units])
+
+    async def declare_task(self, task: str, keep_completed: str, keep_failed: str) -> None:
+        await self.fcall("declare_task", self._common, [task, f"{keep_completed}|{keep_failed}"])
+
+    async def declare_lane(self, lane: str, classes: ClassTable, charge: str = "jobs") -> None:
+        """Record a lane's service classes and how its tenants are charged ("jobs": one
+        unit per job; "cost": what each job was learned to cost, corrected as it ends);
+        the next decision in the lane uses them."""
+        await self.fcall(
+            "declare_lane", self._lane_keys([lane]), [lane, encode_classes(classes), charge]
+        )

@@ -1,0 +1,75 @@
+"""A tenant's settings in the store: its fair-share weight and its concurrency limits.
+
+Each tenant's settings live in the shard its name hashes to (``weights`` and
+``tlimits``, ``fairlane/store/keys.py``); the next dispatch decision uses them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fairlane.policy.ceilings import TenantLimits
+from fairlane.store.base import StoreBase
+from fairlane.store.connection import slot_client
+from fairlane.store.library import FUNCTION_PREFIX
+from fairlane.store.wire import TenantSignal, decode_limits, encode_limits
+
+__all__ = ["TenantCalls"]
+
+
+class TenantCalls(StoreBase):
+    """Setting and reading tenants' weights and limits."""
+
+    async def configure_tenant(self, tenant: str, weight: float | None) -> None:
+        """Set a tenant's fair-share weight (None: back to the default of 1)."""
+        value = "" if weight is None else repr(float(weight))
+        await self.fcall("configure_tenant", self._common, [tenant, value])
+
+    async def configure_tenant_limits(self, tenant: str, limits: TenantLimits | None) -> None:
+        """Set a tenant's concurrency settings (None: no tenant key at all)."""
+        await self.fcall("configure_limits", self._common, [tenant, encode_limits(limits)])
+
+    async def update_tenant_limits(
+        self, tenant: str, change: Callable[[TenantLimits | None], TenantLimits | None]
+    ) -> TenantLimits | None:
+        """Replace a tenant's settings by ``change(current)`` as one atomic step.
+
+        Optimistic: the read and the write run under WATCH, and the whole step is
+        retried if any tenant's settings changed in between, so two clients
+        configuring different fields of one tenant never lose either change.
+        """
+
+        async def step(pipe: Any) -> TenantLimits | None:
+            new = change(decode_limits(await pipe.hget(self.keys.tlimits, tenant)))
+            pipe.multi()
+            pipe.fcall(
+                FUNCTION_PREFIX + "configure_limits",
+                len(self._common),
+                *self._common,
+                tenant,
+                encode_limits(new),
+            )
+            return new
+
+        async with slot_client(self.client, self.keys.tlimits) as client:
+            result: TenantLimits | None = await self._call(
+                client.transaction, step, self.keys.tlimits, value_from_callable=True
+            )
+        return result
+
+    async def tenant_limits(self, tenant: str) -> TenantLimits | None:
+        return decode_limits(await self._call(self.client.hget, self.keys.tlimits, tenant))
+
+    async def tenant_weight(self, tenant: str) -> float:
+        raw = await self._call(self.client.hget, self.keys.weights, tenant)
+        return float(raw) if raw is not None else 1.0
+
+    async def tenant_limit_now(self, lane: str, tenant: str) -> TenantSignal:
+        """The tenant's concurrency limit in ``lane`` now, and the signals behind it."""
+        limit, rate, mean, cap, load = await self.fcall(
+            "tenant_limit_now", self._lane_keys([lane]), [lane, tenant]
+        )
+        return TenantSignal(
+            None if int(limit) < 0 else int(limit), float(rate), float(mean), int(cap), int(load)
+        )
