@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
 
-    from fairlane.bench import run_bench  # noqa: PLC0415 - after --help, which needs none
+    from fairlane.cli.bench import run_bench  # noqa: PLC0415 - after --help, which needs none
 
     run_bench(
         args.redis_url,

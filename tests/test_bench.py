@@ -19,7 +19,7 @@ from benchmarks import core, venvs
 from benchmarks.config import SCENARIOS, Config
 from rich.console import Console
 
-from fairlane.bench import run_bench
+from fairlane.cli.bench import run_bench
 
 
 def _positive(value: Any) -> bool:
