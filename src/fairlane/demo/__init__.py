@@ -2,7 +2,8 @@
 
 This package owns the demo and nothing else: :mod:`~fairlane.demo.app` (the app its
 worker processes serve, configured from environment variables), :mod:`~fairlane.demo.workload`
-(the seeded arrivals), :mod:`~fairlane.demo.fleet` (the server and worker processes, and
+(the seeded arrivals), :mod:`~fairlane.demo.submit` (sending them through admission on
+time), :mod:`~fairlane.demo.fleet` (the server and worker processes, and
 their cleanup), :mod:`~fairlane.demo.stats` (what is measured), :mod:`~fairlane.demo.view`
 (the live view and the tables), :mod:`~fairlane.demo.report` (the JSON and SVG files)
 and :mod:`~fairlane.demo.runner` (the control flow). The command line is

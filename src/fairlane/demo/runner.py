@@ -5,7 +5,7 @@ it (:class:`fairlane.demo.fleet.Cleanup`), starts the private server unless give
 and runs the async part on Fairlane's event loop. Each run (:func:`_one_run`) has its own
 app name, hence its own keys: it connects, sets tenant weights (fair run), starts a
 worker process per lane, waits until both lanes have their slots, and then, in one
-``asyncio.TaskGroup``, submits the workload's arrivals on time through ``task.submit``
+``asyncio.TaskGroup``, submits the workload's arrivals on time (:mod:`fairlane.demo.submit`)
 (honouring Retry-After) while a monitor reads the jobs' records twice a second and
 refreshes the view; when every job has finished, or the run's time is up, it stops the
 workers (SIGTERM, bounded wait, SIGKILL) and deletes the run's keys.
@@ -50,7 +50,8 @@ from fairlane.demo.fleet import (
     check_ports,
 )
 from fairlane.demo.report import JSON_NAME, SVG_NAME, RunReport, write_json, write_svg
-from fairlane.demo.stats import RowKey, Snapshot, Tracked, Tracker
+from fairlane.demo.stats import RowKey, Snapshot, Tracker
+from fairlane.demo.submit import FIFO_TENANT, Submitter
 from fairlane.demo.view import (
     MODE_TITLES,
     admission_table,
@@ -59,8 +60,7 @@ from fairlane.demo.view import (
     progress_line,
     summary_lines,
 )
-from fairlane.demo.workload import Arrival, Workload, build_workload
-from fairlane.policy.admission import Estimate
+from fairlane.demo.workload import Workload, build_workload
 from fairlane.runtime.loop import run as run_loop
 from fairlane.store.api import redact_url, unlink_matching
 
@@ -79,19 +79,10 @@ GROUPS: dict[str, Callable[[RowKey], bool]] = {
     "lane heavy (flood renders, research slices)": lambda k: k.lane == "heavy",
     "batch": lambda k: k.tenant == "batch",
 }
-_TASKS = {
-    "agent": "demo.agent_step",
-    "chat": "demo.chat",
-    "summarise": "demo.summarise",
-    "render": "demo.render",
-    "research": "demo.research",
-}
-_FIFO_TENANT = "shared"
 _REFRESH = 0.5  # s between reads of the store and refreshes of the view
 _LINE_EVERY = 2.0  # s between progress lines without the live view
 _CALL_TIMEOUT = 10.0  # s: any one call to the server
 _CAPACITY_TIMEOUT = 30.0  # s for the workers to start and register their slots
-_RESUBMISSIONS = 2  # times a rejected job is submitted again after its Retry-After
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,7 +336,8 @@ async def _drive(  # noqa: PLR0917 - one run's parts
     with live if live is not None else contextlib.nullcontext():
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(_submit_all(app, mode, workload, tracker, t0, submitted))
+                submitter = Submitter(app, mode, tracker)
+                group.create_task(submitter.submit_all(workload, t0, submitted))
                 group.create_task(_monitor(app, tracker, fleet, display, submitted, hard_stop))
         except BaseExceptionGroup as errors:
             raise _first_leaf(errors) from None
@@ -377,98 +369,6 @@ async def _monitor(  # noqa: PLR0917 - the run's parts
         if done or out_of_time:
             return
         await asyncio.sleep(_REFRESH)
-
-
-async def _submit_all(  # noqa: PLR0917 - the run's parts
-    app: App,
-    mode: Mode,
-    workload: Workload,
-    tracker: Tracker,
-    t0: float,
-    submitted: asyncio.Event,
-) -> None:
-    """Each arrival at its time; a rejected one again after its Retry-After, if the
-    arrivals' window lasts that long."""
-    loop = asyncio.get_running_loop()
-    window_end = t0 + workload.window
-    try:
-        async with asyncio.TaskGroup() as retries:
-            for arrival in workload.arrivals:
-                delay = t0 + arrival.at - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tracked = tracker.track(arrival)
-                await _submit(app, mode, tracker, tracked, retries, window_end, _RESUBMISSIONS)
-    finally:
-        tracker.submitting = False
-        submitted.set()
-
-
-async def _submit(  # noqa: PLR0917 - one submission's parts
-    app: App,
-    mode: Mode,
-    tracker: Tracker,
-    tracked: Tracked,
-    retries: asyncio.TaskGroup,
-    window_end: float,
-    tries_left: int,
-) -> None:
-    arrival = tracked.arrival
-    task = app.get_task(_TASKS[arrival.kind])
-    tenant = arrival.tenant if mode == "fair" else _FIFO_TENANT
-    service_class = arrival.service_class if mode == "fair" else "standard"
-    async with asyncio.timeout(_CALL_TIMEOUT):
-        if arrival.kind == "research":
-            admission = await task.submit(
-                f"research run at {arrival.at:.1f} s",
-                list(arrival.waits),
-                tenant=tenant,
-                service_class=service_class,
-            )
-        else:
-            admission = await task.submit(
-                list(arrival.waits),
-                arrival.fail_first,
-                arrival.input_tokens,
-                arrival.output_tokens,
-                tenant=tenant,
-                service_class=service_class,
-                estimate=_estimate(arrival),
-            )
-    tracker.answered(tracked, admission)
-    if admission.job is not None:
-        return
-    loop = asyncio.get_running_loop()
-    again = loop.time() + (admission.retry_after or 1.0)
-    final = admission.reason in ("too_wide", "deadline_unmeetable")
-    if tries_left <= 0 or final or again >= window_end:
-        tracker.gave_up(tracked)
-        return
-    retries.create_task(
-        _resubmit(app, mode, tracker, tracked, retries, window_end, tries_left - 1, again)
-    )
-
-
-async def _resubmit(  # noqa: PLR0917 - one submission's parts
-    app: App,
-    mode: Mode,
-    tracker: Tracker,
-    tracked: Tracked,
-    retries: asyncio.TaskGroup,
-    window_end: float,
-    tries_left: int,
-    at: float,
-) -> None:
-    await asyncio.sleep(max(0.0, at - asyncio.get_running_loop().time()))
-    await _submit(app, mode, tracker, tracked, retries, window_end, tries_left)
-
-
-def _estimate(arrival: Arrival) -> Estimate:
-    return Estimate(
-        input_tokens=arrival.input_tokens,
-        max_output_tokens=arrival.output_tokens,
-        tool_calls=max(0, len(arrival.waits) - 1),
-    )
 
 
 def _workflows(tracker: Tracker) -> list[dict[str, Any]]:
@@ -525,7 +425,7 @@ def _report(
         "tenants": list(workload.tenants),
         "lanes": dict(LANES),
         "fair_weights": FAIR_WEIGHTS,
-        "fifo": f"every job submitted as tenant {_FIFO_TENANT!r} in class 'standard', no pool",
+        "fifo": f"every job submitted as tenant {FIFO_TENANT!r} in class 'standard', no pool",
         "pools_toml": POOLS_TOML,
         "start_delay": "server ms from when a job (a retry, a workflow slice) was due to its "
         "start; a rejected job's back-off before it resubmits is not counted",

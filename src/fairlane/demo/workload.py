@@ -114,6 +114,38 @@ def _poisson(rng: random.Random, rate: float, start: float, end: float) -> list[
     return times or [round(rng.uniform(start, end), 3)]
 
 
+#: a token count: fixed, or drawn uniformly from (low, high)
+_Tokens = int | tuple[int, int]
+
+
+def _tokens(rng: random.Random, tokens: _Tokens) -> int:
+    return tokens if isinstance(tokens, int) else rng.randint(*tokens)
+
+
+def _arrival(  # noqa: PLR0917 - an arrival's own fields
+    rng: random.Random,
+    at: float,
+    who: tuple[str, Kind, str, str],
+    waits: tuple[float, ...],
+    tokens: tuple[_Tokens, _Tokens],
+    fails: bool = True,
+) -> Arrival:
+    """An arrival of ``who`` (tenant, kind, lane, class); drawn in a fixed order (its
+    first attempt's failure, then its tokens) so that a seed gives the same jobs."""
+    tenant, kind, lane, service_class = who
+    return Arrival(
+        at=at,
+        tenant=tenant,
+        kind=kind,
+        lane=lane,
+        service_class=service_class,
+        waits=waits,
+        fail_first=fails and rng.random() < _FAIL_FIRST,
+        input_tokens=_tokens(rng, tokens[0]),
+        output_tokens=_tokens(rng, tokens[1]),
+    )
+
+
 def _agent(rng: random.Random, at: float, tenant: str) -> Arrival:
     """An agent step: a model call, often a tool call, sometimes a second model call."""
     waits = [_call(rng, 0.22, 0.7)]
@@ -121,74 +153,34 @@ def _agent(rng: random.Random, at: float, tenant: str) -> Arrival:
         waits.append(_call(rng, 0.12, 0.8))
         if rng.random() < 0.5:
             waits.append(_call(rng, 0.18, 0.6))
-    return Arrival(
-        at=at,
-        tenant=tenant,
-        kind="agent",
-        lane="light",
-        service_class="standard",
-        waits=tuple(waits),
-        fail_first=rng.random() < _FAIL_FIRST,
-        input_tokens=rng.randint(1_000, 4_000),
-        output_tokens=rng.randint(200, 800),
-    )
+    who: tuple[str, Kind, str, str] = (tenant, "agent", "light", "standard")
+    return _arrival(rng, at, who, tuple(waits), ((1_000, 4_000), (200, 800)))
 
 
 def _chat(rng: random.Random, at: float) -> Arrival:
-    return Arrival(
-        at=at,
-        tenant="interactive",
-        kind="chat",
-        lane="light",
-        service_class="guaranteed",
-        waits=(_call(rng, 0.08, 0.5),),
-        fail_first=rng.random() < _FAIL_FIRST,
-        input_tokens=rng.randint(300, 800),
-        output_tokens=rng.randint(100, 300),
+    waits = (_call(rng, 0.08, 0.5),)
+    return _arrival(
+        rng, at, ("interactive", "chat", "light", "guaranteed"), waits, ((300, 800), (100, 300))
     )
 
 
 def _summary(rng: random.Random, at: float, *, too_wide: bool = False) -> Arrival:
-    return Arrival(
-        at=at,
-        tenant="batch",
-        kind="summarise",
-        lane="light",
-        service_class="batch",
-        waits=(_call(rng, 0.9, 0.5),),
-        fail_first=rng.random() < _FAIL_FIRST,
-        # a whole corpus at once: wider than the pool's max_reservation_units
-        input_tokens=60_000 if too_wide else rng.randint(8_000, 16_000),
-        output_tokens=rng.randint(500, 1_500),
+    waits = (_call(rng, 0.9, 0.5),)
+    # a whole corpus at once: wider than the pool's max_reservation_units
+    inputs: _Tokens = 60_000 if too_wide else (8_000, 16_000)
+    return _arrival(
+        rng, at, ("batch", "summarise", "light", "batch"), waits, (inputs, (500, 1_500))
     )
 
 
 def _render(rng: random.Random, at: float) -> Arrival:
-    return Arrival(
-        at=at,
-        tenant="flood",
-        kind="render",
-        lane="heavy",
-        service_class="standard",
-        waits=(_call(rng, 0.5, 0.6),),
-        fail_first=rng.random() < _FAIL_FIRST,
-        input_tokens=rng.randint(500, 2_000),
-        output_tokens=0,
-    )
+    waits = (_call(rng, 0.5, 0.6),)
+    return _arrival(rng, at, ("flood", "render", "heavy", "standard"), waits, ((500, 2_000), 0))
 
 
 def _research(rng: random.Random, at: float, steps: int) -> Arrival:
-    return Arrival(
-        at=at,
-        tenant="research",
-        kind="research",
-        lane="heavy",
-        service_class="standard",
-        waits=tuple(_call(rng, 0.2, 0.6) for _ in range(steps)),
-        fail_first=False,
-        input_tokens=0,
-        output_tokens=0,
-    )
+    waits = tuple(_call(rng, 0.2, 0.6) for _ in range(steps))
+    return _arrival(rng, at, ("research", "research", "heavy", "standard"), waits, (0, 0), False)
 
 
 def _flood(seed: int, window: float) -> list[Arrival]:
