@@ -1,0 +1,123 @@
+"""A task's options and a workflow's shape, checked when they are declared.
+
+``TaskOptions`` are a task's effective settings (what ``app.task(...)`` was given, the
+app's defaults for the rest); ``WorkflowOptions`` how a workflow's runs are sliced
+and fanned out. ``TASK_DEFAULTS`` are the defaults before an app's config changes
+them, and ``RESERVED_PARAMETERS`` the names a task's function may not use, being
+those of the enqueue options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fairlane.config.lanes import (
+    DEFAULT_CLASS,
+    check_lane,
+    check_limits,
+    check_service_class,
+    check_slots,
+)
+from fairlane.policy.backoff import Backoff
+from fairlane.policy.retention import Retention
+
+__all__ = [
+    "RESERVED_PARAMETERS",
+    "TASK_DEFAULTS",
+    "Executor",
+    "TaskOptions",
+    "WorkflowOptions",
+]
+
+Executor = Literal["async", "thread", "process"]
+
+RESERVED_PARAMETERS = frozenset(
+    {
+        "tenant",
+        "delay",
+        "at",
+        "deadline",
+        "idempotency_key",
+        "priority",
+        "service_class",
+        "slots",
+        "limits",
+        "trace",
+        "durability",
+    }
+)
+TASK_DEFAULTS: dict[str, Any] = {
+    "attempts": 3,
+    "backoff": Backoff(base=1.0, cap=60.0, jitter="full"),
+    "timeout": 300.0,
+    "retention": Retention(),
+    "executor": "async",
+    "retry_on": (Exception,),
+    "service_class": "standard",
+    "slots": 1,
+    "limits": None,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOptions:
+    """A task's effective settings; ``defaults`` names those left at their default."""
+
+    name: str
+    lane: str
+    attempts: int
+    backoff: Backoff
+    timeout: float | None
+    retention: Retention
+    executor: Executor
+    retry_on: tuple[type[BaseException], ...]
+    service_class: str = DEFAULT_CLASS
+    slots: int = 1
+    limits: tuple[tuple[str, int], ...] = ()
+    """Throttle keys and limits every job of the task names, sorted by key."""
+    tenant_slots: int | None = None
+    """At most this many of one tenant's jobs of the task's lane run at once (a throttle
+    key per lane and tenant, ``lane:<lane>:tenant:<tenant>``); None: no cap."""
+    defaults: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        try:
+            check_lane(self.lane)
+            check_service_class(self.service_class)
+            check_slots(self.slots)
+            check_limits(dict(self.limits))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"task {self.name}: {exc}") from None
+        if self.attempts < 1:
+            raise ValueError(f"task {self.name}: attempts must be >= 1, got {self.attempts}")
+        if self.tenant_slots is not None and (
+            not isinstance(self.tenant_slots, int) or self.tenant_slots < 1
+        ):
+            raise ValueError(
+                f"task {self.name}: tenant_slots must be an int >= 1, got {self.tenant_slots!r}"
+            )
+        if self.timeout is not None and self.timeout <= 0:
+            raise ValueError(f"task {self.name}: timeout must be > 0, got {self.timeout}")
+        if self.executor not in ("async", "thread", "process"):
+            raise ValueError(f"task {self.name}: executor must be async, thread or process")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowOptions:
+    """How a workflow's runs are sliced and fanned out."""
+
+    slice_seconds: float = 2.0
+    """A slice yields its slot at the first step after this many seconds."""
+    slice_steps: int = 20
+    """A slice yields its slot after this many new steps."""
+    max_children: int = 10
+    """At most this many of one run's child jobs run at once (throttle key ``run:<id>``)."""
+
+    def __post_init__(self) -> None:
+        if not self.slice_seconds > 0:
+            raise ValueError(f"slice_seconds must be > 0, got {self.slice_seconds}")
+        if self.slice_steps < 1:
+            raise ValueError(f"slice_steps must be >= 1, got {self.slice_steps}")
+        if self.max_children < 1:
+            raise ValueError(f"max_children must be >= 1, got {self.max_children}")

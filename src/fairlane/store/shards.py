@@ -1,0 +1,130 @@
+"""An app's stores, one per scheduling shard, and submitting jobs to one of them.
+
+An app's scheduling state is split over ``count`` shards (``fairlane.policy.shards``),
+each a whole scheduler under its own hash tag. ``ShardedStores`` is the one object
+that knows which shard's store holds what: a tenant's queues, jobs and limits live in
+the shard its name hashes to, and a job's id names its shard. The shards' stores
+share one set of connections, opened by ``open`` and closed by ``aclose``.
+
+``submit`` stores jobs with the durability an app asks for (WAIT / WAITAOF after the
+enqueue script, ``store/durability.py``); ``NotAcknowledged`` is what a caller raises
+when that confirmation fell short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fairlane.errors import FairlaneError
+from fairlane.policy.shards import shard_of_tenant
+from fairlane.store.api import Store
+from fairlane.store.durability import Acknowledgement, submit_acknowledged
+from fairlane.store.keys import job_shard
+from fairlane.store.wire import NewJob, Submitted
+
+if TYPE_CHECKING:
+    from fairlane.config.settings import DurabilitySettings
+
+__all__ = ["NotAcknowledged", "PrepareJobs", "ShardedStores", "submit"]
+
+PrepareJobs = Callable[[Store, Sequence[NewJob]], Awaitable[Sequence[NewJob]]]
+
+
+class NotAcknowledged(FairlaneError):
+    """The jobs are stored on the primary, but the replicas or AOF fsyncs that the
+    ``durability`` setting asks for did not confirm them in time: a failover or a
+    crash may still lose them. ``jobs`` are their handles (a retry with the same
+    idempotency key finds them, not new copies)."""
+
+    def __init__(self, jobs: list[Any], acknowledgement: Acknowledgement) -> None:
+        super().__init__(f"the enqueue was not acknowledged: {acknowledgement.describe()}")
+        self.jobs = jobs
+        self.acknowledgement = acknowledgement
+
+
+async def submit(
+    store: Store, lane: str, jobs: Sequence[NewJob], durability: DurabilitySettings
+) -> tuple[list[Submitted], Acknowledgement | None]:
+    """``store.submit``, then, if ``durability`` asks for anything, the wait for it;
+    the acknowledgement is None when nothing was asked."""
+    if durability.requested:
+        return await submit_acknowledged(store, lane, jobs, durability)
+    return await store.submit(lane, jobs), None
+
+
+class ShardedStores:
+    """The stores of an app's ``count`` scheduling shards, in shard order."""
+
+    def __init__(self, count: int, owner: str) -> None:
+        self.count = count
+        # named in the error of a lookup before ``open``: the object users connect
+        self._owner = owner
+        self._stores: list[Store] = []
+
+    @property
+    def connected(self) -> bool:
+        return bool(self._stores)
+
+    @property
+    def stores(self) -> list[Store]:
+        """One store per scheduling shard, in shard order (they share connections)."""
+        if not self._stores:
+            raise RuntimeError(f"{self._owner} is not connected: use `async with app:`")
+        return self._stores
+
+    @property
+    def store(self) -> Store:
+        """The home shard's store: the app's own records, and every tenant's when the
+        app has one shard."""
+        return self.stores[0]
+
+    def shard_of(self, tenant: str) -> int:
+        return shard_of_tenant(tenant, self.count)
+
+    def store_for_tenant(self, tenant: str) -> Store:
+        """The store of the shard holding ``tenant``'s queues, jobs and limits."""
+        return self.stores[shard_of_tenant(tenant, self.count)]
+
+    def store_for_job(self, job_id: str) -> Store:
+        """The store of the shard a job's id names."""
+        return self.stores[job_shard(job_id, self.count)]
+
+    def by_shard(self, job_ids: Sequence[str]) -> dict[int, list[str]]:
+        """``job_ids`` grouped by the shard each names, in the order given."""
+        grouped: dict[int, list[str]] = {}
+        for job_id in job_ids:
+            grouped.setdefault(job_shard(job_id, self.count), []).append(job_id)
+        return grouped
+
+    async def open(
+        self,
+        url: str,
+        app: str,
+        *,
+        socket_timeout: float,
+        socket_connect_timeout: float,
+        prepare_jobs: PrepareJobs | None = None,
+    ) -> None:
+        """Connect to ``url`` and load the function library; the shards' stores share
+        the connections. A failure leaves nothing open."""
+        store = Store.from_url(
+            url,
+            app,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+            shards=self.count,
+        )
+        store.prepare_jobs = prepare_jobs
+        try:
+            # the library goes to every primary of a cluster, so one load serves all shards
+            await store.connect()
+        except BaseException:
+            await store.aclose()
+            raise
+        self._stores = [store, *(store.shard_store(i, self.count) for i in range(1, self.count))]
+
+    async def aclose(self) -> None:
+        if self._stores:
+            await self._stores[0].aclose()  # the other shards' stores share its clients
+            self._stores = []
