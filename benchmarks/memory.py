@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, field
 import redis.asyncio as aioredis
 
 from fairlane import App
+from fairlane.app.worker import Worker
 from fairlane.config.settings import load_settings
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
-from fairlane.runtime.worker import Worker
 from fairlane.store.api import unlink_matching
 from fairlane.testing import RedisServer
 

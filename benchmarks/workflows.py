@@ -41,8 +41,8 @@ from typing import Any
 
 from benchmarks.common import Meter, delete_matching, percentile
 from fairlane import App, Context, Retention
+from fairlane.app.worker import Worker
 from fairlane.runtime.loop import run as run_loop
-from fairlane.runtime.worker import Worker
 from fairlane.store.keys import AppKeys
 from fairlane.testing import RedisServer
 

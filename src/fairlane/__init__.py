@@ -10,8 +10,11 @@ app.lane("heavy", classes=[ServiceClass("interactive", nominal_share=0.7, min_sl
 async def classify(text: str) -> str: ...
 """
 
-from fairlane.admission import Admission, Rejected
 from fairlane.app import App
+from fairlane.app.admission import Admission, Rejected
+from fairlane.app.job import Job
+from fairlane.app.task import Task
+from fairlane.app.workflows import RunNotFound, Workflow
 from fairlane.config.lanes import load_lanes
 from fairlane.config.pools import FairlaneConfig, load_config
 from fairlane.errors import (
@@ -27,6 +30,7 @@ from fairlane.policy.backoff import Backoff
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.policy.retention import Retention
+from fairlane.registry import WorkflowOptions
 from fairlane.runtime.context import (
     ChildFailed,
     Context,
@@ -34,10 +38,8 @@ from fairlane.runtime.context import (
     StepInfo,
     current_step,
 )
+from fairlane.runtime.usage import JobContext, context, report_usage
 from fairlane.store.wire import StoreUnavailable
-from fairlane.task import Job, Task
-from fairlane.usage import JobContext, context, report_usage
-from fairlane.workflows import RunNotFound, Workflow, WorkflowOptions
 
 __all__ = [
     "DEFAULT_CLASSES",

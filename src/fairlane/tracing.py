@@ -4,7 +4,9 @@ This module owns everything Fairlane knows about tracing: whether it is on, the 
 it opens (submitting a job, running an attempt, running a workflow step), their
 attributes, and the W3C trace context a job carries from its producer to its workers.
 Only ``opentelemetry-api`` is needed; spans go wherever the application's tracer
-provider sends them.
+provider sends them. The producer's spans are opened by the app (``fairlane.app``) and
+the gateway; the worker's by ``TracingHooks``, which whoever builds a worker plugs
+into it (``fairlane.runtime.hooks``): the runtime itself does not import this module.
 
 Tracing is on when the API is installed and a tracer provider is set, globally
 (``opentelemetry.trace.set_tracer_provider``) or for Fairlane alone
@@ -49,9 +51,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from fairlane.codec import decode_error
+from fairlane.runtime.hooks import WorkerHooks
 
 try:
     from opentelemetry import context as _otel_context
@@ -68,14 +71,14 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context as OtelContext
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
-    from fairlane.admission import Admission
-    from fairlane.runtime.context import StepInfo
+    from fairlane.registry import TaskDefinition
+    from fairlane.runtime.steps import StepInfo
     from fairlane.store.wire import FetchedJob, NewJob, Outcome
-    from fairlane.task import Task
 
 __all__ = [
     "AVAILABLE",
     "Attempt",
+    "TracingHooks",
     "active_tracer",
     "admitted",
     "attempt",
@@ -239,7 +242,34 @@ def _attached(ctx: OtelContext) -> Iterator[None]:
         _otel_context.detach(token)
 
 
-def admitted(span: Span | None, admission: Admission[Any]) -> None:
+class _Handle(Protocol):
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def created(self) -> bool: ...
+
+
+class _Answer(Protocol):
+    """What a ``send`` span records of admission's answer (``fairlane.app.admission``)."""
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def reason(self) -> str | None: ...
+
+    @property
+    def retry_after(self) -> float | None: ...
+
+    @property
+    def job(self) -> _Handle | None: ...
+
+    @property
+    def admitted(self) -> bool: ...
+
+
+def admitted(span: Span | None, admission: _Answer) -> None:
     """Record admission's answer on a ``send`` span (None: tracing is off)."""
     if span is None:
         return
@@ -287,7 +317,7 @@ class Attempt:
         span.end()
 
 
-def attempt(job: FetchedJob, tasks: Mapping[str, Task[Any, Any]]) -> Attempt | None:
+def attempt(job: FetchedJob, tasks: Mapping[str, TaskDefinition[Any, Any]]) -> Attempt | None:
     """Open and make current the ``process`` span of one attempt (None: tracing is off)."""
     tracer = active_tracer()
     if tracer is None:
@@ -349,3 +379,23 @@ def step_span(info: StepInfo) -> AbstractContextManager[Span | None]:
             "fairlane.step.attempt": info.attempt,
         },
     )
+
+
+# -- the worker's hooks -----------------------------------------------------------------
+
+
+class TracingHooks(WorkerHooks):
+    """A worker's spans: ``process`` around each attempt, ``step`` around each workflow
+    step that runs, ``send`` around the children a run starts."""
+
+    def __init__(self, tasks: Mapping[str, TaskDefinition[Any, Any]]) -> None:
+        self._tasks = tasks
+
+    def attempt(self, job: FetchedJob) -> Attempt | None:
+        return attempt(job, self._tasks)
+
+    def step(self, info: StepInfo) -> AbstractContextManager[Span | None]:
+        return step_span(info)
+
+    def sending(self, lane: str, jobs: Sequence[NewJob]) -> AbstractContextManager[Span | None]:
+        return sending(lane, jobs)

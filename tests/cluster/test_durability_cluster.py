@@ -19,12 +19,12 @@ import pytest
 import redis
 
 from fairlane import App
-from fairlane.admission import NotAcknowledged
+from fairlane.app.admission import NotAcknowledged
+from fairlane.app.task import Task
 from fairlane.config.settings import DurabilitySettings
 from fairlane.store.api import Store
 from fairlane.store.durability import submit_acknowledged
 from fairlane.store.wire import NewJob, StoreUnavailable
-from fairlane.task import Task
 from tests.e2e.helpers import fast_settings
 
 pytestmark = [

@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 from fairlane import App
+from fairlane.app.task import Task
 from fairlane.config.pools import parse_config
-from fairlane.task import Task
 from tests.e2e.helpers import fast_settings
 
 TASK = "adm_noop"

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from fairlane import App
+from fairlane.app.worker import Worker
 from fairlane.config.settings import Settings, load_settings
-from fairlane.runtime.worker import Worker
 from fairlane.store.connection import create_client
 
 ROOT = Path(__file__).resolve().parents[2]

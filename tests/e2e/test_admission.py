@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from fairlane import App, Backoff, Job
-from fairlane.admission import Admission, Rejected
+from fairlane.app.admission import Admission, Rejected
 from fairlane.config.pools import parse_config
 from fairlane.policy.admission import Estimate
 from fairlane.testing import RedisServer

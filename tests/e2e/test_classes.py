@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from fairlane import App, ServiceClass
-from fairlane.task import Task
+from fairlane.app.task import Task
 from tests.e2e.helpers import WAIT, make_app, running_worker
 
 pytestmark = pytest.mark.anyio

@@ -27,10 +27,10 @@ from typing import Any
 
 import fairlane
 from fairlane.app import App
+from fairlane.app.task import Task
+from fairlane.app.workflows import Workflow
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
-from fairlane.task import Task
-from fairlane.workflows import Workflow
 from tests.faults.worker_proc import process_options, quick_app, serve_with_ledger
 
 __all__ = ["FLOW_STEPS", "build_app", "keys_of", "main"]

@@ -34,10 +34,10 @@ from pathlib import Path
 import pytest
 
 from fairlane.app import App
-from fairlane.store.explain import Event
+from fairlane.app.task import Task
+from fairlane.app.workflows import Workflow
 from fairlane.store.keys import job_shard
-from fairlane.task import Task
-from fairlane.workflows import Workflow
+from fairlane.store.records import Event
 from tests.faults.chaos_app import FLOW_STEPS, build_app, keys_of
 from tests.faults.worker_proc import Fleet, held_by, server_ms, wait_ready, worker_env
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from fairlane.app import App
+from fairlane.app.job import Job
 from fairlane.store.keys import AppKeys
-from fairlane.task import Job
 from tests.faults.skew_app import LEASE, build_app
 from tests.faults.worker_proc import ROOT, eventually, server_ms
 

@@ -21,9 +21,9 @@ import pytest
 
 import fairlane
 from fairlane import App, Backoff
+from fairlane.app.job import Job
 from fairlane.errors import TaskFailed
 from fairlane.store.wire import Outcome, parse_fetched
-from fairlane.task import Job
 from tests.e2e.helpers import WAIT, eventually, make_app, running_worker
 
 pytestmark = pytest.mark.anyio

@@ -14,8 +14,8 @@ import logging
 
 import pytest
 
+from fairlane.app.worker import Worker
 from fairlane.runtime.pressure import MemoryLimit, MemorySensor, PressureConfig
-from fairlane.runtime.worker import Worker
 from tests.e2e.helpers import eventually, make_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.embedded_only, pytest.mark.slow]

@@ -36,14 +36,14 @@ import pytest
 import redis
 
 from fairlane import App, Context, TaskFailed
-from fairlane.admission import NotAcknowledged
+from fairlane.app.admission import NotAcknowledged
+from fairlane.app.task import Task
 from fairlane.config.settings import DurabilitySettings
 from fairlane.gateway.ui.actions import retry
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.runtime.outage import Outage
 from fairlane.store.wire import StoreUnavailable
-from fairlane.task import Task
 from fairlane.testing import RedisServer
 from tests.e2e.helpers import fast_settings, running_workers
 from tests.faults.proxy import FaultProxy

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from fairlane.app import App
+from fairlane.app.job import Job, JobInfo
 from fairlane.store.runs import RunHistory
-from fairlane.task import Job, JobInfo
 from tests.faults.worker_proc import Fleet, worker_env
 from tests.faults.workflow_app import STEPS, build_app, expected_total, keys_of
 

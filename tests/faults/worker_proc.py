@@ -44,10 +44,10 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from fairlane.app import App
+from fairlane.app.task import Task
 from fairlane.config.settings import Settings, load_settings
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
-from fairlane.task import Task
 
 __all__ = [
     "FaultTasks",

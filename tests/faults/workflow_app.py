@@ -29,9 +29,9 @@ from typing import Any
 
 import fairlane
 from fairlane.app import App
+from fairlane.app.workflows import Workflow
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
-from fairlane.workflows import Workflow
 from tests.faults.worker_proc import process_options, quick_app, serve_with_ledger
 
 __all__ = ["STEPS", "WORKFLOW", "build_app", "expected_total", "keys_of", "main"]

@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from fairlane import App
+from fairlane.app.worker import Worker
 from fairlane.cli.worker import _pressure_argv, _pressure_config
 from fairlane.config.settings import ConfigError, load_settings
 from fairlane.policy.backpressure import Bounds
@@ -45,7 +46,6 @@ from fairlane.runtime.pressure import (
     parse_size,
     read_cgroup_limit,
 )
-from fairlane.runtime.worker import Worker
 from tests.e2e.helpers import eventually, make_app
 
 MiB = 1 << 20

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from fairlane import App
-from fairlane.task import Job
+from fairlane.app.job import Job
 from tests.e2e.helpers import eventually, running_worker
 from tests.ui.helpers import ADMIN_KEY, served, ui_app
 

@@ -18,12 +18,12 @@ import typer
 from rich.table import Table
 
 from fairlane.app import App
+from fairlane.app.job import Job
+from fairlane.app.worker import Worker
 from fairlane.cli._common import EXIT_FAILURE, EXIT_USAGE, RedisUrl, console, fail, run
 from fairlane.config.settings import ConfigError
 from fairlane.errors import TaskFailed
-from fairlane.runtime.worker import Worker
 from fairlane.store.api import redact_url
-from fairlane.task import Job
 
 __all__ = ["example"]
 

@@ -37,7 +37,7 @@ from fairlane.config.settings import load_settings
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retention import Retention
 from fairlane.runtime.context import Context
-from fairlane.usage import context
+from fairlane.runtime.usage import context
 
 __all__ = [
     "APP_ENV",

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from fairlane.admission import UNAVAILABLE_RETRY_AFTER
+from fairlane.app.admission import UNAVAILABLE_RETRY_AFTER
 from fairlane.gateway.models import ErrorBody
 from fairlane.store.wire import StoreUnavailable
 

@@ -4,7 +4,8 @@
 - ``config``: ``MetricsConfig``, the knobs (tenant allow-list, top-N, bind host).
 - ``tenants``: ``TenantLabels``, which keeps the ``tenant`` label bounded.
 - ``recorder``: ``WorkerMetrics``, the worker-side histograms, counters and gauges,
-  recorded on the worker's own path with no server calls.
+  recorded on the worker's own path with no server calls, and ``MetricsHooks``, the
+  plug-in that gives a worker its recorder and endpoint (``fairlane.runtime.hooks``).
 - ``store``: ``StoreReader`` and ``StoreCollector``, the store-side gauges and counters
   read at scrape time (pipelined reads, bounded timeout, cached), admission decisions
   counted by the server and the oldest waiting job's age.
@@ -13,7 +14,7 @@
 """
 
 from fairlane.metrics.config import MetricsConfig
-from fairlane.metrics.recorder import WorkerMetrics
+from fairlane.metrics.recorder import MetricsHooks, WorkerMetrics
 from fairlane.metrics.server import MetricsServer
 from fairlane.metrics.store import StoreCollector, StoreReader, StoreSnapshot
 from fairlane.metrics.tenants import OTHER, TenantLabels
@@ -21,6 +22,7 @@ from fairlane.metrics.tenants import OTHER, TenantLabels
 __all__ = [
     "OTHER",
     "MetricsConfig",
+    "MetricsHooks",
     "MetricsServer",
     "StoreCollector",
     "StoreReader",

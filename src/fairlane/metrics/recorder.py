@@ -1,4 +1,5 @@
-"""``WorkerMetrics``: the worker-side metrics, recorded on the worker's own path.
+"""``WorkerMetrics``: the worker-side metrics, recorded on the worker's own path, and
+``MetricsHooks``, which plugs them and the metrics endpoint into a worker.
 
 Nothing here calls the server: every value comes from what the worker already holds
 (the fetched job, the attempt's outcome, the settle codes). The hot-path methods
@@ -14,15 +15,23 @@ Limits of what the worker knows without a server call: queue wait is measured fr
 enqueue, for first attempts only, so a job scheduled with
 ``delay``/``at`` counts its delay as waiting; the estimate admission reserved for a job
 is not on the fetched job, so only actual units are recorded.
+
+``MetricsHooks`` is a worker plug-in (``fairlane.runtime.hooks``): when the worker
+begins to serve it makes the recorder, the store-side collector (``metrics/store.py``)
+and the HTTP endpoint (``metrics/server.py``), samples the running jobs every
+``sample_interval`` (``fairlane.runtime.services.MetricsSampler``), and passes the
+worker's hot-path points to the recorder. The worker never imports this package.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from contextlib import AsyncExitStack
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -34,19 +43,37 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from fairlane.metrics.config import MetricsConfig
+from fairlane.metrics.server import MetricsServer
+from fairlane.metrics.store import StoreCollector, StoreReader
 from fairlane.metrics.tenants import TenantLabels
+from fairlane.registry import TaskDefinition
+from fairlane.runtime.hooks import WorkerHooks, WorkerView
+from fairlane.runtime.pressure import PressureCollector
+from fairlane.runtime.services import MetricsSampler
 from fairlane.store.wire import FetchedJob, Outcome
-
-if TYPE_CHECKING:
-    from fairlane.app import App
 
 __all__ = [
     "DURATION_BUCKETS",
     "SATURATION_BUCKETS",
     "UNIT_BUCKETS",
     "WAIT_BUCKETS",
+    "Declared",
+    "MetricsHooks",
     "WorkerMetrics",
 ]
+
+log = logging.getLogger("fairlane.worker")
+
+
+class Declared(Protocol):
+    """What the recorder reads of an app's declarations (a ``Registry``, or the ``App``)."""
+
+    @property
+    def tasks(self) -> Mapping[str, TaskDefinition[Any, Any]]: ...
+
+    @property
+    def lanes(self) -> Mapping[str, object]: ...
+
 
 #: Queue wait: from a few ms (an idle fleet) to an hour (a deep backlog).
 WAIT_BUCKETS = (
@@ -113,13 +140,13 @@ class WorkerMetrics(Collector):
 
     def __init__(
         self,
-        app: App,
+        declared: Declared,
         lanes: Sequence[str],
         concurrency: int,
         config: MetricsConfig,
         registry: CollectorRegistry | None = None,
     ) -> None:
-        self.app = app
+        self.declared = declared
         self.lanes = list(lanes)
         #: the server's clock minus this host's (ms), refreshed by ``sync_clock``: queue
         #: wait is measured from an enqueue stamped on the server's clock
@@ -227,7 +254,7 @@ class WorkerMetrics(Collector):
     def _place(self, task_name: str) -> tuple[str, str]:
         where = self._where.get(task_name)
         if where is None:
-            task = self.app.tasks.get(task_name)
+            task = self.declared.tasks.get(task_name)
             if task is None:
                 where = (self.lanes[0], "")
             else:
@@ -292,3 +319,72 @@ class WorkerMetrics(Collector):
         yield in_use
         yield ratio
         yield self.utilization_sampled.family()
+
+
+class MetricsHooks(WorkerHooks):
+    """A worker's metrics: the recorder on its hot path, and ``/metrics`` and
+    ``/autoscale`` served on ``port`` (0: a free one) while it serves."""
+
+    def __init__(  # noqa: PLR0917 - where the endpoint reads from
+        self,
+        declared: Declared,
+        port: int,
+        config: MetricsConfig,
+        url: Callable[[], str],
+        app: str,
+        shards: int,
+        server_time_ms: Callable[[], Awaitable[int]],
+    ) -> None:
+        self.declared = declared
+        self.port = port
+        self.config = config
+        self._url = url
+        self._app = app
+        self._shards = shards
+        self._server_time_ms = server_time_ms
+        self.recorder: WorkerMetrics | None = None
+        self.server: MetricsServer | None = None
+
+    def serving(self, worker: WorkerView, stack: AsyncExitStack) -> list[Coroutine[Any, Any, None]]:
+        config, declared = self.config, self.declared
+        metrics = WorkerMetrics(declared, worker.lanes, worker.concurrency, config)
+        lanes = [*worker.lanes, *declared.lanes, *(t.options.lane for t in declared.tasks.values())]
+        reader = StoreReader(
+            self._url(),
+            self._app,
+            lanes,
+            timeout=config.store_timeout,
+            max_age=config.store_max_age,
+            shards=self._shards,
+        )
+        stack.callback(reader.close)
+        metrics.registry.register(StoreCollector(reader))
+        if worker.pressure is not None:
+            metrics.registry.register(PressureCollector(worker.pressure))
+        server = MetricsServer(self.port, metrics.registry, reader, config.host)
+        server.start()
+        stack.callback(server.stop)
+        self.recorder, self.server = metrics, server
+        log.info("worker %s serving /metrics and /autoscale on port %d", worker.id, server.port)
+        sampler = MetricsSampler(
+            metrics, worker.running_jobs, self._server_time_ms, config.sample_interval
+        )
+        return [sampler.run(worker.closed)]
+
+    # the recorder is made by ``serving``, before the worker leases anything
+
+    def started(self, jobs: Sequence[FetchedJob]) -> None:
+        if self.recorder is not None:
+            self.recorder.started(jobs)
+
+    def finished(self, job: FetchedJob, outcome: Outcome | None, seconds: float) -> None:
+        if self.recorder is not None:
+            self.recorder.finished(job, outcome, seconds)
+
+    def settled(self, outcomes: Sequence[Outcome], codes: Sequence[int]) -> None:
+        if self.recorder is not None:
+            self.recorder.settled(outcomes, codes)
+
+    def lost(self, n: int) -> None:
+        if self.recorder is not None:
+            self.recorder.lost(n)

@@ -16,43 +16,44 @@ or seconds is spent (the run yields its slot and re-enters fair dispatch).
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import inspect
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import msgspec
 
-from fairlane import tracing
-from fairlane.admission import NotAcknowledged
 from fairlane.codec import ArgsCodec, decode_error
+from fairlane.config.settings import DurabilitySettings
 from fairlane.errors import FairlaneError, TaskFailed
 from fairlane.policy.slicing import SliceBudget
-from fairlane.runtime.invoke import target_of
-from fairlane.store.durability import submit_acknowledged
+from fairlane.registry import TaskDefinition
+from fairlane.runtime.checkpoints import codec_of, decode_as, decode_result, unpack_results
+from fairlane.runtime.children import ChildCall, start_children
+from fairlane.runtime.hooks import WorkerHooks
+from fairlane.runtime.steps import (
+    ProcessPool,
+    StepExecutor,
+    StepInfo,
+    current_step,
+    execute_step,
+)
 from fairlane.store.runs import Checkpoint, CorruptRunHistory
 
 if TYPE_CHECKING:
-    from fairlane.runtime.executors import ProcessExecutor
     from fairlane.store.api import Store
-    from fairlane.task import Task
 
 __all__ = [
     "ChildCall",
     "ChildFailed",
     "Context",
     "NonDeterminismError",
+    "ProcessPool",
     "StepInfo",
     "current_step",
 ]
 
 T = TypeVar("T")
-StepExecutor = Literal["async", "thread", "process"]
 
 
 class NonDeterminismError(FairlaneError):
@@ -89,46 +90,6 @@ class Diverged(BaseException):
         self.error = error
 
 
-@dataclass(frozen=True, slots=True)
-class StepInfo:
-    """The step running now: ``key`` is stable across re-executions of one attempt."""
-
-    run_id: str
-    name: str
-    attempt: int
-
-    @property
-    def key(self) -> str:
-        return f"{self.run_id}:{self.name}:{self.attempt}"
-
-
-_current: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar(
-    "fairlane_step", default=None
-)
-
-
-def current_step() -> StepInfo:
-    """The step being executed (in an async or thread step); its ``key`` is the step's
-    idempotency key. A process step runs in another process, where this is not set:
-    pass it ``ctx.step_key(name)`` as an argument."""
-    info = _current.get()
-    if info is None:
-        raise RuntimeError("current_step() is only available inside a workflow step")
-    return info
-
-
-@dataclass(frozen=True, slots=True)
-class ChildCall:
-    """A child job to start from a run (``ctx.call``), for ``ctx.gather``."""
-
-    task: Task[Any, Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-ProcessPool = Callable[[], Awaitable["ProcessExecutor"]]
-
-
 class Context:
     """What a workflow function receives: its run, and the durable operations."""
 
@@ -146,6 +107,8 @@ class Context:
         budget: SliceBudget,
         max_children: int,
         process_pool: ProcessPool,
+        durability: DurabilitySettings,
+        hooks: WorkerHooks,
     ) -> None:
         self.run_id = run_id
         self.tenant = tenant
@@ -158,6 +121,8 @@ class Context:
         self._budget = budget
         self._max_children = max_children
         self._process_pool = process_pool
+        self._durability = durability
+        self._hooks = hooks
         self._seq = 0
         self._names: set[str] = set()
 
@@ -196,7 +161,7 @@ class Context:
     def _replayed(self, codec: ArgsCodec, entry: Checkpoint) -> Any:
         """A replayed step's result; a checkpoint that is not JSON at all is corrupt."""
         try:
-            return _decode(codec, entry.value)
+            return decode_result(codec, entry.value)
         except msgspec.ValidationError as exc:
             raise Diverged(
                 NonDeterminismError(
@@ -271,7 +236,7 @@ class Context:
         function in a kill-able child process (CPU-bound work).
         """
         self._claim(name)
-        codec = _codec_of(fn)
+        codec = codec_of(fn)
         done = self._replay("step", name)
         if done is not None:
             return self._replayed(codec, done)  # type: ignore[no-any-return]
@@ -280,9 +245,11 @@ class Context:
         info = StepInfo(self.run_id, name, self._failures.get(name, 0) + 1)
         started = time.monotonic()
         # only a step that runs has a span: a replayed one returned above
-        with tracing.step_span(info):
+        with self._hooks.step(info):
             try:
-                blob = await self._execute(fn, codec, info, executor, timeout, args, kwargs)
+                blob = await execute_step(
+                    fn, codec, info, executor, timeout, args, kwargs, self._process_pool
+                )
             except Exception:
                 self._failures[name] = info.attempt
                 self._fenced(await self._store.runs.step_failed(self.run_id, self._token, name))
@@ -294,34 +261,7 @@ class Context:
             self._fenced(written)
         self._seq += 1
         self._budget.step_done()
-        return _decode(codec, blob)  # type: ignore[no-any-return]
-
-    async def _execute(  # noqa: PLR0917 - one call's parts
-        self,
-        fn: Callable[..., Any],
-        codec: ArgsCodec,
-        info: StepInfo,
-        executor: StepExecutor | None,
-        timeout: float | None,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> bytes:
-        kind = executor or ("async" if inspect.iscoroutinefunction(fn) else "thread")
-        reset = _current.set(info)
-        try:
-            if kind == "async":
-                async with asyncio.timeout(timeout):
-                    value = await fn(*args, **kwargs)
-            elif kind == "thread":
-                async with asyncio.timeout(timeout):
-                    value = await asyncio.to_thread(fn, *args, **kwargs)
-            else:
-                pool = await self._process_pool()
-                payload = codec.encode(args, kwargs)
-                return await pool.run(target_of(fn), payload, timeout)
-        finally:
-            _current.reset(reset)
-        return codec.encode_result(value)
+        return decode_result(codec, blob)  # type: ignore[no-any-return]
 
     # -- durable waits ---------------------------------------------------------------
 
@@ -368,7 +308,7 @@ class Context:
         op = f"signal:{name}"
         done = self._replay("signal", name)
         if done is not None:
-            return None if done.status == "timeout" else _decode_as(type, done.value)
+            return None if done.status == "timeout" else decode_as(type, done.value)
         ms = round(timeout * 1000) if timeout is not None else _FOREVER_MS
         answer = await self._store.runs.wait(
             self.run_id, self._token, self._seq, "signal", name, ms, self._worker
@@ -378,16 +318,16 @@ class Context:
         if answer.kind == "wait":
             raise Suspend(op, answer.ms)
         self._seq += 1
-        return None if answer.kind == "done" else _decode_as(type, answer.payload)
+        return None if answer.kind == "done" else decode_as(type, answer.payload)
 
     # -- children --------------------------------------------------------------------
 
-    def call(self, task: Task[Any, Any], /, *args: Any, **kwargs: Any) -> ChildCall:
+    def call(self, task: TaskDefinition[Any, Any], /, *args: Any, **kwargs: Any) -> ChildCall:
         """A child call for ``gather``; nothing starts until it is gathered."""
         task.codec.encode(args, kwargs)  # a wrong call fails here, in the workflow
         return ChildCall(task, args, kwargs)
 
-    async def run(self, task: Task[Any, T], /, *args: Any, **kwargs: Any) -> T:
+    async def run(self, task: TaskDefinition[Any, T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``task`` as a child job of this run's tenant and wait for its result."""
         (result,) = await self.gather(self.call(task, *args, **kwargs))
         return result  # type: ignore[no-any-return]
@@ -401,7 +341,7 @@ class Context:
         name = ",".join(c.task.name for c in calls)
         done = self._replay("children", name)
         if done is not None:
-            return await _child_results(calls, _unpack_results(done.value), self.run_id, self._seq)
+            return await _child_results(calls, unpack_results(done.value), self.run_id, self._seq)
         if self._budget.spent(time.monotonic()):
             raise Suspend("yield", 0)
         ids = [f"{self.run_id}.{self._seq}.{i}" for i in range(len(calls))]
@@ -411,8 +351,15 @@ class Context:
         )
         if state == "wait":
             settled = set(found)
-            await self._start_children(
-                [(cid, c) for cid, c in zip(ids, calls, strict=True) if cid not in settled]
+            await start_children(
+                self._store,
+                self.run_id,
+                self.tenant,
+                self.service_class,
+                self._max_children,
+                [(cid, c) for cid, c in zip(ids, calls, strict=True) if cid not in settled],
+                self._durability,
+                self._hooks,
             )
             raise Suspend("children", _FOREVER_MS)
         if state == "fenced":
@@ -420,80 +367,8 @@ class Context:
         self._seq += 1
         return await _child_results(calls, found, self.run_id, self._seq - 1)
 
-    async def _start_children(self, pending: list[tuple[str, ChildCall]]) -> None:
-        by_lane: dict[str, list[Any]] = {}
-        for child_id, call in pending:
-            task = call.task
-            lane = task.options.lane
-            cls = self.service_class
-            if cls not in task.app.lane_tables.table(lane):
-                cls = task.options.service_class
-            job = task.new_job(
-                task.encode_args(call.args, call.kwargs),
-                tenant=self.tenant,
-                delay=None,
-                at=None,
-                deadline=None,
-                idempotency_key=child_id,
-                priority=0,
-                service_class=cls,
-                limits={f"run:{self.run_id}": self._max_children},
-            )
-            by_lane.setdefault(lane, []).append(
-                msgspec.structs.replace(job, id=child_id, parent=self.run_id)
-            )
-        if not by_lane:
-            return
-        durability = pending[0][1].task.app.durability
-        for lane, jobs in by_lane.items():
-            # the children carry the run's trace: the send span is the slice's child
-            with tracing.sending(lane, jobs):
-                if durability.requested:
-                    replies, ack = await submit_acknowledged(self._store, lane, jobs, durability)
-                    if not ack.met:
-                        # their ids are fixed: the retried slice submits the same ones
-                        raise NotAcknowledged([], ack)
-                else:
-                    replies = await self._store.submit(lane, jobs)
-            for reply in replies:
-                if reply.code < 0:
-                    # a child refused now is asked for again when the run is retried
-                    raise RuntimeError(
-                        f"child {reply.id} of run {self.run_id} was refused "
-                        f"({reply.reason or reply.code}); the run will try again"
-                    )
-
 
 _FOREVER_MS = 100 * 365 * 86_400_000  # a wait with no timeout: a century of server ms
-
-# Step functions' codecs, built once per function: every slice replays the run's
-# history, asking for each step's codec again, and building one costs ~75 us.
-_codecs: weakref.WeakKeyDictionary[Callable[..., Any], ArgsCodec] = weakref.WeakKeyDictionary()
-
-
-def _codec_of(fn: Callable[..., Any]) -> ArgsCodec:
-    try:
-        codec = _codecs.get(fn)
-    except TypeError:  # not weakly referable (a builtin) or not hashable: no cache
-        return ArgsCodec(fn)
-    if codec is None:
-        codec = _codecs[fn] = ArgsCodec(fn)
-    return codec
-
-
-def _decode(codec: ArgsCodec, value: str | bytes) -> Any:
-    blob = value.encode() if isinstance(value, str) else value
-    return codec.decode_result(blob)
-
-
-def _decode_as(kind: Any, value: str | bytes) -> Any:
-    blob = value.encode() if isinstance(value, str) else value
-    return msgspec.json.decode(blob, type=kind, strict=False) if blob else None
-
-
-def _unpack_results(value: str | bytes) -> list[Any]:
-    results = msgspec.json.decode(value)
-    return list(results) if results else []  # the server writes an empty array as {}
 
 
 async def _child_results(
@@ -506,7 +381,7 @@ async def _child_results(
         if status_text != "completed":
             info = decode_error(blob)
             raise ChildFailed(f"{run_id}.{seq}.{i}", info.type, info.message, info.traceback)
-        payloads = call.task.app.payloads
+        payloads = call.task.factory.payloads
         if payloads is not None:  # a large result waits in the payload store
             blob = await payloads.resolve(blob)
         out.append(call.task.codec.decode_result(blob))

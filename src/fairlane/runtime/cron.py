@@ -11,21 +11,26 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cronsim import CronSim
 
+from fairlane.registry import CronEntry
 from fairlane.runtime.lease import wait_or_stop
 from fairlane.store.wire import StoreUnavailable
 
-if TYPE_CHECKING:
-    from fairlane.app import CronEntry
-
-__all__ = ["cron_loop", "tick_key"]
+__all__ = ["CRON_TENANT", "Enqueue", "cron_loop", "tick_key"]
 
 log = logging.getLogger("fairlane.cron")
 _RECHECK_SECONDS = 30.0
 CRON_TENANT = "cron"
+
+
+class Enqueue(Protocol):
+    """Enqueues a task by name, as the app's producers do (``App.enqueue``): through
+    admission, with the app's durability and a ``send`` span."""
+
+    def __call__(self, task: str, /, *, tenant: str, idempotency_key: str) -> Awaitable[object]: ...
 
 
 def tick_key(task_name: str, tick: datetime) -> str:
@@ -33,9 +38,13 @@ def tick_key(task_name: str, tick: datetime) -> str:
 
 
 async def cron_loop(
-    crons: Mapping[str, CronEntry], stop: asyncio.Event, server_ms: Callable[[], Awaitable[int]]
+    crons: Mapping[str, CronEntry],
+    stop: asyncio.Event,
+    server_ms: Callable[[], Awaitable[int]],
+    enqueue: Enqueue,
 ) -> None:
-    """Enqueue each cron task's ticks until ``stop``; ``server_ms`` reads the server's clock.
+    """Enqueue each cron task's ticks with ``enqueue`` until ``stop``; ``server_ms``
+    reads the server's clock.
 
     Ticks are placed on the server's clock, not the host's: a worker whose clock is off
     by an hour still enqueues each tick on time, and workers on hosts whose clocks
@@ -61,7 +70,7 @@ async def cron_loop(
             continue
         entry = crons[name]
         try:
-            await entry.task.enqueue(tenant=CRON_TENANT, idempotency_key=tick_key(name, tick))
+            await enqueue(entry.task.name, tenant=CRON_TENANT, idempotency_key=tick_key(name, tick))
         except StoreUnavailable as exc:
             log.warning("cron %s: tick %s not enqueued: %s", name, tick.isoformat(), exc)
         upcoming[name] = next(CronSim(entry.schedule, tick))

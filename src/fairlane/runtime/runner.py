@@ -13,16 +13,17 @@ import os
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-from fairlane import usage
 from fairlane.codec import PayloadTooLarge, encode_error
 from fairlane.codec.refs import MalformedReference, is_ref
 from fairlane.payloads import PayloadMissing
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retry import after_failure
+from fairlane.registry import Registry, TaskDefinition
+from fairlane.runtime import usage
 from fairlane.runtime.context import LeaseLost, NonDeterminismError, Suspend
 from fairlane.runtime.executors import (
     ChildCrashed,
@@ -32,16 +33,13 @@ from fairlane.runtime.executors import (
     RemoteError,
     ThreadExecutor,
 )
+from fairlane.runtime.hooks import WorkerHooks
 from fairlane.runtime.invoke import target_of
 from fairlane.runtime.slices import run_slice
+from fairlane.runtime.usage import JobContext
 from fairlane.store.runs import CorruptRunHistory
+from fairlane.store.shards import ShardedStores
 from fairlane.store.wire import FetchedJob, Outcome
-from fairlane.usage import JobContext
-from fairlane.workflows import Workflow
-
-if TYPE_CHECKING:
-    from fairlane.app import App
-    from fairlane.task import Task
 
 __all__ = ["CancelReason", "Runner"]
 
@@ -68,18 +66,22 @@ class _Failure(Exception):
 class Runner:
     """Executes attempts for one worker, with its thread and process executors."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - the runner's parts
         self,
-        app: App,
+        registry: Registry,
+        stores: ShardedStores,
         threads: ThreadExecutor,
         processes: ProcessExecutor | None,
         worker_id: str = "",
+        hooks: WorkerHooks | None = None,
     ) -> None:
-        self.app = app
+        self.registry = registry
+        self.stores = stores
         self.threads = threads
         self.processes = processes
         self.worker_id = worker_id
-        self.max_result = app.settings.max_payload_bytes
+        self.hooks = hooks or WorkerHooks()
+        self.max_result = registry.settings.max_payload_bytes
         self._own_processes = False
         self._process_start = asyncio.Lock()
 
@@ -87,7 +89,7 @@ class Runner:
         """The kill-able process pool, started on first use (a workflow's process step)."""
         async with self._process_start:
             if self.processes is None:
-                settings = self.app.settings.worker
+                settings = self.registry.settings.worker
                 pool = ProcessExecutor(
                     settings.process_pool_size or os.cpu_count() or 1,
                     "fairlane.runtime.invoke:invoke_sync",
@@ -108,7 +110,7 @@ class Runner:
         The outcome carries what the attempt cost in work units: the usage the task
         reported through ``fairlane.context()``, wall time counting as tool seconds.
         """
-        task = self.app.tasks.get(job.task)
+        task = self.registry.tasks.get(job.task)
         ctx = JobContext(job.id, job.tenant, job.attempt)
         reset = usage.current.set(ctx)
         started = time.monotonic()
@@ -134,10 +136,10 @@ class Runner:
             outcome = Outcome(job.id, job.token, "ok", payload.decode())
         finally:
             usage.current.reset(reset)
-        cost = ctx.units(self.app.pricing.coefficients, time.monotonic() - started)
+        cost = ctx.units(self.registry.pricing.coefficients, time.monotonic() - started)
         return msgspec.structs.replace(outcome, cost=cost)
 
-    async def _attempt(self, task: Task[Any, Any], job: FetchedJob) -> bytes:
+    async def _attempt(self, task: TaskDefinition[Any, Any], job: FetchedJob) -> bytes:
         timeout = job.timeout or None
         if is_ref(job.args):  # large arguments are read only now that the attempt runs
             job = msgspec.structs.replace(job, args=(await self._resolve_args(job)).decode())
@@ -159,7 +161,7 @@ class Runner:
                 ) from None
         else:
             payload = await self._offload(task, job, timeout, (args, kwargs))
-        payloads = self.app.payloads
+        payloads = self.registry.payloads
         if payloads is not None and payloads.by_reference(payload):
             payload = await self._offload_result(job, payload)
         if len(payload) > self.max_result:
@@ -174,21 +176,27 @@ class Runner:
         return payload
 
     async def _call_async(
-        self, task: Task[Any, Any], job: FetchedJob, args: list[Any], kwargs: dict[str, Any]
+        self,
+        task: TaskDefinition[Any, Any],
+        job: FetchedJob,
+        args: list[Any],
+        kwargs: dict[str, Any],
     ) -> Any:
-        if isinstance(task, Workflow):
+        if task.workflow is not None:
             return await run_slice(
                 task,
                 job,
-                store=self.app.store_for_job(job.id),
+                store=self.stores.store_for_job(job.id),
                 worker=self.worker_id,
                 process_pool=self.process_pool,
+                durability=self.registry.durability,
+                hooks=self.hooks,
             )
         return await task.fn(*args, **kwargs)
 
     async def _offload(
         self,
-        task: Task[Any, Any],
+        task: TaskDefinition[Any, Any],
         job: FetchedJob,
         timeout: float | None,
         call: tuple[list[Any], dict[str, Any]],
@@ -221,7 +229,7 @@ class Runner:
             raise _Failure(encode_error(exc), retryable=_retryable(task, exc)) from None
 
     async def _resolve_args(self, job: FetchedJob) -> bytes:
-        payloads = self.app.payloads
+        payloads = self.registry.payloads
         try:
             if payloads is None:
                 raise PayloadMissing(
@@ -241,10 +249,10 @@ class Runner:
             raise _Failure(error, retryable=True) from None
 
     async def _offload_result(self, job: FetchedJob, payload: bytes) -> bytes:
-        payloads = self.app.payloads
+        payloads = self.registry.payloads
         assert payloads is not None
         try:
-            store = self.app.store_for_job(job.id)
+            store = self.stores.store_for_job(job.id)
             return await payloads.offload_result(store, job.id, payload, job.parent)
         except PayloadTooLarge as exc:
             raise _Failure(encode_error(exc), retryable=False) from None
@@ -252,7 +260,9 @@ class Runner:
             error = encode_error(exc, type_name="PayloadUnavailable")
             raise _Failure(error, retryable=True) from None
 
-    def _decode(self, task: Task[Any, Any], job: FetchedJob) -> tuple[list[Any], dict[str, Any]]:
+    def _decode(
+        self, task: TaskDefinition[Any, Any], job: FetchedJob
+    ) -> tuple[list[Any], dict[str, Any]]:
         try:
             return task.codec.decode(job.args)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -270,7 +280,7 @@ class Runner:
 
     def uses_timer(self, job: FetchedJob) -> bool:
         """Whether the worker must time this attempt (executors time their own calls)."""
-        task = self.app.tasks.get(job.task)
+        task = self.registry.tasks.get(job.task)
         return bool(job.timeout) and task is not None and task.options.executor == "async"
 
     def _failed(self, job: FetchedJob, failure: _Failure) -> Outcome:
@@ -297,7 +307,7 @@ class _Unserializable(Exception):
 
 
 def _direct(
-    task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]
+    task: TaskDefinition[Any, Any], args: list[Any], kwargs: dict[str, Any]
 ) -> Callable[[str, bytes], bytes]:
     def invoke(_target: str, _payload: bytes) -> bytes:
         value = task.fn(*args, **kwargs)
@@ -316,11 +326,11 @@ def _backoff(text: str) -> Backoff:
         return Backoff()
 
 
-def _retryable(task: Task[Any, Any], exc: BaseException) -> bool:
+def _retryable(task: TaskDefinition[Any, Any], exc: BaseException) -> bool:
     return isinstance(exc, task.options.retry_on)
 
 
-def _remote_retryable(task: Task[Any, Any], type_name: str) -> bool:
+def _remote_retryable(task: TaskDefinition[Any, Any], type_name: str) -> bool:
     short = type_name.rsplit(".", 1)[-1]
     return any(
         cls.__name__ == short or cls in (Exception, BaseException) for cls in task.options.retry_on

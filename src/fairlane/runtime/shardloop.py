@@ -80,7 +80,7 @@ class ShardLoop:
             )
         )
         services.create_task(sweep_loop(self.store, worker.lease, worker.closed))
-        payloads = worker.app.payloads
+        payloads = worker.registry.payloads
         if payloads is not None:  # removes payloads whose records are gone
             services.create_task(
                 payload_sweep_loop(self.store, payloads, worker.lease.sweep_interval, worker.closed)

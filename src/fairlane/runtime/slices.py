@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from fairlane.config.settings import DurabilitySettings
 from fairlane.policy.slicing import SliceBudget
+from fairlane.registry import TaskDefinition
 from fairlane.runtime.context import (
     Context,
     Diverged,
@@ -20,28 +22,33 @@ from fairlane.runtime.context import (
     NonDeterminismError,
     ProcessPool,
 )
+from fairlane.runtime.hooks import WorkerHooks
 
 if TYPE_CHECKING:
     from fairlane.store.api import Store
     from fairlane.store.wire import FetchedJob
-    from fairlane.workflows import Workflow
 
 __all__ = ["run_slice"]
 
 
 async def run_slice(
-    flow: Workflow[Any, Any],
+    flow: TaskDefinition[Any, Any],
     job: FetchedJob,
     *,
     store: Store,
     worker: str,
     process_pool: ProcessPool,
+    durability: DurabilitySettings,
+    hooks: WorkerHooks,
 ) -> Any:
-    """Run one slice of ``job`` (a run of ``flow``); its value if the run finished."""
+    """Run one slice of ``job`` (a run of the workflow ``flow``); its value if the run
+    finished."""
+    shape = flow.workflow
+    if shape is None:
+        raise TypeError(f"task {flow.name} is not a workflow")
     start = await store.runs.load(job.id, job.token, worker)
     if start is None:
         raise LeaseLost(job.id)
-    shape = flow.workflow
     ctx = Context(
         store=store,
         run_id=job.id,
@@ -54,6 +61,8 @@ async def run_slice(
         budget=SliceBudget(shape.slice_seconds, shape.slice_steps, time.monotonic()),
         max_children=shape.max_children,
         process_pool=process_pool,
+        durability=durability,
+        hooks=hooks,
     )
     args, kwargs = flow.codec.decode(job.args)
     try:

@@ -39,26 +39,18 @@ import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from fairlane import tracing
 from fairlane.codec import encode_error
 from fairlane.config.lanes import check_lane
-from fairlane.metrics import (
-    MetricsConfig,
-    MetricsServer,
-    StoreCollector,
-    StoreReader,
-    WorkerMetrics,
-)
 from fairlane.policy.backpressure import Decision
-from fairlane.runtime.cron import cron_loop
+from fairlane.registry import Registry
+from fairlane.runtime.cron import Enqueue, cron_loop
 from fairlane.runtime.executors import ProcessExecutor, ThreadExecutor
 from fairlane.runtime.health import HealthServer, LoopMonitor
+from fairlane.runtime.hooks import Hooks, WorkerHooks
 from fairlane.runtime.lease import wait_or_stop
 from fairlane.runtime.outage import Outage
 from fairlane.runtime.pressure import (
-    PressureCollector,
     PressureConfig,
     PressureGauge,
     Sensor,
@@ -67,10 +59,8 @@ from fairlane.runtime.pressure import (
 )
 from fairlane.runtime.runner import CancelReason, Runner
 from fairlane.runtime.shardloop import ShardLoop
+from fairlane.store.shards import ShardedStores
 from fairlane.store.wire import FetchedJob, Outcome, StoreUnavailable
-
-if TYPE_CHECKING:
-    from fairlane.app import App
 
 __all__ = ["Running", "Worker", "WorkerStats"]
 
@@ -105,20 +95,27 @@ class Running:
 
 
 class Worker:
-    """Runs jobs of an app's lanes until stopped."""
+    """Runs jobs of an app's lanes until stopped.
+
+    It reads what the app declared (``registry``) and serves every shard of ``stores``;
+    ``hooks`` are the plug-ins told of its jobs (tracing, metrics: ``runtime/hooks.py``),
+    and ``enqueue`` is how its cron loop enqueues a tick (``App.enqueue``; needed only
+    when the app has cron entries).
+    """
 
     def __init__(
         self,
-        app: App,
+        registry: Registry,
+        stores: ShardedStores,
         *,
         lanes: Sequence[str],
         concurrency: int,
         burst: bool = False,
         health_port: int | None = None,
-        metrics_port: int | None = None,
-        metrics: MetricsConfig | None = None,
         pressure: PressureConfig | None = None,
         sensors: Sequence[Sensor] | None = None,
+        hooks: Sequence[WorkerHooks] = (),
+        enqueue: Enqueue | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -126,8 +123,13 @@ class Worker:
             raise ValueError("a worker needs at least one lane")
         for lane in lanes:
             check_lane(lane)
-        settings = app.settings
-        self.app = app
+        if registry.crons and enqueue is None:
+            raise ValueError("a worker of an app with cron entries needs enqueue=")
+        settings = registry.settings
+        self.registry = registry
+        self.stores = stores
+        self.hooks = Hooks(hooks)
+        self._enqueue = enqueue
         self.lanes = list(dict.fromkeys(lanes))
         self.concurrency = concurrency
         self.burst = burst
@@ -136,11 +138,6 @@ class Worker:
         self.grace = settings.worker.grace_period
         self.idle_block = settings.worker.idle_block
         self.health_port = health_port
-        # metrics (``fairlane.metrics``): recorded only when served, on --metrics-port
-        self.metrics_port = metrics_port
-        self.metrics_config = metrics or MetricsConfig()
-        self.metrics_server: MetricsServer | None = None
-        self._metrics: WorkerMetrics | None = None
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self.running: dict[str, Running] = {}
         # slots held by running jobs; above `concurrency` only briefly, after inbox hand-offs
@@ -181,6 +178,10 @@ class Worker:
         for shard in self._shards:
             shard.cancel_idle_wait()
 
+    def running_jobs(self) -> list[FetchedJob]:
+        """The jobs running on this worker now."""
+        return [r.job for r in list(self.running.values())]
+
     def statistics(self) -> WorkerStats:
         return WorkerStats(
             running=len(self.running),
@@ -202,9 +203,9 @@ class Worker:
             "worker %s serving lanes %s of app %s (concurrency %d slots%s)",
             self.id,
             ",".join(self.lanes),
-            self.app.name,
+            self.registry.name,
             self.concurrency,
-            f", {self.app.shards} shards" if self.app.shards > 1 else "",
+            f", {self.stores.count} shards" if self.stores.count > 1 else "",
         )
         if self.pressure is not None:
             limit = describe_limit(self.pressure.sensors)
@@ -227,27 +228,27 @@ class Worker:
                     loop.remove_signal_handler(sig)
 
     async def _start_executors(self, stack: AsyncExitStack) -> Runner:
-        settings = self.app.settings.worker
+        settings = self.registry.settings.worker
         threads = ThreadExecutor(settings.thread_pool_size)
         stack.push_async_callback(threads.aclose)
         processes = None
-        if any(t.options.executor == "process" for t in self.app.tasks.values()):
+        if any(t.options.executor == "process" for t in self.registry.tasks.values()):
             size = settings.process_pool_size or os.cpu_count() or 1
             processes = ProcessExecutor(size, "fairlane.runtime.invoke:invoke_sync")
             await processes.start()
             stack.push_async_callback(processes.aclose)
-        runner = Runner(self.app, threads, processes, self.id)
+        runner = Runner(self.registry, self.stores, threads, processes, self.id, self.hooks)
         # a pool a workflow's process step started on first use
         stack.push_async_callback(runner.aclose)
         return runner
 
     async def _serve(self, runner: Runner) -> None:
         self._runner = runner
-        monitor = LoopMonitor(self.app.settings.worker.loop_block_threshold)
-        self._shards = [ShardLoop(self, store) for store in self.app.stores]
+        monitor = LoopMonitor(self.registry.settings.worker.loop_block_threshold)
+        self._shards = [ShardLoop(self, store) for store in self.stores.stores]
         # tasks and lanes declared after the app connected are recorded too, so that
         # sweeps trim every task's records by age and dispatch uses every lane's classes
-        self.app.check_lanes()
+        self.registry.check_lanes()
         await self._declare(attempts=5)
         async with AsyncExitStack() as stack:
             if self.health_port is not None:
@@ -258,17 +259,22 @@ class Worker:
                 )
                 health.start()
                 stack.callback(health.stop)
-            if self.metrics_port is not None:
-                self._start_metrics(stack, self.metrics_port)
+            plugged = self.hooks.serving(self, stack)
             async with asyncio.TaskGroup() as services:
                 services.create_task(monitor.run(self.closed))
                 for shard in self._shards:
                     shard.start_services(services)
-                services.create_task(
-                    cron_loop(self.app.crons, self.stopping, self.app.store.server_time_ms)
-                )
-                if self._metrics is not None:
-                    services.create_task(self._sample_loop(self._metrics))
+                if self._enqueue is not None:
+                    services.create_task(
+                        cron_loop(
+                            self.registry.crons,
+                            self.stopping,
+                            self.stores.store.server_time_ms,
+                            self._enqueue,
+                        )
+                    )
+                for loop in plugged:
+                    services.create_task(loop)
                 if self.pressure is not None:
                     services.create_task(self._pressure_loop(self.pressure))
                 async with asyncio.TaskGroup() as jobs:
@@ -286,40 +292,6 @@ class Worker:
             for shard in self._shards:
                 await shard.leave()
         log.info("worker %s stopped", self.id)
-
-    # -- metrics ---------------------------------------------------------------------
-
-    def _start_metrics(self, stack: AsyncExitStack, port: int) -> None:
-        config = self.metrics_config
-        metrics = WorkerMetrics(self.app, self.lanes, self.concurrency, config)
-        lanes = [*self.lanes, *self.app.lanes, *(t.options.lane for t in self.app.tasks.values())]
-        reader = StoreReader(
-            self.app.url or self.app.resolve_url(),
-            self.app.name,
-            lanes,
-            timeout=config.store_timeout,
-            max_age=config.store_max_age,
-            shards=self.app.shards,
-        )
-        stack.callback(reader.close)
-        metrics.registry.register(StoreCollector(reader))
-        if self.pressure is not None:
-            metrics.registry.register(PressureCollector(self.pressure))
-        server = MetricsServer(port, metrics.registry, reader, config.host)
-        server.start()
-        stack.callback(server.stop)
-        self._metrics, self.metrics_server = metrics, server
-        log.info("worker %s serving /metrics and /autoscale on port %d", self.id, server.port)
-
-    async def _sample_loop(self, metrics: WorkerMetrics) -> None:
-        interval = self.metrics_config.sample_interval
-        while not self.closed.is_set():
-            metrics.sample(r.job for r in list(self.running.values()))
-            sent = time.time()
-            with contextlib.suppress(StoreUnavailable):  # the offset stays as last read
-                server_ms = await self.app.store.server_time_ms()
-                metrics.sync_clock(server_ms, sent, time.time())
-            await wait_or_stop(self.closed, interval)
 
     # -- resource pressure -----------------------------------------------------------
 
@@ -381,8 +353,8 @@ class Worker:
             self._used += job.slots
             shard.running += 1
         self._fetched += len(fetched)
-        if self._metrics is not None and fetched:
-            self._metrics.started(fetched)
+        if fetched:
+            self.hooks.started(fetched)
 
     async def burst_drained(self, shard: ShardLoop) -> bool:
         """In burst mode, ``shard`` found nothing to do: True once every shard has (the
@@ -415,7 +387,7 @@ class Worker:
         began = time.monotonic()
         # the attempt's span is current while it runs, so a workflow's steps and the
         # task's own spans are its children (None when tracing is off)
-        traced = tracing.attempt(job, self.app.tasks)
+        traced = self.hooks.attempt(job)
         try:
             outcome = await self._runner.run(job)
         except asyncio.CancelledError:
@@ -433,8 +405,7 @@ class Worker:
             if running is not None and running.job is job:
                 del self.running[job.id]
             self.slot_freed.set()
-        if self._metrics is not None:
-            self._metrics.finished(job, outcome, time.monotonic() - began)
+        self.hooks.finished(job, outcome, time.monotonic() - began)
         if outcome is not None:
             shard.settle(outcome)
 
@@ -466,8 +437,7 @@ class Worker:
         ]
         if ids:
             log.warning("lost the lease of %d job(s); stopping them: %s", len(ids), ids[:5])
-            if self._metrics is not None:
-                self._metrics.lost(len(ids))
+            self.hooks.lost(len(ids))
             self._interrupt(ids, CancelReason.LEASE_LOST)
 
     def cancel_requested(self, ids: list[str]) -> None:
@@ -490,8 +460,7 @@ class Worker:
         after ``attempts`` the error is raised."""
         for attempt in range(1, attempts + 1):
             try:
-                await self.app.declare_tasks()
-                await self.app.declare_lanes()
+                await self.registry.declare(self.stores.stores)
             except StoreUnavailable as exc:
                 delay = self._declare_outage.failed(exc)
                 if attempt == attempts:
@@ -513,8 +482,7 @@ class Worker:
             await self._declare(attempts=1)
 
     def count_settled(self, outcomes: Sequence[Outcome], codes: Sequence[int]) -> None:
-        if self._metrics is not None:
-            self._metrics.settled(outcomes, codes)
+        self.hooks.settled(outcomes, codes)
         stale = sum(1 for c in codes if c == 0)
         self._settled += len(outcomes) - stale
         if stale:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
+from fairlane.app.workflows import Workflow
 from fairlane.gateway.state import GatewayState
 from fairlane.gateway.ui import actions
 from fairlane.gateway.ui.auth import (
@@ -29,7 +30,6 @@ from fairlane.gateway.ui.auth import (
 )
 from fairlane.gateway.ui.jobs import STATES, Filter, find_jobs, job_detail
 from fairlane.gateway.ui.queries import overview
-from fairlane.workflows import Workflow
 
 __all__ = ["BulkRequest", "api_router"]
 

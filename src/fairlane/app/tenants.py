@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from fairlane.policy.ceilings import TenantLimits
-
-if TYPE_CHECKING:
-    from fairlane.app import App
+from fairlane.store.shards import ShardedStores
 
 __all__ = ["MAX_WEIGHT", "TenantSetting", "Tenants"]
 
@@ -70,8 +68,8 @@ def _is_default(limits: TenantLimits) -> bool:
 class Tenants:
     """``app.tenants``: configure tenants while the system runs."""
 
-    def __init__(self, app: App) -> None:
-        self._app = app
+    def __init__(self, stores: ShardedStores) -> None:
+        self._stores = stores
 
     async def configure(
         self,
@@ -105,9 +103,9 @@ class Tenants:
             def merged(current: TenantLimits | None) -> TenantLimits:
                 return dataclasses.replace(current or _DEFAULT_LIMITS, **given)  # type: ignore[arg-type]
 
-            await self._app.store_for_tenant(tenant).update_tenant_limits(tenant, merged)
+            await self._stores.store_for_tenant(tenant).update_tenant_limits(tenant, merged)
         if new_weight is not None:
-            await self._app.store_for_tenant(tenant).configure_tenant(tenant, new_weight)
+            await self._stores.store_for_tenant(tenant).configure_tenant(tenant, new_weight)
 
     async def reset(self, tenant: str, *settings: TenantSetting) -> None:
         """Put a tenant's settings back on the defaults: those named, or all of them.
@@ -121,7 +119,7 @@ class Tenants:
                 f"unknown tenant settings {unknown}; they are weight, {', '.join(_LIMIT_FIELDS)}"
             )
         names = set(settings) or {"weight", *_LIMIT_FIELDS}
-        store = self._app.store_for_tenant(tenant)
+        store = self._stores.store_for_tenant(tenant)
         if names >= set(_LIMIT_FIELDS):
             await store.configure_tenant_limits(tenant, None)
         elif names & set(_LIMIT_FIELDS):
@@ -140,9 +138,9 @@ class Tenants:
     async def weight(self, tenant: str) -> float:
         """The tenant's current weight (1 unless configured)."""
         _check_tenant(tenant)
-        return await self._app.store_for_tenant(tenant).tenant_weight(tenant)
+        return await self._stores.store_for_tenant(tenant).tenant_weight(tenant)
 
     async def limits(self, tenant: str) -> TenantLimits | None:
         """The tenant's concurrency settings, or None when it has none (the defaults apply)."""
         _check_tenant(tenant)
-        return await self._app.store_for_tenant(tenant).tenant_limits(tenant)
+        return await self._stores.store_for_tenant(tenant).tenant_limits(tenant)

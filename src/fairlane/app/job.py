@@ -1,0 +1,176 @@
+"""``Job``: a handle on one enqueued job, and ``JobInfo``, a snapshot of its record.
+
+A handle reads the job's record from the shard its id names and waits for its result
+through the app's result listener, without polling (``fairlane.app.results``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Generic, Protocol, TypeVar
+
+import msgspec
+
+from fairlane.codec import ArgsCodec, decode_error
+from fairlane.config.lanes import DEFAULT_CLASS
+from fairlane.errors import JobCancelled, JobExpired, JobNotFound, TaskFailed
+from fairlane.registry import Registry
+from fairlane.store.api import Store
+from fairlane.store.fields import field_int, field_text
+from fairlane.store.shards import ShardedStores
+
+__all__ = ["TERMINAL", "Job", "JobInfo", "TaskOwner"]
+
+R = TypeVar("R")
+
+TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
+
+
+class TaskOwner(Protocol):
+    """What a task handle and its jobs use of the app they belong to."""
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def sharded(self) -> ShardedStores: ...
+
+    def wait_finished(self, job_id: str) -> Awaitable[tuple[str, bytes, bytes]]: ...
+
+
+class _Owned(Protocol):
+    """What a job handle uses of its task."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def codec(self) -> ArgsCodec: ...
+
+    @property
+    def app(self) -> TaskOwner: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """A snapshot of a job's record."""
+
+    id: str
+    status: str
+    task: str
+    tenant: str
+    attempts: int
+    max_attempts: int
+    enqueued_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+    service_class: str = DEFAULT_CLASS
+    slots: int = 1
+    limits: dict[str, int] = field(default_factory=dict)
+    reserved_units: float | None = None
+    """Work units admission reserved for it, or will when a deferred job is admitted
+    (None: its lane has no admission control)."""
+    charged_units: float | None = None
+    """Work units its tenant was charged at dispatch (when tenants are charged by cost)."""
+    actual_units: float | None = None
+    """Work units its last attempt used: reported usage, wall time counting as tool time."""
+    waiting_for: str | None = None
+    """What a suspended workflow run waits for (``yield``, ``sleep``, ``signal:<name>``,
+    ``children``); None when it is not suspended."""
+
+
+def _units(raw: bytes | None) -> float | None:
+    try:
+        return None if raw is None else int(float(raw)) / 1000
+    except (ValueError, OverflowError):
+        return None
+
+
+_LIMITS = msgspec.msgpack.Decoder(list[tuple[str, int]])
+
+
+def _limits(raw: bytes | None) -> dict[str, int]:
+    if not raw:
+        return {}
+    try:
+        return dict(_LIMITS.decode(raw))
+    except msgspec.DecodeError:
+        return {}
+
+
+def _when(raw: bytes | None) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(int(raw) / 1000, UTC) if raw else None
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+class Job(Generic[R]):
+    """A handle on one enqueued job."""
+
+    __slots__ = ("_task", "created", "id")
+
+    def __init__(self, task: _Owned, job_id: str, *, created: bool = True) -> None:
+        self._task = task
+        self.id = job_id
+        self.created = created  # False when an idempotency key matched an existing job
+
+    def __repr__(self) -> str:
+        return f"Job({self._task.name!r}, {self.id!r})"
+
+    def _store(self) -> Store:
+        return self._task.app.sharded.store_for_job(self.id)
+
+    async def status(self) -> str:
+        """queued, throttled (waiting for room on a throttle key), scheduled, running,
+        completed, failed, cancelled or expired."""
+        (st,) = await self._store().job_fields(self.id, "st")
+        if st is None:
+            raise JobNotFound(f"no record of job {self.id}")
+        return st.decode()
+
+    async def info(self) -> JobInfo:
+        rec = await self._store().job_record(self.id)
+        if not rec:
+            raise JobNotFound(f"no record of job {self.id}")
+        err = rec.get("err")
+        status = field_text(rec.get("st"), "")
+        return JobInfo(
+            id=self.id,
+            status=status,
+            task=field_text(rec.get("task"), ""),
+            tenant=field_text(rec.get("tenant"), ""),
+            attempts=field_int(rec.get("att"), 0),
+            max_attempts=field_int(rec.get("max"), 1),
+            enqueued_at=_when(rec.get("enq")),
+            finished_at=_when(rec.get("fin")),
+            error=decode_error(err).message if err else None,
+            service_class=field_text(rec.get("cls"), DEFAULT_CLASS),
+            slots=field_int(rec.get("sl"), 1),
+            limits=_limits(rec.get("lim")),
+            reserved_units=_units(rec.get("emu") or rec.get("dmu")),
+            charged_units=_units(rec.get("cu")),
+            actual_units=_units(rec.get("amu")),
+            waiting_for=field_text(rec.get("wf"), "") or None if status == "scheduled" else None,
+        )
+
+    async def cancel(self) -> str:
+        """Cancel the job; returns the resulting status (``cancelling`` if it was running)."""
+        return await self._store().cancel(self.id)
+
+    async def result(self, timeout: float | None = None) -> R:
+        """Wait for the job to finish and return its result, or raise its failure."""
+        app = self._task.app
+        async with asyncio.timeout(timeout):
+            status, res, err = await app.wait_finished(self.id)
+        if status == "completed":
+            payloads = app.registry.payloads
+            if payloads is not None:  # a large result is fetched from its store
+                res = await payloads.resolve(res)
+            return self._task.codec.decode_result(res)  # type: ignore[no-any-return]
+        info = decode_error(err)
+        kind = {"cancelled": JobCancelled, "expired": JobExpired}.get(status, TaskFailed)
+        raise kind(self.id, info.type, info.message, info.traceback)

@@ -1,0 +1,256 @@
+"""``Task``: a registered function as users hold it, enqueued by name.
+
+A task handle is its declaration (``fairlane.registry.TaskDefinition``: function,
+options, codec, job construction) with the app's producer side on top: ``enqueue``,
+``submit`` and ``enqueue_many``. Each binds the call to the function's signature and
+checks argument types at the call site; everything it sends is validated before one
+byte is written, so a bad call never leaves a half-stored job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, Unpack
+
+from fairlane import tracing
+from fairlane.app.admission import Admission, Rejected, answer, unavailable
+from fairlane.app.job import Job, TaskOwner
+from fairlane.config.settings import DurabilitySettings
+from fairlane.policy.admission import Estimate
+from fairlane.registry import Placement, Seconds, TaskDefinition, TaskOptions, WorkflowOptions
+from fairlane.store.shards import NotAcknowledged, submit
+from fairlane.store.wire import NewJob, StoreUnavailable
+
+__all__ = ["BoundCall", "EnqueueOptions", "Task"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Task(TaskDefinition[P, R]):
+    """A function registered with an app, enqueued by name."""
+
+    def __init__(
+        self,
+        app: TaskOwner,
+        fn: Callable[P, Awaitable[R]] | Callable[P, R],
+        options: TaskOptions,
+        workflow: WorkflowOptions | None = None,
+    ) -> None:
+        super().__init__(app.registry.factory, fn, options, workflow)
+        self.app = app
+
+    def __repr__(self) -> str:
+        return f"Task({self.name!r}, lane={self.options.lane!r})"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R] | R:
+        """Call the function directly, in this process (no queue)."""
+        return self.fn(*args, **kwargs)
+
+    def bind(self, *args: P.args, **kwargs: P.kwargs) -> BoundCall[R]:
+        """A call checked statically against the signature; ``await .enqueue(tenant=...)``."""
+        return BoundCall(self, args, kwargs)
+
+    async def enqueue(
+        self,
+        *args: Any,
+        tenant: str = "default",
+        delay: Seconds | None = None,
+        at: datetime | None = None,
+        deadline: datetime | Seconds | None = None,
+        idempotency_key: str | None = None,
+        priority: int = 0,
+        service_class: str | None = None,
+        slots: int | None = None,
+        limits: Mapping[str, int] | None = None,
+        estimate: Estimate | float | None = None,
+        trace: bool = True,
+        durability: DurabilitySettings | None = None,
+        **kwargs: Any,
+    ) -> Job[R]:
+        """Enqueue one call. Arguments are checked against the signature here, at the call site.
+
+        ``service_class`` and ``slots`` replace the task's; ``limits`` are added to the
+        task's (a key named by both takes this call's limit). A deferred job is returned
+        like an accepted one; a rejection raises ``Rejected(reason, retry_after)``.
+        ``trace=False`` stores no trace context with the job (``fairlane.tracing``).
+        ``durability`` (default: the app's) asks replicas or AOF fsyncs to confirm the
+        write; a job stored without that confirmation raises ``NotAcknowledged``.
+        """
+        admission: Admission[R] = await self.submit(
+            *args,
+            tenant=tenant,
+            service_class=service_class,
+            estimate=estimate,
+            idempotency_key=idempotency_key,
+            deadline=deadline,
+            delay=delay,
+            at=at,
+            priority=priority,
+            slots=slots,
+            limits=limits,
+            trace=trace,
+            durability=durability,
+            **kwargs,
+        )
+        if admission.job is not None:
+            ack = admission.acknowledgement
+            if ack is not None and not ack.met:
+                raise NotAcknowledged([admission.job], ack)
+            return admission.job
+        if admission.status == "unavailable":
+            raise StoreUnavailable("the store cannot be reached; nothing was enqueued")
+        if admission.reason == "deadline_unmeetable":
+            raise ValueError("the job's deadline has already passed (server time)")
+        raise Rejected(admission.reason or "class_full", admission.retry_after or 1.0)
+
+    async def submit(
+        self,
+        *args: Any,
+        tenant: str = "default",
+        service_class: str | None = None,
+        estimate: Estimate | float | None = None,
+        idempotency_key: str | None = None,
+        deadline: datetime | Seconds | None = None,
+        delay: Seconds | None = None,
+        at: datetime | None = None,
+        priority: int = 0,
+        slots: int | None = None,
+        limits: Mapping[str, int] | None = None,
+        trace: bool = True,
+        durability: DurabilitySettings | None = None,
+        **kwargs: Any,
+    ) -> Admission[R]:
+        """Ask admission to take one call: accepted, deferred (stored, admitted when room
+        frees), rejected (with ``retry_after`` seconds and a reason) or unavailable.
+
+        ``estimate`` is the work the call declares (an ``Estimate`` or units); the store
+        reserves the larger of it and what this tenant's jobs of this workflow and model
+        were learned to cost, times the safety multiplier. Bad input raises at once.
+        With tracing on, a ``send`` span records the answer and, unless ``trace`` is
+        False, the job stores its context for the workers' spans (``fairlane.tracing``).
+        With ``durability`` (default: the app's), a stored job's ``acknowledgement``
+        says what the replicas and AOF confirmed.
+        """
+        blob = self.encode_args(args, kwargs)
+        job = self.new_job(
+            blob,
+            tenant=tenant,
+            delay=delay,
+            at=at,
+            deadline=deadline,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            service_class=service_class,
+            slots=slots,
+            limits=limits,
+            estimate=estimate,
+        )
+        with tracing.sending(self.options.lane, [job], propagate=trace) as span:
+            admission = await self.submit_job(job, durability)
+            tracing.admitted(span, admission)
+        return admission
+
+    async def submit_job(
+        self, job: NewJob, durability: DurabilitySettings | None = None
+    ) -> Admission[R]:
+        """Submit a job made by ``new_job`` (as ``submit`` does, without a span);
+        ``durability`` defaults to the app's."""
+        app = self.app
+        try:
+            store = app.sharded.store_for_tenant(job.tenant)
+            (reply,), ack = await submit(
+                store, self.options.lane, [job], durability or app.registry.durability
+            )
+        except StoreUnavailable:
+            return unavailable()
+        handle: Job[R] | None = (
+            Job(self, reply.id, created=reply.code in (1, 2)) if reply.code >= 0 else None
+        )
+        admission = answer(reply, handle, app.registry.pricing)
+        if ack is not None and admission.admitted:
+            admission = dataclasses.replace(admission, acknowledgement=ack)
+        return admission
+
+    async def enqueue_many(
+        self,
+        calls: Iterable[Sequence[Any]],
+        *,
+        tenant: str = "default",
+        delay: Seconds | None = None,
+        at: datetime | None = None,
+        deadline: datetime | Seconds | None = None,
+        priority: int = 0,
+        service_class: str | None = None,
+        slots: int | None = None,
+        limits: Mapping[str, int] | None = None,
+        estimate: Estimate | float | None = None,
+        trace: bool = True,
+        durability: DurabilitySettings | None = None,
+    ) -> list[Job[R]]:
+        """Enqueue many calls (each a tuple of positional arguments) in one round trip.
+
+        Every call is checked before anything is sent: one bad call stores no job.
+        Admission judges each job on its own: if one is rejected, ``Rejected`` is raised
+        and the batch's other jobs stay stored (``submit`` answers job by job).
+        ``trace=False`` stores no trace context with the jobs (``fairlane.tracing``).
+        """
+        when = Placement.of(tenant, delay, at, deadline, priority)
+        demand = self.factory.demand(
+            self.options, service_class, slots, limits, when.tenant, estimate
+        )
+        jobs = [self.job(self.encode_args(tuple(call), {}), when, demand, "") for call in calls]
+        if not jobs:
+            return []
+        # one span for the batch: every job of it carries the same context
+        with tracing.sending(self.options.lane, jobs, propagate=trace):
+            return await self._store(jobs, durability or self.app.registry.durability)
+
+    async def _store(self, jobs: list[NewJob], durability: DurabilitySettings) -> list[Job[R]]:
+        store = self.app.sharded.store_for_tenant(jobs[0].tenant)  # a batch is one tenant's
+        replies, ack = await submit(store, self.options.lane, jobs, durability)
+        handles: list[Job[R]] = []
+        for reply in replies:
+            if reply.code == -1:
+                raise ValueError(f"job {reply.id}: its deadline has already passed (server time)")
+            if reply.code == -4:
+                # the others of the batch are stored: admission judges each job on its own
+                reason = reply.reason or "class_full"
+                retry = self.app.registry.pricing.retry_after(reply.earlier_rejections)
+                raise Rejected(reason, retry)
+            if reply.code < 0:
+                raise ValueError(f"job {reply.id}: refused by the store (code {reply.code})")
+            handles.append(Job(self, reply.id, created=reply.code in (1, 2)))
+        if ack is not None and not ack.met:
+            raise NotAcknowledged(list(handles), ack)
+        return handles
+
+
+class EnqueueOptions(TypedDict, total=False):
+    """The options of ``Task.enqueue``, for calls that pass them along."""
+
+    tenant: str
+    delay: Seconds | None
+    at: datetime | None
+    deadline: datetime | Seconds | None
+    idempotency_key: str | None
+    priority: int
+    service_class: str | None
+    slots: int | None
+    limits: Mapping[str, int] | None
+    trace: bool
+    durability: DurabilitySettings | None
+
+
+class BoundCall(Generic[R]):
+    """A call of a task with its arguments bound, awaiting its enqueue options."""
+
+    __slots__ = ("_args", "_kwargs", "_task")
+
+    def __init__(self, task: Task[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._task, self._args, self._kwargs = task, args, kwargs
+
+    async def enqueue(self, **options: Unpack[EnqueueOptions]) -> Job[R]:
+        return await self._task.enqueue(*self._args, **options, **self._kwargs)
