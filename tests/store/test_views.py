@@ -292,3 +292,22 @@ async def test_both_runners_read_the_same_snapshot(store: Store, sync_client: An
     assert [name for name, _ in workers] == ["w1"]
     found = await store.view(candidates, Filter(states=frozenset({"running"})), {}, [])
     assert set(found.ids) == {job.id for job in fetched.jobs}
+
+
+@pytest.mark.anyio
+@pytest.mark.contract
+async def test_records_exist_and_a_subscription_to_finished_jobs(store: Store) -> None:
+    await store.enqueue("gpu", [_job(1)])
+    assert await store.records_exist(["v001", "nope"]) == [True, False]
+    assert await store.records_exist([]) == []
+    pubsub = await store.subscribe(store.keys.done_channel)
+    try:
+        await store.client.publish(store.keys.done_channel, b"v001")
+        message = None
+        for _ in range(50):  # the confirmation is not handed out: the first is ours
+            message = await pubsub.get_message(timeout=0.1)
+            if message is not None:
+                break
+        assert message is not None and message["data"] == b"v001"
+    finally:
+        await pubsub.aclose()

@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 from redis.exceptions import ClusterError, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -119,6 +120,18 @@ class StoreBase:
     ) -> T:
         """Read ``model`` over every shard of the app: ``model(all_keys, ...)``."""
         return await self.read(model(self.all_keys, *args, **kwargs))
+
+    async def subscribe(self, *channels: str) -> PubSub:
+        """A subscription to ``channels`` (messages only, not the confirmations), on a
+        connection of its own; the caller closes it."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            with unavailable():
+                await pubsub.subscribe(*channels)
+        except BaseException:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            raise
+        return pubsub
 
     async def blocking_call(self, wait: float, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """A call the server may hold for ``wait`` seconds, bounded by that plus the

@@ -55,6 +55,15 @@ class JobCalls(StoreBase):
         raw = await self._call(self.client.lrange, self.keys.events(job_id), 0, -1)
         return [decode_event(entry) for entry in raw]
 
+    async def records_exist(self, job_ids: Sequence[str]) -> list[bool]:
+        """Whether each job still has a record, in one round trip (none asked: none sent)."""
+        if not job_ids:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.exists(self.keys.job(job_id))
+        return [bool(n) for n in await self._call(pipe.execute)]
+
     async def is_dead_letter(self, job_id: str) -> bool:
         return await self._call(self.client.zscore, self.keys.dead, job_id) is not None
 
