@@ -4,6 +4,7 @@ context manager."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import socket
 import subprocess
@@ -132,6 +133,13 @@ class ServerProcess(Managed):
     def _terminate(self) -> None:
         stop_process(self._proc)
         self._close_log()
+
+    def _discard(self) -> None:
+        """Stop the process and delete its directory."""
+        self._terminate()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
     def _close_log(self) -> None:
         if self._log is not None:

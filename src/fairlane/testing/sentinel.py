@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -90,10 +89,7 @@ class RedisSentinel(ServerProcess):
             raise
 
     def stop(self) -> None:
-        self._terminate()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+        self._discard()
         self._port = None
 
     def _launch(self, binary: Path, deadline: float) -> bool:

@@ -10,7 +10,6 @@ bounded.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -98,10 +97,7 @@ class RedisServer(ServerProcess):
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, SIGKILL after a bounded wait) and delete its directory."""
-        self._terminate()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+        self._discard()
         if self._fixed_port is None:
             self._port = None
 
