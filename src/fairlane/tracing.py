@@ -88,8 +88,6 @@ __all__ = [
 ]
 
 SYSTEM: Final = "fairlane"
-TRACE_FIELD: Final = "tp"
-"""The job record's field holding the trace context (see ``fairlane.store.keys``)."""
 
 _OUTCOMES: Final = {
     "ok": "completed",

@@ -1,7 +1,8 @@
 """``Job``: a handle on one enqueued job, and ``JobInfo``, a snapshot of its record.
 
-A handle reads the job's record from the shard its id names and waits for its result
-through the app's result listener, without polling (``fairlane.app.results``).
+A handle reads the job's record from the shard its id names, through the store's read
+model (``fairlane.store.records.JobRecord``), and waits for its result through the
+app's result listener, without polling (``fairlane.app.results``).
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Generic, Protocol, TypeVar
 
-import msgspec
-
 from fairlane.codec import ArgsCodec, decode_error
 from fairlane.config.lanes import DEFAULT_CLASS
 from fairlane.errors import JobCancelled, JobExpired, JobNotFound, TaskFailed
 from fairlane.registry import Registry
 from fairlane.store.api import Store
-from fairlane.store.fields import field_int, field_text
+from fairlane.store.records import STATUS
 from fairlane.store.shards import ShardedStores
 
 __all__ = ["TERMINAL", "Job", "JobInfo", "TaskOwner"]
@@ -82,28 +81,13 @@ class JobInfo:
     ``children``); None when it is not suspended."""
 
 
-def _units(raw: bytes | None) -> float | None:
+def _units(mu: int | None) -> float | None:
+    return None if mu is None else mu / 1000
+
+
+def _when(ms: int | None) -> datetime | None:
     try:
-        return None if raw is None else int(float(raw)) / 1000
-    except (ValueError, OverflowError):
-        return None
-
-
-_LIMITS = msgspec.msgpack.Decoder(list[tuple[str, int]])
-
-
-def _limits(raw: bytes | None) -> dict[str, int]:
-    if not raw:
-        return {}
-    try:
-        return dict(_LIMITS.decode(raw))
-    except msgspec.DecodeError:
-        return {}
-
-
-def _when(raw: bytes | None) -> datetime | None:
-    try:
-        return datetime.fromtimestamp(int(raw) / 1000, UTC) if raw else None
+        return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
     except (ValueError, OverflowError, OSError):
         return None
 
@@ -127,34 +111,33 @@ class Job(Generic[R]):
     async def status(self) -> str:
         """queued, throttled (waiting for room on a throttle key), scheduled, running,
         completed, failed, cancelled or expired."""
-        (st,) = await self._store().job_fields(self.id, "st")
-        if st is None:
+        record = await self._store().read_job(self.id, STATUS)
+        if record is None:
             raise JobNotFound(f"no record of job {self.id}")
-        return st.decode()
+        return record.status
 
     async def info(self) -> JobInfo:
-        rec = await self._store().job_record(self.id)
-        if not rec:
+        rec = await self._store().read_job(self.id)
+        if rec is None:
             raise JobNotFound(f"no record of job {self.id}")
-        err = rec.get("err")
-        status = field_text(rec.get("st"), "")
+        failure = rec.failure
         return JobInfo(
             id=self.id,
-            status=status,
-            task=field_text(rec.get("task"), ""),
-            tenant=field_text(rec.get("tenant"), ""),
-            attempts=field_int(rec.get("att"), 0),
-            max_attempts=field_int(rec.get("max"), 1),
-            enqueued_at=_when(rec.get("enq")),
-            finished_at=_when(rec.get("fin")),
-            error=decode_error(err).message if err else None,
-            service_class=field_text(rec.get("cls"), DEFAULT_CLASS),
-            slots=field_int(rec.get("sl"), 1),
-            limits=_limits(rec.get("lim")),
-            reserved_units=_units(rec.get("emu") or rec.get("dmu")),
-            charged_units=_units(rec.get("cu")),
-            actual_units=_units(rec.get("amu")),
-            waiting_for=field_text(rec.get("wf"), "") or None if status == "scheduled" else None,
+            status=rec.status,
+            task=rec.task,
+            tenant=rec.tenant,
+            attempts=rec.attempts,
+            max_attempts=1 if rec.max_attempts is None else rec.max_attempts,
+            enqueued_at=_when(rec.enqueued_ms),
+            finished_at=_when(rec.finished_ms),
+            error=failure.message if failure else None,
+            service_class=rec.service_class,
+            slots=rec.slots,
+            limits=rec.limits,
+            reserved_units=_units(rec.reserved_mu),
+            charged_units=_units(rec.charged_mu),
+            actual_units=_units(rec.used_mu),
+            waiting_for=rec.waiting_for or None if rec.status == "scheduled" else None,
         )
 
     async def cancel(self) -> str:

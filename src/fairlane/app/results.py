@@ -89,12 +89,7 @@ class ResultListener:
         async with self._lock:
             if self._started():
                 return
-            pubsub = self._stores.store.client.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(*self._done_channels())
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
-                raise StoreUnavailable(f"the Redis server is unreachable: {exc}") from exc
+            pubsub = await self._stores.store.subscribe(*self._done_channels())
             self._pubsub = pubsub
             self._listener = asyncio.create_task(self._listen(pubsub), name="fairlane-results")
 
@@ -127,13 +122,9 @@ class ResultListener:
         with contextlib.suppress(Exception):
             await old.aclose()  # type: ignore[no-untyped-call]
         while True:
-            pubsub = self._stores.store.client.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(*self._done_channels())
-                return pubsub
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                return await self._stores.store.subscribe(*self._done_channels())
+            except StoreUnavailable as exc:
                 await asyncio.sleep(outage.failed(exc))
 
     def _done_channels(self) -> list[str]:
