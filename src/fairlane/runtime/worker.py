@@ -95,13 +95,9 @@ class Running:
 
 
 class Worker:
-    """Runs jobs of an app's lanes until stopped.
-
-    It reads what the app declared (``registry``) and serves every shard of ``stores``;
-    ``hooks`` are the plug-ins told of its jobs (tracing, metrics: ``runtime/hooks.py``),
-    and ``enqueue`` is how its cron loop enqueues a tick (``App.enqueue``; needed only
-    when the app has cron entries).
-    """
+    """Runs jobs of an app's lanes (its ``registry``, in every shard of ``stores``) until
+    stopped; ``hooks`` are told of its jobs (``runtime/hooks.py``), and its cron loop
+    enqueues ticks with ``enqueue`` (``App.enqueue``), needed when the app has crons."""
 
     def __init__(
         self,
