@@ -21,9 +21,9 @@ from fairlane.codec.refs import decode_ref, is_ref
 from fairlane.gateway.ui.actions import retry
 from fairlane.payloads import PayloadMissing, PayloadStore
 from fairlane.payloads.directory import DirectoryPayloadStore
-from fairlane.payloads.index import split_member
 from fairlane.payloads.s3 import S3PayloadStore
 from fairlane.payloads.sweep import sweep_once
+from fairlane.store.payloadindex import split_member
 from tests.e2e.helpers import WAIT, eventually, fast_settings, running_worker
 
 # they test payload stores more than the server: one backend is enough, and the

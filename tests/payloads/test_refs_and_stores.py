@@ -27,8 +27,8 @@ from fairlane.codec.refs import (
 from fairlane.config.settings import PayloadSettings
 from fairlane.payloads import PayloadMissing, PayloadStore, open_store
 from fairlane.payloads.directory import DirectoryPayloadStore
-from fairlane.payloads.index import index_member, split_member
 from fairlane.payloads.offload import Payloads
+from fairlane.store.payloadindex import index_member, split_member
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 from fairlane.payloads.offload import Payloads
 from fairlane.payloads.sweep import remove_all as remove_all_payloads
-from fairlane.store.api import unlink_matching
 from fairlane.store.shards import ShardedStores
 
 __all__ = ["dead_letters", "purge", "redrive", "stats"]
@@ -58,5 +57,5 @@ async def purge(stores: ShardedStores, payloads: Payloads | None) -> int:
     for store in stores.stores:
         if payloads is not None:
             await remove_all_payloads(store, payloads)
-        removed += await unlink_matching(store.client, store.keys.match_all())
+        removed += await store.remove_keys()
     return removed

@@ -62,7 +62,7 @@ from fairlane.demo.view import (
 )
 from fairlane.demo.workload import Workload, build_workload
 from fairlane.runtime.loop import run as run_loop
-from fairlane.store.api import redact_url, unlink_matching
+from fairlane.store.api import redact_url
 
 __all__ = ["FAIR_WEIGHTS", "GROUPS", "DemoOptions", "DemoResult", "run_demo"]
 
@@ -268,7 +268,7 @@ async def _one_run(  # noqa: PLR0917 - one run's parts
         snap = tracker.snapshot(final=True)
         workflows = _workflows(tracker)
         async with asyncio.timeout(_CALL_TIMEOUT * 3):
-            await unlink_matching(app.store.client, app.store.keys.match_all())
+            await app.store.remove_keys()
         cleanup.apps.remove(name)
     console.print(
         f"{mode} run over after {snap.elapsed:.1f} s: {snap.jobs} jobs, "

@@ -4,11 +4,11 @@ This package owns the ``PayloadStore`` protocol and its errors
 (``fairlane.payloads.base``), its two stores (a shared directory,
 ``fairlane.payloads.directory``; S3-compatible object storage, ``fairlane.payloads.s3``,
 behind the ``s3`` extra) and ``open_store``, which picks one from a URL; moving payloads
-in and out of jobs (``fairlane.payloads.offload``), the index that records every stored
-payload with its job (``fairlane.payloads.index``) and the sweep step that removes a
+in and out of jobs (``fairlane.payloads.offload``) and the sweep step that removes a
 payload after its job's record (``fairlane.payloads.sweep``; the worker's loop that
-repeats it is ``fairlane.runtime.payload_sweep``). The reference a stored payload
-travels as is the codec's (``fairlane.codec.refs``).
+repeats it is ``fairlane.runtime.payload_sweep``). The index that records every stored
+payload with its job is the store's (``fairlane.store.payloadindex``); the reference a
+stored payload travels as is the codec's (``fairlane.codec.refs``).
 
 A payload store is shared by every producer and worker of an app: each writes
 what it offloads and reads what it is handed by name. Names are unique per job and

@@ -7,7 +7,7 @@ which calls it), a worker resolves a job's reference only when an attempt runs
 attempt settles (``offload_result``); ``Job.result()`` resolves on the producer side.
 
 Each payload is put in the index (``payloads`` in ``fairlane.store.keys``, kept by
-``fairlane.payloads.index``) *before* it is written, so that no crash leaves a payload
+``fairlane.store.payloadindex``) *before* it is written, so that no crash leaves a payload
 nobody will ever remove: the sweep (``fairlane.payloads.sweep``) removes it once its
 job's record is gone. A new entry is first checked only after ``payloads.grace``: its
 job may not be stored yet.
@@ -26,7 +26,6 @@ import msgspec
 from fairlane.codec import PayloadTooLarge
 from fairlane.codec.refs import PayloadRef, decode_ref, encode_ref, is_ref, new_name
 from fairlane.payloads.base import PayloadMissing, PayloadStore
-from fairlane.payloads.index import add_to_index, index_member
 
 if TYPE_CHECKING:
     from fairlane.config.settings import PayloadSettings
@@ -124,4 +123,4 @@ class Payloads:
     async def _index(self, server: Store, entries: Sequence[tuple[str, str]]) -> None:
         # the client's clock: it only delays a check, and the grace dwarfs any skew
         due = int((time.time() + self.settings.grace) * 1000)
-        await add_to_index(server, [index_member(job_id, name) for job_id, name in entries], due)
+        await server.index_payloads(entries, due)

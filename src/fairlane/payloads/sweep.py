@@ -1,7 +1,7 @@
 """Removing payloads with their job's record: one pass of the sweep over the index.
 
 Every stored payload has an entry in the ``payloads`` index
-(``fairlane.payloads.index``). A pass (``sweep_once``) takes up to
+(``fairlane.store.payloadindex``). A pass (``sweep_once``) takes up to
 ``payloads.sweep_batch`` due entries, asks whether each job's record still exists,
 deletes the payloads of those gone and drops their entries, and puts the others back
 for ``payloads.recheck_interval``. Each worker runs a pass every
@@ -21,11 +21,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from fairlane.codec.refs import MalformedReference, check_name
-from fairlane.payloads.index import split_member
 
 if TYPE_CHECKING:
     from fairlane.payloads.offload import Payloads
     from fairlane.store.api import Store
+    from fairlane.store.payloadindex import IndexEntry
 
 __all__ = ["remove_all", "sweep_once"]
 
@@ -34,53 +34,44 @@ log = logging.getLogger("fairlane.worker")
 
 async def sweep_once(server: Store, payloads: Payloads, now_ms: int) -> tuple[int, int]:
     """One bounded pass; returns (entries checked, payloads removed)."""
-    key = server.keys.payloads
-    due: list[bytes] = await server._call(
-        server.client.zrangebyscore, key, "-inf", now_ms, start=0, num=payloads.settings.sweep_batch
-    )
+    due = await server.due_payloads(now_ms, payloads.settings.sweep_batch)
     if not due:
         return 0, 0
-    entries = [split_member(member) for member in due]
-    pipe = server.client.pipeline(transaction=False)
-    for job_id, _ in entries:
-        pipe.exists(server.keys.job(job_id))
-    alive = await server._call(pipe.execute)
-    gone: list[bytes] = []
+    alive = await server.records_exist([entry.job_id for entry in due])
+    gone: list[IndexEntry] = []
     names: list[str] = []
-    kept: dict[bytes, int] = {}
-    recheck = now_ms + round(payloads.settings.recheck_interval * 1000)
-    for member, (job_id, name), exists in zip(due, entries, alive, strict=True):
-        if exists and job_id:
-            kept[member] = recheck
+    kept: list[IndexEntry] = []
+    for entry, exists in zip(due, alive, strict=True):
+        if exists and entry.job_id:
+            kept.append(entry)
             continue
-        gone.append(member)
+        gone.append(entry)
         try:
-            names.append(check_name(name))
+            names.append(check_name(entry.name))
         except MalformedReference:
-            log.warning("dropping a malformed payload index entry: %r", member[:120])
+            log.warning("dropping a malformed payload index entry: %r", entry.member[:120])
     if names:
         # the files first: an entry dropped before its file would leave the file forever
         await payloads.store.delete(names)
-    if gone:
-        await server._call(server.client.zrem, key, *gone)
-    if kept:
-        await server._call(server.client.zadd, key, kept, xx=True)
+    await server.drop_payload_entries(gone)
+    recheck = now_ms + round(payloads.settings.recheck_interval * 1000)
+    await server.recheck_payloads(kept, recheck)
     return len(due), len(names)
 
 
 async def remove_all(server: Store, payloads: Payloads) -> int:
     """Delete every payload the index of ``server``'s shard names, whatever its job's
     state (for ``App.purge``); returns how many were removed."""
-    key, batch, removed = server.keys.payloads, payloads.settings.sweep_batch, 0
+    batch, removed = payloads.settings.sweep_batch, 0
     while True:
-        members: list[bytes] = await server._call(server.client.zrange, key, 0, batch - 1)
-        if not members:
+        entries = await server.indexed_payloads(batch)
+        if not entries:
             return removed
         names = []
-        for member in members:
+        for entry in entries:
             with contextlib.suppress(MalformedReference):
-                names.append(check_name(split_member(member)[1]))
+                names.append(check_name(entry.name))
         if names:
             await payloads.store.delete(names)  # the files first, as in the sweep
-        await server._call(server.client.zrem, key, *members)
+        await server.drop_payload_entries(entries)
         removed += len(names)

@@ -3,7 +3,8 @@
 ``Store`` is one server (or shard) of one app: its connection and bounded calls
 (``fairlane.store.base``) and, by concern, the calls that stand on it -- submission and
 declarations (``submission``), tenants' settings (``tenancy``), jobs read and acted on
-by id (``lookup``), the worker's exchange, leases and waits (``exchange``) -- and a
+by id (``lookup``), the worker's exchange, leases and waits (``exchange``), the index of
+large payloads (``payloadindex``), every key of the shard at once (``keyspace``) -- and a
 workflow run's (``runs``). It makes no policy decisions: the worker and the app decide;
 the scripts apply those decisions atomically with the server's clock.
 """
@@ -17,8 +18,9 @@ import redis.asyncio as aioredis
 
 from fairlane.store.connection import create_client
 from fairlane.store.exchange import WorkerCalls
-from fairlane.store.keyspace import unlink_matching
+from fairlane.store.keyspace import KeyspaceCalls, unlink_matching
 from fairlane.store.lookup import JobCalls
+from fairlane.store.payloadindex import PayloadIndexCalls
 from fairlane.store.runs import RunStore
 from fairlane.store.sockets import FAST_CONNECTIONS, POOL_CHECKS
 from fairlane.store.submission import Submission
@@ -35,7 +37,7 @@ def redact_url(url: str) -> str:
     return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
 
 
-class Store(Submission, TenantCalls, JobCalls, WorkerCalls):
+class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, KeyspaceCalls):
     """The typed face of one server (or shard) for one app."""
 
     @cached_property

@@ -241,7 +241,7 @@ class AppKeys:
 
     @property
     def payloads(self) -> str:
-        """The index of payloads kept in a payload store (``fairlane.payloads.sweep``)."""
+        """The index of payloads kept in a payload store (``fairlane.store.payloadindex``)."""
         return self.prefix + "payloads"
 
     @property

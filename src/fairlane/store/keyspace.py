@@ -1,17 +1,19 @@
 """Every key of an app at once: counting and deleting the keys a SCAN pattern matches.
 
-For ``purge`` and the demo's cleanup (``AppKeys.match_all`` gives an app's pattern).
-On a cluster, SCAN runs on every primary and UNLINK is split by slot. Deleting goes in
-batches of ``_BATCH`` keys, so that no single command holds the server for long.
+For ``purge`` and the demo's cleanup (``AppKeys.match_all`` gives an app's pattern;
+``KeyspaceCalls`` applies it to a store's own shard). On a cluster, SCAN runs on every
+primary and UNLINK is split by slot. Deleting goes in batches of ``_BATCH`` keys, so
+that no single command holds the server for long.
 """
 
 from __future__ import annotations
 
 import itertools
 
+from fairlane.store.base import StoreBase
 from fairlane.store.connection import AsyncClient, SyncClient
 
-__all__ = ["count_matching", "unlink_matching", "unlink_matching_sync"]
+__all__ = ["KeyspaceCalls", "count_matching", "unlink_matching", "unlink_matching_sync"]
 
 _BATCH = 500
 _SCAN_COUNT = 1000
@@ -43,3 +45,15 @@ def unlink_matching_sync(client: SyncClient, pattern: str) -> int:
     while batch := list(itertools.islice(keys, _BATCH)):
         removed += int(client.unlink(*batch))
     return removed
+
+
+class KeyspaceCalls(StoreBase):
+    """Every key of this shard of the app, at once."""
+
+    async def count_keys(self) -> int:
+        """How many keys this shard of the app holds."""
+        return await count_matching(self.client, self.keys.match_all())
+
+    async def remove_keys(self) -> int:
+        """Delete every key of this shard of the app, in batches; returns how many."""
+        return await unlink_matching(self.client, self.keys.match_all())
