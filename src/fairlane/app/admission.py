@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from fairlane.errors import FairlaneError
 from fairlane.registry.pricing import Pricing, cost_key
-from fairlane.store.shards import NotAcknowledged
+from fairlane.store.durability import NotAcknowledged
 
 if TYPE_CHECKING:
     from fairlane.app.job import Job

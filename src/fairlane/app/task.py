@@ -20,7 +20,8 @@ from fairlane.app.job import Job, TaskOwner
 from fairlane.config.settings import DurabilitySettings
 from fairlane.policy.admission import Estimate
 from fairlane.registry import Placement, Seconds, TaskDefinition, TaskOptions, WorkflowOptions
-from fairlane.store.shards import NotAcknowledged, submit
+from fairlane.store.durability import NotAcknowledged
+from fairlane.store.shards import submit
 from fairlane.store.wire import NewJob, StoreUnavailable
 
 __all__ = ["BoundCall", "EnqueueOptions", "Task"]

@@ -19,7 +19,8 @@ from fairlane.config.settings import DurabilitySettings
 from fairlane.registry import TaskDefinition
 from fairlane.runtime.hooks import WorkerHooks
 from fairlane.store.api import Store
-from fairlane.store.shards import NotAcknowledged, submit
+from fairlane.store.durability import NotAcknowledged
+from fairlane.store.shards import submit
 from fairlane.store.wire import NewJob
 
 __all__ = ["ChildCall", "start_children"]

@@ -8,7 +8,8 @@ user who needs more asks for it with ``DurabilitySettings``: ``replicas=N`` send
 Both count only the writes of the connection they are sent on, so the enqueue and
 the wait travel together in one pipeline. The answer is an :class:`Acknowledgement`;
 one that fell short of the request says so (``met`` is False) and the caller reports
-it: the job is stored on the primary, but a failover or crash may still lose it.
+it, raising :class:`NotAcknowledged`: the job is stored on the primary, but a failover
+or crash may still lose it.
 
 On a Redis Cluster the pipeline goes to the primary holding the app's slot (every key
 of the script shares it), on a connection of its own to that node: WAIT names no key,
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import AskError, ClusterDownError, ResponseError, TryAgainError
 
+from fairlane.errors import FairlaneError
 from fairlane.store.connection import is_cluster, slot_client
 from fairlane.store.wire import NewJob, StoreUnavailable, Submitted, parse_submitted
 
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from fairlane.config.settings import DurabilitySettings
     from fairlane.store.api import Store
 
-__all__ = ["Acknowledgement", "submit_acknowledged"]
+__all__ = ["Acknowledgement", "NotAcknowledged", "submit_acknowledged"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,18 @@ class Acknowledgement:
             else ""
         )
         return f"asked for {asked}, confirmed by {got}"
+
+
+class NotAcknowledged(FairlaneError):
+    """The jobs are stored on the primary, but the replicas or AOF fsyncs that the
+    ``durability`` setting asks for did not confirm them in time: a failover or a
+    crash may still lose them. ``jobs`` are their handles (a retry with the same
+    idempotency key finds them, not new copies)."""
+
+    def __init__(self, jobs: list[Any], acknowledgement: Acknowledgement) -> None:
+        super().__init__(f"the enqueue was not acknowledged: {acknowledgement.describe()}")
+        self.jobs = jobs
+        self.acknowledgement = acknowledgement
 
 
 def _wait_command(durability: DurabilitySettings) -> tuple[Any, ...]:

@@ -7,16 +7,15 @@ the shard its name hashes to, and a job's id names its shard. The shards' stores
 share one set of connections, opened by ``open`` and closed by ``aclose``.
 
 ``submit`` stores jobs with the durability an app asks for (WAIT / WAITAOF after the
-enqueue script, ``store/durability.py``); ``NotAcknowledged`` is what a caller raises
-when that confirmation fell short.
+enqueue script, ``store/durability.py``, where ``NotAcknowledged`` is what a caller
+raises when that confirmation fell short).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from fairlane.errors import FairlaneError
 from fairlane.policy.shards import shard_of_tenant
 from fairlane.store.api import Store
 from fairlane.store.durability import Acknowledgement, submit_acknowledged
@@ -26,21 +25,9 @@ from fairlane.store.wire import NewJob, Submitted
 if TYPE_CHECKING:
     from fairlane.config.settings import DurabilitySettings
 
-__all__ = ["NotAcknowledged", "PrepareJobs", "ShardedStores", "submit"]
+__all__ = ["PrepareJobs", "ShardedStores", "submit"]
 
 PrepareJobs = Callable[[Store, Sequence[NewJob]], Awaitable[Sequence[NewJob]]]
-
-
-class NotAcknowledged(FairlaneError):
-    """The jobs are stored on the primary, but the replicas or AOF fsyncs that the
-    ``durability`` setting asks for did not confirm them in time: a failover or a
-    crash may still lose them. ``jobs`` are their handles (a retry with the same
-    idempotency key finds them, not new copies)."""
-
-    def __init__(self, jobs: list[Any], acknowledgement: Acknowledgement) -> None:
-        super().__init__(f"the enqueue was not acknowledged: {acknowledgement.describe()}")
-        self.jobs = jobs
-        self.acknowledgement = acknowledgement
 
 
 async def submit(
