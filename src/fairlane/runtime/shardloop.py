@@ -4,7 +4,7 @@ A worker serves every shard of its app (``App(shards=n)``), one ``ShardLoop`` ea
 Every shard is a whole scheduler that counts the worker's full slots in its lanes'
 capacity; the worker's own slots are the one pool the loops share, so the worker
 never runs more than its slots however the shards' work arrives. The loops take
-turns at that pool in order of arrival (``Worker.fetch_turn``, a fair lock): when
+turns at that pool in order of arrival (``SlotPool.turn``, ``runtime/slots.py``): when
 every shard has work each gets an equal part of the worker's slots, and a shard
 with no work leaves its part to the others.
 
@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from fairlane.policy.fetch import Next, Wait, after_reply, idle_timeout
 from fairlane.runtime.lease import renew_loop, sweep_loop, wait_or_stop
 from fairlane.runtime.outage import Outage
 from fairlane.runtime.payload_sweep import payload_sweep_loop
@@ -111,35 +112,33 @@ class ShardLoop:
         # after each idle wait, ask for every free slot.
         widen = True
         while not worker.stopping.is_set():
-            async with worker.fetch_turn:
-                free = worker.free_slots()
-                room = worker.room()
-                if room > 0:
-                    want = room if widen else worker.budget(room)
-                    fetched = await self._exchange(want, jobs)
-            if room <= 0:
-                await self._wait_for_room(free)
+            async with worker.slots.turn():
+                plan = worker.slots.plan(widen=widen)
+                if plan.wait is Wait.NONE:
+                    fetched = await self._exchange(plan.want, jobs)
+            if plan.wait is not Wait.NONE:
+                await self._wait_for_room(plan.wait)
                 continue
             if fetched is None:
                 # the backoff is waited out here, not holding the turn: the other
                 # shards (perhaps on other servers) go on meanwhile
                 await wait_or_stop(worker.stopping, self.fetch_outage.delay())
                 continue
-            widen = False
             self.maybe_idle = not fetched.jobs and worker.idle_ms() > 0
             if fetched.malformed:
                 self.set_aside(fetched.malformed)
-            if fetched.jobs:
-                continue
-            if worker.burst and not self.running and not self.outcomes:
-                widen = True
-                if want < room:  # an empty reply to a capped ask says nothing of wider jobs
-                    continue
-                if await worker.burst_drained(self):
-                    return
+            step = after_reply(
+                plan,
+                got_jobs=bool(fetched.jobs),
+                burst=worker.burst,
+                shard_busy=bool(self.running or self.outcomes),
+            )
+            widen = step.widen
+            if step is Next.DRAINED and await worker.burst_drained(self):
+                return
+            if step is not Next.IDLE:
                 continue
             handed = await self._idle_wait(fetched.next_due_ms)
-            widen = True
             if handed is not None:
                 self._take_handed(jobs, handed)
         self.carrier_active = False
@@ -154,25 +153,23 @@ class ShardLoop:
         worker = self.worker
         outcomes, self.outcomes = self.outcomes, []
         sent = time.monotonic()
-        worker.reserved += want
         fetched: Fetched | None = None
-        try:
-            fetched = await self.store.exchange(
-                worker.id,
-                worker.lanes,
-                want,
-                round(worker.lease.duration * 1000),
-                outcomes,
-                idle_ms=worker.idle_ms(),
-                slots=worker.concurrency,
-            )
-        except StoreUnavailable as exc:
-            self.fetch_outage.failed(exc)
-        finally:
-            worker.reserved -= want
+        with worker.slots.reserving(want):
+            try:
+                fetched = await self.store.exchange(
+                    worker.id,
+                    worker.lanes,
+                    want,
+                    round(worker.lease.duration * 1000),
+                    outcomes,
+                    idle_ms=worker.idle_ms(),
+                    slots=worker.concurrency,
+                )
+            except StoreUnavailable as exc:
+                self.fetch_outage.failed(exc)
         if fetched is not None:
             worker.start(jobs, self, fetched.jobs)  # their slots are held from here on
-        worker.slot_freed.set()  # what this call did not take is free for the others
+        worker.slots.notify()  # what this call did not take is free for the others
         if fetched is None:
             self.outcomes[:0] = outcomes
             self.drop_expired_outcomes()
@@ -188,14 +185,12 @@ class ShardLoop:
         worker.count_settled(outcomes, fetched.ack_codes)
         return fetched
 
-    async def _wait_for_room(self, free: int) -> None:
-        worker = self.worker
-        if free > 0:  # resource pressure leaves no room for now
+    async def _wait_for_room(self, wait: Wait) -> None:
+        if wait is Wait.PRESSURE:  # slots are free, but resource pressure leaves no room
             await self._hold()
             return
         # no free slot (below 0 after a hand-off wider than what was free)
-        worker.slot_freed.clear()
-        await worker.slot_freed.wait()
+        await self.worker.slots.wait_freed()
 
     async def _hold(self) -> None:
         """Lease nothing while pressure leaves no room; running jobs go on and settle."""
@@ -226,8 +221,7 @@ class ShardLoop:
                     self.hand_back(fetched.jobs)
             if self.outcomes:
                 self.flush_needed.set()
-            worker.slot_freed.clear()
-            await wait_or_stop(worker.slot_freed, worker.pressure.interval)
+            await worker.slots.wait_freed(worker.pressure.interval)
         finally:
             self.carrier_active = True
 
@@ -245,24 +239,18 @@ class ShardLoop:
 
     def _take_handed(self, jobs: asyncio.TaskGroup, handed: FetchedJob) -> None:
         """Start a job an enqueue handed to us while idle, unless we now hold back."""
-        worker = self.worker
-        if worker.pressure is not None and worker.pressure.holding:
+        if not self.worker.slots.takes_handed():
+            # holding back, or another shard's loop filled the slots this one was idle
+            # with: the job goes back unstarted (not counted), leased again later
             self.hand_back([handed])
             return
-        if worker.free_slots() <= 0:
-            # another shard's loop filled the slots this one was idle with: the job goes
-            # back unstarted (not counted) and is leased again when a slot frees
-            self.hand_back([handed])
-            return
-        worker.start(jobs, self, [handed])
+        self.worker.start(jobs, self, [handed])
 
     async def _idle_wait(self, next_due_ms: int | None) -> FetchedJob | None:
         """Block until work arrives; returns a job an enqueue handed straight to us."""
         worker = self.worker
-        timeout = (
-            worker.idle_block if next_due_ms is None else min(worker.idle_block, next_due_ms / 1000)
-        )
-        if timeout <= 0 or worker.stopping.is_set():
+        timeout = idle_timeout(worker.idle_block, next_due_ms, stopping=worker.stopping.is_set())
+        if timeout is None:
             return None
         self.carrier_active = False
         if self.outcomes:

@@ -42,23 +42,19 @@ from dataclasses import dataclass
 
 from fairlane.codec import encode_error
 from fairlane.config.lanes import check_lane
-from fairlane.policy.backpressure import Decision
+from fairlane.policy.fetch import idle_registration_ms
 from fairlane.registry import Registry
 from fairlane.runtime.cron import Enqueue, cron_loop
 from fairlane.runtime.executors import ProcessExecutor, ThreadExecutor
-from fairlane.runtime.health import HealthServer, LoopMonitor
+from fairlane.runtime.health import LoopMonitor
 from fairlane.runtime.hooks import Hooks, WorkerHooks
 from fairlane.runtime.lease import wait_or_stop
 from fairlane.runtime.outage import Outage
-from fairlane.runtime.pressure import (
-    PressureConfig,
-    PressureGauge,
-    Sensor,
-    default_sensors,
-    describe_limit,
-)
+from fairlane.runtime.pressure import PressureConfig, Sensor, worker_gauge
 from fairlane.runtime.runner import CancelReason, Runner
+from fairlane.runtime.services import PressureService, WorkerServices
 from fairlane.runtime.shardloop import ShardLoop
+from fairlane.runtime.slots import SlotPool
 from fairlane.store.shards import ShardedStores
 from fairlane.store.wire import FetchedJob, Outcome, StoreUnavailable
 
@@ -136,23 +132,20 @@ class Worker:
         self.health_port = health_port
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
         self.running: dict[str, Running] = {}
-        # slots held by running jobs; above `concurrency` only briefly, after inbox hand-offs
-        self._used = 0
-        #: slots asked for by an exchange still under way (``ShardLoop``)
-        self.reserved = 0
-        #: the shards' fetch loops take turns at the worker's slots, in order of arrival
-        self.fetch_turn = asyncio.Lock()
         self._cancel_reasons: dict[str, str] = {}
         self.stopping = asyncio.Event()
         self.closed = asyncio.Event()
-        self.slot_freed = asyncio.Event()
         self._fetched = self._settled = self._fenced = 0
         self.fetch_calls = self.ack_calls = 0
         # resource backpressure (``runtime/pressure.py``): None when turned off
-        self.pressure = _pressure_gauge(
+        self.pressure = worker_gauge(
             concurrency, pressure or PressureConfig.from_settings(settings.worker.pressure), sensors
         )
-        self._held_back = False  # as last logged
+        #: the slots the shards' fetch loops share, and take turns at
+        self.slots = SlotPool(concurrency, batch=self.batch, pressure=self.pressure)
+        self._pressure = (
+            None if self.pressure is None else PressureService(self.pressure, self.slots, self.id)
+        )
         self._declare_outage = Outage(f"worker {self.id}: declaring", log)
         self._stop_at: float | None = None
         self._shards: list[ShardLoop] = []
@@ -170,7 +163,7 @@ class Worker:
             log.info("worker %s stopping (grace %.1fs)", self.id, self.grace)
             self._stop_at = time.monotonic()
         self.stopping.set()
-        self.slot_freed.set()  # a worker holding back under pressure waits on it
+        self.slots.notify()  # a worker holding back under pressure waits on it
         for shard in self._shards:
             shard.cancel_idle_wait()
 
@@ -186,7 +179,7 @@ class Worker:
             fenced=self._fenced,
             fetch_calls=self.fetch_calls,
             ack_calls=self.ack_calls,
-            slots_in_use=self._used,
+            slots_in_use=self.slots.used,
         )
 
     async def run(self, *, handle_signals: bool = False) -> None:
@@ -203,17 +196,8 @@ class Worker:
             self.concurrency,
             f", {self.stores.count} shards" if self.stores.count > 1 else "",
         )
-        if self.pressure is not None:
-            limit = describe_limit(self.pressure.sensors)
-            log.info(
-                "worker %s: backpressure on (%s)",
-                self.id,
-                "no memory sensor"
-                if limit is None
-                else f"memory limit {limit.bytes / 2**20:.0f} MiB, from {limit.source}",
-            )
-            # the first fetch already asks within the allowance
-            self._note_pressure(self.pressure.sample(time.monotonic()))
+        if self._pressure is not None:
+            self._pressure.start(time.monotonic())  # the first fetch asks within the allowance
         try:
             async with AsyncExitStack() as stack:
                 runner = await self._start_executors(stack)
@@ -246,18 +230,12 @@ class Worker:
         # sweeps trim every task's records by age and dispatch uses every lane's classes
         self.registry.check_lanes()
         await self._declare(attempts=5)
+        side = WorkerServices(monitor, health_port=self.health_port, pressure=self._pressure)
         async with AsyncExitStack() as stack:
-            if self.health_port is not None:
-                health = HealthServer(
-                    self.health_port,
-                    monitor,
-                    details=None if self.pressure is None else self._pressure_details,
-                )
-                health.start()
-                stack.callback(health.stop)
+            side.open(stack)
             plugged = self.hooks.serving(self, stack)
             async with asyncio.TaskGroup() as services:
-                services.create_task(monitor.run(self.closed))
+                side.start(services, self.closed)
                 for shard in self._shards:
                     shard.start_services(services)
                 if self._enqueue is not None:
@@ -271,8 +249,6 @@ class Worker:
                     )
                 for loop in plugged:
                     services.create_task(loop)
-                if self.pressure is not None:
-                    services.create_task(self._pressure_loop(self.pressure))
                 async with asyncio.TaskGroup() as jobs:
                     async with asyncio.TaskGroup() as fetching:
                         for shard in self._shards:
@@ -289,56 +265,7 @@ class Worker:
                 await shard.leave()
         log.info("worker %s stopped", self.id)
 
-    # -- resource pressure -----------------------------------------------------------
-
-    async def _pressure_loop(self, gauge: PressureGauge) -> None:
-        """Sample the sensors; wake the fetch loop when room opens; log holding back."""
-        while not self.closed.is_set():
-            room = gauge.room(self._used)
-            self._note_pressure(gauge.sample(time.monotonic()))
-            if gauge.room(self._used) > room:
-                self.slot_freed.set()
-            await wait_or_stop(self.closed, gauge.interval)
-
-    def _note_pressure(self, decision: Decision) -> None:
-        """Log once when the worker starts holding back entirely, and once when it stops."""
-        if decision.holding and not self._held_back:
-            log.warning(
-                "worker %s takes no new work (its running jobs go on): %s",
-                self.id,
-                self._describe_readings(decision.stopped),
-            )
-        elif self._held_back and not decision.holding:
-            log.info("worker %s takes new work again (%s)", self.id, self._describe_readings())
-        self._held_back = decision.holding
-
-    def _describe_readings(self, names: Sequence[str] = ()) -> str:
-        assert self.pressure is not None
-        readings = self.pressure.readings
-        shown = (
-            [r for r in readings if r.name in names] if names else [r for r in readings if r.acts]
-        )
-        return ", ".join(f"{r.name} {r.value:.3g} (soft {r.soft}, hard {r.hard})" for r in shown)
-
-    def _pressure_details(self) -> dict[str, object]:
-        assert self.pressure is not None
-        return {"pressure": self.pressure.snapshot()}
-
     # -- slots -----------------------------------------------------------------------
-
-    def free_slots(self) -> int:
-        return self.concurrency - self._used - self.reserved
-
-    def room(self) -> int:
-        """Slots the next fetch may fill: the free ones, fewer under resource pressure."""
-        taken = self._used + self.reserved
-        return self.concurrency - taken if self.pressure is None else self.pressure.room(taken)
-
-    def budget(self, free: int) -> int:
-        """How many slots to lease in the next call of a busy worker."""
-        # Leasing at most half the slots per call keeps one batch running while the
-        # server prepares the next, so the worker and the server work side by side.
-        return min(free, self.batch, max(1, self.concurrency // 2))
 
     def start(
         self, jobs: asyncio.TaskGroup, shard: ShardLoop, fetched: Sequence[FetchedJob]
@@ -346,7 +273,7 @@ class Worker:
         for job in fetched:
             task = jobs.create_task(self._run_job(job, shard))
             self.running[job.id] = Running(job, task, shard)
-            self._used += job.slots
+            self.slots.occupy(job.slots)
             shard.running += 1
         self._fetched += len(fetched)
         if fetched:
@@ -365,10 +292,9 @@ class Worker:
 
     def idle_ms(self) -> int:
         """How long to stay registered idle if given nothing (0: do not register)."""
-        if self.burst or self.stopping.is_set():
-            return 0
-        # outlives the longest block, so a registered worker is always listening
-        return round((self.idle_block + 1.0) * 1000)
+        return idle_registration_ms(
+            self.idle_block, burst=self.burst, stopping=self.stopping.is_set()
+        )
 
     # -- running ---------------------------------------------------------------------
 
@@ -395,12 +321,11 @@ class Worker:
                 timer.cancel()
             # each attempt gives back what it took, even if a newer lease of the same job
             # (lost, then leased to us again) has taken its entry meanwhile
-            self._used -= job.slots
+            self.slots.vacate(job.slots)
             shard.running -= 1
             running = self.running.get(job.id)
             if running is not None and running.job is job:
                 del self.running[job.id]
-            self.slot_freed.set()
         self.hooks.finished(job, outcome, time.monotonic() - began)
         if outcome is not None:
             shard.settle(outcome)
@@ -444,8 +369,7 @@ class Worker:
             log.info("waiting up to %.1fs for %d running job(s)", self.grace, len(self.running))
             deadline = time.monotonic() + self.grace
             while self.running and time.monotonic() < deadline:
-                self.slot_freed.clear()
-                await wait_or_stop(self.slot_freed, deadline - time.monotonic())
+                await self.slots.wait_freed(deadline - time.monotonic())
         leftover = list(self.running)
         if leftover:
             log.warning("handing back %d unfinished job(s)", len(leftover))
@@ -486,13 +410,3 @@ class Worker:
             log.warning(
                 "%d late write(s) rejected: their lease had passed to another worker", stale
             )
-
-
-def _pressure_gauge(
-    concurrency: int, config: PressureConfig, sensors: Sequence[Sensor] | None
-) -> PressureGauge | None:
-    """The worker's gauge: ``sensors`` if given (they replace the built-ins), else the built-ins."""
-    if sensors is None and not config.enabled:
-        return None
-    chosen = list(sensors) if sensors is not None else default_sensors(config)
-    return PressureGauge(chosen, concurrency, config.bounds(), config.interval)
