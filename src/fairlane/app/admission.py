@@ -45,6 +45,9 @@ UNAVAILABLE_RETRY_AFTER = 1.0
 class Rejected(FairlaneError):
     """Admission refused the job; nothing was stored. Retry after ``retry_after`` seconds."""
 
+    # the type name jobs record and users match on (codec.encode_error): as before the move
+    __module__ = "fairlane.admission"
+
     def __init__(self, reason: str, retry_after: float) -> None:
         super().__init__(f"the job was not admitted ({reason}); retry after {retry_after:.1f} s")
         self.reason = reason

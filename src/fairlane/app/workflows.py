@@ -40,6 +40,9 @@ WorkflowFunction = Callable[Concatenate[Context, P], Awaitable[R]]
 class RunNotFound(JobNotFound):
     """No run of that id exists (never started, or removed by retention)."""
 
+    # the type name jobs record and users match on (codec.encode_error): as before the move
+    __module__ = "fairlane.workflows"
+
 
 class Workflow(Task[P, R]):
     """A registered workflow: enqueued like a task, run in checkpointed slices."""

@@ -41,6 +41,9 @@ _HEX64: Final = re.compile(r"[0-9a-f]{64}")
 class MalformedReference(ValueError):
     """A value that begins like a payload reference is not a valid one."""
 
+    # the type name jobs record and users match on (codec.encode_error): as before the move
+    __module__ = "fairlane.payloads.refs"
+
 
 class PayloadRef(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Where a payload is stored, how long it is, and its SHA-256 (checked when read)."""

@@ -28,6 +28,9 @@ _T = TypeVar("_T")
 class ConfigError(ValueError):
     """Settings could not be loaded: a file, an environment variable or a value is invalid."""
 
+    # the type name jobs record and users match on (codec.encode_error): as before the move
+    __module__ = "fairlane.config"
+
 
 def read_toml(path: Path | str, what: str | None = None) -> dict[str, Any]:
     """A TOML file's contents; ``ConfigError`` naming the file (a ``what`` file) if unreadable."""

@@ -17,9 +17,15 @@ __all__ = ["PayloadError", "PayloadMissing", "PayloadStore"]
 class PayloadError(Exception):
     """A payload store failed to keep or hand back a payload."""
 
+    # the type name jobs record and users match on (codec.encode_error), of every error
+    # here: as before the move
+    __module__ = "fairlane.payloads"
+
 
 class PayloadMissing(PayloadError, LookupError):
     """A referenced payload is not in the store (removed, never written, or damaged)."""
+
+    __module__ = "fairlane.payloads"
 
 
 @runtime_checkable

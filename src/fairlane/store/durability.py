@@ -81,6 +81,9 @@ class NotAcknowledged(FairlaneError):
     crash may still lose them. ``jobs`` are their handles (a retry with the same
     idempotency key finds them, not new copies)."""
 
+    # the type name jobs record and users match on (codec.encode_error): as before the move
+    __module__ = "fairlane.admission"
+
     def __init__(self, jobs: list[Any], acknowledgement: Acknowledgement) -> None:
         super().__init__(f"the enqueue was not acknowledged: {acknowledgement.describe()}")
         self.jobs = jobs

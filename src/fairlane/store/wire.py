@@ -26,6 +26,9 @@ _PACK: Final = msgspec.msgpack.Encoder()
 class StoreUnavailable(ConnectionError):
     """The server cannot be reached (or stopped answering within the timeout)."""
 
+    # the type name jobs record and users match on (codec.encode_error): as before the move
+    __module__ = "fairlane.store.redis"
+
 
 class NewJob(msgspec.Struct, array_like=True):
     """One job as the enqueue script takes it (encoded in this field order). Times in ms."""

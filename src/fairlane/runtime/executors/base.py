@@ -17,13 +17,21 @@ Invoker = Callable[[str, bytes], bytes]
 class ExecutorError(Exception):
     """Base class for failures of the executor itself rather than of the task."""
 
+    # the type name jobs record and users match on (codec.encode_error), of every error
+    # here: as before the move
+    __module__ = "fairlane.runtime.executors"
+
 
 class ExecutorClosed(ExecutorError):
     """The executor was closed before or while the call ran."""
 
+    __module__ = "fairlane.runtime.executors"
+
 
 class ChildCrashed(ExecutorError):
     """The child process died during the call (segfault, ``os._exit``, SIGKILL/OOM)."""
+
+    __module__ = "fairlane.runtime.executors"
 
     def __init__(self, exitcode: int | None) -> None:
         super().__init__(f"executor child died during the call (exit code {exitcode})")
@@ -33,9 +41,13 @@ class ChildCrashed(ExecutorError):
 class ExecutionTimeout(ExecutorError):
     """The call exceeded its timeout (a process child has been killed and replaced)."""
 
+    __module__ = "fairlane.runtime.executors"
+
 
 class RemoteError(ExecutorError):
     """The invoker raised inside the child; the child stays alive."""
+
+    __module__ = "fairlane.runtime.executors"
 
     def __init__(self, type_name: str, message: str, traceback: str) -> None:
         super().__init__(f"{type_name}: {message}")
