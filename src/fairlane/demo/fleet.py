@@ -39,7 +39,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
 import redis
 
@@ -48,6 +48,7 @@ from fairlane.store.connection import create_sync_client
 from fairlane.store.keys import AppKeys
 from fairlane.store.keyspace import unlink_matching_sync
 from fairlane.store.server import ensure_dev_server, stop_dev_server
+from fairlane.testing.process import Managed
 
 __all__ = [
     "LANES",
@@ -154,9 +155,9 @@ class GatewaySpec:
 
 
 @dataclass
-class Cleanup:
+class Cleanup(Managed):
     """What must not outlive the demo: worker and gateway processes, app keys, the
-    private server."""
+    private server; stopped on leaving a ``with`` block, however it is left."""
 
     url: str | None = None
     server: PrivateServer | None = None
@@ -164,18 +165,10 @@ class Cleanup:
     apps: list[str] = field(default_factory=list)
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fairlane-demo-")))
 
-    def __enter__(self) -> Cleanup:
-        return self
+    def start(self) -> Self:
+        return self  # nothing to start: the run hands it what it starts, as it goes
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
+    def stop(self) -> None:
         """Kill live workers and gateways, delete every app's keys, stop the server;
         never raises."""
         kill_workers(self.workers)
