@@ -1,7 +1,8 @@
 """The store's payload index and key-space calls on a real server: the ``payloads``
 sorted set keeps its layout (member ``<job id>|<name>``, score the next check in ms),
 entries come due in score order within a limit, a recheck never revives an entry
-dropped meanwhile, and a shard's keys are counted and removed as one."""
+dropped meanwhile, and a shard's keys are counted and removed as one. The app's API key
+records, read through any shard's store, are the home shard's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from fairlane.store.api import Store
+from fairlane.store.apikeys import KeyRecord
 from fairlane.store.payloadindex import IndexEntry, index_member, split_member
 
 pytestmark = pytest.mark.anyio
@@ -77,3 +79,18 @@ async def test_a_shards_keys_counted_and_removed(store: Store) -> None:
         assert await other.count_keys() == 1
     finally:
         await other.remove_keys()
+
+
+async def test_key_records_live_in_the_home_shard(redis_url: str, namespace: str) -> None:
+    home = Store.from_url(redis_url, namespace, shards=3)
+    await home.connect()
+    try:
+        other = home.shard_store(2, 3)
+        assert other.key_records is other.key_records  # one per store, on its connection
+        assert other.key_records.client is home.client
+        record = KeyRecord("acme", "0" * 64, 1)
+        assert await other.key_records.add("k1", record)
+        assert await home.key_records.get("k1") == record
+        assert other.key_records.hash == home.keys.gateway_keys
+    finally:
+        await home.aclose()

@@ -4,9 +4,10 @@
 (``fairlane.store.base``) and, by concern, the calls that stand on it -- submission and
 declarations (``submission``), tenants' settings (``tenancy``), jobs read and acted on
 by id (``lookup``), the worker's exchange, leases and waits (``exchange``), the index of
-large payloads (``payloadindex``), every key of the shard at once (``keyspace``) -- and a
-workflow run's (``runs``). It makes no policy decisions: the worker and the app decide;
-the scripts apply those decisions atomically with the server's clock.
+large payloads (``payloadindex``), every key of the shard at once (``keyspace``) -- and
+a workflow run's (``runs``) and the app's API key records (``apikeys``). It makes no
+policy decisions: the worker and the app decide; the scripts apply those decisions
+atomically with the server's clock.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from fairlane.store.apikeys import KeyRecords
 from fairlane.store.connection import create_client
 from fairlane.store.exchange import WorkerCalls
 from fairlane.store.keyspace import KeyspaceCalls, unlink_matching
@@ -44,6 +46,12 @@ class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, K
     def runs(self) -> RunStore:
         """The store's side of this shard's durable workflow runs."""
         return RunStore(self)
+
+    @cached_property
+    def key_records(self) -> KeyRecords:
+        """The app's API key records, on this store's connection (they live in the home
+        shard whichever shard this store is)."""
+        return KeyRecords(self.client, self.app, self.shards)
 
     @classmethod
     def from_url(
