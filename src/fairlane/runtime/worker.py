@@ -1,4 +1,4 @@
-"""The worker: slots, the fetch loop, and settling finished attempts in batches.
+"""The worker: slots, the fetch loops, and settling finished attempts in batches.
 
 One worker process serves the lanes it was started with, in every scheduling shard
 of its app (one ``ShardLoop`` each, ``runtime/shardloop.py``, sharing the slots).
@@ -25,6 +25,12 @@ retries with a capped, jittered backoff and logs once per outage. Finished attem
 wait to be settled until their leases are known to have ended (``lease.duration``
 after the last renewal that got through), and are dropped then: the store reclaims
 those jobs. A stopping worker stops within its grace period either way.
+
+The worker composes its parts and starts and stops them; each is its own module: the
+slots (``runtime/slots.py``), the running attempts (``runtime/attempts.py``), one
+shard loop per shard (``runtime/shardloop.py``, settling in ``runtime/settling.py``,
+handed the parts in ``runtime/shardlink.py`` rather than the worker), and the
+pressure sampling, loop monitor and ``/health`` (``runtime/services.py``).
 """
 
 from __future__ import annotations
@@ -40,10 +46,9 @@ from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-from fairlane.codec import encode_error
 from fairlane.config.lanes import check_lane
-from fairlane.policy.fetch import idle_registration_ms
 from fairlane.registry import Registry
+from fairlane.runtime.attempts import Attempts
 from fairlane.runtime.cron import Enqueue, cron_loop
 from fairlane.runtime.executors import ProcessExecutor, ThreadExecutor
 from fairlane.runtime.health import LoopMonitor
@@ -51,21 +56,17 @@ from fairlane.runtime.hooks import Hooks, WorkerHooks
 from fairlane.runtime.lease import wait_or_stop
 from fairlane.runtime.outage import Outage
 from fairlane.runtime.pressure import PressureConfig, Sensor, worker_gauge
-from fairlane.runtime.runner import CancelReason, Runner
+from fairlane.runtime.runner import Runner
 from fairlane.runtime.services import PressureService, WorkerServices
+from fairlane.runtime.shardlink import BurstWatch, LoopSettings, Tally, WorkerLink
 from fairlane.runtime.shardloop import ShardLoop
 from fairlane.runtime.slots import SlotPool
 from fairlane.store.shards import ShardedStores
-from fairlane.store.wire import FetchedJob, Outcome, StoreUnavailable
+from fairlane.store.wire import FetchedJob, StoreUnavailable
 
-__all__ = ["Running", "Worker", "WorkerStats"]
+__all__ = ["Worker", "WorkerStats"]
 
 log = logging.getLogger("fairlane.worker")
-_BURST_RECHECK = 0.05  # seconds an empty shard's loop waits for the others in burst mode
-_UNREADABLE = encode_error(
-    ValueError("the job was handed to the worker in a form it cannot read; it was not executed"),
-    type_name="MalformedJob",
-).decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,15 +80,6 @@ class WorkerStats:
     fetch_calls: int
     ack_calls: int
     slots_in_use: int = 0
-
-
-@dataclass(slots=True)
-class Running:
-    """A job running on this worker, and the shard it was leased from."""
-
-    job: FetchedJob
-    task: asyncio.Task[None]
-    shard: ShardLoop
 
 
 class Worker:
@@ -125,35 +117,37 @@ class Worker:
         self.lanes = list(dict.fromkeys(lanes))
         self.concurrency = concurrency
         self.burst = burst
-        self.lease = settings.lease
-        self.batch = settings.worker.fetch_batch
         self.grace = settings.worker.grace_period
-        self.idle_block = settings.worker.idle_block
         self.health_port = health_port
         self.id = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(3).hex()}"
-        self.running: dict[str, Running] = {}
-        self._cancel_reasons: dict[str, str] = {}
+        #: what every shard loop fetches with
+        self.loop_settings = LoopSettings(
+            worker_id=self.id,
+            lanes=self.lanes,
+            concurrency=concurrency,
+            lease=settings.lease,
+            idle_block=settings.worker.idle_block,
+            burst=burst,
+            payloads=registry.payloads,
+        )
         self.stopping = asyncio.Event()
         self.closed = asyncio.Event()
-        self._fetched = self._settled = self._fenced = 0
-        self.fetch_calls = self.ack_calls = 0
+        self.tally = Tally()
         # resource backpressure (``runtime/pressure.py``): None when turned off
         self.pressure = worker_gauge(
             concurrency, pressure or PressureConfig.from_settings(settings.worker.pressure), sensors
         )
         #: the slots the shards' fetch loops share, and take turns at
-        self.slots = SlotPool(concurrency, batch=self.batch, pressure=self.pressure)
+        self.slots = SlotPool(
+            concurrency, batch=settings.worker.fetch_batch, pressure=self.pressure
+        )
+        self.attempts = Attempts(self.slots, self.hooks, self.tally)
         self._pressure = (
             None if self.pressure is None else PressureService(self.pressure, self.slots, self.id)
         )
         self._declare_outage = Outage(f"worker {self.id}: declaring", log)
         self._stop_at: float | None = None
         self._shards: list[ShardLoop] = []
-        # burst mode ends once every shard's loop has found its shard empty at once
-        self._burst_empty: set[ShardLoop] = set()
-        self._burst_over = asyncio.Event()
-        #: the error a leased job gets when its row cannot be read
-        self.unreadable = _UNREADABLE
 
     # -- control ---------------------------------------------------------------------
 
@@ -169,16 +163,17 @@ class Worker:
 
     def running_jobs(self) -> list[FetchedJob]:
         """The jobs running on this worker now."""
-        return [r.job for r in list(self.running.values())]
+        return self.attempts.jobs()
 
     def statistics(self) -> WorkerStats:
+        tally = self.tally
         return WorkerStats(
-            running=len(self.running),
-            fetched=self._fetched,
-            settled=self._settled,
-            fenced=self._fenced,
-            fetch_calls=self.fetch_calls,
-            ack_calls=self.ack_calls,
+            running=len(self.attempts.running),
+            fetched=tally.fetched,
+            settled=tally.settled,
+            fenced=tally.fenced,
+            fetch_calls=tally.fetch_calls,
+            ack_calls=tally.ack_calls,
             slots_in_use=self.slots.used,
         )
 
@@ -223,9 +218,22 @@ class Worker:
         return runner
 
     async def _serve(self, runner: Runner) -> None:
-        self._runner = runner
+        self.attempts.runner = runner
         monitor = LoopMonitor(self.registry.settings.worker.loop_block_threshold)
-        self._shards = [ShardLoop(self, store) for store in self.stores.stores]
+        stores = self.stores.stores
+        link = WorkerLink(
+            stopping=self.stopping,
+            closed=self.closed,
+            tally=self.tally,
+            burst=BurstWatch(len(stores)),
+            on_settled=self.hooks.settled,
+            redeclare=self.redeclare,
+            grace_left=self.grace_left,
+        )
+        self._shards = [
+            ShardLoop(store, self.loop_settings, self.slots, self.attempts, link)
+            for store in stores
+        ]
         # tasks and lanes declared after the app connected are recorded too, so that
         # sweeps trim every task's records by age and dispatch uses every lane's classes
         self.registry.check_lanes()
@@ -256,7 +264,7 @@ class Worker:
                     if self.burst and not self.stopping.is_set():
                         log.info("worker %s: no work left (burst)", self.id)
                         self.stopping.set()  # also ends the cron loop, which waits on it
-                    await self._drain()
+                    await self.attempts.drain(self.grace)
                 for shard in self._shards:
                     await shard.flush(final=True)
                 self.closed.set()
@@ -264,116 +272,6 @@ class Worker:
             for shard in self._shards:
                 await shard.leave()
         log.info("worker %s stopped", self.id)
-
-    # -- slots -----------------------------------------------------------------------
-
-    def start(
-        self, jobs: asyncio.TaskGroup, shard: ShardLoop, fetched: Sequence[FetchedJob]
-    ) -> None:
-        for job in fetched:
-            task = jobs.create_task(self._run_job(job, shard))
-            self.running[job.id] = Running(job, task, shard)
-            self.slots.occupy(job.slots)
-            shard.running += 1
-        self._fetched += len(fetched)
-        if fetched:
-            self.hooks.started(fetched)
-
-    async def burst_drained(self, shard: ShardLoop) -> bool:
-        """In burst mode, ``shard`` found nothing to do: True once every shard has (the
-        worker is done), else after a short wait, so that the loop looks again -- work
-        may still come to an empty shard from the others' retries or workflows."""
-        self._burst_empty.add(shard)
-        if len(self._burst_empty) == len(self._shards):
-            self._burst_over.set()
-        over = await wait_or_stop(self._burst_over, _BURST_RECHECK)
-        self._burst_empty.discard(shard)
-        return over
-
-    def idle_ms(self) -> int:
-        """How long to stay registered idle if given nothing (0: do not register)."""
-        return idle_registration_ms(
-            self.idle_block, burst=self.burst, stopping=self.stopping.is_set()
-        )
-
-    # -- running ---------------------------------------------------------------------
-
-    async def _run_job(self, job: FetchedJob, shard: ShardLoop) -> None:
-        outcome: Outcome | None = None
-        timer = None
-        if self._runner.uses_timer(job):
-            loop = asyncio.get_running_loop()
-            timer = loop.call_at(
-                loop.time() + job.timeout, self._interrupt, [job.id], CancelReason.TIMEOUT
-            )
-        began = time.monotonic()
-        # the attempt's span is current while it runs, so a workflow's steps and the
-        # task's own spans are its children (None when tracing is off)
-        traced = self.hooks.attempt(job)
-        try:
-            outcome = await self._runner.run(job)
-        except asyncio.CancelledError:
-            outcome = self._interrupted(job)
-        finally:
-            if traced is not None:
-                traced.end(outcome)
-            if timer is not None:
-                timer.cancel()
-            # each attempt gives back what it took, even if a newer lease of the same job
-            # (lost, then leased to us again) has taken its entry meanwhile
-            self.slots.vacate(job.slots)
-            shard.running -= 1
-            running = self.running.get(job.id)
-            if running is not None and running.job is job:
-                del self.running[job.id]
-        self.hooks.finished(job, outcome, time.monotonic() - began)
-        if outcome is not None:
-            shard.settle(outcome)
-
-    def _interrupted(self, job: FetchedJob) -> Outcome | None:
-        reason = self._cancel_reasons.pop(job.id, CancelReason.SHUTDOWN)
-        if reason == CancelReason.LEASE_LOST:
-            return None
-        if reason == CancelReason.TIMEOUT:
-            return self._runner.timed_out(job)
-        if reason == CancelReason.CANCELLED:
-            err = encode_error(
-                asyncio.CancelledError("the job was cancelled while running"), type_name="Cancelled"
-            )
-            return Outcome(job.id, job.token, "cancel", err.decode())
-        return Outcome(job.id, job.token, "release")
-
-    def _interrupt(self, ids: list[str], reason: str) -> None:
-        for job_id in ids:
-            running = self.running.get(job_id)
-            if running is not None:
-                self._cancel_reasons[job_id] = reason
-                running.task.cancel()
-
-    def lost(self, leases: list[tuple[str, str]]) -> None:
-        ids = [
-            job_id
-            for job_id, token in leases
-            if (running := self.running.get(job_id)) is not None and running.job.token == token
-        ]
-        if ids:
-            log.warning("lost the lease of %d job(s); stopping them: %s", len(ids), ids[:5])
-            self.hooks.lost(len(ids))
-            self._interrupt(ids, CancelReason.LEASE_LOST)
-
-    def cancel_requested(self, ids: list[str]) -> None:
-        self._interrupt(ids, CancelReason.CANCELLED)
-
-    async def _drain(self) -> None:
-        if self.running:
-            log.info("waiting up to %.1fs for %d running job(s)", self.grace, len(self.running))
-            deadline = time.monotonic() + self.grace
-            while self.running and time.monotonic() < deadline:
-                await self.slots.wait_freed(deadline - time.monotonic())
-        leftover = list(self.running)
-        if leftover:
-            log.warning("handing back %d unfinished job(s)", len(leftover))
-            self._interrupt(leftover, CancelReason.SHUTDOWN)
 
     async def _declare(self, attempts: int) -> None:
         """Record tasks and lanes, retrying a call that fails while the server restarts;
@@ -400,13 +298,3 @@ class Worker:
         that fails, the next exchange fails too, and comes back here once it succeeds."""
         with contextlib.suppress(StoreUnavailable):
             await self._declare(attempts=1)
-
-    def count_settled(self, outcomes: Sequence[Outcome], codes: Sequence[int]) -> None:
-        self.hooks.settled(outcomes, codes)
-        stale = sum(1 for c in codes if c == 0)
-        self._settled += len(outcomes) - stale
-        if stale:
-            self._fenced += stale
-            log.warning(
-                "%d late write(s) rejected: their lease had passed to another worker", stale
-            )

@@ -1,0 +1,160 @@
+"""The attempts running on a worker: started, timed, interrupted, drained.
+
+Every job a worker leased, from whichever shard, runs here as one task of the worker's
+job group, by job id. An attempt holds its width of the worker's slots
+(``runtime/slots.py``) from its start to its end, and its outcome goes to the shard it
+was leased from, to be settled there. An attempt is stopped by the worker for one of
+four reasons (``CancelReason``), each ending differently: past its timeout it fails as
+timed out; asked to cancel, it ends cancelled; its lease lost, it ends with no outcome
+(the store has given the job to another attempt); at shutdown, past the grace period,
+it is handed back unstarted, not counted against the job's attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from fairlane.codec import encode_error
+from fairlane.runtime.hooks import Hooks
+from fairlane.runtime.runner import CancelReason, Runner
+from fairlane.runtime.shardlink import Tally
+from fairlane.runtime.slots import SlotPool
+from fairlane.store.wire import FetchedJob, Outcome
+
+__all__ = ["Attempts", "Running", "Shard"]
+
+log = logging.getLogger("fairlane.worker")
+
+
+class Shard(Protocol):
+    """Where an attempt was leased from: counts its jobs running here, settles outcomes."""
+
+    running: int
+
+    def settle(self, outcome: Outcome) -> None: ...
+
+
+@dataclass(slots=True)
+class Running:
+    """A job running on this worker, and the shard it was leased from."""
+
+    job: FetchedJob
+    task: asyncio.Task[None]
+    shard: Shard
+
+
+class Attempts:
+    """The attempts running on one worker (see the module docstring)."""
+
+    def __init__(self, slots: SlotPool, hooks: Hooks, tally: Tally) -> None:
+        self.slots = slots
+        self.hooks = hooks
+        self.tally = tally
+        self.running: dict[str, Running] = {}
+        #: runs each attempt; given once the worker's executors have started
+        self.runner: Runner | None = None
+        self._cancel_reasons: dict[str, str] = {}
+
+    def jobs(self) -> list[FetchedJob]:
+        return [r.job for r in list(self.running.values())]
+
+    def held(self, shard: Shard) -> list[tuple[str, str]]:
+        """The leases of ``shard``'s jobs running here, as (job id, token)."""
+        return [(job_id, r.job.token) for job_id, r in self.running.items() if r.shard is shard]
+
+    def start(self, group: asyncio.TaskGroup, shard: Shard, fetched: Sequence[FetchedJob]) -> None:
+        """Run ``fetched`` (leased from ``shard``) in ``group``; their slots are held from now."""
+        for job in fetched:
+            task = group.create_task(self._run(job, shard))
+            self.running[job.id] = Running(job, task, shard)
+            self.slots.occupy(job.slots)
+            shard.running += 1
+        self.tally.fetched += len(fetched)
+        if fetched:
+            self.hooks.started(fetched)
+
+    async def _run(self, job: FetchedJob, shard: Shard) -> None:
+        runner = self.runner
+        assert runner is not None, "attempts start once the executors have"
+        outcome: Outcome | None = None
+        timer = None
+        if runner.uses_timer(job):
+            loop = asyncio.get_running_loop()
+            timer = loop.call_at(
+                loop.time() + job.timeout, self.interrupt, [job.id], CancelReason.TIMEOUT
+            )
+        began = time.monotonic()
+        # the attempt's span is current while it runs, so a workflow's steps and the
+        # task's own spans are its children (None when tracing is off)
+        traced = self.hooks.attempt(job)
+        try:
+            outcome = await runner.run(job)
+        except asyncio.CancelledError:
+            outcome = self._interrupted(runner, job)
+        finally:
+            if traced is not None:
+                traced.end(outcome)
+            if timer is not None:
+                timer.cancel()
+            # each attempt gives back what it took, even if a newer lease of the same job
+            # (lost, then leased to us again) has taken its entry meanwhile
+            self.slots.vacate(job.slots)
+            shard.running -= 1
+            running = self.running.get(job.id)
+            if running is not None and running.job is job:
+                del self.running[job.id]
+        self.hooks.finished(job, outcome, time.monotonic() - began)
+        if outcome is not None:
+            shard.settle(outcome)
+
+    def _interrupted(self, runner: Runner, job: FetchedJob) -> Outcome | None:
+        reason = self._cancel_reasons.pop(job.id, CancelReason.SHUTDOWN)
+        if reason == CancelReason.LEASE_LOST:
+            return None
+        if reason == CancelReason.TIMEOUT:
+            return runner.timed_out(job)
+        if reason == CancelReason.CANCELLED:
+            err = encode_error(
+                asyncio.CancelledError("the job was cancelled while running"), type_name="Cancelled"
+            )
+            return Outcome(job.id, job.token, "cancel", err.decode())
+        return Outcome(job.id, job.token, "release")
+
+    def interrupt(self, ids: list[str], reason: str) -> None:
+        for job_id in ids:
+            running = self.running.get(job_id)
+            if running is not None:
+                self._cancel_reasons[job_id] = reason
+                running.task.cancel()
+
+    def lost(self, leases: list[tuple[str, str]]) -> None:
+        """Stop the attempts whose leases (job id, token) the store says are gone."""
+        ids = [
+            job_id
+            for job_id, token in leases
+            if (running := self.running.get(job_id)) is not None and running.job.token == token
+        ]
+        if ids:
+            log.warning("lost the lease of %d job(s); stopping them: %s", len(ids), ids[:5])
+            self.hooks.lost(len(ids))
+            self.interrupt(ids, CancelReason.LEASE_LOST)
+
+    def cancel_requested(self, ids: list[str]) -> None:
+        self.interrupt(ids, CancelReason.CANCELLED)
+
+    async def drain(self, grace: float) -> None:
+        """Give the running attempts ``grace`` seconds to finish, then hand back the rest."""
+        if self.running:
+            log.info("waiting up to %.1fs for %d running job(s)", grace, len(self.running))
+            deadline = time.monotonic() + grace
+            while self.running and time.monotonic() < deadline:
+                await self.slots.wait_freed(deadline - time.monotonic())
+        leftover = list(self.running)
+        if leftover:
+            log.warning("handing back %d unfinished job(s)", len(leftover))
+            self.interrupt(leftover, CancelReason.SHUTDOWN)

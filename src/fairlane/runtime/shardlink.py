@@ -1,0 +1,111 @@
+"""What a worker hands each of its shard loops in place of itself.
+
+A ``ShardLoop`` (``runtime/shardloop.py``) serves one shard for one worker; it is not
+given the worker, only the parts it uses, each defined here or beside it:
+
+- ``LoopSettings``: who the loop fetches for and how (the worker's id, lanes and size,
+  the lease, the idle block, burst mode, the payload store to sweep);
+- ``WorkerLink``: the worker's side -- its stopping and closed signals, the counters
+  every loop adds to (``Tally``), the burst's end the loops agree on (``BurstWatch``),
+  and the calls back it answers: outcomes settled, declarations to record again after
+  an outage, and what is left of a stopping worker's grace;
+- the slots (``runtime/slots.py``) and the running attempts (``runtime/attempts.py``),
+  which the loops share with the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from fairlane.config.settings import LeaseSettings
+from fairlane.payloads.offload import Payloads
+from fairlane.runtime.lease import wait_or_stop
+from fairlane.store.wire import Outcome
+
+__all__ = ["BurstWatch", "LoopSettings", "Tally", "WorkerLink"]
+
+log = logging.getLogger("fairlane.worker")
+_BURST_RECHECK = 0.05  # seconds an empty shard's loop waits for the others in burst mode
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSettings:
+    """Who a shard loop fetches for, and how: the same for every shard of a worker."""
+
+    worker_id: str
+    lanes: list[str]
+    concurrency: int
+    lease: LeaseSettings
+    idle_block: float
+    burst: bool = False
+    payloads: Payloads | None = None  # whose sweep removes payloads of records gone
+
+    @property
+    def lease_ms(self) -> int:
+        return round(self.lease.duration * 1000)
+
+
+@dataclass(slots=True)
+class Tally:
+    """A worker's counters, added to by its shard loops and its attempts."""
+
+    fetched: int = 0
+    settled: int = 0
+    fenced: int = 0  # late writes: the job's lease had passed to another worker
+    #: server calls: exchanges (each settles and leases) and acks (settling alone)
+    fetch_calls: int = 0
+    ack_calls: int = 0
+
+    def count_settled(self, outcomes: Sequence[Outcome], codes: Sequence[int]) -> None:
+        """Count what the server settled; a code of 0 is a late write it rejected."""
+        stale = sum(1 for c in codes if c == 0)
+        self.settled += len(outcomes) - stale
+        if stale:
+            self.fenced += stale
+            log.warning(
+                "%d late write(s) rejected: their lease had passed to another worker", stale
+            )
+
+
+class BurstWatch:
+    """In burst mode the worker is done once every one of its ``loops`` has found its
+    shard empty at the same time."""
+
+    def __init__(self, loops: int) -> None:
+        self.loops = loops
+        self._empty: set[object] = set()
+        self._over = asyncio.Event()
+
+    async def drained(self, loop: object) -> bool:
+        """``loop`` found nothing to do: True once every loop has (the worker is done),
+        else after a short wait, so that the loop looks again -- work may still come to
+        an empty shard from the others' retries or workflows."""
+        self._empty.add(loop)
+        if len(self._empty) == self.loops:
+            self._over.set()
+        over = await wait_or_stop(self._over, _BURST_RECHECK)
+        self._empty.discard(loop)
+        return over
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLink:
+    """The worker's side of its shard loops (see the module docstring)."""
+
+    stopping: asyncio.Event
+    closed: asyncio.Event
+    tally: Tally
+    burst: BurstWatch
+    #: told of every settled batch before it is counted (the worker's hooks)
+    on_settled: Callable[[Sequence[Outcome], Sequence[int]], None]
+    #: records tasks and lanes again; a failure is left to the next exchange
+    redeclare: Callable[[], Awaitable[None]]
+    #: seconds left of a stopping worker's grace period
+    grace_left: Callable[[], float]
+
+    def settled(self, outcomes: Sequence[Outcome], codes: Sequence[int]) -> None:
+        self.on_settled(outcomes, codes)
+        self.tally.count_settled(outcomes, codes)
