@@ -28,12 +28,12 @@ from fairlane import App
 from fairlane.app.worker import Worker
 from fairlane.cli.worker import _pressure_argv, _pressure_config
 from fairlane.config.settings import ConfigError, load_settings
+from fairlane.metrics.pressure import PressureCollector
 from fairlane.policy.backpressure import Bounds
 from fairlane.runtime.pressure import (
     CpuSensor,
     MemoryLimit,
     MemorySensor,
-    PressureCollector,
     PressureConfig,
     PressureGauge,
     PsiSensor,

@@ -43,12 +43,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from fairlane.metrics.config import MetricsConfig
+from fairlane.metrics.pressure import PressureCollector
 from fairlane.metrics.server import MetricsServer
 from fairlane.metrics.store import StoreCollector, StoreReader
 from fairlane.metrics.tenants import TenantLabels
 from fairlane.registry import TaskDefinition
 from fairlane.runtime.hooks import WorkerHooks, WorkerView
-from fairlane.runtime.pressure import PressureCollector
 from fairlane.runtime.services import MetricsSampler
 from fairlane.store.wire import FetchedJob, Outcome
 

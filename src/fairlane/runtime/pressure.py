@@ -4,21 +4,19 @@ This module owns how a worker holds back under resource pressure and how often i
 looks: ``PressureConfig`` (the thresholds, from the ``worker.pressure`` settings),
 ``PressureGauge``, which samples the sensors (``runtime/sensors.py``) at most once per
 ``interval`` and applies the pure policy of ``fairlane.policy.backpressure``, and
-``PressureCollector``, its Prometheus gauges. The worker asks the gauge how many slots
-it may lease; the gauge never talks to Redis. The sensors' names are importable from
-here too.
+``worker_gauge``, a worker's choice between given and built-in sensors. The worker asks
+the gauge how many slots it may lease; the gauge never talks to Redis. Its Prometheus
+gauges are the metrics floor's (``fairlane.metrics.pressure``). The sensors' names are
+importable from here too.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from fairlane.config.settings import PressureSettings
 from fairlane.config.units import parse_size
@@ -41,7 +39,6 @@ __all__ = [
     "CpuSensor",
     "MemoryLimit",
     "MemorySensor",
-    "PressureCollector",
     "PressureConfig",
     "PressureGauge",
     "PsiSensor",
@@ -183,33 +180,6 @@ class PressureGauge:
             "stopped_by": [] if d is None else list(d.stopped),
             "readings": {r.name: round(r.value, 4) for r in self.readings},
         }
-
-
-class PressureCollector(Collector):
-    """Prometheus gauges of a worker's pressure: its allowance and every reading."""
-
-    def __init__(self, gauge: PressureGauge) -> None:
-        self.gauge = gauge
-
-    def describe(self) -> Iterator[Metric]:
-        return iter(())
-
-    def collect(self) -> Iterator[Metric]:
-        gauge = self.gauge
-        target = GaugeMetricFamily(
-            "fairlane_worker_pressure_target_slots",
-            "Slots the worker may fill under resource pressure (0: it takes no new work).",
-        )
-        target.add_metric([], gauge.target())
-        yield target
-        readings = GaugeMetricFamily(
-            "fairlane_worker_pressure_reading",
-            "The worker's latest sensor readings (memory as a share of its limit, PSI in %).",
-            labels=["sensor"],
-        )
-        for r in gauge.readings:
-            readings.add_metric([r.name], r.value)
-        yield readings
 
 
 def worker_gauge(
