@@ -34,6 +34,7 @@ import redis.asyncio as aioredis
 
 from benchmarks.common import delete_matching, percentile
 from fairlane.gateway import ApiKeys
+from fairlane.store.apikeys import KeyRecords
 from fairlane.store.keys import AppKeys
 from fairlane.testing import RedisServer
 
@@ -106,7 +107,7 @@ def serving(redis_url: str, name: str) -> Iterator[tuple[str, subprocess.Popen[b
 async def mint(redis_url: str, name: str) -> str:
     redis = aioredis.Redis.from_url(redis_url)
     try:
-        return (await ApiKeys(redis, name).create("bench")).key
+        return (await ApiKeys(KeyRecords(redis, name)).create("bench")).key
     finally:
         await redis.aclose()
 

@@ -16,6 +16,7 @@ from fairlane.cli._common import live_workers
 from fairlane.gateway.apikeys import ApiKeys
 from fairlane.metrics.store import StoreReader
 from fairlane.store.api import Store
+from fairlane.store.apikeys import KeyRecords
 from fairlane.store.connection import create_client, create_sync_client
 from fairlane.store.wire import NewJob
 
@@ -62,7 +63,7 @@ async def test_metrics_read_queue_ages_on_the_slots_clock(redis_url: str, namesp
 async def test_api_keys_rotate_under_watch(redis_url: str, namespace: str) -> None:
     client = create_client(redis_url)
     try:
-        keys = ApiKeys(client, namespace)
+        keys = ApiKeys(KeyRecords(client, namespace))
         minted = await keys.create("acme")
         assert await keys.authenticate(minted.key) == (minted.key_id, "acme")
         rotated = await keys.rotate(minted.key_id)

@@ -130,7 +130,7 @@ def test_malformed_requests_get_4xx_json_never_5xx(redis_url: str, namespace: st
         runner.run(app.connect())
         api = create_app(app, admin_key=ADMIN_KEY)
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://gw")
-        key = runner.run(ApiKeys(app.store.client, app.name).create("acme")).key
+        key = runner.run(ApiKeys(app.store.key_records).create("acme")).key
         auths = {"tenant": f"Bearer {key}", "admin": f"Bearer {ADMIN_KEY}"}
 
         async def send(call: Call) -> httpx.Response:

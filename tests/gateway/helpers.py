@@ -67,7 +67,7 @@ async def gateway(
         api = create_app(app, admin_key=ADMIN_KEY)
         transport = httpx.ASGITransport(app=api)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-            yield Gateway(app, client, ApiKeys(app.store.client, app.name))
+            yield Gateway(app, client, ApiKeys(app.store.key_records))
 
 
 def pool(capacity: float, response_when_full: str) -> dict[str, Any]:

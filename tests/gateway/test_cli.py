@@ -14,6 +14,7 @@ from fairlane import App
 from fairlane.cli import tenants_cli
 from fairlane.cli.gateway import gateway
 from fairlane.gateway import ApiKeys
+from fairlane.store.apikeys import KeyRecords
 from tests.e2e.helpers import fast_settings
 
 
@@ -21,7 +22,7 @@ def _authenticate(redis_url: str, namespace: str, key: str) -> tuple[str, str] |
     async def check() -> tuple[str, str] | None:
         client = aioredis.Redis.from_url(redis_url)
         try:
-            return await ApiKeys(client, namespace).authenticate(key)
+            return await ApiKeys(KeyRecords(client, namespace)).authenticate(key)
         finally:
             await client.aclose()
 

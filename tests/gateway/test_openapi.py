@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
 from fairlane.gateway import ApiKeys, create_app
+from fairlane.store.apikeys import KeyRecords
 from tests.gateway.helpers import ADMIN_KEY, build_app
 
 NAME = "t_" + secrets.token_hex(4)
@@ -42,7 +43,7 @@ CHECKS = [
 async def _mint(redis_url: str) -> str:
     client = aioredis.Redis.from_url(redis_url)
     try:
-        return (await ApiKeys(client, NAME).create("acme")).key
+        return (await ApiKeys(KeyRecords(client, NAME)).create("acme")).key
     finally:
         await client.aclose()
 

@@ -81,7 +81,7 @@ async def test_gateway_serves_store_and_http_metrics(redis_url: str, namespace: 
     async with app:
         api = create_app(app, admin_key=ADMIN_KEY)  # serves /metrics by default
         metrics = api.state.metrics
-        minted = await ApiKeys(app.store.client, app.name).create("acme")
+        minted = await ApiKeys(app.store.key_records).create("acme")
         tenant = {"Authorization": f"Bearer {minted.key}"}
         async with client(api) as c:
 

@@ -32,7 +32,6 @@ from fairlane.config.settings import WorkerSettings
 from fairlane.policy.retention import Keep
 from fairlane.store.api import redact_url
 from fairlane.store.fields import field_text
-from fairlane.store.keyspace import count_matching
 from fairlane.store.records import JobRecord
 
 __all__ = ["dead_app", "inspect_app", "job_app", "purge"]
@@ -51,7 +50,7 @@ async def _count_keys(app: App) -> tuple[str, int]:
     async with app:
         count = 0
         for store in app.stores:
-            count += await count_matching(store.client, store.keys.match_all())
+            count += await store.count_keys()
         return app.url or "?", count
 
 

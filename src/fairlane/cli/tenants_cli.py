@@ -26,6 +26,7 @@ from fairlane.cli._common import (
     settings_or_fail,
 )
 from fairlane.gateway.apikeys import ApiKeys, KeyNotFound, KeyRecord, MintedKey
+from fairlane.store.apikeys import KeyRecords
 from fairlane.store.connection import AsyncClient, create_client
 
 __all__ = ["tenants_app"]
@@ -42,7 +43,7 @@ def _keys(app: App) -> tuple[ApiKeys, AsyncClient]:
     if target.url is None:
         fail(f"no server to talk to: {target.source} is not running (give --redis-url)")
     client = create_client(target.url, socket_connect_timeout=5.0)
-    return ApiKeys(client, app.name, app.shards), client
+    return ApiKeys(KeyRecords(client, app.name, app.shards)), client
 
 
 async def _with_keys(app: App, action: str, key_or_tenant: str) -> object:

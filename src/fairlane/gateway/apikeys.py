@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 
 from fairlane.store.apikeys import KeyRecord, KeyRecords
-from fairlane.store.connection import AsyncClient
 
 __all__ = ["ApiKeys", "KeyNotFound", "KeyRecord", "MintedKey", "parse_key"]
 
@@ -76,9 +75,8 @@ def check_tenant(tenant: str) -> str:
 class ApiKeys:
     """The API keys of one app, kept as the store's key records."""
 
-    def __init__(self, client: AsyncClient, app_name: str, shards: int = 1) -> None:
-        self.client = client
-        self.records = KeyRecords(client, app_name, shards)
+    def __init__(self, records: KeyRecords) -> None:
+        self.records = records
 
     async def create(self, tenant: str) -> MintedKey:
         """A new key for ``tenant`` (a tenant may hold several, e.g. during a rollover)."""

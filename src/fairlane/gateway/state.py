@@ -34,8 +34,9 @@ class GatewayState:
 
     async def keys(self) -> ApiKeys:
         app = await self.connected()
-        if self._keys is None or self._keys.client is not app.store.client:
-            self._keys = ApiKeys(app.store.client, app.name, app.shards)
+        # a reconnected app has new stores, whose connection the key records must use
+        if self._keys is None or self._keys.records is not app.store.key_records:
+            self._keys = ApiKeys(app.store.key_records)
         return self._keys
 
     async def close(self) -> None:
