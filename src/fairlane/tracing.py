@@ -81,7 +81,6 @@ __all__ = [
     "TracingHooks",
     "active_tracer",
     "admitted",
-    "attempt",
     "sending",
     "set_tracer_provider",
     "step_span",
@@ -315,36 +314,6 @@ class Attempt:
         span.end()
 
 
-def attempt(job: FetchedJob, tasks: Mapping[str, TaskDefinition[Any, Any]]) -> Attempt | None:
-    """Open and make current the ``process`` span of one attempt (None: tracing is off)."""
-    tracer = active_tracer()
-    if tracer is None:
-        return None
-    task = tasks.get(job.task)
-    lane = task.options.lane if task is not None else "unknown"
-    wait_ms = max(0, time.time_ns() // 1_000_000 - job.enqueued_ms)
-    span = tracer.start_span(
-        f"process {lane}",
-        context=_extract(job.trace_context),
-        kind=_trace.SpanKind.CONSUMER,
-        attributes={
-            "messaging.system": SYSTEM,
-            "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
-            "messaging.destination.name": lane,
-            "messaging.message.id": job.id,
-            "messaging.fairlane.queue_wait_ms": wait_ms,
-            "fairlane.task": job.task,
-            "fairlane.tenant": job.tenant,
-            "fairlane.class": job.service_class,
-            "fairlane.attempt": job.attempt,
-            "fairlane.max_attempts": job.max_attempts,
-        },
-    )
-    token = _otel_context.attach(_trace.set_span_in_context(span))
-    return Attempt(span, token)
-
-
 def _record_failure(span: Span, payload: str) -> None:
     """Record a failed attempt's error, as ``record_exception`` would, from its encoding:
     the exception itself may have been raised in another process."""
@@ -390,7 +359,33 @@ class TracingHooks(WorkerHooks):
         self._tasks = tasks
 
     def attempt(self, job: FetchedJob) -> Attempt | None:
-        return attempt(job, self._tasks)
+        """Open and make current the ``process`` span of one attempt (None: tracing is off)."""
+        tracer = active_tracer()
+        if tracer is None:
+            return None
+        task = self._tasks.get(job.task)
+        lane = task.options.lane if task is not None else "unknown"
+        wait_ms = max(0, time.time_ns() // 1_000_000 - job.enqueued_ms)
+        span = tracer.start_span(
+            f"process {lane}",
+            context=_extract(job.trace_context),
+            kind=_trace.SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": SYSTEM,
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.destination.name": lane,
+                "messaging.message.id": job.id,
+                "messaging.fairlane.queue_wait_ms": wait_ms,
+                "fairlane.task": job.task,
+                "fairlane.tenant": job.tenant,
+                "fairlane.class": job.service_class,
+                "fairlane.attempt": job.attempt,
+                "fairlane.max_attempts": job.max_attempts,
+            },
+        )
+        token = _otel_context.attach(_trace.set_span_in_context(span))
+        return Attempt(span, token)
 
     def step(self, info: StepInfo) -> AbstractContextManager[Span | None]:
         return step_span(info)

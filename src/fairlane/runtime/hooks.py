@@ -126,6 +126,10 @@ class Hooks(WorkerHooks):
         self._finished = _overriding(self.hooks, "finished")
         self._settled = _overriding(self.hooks, "settled")
         self._lost = _overriding(self.hooks, "lost")
+        if len(self._attempt) == 1:
+            # the point runs once per job, and a worker usually has one plug-in on it
+            # (tracing): its own bound method, without a call through this one
+            self.attempt = self._attempt[0]  # type: ignore[method-assign]
 
     def serving(self, worker: WorkerView, stack: AsyncExitStack) -> list[Coroutine[Any, Any, None]]:
         return [loop for serving in self._serving for loop in serving(worker, stack)]
