@@ -7,7 +7,8 @@ that hold the store to the server's semantics -- those marked ``contract`` and t
 script-agreement suites in ``tests/store`` -- on that server too (another server
 version or flavour); ``FAIRLANE_TEST_EXTERNAL_ALL=1`` runs every test there but those
 marked ``embedded_only`` (processes, a browser or a benchmark harness).
-``namespace`` gives each test its own app name and deletes that test's keys afterwards.
+``namespace`` gives each test its own app name and deletes that test's keys afterwards;
+``store`` is a connected ``Store`` of that app.
 
 ``cluster`` is a private 3-master :class:`fairlane.testing.RedisCluster` from the same
 binary (skipped with ``FAIRLANE_TEST_CLUSTER=0``). Only tests marked ``contract`` run on
@@ -20,11 +21,12 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from fairlane.store.api import Store
 from fairlane.store.connection import create_sync_client
 from fairlane.testing import RedisCluster, RedisServer
 
@@ -107,3 +109,15 @@ def namespace(redis_url: str) -> Iterator[str]:
                 client.delete(*batch)
     finally:
         client.close()
+
+
+@pytest.fixture
+async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
+    """A connected ``Store`` of the test's app on the session's server; its keys go with
+    the ``namespace``."""
+    store = Store.from_url(redis_url, namespace)
+    await store.connect()
+    try:
+        yield store
+    finally:
+        await store.aclose()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 
@@ -25,16 +25,6 @@ pytestmark = pytest.mark.anyio
 
 LANE = "lease"
 LONG = LeaseSettings(duration=60.0, renew_interval=10.0)
-
-
-@pytest.fixture
-async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
-    store = Store.from_url(redis_url, namespace)
-    await store.connect()
-    try:
-        yield store
-    finally:
-        await store.aclose()
 
 
 def _job(n: int, *, max_attempts: int = 3) -> NewJob:

@@ -13,7 +13,7 @@ import json
 import logging
 import socket
 import urllib.request
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AsyncExitStack
 
 import pytest
@@ -157,16 +157,6 @@ class Recorder:
 
 def _running(*ids: str) -> list[FetchedJob]:
     return [FetchedJob(i, "1", 1, "t", "[]", 0, 0, "acme", 3, "", 0) for i in ids]
-
-
-@pytest.fixture
-async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
-    store = Store.from_url(redis_url, namespace)
-    await store.connect()
-    try:
-        yield store
-    finally:
-        await store.aclose()
 
 
 async def test_each_pass_samples_the_running_jobs_and_syncs_the_clock(store: Store) -> None:

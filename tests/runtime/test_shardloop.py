@@ -17,7 +17,7 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import cast
 
 import pytest
@@ -138,16 +138,6 @@ class Parts:
 
     async def _redeclare(self) -> None:
         self.redeclared += 1
-
-
-@pytest.fixture
-async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
-    store = Store.from_url(redis_url, namespace)
-    await store.connect()
-    try:
-        yield store
-    finally:
-        await store.aclose()
 
 
 class Hot:

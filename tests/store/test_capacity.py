@@ -8,7 +8,6 @@ the lane's cached capacity, and dispatch never hands out more slots than it hold
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -16,19 +15,6 @@ from fairlane.store.api import Store
 from fairlane.store.wire import NewJob
 
 pytestmark = [pytest.mark.anyio, pytest.mark.contract]
-
-
-@pytest.fixture
-async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
-    store = Store.from_url(redis_url, namespace)
-    await store.connect()
-    try:
-        yield store
-    finally:
-        keys = [k async for k in store.client.scan_iter(match=store.keys.match_all())]
-        if keys:
-            await store.client.delete(*keys)
-        await store.aclose()
 
 
 def _job(n: int, *, slots: int = 1) -> NewJob:

@@ -6,8 +6,6 @@ records, read through any shard's store, are the home shard's."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from fairlane.store.api import Store
@@ -15,16 +13,6 @@ from fairlane.store.apikeys import KeyRecord
 from fairlane.store.payloadindex import IndexEntry, index_member, split_member
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
-    store = Store.from_url(redis_url, namespace)
-    await store.connect()
-    try:
-        yield store
-    finally:
-        await store.aclose()
 
 
 async def test_entries_keep_the_index_layout(store: Store) -> None:

@@ -10,7 +10,7 @@ job ids found through the indexes, and the round trips each read takes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -239,19 +239,6 @@ def test_a_listing_leaves_out_records_removed_meanwhile() -> None:
 
 
 # -- both runners on a real server -----------------------------------------------------
-
-
-@pytest.fixture
-async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
-    store = Store.from_url(redis_url, namespace)
-    await store.connect()
-    try:
-        yield store
-    finally:
-        keys = [k async for k in store.client.scan_iter(match=store.keys.match_all())]
-        if keys:
-            await store.client.delete(*keys)
-        await store.aclose()
 
 
 @pytest.fixture
