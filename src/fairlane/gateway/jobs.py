@@ -108,8 +108,6 @@ async def _admit(
         new = task.new_job(
             blob,
             tenant=tenant,
-            delay=None,
-            at=None,
             deadline=body.deadline_seconds,
             idempotency_key=body.idempotency_key,
             priority=body.priority,

@@ -44,11 +44,7 @@ def _child_job(
     job = task.new_job(
         task.encode_args(call.args, call.kwargs),
         tenant=tenant,
-        delay=None,
-        at=None,
-        deadline=None,
         idempotency_key=child_id,
-        priority=0,
         service_class=cls,
         limits={f"run:{run_id}": cap},
     )

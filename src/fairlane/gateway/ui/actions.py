@@ -65,10 +65,6 @@ async def retry(app: App, job_id: str) -> tuple[str, str | None]:
     new = task.new_job(
         record.args or b"[[],{}]",
         tenant=record.tenant,
-        delay=None,
-        at=None,
-        deadline=None,
-        idempotency_key=None,
         priority=record.priority,
         service_class=record.service_class,
     )
