@@ -37,14 +37,13 @@ from fairlane.runtime.runner import Runner
 from fairlane.store.wire import FetchedJob, Outcome
 from tests.e2e.helpers import fast_settings
 from tests.runtime import _runner_funcs
+from tests.runtime.leasing import LEASE_MS, WORKER, lease_one
 
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[2]
 LANE = "runner"
 TENANT = "acme"
-WORKER = "w1"
-LEASE_MS = 30_000
 #: the worker's size: a test may hold a few leases at once
 SLOTS = 8
 #: 1.5 s doubling per attempt, at most 4 s, with no jitter: each delay is exact
@@ -187,22 +186,9 @@ class Bench:
 
     async def lease(self, name: str, *args: Any, **kwargs: Any) -> FetchedJob:
         """Enqueue one job of task ``name`` and lease it as worker ``w1``."""
-        task = self.tasks[name]
-        job = task.new_job(
-            task.encode_args(args, kwargs),
-            tenant=TENANT,
-            delay=None,
-            at=None,
-            deadline=None,
-            idempotency_key=None,
-            priority=0,
+        return await lease_one(
+            self.app, self.tasks[name], LANE, args, kwargs, tenant=TENANT, slots=SLOTS
         )
-        store = self.app.sharded.store_for_job(job.id)
-        submitted = await store.submit(LANE, [job])
-        assert [s.code for s in submitted] == [1]
-        fetched = await store.exchange(WORKER, [LANE], 1, LEASE_MS, slots=SLOTS)
-        assert [j.id for j in fetched.jobs] == [job.id]
-        return fetched.jobs[0]
 
     async def again(self, outcome: Outcome) -> FetchedJob:
         """Settle a retried attempt (its delay spent) and lease the job's next one."""

@@ -32,13 +32,12 @@ from fairlane.runtime.slices import run_slice
 from fairlane.store.api import Store
 from fairlane.store.wire import FetchedJob, Outcome
 from tests.e2e.helpers import fast_settings
+from tests.runtime.leasing import LEASE_MS, WORKER, lease_one
 
 pytestmark = pytest.mark.anyio
 
 LANE = "slices"
 TENANT = "acme"
-WORKER = "w1"
-LEASE_MS = 30_000
 SLOTS = 4
 KEEP_ALL = Retention(completed=None, failed=None)
 
@@ -161,21 +160,9 @@ class Runs:
 
     async def lease(self, name: str, *args: Any) -> FetchedJob:
         """Enqueue a run of workflow ``name`` and lease it as worker ``w1``."""
-        flow = self.flows[name]
-        job = flow.new_job(
-            flow.encode_args(args, {}),
-            tenant=TENANT,
-            delay=None,
-            at=None,
-            deadline=None,
-            idempotency_key=None,
-            priority=0,
+        return await lease_one(
+            self.app, self.flows[name], LANE, args, {}, tenant=TENANT, slots=SLOTS
         )
-        store = self.app.sharded.store_for_job(job.id)
-        assert [s.code for s in await store.submit(LANE, [job])] == [1]
-        fetched = await store.exchange(WORKER, [LANE], 1, LEASE_MS, slots=SLOTS)
-        assert [j.id for j in fetched.jobs] == [job.id]
-        return fetched.jobs[0]
 
     async def slice(self, name: str, job: FetchedJob) -> Any:
         return await run_slice(
