@@ -109,37 +109,44 @@ def floor(module: str) -> int | None:
 
 
 def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Groups of two or more modules that import each other, directly or not (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
-    stack: list[str] = []
     on_stack: set[str] = set()
+    stack: list[str] = []
     groups: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for child in sorted(edges[node]):
-            if child not in index:
-                visit(child)
-                low[node] = min(low[node], low[child])
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    group = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        group.append(member)
+                        if member == node:
+                            break
+                    if len(group) > 1:
+                        groups.append(sorted(group))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(edges[child]))))
             elif child in on_stack:
                 low[node] = min(low[node], index[child])
-        if low[node] == index[node]:
-            group = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                group.append(member)
-                if member == node:
-                    break
-            if len(group) > 1:
-                groups.append(sorted(group))
-
-    sys.setrecursionlimit(10_000)
-    for node in sorted(edges):
-        if node not in index:
-            visit(node)
     return groups
 
 

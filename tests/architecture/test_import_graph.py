@@ -4,53 +4,30 @@ The floors' direction is ``lint-imports``' contract (``pyproject.toml``, run by 
 command); a cycle can also hide inside one floor, where the layers contract does not
 look, so this test walks the whole graph. The graph is grimp's, which import-linter is
 built on: every import counts, those under ``TYPE_CHECKING`` and inside functions too.
+The cycle finder is the house report's (``scripts/house_report.py``), so the test and
+the report cannot disagree.
 """
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import grimp
 
 
-def _strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
-    """Groups of two or more modules that import each other, directly or not (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    groups: list[list[str]] = []
-    for root in sorted(edges):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(edges[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is None:
-                work.pop()
-                if work:
-                    parent = work[-1][0]
-                    low[parent] = min(low[parent], low[node])
-                if low[node] == index[node]:
-                    group = []
-                    while True:
-                        member = stack.pop()
-                        on_stack.discard(member)
-                        group.append(member)
-                        if member == node:
-                            break
-                    if len(group) > 1:
-                        groups.append(sorted(group))
-            elif child not in index:
-                index[child] = low[child] = len(index)
-                stack.append(child)
-                on_stack.add(child)
-                work.append((child, iter(sorted(edges[child]))))
-            elif child in on_stack:
-                low[node] = min(low[node], index[child])
-    return groups
+def _house_report() -> ModuleType:
+    """``scripts/house_report.py``, whose cycle finder this test and the report share."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "house_report.py"
+    spec = importlib.util.spec_from_file_location("house_report", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_strongly_connected = _house_report().strongly_connected
 
 
 def _graph() -> dict[str, set[str]]:
