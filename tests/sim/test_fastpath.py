@@ -4,7 +4,8 @@
 each test drives the fast path and the core's object with the same random inputs and
 requires the same answers: ``ClassChooser`` against ``classes.allocate`` (memoised or
 not), ``FairClass`` against ``fairqueue.FairQueue`` (same dispatches, bit-equal tags),
-``Gate`` against ``admission.fits``, ``TenantThrottle`` against ``throttle.Throttles``.
+``Gate`` against ``admission.fits``; and the throttle keys (``fairlane.sim.keys``, both
+rules) against the naive model of the rules in ``tests/sim/naive_keys.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from hypothesis import strategies as st
 from fairlane.policy.admission import AdmissionClass, PoolConfig, PoolState, fits
 from fairlane.policy.classes import ClassTable, ServiceClass, allocate
 from fairlane.policy.fairqueue import FairQueue, job_order
-from fairlane.policy.throttle import Acquired, Throttles
-from fairlane.sim.fastpath import ClassChooser, FairClass, Gate, TenantThrottle
+from fairlane.sim.fastpath import ClassChooser, FairClass, Gate
+from fairlane.sim.keys import FairKeys, FifoKeys
+from tests.sim.naive_keys import NaiveJob, NaiveKeys
 
 
 @st.composite
@@ -90,6 +92,7 @@ ops_st = st.lists(
     st.one_of(
         st.tuples(st.just("push"), st.integers(0, 4), st.floats(0.05, 5.0)),
         st.tuples(st.just("pop"), st.just(0), st.just(0.0)),
+        st.tuples(st.just("drop"), st.just(0), st.just(0.0)),
     ),
     max_size=120,
 )
@@ -113,6 +116,12 @@ def test_fair_class_agrees_with_fair_queue(
         if op == "push":
             activated = core.push(names[t], f"j{seq}", cost, job_order(0, seq))
             assert fast.push(t, (f"j{seq}", cost)) == activated
+            continue
+        if op == "drop":  # the head job taken out uncharged: FairQueue.remove (rule 3)
+            head = fast.head()
+            if head >= 0:
+                assert core.active_tenants()[0] == names[head]
+                assert core.remove(fast.drop()[0])
             continue
         dispatch = core.pop()
         head = fast.head()
@@ -176,41 +185,82 @@ def test_gate_agrees_with_admission_fits(pool: tuple[ClassTable, PoolConfig], da
     assert fast == core
 
 
-throttle_ops = st.lists(
+# tenants a, b, c: a has its own key, b and c share model:x, c also db:y
+_KEYS_OF = {"a": ("tenant:a",), "b": ("model:x",), "c": ("db:y", "model:x")}
+_TENANTS = ("a", "b", "c")
+_WEIGHT = {"a": 1.0, "b": 2.0, "c": 1.0}
+
+key_ops = st.lists(
     st.one_of(
-        st.tuples(st.just("acquire"), st.integers(0, 2), st.integers(1, 3)),
-        st.tuples(st.just("release"), st.integers(0, 50), st.just(0)),
+        st.tuples(st.just("dispatch"), st.integers(0, 40), st.integers(1, 3)),
+        st.tuples(st.just("release"), st.integers(0, 40), st.just(0)),
+        st.tuples(st.just("limit"), st.just(0), st.integers(0, 4)),
     ),
     max_size=80,
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops=throttle_ops)
-def test_tenant_throttle_agrees_with_throttles(ops: list[tuple[str, int, int]]) -> None:
-    core = Throttles()
-    fast = TenantThrottle(3)
-    held: list[tuple[str, int]] = []  # (job, tenant), in admission order
-    tenant_of: dict[str, int] = {}
-    for seq, (op, x, limit) in enumerate(ops):
-        out: list[Any] = []
-        if op == "acquire":
-            job = f"j{seq}"
-            tenant_of[job] = x
-            result = core.try_acquire(job, {f"tenant:{x}": limit}, 0, seq)
-            admitted = fast.acquire(x, limit, seq, job, out)
-            assert admitted == isinstance(result, Acquired)
-            assert out == [h.job_id for h in result.handoffs]
+@given(ops=key_ops, fair=st.booleans(), shared=st.integers(1, 3))
+def test_key_tables_agree_with_the_rules(
+    ops: list[tuple[str, int, int]], fair: bool, shared: int
+) -> None:
+    """FairKeys / FifoKeys against the naive model: same admissions, same wakes in the
+    same order, same slots in use and offers; ``dispatch`` offers a new job (x picks
+    the tenant) or, when x is odd and one waits, a woken job back at its dispatch."""
+    names = ["tenant:a", "tenant:b", "tenant:c", "model:x", "db:y"]
+    index = {k: i for i, k in enumerate(names)}
+    limits = [0, 0, 0, shared, 1]
+    keys_of = [tuple(index[k] for k in _KEYS_OF[t]) for t in _TENANTS]
+    cost = {"a": 1.0, "b": 0.5, "c": 2.0}
+    fast: FairKeys | FifoKeys = (
+        FairKeys(limits, keys_of, _TENANTS, [_WEIGHT[t] for t in _TENANTS],
+                 lambda job: cost[_TENANTS[job[1]]])
+        if fair
+        else FifoKeys(limits, keys_of)
+    )  # fmt: skip
+    naive = NaiveKeys(dict(zip(names, limits, strict=True)), fair=fair)
+    jobs: dict[int, tuple[list[Any], NaiveJob]] = {}
+    held: list[int] = []
+    woken: list[int] = []  # offered (fair) or granted (fifo), not yet started
+    out: list[Any] = []
+
+    def woke(got: list[NaiveJob]) -> None:
+        assert [j[0] for j in out] == [int(j.id) for j in got]
+        (woken if fair else held).extend(j[0] for j in out)
+        out.clear()
+
+    for seq, (op, x, lim) in enumerate(ops):
+        if op == "limit":
+            fast.set_limit(0, lim, out)
+            woke(naive.set_limit("tenant:a", lim))
+        elif op == "release":
+            if held:
+                i = held.pop(x % len(held))
+                fast.release(keys_of[jobs[i][0][1]], out)
+                woke(naive.release(jobs[i][1]))
+        else:
+            if fair and x % 2 and woken:
+                i = woken.pop(0)
+            else:
+                t = _TENANTS[x % 3]
+                i = seq
+                jobs[i] = ([i, x % 3, 0.0, 1.0, -1.0, 0, 0.0, 0],
+                           NaiveJob(str(i), t, i, _KEYS_OF[t], _WEIGHT[t], cost[t]))  # fmt: skip
+                if t == "a":  # a's own key: the limit comes with each dispatch
+                    fast.set_limit(0, lim, out)
+                    woke(naive.set_limit("tenant:a", lim))
+            admitted = fast.take(jobs[i][0], out)
+            got, others = naive.take(jobs[i][1])
+            assert admitted == got
+            woke(others)
             if admitted:
-                held.append((job, x))
-        elif held:
-            job, t = held.pop(x % len(held))
-            handoffs = core.release(job)
-            fast.release(t, out)
-            assert out == [h.job_id for h in handoffs]
-        held += [(job, tenant_of[job]) for job in out]
-        for t in range(3):
-            assert fast.in_use[t] == core.in_use(f"tenant:{t}")
+                held.append(i)
+        for k, name in enumerate(names):
+            assert fast.in_use[k] == naive.in_use[name]
+            if isinstance(fast, FairKeys):
+                assert fast.offers[k] == naive.offers[name]
+                assert fast.room(k) == naive.room(name)
 
 
 def _random_table(rng: random.Random) -> ClassTable:

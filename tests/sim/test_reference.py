@@ -1,11 +1,15 @@
 """The engine against a naive simulator built from the policy core's own objects.
 
 ``Reference`` below is the simplest event loop that composes ``FairQueue`` (one per
-class), ``next_class``, ``admission.decide`` / ``drain`` with a ``PoolState``, and
-``Throttles`` for tenant caps -- no fast paths, no memo, O(n) wherever convenient. On
-random small scenarios (classes, weights, bursts, Poisson, slicing, jobs several slots
-wide, a gate with deferral, caps) every tenant's list of start delays must be identical
-to the engine's, as must completions and rejections: the fast paths change the speed,
+class), ``next_class``, ``admission.decide`` / ``drain`` with a ``PoolState``, and the
+naive throttle keys of ``tests/sim/naive_keys.py`` for tenant caps and shared keys,
+under either rule (``waiters=fair``: keys taken at dispatch, a parked head removed from
+its fair queue uncharged, a woken job pushed back at its own position; ``waiters=fifo``:
+the head charged, then its keys, and a hand-off granted into the class's granted queue)
+-- no fast paths, no memo, O(n) wherever convenient. On random small scenarios
+(classes, weights, bursts, Poisson, slicing, jobs several slots wide, a gate with
+deferral, caps, shared keys) every tenant's list of start delays must be identical to
+the engine's, as must completions and rejections: the fast paths change the speed,
 not one decision.
 """
 
@@ -22,12 +26,12 @@ import pytest
 from fairlane.policy.admission import DeferredJob, PoolState, decide, drain, to_milli
 from fairlane.policy.classes import next_class
 from fairlane.policy.fairqueue import FairQueue, job_order
-from fairlane.policy.throttle import Acquired, Throttles
 from fairlane.sim.arrivals import arrivals
 from fairlane.sim.engine import simulate
 from fairlane.sim.parse import parse_scenario
 from fairlane.sim.scenario import Scenario
 from fairlane.sim.variants import parse_variant, resolve
+from tests.sim.naive_keys import NaiveJob, NaiveKeys
 
 
 class _Job:
@@ -35,12 +39,13 @@ class _Job:
         self.seq, self.tenant, self.at, self.rem = seq, tenant, at, size
         self.started = False
         self.id = f"j{seq}"
+        self.keyed: NaiveJob | None = None
 
 
 class Reference:
     """Start delays per tenant, completions and rejections, by the core's objects."""
 
-    def __init__(self, scenario: Scenario, slice_: float, *, gate: bool) -> None:
+    def __init__(self, scenario: Scenario, slice_: float, *, gate: bool, fair: bool) -> None:
         lane = scenario.lanes[0]
         self.table, self.capacity = lane.table, lane.slots
         self.pool = lane.pool if gate else None
@@ -51,13 +56,16 @@ class Reference:
         self.queues = {c: FairQueue() for c in self.table.names}
         for name, spec in zip(self.names, self.specs, strict=True):
             self.queues[spec.service_class].set_weight(name, spec.weight)
-        self.throttles = Throttles()
+        self.fair = fair
+        caps = zip(self.names, self.specs, strict=True)
+        limits = {f"tenant:{n}": s.max_concurrency or 0 for n, s in caps}
+        self.keys = NaiveKeys(limits | {k.name: k.limit for k in scenario.keys}, fair=fair)
         self.granted: dict[str, deque[_Job]] = {c: deque() for c in self.table.names}
         self.in_flight, self.waiting = Counter[str](), Counter[str]()
         self.state = PoolState()
         self.deferred: dict[str, deque[DeferredJob]] = {c: deque() for c in self.table.names}
         self.pending: dict[str, deque[_Job]] = {c: deque() for c in self.table.names}
-        self.parked: dict[str, _Job] = {}
+        self.queued: dict[str, _Job] = {}  # in a fair queue
         self.jobs: dict[str, _Job] = {}
         self.waits: dict[str, list[float]] = {n: [] for n in self.names}
         self.done, self.rejected = Counter[str](), Counter[str]()
@@ -88,6 +96,18 @@ class Reference:
         cost = min(job.rem, self.slice)
         self.queues[self.cls(job)].push(self.names[job.tenant], job.id, cost, job_order(0, job.seq))
         self.waiting[self.cls(job)] += self.width(job)
+        self.queued[job.id] = job
+
+    def keyed(self, job: _Job) -> NaiveJob | None:
+        """The job as the keys see it, or None if it names none."""
+        spec, name = self.specs[job.tenant], self.names[job.tenant]
+        keys = [*spec.keys, *([f"tenant:{name}"] if spec.max_concurrency else [])]
+        if not keys:
+            return None
+        if job.keyed is None:
+            job.keyed = NaiveJob(job.id, name, job.seq, tuple(sorted(keys)), spec.weight)
+        job.keyed.cost = min(job.rem, self.slice)  # the fair queue's charge for it
+        return job.keyed
 
     def head_width(self, cls: str) -> int | None:
         if self.granted[cls]:
@@ -95,21 +115,36 @@ class Reference:
         active = self.queues[cls].active_tenants()
         return self.specs[self.names.index(active[0])].slots if active else None
 
+    def head(self, cls: str) -> _Job:
+        """The fair head: the first job (least seq) of the least-tag active tenant."""
+        tenant = self.queues[cls].active_tenants()[0]
+        mine = [j for j in self.queued.values() if self.names[j.tenant] == tenant]
+        return min(mine, key=lambda j: j.seq)
+
     def take(self, chosen: str) -> _Job | None:
-        """The class's head: a granted job, else its fair head if its throttle admits it."""
+        """The class's head: a granted job, else its fair head if its keys admit it."""
         if self.granted[chosen]:
             return self.granted[chosen].popleft()
-        dispatched = self.queues[chosen].pop()
-        assert dispatched is not None
-        job = self.jobs[dispatched.job_id]
-        cap = self.specs[job.tenant].max_concurrency
-        if cap:
-            got = self.throttles.try_acquire(job.id, {f"tenant:{job.tenant}": cap}, 0, job.seq)
-            self.hand(got.handoffs)
-            if not isinstance(got, Acquired):
-                self.parked[job.id] = job
-                return None
-        return job
+        job = self.head(chosen)
+        keyed = self.keyed(job)
+        if keyed is None or not self.fair:
+            dispatched = self.queues[chosen].pop()
+            assert dispatched is not None and dispatched.job_id == job.id
+            del self.queued[job.id]
+            if keyed is None:
+                return job
+            admitted, woken = self.keys.take(keyed)
+            self.hand(woken)
+            return job if admitted else None
+        admitted, woken = self.keys.take(keyed)
+        if admitted:
+            dispatched = self.queues[chosen].pop()
+            assert dispatched is not None and dispatched.job_id == job.id
+        else:  # parked: out of its fair queue, its tenant not charged
+            assert self.queues[chosen].remove(job.id)
+        del self.queued[job.id]
+        self.hand(woken)
+        return job if admitted else None
 
     def dispatch(self, now: float) -> None:
         while True:
@@ -131,11 +166,15 @@ class Reference:
             run = min(job.rem, self.slice)
             heapq.heappush(self.running, (now + run, job.seq, job, run))
 
-    def hand(self, handoffs: Any) -> None:
-        for h in handoffs:
-            job = self.parked.pop(h.job_id)
-            self.granted[self.cls(job)].append(job)
-            self.waiting[self.cls(job)] += self.width(job)
+    def hand(self, woken: list[NaiveJob]) -> None:
+        """Woken jobs: back into their fair queues (fair), or granted (fifo)."""
+        for keyed in woken:
+            job = self.jobs[keyed.id]
+            if self.fair:
+                self.push(job)
+            else:
+                self.granted[self.cls(job)].append(job)
+                self.waiting[self.cls(job)] += self.width(job)
 
     def admit(self, job: _Job) -> None:
         cls, tenant = self.cls(job), self.names[job.tenant]
@@ -161,8 +200,8 @@ class Reference:
     def end(self, job: _Job, run: float) -> None:
         cls, tenant = self.cls(job), self.names[job.tenant]
         self.in_flight[cls] -= self.width(job)
-        if self.specs[job.tenant].max_concurrency:
-            self.hand(self.throttles.release(job.id))
+        if job.keyed is not None:
+            self.hand(self.keys.release(job.keyed))
         job.rem -= run
         if job.rem > 0:
             self.push(job)
@@ -199,6 +238,16 @@ def _scenario(rng: random.Random, *, wide: bool) -> dict[str, Any]:
             "tenants": tenants}  # fmt: skip
 
 
+def _shared_keys(rng: random.Random, data: dict[str, Any]) -> None:
+    """Shared keys in half the cases: each tenant names none, one or both."""
+    if rng.random() < 0.5:
+        return
+    data["keys"] = [{"name": "model:x", "limit": rng.randint(1, 3)},
+                    {"name": "db:y", "limit": rng.randint(1, 2)}]  # fmt: skip
+    for tenant in data["tenants"]:
+        tenant["keys"] = rng.choice([[], ["model:x"], ["model:x"], ["db:y", "model:x"]])
+
+
 def _pool(rng: random.Random) -> dict[str, Any]:
     when = ["reject", "defer"]
     return {"x": {
@@ -214,18 +263,20 @@ def _pool(rng: random.Random) -> dict[str, Any]:
     }}  # fmt: skip
 
 
+@pytest.mark.parametrize("waiters", ["fair", "fifo"])
 @pytest.mark.parametrize("case", range(32))
-def test_engine_matches_reference_built_from_the_core(case: int) -> None:
+def test_engine_matches_reference_built_from_the_core(case: int, waiters: str) -> None:
     rng = random.Random(case)
     data = _scenario(rng, wide=case % 4 >= 2)  # a quarter of the jobs 2-3 slots wide
+    _shared_keys(random.Random(-case - 1), data)
     gate = case % 2 == 1
     if gate:
         data["pools"] = _pool(rng)
     scenario = parse_scenario(data, source=f"case {case}")
     slice_ = rng.choice([math.inf, 0.5, 1.0])
-    text = "fair" if math.isinf(slice_) else f"fair+slice={slice_}"
+    text = f"fair+waiters={waiters}" + ("" if math.isinf(slice_) else f"+slice={slice_}")
     raw = simulate(scenario, resolve(parse_variant(text), scenario))
-    want = Reference(scenario, slice_, gate=gate).run()
+    want = Reference(scenario, slice_, gate=gate, fair=waiters == "fair").run()
     names = raw.world.names
     assert {n: raw.waits[t] for t, n in enumerate(names)} == want["waits"]
     assert {n: raw.completed[t] for t, n in enumerate(names) if raw.completed[t]} == want["done"]

@@ -7,8 +7,8 @@ arrivals (a lazy, time-ordered stream from ``fairlane.sim.arrivals``), slice end
 after a rejection (a second, usually empty heap). At equal times a slice end goes
 before an arrival, so a freed slot is seen by the arrival.
 
-A job is a list ``[seq, tenant, submitted, remaining, first start, rejections, run]``.
-Its life, under ``fair``:
+A job is a list ``[seq, tenant, submitted, remaining, first start, rejections, run,
+offered]``. Its life, under ``fair``:
 
 1. **Submit.** With a gate, ``fairlane.sim.gate`` decides (``admission.fits``):
    accepted, the job reserves its tenant's units until it completes; full, it is
@@ -16,15 +16,21 @@ Its life, under ``fair``:
 2. **Queue.** It joins its tenant's FIFO in its class's ``FairClass`` (rule 1 of the
    fair queue: an idle tenant comes back at ``max(V, tag)``).
 3. **Dispatch**, whenever a lane may have a free slot: ``ClassChooser`` picks the class
-   (``classes.next_class`` on in-flight and waiting slots and head widths); its head
-   is a throttle-granted job if any, else the fair head, charged ``charge`` (rule 2).
-   A fair head whose tenant has a cap or floor/ceiling settings then takes its tenant's
-   key (``TenantThrottle``, at ``ceilings.tenant_limit`` for settings): admitted, it
-   starts; else it parks until a release hands it a slot, and joins the class's
-   granted queue, which goes before the fair head -- as ``policy.reference.model`` does.
-4. **Run** ``min(remaining, slice)`` seconds. At the end its slot (and its throttle
-   slot) is freed; a job with work left *yields*: it re-enters its tenant's queue in
-   its original order (a job keeps its seq, as in the store), so the fair queue decides
+   (``classes.next_class`` on in-flight and waiting slots and head widths) and its
+   fair head. A job with throttle keys (its tenant's own key ``tenant:<t>`` when the
+   tenant has a cap or floor/ceiling settings, at ``ceilings.tenant_limit`` for
+   settings; and the shared keys it names) takes them in the same step as its lane
+   slot (``fairlane.sim.keys.FairKeys``): admitted, it is charged and starts; else it
+   parks, holding nothing, and its tenant is not charged. When a key gains room its
+   waiters are woken tenant-fairly; a woken job holds an offer on each of its keys and
+   goes back into its tenant's queue at its own position. Under ``waiters=fifo`` (the
+   rule before issue 16, ``FifoKeys``) the fair head is charged and takes its keys, a
+   release grants the slots to the key's first waiter at once, and the granted job
+   joins the class's granted queue, which goes before the fair head, holding its keys
+   while it waits for a lane slot.
+4. **Run** ``min(remaining, slice)`` seconds. At the end its slot (and its keys) are
+   freed; a job with work left *yields*: it re-enters its tenant's queue in its
+   original order (a job keeps its seq, as in the store), so the fair queue decides
    when it resumes. A finished job releases its reservation, and the deferred jobs
    the gate then admits are queued.
 
@@ -49,6 +55,7 @@ from collections import deque
 from fairlane.sim.arrivals import arrivals
 from fairlane.sim.fastpath import FairClass
 from fairlane.sim.gate import Admission
+from fairlane.sim.keys import FairKeys, FifoKeys
 from fairlane.sim.limits import Limits
 from fairlane.sim.metrics import Raw
 from fairlane.sim.scenario import Scenario
@@ -100,13 +107,17 @@ class Engine:
         self.dt = scenario.sim.sample or (horizon / _SAMPLES if horizon > 0 else 1.0)
         self.phases = [(p.start, p.end) for p in scenario.phases]
         self.raw = Raw.empty(settings, w, (w0, w1), scenario.phases)
-        # a tenant is throttled with a static cap or floor/ceiling settings
-        self.limits = Limits(w, self.raw, self.phases)
-        self.thr, self.throttled, self.durs = (
-            self.limits.thr,
-            self.limits.throttled,
-            self.limits.durs,
+        # a tenant is throttled with a static cap, floor/ceiling settings or shared keys
+        self.fair_keys = settings.waiters == "fair"
+        self.keys: FairKeys | FifoKeys = (
+            FairKeys(w.key_limit, w.keys_of, w.names, w.weight, self._charge)
+            if self.fair_keys
+            else FifoKeys(w.key_limit, w.keys_of)
         )
+        self.limits = Limits(w, self.raw, self.phases, self.keys.in_use)
+        self.throttled, self.durs = self.limits.throttled, self.limits.durs
+        self.own_key = [bool(c) or lim is not None for c, lim in zip(w.cap, w.limits, strict=True)]
+        self.woken: list[int] = []  # lanes where a woken job went back into a queue
         self.gate = Admission(scenario, w, self.raw)
         self.retry = self.gate.retry
         self.queued = 0
@@ -149,7 +160,7 @@ class Engine:
                 seq = self.seq
                 self.seq = seq + 1
                 raw.submitted[nxt[1]] += 1
-                submit([seq, nxt[1], now, nxt[2], -1.0, 0, 0.0], now)
+                submit([seq, nxt[1], now, nxt[2], -1.0, 0, 0.0, 0], now)
                 nxt = next(source, None)
                 at = nxt[0] if nxt is not None else inf
             if now >= sample_at:
@@ -182,6 +193,8 @@ class Engine:
         self._enqueue(job, t, now, False)
         if self.free[li] > 0:
             self._dispatch(li, now)
+        if self.woken:
+            self._wake_lanes(now)
 
     # -- queues and dispatch ----------------------------------------------------------
 
@@ -193,14 +206,7 @@ class Engine:
         elif not again:
             self.fair[q].push(t, job)
         else:
-            mine = self.tq[t]
-            if mine and mine[0][SEQ] < job[SEQ]:  # an older job of its tenant waits
-                i = 1
-                while i < len(mine) and mine[i][SEQ] < job[SEQ]:
-                    i += 1
-                mine.insert(i, job)
-            else:
-                self.fair[q].push(t, job, True)
+            self._place(job, t, q)
         self.queue_d[q][self.queue_pos[q]] += self.width[t]
         raw = self.raw
         waiting = raw.waiting
@@ -209,6 +215,47 @@ class Engine:
         waiting[t] += 1
         self.queued += 1
         raw.max_queued = max(raw.max_queued, self.queued)
+
+    def _place(self, job: Job, t: int, q: int) -> None:
+        """Put ``job`` back into its tenant's queue at its own position (by seq)."""
+        mine = self.tq[t]
+        if mine and mine[0][SEQ] < job[SEQ]:  # an older job of its tenant waits
+            i = 1
+            while i < len(mine) and mine[i][SEQ] < job[SEQ]:
+                i += 1
+            mine.insert(i, job)
+        else:
+            self.fair[q].push(t, job, True)
+
+    def _requeue(self, job: Job) -> None:
+        """A woken job (it holds offers) goes back into its lane; it never left the
+        waiting counts, so only the class's waiting slots grow."""
+        t = job[TEN]
+        q = self.queue_of[t]
+        if self.fifo:
+            fq = self.fifoq[q]
+            i = 0
+            while i < len(fq) and fq[i][SEQ] < job[SEQ]:
+                i += 1
+            fq.insert(i, job)
+        else:
+            self._place(job, t, q)
+        self.queue_d[q][self.queue_pos[q]] += self.width[t]
+        self.woken.append(self.lane_of[t])
+
+    def _wake_lanes(self, now: float) -> None:
+        woken = self.woken
+        while woken:
+            li = woken.pop()
+            if self.free[li] > 0:
+                self._dispatch(li, now)
+
+    def _charge(self, job: Job) -> float:
+        """What the fair queue charges ``job``'s tenant for dispatching it."""
+        if self.by_time:
+            rem = job[REM]
+            return rem if rem < self.slice else self.slice
+        return self.cost[job[TEN]]
 
     def _dispatch(self, li: int, now: float) -> None:
         f, d, chooser, queues, narrow = self.lane_ctx[li]
@@ -254,27 +301,71 @@ class Engine:
         return heads
 
     def _take(self, q: int, li: int, now: float) -> Job | None:
-        """The queue's head job, charged; None if its tenant's throttle parked it."""
+        """The queue's head job, charged; None if it parked on a throttle key."""
         g = self.granted[q]
         if g:
             return g.popleft()
         if self.fifo:
-            job = self.fifoq[q].popleft()
-            t = job[TEN]
+            fq = self.fifoq[q]
+            t = fq[0][TEN]
+            if not self.throttled[t]:
+                return fq.popleft()
         else:
             fc = self.fair[q]
             t = fc.active[0][2]
-            job = self.tq[t][0]
-            if self.by_time:
-                rem = job[REM]
-                fc.pop(rem if rem < self.slice else self.slice)
-            else:
-                fc.pop(self.cost[t])
-        if not self.throttled[t]:
-            return job
+            if not self.throttled[t]:
+                job = self.tq[t][0]
+                if self.by_time:
+                    rem = job[REM]
+                    fc.pop(rem if rem < self.slice else self.slice)
+                else:
+                    fc.pop(self.cost[t])
+                return job
+        if self.fair_keys:
+            return self._take_keys(q, li, now, t)
+        return self._take_fifo(q, li, now, t)
+
+    def _take_keys(self, q: int, li: int, now: float, t: int) -> Job | None:
+        """Rule 1: the head takes its keys with its lane slot, or parks uncharged."""
         out: list[Job] = []
-        limit = self.limits.limit(t, li, now, self.f[li], self.d[li])
-        admitted = self.thr.acquire(t, limit, job[SEQ], job, out)
+        if self.own_key[t]:  # a raised limit wakes its waiters, which come first
+            limit = self.limits.limit(t, li, now, self.f[li], self.d[li])
+            self.keys.set_limit(t, limit, out)
+            for other in out:
+                self._requeue(other)
+            out.clear()
+        job = self.fifoq[q][0] if self.fifo else self.tq[t][0]
+        admitted = self.keys.take(job, out)
+        if self.fifo:
+            self.fifoq[q].popleft()
+        elif admitted:
+            self._pop(self.fair[q], t)
+        else:
+            self.fair[q].drop()  # parked: its tenant is charged when it is admitted
+        for other in out:
+            self._requeue(other)
+        if admitted:
+            self.limits.peak(t)
+            return job
+        self.raw.parked += 1
+        return None
+
+    def _pop(self, fc: FairClass, t: int) -> Job:
+        """Dispatch the head tenant's first job, charged as the fair queue charges."""
+        if self.by_time:
+            rem = self.tq[t][0][REM]
+            job: Job = fc.pop(rem if rem < self.slice else self.slice)
+        else:
+            job = fc.pop(self.cost[t])
+        return job
+
+    def _take_fifo(self, q: int, li: int, now: float, t: int) -> Job | None:
+        """``waiters=fifo``: the head is charged, then takes its keys or parks."""
+        job = self.fifoq[q].popleft() if self.fifo else self._pop(self.fair[q], t)
+        out: list[Job] = []
+        if self.own_key[t]:
+            self.keys.set_limit(t, self.limits.limit(t, li, now, self.f[li], self.d[li]), out)
+        admitted = self.keys.take(job, out)
         for other in out:
             self._grant(other)
         if admitted:
@@ -343,9 +434,10 @@ class Engine:
         if self.throttled[t]:
             self.durs[t].observe(job[RUN])
             out: list[Job] = []
-            self.thr.release(t, out)
+            self.keys.release(self.w.keys_of[t], out)
+            place = self._requeue if self.fair_keys else self._grant
             for other in out:
-                self._grant(other)
+                place(other)
         rem = job[REM] - job[RUN]
         if rem > 0:
             job[REM] = rem
@@ -359,6 +451,8 @@ class Engine:
                 for other in self.gate.release(t, li):
                     self._enqueue(other, other[TEN], now, False)
         self._dispatch(li, now)
+        if self.woken:
+            self._wake_lanes(now)
 
 
 def simulate(scenario: Scenario, settings: Settings) -> Raw:

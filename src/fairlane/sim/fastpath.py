@@ -23,10 +23,9 @@ own object on random small cases (``tests/sim/test_fastpath.py``, with hypothesi
 * :class:`Gate` is ``fairlane.policy.admission.fits`` for one pool: rules 3-5, with the
   class rules' verdict on a lone head (no other class has a head, so none holds it back
   and none starts before a batch class) computed directly from the unit table's levels.
-* :class:`TenantThrottle` is ``fairlane.policy.throttle.Throttles`` when every job names
-  exactly one key, ``tenant:<t>``: admission while ``in_use < limit`` (the limit given
-  with each acquire is in force at once), FIFO waiters by ``seq`` (one heap per key), a
-  raised limit drained before the arriving job, one hand-off per release.
+* ``TenantThrottle`` is the name of the throttle keys' fast path in the twins table:
+  ``fairlane.sim.keys.FifoKeys``, the store's rule before issue 16 (``waiters=fifo``);
+  the rule after it is ``fairlane.sim.keys.FairKeys``.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from typing import Any
 
 from fairlane.policy.admission import FullReason, PoolConfig, unit_table
 from fairlane.policy.classes import ClassTable, levels
+from fairlane.sim.keys import FifoKeys as TenantThrottle
 
 __all__ = ["ClassChooser", "FairClass", "Gate", "TenantThrottle"]
 
@@ -187,6 +187,16 @@ class FairClass:
             heapq.heappop(self.active)
         return item
 
+    def drop(self) -> Any:
+        """Take the head tenant's first item out uncharged (``FairQueue.remove``, rule 3:
+        its tag and ``V`` stay), as for a job that parks on a throttle key."""
+        t = self.active[0][2]
+        q = self.queues[t]
+        item = q.popleft()
+        if not q:
+            heapq.heappop(self.active)
+        return item
+
 
 class Gate:
     """``admission.fits`` (rules 3-5) for one pool, on per-class and per-tenant counters."""
@@ -242,40 +252,3 @@ class Gate:
         if room and (not fresh or self.capacity - used - mu >= self.reserve):
             return None
         return "class_full"
-
-
-class TenantThrottle:
-    """Per-tenant concurrency keys (``Throttles`` with one key per job), by tenant index."""
-
-    __slots__ = ("in_use", "limit", "waiters")
-
-    def __init__(self, tenants: int) -> None:
-        self.in_use = [0] * tenants
-        self.limit = [0] * tenants
-        self.waiters: list[list[tuple[int, Any]]] = [[] for _ in range(tenants)]
-
-    def acquire(self, t: int, limit: int, seq: int, item: Any, out: list[Any]) -> bool:
-        """Admit ``item`` on ``t``'s key at ``limit`` or park it; waiters a raised limit
-        admits first are appended to ``out``."""
-        raised = limit > self.limit[t]
-        self.limit[t] = limit
-        waiters = self.waiters[t]
-        if raised and waiters:
-            self._drain(t, out)
-        if self.in_use[t] < limit:
-            self.in_use[t] += 1
-            return True
-        heapq.heappush(waiters, (seq, item))
-        return False
-
-    def release(self, t: int, out: list[Any]) -> None:
-        """Free one slot of ``t``'s key; a waiter it admits is appended to ``out``."""
-        self.in_use[t] -= 1
-        if self.waiters[t]:
-            self._drain(t, out)
-
-    def _drain(self, t: int, out: list[Any]) -> None:
-        waiters, limit = self.waiters[t], self.limit[t]
-        while waiters and self.in_use[t] < limit:
-            self.in_use[t] += 1
-            out.append(heapq.heappop(waiters)[1])

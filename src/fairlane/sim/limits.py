@@ -1,8 +1,8 @@
 """Tenant limits in a run: each throttled tenant's cap or compressed ceiling, and its slots.
 
 This module owns what the engine needs to throttle tenants as the store does: which
-tenants are throttled (a static cap, or floor/ceiling settings), their throttle
-(``fastpath.TenantThrottle``, one key ``tenant:<t>`` per tenant), the signals their
+tenants are throttled (a static cap, floor/ceiling settings -- their own key
+``tenant:<t>`` in ``fairlane.sim.keys`` -- or shared keys), the signals their
 ceiling is computed from (``ceilings.RateWindow`` of submissions, ``DurationMean`` of
 slices) and the limit in force at a dispatch (``ceilings.tenant_limit`` on those
 signals and the lane's load, under the cap). It records the least and greatest limit
@@ -12,7 +12,6 @@ each tenant was held to, overall and per phase, and its peak of slots in use.
 from __future__ import annotations
 
 from fairlane.policy.ceilings import F_MAX, F_MIN, DurationMean, RateWindow, tenant_limit
-from fairlane.sim.fastpath import TenantThrottle
 from fairlane.sim.metrics import Raw
 from fairlane.sim.world import World
 
@@ -22,13 +21,13 @@ __all__ = ["Limits"]
 class Limits:
     """The tenants' throttles of one run."""
 
-    def __init__(self, world: World, raw: Raw, phases: list[tuple[float, float]]) -> None:
+    def __init__(
+        self, world: World, raw: Raw, phases: list[tuple[float, float]], in_use: list[int]
+    ) -> None:
         n = world.tenants
         self.w, self.raw, self.phases = world, raw, phases
-        self.thr = TenantThrottle(n)
-        self.throttled = [
-            bool(c) or lim is not None for c, lim in zip(world.cap, world.limits, strict=True)
-        ]
+        self.in_use = in_use  # by key: tenant t's own key is key t
+        self.throttled = [bool(keys) for keys in world.keys_of]
         self.rates = {t: RateWindow() for t in range(n) if world.limits[t] is not None}
         self.durs = {t: DurationMean() for t in range(n) if self.throttled[t]}
 
@@ -64,5 +63,5 @@ class Limits:
     def peak(self, t: int) -> None:
         """Note the tenant's slots in use, after it took one."""
         peak = self.raw.peak
-        if self.thr.in_use[t] > peak.get(t, 0):
-            peak[t] = self.thr.in_use[t]
+        if t in self.w.keys_of[t] and self.in_use[t] > peak.get(t, 0):
+            peak[t] = self.in_use[t]

@@ -43,6 +43,11 @@ lanes are declared exactly as a deployment's are. Layout::
     slots = 1                        # width of each job in worker slots
     units = 1.0                      # units reserved at the admission gate
     retries = 0                      # resubmissions after a rejection
+    keys = ["model:big"]             # shared throttle keys its jobs take (see [[keys]])
+
+    [[keys]]                         # a shared throttle key, taken by the tenants naming it
+    name = "model:big"
+    limit = 4                        # at most this many of its jobs run at once
 
     [[phases]]
     name = "overload"
@@ -71,6 +76,7 @@ from fairlane.sim.scenario import (
     Burst,
     Charge,
     Diurnal,
+    KeySpec,
     LaneSpec,
     Phase,
     Scenario,
@@ -84,11 +90,11 @@ from fairlane.sim.variants import parse_variant
 __all__ = ["load_scenario", "parse_scenario"]
 
 _TOP = ("name", "description", "seed", "sim", "compare", "lanes", "pools", "retry",
-        "estimation", "tenants", "phases")  # fmt: skip
+        "estimation", "keys", "tenants", "phases")  # fmt: skip
 _SIM = ("slice", "charge", "until", "window", "sample")
 _TENANT = ("name", "count", "group", "lane", "class", "weight", "rate", "diurnal", "bursts",
            "size", "start", "stop", "max_concurrency", "limits", "slots", "units",
-           "retries")  # fmt: skip
+           "retries", "keys")  # fmt: skip
 _SIZE = ("dist", "mean", "sigma", "alpha")
 _DISTS = ("fixed", "exponential", "lognormal", "pareto")
 _LIMITS = ("floor", "max_concurrency", "burst_floor", "burst_pct")
@@ -173,8 +179,9 @@ def parse_scenario(
                 f"pools.{name}", "the lane declares classes twice: [pools] and [[lanes.classes]]"
             )
         lanes[name] = LaneSpec(name, lanes[name].slots, pool.table, pool.admission)
+    keys = _keys(top)
     tenants = [
-        _tenant(_Table(body, f"tenants[{i}]", source, _TENANT), lanes)
+        _tenant(_Table(body, f"tenants[{i}]", source, _TENANT), lanes, keys)
         for i, body in enumerate(top.array("tenants"))
     ]
     if not tenants:
@@ -212,6 +219,7 @@ def parse_scenario(
         lanes=tuple(lanes.values()),
         tenants=tuple(tenants),
         phases=_phases(top),
+        keys=tuple(keys.values()),
         compare=compare,
         estimation=config.estimation,
         retry=config.retry,
@@ -282,6 +290,21 @@ def _compare(top: _Table) -> tuple[str, ...]:
     return tuple(texts)
 
 
+def _keys(top: _Table) -> dict[str, KeySpec]:
+    keys: dict[str, KeySpec] = {}
+    for i, body in enumerate(top.array("keys")):
+        k = _Table(body, f"keys[{i}]", top.source, ("name", "limit"))
+        name = k.string("name")
+        if name.startswith("tenant:"):
+            raise k.error("name", f"{name!r}: tenant:<name> is each tenant's own key")
+        if name in keys:
+            raise k.error("name", f"key {name!r} is declared twice")
+        if "limit" not in k.data:
+            raise k.error("limit", "is required (the most jobs naming the key that run at once)")
+        keys[name] = KeySpec(name, k.integer("limit", 1, low=1))
+    return keys
+
+
 def _phases(top: _Table) -> tuple[Phase, ...]:
     phases = []
     for i, body in enumerate(top.array("phases")):
@@ -346,7 +369,18 @@ def _limits(t: _Table) -> TenantLimits | None:
         raise lim.error("", str(exc)) from None
 
 
-def _tenant(t: _Table, lanes: dict[str, LaneSpec]) -> TenantSpec:
+def _tenant_keys(t: _Table, keys: dict[str, KeySpec]) -> tuple[str, ...]:
+    names = t.array("keys")
+    for j, name in enumerate(names):
+        if name not in keys:
+            declared = ", ".join(keys) or "none"
+            raise t.error(f"keys[{j}]", f"no [[keys]] entry named {name!r} (declared: {declared})")
+    if len(set(names)) != len(names):
+        raise t.error("keys", f"names a key twice: {names}")
+    return tuple(names)
+
+
+def _tenant(t: _Table, lanes: dict[str, LaneSpec], keys: dict[str, KeySpec]) -> TenantSpec:
     count = t.integer("count", 1, low=1, high=_MAX_TENANTS)
     name = t.string("name")
     if count > 1:
@@ -410,4 +444,5 @@ def _tenant(t: _Table, lanes: dict[str, LaneSpec]) -> TenantSpec:
         slots=slots,
         units=t.number("units", 1.0),
         retries=t.integer("retries", 0, high=1000),
+        keys=_tenant_keys(t, keys),
     )

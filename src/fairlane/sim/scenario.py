@@ -25,6 +25,7 @@ __all__ = [
     "Burst",
     "Charge",
     "Diurnal",
+    "KeySpec",
     "LaneSpec",
     "Phase",
     "Scenario",
@@ -113,6 +114,8 @@ class TenantSpec:
     """Units each job reserves at the admission gate (and charges with ``charge=units``)."""
     retries: int = 0
     """Resubmissions of a rejected job, each after its Retry-After."""
+    keys: tuple[str, ...] = ()
+    """Shared throttle keys (declared under ``[[keys]]``) each of its jobs takes a slot on."""
 
     def names(self) -> list[str]:
         if self.count == 1 and "{" not in self.name:
@@ -129,6 +132,14 @@ class TenantSpec:
             if b.count:
                 end = max(end, b.at + b.over)
         return end
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    """A shared throttle key (``model:big``): at most ``limit`` jobs naming it run at once."""
+
+    name: str
+    limit: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +184,7 @@ class Scenario:
     seed: int = 0
     sim: SimSettings = SimSettings()
     phases: tuple[Phase, ...] = ()
+    keys: tuple[KeySpec, ...] = ()
     compare: tuple[str, ...] = ("fair", "fifo")
     estimation: EstimationSettings = field(default_factory=EstimationSettings)
     retry: RetrySettings = field(default_factory=RetrySettings)

@@ -12,7 +12,11 @@ variants is comma-separated (``--compare`` and ``[compare] variants`` take the s
 * ``key=value`` overrides (the first token may be one, the policy is then ``fair``):
   ``slice=<seconds>|inf``, ``admission=on|off``, ``throttles=on|off``,
   ``classes=on|off`` (off: every tenant of the lane in one fair queue),
-  ``charge=time|jobs|units``.
+  ``charge=time|jobs|units``, ``waiters=fair|fifo`` (how throttle keys are waited on,
+  see ``fairlane.sim.keys``: ``fair`` -- a key is taken only at dispatch with a lane
+  slot, waiters are grouped by tenant and woken start-time fairly, a woken job goes
+  back into its tenant's queue; ``fifo`` -- the store's rule before issue 16: one FIFO
+  of waiters per key, and a hand-off grant held while its job waits for a lane slot).
 
 Examples: ``fair,fifo``; ``slice=0.5,slice=inf``; ``fair,fair+admission=off,fifo``.
 The label of a variant is its text as written.
@@ -27,11 +31,13 @@ from typing import Literal, cast
 
 from fairlane.sim.scenario import Charge, Scenario
 
-__all__ = ["Policy", "Settings", "Variant", "parse_variant", "parse_variants", "resolve"]
+__all__ = ["Policy", "Settings", "Variant", "Waiters", "parse_variant", "parse_variants", "resolve"]
 
 Policy = Literal["fair", "fifo"]
+Waiters = Literal["fair", "fifo"]
 _POLICIES = ("fair", "fifo")
-_KEYS = ("policy", "slice", "admission", "throttles", "classes", "charge")
+_KEYS = ("policy", "slice", "admission", "throttles", "classes", "charge", "waiters")
+_WAITERS = ("fair", "fifo")
 _CHARGES = ("time", "jobs", "units")
 _SWITCH = {"on": True, "off": False, "true": True, "false": False}
 
@@ -47,6 +53,7 @@ class Variant:
     throttles: bool | None = None
     classes: bool | None = None
     charge: Charge | None = None
+    waiters: Waiters | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +67,7 @@ class Settings:
     throttles: bool
     classes: bool
     charge: Charge
+    waiters: Waiters = "fair"
 
 
 def _switch(key: str, value: str, text: str) -> bool:
@@ -82,6 +90,10 @@ def _value(key: str, value: str, text: str) -> object:
         if not seconds > 0:  # rejects nan too
             raise ValueError(f"variant {text!r}: slice must be seconds > 0 or inf")
         return seconds
+    if key == "waiters":
+        if value not in _WAITERS:
+            raise ValueError(f"variant {text!r}: waiters must be fair or fifo, got {value!r}")
+        return value
     if key == "charge":
         if value not in _CHARGES:
             raise ValueError(f"variant {text!r}: charge must be one of {', '.join(_CHARGES)}")
@@ -118,6 +130,7 @@ def parse_variant(text: str) -> Variant:
         throttles=cast("bool | None", fields.get("throttles")),
         classes=cast("bool | None", fields.get("classes")),
         charge=cast("Charge | None", fields.get("charge")),
+        waiters=cast("Waiters | None", fields.get("waiters")),
     )
 
 
@@ -148,4 +161,5 @@ def resolve(variant: Variant, scenario: Scenario) -> Settings:
         throttles=fair if variant.throttles is None else variant.throttles,
         classes=fair if variant.classes is None else variant.classes,
         charge=scenario.sim.charge if variant.charge is None else variant.charge,
+        waiters="fair" if variant.waiters is None else variant.waiters,
     )

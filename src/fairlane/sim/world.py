@@ -4,8 +4,9 @@ This module owns the mapping from names to integer indices -- tenants (group mem
 expanded, in declaration order), lanes, *dispatch queues* (one per class of a lane
 under ``fair``; one per lane under ``fifo`` or ``classes=off``) and *report classes*
 (``lane/class``, or just ``class`` with one lane -- a tenant's declared class, whatever
-the policy) -- and the layout of a job (``Job``). The engine indexes these lists in its
-inner loop instead of dicts.
+the policy), *throttle keys* (tenant ``t``'s own key ``tenant:<name>`` is key ``t``; the
+scenario's shared keys follow, from index ``tenants``) -- and the layout of a job
+(``Job``). The engine indexes these lists in its inner loop instead of dicts.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from fairlane.sim.fastpath import ClassChooser, Gate
 from fairlane.sim.scenario import Scenario
 from fairlane.sim.variants import Settings
 
-__all__ = ["FIRST", "REJ", "REM", "RUN", "SEQ", "SUB", "TEN", "Job", "LaneWorld", "World", "build"]
+__all__ = ["FIRST", "OFF", "REJ", "REM", "RUN", "SEQ", "SUB", "TEN", "Job", "LaneWorld", "World",
+           "build"]  # fmt: skip
 
 Job = list[Any]
-"""A job: ``[seq, tenant, submitted, remaining, first start, rejections, run]``, by
-these indices (a list: the cheapest mutable record in the inner loop)."""
-SEQ, TEN, SUB, REM, FIRST, REJ, RUN = range(7)
+"""A job: ``[seq, tenant, submitted, remaining, first start, rejections, run, offered]``,
+by these indices (a list: the cheapest mutable record in the inner loop); ``offered``
+is 1 while a woken job holds an offer on each of its throttle keys."""
+SEQ, TEN, SUB, REM, FIRST, REJ, RUN, OFF = range(8)
 
 _MIN_CHARGE = 1e-3  # a fair-queue cost must be > 0; a zero-unit job is charged a milli-unit
 
@@ -70,6 +73,12 @@ class World:
     lanes: list[LaneWorld] = field(default_factory=list)
     queue_lane: list[int] = field(default_factory=list)
     queue_pos: list[int] = field(default_factory=list)
+    key_names: list[str] = field(default_factory=list)
+    """Throttle keys by index: ``tenant:<name>`` for each tenant, then the shared keys."""
+    key_limit: list[int] = field(default_factory=list)
+    """A shared key's limit (a tenant key's comes with each dispatch: 0 here)."""
+    keys_of: list[tuple[int, ...]] = field(default_factory=list)
+    """The keys each of a tenant's jobs takes, in sorted name order (empty: none)."""
 
     @property
     def tenants(self) -> int:
@@ -124,4 +133,22 @@ def build(scenario: Scenario, settings: Settings) -> World:
             w.limits.append(spec.limits if settings.throttles else None)
     w.ckeys = list(ckeys)
     w.groups = list(groups)
+    _keys(w, scenario, settings)
     return w
+
+
+def _keys(w: World, scenario: Scenario, settings: Settings) -> None:
+    n = w.tenants
+    w.key_names = [f"tenant:{name}" for name in w.names] + [k.name for k in scenario.keys]
+    w.key_limit = [0] * n + [k.limit for k in scenario.keys]
+    shared = {k.name: n + i for i, k in enumerate(scenario.keys)}
+    w.keys_of = []
+    t = 0
+    for spec in scenario.tenants:
+        named = [shared[name] for name in spec.keys] if settings.throttles else []
+        for _ in range(spec.count):
+            mine = list(named)
+            if w.cap[t] or w.limits[t] is not None:
+                mine.append(t)
+            w.keys_of.append(tuple(sorted(mine, key=w.key_names.__getitem__)))
+            t += 1
