@@ -15,6 +15,7 @@ tie-break); a pool adds its capacity and the classes' admission bounds::
 
     [lanes.heavy.classes.bulk]
     batch = true                        # runs on spare only; assured nothing
+    max_wait = "12h"                    # aged past it: served as the class above (omit: never)
 
     [pools.agent-shared]                # a config file: the same lane with its pool
     capacity_units = 100                # required
@@ -32,6 +33,10 @@ error naming the config file's table, since a lane without a pool has nothing to
 only on spare, is assured nothing, and so must leave ``nominal_share``, ``min_slots``,
 ``min_units`` and ``borrowable`` out (or zero). Without ``batch`` a class is an ordinary
 one whatever its name. The nominal shares of the non-batch classes sum to at most 1.
+**Aging.** ``max_wait`` (a duration, ``"90s"``, ``"12h"``, or seconds) lets a class's
+waiting head, once it has waited that long, be served as the class declared just
+before it (``fairlane.policy.classes`` states the rule); the first class cannot
+declare it. It shapes dispatch only, not admission.
 
 The array shape of lanes files, ``[[lanes.<lane>.classes]]`` with a ``name`` key, is
 deprecated and read by ``fairlane.config.legacy``. The rules the tables feed are in
@@ -40,15 +45,17 @@ deprecated and read by ``fairlane.config.legacy``. The rules the tables feed are
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from fairlane.config.files import TableReader, join_key
 from fairlane.policy.admission import AdmissionClass, PoolConfig
 from fairlane.policy.classes import ClassTable, ServiceClass
+from fairlane.policy.retention import parse_duration
 
 __all__ = ["ADMISSION_KEYS", "CLASS_KEYS", "POOL_KEYS", "SLOT_KEYS", "read_classes", "read_pool"]
 
-SLOT_KEYS = ("nominal_share", "min_slots", "lendable", "borrowable", "batch")
+SLOT_KEYS = ("nominal_share", "min_slots", "lendable", "borrowable", "batch", "max_wait")
 """A class's keys that shape the lane's slot table (``ServiceClass``)."""
 ADMISSION_KEYS = (
     "min_units",
@@ -139,6 +146,7 @@ def _service_class(name: str, entry: TableReader, *, pool: bool) -> ServiceClass
         if value > 1:
             raise entry.error(entry.at(key), f"must be within [0, 1], got {value!r}")
     borrowable = entry.optional_number("borrowable")
+    max_wait = _max_wait(entry)
     return entry.build(
         ServiceClass,
         entry.path,
@@ -148,7 +156,26 @@ def _service_class(name: str, entry: TableReader, *, pool: bool) -> ServiceClass
         lendable=lendable,
         borrowable=borrowable,
         batch=batch,
+        max_wait=max_wait,
     )
+
+
+def _max_wait(entry: TableReader) -> float | None:
+    """The class's ``max_wait`` in seconds, from a duration string or a number."""
+    value = entry.data.get("max_wait")
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise ValueError(f"got {value!r}")
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise entry.error(
+            entry.at("max_wait"), f'must be a duration ("90s", "12h") or seconds: {exc}'
+        ) from None
+    if not 0 < seconds < math.inf:
+        raise entry.error(entry.at("max_wait"), f"must be > 0 and finite, got {value!r}")
+    return seconds
 
 
 def _admission_class(name: str, entry: TableReader) -> AdmissionClass:

@@ -75,6 +75,9 @@ def _check_value(key: str, value: object, where: str) -> None:
         ok, wanted = isinstance(value, bool), "true or false"
     elif key == "min_slots":
         ok, wanted = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif key == "max_wait":  # a field added since; a duration as the table shape reads it
+        ok = isinstance(value, str | int | float) and not isinstance(value, bool)
+        wanted = 'a duration ("90s", "12h") or seconds'
     else:
         ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
         wanted = "a finite number (leave borrowable out for no limit)"

@@ -76,6 +76,35 @@ P7. A head job no wider than its class's max width eventually starts once the
     others' demand allows: nothing in its class overtakes it, and no worse-ranked
     class borrows the slots it is waiting for.
 
+**Aging** (``max_wait``). A class may declare ``max_wait``: its head job, once it has
+waited longer than that (``waited_ms`` given to ``next_class``; the server's clock), is
+*aged* and is served as the class declared just before it, ``u`` (the next class up;
+the first class of a table cannot declare it). ``next_class`` first moves aged heads
+up, in declared order, then decides by the rules above on the moved state:
+
+A1. Class ``i``'s aged head moves into ``u = i - 1``'s place iff ``u``'s own head did
+    not move up itself (one step, no chains: a class whose head moved hosts nobody),
+    ``u`` has no head or a strictly younger one (a tie stays with ``u``), the head is
+    no wider than ``u``'s max width, and ``f_u + f_i + w_i <= u``'s ceiling.
+A2. The moved head is judged as ``u``'s head, with ``i``'s in-flight slots counted as
+    ``u``'s (``f_u + f_i``) and ``u``'s waiting demand ``d_u + w_i``; ``i`` is then
+    judged with nothing waiting and nothing in flight. Slots in flight keep their sum,
+    so P1 holds as before. ``u``'s own head waits that decision: it is younger.
+A3. When ``u``'s place is chosen, ``next_class`` names ``i``: its head starts, and the
+    job keeps its class (its slots are ``i``'s in flight, released as ``i``'s).
+
+So aged work shares ``u``'s assured level and ceiling *with* ``u``'s own work (it is
+counted against them), oldest head first, and never takes what ``u``'s rules would
+not give ``u`` itself. Starvation-free (P8): while ``u``'s head is older, each start
+in ``u``'s place serves one of ``u``'s jobs that waited longer than the aged head --
+finitely many -- so, when ``u`` declares no ``max_wait`` of its own, the aged head
+starts at the first start ``u`` is given after them (P7 holds for it as ``u``'s head).
+A class whose head does not move competes under its own rules as before; without
+``max_wait`` anywhere (or without ``waited_ms``) nothing moves and ``next_class`` is
+exactly the rules above. The reference model (``fairlane.policy.reference``) and the
+scripts' state machine cover tables without ``max_wait``; aging is held equal to the
+Lua (``lua/classes.lua``) by ``tests/store/test_classes_lua.py``.
+
 ``lent`` in the snapshot is an attribution for metrics only, never used to decide:
 borrowed work counts against the unassigned leftover first, then against the
 lenders' idle lendable slots, then against their other idle assured slots (only
@@ -88,8 +117,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from fractions import Fraction
 from typing import Literal
+
+from fairlane.policy.retention import parse_duration
 
 __all__ = [
     "DEFAULT_CLASSES",
@@ -103,6 +135,7 @@ __all__ = [
     "assured_slots",
     "levels",
     "may_start",
+    "move_aged",
     "next_class",
 ]
 
@@ -141,6 +174,9 @@ class ServiceClass:
     """How far above its assured level it may go, as a fraction of its nominal; None: to C."""
     batch: bool = False
     """Runs only on spare no other class may use now; its waiting never counts as pressure."""
+    max_wait: float | str | timedelta | None = None
+    """Seconds (or ``"12h"``, a ``timedelta``) after which its waiting head is served as
+    the class declared before it (aging); None: never. Read back as seconds."""
 
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in _BAD_NAME_CHARS):
@@ -159,6 +195,20 @@ class ServiceClass:
             raise ValueError(
                 f"batch class {self.name!r} must have nominal_share 0, min_slots 0, borrowable None"
             )
+        if self.max_wait is not None:
+            if isinstance(self.max_wait, bool):
+                raise TypeError(f"max_wait must be a duration, got {self.max_wait!r}")
+            seconds = parse_duration(self.max_wait)
+            if not 0.0 < seconds < math.inf:
+                raise ValueError(f"max_wait must be > 0 and finite, got {self.max_wait!r}")
+            object.__setattr__(self, "max_wait", seconds)
+
+    @property
+    def max_wait_ms(self) -> int | None:
+        """``max_wait`` in whole milliseconds (at least 1), as the scripts compare it."""
+        if self.max_wait is None:
+            return None
+        return max(1, round(float(parse_duration(self.max_wait)) * 1000))
 
     def nominal(self, capacity: int) -> int:
         return _floor(self.nominal_share * capacity)
@@ -204,6 +254,11 @@ class ClassTable:
         total = sum(c.nominal_share for c in items if not c.batch)
         if total > 1.0 + _EPS:
             raise ValueError(f"nominal shares of non-batch classes sum to {total:.6g} > 1")
+        if items[0].max_wait is not None:
+            raise ValueError(
+                f"class {items[0].name!r} is declared first: no class is above it to serve "
+                "its aged jobs as; leave max_wait out"
+            )
         object.__setattr__(self, "classes", items)
 
     @property
@@ -425,6 +480,46 @@ def allocate(
     )
 
 
+def move_aged(
+    table: ClassTable,
+    capacity: int,
+    in_flight: Mapping[str, int],
+    waiting_width: Mapping[str, int | None],
+    waited_ms: Mapping[str, int],
+    *,
+    demand: Mapping[str, int] | None = None,
+) -> tuple[dict[str, int], dict[str, int | None], dict[str, int], dict[str, str]]:
+    """The lane state with aged heads moved up (rules A1-A2): in-flight slots, head
+    widths and demands per class, and which class's head each moved-into place holds
+    (``{u: i}``). ``waited_ms`` is how long each class's head has waited (absent: 0)."""
+    _check_capacity(capacity)
+    f, w, d = _read(table, in_flight, waiting_width, demand)
+    names, cls = table.names, table.classes
+    _, _, ceil, widest = levels(table, capacity)
+    age = [waited_ms.get(name, 0) for name in names]
+    moved: dict[str, str] = {}
+    went_up = [False] * len(cls)
+    for i in range(1, len(cls)):
+        limit, u, wi = cls[i].max_wait_ms, i - 1, w[i]
+        if limit is None or wi is None or age[i] <= limit or went_up[u]:
+            continue
+        if w[u] is not None and age[u] >= age[i]:
+            continue  # u's own head is as old: it goes first
+        if wi > widest[u] or f[u] + f[i] + wi > ceil[u]:
+            continue  # u's rules could never start it: it keeps its own class's chances
+        f[u], f[i] = f[u] + f[i], 0
+        d[u] += wi  # _read counts no demand for a class with no head
+        w[u], w[i], d[i] = wi, None, 0
+        went_up[i] = True
+        moved[names[u]] = names[i]
+    return (
+        dict(zip(names, f, strict=True)),
+        dict(zip(names, w, strict=True)),
+        dict(zip(names, d, strict=True)),
+        moved,
+    )
+
+
 def next_class(
     table: ClassTable,
     capacity: int,
@@ -432,9 +527,17 @@ def next_class(
     waiting_width: Mapping[str, int | None],
     *,
     demand: Mapping[str, int] | None = None,
+    waited_ms: Mapping[str, int] | None = None,
 ) -> str | None:
-    """The class whose head job should start now, or None if no class may start."""
-    return allocate(table, capacity, in_flight, waiting_width, demand=demand).chosen
+    """The class whose head job should start now, or None if no class may start.
+
+    ``waited_ms``: how long each class's head has waited, for classes that declare
+    ``max_wait`` (aging, rules A1-A3); without it nothing ages."""
+    if waited_ms is None or all(c.max_wait is None for c in table):
+        return allocate(table, capacity, in_flight, waiting_width, demand=demand).chosen
+    f, w, d, moved = move_aged(table, capacity, in_flight, waiting_width, waited_ms, demand=demand)
+    chosen = allocate(table, capacity, f, w, demand=d).chosen
+    return moved.get(chosen, chosen) if chosen is not None else None
 
 
 def may_start(

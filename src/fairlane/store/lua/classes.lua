@@ -1,7 +1,8 @@
 -- Service classes: which class of a lane may start its head job now
 -- (fairlane/policy/classes.py states the rules and proves them; this is its twin).
 -- A table is an array of classes, each {name, nominal_share, min_slots, lendable,
--- borrowable (-1 = up to C), batch (0/1)}, in declared order.
+-- borrowable (-1 = up to C), batch (0/1), max_wait ms (-1 or absent = never ages)},
+-- in declared order (tables written before max_wait have six fields: none ages).
 
 local CLASS_EPS = 1e-9
 local DEFAULT_CLASSES = [=[__DEFAULT_CLASSES__]=]
@@ -27,13 +28,19 @@ end
 -- The levels of every class at capacity `cap` (they depend on nothing else, so a
 -- dispatch computes them once): assured a, lendable L, ceiling, max width, batch.
 local function class_levels(tbl, cap)
-  local lv = {n = #tbl, cap = cap, a = {}, lend = {}, ceiling = {}, widest = {}, batch = {}}
+  local lv = {n = #tbl, cap = cap, a = {}, lend = {}, ceiling = {}, widest = {}, batch = {},
+    max_wait = {}, ages = false}
   local sum_a, sum_lend = 0, 0
   for i, c in ipairs(tbl) do
     local nominal = floor_eps(c[2] * cap)
     local a = math.max(c[3], nominal)
     lv.a[i], lv.lend[i], lv.batch[i] = a, floor_eps(c[4] * a), c[6] == 1
     lv.ceiling[i] = cap
+    -- a trailing max_wait: older tables have none, and cjson reads JSON null as a value
+    local mw = tonumber(c[7])
+    if mw and mw >= 0 then
+      lv.max_wait[i], lv.ages = mw, true
+    end
     if c[5] >= 0 then
       lv.ceiling[i] = math.min(cap, a + floor_eps(c[5] * nominal))
     end
@@ -90,9 +97,8 @@ end
 
 local BLOCKED = {['no-slots'] = true, ['no-spare'] = true, held = true}
 
--- The index of the class whose head should start, or nil, given the levels `lv`,
--- `f[i]` slots in flight, `w[i]` head width (nil: nothing waits), `d[i]` waiting slots.
-local function choose_class(lv, f, w, d)
+-- The rules of policy/classes.py but aging (A1-A3), on the state as given.
+local function choose_plain(lv, f, w, d)
   local n, cap = lv.n, lv.cap
   local sum_f, claimed, claim, order = 0, 0, {}, {}
   for i = 1, n do
@@ -128,4 +134,38 @@ local function choose_class(lv, f, w, d)
     held = held or BLOCKED[why] == true
   end
   return nil
+end
+
+-- The lane state with aged heads moved up one class (policy/classes.py, rules A1-A2):
+-- copies of f, w, d, and host[u] = i where class u's place holds class i's head.
+local function move_aged(lv, f, w, d, ages)
+  local f2, w2, d2, host, went_up = {}, {}, {}, {}, {}
+  for i = 1, lv.n do
+    f2[i], w2[i], d2[i] = f[i], w[i], w[i] and math.max(d[i], w[i]) or 0
+  end
+  for i = 2, lv.n do
+    local limit, u, wi, age = lv.max_wait[i], i - 1, w2[i], ages[i] or 0
+    if limit and wi and age > limit and not went_up[u]
+      and not (w2[u] and (ages[u] or 0) >= age)
+      and wi <= lv.widest[u] and f2[u] + f2[i] + wi <= lv.ceiling[u] then
+      f2[u], f2[i] = f2[u] + f2[i], 0
+      d2[u] = d2[u] + wi
+      w2[u], w2[i], d2[i] = wi, nil, 0
+      went_up[i], host[u] = true, i
+    end
+  end
+  return f2, w2, d2, host
+end
+
+-- The index of the class whose head should start, or nil, given the levels `lv`,
+-- `f[i]` slots in flight, `w[i]` head width (nil: nothing waits), `d[i]` waiting slots,
+-- and optionally `ages[i]`, the ms class i's head has waited (for classes with max_wait:
+-- an aged head is served as the class above it; without `ages` nothing ages).
+local function choose_class(lv, f, w, d, ages)
+  if not (ages and lv.ages) then
+    return choose_plain(lv, f, w, d)
+  end
+  local f2, w2, d2, host = move_aged(lv, f, w, d, ages)
+  local x = choose_plain(lv, f2, w2, d2)
+  return x and (host[x] or x) or nil
 end
