@@ -37,7 +37,7 @@ def series(samples: Samples, name: str) -> dict[tuple[tuple[str, str], ...], flo
 def store_reader(app: App, redis_url: str, **options: int) -> StoreReader:
     """A reader of ``app``'s lanes that never reuses a read (``max_age`` 0)."""
     lanes = [*app.lanes, *(t.options.lane for t in app.tasks.values())]
-    return StoreReader(redis_url, app.name, lanes, max_age=0.0, **options)
+    return StoreReader(redis_url, app.name, lanes, max_age=0.0, tables=app.lanes, **options)
 
 
 async def scrape_store(reader: StoreReader) -> Samples:

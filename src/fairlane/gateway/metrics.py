@@ -147,6 +147,7 @@ class GatewayMetrics:
             timeout=self.config.store_timeout,
             max_age=self.config.store_max_age,
             shards=app.shards,
+            tables=app.lanes,
         )
         self._store.collector = StoreCollector(self.reader)
 

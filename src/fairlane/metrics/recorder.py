@@ -47,6 +47,7 @@ from fairlane.metrics.pressure import PressureCollector
 from fairlane.metrics.server import MetricsServer
 from fairlane.metrics.store import StoreCollector, StoreReader
 from fairlane.metrics.tenants import TenantLabels
+from fairlane.policy.classes import ClassTable
 from fairlane.registry import TaskDefinition
 from fairlane.runtime.hooks import WorkerHooks, WorkerView
 from fairlane.runtime.services import MetricsSampler
@@ -72,7 +73,7 @@ class Declared(Protocol):
     def tasks(self) -> Mapping[str, TaskDefinition[Any, Any]]: ...
 
     @property
-    def lanes(self) -> Mapping[str, object]: ...
+    def lanes(self) -> Mapping[str, ClassTable]: ...
 
 
 #: Queue wait: from a few ms (an idle fleet) to an hour (a deep backlog).
@@ -356,6 +357,7 @@ class MetricsHooks(WorkerHooks):
             timeout=config.store_timeout,
             max_age=config.store_max_age,
             shards=self._shards,
+            tables=declared.lanes,
         )
         stack.callback(reader.close)
         metrics.registry.register(StoreCollector(reader))

@@ -11,6 +11,15 @@ oldest-job ages in up to three more, and only for classes with jobs waiting
 (``fairlane.store.views.waits``, which says what they cost). ``StoreCollector`` turns
 the snapshot into metric families; ``autoscale_view`` into the ``/autoscale`` JSON.
 
+**The scale signal leaves batch out.** A batch class runs only on slots no other class
+wants (``fairlane.policy.classes``), so its backlog is no reason to add workers: the
+backlog an autoscaler reads (``/autoscale``'s ``backlog_total``, the gauge
+``fairlane_lane_backlog_slots``) counts the waiting slots of a lane's non-batch
+classes, and batch is reported apart (``backlog_batch``,
+``fairlane_lane_batch_backlog_slots``); ``backlog`` and ``fairlane_lane_waiting_slots``
+still give every class. Which classes are batch is what the reader is given
+(``tables``: the app's declared lanes), else the default table's (``batch``).
+
 Admission decisions are counted by the server itself, in the stats hash (written by
 the enqueue script), so every process that scrapes the store (workers, gateways)
 exports the same totals.
@@ -28,7 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +45,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
+from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.policy.shards import check_shard_count
 from fairlane.store.connection import SyncClient, create_sync_client
 from fairlane.store.keys import AppKeys
@@ -62,6 +72,26 @@ class StoreSnapshot:
     read_at: float = field(default_factory=time.monotonic)
     decisions: dict[DecisionKey, int] = field(default_factory=dict)
     oldest_age: dict[tuple[str, str], float] = field(default_factory=dict)  # seconds
+    #: per lane, its batch classes (their backlog is no scale signal); a lane left out
+    #: has the default table's
+    batch: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def batch_classes(self, lane: str) -> frozenset[str]:
+        return self.batch.get(lane, _DEFAULT_BATCH)
+
+    def backlog(self, lane: str) -> tuple[int, int]:
+        """The lane's waiting slots outside its batch classes (the scale signal), and in them."""
+        batch = self.batch_classes(lane)
+        waiting = self.lanes[lane].waiting
+        outside = sum(n for cls, n in waiting.items() if cls not in batch)
+        return outside, sum(n for cls, n in waiting.items() if cls in batch)
+
+
+def _batch_of(table: Iterable[ServiceClass]) -> frozenset[str]:
+    return frozenset(c.name for c in table if c.batch)
+
+
+_DEFAULT_BATCH = _batch_of(DEFAULT_CLASSES)
 
 
 class StoreReader:
@@ -72,6 +102,9 @@ class StoreReader:
     jobs waiting, so a read costs at most ``classes * (2 * oldest_tenants + 3)``
     commands per shard, each O(log n), however deep the queues and however many tenants
     are active (with more active tenants than that, the age is a lower bound).
+
+    ``tables``: the lanes' class tables, which say which classes are batch (a lane left
+    out has the default table).
     """
 
     def __init__(
@@ -84,6 +117,7 @@ class StoreReader:
         max_age: float = 2.0,
         oldest_tenants: int = 64,
         shards: int = 1,
+        tables: Mapping[str, ClassTable] | None = None,
     ) -> None:
         if oldest_tenants < 1:
             raise ValueError(f"oldest_tenants must be >= 1, got {oldest_tenants}")
@@ -92,6 +126,7 @@ class StoreReader:
         self.shard_keys = [AppKeys.for_shard(app, i, shards) for i in range(shards)]
         self.keys = self.shard_keys[0]
         self.lanes = list(dict.fromkeys(lanes))
+        self.batch = {lane: _batch_of(table) for lane, table in (tables or {}).items()}
         self.max_age = max_age
         self.oldest_tenants = oldest_tenants
         self._client: SyncClient = create_sync_client(
@@ -131,6 +166,7 @@ class StoreReader:
             totals.throttle_waiters,
             decisions=totals.decisions,
             oldest_age=oldest,
+            batch=self.batch,
         )
 
     def close(self) -> None:
@@ -198,6 +234,24 @@ class StoreCollector(Collector):
             lanes,
             lambda s: s.waiting,
         )
+        backlog = GaugeMetricFamily(
+            "fairlane_lane_backlog_slots",
+            "Slots of jobs queued and ready to run outside the lane's batch classes: the "
+            "signal to scale on.",
+            labels=["lane"],
+        )
+        batch = GaugeMetricFamily(
+            "fairlane_lane_batch_backlog_slots",
+            "Slots of jobs queued and ready to run in the lane's batch classes (they run on "
+            "spare slots only: no signal to scale on).",
+            labels=["lane"],
+        )
+        for lane in lanes:
+            outside, inside = snap.backlog(lane)
+            backlog.add_metric([lane], outside)
+            batch.add_metric([lane], inside)
+        yield backlog
+        yield batch
         yield _per_class(
             "fairlane_lane_deferred_jobs", "Jobs admission deferred.", lanes, lambda s: s.deferred
         )
@@ -250,17 +304,20 @@ class StoreCollector(Collector):
 
 
 def autoscale_view(snap: StoreSnapshot | None) -> dict[str, Any]:
-    """The ``/autoscale`` JSON: per lane, slots total and used, and backlog per class."""
+    """The ``/autoscale`` JSON: per lane, slots total and used, the backlog per class, and
+    ``backlog_total``, the slots waiting outside batch classes (the signal to scale on),
+    with ``backlog_batch`` apart."""
     if snap is None:
         return {"ok": False, "lanes": {}}
     lanes: dict[str, Any] = {}
     for lane, state in snap.lanes.items():
-        backlog = dict(sorted(state.waiting.items()))
+        outside, inside = snap.backlog(lane)
         lanes[lane] = {
             "slots_total": state.capacity,
             "slots_used": sum(state.in_flight.values()),
-            "backlog": backlog,
-            "backlog_total": sum(backlog.values()),
+            "backlog": dict(sorted(state.waiting.items())),
+            "backlog_total": outside,
+            "backlog_batch": inside,
             "delayed": state.delayed,
             "deferred": sum(state.deferred.values()),
         }
