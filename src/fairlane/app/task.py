@@ -58,6 +58,7 @@ class Task(TaskDefinition[P, R]):
         self,
         *args: Any,
         tenant: str = "default",
+        fairness_key: str | None = None,
         delay: Seconds | None = None,
         at: datetime | None = None,
         deadline: datetime | Seconds | None = None,
@@ -73,7 +74,10 @@ class Task(TaskDefinition[P, R]):
     ) -> Job[R]:
         """Enqueue one call. Arguments are checked against the signature here, at the call site.
 
-        ``service_class`` and ``slots`` replace the task's; ``limits`` are added to the
+        ``fairness_key`` names whose share of the tenant's part the job takes (an end
+        user of the tenant): the tenant's keys share its part fairly, by their weights
+        (``app.tenants.configure_key``); without one, the tenant's jobs run in arrival
+        order. ``service_class`` and ``slots`` replace the task's; ``limits`` are added to the
         task's (a key named by both takes this call's limit). A deferred job is returned
         like an accepted one; a rejection raises ``Rejected(reason, retry_after)``.
         ``trace=False`` stores no trace context with the job (``fairlane.tracing``).
@@ -83,6 +87,7 @@ class Task(TaskDefinition[P, R]):
         admission: Admission[R] = await self.submit(
             *args,
             tenant=tenant,
+            fairness_key=fairness_key,
             service_class=service_class,
             estimate=estimate,
             idempotency_key=idempotency_key,
@@ -111,6 +116,7 @@ class Task(TaskDefinition[P, R]):
         self,
         *args: Any,
         tenant: str = "default",
+        fairness_key: str | None = None,
         service_class: str | None = None,
         estimate: Estimate | float | None = None,
         idempotency_key: str | None = None,
@@ -148,6 +154,7 @@ class Task(TaskDefinition[P, R]):
             slots=slots,
             limits=limits,
             estimate=estimate,
+            fairness_key=fairness_key,
         )
         with tracing.sending(self.options.lane, [job], propagate=trace) as span:
             admission = await self.submit_job(job, durability)
@@ -180,6 +187,7 @@ class Task(TaskDefinition[P, R]):
         calls: Iterable[Sequence[Any]],
         *,
         tenant: str = "default",
+        fairness_key: str | None = None,
         delay: Seconds | None = None,
         at: datetime | None = None,
         deadline: datetime | Seconds | None = None,
@@ -194,11 +202,12 @@ class Task(TaskDefinition[P, R]):
         """Enqueue many calls (each a tuple of positional arguments) in one round trip.
 
         Every call is checked before anything is sent: one bad call stores no job.
+        The batch's jobs share ``tenant`` and ``fairness_key``.
         Admission judges each job on its own: if one is rejected, ``Rejected`` is raised
         and the batch's other jobs stay stored (``submit`` answers job by job).
         ``trace=False`` stores no trace context with the jobs (``fairlane.tracing``).
         """
-        when = Placement.of(tenant, delay, at, deadline, priority)
+        when = Placement.of(tenant, delay, at, deadline, priority, fairness_key=fairness_key)
         demand = self.factory.demand(
             self.options, service_class, slots, limits, when.tenant, estimate
         )
@@ -233,6 +242,7 @@ class EnqueueOptions(TypedDict, total=False):
     """The options of ``Task.enqueue``, for calls that pass them along."""
 
     tenant: str
+    fairness_key: str | None
     delay: Seconds | None
     at: datetime | None
     deadline: datetime | Seconds | None

@@ -2,9 +2,11 @@
 
 A tenant has a fair-share weight -- inside a lane, tenants with waiting work share
 dispatches in proportion to their weights (start-time fair queuing; see
-``fairlane.policy.fairqueue``) -- and concurrency settings: a floor it always gets, a
-hard cap, and burst room on top of what it earns (``fairlane.policy.ceilings``). A
-change applies from the tenant's next dispatch, with no redeploy and no restart.
+``fairlane.policy.fairqueue``) -- weights for its fairness keys, which share the
+tenant's part the same way (``fairlane.policy.fairkeys``) -- and concurrency settings:
+a floor it always gets, a hard cap, and burst room on top of what it earns
+(``fairlane.policy.ceilings``). A change applies from the tenant's next dispatch, with
+no redeploy and no restart.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 from typing import Literal
 
 from fairlane.policy.ceilings import TenantLimits
+from fairlane.registry.jobs import check_fairness_key
 from fairlane.store.shards import ShardedStores
 
 __all__ = ["MAX_WEIGHT", "TenantSetting", "Tenants"]
@@ -134,6 +137,20 @@ class Tenants:
             await store.update_tenant_limits(tenant, restored)
         if "weight" in names:
             await store.configure_tenant(tenant, None)
+
+    async def configure_key(self, tenant: str, key: str, *, weight: float) -> None:
+        """Set the weight of one of the tenant's fairness keys (1 by default; 1 puts it
+        back). Inside the tenant's part, its active keys share by these weights
+        (``fairlane.policy.fairkeys``); the key's next enqueued job takes it."""
+        _check_tenant(tenant)
+        check_fairness_key(key)
+        new_weight = _check_weight(weight)
+        await self._stores.store_for_tenant(tenant).configure_key_weight(tenant, key, new_weight)
+
+    async def key_weights(self, tenant: str) -> dict[str, float]:
+        """The weights set for the tenant's fairness keys (any key not named has 1)."""
+        _check_tenant(tenant)
+        return await self._stores.store_for_tenant(tenant).key_weights(tenant)
 
     async def weight(self, tenant: str) -> float:
         """The tenant's current weight (1 unless configured)."""

@@ -85,9 +85,10 @@ class TaskDefinition(Generic[P, R]):
         slots: int | None = None,
         limits: Mapping[str, int] | None = None,
         estimate: Estimate | float | None = None,
+        fairness_key: str | None = None,
     ) -> NewJob:
         """One job of this task, every part checked (``blob`` from ``encode_args``)."""
-        when = Placement.of(tenant, delay, at, deadline, priority)
+        when = Placement.of(tenant, delay, at, deadline, priority, fairness_key=fairness_key)
         demand = self.factory.demand(
             self.options, service_class, slots, limits, when.tenant, estimate
         )
@@ -121,6 +122,7 @@ class TaskDefinition(Generic[P, R]):
             declared_mu=demand.declared_mu,
             cost_key=demand.cost_key,
             declared=int(demand.declared),
+            fairness_key=when.fairness_key,
         )
 
 

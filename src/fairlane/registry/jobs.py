@@ -5,7 +5,8 @@ run starting its children, a cron tick -- builds its jobs here, so that each is 
 the same way before one byte is written: a bad call never leaves a half-stored job.
 
 - ``new_job_id``: time-ordered ids, unique without coordination;
-- ``Placement``: tenant, priority, delay or start time, deadline (a batch shares one);
+- ``Placement``: tenant, fairness key, priority, delay or start time, deadline (a batch
+  shares one);
 - ``Demand``: the service class, width in slots, throttle limits and declared cost;
 - ``JobFactory``: what every task of an app makes its jobs with (its lanes' class
   tables, pricing, shard count, payload store and size limit).
@@ -30,6 +31,7 @@ from fairlane.config.lanes import (
 )
 from fairlane.payloads.offload import Payloads
 from fairlane.policy.admission import Estimate
+from fairlane.policy.fairkeys import MAX_KEY_LENGTH
 from fairlane.policy.shards import shard_of_tenant
 from fairlane.registry.options import TaskOptions
 from fairlane.registry.pricing import Pricing, cost_key
@@ -40,6 +42,7 @@ __all__ = [
     "JobFactory",
     "Placement",
     "Seconds",
+    "check_fairness_key",
     "new_job_id",
 ]
 
@@ -97,6 +100,19 @@ def _deadline(deadline: datetime | Seconds | None) -> str:
     return f"+{round(seconds * 1000)}"
 
 
+def check_fairness_key(key: object) -> str:
+    """A fairness key as the store takes it: a name of printable characters, at most
+    ``MAX_KEY_LENGTH`` long (the end user a job is fair between, inside its tenant)."""
+    if not isinstance(key, str):
+        raise TypeError(f"fairness_key must be a string, got {key!r}")
+    if not key or len(key) > MAX_KEY_LENGTH or not key.isprintable():
+        raise ValueError(
+            f"fairness_key must be a non-empty string of at most {MAX_KEY_LENGTH} printable "
+            f"characters: {key!r}"
+        )
+    return key
+
+
 @dataclass(frozen=True, slots=True)
 class Placement:
     """Where and when jobs go, validated once per enqueue call (a batch shares it)."""
@@ -106,6 +122,8 @@ class Placement:
     delay_ms: int | None
     at_ms: int | None
     deadline: str
+    fairness_key: str = ""
+    """Whose share of the tenant's part the jobs take ('' none: FIFO within the tenant)."""
 
     @classmethod
     def of(
@@ -115,6 +133,8 @@ class Placement:
         at: datetime | None,
         deadline: datetime | Seconds | None,
         priority: int,
+        *,
+        fairness_key: str | None = None,
     ) -> Placement:
         if not isinstance(tenant, str):
             raise TypeError(f"tenant must be a string, got {tenant!r}")
@@ -134,6 +154,7 @@ class Placement:
             delay_ms=None if delay is None else round(_seconds(delay, "delay") * 1000),
             at_ms=None if at is None else _epoch_ms(at, "at"),
             deadline=_deadline(deadline),
+            fairness_key="" if fairness_key is None else check_fairness_key(fairness_key),
         )
 
 

@@ -35,6 +35,7 @@ Executor = Literal["async", "thread", "process"]
 RESERVED_PARAMETERS = frozenset(
     {
         "tenant",
+        "fairness_key",
         "delay",
         "at",
         "deadline",

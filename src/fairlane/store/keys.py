@@ -67,6 +67,9 @@ pattern (after the prefix)  type   holds                              written by
 ``lane:<l>:c:<c>:granted`` zset   throttle-granted job -> grant no.  fetch, ack, sweep, cancel
  (derived)
 ``q:<l>:<c>:<t>`` (der.)   zset   waiting job ids by order           enqueue, fetch, cancel
+``fk:<l>:<c>:<t>`` (der.)  zset   fairness key -> its next start tag enqueue (dropped at or
+                                  in the tenant queue (fairkeys.lua) below the queue's head)
+``fkw:<t>`` (derived)      hash   fairness key -> weight (absent: 1)  configure_key_weight
 ``sig:<t>`` (derived)      hash   rate ring ``s<i>``/``c<i>``, mean    enqueue, ack
                                   duration ``dm``, ``dn`` samples
 ``cost:<t>|<w>|<m>`` (der.) hash  learned cost ``mean`` (milli-units), ack (cost feedback)
@@ -277,6 +280,14 @@ class AppKeys:
     def tenant_queue(self, lane: str, service_class: str, tenant: str) -> str:
         return f"{self.prefix}q:{lane}:{service_class}:{tenant}"
 
+    def fairness_tags(self, lane: str, service_class: str, tenant: str) -> str:
+        """A tenant queue's fairness keys' next tags (scripts derive the same name)."""
+        return f"{self.prefix}fk:{lane}:{service_class}:{tenant}"
+
+    def key_weights(self, tenant: str) -> str:
+        """A tenant's fairness keys' weights (scripts derive the same name)."""
+        return f"{self.prefix}fkw:{tenant}"
+
     def class_key(self, lane: str, service_class: str, what: str) -> str:
         """A class's ``fair``, ``vt`` or ``granted`` key (scripts derive the same name)."""
         return f"{self.prefix}lane:{lane}:c:{service_class}:{what}"
@@ -326,7 +337,8 @@ JOB_FIELDS: dict[str, str] = {
     "rf": "retention of failed records: 'count,age_ms'",
     "enq": "enqueued at, server ms",
     "run": "eligible to run at, server ms",
-    "seq": "FIFO order within a priority",
+    "seq": "order within a priority: the FIFO number, or a keyed job's fair tag",
+    "fk": "fairness key: whose share of its tenant's part it takes (absent = none)",
     "st": "status",
     "att": "attempts started",
     "tok": "fencing token of the current lease",

@@ -3,7 +3,8 @@
 ``lua/fairlane.lua`` is the library: its header, helpers and entry points. It pulls
 in the other files of ``lua/`` where it says ``-- @include <file>``, in dependency
 order: ``classes`` (the class rules), ``throttle`` (throttle keys, tenant ceilings),
-``fairqueue`` (tenants within a class), ``admission`` (reservations and deferral),
+``fairqueue`` (tenants within a class), ``fairkeys`` (a tenant's fairness
+keys), ``admission`` (reservations and deferral),
 ``runs`` and ``records`` (workflow runs' keys, settling records), ``workflows``
 (durable runs), ``acks`` (settling a batch of outcomes), ``lease`` (handing jobs out),
 ``dispatch`` (which jobs a worker gets), ``enqueue`` (storing submitted jobs) and

@@ -126,6 +126,8 @@ class JobRecord:
     queue_wait: str = ""
     """Dispatch's view of why its last attempt waited (JSON; ``fairlane.store.explain``)."""
     trace_context: str = ""
+    fairness_key: str = ""
+    """Whose share of its tenant's part it takes ('' none)."""
 
     @property
     def failure(self) -> ErrorInfo | None:
@@ -167,6 +169,7 @@ JobAttr = Literal[
     "waiting_for",
     "queue_wait",
     "trace_context",
+    "fairness_key",
 ]
 
 
@@ -219,6 +222,7 @@ _FIELDS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "waiting_for": ("wf", field_text),
     "queue_wait": ("qw", field_text),
     "trace_context": ("tp", field_text),
+    "fairness_key": ("fk", field_text),
 }
 
 #: who a job belongs to: enough to check a caller may see it, and what it runs

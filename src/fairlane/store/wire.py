@@ -55,6 +55,8 @@ class NewJob(msgspec.Struct, array_like=True):
     declared: int = 0  # 1 when the caller declared an estimate (else learned cost rules)
     parent: str = ""  # the workflow run this job is a child of
     trace_context: str = ""  # W3C trace context of the enqueue ('' none; fairlane.tracing)
+    # last, so that the fields before it keep their places for scripts that predate it
+    fairness_key: str = ""  # the end user it is fair between, inside its tenant ('' none)
 
     def __post_init__(self) -> None:
         args: object = self.args

@@ -4,7 +4,8 @@
 -- ARGV: lane, msgpack array of jobs, each
 --   [id, tenant, prio, task, args, max, bo, to, rc, rf, idem, delay_ms, at_ms, deadline,
 --    class, slots, limits, declared milli-units, cost key, declared (1) or default (0),
---    parent run id ('' for none), W3C trace context ('' or absent for none: field tp)]
+--    parent run id ('' for none), W3C trace context ('' or absent for none: field tp),
+--    fairness key ('' or absent for none: field fk)]
 -- with nil for an absent delay/at, '' for an absent idem/deadline; a deadline is '+ms'
 -- (relative) or absolute ms; limits is {{key, limit}, ..} sorted by key.
 -- Returns a flat list: id, code, detail per job. Codes: 1 accepted, 2 deferred (stored,
@@ -64,9 +65,19 @@ local function enqueue(keys, args)
       else
         local jk = job_key(p, id)
         local st = run_at > now and 'scheduled' or 'queued'
+        -- a keyed job entering its tenant's queue now takes its key's fair order number
+        -- (fairkeys.lua); a scheduled or deferred one keeps its FIFO number, and a job
+        -- without a key costs no command here
+        local fkey, order = j[23], seq
+        if fkey and fkey ~= '' and st == 'queued' and verdict ~= 'deferred' then
+          order = fairkeys.order(p, lane, cls, tenant, fkey, seq)
+        end
         redis.call('HSET', jk, 'task', j[4], 'tenant', tenant, 'lane', lane, 'prio', prio,
           'args', j[5], 'max', j[6], 'bo', j[7], 'to', j[8], 'rc', j[9], 'rf', j[10],
-          'enq', now, 'run', run_at, 'seq', seq, 'st', st, 'att', 0, 'cls', cls, 'sl', slots)
+          'enq', now, 'run', run_at, 'seq', order, 'st', st, 'att', 0, 'cls', cls, 'sl', slots)
+        if fkey and fkey ~= '' then
+          redis.call('HSET', jk, 'fk', fkey)
+        end
         if j[17] and #j[17] > 0 then
           redis.call('HSET', jk, 'lim', cmsgpack.pack(j[17]))
         end
@@ -110,7 +121,7 @@ local function enqueue(keys, args)
         if verdict ~= 'deferred' and st == 'scheduled' then
           redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
         elseif verdict ~= 'deferred' then
-          push_ready(p, lane, cls, tenant, id, prio, seq, slots, pushes)
+          push_ready(p, lane, cls, tenant, id, prio, order, slots, pushes)
           ready = true
         end
         submitted[tenant] = (submitted[tenant] or 0) + 1

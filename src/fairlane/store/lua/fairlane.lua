@@ -108,6 +108,7 @@ end
 -- @include throttle.lua
 
 -- @include fairqueue.lua
+-- @include fairkeys.lua
 -- @include admission.lua
 -- @include runs.lua
 -- @include records.lua
