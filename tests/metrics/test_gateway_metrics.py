@@ -170,3 +170,44 @@ async def test_metrics_are_served_while_the_store_is_unreachable(namespace: str)
     assert isinstance(metrics, GatewayMetrics) and metrics.reader is None
     assert value(first, "fairlane_store_up") == 0
     assert value(second, REQUESTS, route="/metrics", status="200") == 1
+
+
+async def test_gateway_autoscale_leaves_batch_out_of_the_scale_backlog(
+    redis_url: str, namespace: str
+) -> None:
+    app = build_app(namespace, redis_url)
+
+    @app.task(name="nightly", lane="quiet", service_class="batch")
+    async def nightly() -> None:
+        return None
+
+    @app.task(name="report", lane="quiet")
+    async def report() -> None:
+        return None
+
+    async with app:
+        for _ in range(5):
+            await nightly.enqueue(tenant="t")
+        await report.enqueue(tenant="t")
+        api = create_app(app, admin_key=ADMIN_KEY, metrics_require_admin=True)
+        async with client(api) as c:
+            assert (await c.get("/autoscale")).status_code == 401
+            r = await c.get("/autoscale", headers=ADMIN)
+    assert r.status_code == 200, r.text
+    view = r.json()
+    assert view["ok"] is True
+    quiet = view["lanes"]["quiet"]
+    assert quiet["backlog"] == {"batch": 5, "standard": 1}
+    assert (quiet["backlog_total"], quiet["backlog_batch"]) == (1, 5)
+
+
+async def test_gateway_autoscale_says_when_the_store_is_unreachable(namespace: str) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app = App(namespace, redis_url=f"redis://127.0.0.1:{port}/0", settings=fast_settings())
+    api = create_app(app)
+    async with client(api) as c:
+        r = await c.get("/autoscale")
+    assert r.status_code == 200
+    assert r.json() == {"ok": False, "lanes": {}}

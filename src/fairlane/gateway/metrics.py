@@ -1,4 +1,6 @@
-"""The gateway's Prometheus endpoint, ``GET /metrics``, and the gateway-side metrics.
+"""The gateway's Prometheus endpoint, ``GET /metrics``, its autoscaler JSON,
+``GET /autoscale`` (what a worker's metrics port serves: ``autoscale_view``, whose
+``backlog_total`` leaves batch classes out), and the gateway-side metrics.
 
 ``mount_metrics(api)`` adds to a gateway built by ``create_app``:
 
@@ -19,8 +21,8 @@ Every label takes a bounded set of values: methods outside the standard ones are
 own templates. The answers are read from the responses themselves (status and JSON
 body of ``POST /v1/jobs``), so the endpoints need no hook of their own.
 
-``/metrics`` is open, like a worker's metrics port; ``require_admin=True`` makes it
-answer 401 unless called with the gateway's admin key.
+``/metrics`` and ``/autoscale`` are open, like a worker's metrics port;
+``require_admin=True`` makes them answer 401 unless called with the gateway's admin key.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -51,7 +53,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fairlane.gateway.responses import error
 from fairlane.gateway.state import GatewayState
 from fairlane.metrics.config import MetricsConfig
-from fairlane.metrics.store import StoreCollector, StoreReader
+from fairlane.metrics.store import StoreCollector, StoreReader, autoscale_view
 
 __all__ = ["SUBMIT_BUCKETS", "GatewayMetrics", "mount_metrics"]
 
@@ -159,6 +161,11 @@ class GatewayMetrics:
     def render(self) -> bytes:
         """The Prometheus text; reads the store (blocking): call it in a thread."""
         return generate_latest(self.registry)
+
+    def autoscale(self) -> dict[str, Any]:
+        """The ``/autoscale`` JSON; reads the store (blocking): call it in a thread."""
+        reader = self.reader
+        return autoscale_view(reader.snapshot() if reader is not None else None)
 
     # -- the HTTP side -----------------------------------------------------------------
 
@@ -271,9 +278,11 @@ def mount_metrics(
     require_admin: bool = False,
     config: MetricsConfig | None = None,
     path: str = "/metrics",
+    autoscale_path: str = "/autoscale",
 ) -> GatewayMetrics:
-    """Serve ``path`` (default ``/metrics``) on a gateway from ``create_app`` and record
-    its HTTP metrics. Call it before the app starts (it adds a middleware).
+    """Serve ``path`` (default ``/metrics``) and ``autoscale_path`` (default
+    ``/autoscale``) on a gateway from ``create_app`` and record its HTTP metrics. Call it
+    before the app starts (it adds a middleware).
 
     ``require_admin``: answer 401 unless the caller sends the gateway's admin key
     (``Authorization: Bearer <admin key>``); the gateway must have one. ``config``: the
@@ -291,10 +300,17 @@ def mount_metrics(
         body = await run_in_threadpool(metrics.render)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
+    async def autoscale(request: Request) -> Response:
+        if require_admin and not _is_admin(request, state):
+            return error(401, "the admin key is required", "unauthorized")
+        await metrics.attach_store(state)
+        return JSONResponse(await run_in_threadpool(metrics.autoscale))
+
     api.add_api_route(path, serve, methods=["GET"], include_in_schema=False)
-    # first, so that a catch-all mount added earlier (a UI at "/") cannot shadow it
+    api.add_api_route(autoscale_path, autoscale, methods=["GET"], include_in_schema=False)
+    # first, so that a catch-all mount added earlier (a UI at "/") cannot shadow them
     routes = api.router.routes
-    routes.insert(0, routes.pop())
+    routes[:0] = [routes.pop(), routes.pop()]
     api.add_middleware(RequestMetrics, metrics=metrics, routes=routes)
     api.router.lifespan_context = _closing(api.router.lifespan_context, metrics.close)
     return metrics
