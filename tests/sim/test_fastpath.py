@@ -213,11 +213,13 @@ def test_key_tables_agree_with_the_rules(
     limits = [0, 0, 0, shared, 1]
     keys_of = [tuple(index[k] for k in _KEYS_OF[t]) for t in _TENANTS]
     cost = {"a": 1.0, "b": 0.5, "c": 2.0}
+    waited: list[list[int]] = [[], [], []]
     fast: FairKeys | FifoKeys = (
-        FairKeys(limits, keys_of, _TENANTS, [_WEIGHT[t] for t in _TENANTS],
-                 lambda job: cost[_TENANTS[job[1]]])
+        FairKeys(limits, keys_of, waited, names=_TENANTS,
+                 weights=[_WEIGHT[t] for t in _TENANTS],
+                 cost_of=lambda job: cost[_TENANTS[job[1]]])
         if fair
-        else FifoKeys(limits, keys_of)
+        else FifoKeys(limits, keys_of, waited)
     )  # fmt: skip
     naive = NaiveKeys(dict(zip(names, limits, strict=True)), fair=fair)
     jobs: dict[int, tuple[list[Any], NaiveJob]] = {}
@@ -245,7 +247,7 @@ def test_key_tables_agree_with_the_rules(
             else:
                 t = _TENANTS[x % 3]
                 i = seq
-                jobs[i] = ([i, x % 3, 0.0, 1.0, -1.0, 0, 0.0, 0],
+                jobs[i] = ([i, x % 3, 0.0, 1.0, -1.0, 0, 0.0, 0, None],
                            NaiveJob(str(i), t, i, _KEYS_OF[t], _WEIGHT[t], cost[t]))  # fmt: skip
                 if t == "a":  # a's own key: the limit comes with each dispatch
                     fast.set_limit(0, lim, out)

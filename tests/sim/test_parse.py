@@ -22,7 +22,7 @@ from fairlane.sim.variants import parse_variant, resolve
 
 SHIPPED = {
     "noisy-neighbor", "long-jobs", "changing-demand", "batch-idle", "pressure",
-    "overload", "million", "weighted-shares",
+    "overload", "million", "weighted-shares", "shared-key",
 }  # fmt: skip
 
 GOOD = """
@@ -82,6 +82,13 @@ size = { dist = "pareto", mean = 2.0, alpha = 1.5 }
 limits = { floor = 2, burst_pct = 0.5 }
 units = 2.0
 retries = 3
+keys = ["model:big", "db:main"]
+[[keys]]
+name = "model:big"
+limit = 4
+[[keys]]
+name = "db:main"
+limit = 1
 [[phases]]
 name = "all"
 start = 0
@@ -104,6 +111,8 @@ end = 100
     assert (t.size.kind, t.size.mean, t.size.alpha) == ("pareto", 2.0, 1.5)
     assert t.limits is not None and t.limits.floor == 2
     assert (t.units, t.retries) == (2.0, 3)
+    assert t.keys == ("model:big", "db:main")
+    assert [(k.name, k.limit) for k in s.keys] == [("model:big", 4), ("db:main", 1)]
     assert s.phases[0].name == "all"
 
 
@@ -170,6 +179,14 @@ BROKEN: list[tuple[str, str, str]] = [
      "pools.gpu.classes.standard.max_queue", "int"),
     (GOOD + "[[lanes.gpu.classes]]\nname = 'standard'\nnominal_share = 2\n",
      "lanes.gpu.classes[0]", "nominal_share"),
+    # shared throttle keys
+    (GOOD.replace('name = "a"', 'name = "a"\nkeys = ["model:big"]'), "tenants[0].keys[0]",
+     "no [[keys]] entry named 'model:big'"),
+    (GOOD + '[[keys]]\nname = "m"\nlimit = 0\n', "keys[0].limit", "within [1,"),
+    (GOOD + '[[keys]]\nname = "m"\n', "keys[0].limit", "is required"),
+    (GOOD + '[[keys]]\nname = "m"\nlimit = 1\n[[keys]]\nname = "m"\nlimit = 2\n',
+     "keys[1].name", "declared twice"),
+    (GOOD + '[[keys]]\nname = "tenant:a"\nlimit = 1\n', "keys[0].name", "own key"),
 ]  # fmt: skip
 
 
@@ -210,11 +227,14 @@ def test_variant_grammar() -> None:
     assert (c.policy, c.throttles) == ("fifo", True)
     full = parse_variant("fair+admission=off+classes=off+charge=jobs")
     assert (full.admission, full.classes, full.charge) == (False, False, "jobs")
+    assert parse_variant("fair+waiters=fifo").waiters == "fifo"
+    assert parse_variant("fair").waiters is None
     for text, problem in [
         ("fair+fifo", "not a policy"),
         ("fair+slice=0.5+slice=1", "given twice"),
         ("fair+speed=2", "unknown key"),
         ("fair+admission=maybe", "on or off"),
+        ("fair+waiters=lifo", "waiters must be fair or fifo"),
         ("fair+slice=fast", "slice"),
         ("fair++", "empty"),
     ]:
@@ -230,6 +250,8 @@ def test_resolving_a_variant_against_its_scenario() -> None:
     assert (fair.admission, fair.throttles, fair.classes, fair.slice) == (
         False, True, True, math.inf,
     )  # fmt: skip
+    assert fair.waiters == "fair"
+    assert resolve(parse_variant("fair+waiters=fifo"), plain).waiters == "fifo"
     fifo = resolve(parse_variant("fifo"), plain)
     assert (fifo.admission, fifo.throttles, fifo.classes) == (False, False, False)
     with pytest.raises(ValueError, match="no lane has a"):

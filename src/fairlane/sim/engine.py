@@ -8,7 +8,7 @@ after a rejection (a second, usually empty heap). At equal times a slice end goe
 before an arrival, so a freed slot is seen by the arrival.
 
 A job is a list ``[seq, tenant, submitted, remaining, first start, rejections, run,
-offered]``. Its life, under ``fair``:
+offered, parked]``. Its life, under ``fair``:
 
 1. **Submit.** With a gate, ``fairlane.sim.gate`` decides (``admission.fits``):
    accepted, the job reserves its tenant's units until it completes; full, it is
@@ -110,9 +110,16 @@ class Engine:
         # a tenant is throttled with a static cap, floor/ceiling settings or shared keys
         self.fair_keys = settings.waiters == "fair"
         self.keys: FairKeys | FifoKeys = (
-            FairKeys(w.key_limit, w.keys_of, w.names, w.weight, self._charge)
+            FairKeys(
+                w.key_limit,
+                w.keys_of,
+                self.raw.handoffs,
+                names=w.names,
+                weights=w.weight,
+                cost_of=self._charge,
+            )
             if self.fair_keys
-            else FifoKeys(w.key_limit, w.keys_of)
+            else FifoKeys(w.key_limit, w.keys_of, self.raw.handoffs)
         )
         self.limits = Limits(w, self.raw, self.phases, self.keys.in_use)
         self.throttled, self.durs = self.limits.throttled, self.limits.durs
@@ -160,7 +167,7 @@ class Engine:
                 seq = self.seq
                 self.seq = seq + 1
                 raw.submitted[nxt[1]] += 1
-                submit([seq, nxt[1], now, nxt[2], -1.0, 0, 0.0, 0], now)
+                submit([seq, nxt[1], now, nxt[2], -1.0, 0, 0.0, 0, None], now)
                 nxt = next(source, None)
                 at = nxt[0] if nxt is not None else inf
             if now >= sample_at:

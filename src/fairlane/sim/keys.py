@@ -29,6 +29,10 @@ keys; jobs a key lets go of are appended to ``out`` for the engine to place.
 its keys when the fair queue dispatches it (charged either way), one FIFO of waiters
 per key across tenants, and a release hands its slot straight to the head waiter,
 which holds it while it waits for a lane slot (the engine's granted queue).
+
+Both count each key's *hand-offs* (every time a job takes a slot on it) and, for a job
+that parked, record how many hand-offs of the key it first parked at went by until it
+took its keys, itself included (1: it got the very next slot), in ``waited`` by tenant.
 """
 
 from __future__ import annotations
@@ -39,25 +43,39 @@ from typing import Any
 
 __all__ = ["FairKeys", "FifoKeys"]
 
-_SEQ, _TEN, _OFF = 0, 1, 7  # the job fields read here (fairlane.sim.world's layout)
+_SEQ, _TEN, _OFF, _PARK = 0, 1, 7, 8  # the job fields used here (fairlane.sim.world's)
+
+
+def _took(job: Any, keys: tuple[int, ...], handoffs: list[int], waited: list[list[int]]) -> None:
+    """``job`` took a slot on each of ``keys``: count the hand-offs, and what it waited."""
+    for k in keys:
+        handoffs[k] += 1
+    parked = job[_PARK]
+    if parked is not None:
+        k, before = parked
+        waited[job[_TEN]].append(handoffs[k] - before)
+        job[_PARK] = None
 
 
 class FairKeys:
     """Keys taken at dispatch; waiters by tenant, woken start-time fairly, with offers."""
 
-    __slots__ = ("active", "cost_of", "groups", "in_use", "keys_of", "limit", "names",
-                 "offers", "tags", "vt", "weights")  # fmt: skip
+    __slots__ = ("active", "cost_of", "groups", "handoffs", "in_use", "keys_of", "limit",
+                 "names", "offers", "tags", "vt", "waited", "weights")  # fmt: skip
 
     def __init__(
         self,
         limits: Sequence[int],
         keys_of: Sequence[tuple[int, ...]],
+        waited: list[list[int]],
+        *,
         names: Sequence[str],
         weights: Sequence[float],
         cost_of: Callable[[Any], float],
     ) -> None:
         n = len(limits)
         self.limit, self.in_use, self.offers = list(limits), [0] * n, [0] * n
+        self.handoffs, self.waited = [0] * n, waited
         self.keys_of, self.names, self.weights, self.cost_of = keys_of, names, weights, cost_of
         self.groups: list[dict[int, list[tuple[int, Any]]]] = [{} for _ in range(n)]
         self.active: list[list[tuple[float, str, int]]] = [[] for _ in range(n)]
@@ -84,6 +102,7 @@ class FairKeys:
                 for k in keys:
                     offers[k] -= 1
                     in_use[k] += 1
+                _took(job, keys, self.handoffs, self.waited)
                 return True
             for k in keys:  # a lowered limit: the offers go back, and it waits again
                 offers[k] -= 1
@@ -98,6 +117,7 @@ class FairKeys:
                 return False
         for k in keys:
             in_use[k] += 1
+        _took(job, keys, self.handoffs, self.waited)
         return True
 
     def release(self, keys: tuple[int, ...], out: list[Any]) -> None:
@@ -141,6 +161,8 @@ class FairKeys:
 
     def _park(self, k: int, job: Any) -> None:
         t = job[_TEN]
+        if job[_PARK] is None:
+            job[_PARK] = (k, self.handoffs[k])
         group = self.groups[k].get(t)
         if group is None:
             group = self.groups[k][t] = []
@@ -157,11 +179,14 @@ class FifoKeys:
     """Keys taken when the fair queue dispatches; one FIFO of waiters per key, and a
     hand-off that grants the slots at once (held while the job waits for a lane slot)."""
 
-    __slots__ = ("in_use", "keys_of", "limit", "waiters")
+    __slots__ = ("handoffs", "in_use", "keys_of", "limit", "waited", "waiters")
 
-    def __init__(self, limits: Sequence[int], keys_of: Sequence[tuple[int, ...]]) -> None:
+    def __init__(
+        self, limits: Sequence[int], keys_of: Sequence[tuple[int, ...]], waited: list[list[int]]
+    ) -> None:
         n = len(limits)
         self.limit, self.in_use, self.keys_of = list(limits), [0] * n, keys_of
+        self.handoffs, self.waited = [0] * n, waited
         self.waiters: list[list[tuple[int, Any]]] = [[] for _ in range(n)]
 
     def set_limit(self, k: int, limit: int, out: list[Any]) -> None:
@@ -176,10 +201,11 @@ class FifoKeys:
         limit, in_use = self.limit, self.in_use
         for k in keys:
             if in_use[k] >= limit[k]:
-                heapq.heappush(self.waiters[k], (job[_SEQ], job))
+                self._park(k, job)
                 return False
         for k in keys:
             in_use[k] += 1
+        _took(job, keys, self.handoffs, self.waited)
         return True
 
     def release(self, keys: tuple[int, ...], out: list[Any]) -> None:
@@ -200,8 +226,14 @@ class FifoKeys:
             keys = self.keys_of[job[_TEN]]
             blocker = next((j for j in keys if in_use[j] >= limit[j]), -1)
             if blocker >= 0:
-                heapq.heappush(self.waiters[blocker], (job[_SEQ], job))
+                self._park(blocker, job)
                 continue
             for j in keys:
                 in_use[j] += 1
+            _took(job, keys, self.handoffs, self.waited)
             out.append(job)
+
+    def _park(self, k: int, job: Any) -> None:
+        if job[_PARK] is None:
+            job[_PARK] = (k, self.handoffs[k])
+        heapq.heappush(self.waiters[k], (job[_SEQ], job))

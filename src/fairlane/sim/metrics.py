@@ -18,6 +18,9 @@ This module owns the definitions of every reported number:
 * **Jain's fairness index** of a class: ``(sum x)^2 / (n sum x^2)`` over ``x_i =
   service_i / w_i`` of its backlogged tenants (1 is perfectly weighted; ``1/n`` is one
   tenant taking everything); None with fewer than two. A run's index is its lowest.
+* **Hand-offs** (throttle keys): a job that parked on a key, counted in the key's
+  hand-offs (each time a job takes a slot on it) from when it parked until it took
+  its keys, itself included: 1 is the very next slot the key gave. p50/p99 per row.
 * **Phase shares**: each group's fraction of its class's service within each phase;
   **limits** (throttled tenants): the least and greatest concurrency limit in force
   at its dispatches, overall and per phase.
@@ -67,6 +70,8 @@ class Raw:
     rejected: list[int]
     lost: list[int]
     """Rejected with no retries left: never run."""
+    handoffs: list[list[int]]
+    """Per wait on a throttle key: the key's hand-offs until the job took it (itself too)."""
     resp: list[float]
     """Sum of completion minus first submission over completed jobs."""
     phase_waits: list[list[list[float]]]
@@ -102,7 +107,7 @@ class Raw:
             settings=settings, world=world, window=window, phases=phases,
             waits=[[] for _ in range(n)], served=[0.0] * n, backlog=[0.0] * n,
             since=[0.0] * n, waiting=[0] * n, submitted=[0] * n, completed=[0] * n,
-            rejected=[0] * n, lost=[0] * n, resp=[0.0] * n,
+            rejected=[0] * n, lost=[0] * n, handoffs=[[] for _ in range(n)], resp=[0.0] * n,
             phase_waits=[[[] for _ in range(k)] for _ in world.ckeys],
             phase_served=[[0.0] * k for _ in range(n)] if k else [],
         )  # fmt: skip
@@ -142,6 +147,8 @@ class Row:
     peak: int | None = None
     phase_shares: tuple[float | None, ...] = ()
     phase_limits: tuple[tuple[int, int] | None, ...] = ()
+    handoffs: Waits | None = None
+    """Its jobs' waits on a throttle key counted in the key's hand-offs (None: none waited)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +269,9 @@ def summarize(raw: Raw) -> VariantResult:
             peak=max(peaks) if peaks else None,
             phase_shares=phase_shares,
             phase_limits=phase_limits if any(phase_limits) else (),
+            handoffs=Waits.of(float(x) for t in members for x in raw.handoffs[t])
+            if any(raw.handoffs[t] for t in members)
+            else None,
         )
 
     members: defaultdict[int, list[int]] = defaultdict(list)

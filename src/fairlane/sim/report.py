@@ -133,6 +133,8 @@ def group_table(results: tuple[VariantResult, ...], *, tenants: bool = False) ->
     columns = ["tenant" if tenants else "group", "class", "n", "weight", "variant", "jobs",
                "rejected", "p50", "p99", "max", "share", "fair share"]  # fmt: skip
     columns += ["limit", "peak"] if throttled else []
+    keyed = any(g.handoffs is not None for r in results for g in r.groups)
+    columns += ["hand-offs p50", "hand-offs p99"] if keyed else []
     for name in columns:
         left = name in ("group", "tenant", "class", "variant")
         table.add_column(name, justify="left" if left else "right")
@@ -147,6 +149,9 @@ def group_table(results: tuple[VariantResult, ...], *, tenants: bool = False) ->
             ]  # fmt: skip
             if throttled:
                 cells += [_limit(g), "-" if g.peak is None else str(g.peak)]
+            if keyed:
+                h = g.handoffs
+                cells += [f"{h.p50:g}", f"{h.p99:g}"] if h is not None else ["-", "-"]
             table.add_row(*cells)
         table.add_section()
     return table

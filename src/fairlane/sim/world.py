@@ -21,14 +21,16 @@ from fairlane.sim.fastpath import ClassChooser, Gate
 from fairlane.sim.scenario import Scenario
 from fairlane.sim.variants import Settings
 
-__all__ = ["FIRST", "OFF", "REJ", "REM", "RUN", "SEQ", "SUB", "TEN", "Job", "LaneWorld", "World",
-           "build"]  # fmt: skip
+__all__ = ["FIRST", "OFF", "PARK", "REJ", "REM", "RUN", "SEQ", "SUB", "TEN", "Job", "LaneWorld",
+           "World", "build"]  # fmt: skip
 
 Job = list[Any]
-"""A job: ``[seq, tenant, submitted, remaining, first start, rejections, run, offered]``,
-by these indices (a list: the cheapest mutable record in the inner loop); ``offered``
-is 1 while a woken job holds an offer on each of its throttle keys."""
-SEQ, TEN, SUB, REM, FIRST, REJ, RUN, OFF = range(8)
+"""A job: ``[seq, tenant, submitted, remaining, first start, rejections, run, offered,
+parked]``, by these indices (a list: the cheapest mutable record in the inner loop);
+``offered`` is 1 while a woken job holds an offer on each of its throttle keys;
+``parked`` is ``(key, hand-offs of the key so far)`` from when it first parked until it
+takes its keys, else None."""
+SEQ, TEN, SUB, REM, FIRST, REJ, RUN, OFF, PARK = range(9)
 
 _MIN_CHARGE = 1e-3  # a fair-queue cost must be > 0; a zero-unit job is charged a milli-unit
 
