@@ -79,6 +79,8 @@ class JobInfo:
     waiting_for: str | None = None
     """What a suspended workflow run waits for (``yield``, ``sleep``, ``signal:<name>``,
     ``children``); None when it is not suspended."""
+    fairness_key: str | None = None
+    """The end user of its tenant it was enqueued for (None: no fairness key)."""
 
 
 def _units(mu: int | None) -> float | None:
@@ -138,6 +140,7 @@ class Job(Generic[R]):
             charged_units=_units(rec.charged_mu),
             actual_units=_units(rec.used_mu),
             waiting_for=rec.waiting_for or None if rec.status == "scheduled" else None,
+            fairness_key=rec.fairness_key or None,
         )
 
     async def cancel(self) -> str:

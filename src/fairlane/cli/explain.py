@@ -78,7 +78,8 @@ def explain(
         typer.echo(json.dumps(out, indent=2, ensure_ascii=False))
         return
     out_console = console()
-    out_console.print(f"[bold]job {escape(job_id)}[/] ({escape(answer.status or '?')})")
+    whose = f", fairness key {escape(answer.fairness_key)}" if answer.fairness_key else ""
+    out_console.print(f"[bold]job {escape(job_id)}[/] ({escape(answer.status or '?')}){whose}")
     out_console.print(escape(answer.summary))
     if not answer.segments:
         return

@@ -113,6 +113,7 @@ async def _admit(
             priority=body.priority,
             service_class=body.service_class,
             estimate=body.estimate,
+            fairness_key=body.fairness_key,
         )
     except PayloadTooLarge as exc:
         return error(413, str(exc), "too_large")

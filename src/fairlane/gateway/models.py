@@ -47,6 +47,13 @@ class SubmitRequest(BaseModel):
         description="Past this many seconds from now the job expires instead of running.",
     )
     priority: int = Field(default=0, ge=-1000, le=1000)
+    fairness_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="The end user of the tenant the job is for: the tenant's keys share its "
+        "part fairly (printable characters).",
+    )
 
 
 class SubmitReply(BaseModel):
@@ -83,6 +90,7 @@ class JobView(BaseModel):
     reserved_units: float | None
     charged_units: float | None
     actual_units: float | None
+    fairness_key: str | None = None
 
 
 class TaskError(BaseModel):

@@ -113,6 +113,9 @@ class Explanation:
     summary: str
     causes: tuple[str, ...] = ()
     events: tuple[Event, ...] = ()
+    fairness_key: str = ""
+    """The end user of its tenant it was enqueued for ('' none): its place in the
+    tenant's queue is that key's fair share (``fairlane.policy.fairkeys``)."""
 
 
 def format_ms(ms: int) -> str:
@@ -464,4 +467,5 @@ def explain(
         summary=_summary(status, segments, record.max_attempts),
         causes=causes,
         events=tuple(ordered),
+        fairness_key=record.fairness_key,
     )

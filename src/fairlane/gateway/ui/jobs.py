@@ -113,6 +113,7 @@ async def job_detail(app: App, job_id: str) -> dict[str, Any] | None:
     detail: dict[str, Any] = {
         **row,
         "priority": record.priority,
+        "fairness_key": record.fairness_key or None,
         "worker": record.worker or None,
         "args": _value(record.args),
         "result": _value(record.result),

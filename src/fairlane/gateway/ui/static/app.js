@@ -194,7 +194,8 @@ async function viewJob(main, id) {
   if (allowed("cancel") && !["completed", "failed", "cancelled", "expired"].includes(j.status)) buttons.push("cancel");
   if (allowed("redrive") && j.state === "dead") buttons.push("redrive");
   if (allowed("retry") && ["failed", "cancelled", "expired"].includes(j.status) && j.state !== "dead") buttons.push("retry");
-  const fields = [["state", j.state], ["task", j.task], ["tenant", j.tenant], ["lane / class", `${j.lane} / ${j.class}`],
+  const fields = [["state", j.state], ["task", j.task], ["tenant", j.tenant],
+    ["fairness key", j.fairness_key ?? "-"], ["lane / class", `${j.lane} / ${j.class}`],
     ["attempts", `${j.attempts} of ${j.max_attempts ?? "?"}`], ["priority", j.priority], ["worker", j.worker || "-"],
     ["enqueued", when(j.enqueued_ms)], ["started", when(j.started_ms)], ["finished", when(j.finished_ms)],
     ["arguments", JSON.stringify(j.args)], ["result", j.result === null ? "-" : JSON.stringify(j.result)],
