@@ -35,7 +35,8 @@ defer when full, small ``max_deferred`` bounds, ``tenant_max_queue``,
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, cast
 
@@ -51,17 +52,21 @@ from hypothesis.stateful import (
 )
 
 from fairlane.policy.admission import (
+    OVERTAKE_LIMIT,
+    PASS_BUDGET,
     AdmissionClass,
     Decision,
-    DeferredJob,
+    DeferredQueue,
     EstimationSettings,
     PoolConfig,
     PoolState,
+    Verdict,
     decide,
-    drain,
+    fits,
     to_milli,
 )
 from fairlane.policy.classes import ClassTable, ServiceClass
+from fairlane.store.library import LIBRARY_CODE
 from fairlane.store.wire import NewJob, Outcome
 from tests.store.harness import StoreMachine
 
@@ -69,7 +74,14 @@ T = TypeVar("T")
 
 LANE = "adm"
 TASK = "adm.job"
-TENANTS = ("t1", "t2", "t3")
+TENANTS = ("t1", "t2", "t3", "t4")
+# the tenants' weights in a run (the lane's fair-share weights, read by fair deferral)
+WEIGHTS = (
+    {},
+    {"t1": 3.0},
+    {"t1": 3.0, "t2": 0.5, "t4": 2.0},
+    {"t2": 10.0, "t3": 0.25},
+)
 WORKER, WORKER_SLOTS = "w1", 1000  # one worker that can run everything admitted
 LONG = 600_000  # ms: a lease that never runs out during a test
 STATUS = {1: "accepted", 2: "deferred", -4: "rejected"}
@@ -166,17 +178,32 @@ SCENARIOS = (
     ),
 )
 
+ONE = ClassTable((ServiceClass("std", nominal_share=1.0),))
+# a deep deferred queue in a small pool: floods, weighted tenants and wide heads
+DEEP = Scenario(
+    "deep-deferral",
+    ONE,
+    PoolConfig(
+        capacity_units=4.0,
+        classes=(AdmissionClass("std", max_queue=40, max_deferred=60, when_full="defer"),),
+    ),
+    EstimationSettings(max_reservation_units=4.0, safety_multiplier=1.0),
+)
+SCENARIOS = (*SCENARIOS, DEEP)
+
 # mostly small costs, so that deferred heads fit again once work finishes; sometimes up
 # to the largest capacity (10 units) and beyond every ``max_reservation_units``; and
 # costs that land exactly on a bound of the model's state (negative tags, see ``cost``)
-ROOM, ROOM_PLUS_ONE, CLASS_ROOM, ALL_FREE = -1, -2, -3, -4
+ROOM, ROOM_PLUS_ONE, CLASS_ROOM, ALL_FREE, WIDE = -1, -2, -3, -4, -5
 costs = st.one_of(
     st.just(0), st.integers(1, 1500), st.integers(1, 1500), st.integers(1, 3000),
-    st.integers(1, 10_000), st.sampled_from([ROOM, ROOM_PLUS_ONE, CLASS_ROOM, ALL_FREE]),
+    st.integers(1, 10_000), st.sampled_from([ROOM, ROOM_PLUS_ONE, CLASS_ROOM, ALL_FREE, WIDE]),
 )  # fmt: skip
 submissions = st.lists(
     st.tuples(st.integers(0, 2), st.sampled_from(TENANTS), costs), min_size=1, max_size=3
 )
+# a flood: one tenant's burst of small jobs into one class, most of them deferred
+floods = st.tuples(st.integers(0, 2), st.sampled_from(TENANTS), st.integers(4, 12))
 
 
 def _s(value: bytes | str) -> str:
@@ -200,9 +227,9 @@ class AdmissionVsPolicy(StoreMachine):
     def __init__(self) -> None:
         super().__init__()
         self.scenario = SCENARIOS[0]
+        self.weights: dict[str, float] = {}
         self.state = PoolState()
-        self.queues: dict[str, deque[DeferredJob]] = {}
-        self.queue_ids: dict[str, deque[str]] = {}
+        self.queues: dict[str, DeferredQueue[str]] = {}
         self.jobs: dict[str, Admitted] = {}  # admitted, unfinished jobs
         self.running: dict[str, str] = {}  # id -> lease token
         self.rejections: Counter[str] = Counter()
@@ -211,14 +238,15 @@ class AdmissionVsPolicy(StoreMachine):
 
     # -- set-up ------------------------------------------------------------------------
 
-    @initialize(scenario=st.sampled_from(SCENARIOS))
-    def declare(self, scenario: Scenario) -> None:
-        self.scenario = scenario
+    @initialize(scenario=st.sampled_from(SCENARIOS), weights=st.sampled_from(WEIGHTS))
+    def declare(self, scenario: Scenario, weights: dict[str, float]) -> None:
+        self.scenario, self.weights = scenario, weights
         table, pool = scenario.table, scenario.pool
         self.run(self.store.declare_lane(LANE, table, "jobs"))
         self.run(self.store.declare_admission(LANE, table, pool, scenario.estimation))
-        self.queues = {name: deque() for name in table.names}
-        self.queue_ids = {name: deque() for name in table.names}
+        for tenant, weight in weights.items():
+            self.run(self.store.configure_tenant(tenant, weight))
+        self.queues = {name: DeferredQueue() for name in table.names}
         # the worker registers its slots in the lane before anything is submitted
         self.run(self.store.exchange(WORKER, [LANE], 0, LONG, slots=WORKER_SLOTS))
         self.ready = True
@@ -231,15 +259,21 @@ class AdmissionVsPolicy(StoreMachine):
     def pool(self) -> PoolConfig:
         return self.scenario.pool
 
+    def weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, 1.0)
+
     # -- store reads --------------------------------------------------------------------
 
     def status(self, job_id: str) -> str | None:
         raw = self.client.hget(self.keys.job(job_id), "st")
         return None if raw is None else _s(raw)
 
+    def zset(self, key: str) -> list[tuple[str, float]]:
+        raw = cast("list[tuple[bytes, float]]", self.client.zrange(key, 0, -1, withscores=True))
+        return [(_s(m), float(score)) for m, score in raw]
+
     def deferred_ids(self, name: str) -> list[str]:
-        key = self.keys.class_key(LANE, name, "deferred")
-        return [_s(m) for m in cast("list[bytes]", self.client.zrange(key, 0, -1))]
+        return [m for m, _ in self.zset(self.keys.class_key(LANE, name, "deferred"))]
 
     def lease_all(self) -> None:
         """Lease every queued job to the worker; they are exactly the admitted ones."""
@@ -254,7 +288,8 @@ class AdmissionVsPolicy(StoreMachine):
     def cost(self, tag: int, service_class: str) -> int:
         """A drawn cost; a negative tag names a bound of the model's state now: the room
         left above the recovery reserve (or one more), the room left under the class's
-        ``max_queue_units`` (or above the reserve, without one), or every free unit."""
+        ``max_queue_units`` (or above the reserve, without one), every free unit, or a
+        wide job (the whole pool above the reserve, up to the widest reservation)."""
         if tag >= 0:
             return tag
         pool, state = self.pool, self.state
@@ -266,22 +301,23 @@ class AdmissionVsPolicy(StoreMachine):
             room = bound - state.reserved.get(service_class, 0)
         elif tag == ALL_FREE:
             room = pool.capacity_milli - state.total_reserved
+        elif tag == WIDE:
+            widest = to_milli(self.scenario.estimation.max_reservation_units)
+            room = min(widest, pool.capacity_milli - pool.reserve_milli)
         return max(0, room)
 
-    @precondition(lambda self: self.ready)
-    @rule(specs=submissions)
-    def submit(self, specs: list[tuple[int, str, int]]) -> None:
-        """Submit 1-3 jobs in one call; the model decides them in order first (a cost
-        tag is resolved on the model's state just before its job), then the store."""
-        names = self.table.names
+    def submit_jobs(self, specs: list[tuple[str, str, int]]) -> None:
+        """Submit jobs (class, tenant, cost tag) in one call; the model decides them in
+        order first (a cost tag is resolved on the model's state just before its job),
+        then the store, and every decision must agree."""
         max_milli = to_milli(self.scenario.estimation.max_reservation_units)
         jobs: list[NewJob] = []
         wanted: list[Decision] = []
-        for index, tenant, tag in specs:
+        for cls, tenant, tag in specs:
+            mu = self.cost(tag, cls)
             job_id = f"j{self.next_id:03d}"
             self.next_id += 1
-            cls = names[index % len(names)]
-            mu = self.cost(tag, cls)
+            queue = self.queues[cls]
             want = decide(
                 self.table,
                 self.pool,
@@ -293,13 +329,13 @@ class AdmissionVsPolicy(StoreMachine):
                 deadline_ms=None,
                 now_ms=0,
                 max_reservation_milli=max_milli,
+                held=queue.held,
             )
             if want.status == "accepted":
                 self.state.accept(cls, tenant, mu)
+                queue.note_admitted()
             elif want.status == "deferred":
                 self.state.defer(cls)
-                self.queues[cls].append(DeferredJob(tenant, mu))
-                self.queue_ids[cls].append(job_id)
             wanted.append(want)
             jobs.append(
                 NewJob(
@@ -332,42 +368,85 @@ class AdmissionVsPolicy(StoreMachine):
                 assert self.status(job.id) == "queued"
             elif want.status == "deferred":
                 assert self.status(job.id) == "deferred"
+                # the model takes the deferred job with the order the store gave it
+                index = self.keys.class_key(LANE, job.service_class, "deferred")
+                seq = int(cast("float", self.client.zscore(index, job.id)))
+                self.queues[job.service_class].push(job.tenant, job.id, seq, job.declared_mu)
             else:
                 assert reply.earlier_rejections == self.rejections[job.tenant], job.id
                 self.rejections[job.tenant] += 1
                 assert self.status(job.id) is None  # nothing written
         self.lease_all()
 
+    @precondition(lambda self: self.ready)
+    @rule(specs=submissions)
+    def submit(self, specs: list[tuple[int, str, int]]) -> None:
+        """Submit 1-3 jobs of random classes, tenants and costs in one call."""
+        names = self.table.names
+        self.submit_jobs([(names[i % len(names)], tenant, tag) for i, tenant, tag in specs])
+
+    @precondition(lambda self: self.ready)
+    @rule(spec=floods)
+    def flood(self, spec: tuple[int, str, int]) -> None:
+        """One tenant submits 4-12 jobs of 0.2-0.6 units to one class in one call."""
+        index, tenant, n = spec
+        cls = self.table.names[index % len(self.table.names)]
+        self.submit_jobs([(cls, tenant, 200 + 100 * (i % 5)) for i in range(n)])
+
+    @precondition(lambda self: self.ready)
+    @rule(spec=floods, other=st.sampled_from(TENANTS))
+    def wide_behind(self, spec: tuple[int, str, int], other: str) -> None:
+        """A wide job of one tenant, then another's burst of small jobs, in one class:
+        the wide one is deferred and pinned, the small ones overtake it."""
+        index, tenant, n = spec
+        cls = self.table.names[index % len(self.table.names)]
+        smalls = [(cls, other, 100 + 50 * (i % 3)) for i in range(n)]
+        self.submit_jobs([(cls, tenant, WIDE), *smalls])
+
+    def judge(self, name: str) -> Callable[[str, str, int], Verdict]:
+        """The model's verdict on a deferred head of class ``name``: rules 3-5 on the
+        pool's state (admitted: reserved at once), else whether an empty pool fits it."""
+
+        def verdict(job_id: str, tenant: str, mu: int) -> Verdict:
+            kw = {"service_class": name, "tenant": tenant, "milli_units": mu, "fresh": True}
+            if fits(self.table, self.pool, self.state, **kw) is None:  # type: ignore[arg-type]
+                self.state.undefer(name)
+                self.state.accept(name, tenant, mu)
+                return "admit"
+            if fits(self.table, self.pool, PoolState(), **kw) is None:  # type: ignore[arg-type]
+                return "wait"
+            return "never"
+
+        return verdict
+
     @precondition(lambda self: self.ready and self.running)
     @rule(picks=st.lists(st.integers(0, 1 << 16), min_size=1, max_size=3))
     def finish(self, picks: list[int]) -> None:
         """Ack 1-3 running jobs ``ok`` in one exchange: their reservations are released,
-        then the deferred queues drain once."""
+        then every class's deferred queue makes one readmission pass."""
         ids = sorted(self.running)
         chosen = list(dict.fromkeys(ids[pick % len(ids)] for pick in picks))
         outcomes = [Outcome(job_id, self.running.pop(job_id), "ok") for job_id in chosen]
-        before = {name: self.deferred_ids(name) for name in self.table.names}
+        before = {name: set(self.deferred_ids(name)) for name in self.table.names}
         got = self.run(self.store.exchange(WORKER, [LANE], 0, LONG, outcomes, slots=WORKER_SLOTS))
         assert got.ack_codes == [1] * len(outcomes) and got.jobs == []
-        # what the store admitted from its deferred queues: a prefix of each, now queued
-        store_admitted: list[str] = []
-        for name in self.table.names:
-            after = self.deferred_ids(name)
-            taken = len(before[name]) - len(after)
-            assert before[name][taken:] == after, f"{name}: a deferred job was overtaken"
-            for admitted_id in before[name][:taken]:
-                assert self.status(admitted_id) == "queued", admitted_id
-            store_admitted.extend(before[name][:taken])
-        # the model: release every finished job, then drain once
+        # the model: release every finished job, then one pass per class in table order
         for job_id in chosen:
             job = self.jobs.pop(job_id)
             self.state.release(job.service_class, job.tenant, job.milli_units)
-        model_admitted: list[str] = []
-        for name, head in drain(self.table, self.pool, self.state, self.queues):
-            admitted_id = self.queue_ids[name].popleft()
-            self.jobs[admitted_id] = Admitted(name, head.tenant, head.milli_units)
-            model_admitted.append(admitted_id)
-        assert store_admitted == model_admitted
+        for name in self.table.names:
+            queue = self.queues[name]
+            taken = queue.readmit(self.judge(name), self.weight)
+            assert len(taken) <= PASS_BUDGET
+            model = {r.job_id for r in taken if r.admitted}
+            assert len(model) == len(taken)  # nothing here is cancelled or expires
+            for r in taken:
+                self.jobs[r.job_id] = Admitted(name, r.tenant, r.milli_units)
+            # what the store admitted from the class's deferred queue, now queued
+            store = before[name] - set(self.deferred_ids(name))
+            assert store == model, name
+            for admitted_id in store:
+                assert self.status(admitted_id) == "queued", admitted_id
         self.lease_all()
 
     # -- checks -------------------------------------------------------------------------
@@ -394,12 +473,40 @@ class AdmissionVsPolicy(StoreMachine):
         units = {_s(k): int(v) for k, v in self.client.hgetall(units_key).items()}
         model_units = {f"{c}|{t}": n for (c, t), n in self.state.tenant_reserved.items()}
         assert _nonzero(units) == _nonzero(model_units)
-        for name in self.table.names:
-            assert self.deferred_ids(name) == list(self.queue_ids[name]), name
         # the model's own queues and counts agree
         assert {n: len(q) for n, q in self.queues.items()} == {
             n: self.state.deferred.get(n, 0) for n in self.queues
         }
+
+    @invariant()
+    def deferral_agrees(self) -> None:
+        """Every class's deferred queue, group by group, with its tags, V and pin, equals
+        the model's to the bit; an empty group, a finish tag at or below V, or (with
+        nothing deferred and no finish tag) V and the pin leave no key or field."""
+        if not self.ready:
+            return
+        ao = {_s(k): int(v) for k, v in self.client.hgetall(self.keys.lane(LANE).state).items()
+              if _s(k).startswith("ao:")}  # fmt: skip
+        for name in self.table.names:
+            queue = self.queues[name]
+            queue.check_invariants()
+            key = lambda what, n=name: self.keys.class_key(LANE, n, what)  # noqa: E731
+            assert self.deferred_ids(name) == queue.order(), name
+            assert dict(self.zset(key("dfair"))) == queue.tags, name
+            assert dict(self.zset(key("didle"))) == queue.finish, name
+            groups = {
+                _s(k)[len(key("dq:")) :]: [m for m, _ in self.zset(_s(k))]
+                for k in self.client.scan_iter(match=key("dq:*"), count=500)
+            }
+            assert groups == {t: [j for _, j in g] for t, g in queue.groups.items()}, name
+            dvt = {_s(k): _s(v) for k, v in self.client.hgetall(key("dvt")).items()}
+            if not queue.jobs and not queue.finish:
+                assert dvt == {} and f"ao:{name}" not in ao, name
+                continue
+            assert float(dvt.get("V", 0)) == queue.v, name
+            assert dvt.get("pin") == queue.pin, name
+            assert ao.get(f"ao:{name}") == (None if queue.pin is None else queue.overtakes)
+            assert queue.overtakes <= OVERTAKE_LIMIT
 
     @invariant()
     def bounds_hold(self) -> None:
@@ -413,6 +520,12 @@ class AdmissionVsPolicy(StoreMachine):
             assert state.deferred.get(name, 0) <= spec.deferred_limit
         for (name, _), n in state.tenant_admitted.items():
             assert n <= pool.admission(name).tenant_limit
+
+
+def test_lua_constants_are_the_policys() -> None:
+    """The store's overtake bound and pass budget are the policy's."""
+    table = f"local deferral = {{OVERTAKES = {OVERTAKE_LIMIT}, PASS_BUDGET = {PASS_BUDGET}}}\n"
+    assert table in LIBRARY_CODE
 
 
 @pytest.mark.contract
@@ -429,3 +542,50 @@ def test_admission_agrees_with_policy(redis_url: str) -> None:
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+def test_wide_head_is_held_for_and_admitted(redis_url: str) -> None:
+    """One run of the machine, step by step: a flood of one tenant (weight 3) and a
+    wide job of another behind it, then small jobs of a third; finishing jobs two at a
+    time, the store and the model agree at every step, the small ones overtake the wide
+    one, the class is held after ``OVERTAKE_LIMIT`` overtakes, and the wide one gets
+    the whole pool once it frees."""
+    machine = type("AdmissionVsPolicyOn", (AdmissionVsPolicy,), {"redis_url": redis_url})()
+    try:
+        machine.declare(DEEP, {"t1": 3.0})
+        checks = (machine.counters_agree, machine.deferral_agrees, machine.bounds_hold)
+        machine.flood((0, "t1", 12))
+        machine.wide_behind((0, "t2", 12), "t3")
+        machine.flood((0, "t4", 8))
+        queue = machine.queues["std"]
+        (wide,) = [j for j, e in queue.jobs.items() if e.milli_units == 4000]
+        held_seen, pinned_seen, steps = False, False, 0
+        while machine.running:
+            was_held = queue.held and queue.pin == wide
+            before = set(machine.jobs)
+            machine.finish([0, 1])
+            for check in checks:
+                check()
+            new = set(machine.jobs) - before
+            if was_held:
+                # held for the wide job: nothing else of the class got in before it
+                assert not new or wide in new, new
+            if queue.held and queue.pin == wide and not held_seen:
+                # a fresh job that would fit is refused the held room: deferred
+                machine.submit_jobs([("std", "t4", 100)])
+                assert machine.status(f"j{machine.next_id - 1:03d}") == "deferred"
+                for check in checks:
+                    check()
+            held_seen |= queue.held and queue.pin == wide
+            pinned_seen |= queue.pin == wide
+            steps += 1
+            if wide in machine.jobs:
+                break
+            assert steps < 200
+        assert pinned_seen and held_seen
+        # the wide job was admitted, alone on the whole pool
+        assert machine.state.reserved == {"std": 4000}
+        assert set(machine.jobs) == {wide}
+        assert queue.pin != wide
+    finally:
+        machine.teardown()

@@ -1,7 +1,8 @@
 """Admission: what a job is expected to cost, and whether a pool takes it now.
 
 This package owns the reference rules of the admission gate; the Lua store carries out
-the same rules (``lua/admission.lua``, ``admit_deferred`` in ``lua/records.lua``).
+the same rules (``lua/admission.lua``, ``admit_deferred`` and ``readmit_class`` in
+``lua/records.lua``).
 Their shared contract is ``docs/contracts/admission.md`` (the decision's rules 1-5 are
 cited by number here and in the scripts); ``tests/store/test_admission_vs_policy.py``
 and ``tests/store/test_costs_lua.py`` hold the two to it. It is pure: no I/O, no clock
@@ -13,7 +14,10 @@ By concern:
 * ``cost``: estimates and work units, the learned cost, the reservation and its bound,
   the charge in cost mode;
 * ``gate``: the pool, its state, the decision on one submission (rules 1-5) and the
-  drain of the deferred queues;
+  FIFO drain of deferred queues (the baseline);
+* ``deferral``: fair deferral, the order a class's deferred jobs are admitted again
+  (per-tenant groups FIFO, tenants by weighted start-time fair tags, no head-of-line
+  blocking across tenants, the pinned head's overtake bound, a bounded pass);
 * ``rejections``: the Retry-After a rejected client is told.
 
 Every name is importable from ``fairlane.policy.admission`` itself.
@@ -34,6 +38,14 @@ from fairlane.policy.admission.cost import (
     reservation_units,
     too_wide,
     work_units,
+)
+from fairlane.policy.admission.deferral import (
+    OVERTAKE_LIMIT,
+    PASS_BUDGET,
+    DeferredQueue,
+    Readmission,
+    Verdict,
+    charge_units,
 )
 from fairlane.policy.admission.gate import (
     AdmissionClass,
@@ -57,20 +69,26 @@ __all__ = [
     "MAX_TOOL_CALLS",
     "MAX_TOOL_SECONDS",
     "MIN_CHARGE_MILLI",
+    "OVERTAKE_LIMIT",
+    "PASS_BUDGET",
     "AdmissionClass",
     "Coefficients",
     "Decision",
     "DeferredJob",
+    "DeferredQueue",
     "Estimate",
     "EstimationSettings",
     "FullReason",
     "LearnedCost",
     "PoolConfig",
     "PoolState",
+    "Readmission",
     "Reason",
     "RetryAfterPolicy",
+    "Verdict",
     "WhenFull",
     "charge_milli",
+    "charge_units",
     "decide",
     "drain",
     "fits",

@@ -5,9 +5,9 @@ contract (``docs/contracts/admission.md``): a pool's
 capacity and classes' bounds in units (:class:`PoolConfig`, :class:`AdmissionClass`),
 the class table in milli-units (:func:`unit_table`), what the store keeps per lane
 (:class:`PoolState`), the decision on one submission (:func:`fits`, :func:`decide`) and
-the drain of the deferred queues after a release (:func:`drain`). The store's twins
-are ``room_for`` and ``admit_new`` in ``lua/admission.lua`` and ``admit_deferred`` in
-``lua/records.lua``.
+the FIFO drain of deferred queues (:func:`drain`, the baseline; the store readmits by
+fair deferral, ``deferral``). The store's twins are ``room_for`` and ``admit_new`` in
+``lua/admission.lua``.
 """
 
 from __future__ import annotations
@@ -219,8 +219,11 @@ def fits(
     tenant: str,
     milli_units: int,
     fresh: bool,
+    held: bool = False,
 ) -> FullReason | None:
-    """Rules 3-5: None if the request may be admitted now, else why not."""
+    """Rules 3-5: None if the request may be admitted now, else why not. ``held``: the
+    class's pinned deferred head has used up its overtakes (``deferral``), so only the
+    deferred queue's own pass may take its room (``class_full`` for anything else)."""
     mu = check_count("milli_units", milli_units)
     spec = pool.admission(service_class)
     key = (service_class, tenant)
@@ -234,6 +237,8 @@ def fits(
         queue_milli is not None and state.reserved.get(service_class, 0) + mu > queue_milli
     ):
         return "class_queue_full"
+    if held:
+        return "class_full"
     capacity = pool.capacity_milli
     units = unit_table(table, pool)
     # The class rules need a width >= 1; a free job is judged as the narrowest one.
@@ -263,8 +268,10 @@ def decide(
     deadline_ms: int | None,
     now_ms: int,
     max_reservation_milli: int,
+    held: bool = False,
 ) -> Decision:
-    """The gate's answer to one submission (rules 1-5 of the admission contract); pure."""
+    """The gate's answer to one submission (rules 1-5 of the admission contract); pure.
+    ``held`` as for :func:`fits`."""
     if service_class not in table:
         raise ValueError(f"unknown service class: {service_class!r}")
     if check_count("milli_units", milli_units) > max_reservation_milli:
@@ -279,6 +286,7 @@ def decide(
         tenant=tenant,
         milli_units=milli_units,
         fresh=fresh,
+        held=held,
     )
     if reason is None:
         return Decision("accepted")
@@ -307,7 +315,9 @@ def drain(
 ) -> list[tuple[str, DeferredJob]]:
     """After a release: admit deferred heads, classes in table order, each FIFO until
     its head does not fit (rules 3-5). Mutates ``state`` and ``queues``; returns the
-    admitted jobs with their class, in admission order."""
+    admitted jobs with their class, in admission order. The FIFO reference the store
+    followed before fair deferral (``deferral.DeferredQueue``), kept as the baseline
+    the simulator and the policy's tests compare it with."""
     admitted: list[tuple[str, DeferredJob]] = []
     for name in table.names:
         queue = queues.get(name)

@@ -12,13 +12,23 @@
 --   state `ad:<c>`     deferred jobs of class c
 --   lane:<l>:adm:t     hash '<c>|<tenant>' -> admitted, unfinished jobs of the tenant
 --   lane:<l>:adm:tu    hash '<c>|<tenant>' -> milli-units those jobs reserved
---   lane:<l>:c:<c>:deferred  zset: deferred job ids by FIFO order
+--   state `ao:<c>`     overtakes of class c's pinned deferred head (absent: no pin)
+--   lane:<l>:c:<c>:deferred  zset: every deferred job id by seq (the class's index)
+--   lane:<l>:c:<c>:dq:<t>    zset: tenant t's deferred job ids by seq (its group)
+--   lane:<l>:c:<c>:dfair     zset: tenant with deferred jobs -> start tag
+--   lane:<l>:c:<c>:didle     zset: tenant -> finish tag, only tags above V
+--   lane:<l>:c:<c>:dvt       hash: V, the pinned head `pin` and its tenant `pt`
 --   lane:<l>:adm:rej   hash tenant -> '<count>|<window start ms>': recent rejections
 --   cost:<key>         hash mean, n: a learned cost per (tenant, workflow, model)
 
 local REJECT_WINDOW_MS = 60000
 local COST_RISE = 0.5
 local MIN_CHARGE_MU = __MIN_CHARGE_MILLI__
+-- fairlane/policy/admission/deferral.py: OVERTAKE_LIMIT and PASS_BUDGET (the agreement
+-- test checks that these are the policy's)
+-- fair deferral's helpers and constants live in one table: the library's main chunk is
+-- near Lua's limit of 200 locals
+local deferral = {OVERTAKES = 8, PASS_BUDGET = 32}
 -- defined in records.lua: admitting a deferred job may expire it instead
 local admit_deferred
 
@@ -131,8 +141,11 @@ local function learn_costs(p, cost_key, samples, window)
   return mean
 end
 
--- Rules 3-5 of the admission contract for one request; returns 'accepted', or the reason it is full.
-local function room_for(p, lane, cfg, cls, tenant, mu, fresh)
+-- Rules 3-5 of the admission contract for one request; returns 'accepted', or the reason
+-- it is full, and the overtakes of the class's pinned deferred head (nil: none). A class
+-- whose pinned head has been overtaken deferral.OVERTAKES times is held: it has no room for
+-- anything but its deferred queue's pass (`readmitting`).
+local function room_for(p, lane, cfg, cls, tenant, mu, fresh, readmitting)
   local bounds = cfg.classes[cls]
   local sk = lane_key(p, lane, 'state')
   local nt = tonumber(redis.call('HGET', tenant_count_key(p, lane), cls .. '|' .. tenant)) or 0
@@ -146,14 +159,15 @@ local function room_for(p, lane, cfg, cls, tenant, mu, fresh)
     end
   end
   local tbl = cfg.utable
-  local fields = {'an:' .. cls}
+  local fields = {'an:' .. cls, 'ao:' .. cls}
   for i, c in ipairs(tbl) do
-    fields[i + 1] = 'ar:' .. c[1]
+    fields[i + 2] = 'ar:' .. c[1]
   end
   local v = redis.call('HMGET', sk, unpack(fields))
+  local ao = tonumber(v[2])
   local reserved, w, d, total, x = {}, {}, {}, 0, nil
   for i, c in ipairs(tbl) do
-    reserved[i] = math.max(0, tonumber(v[i + 1]) or 0)
+    reserved[i] = math.max(0, tonumber(v[i + 2]) or 0)
     total = total + reserved[i]
     d[i] = 0
     if c[1] == cls then
@@ -162,17 +176,20 @@ local function room_for(p, lane, cfg, cls, tenant, mu, fresh)
   end
   if bounds and ((tonumber(v[1]) or 0) >= bounds[1]
       or (bounds[2] >= 0 and reserved[x] + mu > bounds[2])) then
-    return 'class_queue_full'
+    return 'class_queue_full', ao
+  end
+  if ao and ao >= deferral.OVERTAKES and not readmitting then
+    return 'class_full', ao
   end
   -- the class rules take widths of at least one; the job still reserves its true mu
   w[x], d[x] = math.max(mu, 1), math.max(mu, 1)
   if choose_class(class_levels(tbl, cfg.C), reserved, w, d) ~= x then
-    return 'class_full'
+    return 'class_full', ao
   end
   if fresh and cfg.C - total - mu < cfg.R then
-    return 'class_full'
+    return 'class_full', ao
   end
-  return 'accepted'
+  return 'accepted', ao
 end
 
 local function reserve(p, lane, cls, tenant, id, mu)
@@ -207,10 +224,156 @@ local function release_reservation(p, id, lane, cls, tenant, mu, fx)
   fx.readmit[lane] = true
 end
 
-local function defer(p, lane, cls, id, seq)
+-- Fair deferral (fairlane/policy/admission/deferral.py; the contract's Fair deferral):
+-- a class's deferred jobs wait in per-tenant groups, FIFO by seq, and are admitted
+-- again by the start-time fair rule of the lane's fair queue, charged their reserved
+-- units. The class's index `deferred` (every deferred id by seq) is what cancel, the
+-- views and the counts read; a job cancelled out of it leaves its group when a pass
+-- reaches it.
+function deferral.group(p, lane, cls, tenant)
+  return class_key(p, lane, cls, 'dq:' .. tenant)
+end
+
+-- A job waits in its class's deferred queue; its tenant activates at max(V, F_t) when
+-- its group was empty. `tenant` is read from the record when the caller has not.
+local function defer(p, lane, cls, id, seq, tenant)
+  tenant = tenant or redis.call('HGET', job_key(p, id), 'tenant') or ''
   redis.call('ZADD', class_key(p, lane, cls, 'deferred'), seq, id)
+  local group = deferral.group(p, lane, cls, tenant)
+  redis.call('ZADD', group, seq, id)
+  if redis.call('ZCARD', group) == 1 then
+    local idle = class_key(p, lane, cls, 'didle')
+    local v = tonumber(redis.call('HGET', class_key(p, lane, cls, 'dvt'), 'V')) or 0
+    local finish = tonumber(redis.call('ZSCORE', idle, tenant))
+    if finish then
+      redis.call('ZREM', idle, tenant)
+    end
+    redis.call('ZADD', class_key(p, lane, cls, 'dfair'), math.max(v, finish or 0), tenant)
+  end
   redis.call('HINCRBY', lane_key(p, lane, 'state'), 'ad:' .. cls, 1)
   redis.call('HSET', job_key(p, id), 'st', 'deferred')
+end
+
+-- One readmission pass's view of a class's deferred queue: V, the pin, its overtakes,
+-- the tenants passed over in this pass and the weights read.
+function deferral.pass(p, lane, cls, weights_key, weights)
+  local d = redis.call('HMGET', class_key(p, lane, cls, 'dvt'), 'V', 'pin', 'pt')
+  local ov = redis.call('HGET', lane_key(p, lane, 'state'), 'ao:' .. cls)
+  return {p = p, lane = lane, cls = cls, v = tonumber(d[1]) or 0, pin = d[2], pt = d[3],
+    ov = tonumber(ov) or 0, passed = {}, npassed = 0, tried = 0,
+    fair = class_key(p, lane, cls, 'dfair'), wk = weights_key, weights = weights}
+end
+
+-- The next head to try, or nil when the pass is over: the pinned head alone when the
+-- class is held, else the head of the tenant with the least (tag, tenant) not passed
+-- over. Returns its id, tenant and whether it is the held pin.
+function deferral.next(ps)
+  if ps.tried >= deferral.PASS_BUDGET then
+    return nil
+  end
+  if ps.pin and ps.ov >= deferral.OVERTAKES then
+    ps.tried = ps.tried + 1
+    return ps.pin, ps.pt, true
+  end
+  -- the passed-over tenants are among the first npassed + 1, so one of these is not
+  local r = redis.call('ZRANGE', ps.fair, 0, ps.npassed)
+  for _, tenant in ipairs(r) do
+    if not ps.passed[tenant] then
+      ps.tried = ps.tried + 1
+      return redis.call('ZRANGE', deferral.group(ps.p, ps.lane, ps.cls, tenant), 0, 0)[1],
+        tenant, false
+    end
+  end
+  return nil
+end
+
+-- Whether a job of `mu` could fit class `cls` in an empty pool (rules 3-5 with nothing
+-- reserved): a head that never could is not pinned, so it cannot hold its class.
+function deferral.ever_fits(cfg, cls, mu, fresh)
+  local b = cfg.classes[cls]
+  if b and (b[1] < 1 or b[3] < 1 or (b[2] >= 0 and mu > b[2])
+      or ((b[6] or -1) >= 0 and mu > b[6])) then
+    return false
+  end
+  if fresh and cfg.C - mu < cfg.R then
+    return false
+  end
+  local tbl = cfg.utable
+  local reserved, w, d, x = {}, {}, {}, nil
+  for i, c in ipairs(tbl) do
+    reserved[i], d[i] = 0, 0
+    if c[1] == cls then
+      x = i
+    end
+  end
+  w[x], d[x] = math.max(mu, 1), math.max(mu, 1)
+  return choose_class(class_levels(tbl, cfg.C), reserved, w, d) == x
+end
+
+-- The head did not fit: its tenant is passed over for the rest of the pass (room only
+-- shrinks within it), and it is pinned if no head is and it could ever fit.
+function deferral.pass_over(ps, id, tenant, pinnable)
+  ps.passed[tenant] = true
+  ps.npassed = ps.npassed + 1
+  if not ps.pin and pinnable then
+    ps.pin, ps.pt, ps.ov = id, tenant, 0
+  end
+end
+
+-- A head leaves its class's deferred queue, admitted (its tenant charged its units over
+-- its weight, V moved up to its tag) or dropped (uncharged).
+function deferral.take(ps, id, tenant, mu, admitted)
+  local p, lane, cls = ps.p, ps.lane, ps.cls
+  local group = deferral.group(p, lane, cls, tenant)
+  redis.call('ZREM', group, id)
+  if redis.call('ZREM', class_key(p, lane, cls, 'deferred'), id) == 1 then
+    redis.call('HINCRBY', lane_key(p, lane, 'state'), 'ad:' .. cls, -1)
+  end
+  local tag = tonumber(redis.call('ZSCORE', ps.fair, tenant)) or ps.v
+  if admitted then
+    local wt = ps.weights[tenant]
+    if not wt then
+      wt = tonumber(redis.call('HGET', ps.wk, tenant)) or 1
+      ps.weights[tenant] = wt
+    end
+    ps.v = math.max(ps.v, tag)
+    tag = tag + math.max(mu, MIN_CHARGE_MU) / 1000 / wt
+    if ps.pin and ps.pin ~= id then
+      ps.ov = ps.ov + 1
+    end
+  end
+  if ps.pin == id then
+    ps.pin, ps.pt, ps.ov = nil, nil, 0
+  end
+  if redis.call('ZCARD', group) == 0 then
+    redis.call('ZREM', ps.fair, tenant)
+    if tag > ps.v then
+      redis.call('ZADD', class_key(p, lane, cls, 'didle'), tag, tenant)
+    end
+  elseif admitted then
+    redis.call('ZADD', ps.fair, tag, tenant)
+  end
+end
+
+-- The pass ends: finish tags at or below V are deleted; with no group and no finish tag
+-- left, V and the pin go too. Otherwise V, the pin and its overtakes are written back.
+function deferral.end_pass(ps)
+  local p, lane, cls = ps.p, ps.lane, ps.cls
+  local idle = class_key(p, lane, cls, 'didle')
+  local dvt = class_key(p, lane, cls, 'dvt')
+  local sk = lane_key(p, lane, 'state')
+  redis.call('ZREMRANGEBYSCORE', idle, '-inf', ps.v)
+  if redis.call('EXISTS', ps.fair, idle) == 0 then
+    redis.call('DEL', dvt)
+    redis.call('HDEL', sk, 'ao:' .. cls)
+  elseif ps.pin then
+    redis.call('HSET', dvt, 'V', ps.v, 'pin', ps.pin, 'pt', ps.pt)
+    redis.call('HSET', sk, 'ao:' .. cls, ps.ov)
+  else
+    redis.call('HSET', dvt, 'V', ps.v)
+    redis.call('HDEL', dvt, 'pin', 'pt')
+    redis.call('HDEL', sk, 'ao:' .. cls)
+  end
 end
 
 local function may_defer(p, lane, cfg, cls)
@@ -244,8 +407,12 @@ local function admit_new(p, lane, cfg, cls, tenant, base_mu)
   if mu > cfg.max then
     return 'rejected', 'too_wide', mu
   end
-  local why = room_for(p, lane, cfg, cls, tenant, mu, true)
+  local why, ao = room_for(p, lane, cfg, cls, tenant, mu, true)
   if why == 'accepted' then
+    if ao then
+      -- admitted while the class's pinned deferred head waits: one overtake of it
+      redis.call('HINCRBY', lane_key(p, lane, 'state'), 'ao:' .. cls, 1)
+    end
     return 'accepted', nil, mu
   end
   if may_defer(p, lane, cfg, cls) then
