@@ -11,8 +11,8 @@ from fairlane.store.api import redact_url
 
 #: scenarios every system runs, in this order within a repetition
 SHARED = ("throughput", "latency", "noisy")
-#: scenarios only Fairlane has (tenants, admission)
-FAIRLANE_ONLY = ("tenants", "submit", "overload")
+#: scenarios only Fairlane has (tenants, admission, throttle keys)
+FAIRLANE_ONLY = ("tenants", "submit", "overload", "shared_key")
 SCENARIOS = SHARED + FAIRLANE_ONLY
 
 #: ``--quick``: small sizes and one repetition, a smoke test in seconds
@@ -31,6 +31,10 @@ QUICK: dict[str, Any] = {
     "submit_processes": 2,
     "submit_seconds": 1.0,
     "overload_seconds": 1.5,
+    "shared_flood": 100,
+    "shared_quiet": 8,
+    "shared_job_ms": 50.0,
+    "shared_gap_ms": 100.0,
 }
 
 
@@ -65,6 +69,12 @@ class Config:
     # (5) Fairlane alone: overload with and without admission
     overload_slots: int = 16
     overload_seconds: float = 8.0
+    # (6) Fairlane alone: quiet tenants behind a flood on a shared throttle key
+    shared_limit: int = 4
+    shared_flood: int = 400
+    shared_quiet: int = 40
+    shared_job_ms: float = 100.0
+    shared_gap_ms: float = 200.0
     timeout: float = 900.0  # longest wait for one scenario run
     seed: int | None = None  # of the shuffles (None: random)
     peers_dir: str | None = None

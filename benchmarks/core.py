@@ -127,6 +127,36 @@ def fairlane_metrics(cfg: Config) -> tuple[Metric, ...]:
                 (variant, "classes", "standard", "rejected"),
             ),
         ]
+    for mode, title in (
+        ("fair", "fair waiters"),
+        ("fifo", "FIFO waiters (one tenant)"),
+        ("no_key", "no key, lane of L slots"),
+    ):
+        rows.append(
+            (
+                "shared_key",
+                f"Shared key, {title}: quiet p99",
+                "ms",
+                "lower",
+                (mode, "quiet_start_delay_ms", "p99"),
+            )
+        )
+    rows += [
+        (
+            "shared_key",
+            "Shared key: FIFO p99 / fair p99 (target >= 10)",
+            "x",
+            "higher",
+            ("ratios", "fifo_over_fair_p99"),
+        ),
+        (
+            "shared_key",
+            "Shared key: fair p99 / 3 hand-offs (target <= 1)",
+            "x",
+            "lower",
+            ("ratios", "fair_p99_over_three_hand_offs"),
+        ),
+    ]
     return tuple(rows)
 
 

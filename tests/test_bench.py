@@ -125,6 +125,16 @@ def test_quick_fairlane_only_run(redis_url: str, tmp_path: Path) -> None:
     # without it every job is taken and the backlog grows
     assert over["one_class"]["classes"]["standard"]["rejected"] == 0
     assert over["one_class"]["max_queued"] > over["admission"]["max_queued"]
+    # the shared key: the three runs and their ratios are there (the targets are timings,
+    # printed by the benchmark, not asserted); each quiet job waited for its own hand-off
+    shared = fl["shared_key"]
+    for mode in ("fair", "fifo", "no_key"):
+        assert _positive(shared[mode]["quiet_start_delay_ms"]["p99"]), mode
+        assert shared[mode]["quiet_hand_offs"]["p50"] >= 1, mode
+    assert shared["fair"]["slots"] > shared["fair"]["limit"] == shared["no_key"]["slots"]
+    assert set(shared["ratios"]) == {
+        "fifo_over_fair_p99", "fair_p99_over_three_hand_offs", "fair_over_no_key_p99",
+    }  # fmt: skip
     metrics = {row["metric"] for row in result["summary"]}
     assert "Throughput, 1 worker" in metrics and "Overload, admission on: max queued" in metrics
     assert all(row["values"]["fairlane"] is not None for row in result["summary"])

@@ -9,8 +9,10 @@ the flood and the quiet jobs are two tenants (charged by learned cost, the defau
 
 Scenarios only Fairlane has: ``tenants`` (throughput against the number of active
 tenants, ``benchmarks/tenants.py``), ``submit`` (admission decisions from concurrent
-submitter processes, ``benchmarks/submit.py``) and ``overload`` (a 16-slot lane offered
-more than it serves, with and without admission, ``benchmarks/overload.py``).
+submitter processes, ``benchmarks/submit.py``), ``overload`` (a 16-slot lane offered
+more than it serves, with and without admission, ``benchmarks/overload.py``) and
+``shared_key`` (quiet tenants behind a flood on one throttle key, fair waiters against
+FIFO waiters and the lane without the key, ``benchmarks/shared_key.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 
 from _driver import Adapter, Params, dist_versions, main
 from benchmarks import overload as overload_bench
+from benchmarks import shared_key as shared_key_bench
 from benchmarks.fairlane_worker import make_app
 from benchmarks.submit import bench_submit
 from benchmarks.tenants import drain_rate
@@ -103,6 +106,15 @@ async def overload(a: Adapter, p: Params) -> dict[str, Any]:
     )
 
 
+async def shared_key(a: Adapter, p: Params) -> dict[str, Any]:
+    """Quiet tenants behind a flood on a shared key of limit L (``shared_key.py``)."""
+    return await shared_key_bench.run_all(
+        a.url, a.ns, limit=int(p["shared_limit"]), flood=int(p["shared_flood"]),
+        quiet=int(p["shared_quiet"]), job_ms=float(p["shared_job_ms"]),
+        gap_ms=float(p["shared_gap_ms"]),
+    )  # fmt: skip
+
+
 class _Plain(Fairlane):
     """For the Fairlane-only scenarios: nothing to open, they make their own apps."""
 
@@ -121,7 +133,7 @@ def _make(params: Params) -> Adapter:
     return _Plain(params) if scenario in EXTRA else Fairlane(params)
 
 
-EXTRA = {"tenants": tenants, "submit": submit, "overload": overload}
+EXTRA = {"tenants": tenants, "submit": submit, "overload": overload, "shared_key": shared_key}
 
 if __name__ == "__main__":
     main(_make, EXTRA)

@@ -184,7 +184,7 @@ def render(result: dict[str, Any], console: Console | None = None) -> None:
 # -- the command --------------------------------------------------------------
 
 _PEERS = ("arq", "saq", "streaq", "taskiq")
-_PHASES = ("throughput", "latency", "noisy", "tenants", "submit", "overload")
+_PHASES = ("throughput", "latency", "noisy", "tenants", "submit", "overload", "shared_key")
 
 
 def bench(
