@@ -23,7 +23,7 @@ from fairlane.app.tenants import Tenants
 from fairlane.app.worker import Worker
 from fairlane.app.workflows import SignalResult, send_signal
 from fairlane.config.lanes import LaneClasses
-from fairlane.config.pools import FairlaneConfig
+from fairlane.config.pools import FairlaneConfig, check_pools_used
 from fairlane.config.settings import DurabilitySettings, Settings, load_settings
 from fairlane.metrics.config import MetricsConfig
 from fairlane.payloads import PayloadStore
@@ -154,6 +154,8 @@ class App(Declaring):
         if self._sharded.connected:
             return
         self.check_lanes()
+        # a pool that names no lane of the app would bound nothing, without a word
+        check_pools_used(self.registry.config, self.registry.lanes_used())
         url = await asyncio.to_thread(self.resolve_url)
         timeouts = self.settings.connection
         payloads = self.payloads

@@ -32,13 +32,13 @@ TOML layout (classes in declared order, the rank tie-break)::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fairlane.config.classes import read_pool
-from fairlane.config.files import TableReader, join_key, read_toml
+from fairlane.config.files import ConfigError, TableReader, join_key, read_toml
 from fairlane.config.lanes import check_lane
 from fairlane.policy.admission import (
     Coefficients,
@@ -54,8 +54,11 @@ __all__ = [
     "FairlaneConfig",
     "Pool",
     "RetrySettings",
+    "check_pools_used",
     "load_config",
     "parse_config",
+    "unused_pools",
+    "unused_pools_message",
 ]
 
 _TOP_KEYS = ("pools", "retry", "estimation")
@@ -132,6 +135,37 @@ class FairlaneConfig:
     def lane_tables(self) -> dict[str, ClassTable]:
         """The slot class table of each pool's lane (to declare the lanes with)."""
         return {name: pool.table for name, pool in self.pools.items()}
+
+
+# -- pools against the lanes an app uses ---------------------------------------------------
+
+
+def unused_pools(config: FairlaneConfig, lanes_used: Iterable[str]) -> list[str]:
+    """The pools, sorted, whose lane none of ``lanes_used`` is: their admission gate
+    would bound nothing, and the lanes the app does use would stay under the default
+    queue bounds only."""
+    used = set(lanes_used)
+    return sorted(name for name in config.pools if name not in used)
+
+
+def check_pools_used(config: FairlaneConfig, lanes_used: Iterable[str]) -> None:
+    """Raise ``ConfigError`` if a pool names no lane in ``lanes_used`` (the lanes of the
+    app's tasks and its default lane), naming the pools and the lanes the app uses."""
+    used = sorted(set(lanes_used))
+    unused = unused_pools(config, used)
+    if unused:
+        raise ConfigError(unused_pools_message(unused, used))
+
+
+def unused_pools_message(unused: Iterable[str], lanes_used: Iterable[str]) -> str:
+    pools = ", ".join(repr(name) for name in unused)
+    lanes = ", ".join(repr(name) for name in sorted(set(lanes_used)))
+    return (
+        f"pool(s) {pools} name no lane the app uses, so their admission would bound "
+        f"nothing; the app's tasks and default lane use lane(s) {lanes}: a pool is "
+        "named by its lane ([pools.<lane>]), so rename the pool or put its tasks on "
+        "its lane"
+    )
 
 
 # -- reading ---------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The sections of Fairlane's settings: leases, workers and their backpressure, the
-server connection, acknowledged writes, large payloads and the dev server.
+server connection, acknowledged writes, large payloads, the dev server, and the bounds
+on queued jobs.
 
 This module owns each section's fields, their defaults, bounds and descriptions (which
 ``fairlane config view`` shows), and the checks that tie a section's fields together
@@ -18,6 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import NoDecode
 
 from fairlane.config.units import parse_size
+from fairlane.policy.admission.bounds import (
+    DEFAULT_LANE_MAX_QUEUED,
+    DEFAULT_TENANT_MAX_QUEUED,
+    QueueBounds,
+)
 
 __all__ = [
     "ConnectionSettings",
@@ -25,6 +31,7 @@ __all__ = [
     "LeaseSettings",
     "PayloadSettings",
     "PressureSettings",
+    "QueueSettings",
     "ServerSettings",
     "WorkerSettings",
 ]
@@ -197,6 +204,36 @@ class PayloadSettings(BaseModel):
     to this plus a sweep interval."""
     sweep_batch: int = Field(default=500, ge=1)
     """Payload index entries checked per sweep pass."""
+
+
+class QueueSettings(BaseModel):
+    """Bounds on the jobs waiting in a lane without an admission pool, the default lane
+    included (a lane with a pool keeps its pool's bounds; ``fairlane.policy.admission
+    .bounds`` says what counts). A submission past one is refused with
+    ``Rejected("tenant_queue_full" | "lane_queue_full", retry_after)``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    tenant_max_queued: int | None = Field(default=DEFAULT_TENANT_MAX_QUEUED, ge=1)
+    """Most jobs a tenant may have ready in one class queue of a lane; None (or "none")
+    lifts the bound."""
+    lane_max_queued: int | None = Field(default=DEFAULT_LANE_MAX_QUEUED, ge=1)
+    """Most jobs ready in a lane (slots, a job of slots=N counting N), and ready plus
+    scheduled for a new scheduled job; split over the scheduling shards; None (or
+    "none") lifts the bound."""
+
+    @field_validator("tenant_max_queued", "lane_max_queued", mode="before")
+    @classmethod
+    def _none_spelt(cls, value: object) -> object:
+        """TOML has no null and the environment only strings: "none" lifts a bound."""
+        if isinstance(value, str) and value.strip().lower() in ("none", "null", "unbounded"):
+            return None
+        return value
+
+    @property
+    def bounds(self) -> QueueBounds:
+        """The bounds as the policy states them."""
+        return QueueBounds(self.tenant_max_queued, self.lane_max_queued)
 
 
 class ServerSettings(BaseModel):

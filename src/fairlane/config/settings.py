@@ -33,6 +33,7 @@ from fairlane.config.sections import (
     LeaseSettings,
     PayloadSettings,
     PressureSettings,
+    QueueSettings,
     ServerSettings,
     WorkerSettings,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "LeaseSettings",
     "PayloadSettings",
     "PressureSettings",
+    "QueueSettings",
     "ServerSettings",
     "SettingOrigin",
     "Settings",
@@ -100,6 +102,8 @@ class Settings(BaseSettings):
     """Server timeouts."""
     durability: DurabilitySettings = Field(default_factory=DurabilitySettings)
     """Acknowledged enqueues."""
+    queues: QueueSettings = Field(default_factory=QueueSettings)
+    """Bounds on queued jobs in lanes without an admission pool."""
 
     @field_validator("lanes_file")
     @classmethod

@@ -132,6 +132,11 @@ class Registry:
         used.add(self.settings.default_lane)
         return sorted(used | {lane for lane, _ in self.lane_tables.items()})
 
+    def lanes_used(self) -> list[str]:
+        """The lanes jobs of this app can be in: its tasks' lanes and the default lane."""
+        used = {task.options.lane for task in self.tasks.values()}
+        return sorted(used | {self.settings.default_lane})
+
     def check_class(self, options: TaskOptions) -> None:
         try:
             self.lane_tables.check_class(options.lane, options.service_class)
@@ -236,8 +241,9 @@ class Registry:
                 await store.declare_task(task.name, keep.completed.encode(), keep.failed.encode())
 
     async def declare_lanes(self, stores: Sequence[Store]) -> None:
-        """Record each lane's class table, and its admission config, on the server,
-        where dispatch and admission read them."""
+        """Record each lane's class table, its admission config and its default queue
+        bounds on the server, where dispatch and admission read them."""
+        bounds = self.settings.queues.bounds.per_shard(self.shards)
         for lane in self.lanes_in_use():
             table = self.lane_classes(lane)
             pool = self.config.pools.get(lane)
@@ -246,3 +252,5 @@ class Registry:
                 await store.declare_admission(
                     lane, table, pool.admission if pool else None, self.config.estimation
                 )
+                # a lane with a pool is bounded by it; the others by the default bounds
+                await store.declare_bounds(lane, None if pool else bounds)

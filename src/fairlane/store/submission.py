@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import msgspec
 
-from fairlane.policy.admission import EstimationSettings, PoolConfig
+from fairlane.policy.admission import EstimationSettings, PoolConfig, QueueBounds
 from fairlane.policy.classes import ClassTable
 from fairlane.store.base import StoreBase
 from fairlane.store.library import FUNCTION_PREFIX, encode_admission, encode_classes
@@ -82,6 +82,17 @@ class Submission(StoreBase):
         if pool is not None:
             config, units = encode_admission(table, pool, estimation or EstimationSettings())
         await self.fcall("declare_admission", self._lane_keys([lane]), [lane, config, units])
+
+    async def declare_bounds(self, lane: str, bounds: QueueBounds | None) -> None:
+        """Record a lane's default queue bounds (``fairlane.policy.admission.bounds``, as
+        this shard applies them); None, or both lifted, records none (a lane with an
+        admission pool is bounded by its pool)."""
+        encoded = ""
+        if bounds is not None and not bounds.unbounded:
+            encoded = ",".join(
+                str(-1 if n is None else n) for n in (bounds.tenant_max, bounds.lane_max)
+            )
+        await self.fcall("declare_bounds", self._lane_keys([lane]), [lane, encoded])
 
     async def declare_task(self, task: str, keep_completed: str, keep_failed: str) -> None:
         await self.fcall("declare_task", self._common, [task, f"{keep_completed}|{keep_failed}"])

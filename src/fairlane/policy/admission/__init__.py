@@ -18,13 +18,26 @@ By concern:
 * ``deferral``: fair deferral, the order a class's deferred jobs are admitted again
   (per-tenant groups FIFO, tenants by weighted start-time fair tags, no head-of-line
   blocking across tenants, the pinned head's overtake bound, a bounded pass);
-* ``rejections``: the Retry-After a rejected client is told.
+* ``rejections``: the Retry-After a rejected client is told;
+* ``bounds``: the default bounds on queued jobs of a lane without a pool.
 
 Every name is importable from ``fairlane.policy.admission`` itself.
 """
 
 from __future__ import annotations
 
+from fairlane.policy.admission.bounds import (
+    DEFAULT_LANE_MAX_QUEUED,
+    DEFAULT_TENANT_MAX_QUEUED,
+    LANE_READ_EVERY,
+    QueueBounds,
+    QueueCounts,
+    QueuedJob,
+    QueueReason,
+    admit_batch,
+    queue_refusal,
+    reads_lane,
+)
 from fairlane.policy.admission.cost import (
     MAX_TOKENS,
     MAX_TOOL_CALLS,
@@ -65,6 +78,9 @@ from fairlane.policy.admission.rejections import RetryAfterPolicy, retry_after
 from fairlane.policy.admission.units import to_milli
 
 __all__ = [
+    "DEFAULT_LANE_MAX_QUEUED",
+    "DEFAULT_TENANT_MAX_QUEUED",
+    "LANE_READ_EVERY",
     "MAX_TOKENS",
     "MAX_TOOL_CALLS",
     "MAX_TOOL_SECONDS",
@@ -82,16 +98,23 @@ __all__ = [
     "LearnedCost",
     "PoolConfig",
     "PoolState",
+    "QueueBounds",
+    "QueueCounts",
+    "QueueReason",
+    "QueuedJob",
     "Readmission",
     "Reason",
     "RetryAfterPolicy",
     "Verdict",
     "WhenFull",
+    "admit_batch",
     "charge_milli",
     "charge_units",
     "decide",
     "drain",
     "fits",
+    "queue_refusal",
+    "reads_lane",
     "reservation_units",
     "retry_after",
     "to_milli",

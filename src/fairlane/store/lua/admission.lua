@@ -43,15 +43,17 @@ local function admission_of(p, lane)
 end
 
 -- Everything a lane declares, in one read: its class table, whether tenants are
--- charged by cost, and its admission config (nil: none).
+-- charged by cost, its admission config (nil: none) and its default queue bounds with
+-- the call's counts (bounds.lua; nil: none).
 local function lane_declarations(p, lane)
-  local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'table', 'charge', 'adm', 'utable')
+  local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'table', 'charge', 'adm', 'utable',
+    'qb')
   local adm
   if v[3] then
     adm = cjson.decode(v[3])
     adm.utable = cjson.decode(v[4])
   end
-  return cjson.decode(v[1] or DEFAULT_CLASSES), v[2] == 'cost', adm
+  return cjson.decode(v[1] or DEFAULT_CLASSES), v[2] == 'cost', adm, queue_bounds.parse(v[5])
 end
 
 local function tenant_count_key(p, lane)

@@ -17,7 +17,7 @@ local function enqueue(keys, args)
   local lane = args[1]
   local jobs = cmsgpack.unpack(args[2])
   local out, tally = {}, new_effects()
-  local tbl, cost_mode, adm = lane_declarations(p, lane)
+  local tbl, cost_mode, adm, qb = lane_declarations(p, lane)
   local learned = {}
   local ready, submitted, pushes = false, {}, {active = {}, d = {}}
   -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
@@ -55,6 +55,10 @@ local function enqueue(keys, args)
       if adm and not (dl ~= '' and (dl <= now or dl < run_at)) then
         verdict, reason, mu = admit_new(p, lane, adm, cls, tenant, base_mu)
         count_decision(tally, lane, cls, verdict, reason)
+      elseif qb and not (dl ~= '' and (dl <= now or dl < run_at)) then
+        -- a lane without a pool: its default queue bounds (bounds.lua)
+        verdict, reason =
+          queue_bounds.room(p, lane, qb, tbl, cls, tenant, slots, run_at > now, pushes, seq, #jobs)
       end
       if dl ~= '' and (dl <= now or dl < run_at) then
         out[#out + 1], out[#out + 2], out[#out + 3] = id, -1, ''

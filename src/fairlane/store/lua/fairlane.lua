@@ -109,6 +109,7 @@ end
 
 -- @include fairqueue.lua
 -- @include fairkeys.lua
+-- @include bounds.lua
 -- @include admission.lua
 -- @include runs.lua
 -- @include records.lua
@@ -350,6 +351,7 @@ redis.register_function('__PREFIX__configure_tenant', configure_tenant)
 redis.register_function('__PREFIX__configure_limits', configure_limits)
 redis.register_function('__PREFIX__declare_lane', declare_lane)
 redis.register_function('__PREFIX__declare_admission', declare_admission)
+redis.register_function('__PREFIX__declare_bounds', queue_bounds.declare)
 redis.register_function('__PREFIX__tenant_limit_now', tenant_limit_now)
 redis.register_function('__PREFIX__wf_load', wf_load)
 redis.register_function('__PREFIX__wf_step', wf_step)
