@@ -12,6 +12,7 @@ Modules, each owning one thing:
 * ``variants`` -- the policies and the ``fair+slice=0.5`` grammar;
 * ``arrivals`` -- seeded arrival streams; ``world`` -- indices for the inner loop;
 * ``fastpath`` -- the policy core's decisions on plain lists (tested against the core);
+* ``keys`` -- throttle keys (tenant keys and shared keys; fair or FIFO waiters);
 * ``engine`` -- the event loop; ``gate`` -- the admission gate's state and retries;
 * ``metrics`` -- what is measured and how;
 * ``runner`` -- running a comparison, the shipped scenarios (``scenarios/*.toml``);
