@@ -19,9 +19,16 @@ from fairlane.policy.ceilings import (
     pressure_factor,
     tenant_limit,
 )
-from fairlane.policy.throttle import Acquired, Handoff, Parked, Throttles
+from fairlane.policy.throttle import Acquired, Parked, Throttles, Wake
 
 # -- throttles: examples ----------------------------------------------------------------
+
+
+def _run(t: Throttles, job: str, tenant: str = "") -> Acquired:
+    """A woken job's next dispatch: its offers become holds."""
+    got = t.try_acquire(job, {}, 0, 0, tenant=tenant)
+    assert isinstance(got, Acquired), got
+    return got
 
 
 def test_a_job_runs_only_while_it_holds_every_key() -> None:
@@ -42,7 +49,44 @@ def test_a_job_runs_only_while_it_holds_every_key() -> None:
     assert isinstance(t.try_acquire("j4", {"tenant:acme": 10, "sub:acme/u7": 2}, 0, 4), Acquired)
 
 
-def test_handoff_goes_highest_priority_first_then_fifo() -> None:
+def test_a_release_offers_the_slot_and_the_woken_job_takes_it_with_its_lane_slot() -> None:
+    t = Throttles()
+    t.try_acquire("h", {"k": 1}, 0, 0, tenant="a")
+    assert t.try_acquire("w", {"k": 1}, 0, 1, tenant="b") == Parked("w", "k")
+    (wake,) = t.release("h")
+    assert wake == Wake("w", ("k",), "k")
+    # an offer, not a hold: nothing runs on k, yet nobody else can take its slot
+    assert (t.in_use("k"), t.offers("k"), t.holds("w"), t.offered("w")) == (0, 1, None, ("k",))
+    assert t.try_acquire("late", {"k": 1}, 9, 2, tenant="c") == Parked("late", "k")
+    got = _run(t, "w")
+    assert (t.in_use("k"), t.offers("k"), t.holds("w")) == (1, 0, ("k",))
+    assert got.token == 2
+    (wake,) = t.release("w", got.token)
+    assert wake.job_id == "late"
+
+
+def test_waiters_are_fair_between_tenants_by_weight_not_fifo() -> None:
+    """A flood of tenant a parks first; b's waiters are woken at b's weight share."""
+    weights = {"a": 1.0, "b": 4.0}
+    t = Throttles(weights)
+    t.try_acquire("h", {"k": 1}, 0, 0, tenant="a")
+    for i in range(20):
+        t.try_acquire(f"a{i}", {"k": 1}, 0, 1 + i, tenant="a")
+    for i in range(20):
+        t.try_acquire(f"b{i}", {"k": 1}, 0, 100 + i, tenant="b")
+    assert t.groups("k")["a"][:2] == ("a0", "a1")
+    woken = []
+    running = "h"
+    for _ in range(15):
+        (wake,) = t.release(running)
+        running = wake.job_id
+        _run(t, running)
+        woken.append(running[0])
+    # b is woken 4 times for each of a's (ties go to the smaller name)
+    assert woken == list("abbbb" * 3)
+
+
+def test_within_a_tenant_highest_priority_first_then_fifo() -> None:
     t = Throttles()
     assert isinstance(t.try_acquire("holder", {"k": 1}, 0, 0), Acquired)
     for job, prio, seq in [("low1", 0, 1), ("high1", 5, 2), ("low2", 0, 3), ("high2", 5, 4)]:
@@ -51,14 +95,35 @@ def test_handoff_goes_highest_priority_first_then_fifo() -> None:
     order = []
     running = "holder"
     for _ in range(4):
-        (handoff,) = t.release(running)
-        assert handoff.key == "k"
-        assert t.holds(handoff.job_id) == ("k",)
-        order.append(handoff.job_id)
-        running = handoff.job_id
+        (wake,) = t.release(running)
+        assert wake.key == "k"
+        order.append(wake.job_id)
+        running = wake.job_id
+        _run(t, running)
     assert order == ["high1", "high2", "low1", "low2"]
     assert t.release(running) == []
-    assert t.statistics().keys == ()  # an idle key is forgotten
+    assert t.statistics().keys == ()  # an idle key is forgotten, tags and all
+
+
+def test_a_returning_tenant_starts_at_the_keys_virtual_time() -> None:
+    """An idle tenant keeps no credit beyond its finish tag, and a finish tag at or
+    below V is deleted."""
+    t = Throttles()
+    t.try_acquire("h", {"k": 1}, 0, 0, tenant="a")
+    t.try_acquire("b0", {"k": 1}, 0, 1, tenant="b")
+    for i in range(4):
+        t.try_acquire(f"a{i}", {"k": 1}, 0, 2 + i, tenant="a")
+    running = "h"
+    for _ in range(3):
+        (wake,) = t.release(running)
+        running = wake.job_id
+        _run(t, running)
+    # woken: a0 (tag 0, by name), b0 (tag 0), a1 (tag 1); b's group is gone
+    assert running == "a1"
+    assert t.groups("k") == {"a": ("a2", "a3")}
+    assert t.vtime("k") == 1.0 and t.finish_tags("k") == {}
+    t.try_acquire("b1", {"k": 1}, 0, 9, tenant="b")
+    assert t.start_tags("k") == {"a": 2.0, "b": 1.0}  # max(F_b = 1, V = 1)
 
 
 def test_a_waiter_blocked_on_another_key_moves_and_the_next_one_gets_the_slot() -> None:
@@ -67,18 +132,17 @@ def test_a_waiter_blocked_on_another_key_moves_and_the_next_one_gets_the_slot() 
     t.try_acquire("hb", {"b": 1}, 0, 1)
     assert t.try_acquire("w1", {"a": 1, "b": 1}, 9, 2) == Parked("w1", "a")
     assert t.try_acquire("w2", {"a": 1}, 0, 3) == Parked("w2", "a")
-    (handoff,) = t.release("ha")
-    # w1 (first in line) still lacks b: it moves to b's queue holding nothing; w2 runs
-    assert handoff.job_id == "w2"
+    (wake,) = t.release("ha")
+    # w1 (first in line) still lacks b: it moves to b's group holding nothing; w2 is woken
+    assert wake.job_id == "w2"
     assert t.parked_on("w1") == "b"
     assert t.holds("w1") is None
-    assert t.in_use("a") == 1
-    # when a and b are both free again w1 runs
+    _run(t, "w2")
     assert t.release("hb") == []  # w1 tried, a is full: moves back to a
     assert t.parked_on("w1") == "a"
-    (handoff,) = t.release("w2")
-    assert handoff.job_id == "w1"
-    assert t.holds("w1") == ("a", "b")
+    (wake,) = t.release("w2")
+    assert wake.job_id == "w1"
+    assert _run(t, "w1").keys == ("a", "b")
     assert t.statistics().moves == 2
 
 
@@ -87,16 +151,15 @@ def test_each_waiter_is_tried_at_most_once_per_release() -> None:
     t.try_acquire("h", {"a": 1, "b": 1}, 0, 0)
     t.try_acquire("hc", {"c": 1}, 0, 1)
     for i in range(20):  # all need c too, which stays full
-        t.try_acquire(f"w{i}", {"a": 1, "b": 1, "c": 1}, 0, 2 + i)
+        t.try_acquire(f"w{i}", {"a": 1, "b": 1, "c": 1}, 0, 2 + i, tenant=f"t{i % 3}")
     assert len(t.waiters("a")) == 20
     assert t.release("h") == []
-    stats = t.statistics()
-    assert stats.moves == 20  # each moved exactly once: a -> c, and b had nobody
+    assert t.statistics().moves == 20  # each moved exactly once: a -> c, and b had nobody
     assert len(t.waiters("c")) == 20
     assert t.in_use("a") == t.in_use("b") == 0
 
 
-def test_raising_a_limit_hands_off_to_waiters_before_the_arrival() -> None:
+def test_raising_a_limit_wakes_waiters_before_the_arrival() -> None:
     t = Throttles()
     t.try_acquire("h", {"k": 1}, 0, 0)
     t.try_acquire("w1", {"k": 1}, 0, 1)
@@ -104,21 +167,26 @@ def test_raising_a_limit_hands_off_to_waiters_before_the_arrival() -> None:
     result = t.try_acquire("new", {"k": 3}, 9, 3)
     assert t.limit("k") == 3
     assert isinstance(result, Parked)  # w1 and w2 came first and took the new room
-    assert [h.job_id for h in result.handoffs] == ["w1", "w2"]
-    assert t.in_use("k") == 3
+    assert [w.job_id for w in result.wakes] == ["w1", "w2"]
+    assert (t.in_use("k"), t.offers("k")) == (1, 2)
     assert t.waiters("k") == ("new",)
 
 
-def test_lowering_a_limit_preempts_nobody_and_admits_nobody_until_below_it() -> None:
+def test_lowering_a_limit_preempts_nobody_and_an_offer_above_it_is_given_back() -> None:
     t = Throttles()
-    for i in range(3):
+    for i in range(2):
         t.try_acquire(f"h{i}", {"k": 3}, 0, i)
-    assert t.try_acquire("w", {"k": 1}, 0, 3) == Parked("w", "k")
-    assert t.in_use("k") == 3  # above the new limit: nobody preempted
+    t.try_acquire("w", {"k": 3}, 0, 2)  # admitted: in_use 3
+    t.try_acquire("x", {"k": 3}, 0, 3)
+    (wake,) = t.release("w")
+    assert wake.job_id == "x"
+    assert t.try_acquire("y", {"k": 1}, 0, 4) == Parked("y", "k")  # the limit falls to 1
+    # x's offer cannot become a hold (2 in use, limit 1): it is given back, x waits again
+    again = t.try_acquire("x", {}, 0, 3)
+    assert again == Parked("x", "k") and t.offers("k") == 0
     assert t.release("h0") == []
-    assert t.release("h1") == []  # in_use 1, not below 1
-    (handoff,) = t.release("h2")
-    assert handoff.job_id == "w"
+    (wake,) = t.release("h1")
+    assert wake.job_id == "x"  # x came first
 
 
 def test_a_zero_limit_pauses_a_key_until_it_is_raised() -> None:
@@ -126,7 +194,7 @@ def test_a_zero_limit_pauses_a_key_until_it_is_raised() -> None:
     assert t.try_acquire("w", {"k": 0}, 0, 0) == Parked("w", "k")
     raised = t.try_acquire("x", {"k": 2}, 0, 1)
     assert isinstance(raised, Acquired)
-    assert [h.job_id for h in raised.handoffs] == ["w"]
+    assert [w.job_id for w in raised.wakes] == ["w"]
 
 
 def test_tokens_fence_a_late_release_after_reclaim() -> None:
@@ -134,34 +202,38 @@ def test_tokens_fence_a_late_release_after_reclaim() -> None:
     first = t.try_acquire("j", {"k": 1}, 0, 0)
     assert isinstance(first, Acquired)
     assert t.try_acquire("w", {"k": 1}, 0, 1) == Parked("w", "k")
-    (handoff,) = t.forget("j")  # reclaimed: its slot goes to w
-    assert handoff.job_id == "w"
+    (wake,) = t.forget("j")  # reclaimed: its slot is offered to w
+    assert wake.job_id == "w"
     assert t.forget("j") == []  # idempotent
     assert t.release("j") == []  # a duplicate release frees nothing
-    assert t.in_use("k") == 1
+    held = _run(t, "w")
     t.release("w")
     again = t.try_acquire("j", {"k": 1}, 0, 0)  # the retried run
     assert isinstance(again, Acquired)
-    assert again.token > handoff.token > first.token
+    assert again.token > held.token > first.token
     assert t.release("j", first.token) == []  # the first run's late release: no-op
     assert t.holds("j") == ("k",)
     assert t.release("j", again.token) == []
     assert t.holds("j") is None
 
 
-def test_forget_and_cancel_remove_a_waiter() -> None:
+def test_cancel_removes_a_waiter_or_gives_a_woken_jobs_offers_back() -> None:
     t = Throttles()
     t.try_acquire("h", {"k": 1}, 0, 0)
     t.try_acquire("w1", {"k": 1, "m": 5}, 0, 1)
     t.try_acquire("w2", {"k": 1}, 0, 2)
-    assert t.cancel_waiter("w1") is True
-    assert t.cancel_waiter("w1") is False
+    t.try_acquire("w3", {"k": 1}, 0, 3)
+    assert t.cancel("w1") == []
+    assert t.cancel("w1") == []
     assert t.limit("m") is None  # nobody names m any more
-    assert t.forget("w2") == []
-    assert t.waiters("k") == ()
-    assert t.release("h") == []
+    (wake,) = t.release("h")
+    assert wake.job_id == "w2"
+    # w2 expires (or is cancelled) before it runs: its offer passes on to w3
+    (wake,) = t.forget("w2")
+    assert wake.job_id == "w3" and t.offers("k") == 1
+    assert t.cancel("w3") == [] and t.statistics().keys == ()
     stats = t.statistics()
-    assert (stats.acquired, stats.parked, stats.cancelled, stats.released) == (1, 2, 2, 1)
+    assert (stats.acquired, stats.parked, stats.cancelled, stats.released) == (1, 3, 3, 1)
 
 
 def test_bad_calls_are_refused_without_changing_anything() -> None:
@@ -174,6 +246,8 @@ def test_bad_calls_are_refused_without_changing_anything() -> None:
         t.try_acquire("x", {"k": -1}, 0, 1)
     with pytest.raises(ValueError, match="seq"):
         t.try_acquire("x", {"k": 1}, 0, -1)
+    with pytest.raises(ValueError, match="charge"):
+        t.try_acquire("x", {"k": 1}, 0, 1, charge=-1)
     assert t.statistics() == before
 
 
@@ -187,119 +261,103 @@ def test_a_job_with_no_keys_is_admitted_at_once() -> None:
 
 JOBS = tuple(f"j{i}" for i in range(8))
 KEYS = ("a", "b", "c", "d")
+TENANTS = ("t1", "t2", "t3")
 key_limits = st.dictionaries(st.sampled_from(KEYS), st.integers(1, 2), min_size=1, max_size=3)
 
 
 class ThrottleMachine(RuleBasedStateMachine):
-    """Random acquire / release / forget / cancel, checked against a brute-force oracle."""
+    """Random dispatches (arrivals and woken jobs), releases, reclaims and cancels,
+    checked against a brute-force oracle of I1-I3 and the waiter order."""
 
     fixed: ClassVar[dict[str, int] | None] = None  # a subclass pins the limits
 
     def __init__(self) -> None:
         super().__init__()
-        self.t = Throttles()
-        self.status = dict.fromkeys(JOBS, "idle")
-        self.order: dict[str, tuple[int, int, str]] = {}  # job -> (-priority, seq, id)
+        self.weights = {"t1": 1.0, "t2": 2.0, "t3": 0.5}
+        self.t = Throttles(self.weights)
+        self.status = dict.fromkeys(JOBS, "idle")  # idle, holding, parked, offered
+        self.spec: dict[str, tuple[int, int, str]] = {}  # job -> (priority, seq, tenant)
         self.old_token: dict[str, int] = {}
         self.last_token = 0
         self.seq = 0
-        self.prev_in_use: dict[str, int] = {}
+        self.prev_load: dict[str, int] = {}
 
-    # helpers
-
-    def _admitted(
-        self, handoffs: tuple[Handoff, ...] | list[Handoff], before: dict[str, tuple[str, ...]]
-    ) -> None:
-        for h in handoffs:
-            assert self.status[h.job_id] == "parked"
-            assert h.key in h.keys
-            self._token(h.token)
-            self.status[h.job_id] = "holding"
-            # nobody ahead of it in the freed key's queue is still waiting there
-            queue = before[h.key]
-            for ahead in queue[: queue.index(h.job_id)]:
-                assert self.t.parked_on(ahead) != h.key
+    def _woken(self, wakes: tuple[Wake, ...] | list[Wake]) -> None:
+        for w in wakes:
+            assert self.status[w.job_id] == "parked"
+            assert w.key in w.keys
+            self.status[w.job_id] = "offered"
 
     def _token(self, token: int) -> None:
         assert token > self.last_token
         self.last_token = token
 
-    def _queues(self) -> dict[str, tuple[str, ...]]:
-        return {k: self.t.waiters(k) for k in KEYS}
-
     def _jobs(self, *statuses: str) -> list[str]:
         return [j for j in JOBS if self.status[j] in statuses]
 
-    # rules
-
-    @precondition(lambda self: self._jobs("idle"))
+    @precondition(lambda self: self._jobs("idle", "offered"))
     @rule(data=st.data(), keys=key_limits, priority=st.integers(0, 2))
-    def acquire(self, data: st.DataObject, keys: dict[str, int], priority: int) -> None:
-        job = data.draw(st.sampled_from(self._jobs("idle")))
+    def dispatch(self, data: st.DataObject, keys: dict[str, int], priority: int) -> None:
+        job = data.draw(st.sampled_from(self._jobs("idle", "offered")))
         if self.fixed is not None:
             keys = {k: self.fixed[k] for k in keys}
-        self.seq += 1
-        before = self._queues()
-        result = self.t.try_acquire(job, keys, priority, self.seq)
-        self._admitted(result.handoffs, before)
+        if self.status[job] == "offered":
+            priority, seq, tenant = self.spec[job]
+            wanted = self.t.offered(job) or ()
+            room_before = {k: self.t.in_use(k) < (self.t.limit(k) or 0) for k in wanted}
+        else:
+            self.seq += 1
+            seq, tenant = self.seq, data.draw(st.sampled_from(TENANTS))
+            self.spec[job] = (priority, seq, tenant)
+            wanted = tuple(sorted(keys))
+            room_before = {}
+        result = self.t.try_acquire(job, keys, priority, seq, tenant=tenant)
+        self._woken(result.wakes)
         if isinstance(result, Acquired):
-            assert result.keys == tuple(sorted(keys))
+            assert result.keys == wanted
             self._token(result.token)
             self.status[job] = "holding"
-            # no barging: an arrival takes no key that anyone waits on
-            assert all(self.t.waiters(k) == () for k in keys)
+            assert not room_before or all(room_before.values())
         else:
-            full = [k for k in sorted(keys) if self.t.in_use(k) >= keys[k]]
-            assert result.key == full[0]
+            assert result.key in wanted
             self.status[job] = "parked"
-            self.order[job] = (-priority, self.seq, job)
 
     @precondition(lambda self: self._jobs("holding"))
     @rule(data=st.data(), with_token=st.booleans())
     def release(self, data: st.DataObject, with_token: bool) -> None:
         job = data.draw(st.sampled_from(self._jobs("holding")))
-        before = self._queues()
         token = self.t.token(job)
         assert token is not None
-        handoffs = self.t.release(job, token if with_token else None)
+        wakes = self.t.release(job, token if with_token else None)
         self.status[job] = "idle"
         self.old_token[job] = token
-        self._admitted(handoffs, before)
+        self._woken(wakes)
 
-    @precondition(lambda self: self._jobs("holding", "parked"))
+    @precondition(lambda self: self._jobs("holding", "parked", "offered"))
     @rule(data=st.data())
     def forget(self, data: st.DataObject) -> None:
-        job = data.draw(st.sampled_from(self._jobs("holding", "parked")))
-        before = self._queues()
+        job = data.draw(st.sampled_from(self._jobs("holding", "parked", "offered")))
         token = self.t.token(job)
-        handoffs = self.t.forget(job)
-        if self.status[job] == "holding":
-            assert token is not None
+        if token is not None:
             self.old_token[job] = token
-            self._admitted(handoffs, before)
-        else:
-            assert handoffs == []
+        wakes = self.t.forget(job)
+        if self.status[job] == "parked":
+            assert wakes == []  # a waiter leaving frees nothing
         self.status[job] = "idle"
+        self._woken(wakes)
         stats = self.t.statistics()
         assert self.t.forget(job) == []  # a second reclaim is a no-op
         assert self.t.statistics() == stats
 
-    @precondition(lambda self: self._jobs("parked"))
-    @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
-        job = data.draw(st.sampled_from(self._jobs("parked")))
-        assert self.t.cancel_waiter(job) is True
-        self.status[job] = "idle"
-
     @rule(job=st.sampled_from(JOBS))
     def no_ops(self, job: str) -> None:
-        """Calls that must change nothing: double acquire, stray and late releases."""
+        """Calls that must change nothing: double dispatch, stray and late releases."""
         stats = self.t.statistics()
-        if self.status[job] != "idle":
+        if self.status[job] in ("holding", "parked"):
             with pytest.raises(ValueError, match="already"):
                 self.t.try_acquire(job, {"a": 3}, 0, self.seq + 1)
-        if self.status[job] != "parked":
-            assert self.t.cancel_waiter(job) is False
+        if self.status[job] == "idle":
+            assert self.t.cancel(job) == []
         if self.status[job] != "holding":
             assert self.t.release(job) == []  # double release
         old = self.old_token.get(job)
@@ -307,59 +365,67 @@ class ThrottleMachine(RuleBasedStateMachine):
             assert self.t.release(job, old) == []  # a fenced late release
         assert self.t.statistics() == stats
 
-    def release_everything(self) -> None:
-        """No starvation: releasing every holder, round after round, runs every waiter."""
-        for _ in range(len(JOBS) + 1):
-            holders = self._jobs("holding")
-            if not holders:
+    def run_everything(self) -> None:
+        """No starvation: releasing every holder and dispatching every woken job, round
+        after round, runs every waiter."""
+        for _ in range(4 * len(JOBS) + 1):
+            busy = self._jobs("holding", "offered")
+            if not busy:
                 break
-            for job in holders:
-                before = self._queues()
-                self.status[job] = "idle"
-                self._admitted(self.t.release(job), before)
-        assert all(s == "idle" for s in self.status.values())
+            for job in busy:
+                if self.status[job] == "holding":
+                    self.status[job] = "idle"
+                    self._woken(self.t.release(job))
+                elif self.status[job] == "offered":
+                    prio, seq, tenant = self.spec[job]
+                    got = self.t.try_acquire(job, {}, prio, seq, tenant=tenant)
+                    self._woken(got.wakes)
+                    self.status[job] = "holding" if isinstance(got, Acquired) else "parked"
+        assert all(s == "idle" for s in self.status.values()), self.status
         assert self.t.statistics().keys == ()
-
-    # invariants
 
     @invariant()
     def consistent(self) -> None:
         t = self.t
-        holding = {j: t.holds(j) for j in JOBS if self.status[j] == "holding"}
-        for job in JOBS:
-            # hold or wait, never both
+        for job in JOBS:  # I1: one state
             assert (t.holds(job) is not None) == (self.status[job] == "holding")
             assert (t.parked_on(job) is not None) == (self.status[job] == "parked")
+            assert (t.offered(job) is not None) == (self.status[job] == "offered")
         stats = t.statistics()
-        named = {k for keys in holding.values() for k in keys or ()}
-        named |= {k for j in JOBS if self.status[j] == "parked" for k in t.wants(j) or ()}
+        named = {k for j in JOBS for k in t.holds(j) or t.wants(j) or t.offered(j) or ()}
         assert {s.key for s in stats.keys} == named  # idle keys are forgotten
         for s in stats.keys:
-            assert s.in_use == sum(s.key in (keys or ()) for keys in holding.values())
-            assert s.waiters == len(t.waiters(s.key))
+            assert s.in_use == sum(s.key in (t.holds(j) or ()) for j in JOBS)
+            assert s.offers == sum(s.key in (t.offered(j) or ()) for j in JOBS)
+            groups, starts = t.groups(s.key), t.start_tags(s.key)
+            assert s.waiters == sum(len(g) for g in groups.values())
+            # tags: a group has a start tag >= V; idle tenants keep only finish tags > V
+            assert set(starts) == set(groups)
+            assert all(tag >= t.vtime(s.key) for tag in starts.values())
+            assert all(f > t.vtime(s.key) for f in t.finish_tags(s.key).values())
+            assert not set(t.finish_tags(s.key)) & set(groups)
+            for tenant, group in groups.items():  # priority, then FIFO, within a tenant
+                order = sorted((-self.spec[j][0], self.spec[j][1], j) for j in group)
+                assert list(group) == [o[2] for o in order]
+                assert all(self.spec[j][2] == tenant and t.parked_on(j) == s.key for j in group)
         for key in KEYS:
-            in_use, limit, queue = t.in_use(key), t.limit(key), t.waiters(key)
-            # never over-admission: in_use rises above the limit in force only if it
-            # was already there (a lowered limit), and then it does not grow
-            assert in_use <= max(limit or 0, self.prev_in_use.get(key, 0))
+            limit = t.limit(key) or 0
+            load = t.in_use(key) + t.offers(key)
+            # I2: never over the limit, unless a lowered limit left more, which then
+            # does not grow
+            assert load <= max(limit, self.prev_load.get(key, 0))
             if self.fixed is not None:
-                assert in_use <= self.fixed[key]
-            # waiters in priority order, FIFO within a priority
-            assert list(queue) == [o[2] for o in sorted(self.order[j] for j in queue)]
-            assert all(t.parked_on(j) == key for j in queue)
-            # work conservation: a key with waiters is full
-            if queue:
-                assert limit is not None
-                assert in_use >= limit
-        # brute force: no waiter could take all its keys now
-        for job in JOBS:
+                assert load <= self.fixed[key]
+            # I3: a key with waiters has no room
+            assert not t.waiters(key) or limit - load <= 0
+        for job in JOBS:  # brute force: no waiter could take all its keys now
             wants = t.wants(job)
             if wants is not None:
-                assert any(t.in_use(k) >= (t.limit(k) or 0) for k in wants)
-        self.prev_in_use = {k: t.in_use(k) for k in KEYS}
+                assert any((t.limit(k) or 0) - t.in_use(k) - t.offers(k) <= 0 for k in wants)
+        self.prev_load = {k: t.in_use(k) + t.offers(k) for k in KEYS}
 
     def teardown(self) -> None:
-        self.release_everything()
+        self.run_everything()
 
 
 class FixedLimitMachine(ThrottleMachine):

@@ -10,16 +10,18 @@ weights and concurrency settings, worker crashes, reclaim sweeps (with or withou
 stale-worker sweep), and a drain -- and requires the same replies: the same jobs in the
 same order with the same tokens, attempt numbers and widths, the same fenced acks, the
 same reclaims. After every step the whole store is compared with the model (every job's
-status, attempts, token and throttle grant; tenant queues in order, fair tags and virtual
-times per class; granted sets; lane capacity, registrations and in-flight/waiting slots
-per class; throttle keys with their limits, use, references, holders and waiter queues;
+status, attempts, token, throttle grant and offers; tenant queues in order, fair tags and
+virtual times per class; lane capacity, registrations and in-flight/waiting slots per
+class; throttle keys with their limits, use, offers, references, holders, virtual times,
+tenant waiter groups in order and their start and finish tags;
 delayed sets, idle registrations, inboxes, heartbeats, leases, dead letters, counters)
 and checked on its own:
 
 * every job is in exactly one place, none over its attempt budget;
 * a class's in-flight slots are its running jobs' widths, its waiting slots its queued
   jobs' widths, ``C`` the sum of its registered workers' slots;
-* no throttle key is over its limit, and a key with waiters is full;
+* no throttle key is over its limit, and a key with waiters has no room (held + offers
+  >= limit); a throttle grant is held only by a running job, offers only by a queued one;
 * no slot idles while an eligible job waits: when ``next_class`` (on the store's own
   state) names a class, the lane's next dispatch starts that class's head job, unless
   its throttle keys park it;
@@ -45,6 +47,7 @@ import copy
 import secrets
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -120,6 +123,12 @@ def _s(value: bytes) -> str:
 
 class LuaVsModel(StoreMachine):
     prefix: ClassVar[str] = "m"
+    # every throttle key a job can name: the snapshot reads their tags
+    throttle_keys: ClassVar[tuple[str, ...]] = (
+        *KEY_LIMITS,
+        "k3",
+        *(f"tenant:{t}" for t in TENANTS),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -466,14 +475,15 @@ class LuaVsModel(StoreMachine):
         """Every key of the app, read atomically."""
         k, pipe = self.keys, self.client.pipeline(transaction=True)
         for job_id in self.ids:
-            pipe.hmget(k.job(job_id), ["st", "att", "max", "tok", "ttok", "cls", "sl", "lane"])
+            pipe.hmget(
+                k.job(job_id), ["st", "att", "max", "tok", "ttok", "cls", "sl", "lane", "toff"]
+            )
         units = [(lane, cls) for lane in LANES for cls in TABLES[lane].names]
         for lane, cls in units:
             for tenant in TENANTS:
                 pipe.zrange(k.tenant_queue(lane, cls, tenant), 0, -1)
             pipe.zrange(k.class_key(lane, cls, "fair"), 0, -1, withscores=True)
             pipe.hgetall(k.class_key(lane, cls, "vt"))
-            pipe.zrange(k.class_key(lane, cls, "granted"), 0, -1, withscores=True)
         for lane in LANES:
             pipe.hgetall(k.lane(lane).state)
             pipe.hgetall(k.lane(lane).cap)
@@ -489,20 +499,22 @@ class LuaVsModel(StoreMachine):
         pipe.hgetall(k.fleet)
         pipe.hgetall(k.throttles)
         pipe.zrange(k.throttle_waiters, 0, -1)
+        for key in self.throttle_keys:
+            pipe.zrange(k.throttle_tags(key, "s"), 0, -1, withscores=True)
+            pipe.zrange(k.throttle_tags(key, "f"), 0, -1, withscores=True)
         replies = iter(pipe.execute())
         snap = Snapshot()
         for job_id in self.ids:
-            st_, att, max_, tok, ttok, cls, sl, lane = next(replies)
+            st_, att, max_, tok, ttok, cls, sl, lane, toff = next(replies)
             snap.jobs[job_id] = JobRow(
                 _s(st_), int(att), int(max_), tok and int(tok), ttok and int(ttok),
-                _s(cls), int(sl), _s(lane),
+                _s(cls), int(sl), _s(lane), toff is not None,
             )  # fmt: skip
         for lane, cls in units:
             for tenant in TENANTS:
                 snap.queues[(lane, cls, tenant)] = [_s(i) for i in next(replies)]
             snap.fair[(lane, cls)] = {_s(t): float(tag) for t, tag in next(replies)}
             snap.vt[(lane, cls)] = {_s(f): float(v) for f, v in next(replies).items()}
-            snap.granted[(lane, cls)] = [(_s(i), int(s)) for i, s in next(replies)]
         for lane in LANES:
             state = {_s(f): _s(v) for f, v in next(replies).items()}
             # the declarations (classes, charge mode) are inputs, not state the model keeps
@@ -520,11 +532,19 @@ class LuaVsModel(StoreMachine):
         snap.fence = int(next(replies) or 0)
         snap.workers = {_s(w): _ms(s) for w, s in next(replies)}
         snap.fleet = {_s(w): _s(v) for w, v in next(replies).items()}
+        self._read_throttles(snap, replies)
+        return snap
+
+    def _read_throttles(self, snap: Snapshot, replies: Iterator[Any]) -> None:
         snap.thr = {_s(f): _s(v) for f, v in next(replies).items()}
         for member in next(replies):
-            key, _, job_id = _s(member).split("\0")
-            snap.waiters.setdefault(key, []).append(job_id)
-        return snap
+            key, tenant, _, job_id = _s(member).split("\0")
+            snap.waiters.setdefault(key, {}).setdefault(tenant, []).append(job_id)
+        for key in self.throttle_keys:
+            for which in ("s", "f"):
+                tags = {_s(t): float(tag) for t, tag in next(replies)}
+                if tags:
+                    snap.tags[(key, which)] = tags
 
     @invariant()
     def check_all(self) -> None:
@@ -539,19 +559,20 @@ class LuaVsModel(StoreMachine):
         none over its attempt budget, the lanes' slots and the throttle keys consistent
         (whatever the model says)."""
         queued = Counter(i for q in snap.queues.values() for i in q)
-        granted = Counter(i for g in snap.granted.values() for i, _ in g)
-        parked = Counter(i for w in snap.waiters.values() for i in w)
+        parked = Counter(i for w in snap.waiters.values() for g in w.values() for i in g)
         scheduled = Counter(i for d in snap.delayed.values() for i, _ in d)
         for job_id, row in snap.jobs.items():
             finished = row.status in ("completed", "failed", "cancelled", "expired")
             places = [
-                queued[job_id] + granted[job_id], parked[job_id], scheduled[job_id],
+                queued[job_id], parked[job_id], scheduled[job_id],
                 int(job_id in snap.leases), int(finished),
             ]  # fmt: skip
             assert sorted(places) == [0, 0, 0, 0, 1], f"{job_id} ({row.status}) is in {places}"
             expected = {"queued": 0, "throttled": 1, "scheduled": 2, "running": 3}
             assert places[expected.get(row.status, 4)] == 1, f"{job_id} is {row.status}: {places}"
-            assert granted[job_id] == (row.status == "queued" and row.ttok is not None)
+            # a throttle slot is held only by running work; offers only wait in a queue
+            assert row.ttok is None or row.status == "running", f"{job_id} holds while waiting"
+            assert not row.toff or row.status == "queued", f"{job_id} offered while {row.status}"
             assert row.attempts <= row.max_attempts, f"{job_id}: over its attempt budget"
             # a finished job may keep its last token: its status alone fences that token
             assert row.token is not None or row.status != "running", f"{job_id} has no token"
@@ -564,8 +585,6 @@ class LuaVsModel(StoreMachine):
                 d = sum(r.slots for r in mine if r.status == "queued")
                 assert state.get(f"f:{cls}", 0) == f, f"in-flight slots of {lane}/{cls}"
                 assert state.get(f"d:{cls}", 0) == d, f"waiting slots of {lane}/{cls}"
-                g = len(snap.granted[(lane, cls)])
-                assert state.get(f"g:{cls}", 0) == g, f"granted jobs of {lane}/{cls}"
         for key, use in snap.throttle_use().items():
             limit = int(snap.thr[f"l:{key}"])
             fixed = KEY_LIMITS.get(key) or (
@@ -573,8 +592,10 @@ class LuaVsModel(StoreMachine):
             )
             # a key whose limit moves (k3, t3's key) may hold more than its latest limit:
             # lowering a limit preempts nobody -- but never more than the highest it had
-            assert use <= (limit if fixed else 2), f"key {key}: {use} in use over {limit}"
-            assert not snap.waiters.get(key) or use >= limit, f"key {key} idles with waiters"
+            offers = int(snap.thr.get(f"o:{key}", 0))
+            assert use + offers <= (limit if fixed else 2), f"key {key}: {use}+{offers} > {limit}"
+            room = limit - use - offers
+            assert not snap.waiters.get(key) or room <= 0, f"key {key} idles with waiters"
 
     def store_matches_model(self, snap: Snapshot) -> None:
         model = self.model
@@ -585,6 +606,8 @@ class LuaVsModel(StoreMachine):
             assert row.status != "running" or row.token == job.token, f"{job_id} token: {job}"
             assert (row.cls, row.slots) == (job.cls, job.slots), f"{job_id} class: {row}"
             assert row.ttok == job.ttok, f"{job_id} throttle grant: {row}, {job}"
+            offered = model.throttles.offered(job_id) is not None
+            assert row.toff == offered, f"{job_id} offers: {row}"
         for lane in LANES:
             lm = model.lane(lane)
             for cls in TABLES[lane].names:
@@ -597,12 +620,9 @@ class LuaVsModel(StoreMachine):
                 assert vt.get("run", 0.0) == cq.run, f"in-flight work of {lane}/{cls}"
                 finish = {f[2:]: v for f, v in vt.items() if f.startswith("f:")}
                 assert finish == cq.finish, f"finish tags of {lane}/{cls}"
-                assert snap.granted[(lane, cls)] == [(i, t) for t, i in cq.granted], f"{lane}/{cls}"
             state = {f: v for f, v in snap.state[lane].items() if v}
             expected = {f"f:{c}": v for c, v in lm.in_flight.items() if v}
             expected.update({f"d:{c}": v for c, v in lm.waiting.items() if v})
-            grants = {c: len(cq.granted) for c, cq in lm.classes.items()}
-            expected.update({f"g:{c}": n for c, n in grants.items() if n})
             if lm.capacity:
                 expected["C"] = lm.capacity
             assert state == expected, f"state of {lane}: {state} != {expected}"
@@ -624,33 +644,48 @@ class LuaVsModel(StoreMachine):
         self.throttles_match(snap)
 
     def throttles_match(self, snap: Snapshot) -> None:
+        """Keys, references, holders, offers, tenant groups, tags and counters."""
         thr, stats = self.model.throttles, self.model.throttles.statistics()
-        keys = {s.key: (s.in_use, s.limit) for s in stats.keys}
-        lua_keys = {k[2:]: (int(snap.thr.get(f"u:{k[2:]}", 0)), int(v))
-                    for k, v in snap.thr.items() if k.startswith("l:")}  # fmt: skip
+        keys = {s.key: (s.in_use, s.offers, s.limit) for s in stats.keys}
+        lua_keys = {
+            k[2:]: (int(snap.thr.get(f"u:{k[2:]}", 0)), int(snap.thr.get(f"o:{k[2:]}", 0)), int(v))
+            for k, v in snap.thr.items()
+            if k.startswith("l:")
+        }
         assert lua_keys == keys, f"throttle keys: lua {lua_keys}, model {keys}"
+        assert set(keys) <= set(self.throttle_keys), "a key the snapshot does not read"
         refs: Counter[str] = Counter()
         for job_id in self.model.jobs:
-            refs.update(thr.holds(job_id) or thr.wants(job_id) or ())
+            refs.update(thr.holds(job_id) or thr.wants(job_id) or thr.offered(job_id) or ())
         lua_refs = {k[2:]: int(v) for k, v in snap.thr.items() if k.startswith("r:") and int(v)}
         assert lua_refs == dict(refs), "throttle references"
-        waiters = {s.key: list(thr.waiters(s.key)) for s in stats.keys if s.waiters}
-        assert snap.waiters == waiters, f"waiters: lua {snap.waiters}, model {waiters}"
-        held, parked = {}, {}
+        groups = {s.key: {t: list(g) for t, g in thr.groups(s.key).items()} for s in stats.keys}
+        groups = {k: g for k, g in groups.items() if g}
+        assert snap.waiters == groups, f"waiter groups: lua {snap.waiters}, model {groups}"
+        for key in keys:
+            assert float(snap.thr.get(f"v:{key}", 0)) == thr.vtime(key), f"V of key {key}"
+            assert snap.tags.get((key, "s"), {}) == thr.start_tags(key), f"start tags of {key}"
+            assert snap.tags.get((key, "f"), {}) == thr.finish_tags(key), f"finish tags of {key}"
+        assert not {k for k, _ in snap.tags} - set(keys), "tags of a forgotten key"
+        held, offered, parked = {}, {}, {}
         for job_id in self.model.jobs:
             if thr.holds(job_id) is not None:
                 held[job_id] = "\t".join([str(thr.token(job_id)), *(thr.holds(job_id) or ())])
-            if thr.parked_on(job_id) is not None:
-                parked[job_id] = (thr.parked_on(job_id), thr.wants(job_id))
+            if thr.offered(job_id) is not None:
+                offered[job_id] = "\t".join(thr.offered(job_id) or ())
+            waiter = thr.waiter(job_id)
+            if waiter is not None:
+                parked[job_id] = (waiter[0], waiter[3], thr.wants(job_id))
         assert {k[2:]: v for k, v in snap.thr.items() if k.startswith("h:")} == held
+        assert {k[2:]: v for k, v in snap.thr.items() if k.startswith("w:")} == offered
         lua_parked = {}
         for k, v in snap.thr.items():
             if k.startswith("p:"):
-                at, _, _, *names = v.split("\t")
-                lua_parked[k[2:]] = (at, tuple(names))
+                at, _, _, tenant, _, *names = v.split("\t")
+                lua_parked[k[2:]] = (at, tenant, tuple(names))
         assert lua_parked == parked
-        assert int(snap.thr.get("tok", 0)) == stats.acquired + stats.handoffs
-        assert int(snap.thr.get("handoffs", 0)) == stats.handoffs
+        assert int(snap.thr.get("tok", 0)) == stats.acquired
+        assert int(snap.thr.get("wakes", 0)) == stats.wakes
         assert int(snap.thr.get("moves", 0)) == stats.moves
 
     def no_slot_idles(self, snap: Snapshot) -> None:
@@ -662,11 +697,8 @@ class LuaVsModel(StoreMachine):
             table, state = TABLES[lane], snap.state[lane]
             heads: dict[str, str | None] = {}
             for cls in table.names:
-                granted = snap.granted[(lane, cls)]
                 fair = snap.fair[(lane, cls)]
-                if granted:
-                    heads[cls] = granted[0][0]
-                elif fair:
+                if fair:
                     tenant = min(fair, key=lambda t: (fair[t], t))
                     heads[cls] = snap.queues[(lane, cls, tenant)][0]
                 else:
@@ -685,11 +717,11 @@ class LuaVsModel(StoreMachine):
             probe = copy.deepcopy(self.model)
             taken, _, _ = probe._dispatch(lane, 10**6, self.now)
             started = [job.id for job in taken]
-            # parked, it holds nothing, and may be handed a slot again in the same
-            # dispatch (by a later job raising a key's limit); a granted head never parks
-            job = probe.jobs[head]
-            parked = snap.jobs[head].ttok is None and head not in probe.queue_ids(
-                lane, job.tenant, chosen
+            # parked, it holds nothing, and may be woken again in the same dispatch (by
+            # a later job raising a key's limit) without starting in it
+            parked = probe.jobs[head].status == "throttled" or (
+                probe.throttles.offered(head) is not None
+                and head in probe.queue_ids(lane, probe.jobs[head].tenant, chosen)
             )
             assert head in started or parked, (
                 f"{lane}: class {chosen} may start {head}, the next fetch starts {started}"
@@ -706,6 +738,7 @@ class JobRow:
     cls: str
     slots: int
     lane: str
+    toff: bool
 
 
 @dataclass
@@ -714,7 +747,6 @@ class Snapshot:
     queues: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
     fair: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     vt: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
-    granted: dict[tuple[str, str], list[tuple[str, int]]] = field(default_factory=dict)
     state: dict[str, dict[str, int]] = field(default_factory=dict)
     cap: dict[str, dict[str, int]] = field(default_factory=dict)
     delayed: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
@@ -727,7 +759,8 @@ class Snapshot:
     workers: dict[str, int] = field(default_factory=dict)
     fleet: dict[str, str] = field(default_factory=dict)
     thr: dict[str, str] = field(default_factory=dict)
-    waiters: dict[str, list[str]] = field(default_factory=dict)
+    waiters: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # key -> groups
+    tags: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
 
     def throttle_use(self) -> dict[str, int]:
         """Every live throttle key's slots in use."""
@@ -843,10 +876,16 @@ def test_model_classes_widths_and_throttles() -> None:
     assert model.stats["throttled"] == 1 and model.lane("a").waiting["standard"] == 0
     token = model.jobs["k0"].token
     assert token is not None and model.ack("k0", token, "ok", now=2)
-    # k0's release hands the slot to k1: granted, it is its class's head
-    assert model.jobs["k1"].status == "queued" and model.jobs["k1"].ttok == 2
-    assert model.lane("a").waiting["standard"] == 1
-    assert [g.id for g in model.fetch("w", ["a"], 2, 100, now=3).jobs] == ["k1"]
+    # k0's release wakes k1: back in its tenant's queue with an offer on k, holding nothing
+    assert model.jobs["k1"].status == "queued" and model.jobs["k1"].ttok is None
+    assert model.throttles.offered("k1") == ("k",) and model.throttles.in_use("k") == 0
+    assert model.queue_ids("a", "t") == ["k1"] and model.lane("a").waiting["standard"] == 1
+    # an arrival finds no room (the offer reserves it): it parks behind, not ahead
+    model.enqueue_batch("a", [ModelNewJob("k2", "t", 9, 1, limits=(("k", 1),))], now=3)
+    # dispatch takes k2 first (priority 9) and parks it; k1 then converts its offer
+    assert [g.id for g in model.fetch("w", ["a"], 2, 100, now=4).jobs] == ["k1"]
+    assert model.jobs["k1"].ttok == 2 and model.throttles.in_use("k") == 1
+    assert model.jobs["k2"].status == "throttled"
     model.check_invariants()
 
 

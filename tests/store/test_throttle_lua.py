@@ -1,12 +1,14 @@
 """The Lua throttle (``lua/throttle.lua``) against ``fairlane.policy.throttle.Throttles``.
 
 The state machine in ``test_model_vs_lua.py`` reaches the throttle only through
-dispatch, with three keys; here ``thr_acquire``, ``thr_release`` and
-``thr_cancel_waiter`` run alone, as a script on the real server, through random
-sequences of arrivals (up to three of five keys, limits 0-3 that change from job to
-job), releases (current, stale and repeated tokens) and cancellations, and must give
-the same admissions, tokens, hand-offs and parkings -- and leave the same keys, use,
-limits, references and waiter queues -- as the policy.
+dispatch, with three keys; here ``thr_acquire``, ``thr_release`` and ``thr_cancel`` run
+alone, as a script on the real server, through random sequences of dispatches (new jobs
+of three tenants naming up to three of five keys, limits 0-3 that change from job to
+job, charges 0.5-2; woken jobs converting their offers), releases (current, stale and
+repeated tokens), cancellations (waiters and woken jobs) and weight changes, and must
+give the same admissions, tokens, wakes and parkings -- and leave the same keys, use,
+offers, limits, references, tenant groups, start and finish tags and virtual times --
+as the policy.
 """
 
 from __future__ import annotations
@@ -22,26 +24,29 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairlane.policy.throttle import Acquired, Handoff, Throttles
+from fairlane.policy.throttle import Acquired, Throttles, Wake
 from fairlane.store.library import _LUA, fill_constants
 
 _DRIVER = """
 local op, id = ARGV[1], ARGV[2]
 if op == 'acquire' then
-  local token, handoffs = thr_acquire(KEYS, id, cjson.decode(ARGV[3]), ARGV[4], ARGV[5])
-  return {token or 0, handoffs}
+  local token, wakes = thr_acquire(KEYS, id, cjson.decode(ARGV[3]), ARGV[4], ARGV[5], ARGV[6],
+    tonumber(ARGV[7]))
+  return {token or 0, wakes}
 elseif op == 'release' then
   return {0, thr_release(KEYS, id, ARGV[3])}
 end
-return {thr_cancel_waiter(KEYS, id) and 1 or 0, {}}
+local done, wakes = thr_cancel(KEYS, id)
+return {done and 1 or 0, wakes}
 """
 
 KEYS = ("a", "b", "c", "d", "e")
 JOBS = [f"j{i}" for i in range(8)]
+TENANTS = ("t1", "t2", "t3")
 
 
 def _script() -> str:
-    source = "local THR, THRW = 1, 2\n"
+    source = "local THR, THRW, WEIGHTS = 1, 2, 3\n"
     for name in ("classes.lua", "throttle.lua"):
         source += _LUA.joinpath(name).read_text()
     return fill_constants(source) + _DRIVER
@@ -68,9 +73,12 @@ operations = st.lists(
                 max_size=3,
             ),
             st.integers(-1, 1),
+            st.sampled_from(TENANTS),
+            st.sampled_from([1.0, 1.0, 0.5, 2.0]),
         ),
         st.tuples(st.just("release"), st.sampled_from(JOBS), st.sampled_from([0, 0, 0, 1, 2])),
         st.tuples(st.just("cancel"), st.sampled_from(JOBS)),
+        st.tuples(st.just("weight"), st.sampled_from(TENANTS), st.sampled_from([None, 2.0, 3.0])),
     ),
     min_size=10,
     max_size=60,
@@ -79,17 +87,34 @@ operations = st.lists(
 
 def _state(client: redis.Redis, keys: list[str]) -> dict[str, Any]:
     raw = {k.decode(): v.decode() for k, v in client.hgetall(keys[0]).items()}
-    waiters: dict[str, list[str]] = {}
+    groups: dict[str, dict[str, list[str]]] = {}
     for member in client.zrange(keys[1], 0, -1):
-        key, _, job = member.decode().split("\0")
-        waiters.setdefault(key, []).append(job)
+        key, tenant, _, job = member.decode().split("\0")
+        groups.setdefault(key, {}).setdefault(tenant, []).append(job)
     live = sorted(f[2:] for f in raw if f.startswith("l:"))
+    tags = {}
+    for key in KEYS:
+        for which in ("s", "f"):
+            got = client.zrange(f"{keys[0]}:{which}:{key}", 0, -1, withscores=True)
+            if got:
+                tags[(key, which)] = {t.decode(): float(v) for t, v in got}
     return {
-        "keys": {k: (int(raw.get(f"u:{k}", 0)), int(raw[f"l:{k}"])) for k in live},
+        "keys": {
+            k: (int(raw.get(f"u:{k}", 0)), int(raw.get(f"o:{k}", 0)), int(raw[f"l:{k}"]))
+            for k in live
+        },
         "refs": {k: int(raw[f"r:{k}"]) for k in live},
-        "waiters": waiters,
+        "vtime": {k: float(raw.get(f"v:{k}", 0)) for k in live},
+        "groups": groups,
+        "tags": tags,
         "held": {f[2:]: v for f, v in raw.items() if f.startswith("h:")},
-        "parked": {f[2:]: v.split("\t")[0] for f, v in raw.items() if f.startswith("p:")},
+        "offered": {f[2:]: v for f, v in raw.items() if f.startswith("w:")},
+        "parked": {
+            f[2:]: tuple(v.split("\t")[i] for i in (0, 3))
+            for f, v in raw.items()
+            if f.startswith("p:")
+        },
+        "counters": (int(raw.get("tok", 0)), int(raw.get("wakes", 0)), int(raw.get("moves", 0))),
     }
 
 
@@ -97,22 +122,69 @@ def _model_state(thr: Throttles) -> dict[str, Any]:
     stats = thr.statistics()
     refs: Counter[str] = Counter()
     for job in JOBS:
-        refs.update(thr.holds(job) or thr.wants(job) or ())
+        refs.update(thr.holds(job) or thr.wants(job) or thr.offered(job) or ())
+    tags = {}
+    for s in stats.keys:
+        for which, got in (("s", thr.start_tags(s.key)), ("f", thr.finish_tags(s.key))):
+            if got:
+                tags[(s.key, which)] = got
+    parked = {}
+    for j in JOBS:
+        waiter = thr.waiter(j)
+        if waiter is not None:
+            parked[j] = (waiter[0], waiter[3])
     return {
-        "keys": {s.key: (s.in_use, s.limit) for s in stats.keys},
+        "keys": {s.key: (s.in_use, s.offers, s.limit) for s in stats.keys},
         "refs": dict(refs),
-        "waiters": {s.key: list(thr.waiters(s.key)) for s in stats.keys if s.waiters},
+        "vtime": {s.key: thr.vtime(s.key) for s in stats.keys},
+        "groups": {
+            s.key: {t: list(g) for t, g in thr.groups(s.key).items()}
+            for s in stats.keys
+            if s.waiters
+        },
+        "tags": tags,
         "held": {
             j: "\t".join([str(thr.token(j)), *(thr.holds(j) or ())])
             for j in JOBS
             if thr.holds(j) is not None
         },
-        "parked": {j: thr.parked_on(j) for j in JOBS if thr.parked_on(j) is not None},
+        "offered": {j: "\t".join(thr.offered(j) or ()) for j in JOBS if thr.offered(j)},
+        "parked": parked,
+        "counters": (stats.acquired, stats.wakes, stats.moves),
     }
 
 
-def _handoffs(reply: list[Any]) -> list[tuple[str, int]]:
-    return [(h[0].decode(), int(h[1])) for h in reply]
+def _wakes(reply: list[Any]) -> list[tuple[str, str]]:
+    return [(w[0].decode(), w[1].decode()) for w in reply]
+
+
+class _Run:
+    """One run's policy side: the model, its weights, the tokens and waiters' specs."""
+
+    def __init__(self) -> None:
+        self.weights: dict[str, float] = {}
+        self.thr = Throttles(self.weights)
+        self.seq = 0
+        self.tokens: dict[str, list[int]] = {}  # job -> every token it was granted
+        self.spec: dict[str, tuple[int, int, str, float]] = {}  # prio, seq, tenant, charge
+
+    def acquire(self, script: Any, keys: list[str], op: tuple[Any, ...]) -> Any:
+        _, job, limits, prio, tenant, charge = op
+        thr = self.thr
+        if thr.offered(job) is not None:
+            prio, seq, tenant, charge = self.spec[job]  # a woken job keeps its own
+        else:
+            self.seq += 1
+            seq = self.seq
+            self.spec[job] = (prio, seq, tenant, charge)
+        result = thr.try_acquire(job, limits, prio, seq, tenant=tenant, charge=charge)
+        pairs = json.dumps([[k, v] for k, v in sorted(limits.items())])
+        token, woken = script(keys=keys, args=["acquire", job, pairs, prio, seq, tenant, charge])
+        want = result.token if isinstance(result, Acquired) else 0
+        assert int(token) == want, (op, result)
+        if want:
+            self.tokens.setdefault(job, []).append(want)
+        return woken, list(result.wakes)
 
 
 @settings(max_examples=200, deadline=None)
@@ -122,39 +194,38 @@ def test_lua_throttle_agrees_with_policy(
 ) -> None:
     client, script = lua
     tag = "{thr" + secrets.token_hex(4) + "}"
-    keys = [f"{tag}:thr", f"{tag}:thr:wait"]
-    thr = Throttles()
-    seq = 0
-    tokens: dict[str, list[int]] = {}  # job -> every token it was granted
+    keys = [f"{tag}:thr", f"{tag}:thr:wait", f"{tag}:weights"]
+    run = _Run()
+    thr = run.thr
     try:
         for op in ops:
+            expected: list[Wake] = []
             if op[0] == "acquire":
-                _, job, limits, prio = op
-                if thr.holds(job) is not None or thr.parked_on(job) is not None:
-                    continue  # a job acquires once at a time (the store guarantees it)
-                seq += 1
-                result = thr.try_acquire(job, limits, prio, seq)
-                pairs = json.dumps([[k, v] for k, v in sorted(limits.items())])
-                token, handed = script(keys=keys, args=["acquire", job, pairs, prio, seq])
-                want = result.token if isinstance(result, Acquired) else 0
-                assert int(token) == want, (op, result)
-                if want:
-                    tokens.setdefault(job, []).append(want)
-                expected: list[Handoff] = list(result.handoffs)
+                if thr.holds(op[1]) is not None or thr.parked_on(op[1]) is not None:
+                    continue  # a job is dispatched once at a time (the store guarantees it)
+                woken, expected = run.acquire(script, keys, op)
             elif op[0] == "release":
                 _, job, which = op
-                granted = tokens.get(job, [])
+                granted = run.tokens.get(job, [])
                 token = granted[-1 - which] if which < len(granted) else 0
                 expected = thr.release(job, token)
-                _, handed = script(keys=keys, args=["release", job, token])
-            else:
+                _, woken = script(keys=keys, args=["release", job, token])
+            elif op[0] == "cancel":
                 _, job = op
-                done, handed = script(keys=keys, args=["cancel", job])
-                assert int(done) == int(thr.cancel_waiter(job))
-                expected = []
-            for h in expected:
-                tokens.setdefault(h.job_id, []).append(h.token)
-            assert _handoffs(handed) == [(h.job_id, h.token) for h in expected], op
+                waited = thr.parked_on(job) is not None or thr.offered(job) is not None
+                done, woken = script(keys=keys, args=["cancel", job])
+                expected = thr.cancel(job)
+                assert int(done) == int(waited)
+            else:
+                _, tenant, weight = op
+                if weight is None:
+                    run.weights.pop(tenant, None)
+                    client.hdel(keys[2], tenant)
+                else:
+                    run.weights[tenant] = weight
+                    client.hset(keys[2], tenant, weight)
+                continue
+            assert _wakes(woken) == [(w.job_id, w.key) for w in expected], op
             assert _state(client, keys) == _model_state(thr), op
     finally:
-        client.delete(*keys)
+        client.delete(*keys, *(f"{keys[0]}:{w}:{k}" for k in KEYS for w in ("s", "f")))

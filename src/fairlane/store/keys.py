@@ -37,8 +37,15 @@ pattern (after the prefix)  type   holds                              written by
 ``weights``                hash   tenant -> fair-share weight        configure_tenant
 ``fleet``                  hash   worker -> 'slots|lane,lane'        exchange, leave, sweep
 ``tlimits``                hash   tenant -> 'floor,max,bfloor,bpct'  configure_limits
-``thr``                    hash   throttle keys, grants, parked jobs  fetch, ack, sweep, cancel
-``thr:wait``               zset   throttle waiters (lex, per key)    fetch, ack, sweep, cancel
+``thr``                    hash   throttle keys: l:/u:/o:/r:/v:<key>  fetch, ack, sweep, cancel
+                                  (limit, held, offers, refs, V);
+                                  h:/w:/p:<job> (grant, offers,
+                                  parked); tok, wakes, moves
+``thr:wait``               zset   throttle waiters, lex '<key>\0     fetch, ack, sweep, cancel
+                                  <tenant>\0<order>\0<job>' (a
+                                  range per key and tenant group)
+``thr:s:<key>`` (derived)  zset   tenant waiting on key -> start tag fetch, ack, sweep, cancel
+``thr:f:<key>`` (derived)  zset   idle tenant -> finish tag (> V)    fetch, ack, sweep, cancel
 ``gw:keys``                hash   API key id -> its record (tenant,  fairlane tenants (CLI);
                                   SHA-256 of the key, created ms)    the HTTP gateway reads it
 ``payloads``               zset   '<job id>|<payload name>' -> next  producers, workers (they
@@ -63,8 +70,6 @@ pattern (after the prefix)  type   holds                              written by
 ``lane:<l>:c:<c>:fair``    zset   active tenant -> start tag         enqueue, fetch, cancel
  (derived)
 ``lane:<l>:c:<c>:vt``      hash   V, in-flight ``run``, ``f:<t>``      enqueue, fetch, ack, sweep
- (derived)
-``lane:<l>:c:<c>:granted`` zset   throttle-granted job -> grant no.  fetch, ack, sweep, cancel
  (derived)
 ``q:<l>:<c>:<t>`` (der.)   zset   waiting job ids by order           enqueue, fetch, cancel
 ``fk:<l>:<c>:<t>`` (der.)  zset   fairness key -> its next start tag enqueue (dropped at or
@@ -237,6 +242,11 @@ class AppKeys:
     def throttle_waiters(self) -> str:
         return self.prefix + "thr:wait"
 
+    def throttle_tags(self, key: str, which: str) -> str:
+        """A throttle key's tenant start (``s``) or finish (``f``) tags (scripts derive the
+        same name, ``<thr> .. ':' .. which .. ':' .. key``)."""
+        return f"{self.throttles}:{which}:{key}"
+
     @property
     def gateway_keys(self) -> str:
         """The HTTP gateway's tenant API keys (``fairlane.gateway.apikeys``)."""
@@ -289,7 +299,7 @@ class AppKeys:
         return f"{self.prefix}fkw:{tenant}"
 
     def class_key(self, lane: str, service_class: str, what: str) -> str:
-        """A class's ``fair``, ``vt`` or ``granted`` key (scripts derive the same name)."""
+        """A class's ``fair`` or ``vt`` key (scripts derive the same name)."""
         return f"{self.prefix}lane:{lane}:c:{service_class}:{what}"
 
     def run(self, run_id: str, what: str) -> str:
@@ -352,7 +362,8 @@ JOB_FIELDS: dict[str, str] = {
     "cls": "service class",
     "sl": "worker slots it occupies",
     "lim": "throttle keys and limits (msgpack [[key, limit], ..], absent = none)",
-    "ttok": "token of the throttle grant it holds (absent = none)",
+    "ttok": "token of the throttle grant it holds, only while leased (absent = none)",
+    "toff": "1 while it holds offers a throttle key woke it with (queued; absent = none)",
     "mu": "milli-units admission reserved for it, while reserved",
     "emu": "milli-units admission reserved for it (kept)",
     "dmu": "milli-units it will reserve when admitted (a deferred job)",

@@ -2,11 +2,11 @@
 
 ``fairlane.policy.reference.model`` states the rules; this module holds the per-lane
 state and the steps the scripts run inside one call (``dispatch_lane`` and the fetch's
-rounds, ``push_ready``, ``enter_granted``, the throttle release, worker registration
+rounds, ``push_ready``, ``enter_woken``, the throttle release, worker registration
 and promotion in ``fairlane.lua``), and the declarations a lane and its tenants take
 (class table, weights, concurrency settings). The decisions are the policy modules'
 own: ``fairlane.policy.classes.next_class`` picks the class,
-``fairlane.policy.throttle.Throttles`` admits or parks, ``fairlane.policy.ceilings``
+``fairlane.policy.throttle.Throttles`` admits, parks and wakes, ``fairlane.policy.ceilings``
 gives a tenant's limit. This module only composes them.
 """
 
@@ -20,7 +20,7 @@ from typing import Literal, NamedTuple, TypeVar
 from fairlane.policy import ceilings
 from fairlane.policy.ceilings import DurationMean, RateWindow, TenantLimits
 from fairlane.policy.classes import ClassTable, next_class
-from fairlane.policy.throttle import Acquired, Handoff, Throttles
+from fairlane.policy.throttle import Acquired, Throttles, Wake
 
 __all__ = [
     "DEFAULT_CLASS",
@@ -68,21 +68,20 @@ class ModelJob:
     settled: int | None = None  # the token whose ack last settled it (until its next lease)
     worker: str | None = None
     started_at: int | None = None  # when its last attempt was leased
-    ttok: int | None = None  # the throttle grant it holds
+    ttok: int | None = None  # the throttle grant it holds (only while running)
     finished_at: int | None = None
     lease_lost: bool = False  # the last failure was a reclaimed lease
 
 
 @dataclass(slots=True)
 class ClassQueue:
-    """One class of one lane: its tenants' fair queue and its throttle-granted jobs."""
+    """One class of one lane: its tenants' fair queue."""
 
     fair: dict[str, float] = field(default_factory=dict)  # active tenant -> start tag
     finish: dict[str, float] = field(default_factory=dict)  # idle tenant -> finish tag
     vtime: float = 0.0  # V
     run: int = 0  # leased jobs not yet settled
     queues: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # sorted
-    granted: list[tuple[int, str]] = field(default_factory=list)  # sorted (grant token, id)
 
     def queue_ids(self, tenant: str) -> list[str]:
         return [job_id for _, job_id in self.queues.get(tenant, [])]
@@ -95,7 +94,7 @@ class LaneModel:
     table: ClassTable = field(default_factory=ClassTable)
     cap: dict[str, int] = field(default_factory=dict)  # registered worker -> slots
     in_flight: Counter[str] = field(default_factory=Counter)  # class -> running slots
-    waiting: Counter[str] = field(default_factory=Counter)  # class -> queued/granted slots
+    waiting: Counter[str] = field(default_factory=Counter)  # class -> queued slots
     classes: dict[str, ClassQueue] = field(default_factory=dict)
     delayed: dict[str, int] = field(default_factory=dict)  # id -> run_at
     idle: dict[str, int] = field(default_factory=dict)  # 'worker|lease_ms' -> lapses at
@@ -110,9 +109,8 @@ class LaneModel:
 
 
 class Head(NamedTuple):
-    """A class's head job: granted (``kind='g'``) or its fair head tenant's first job."""
+    """A class's head job: its fair head tenant's first job."""
 
-    kind: Literal["g", "q"]
     id: str
     width: int
     tenant: str
@@ -133,8 +131,8 @@ class LaneDispatch:
     def __init__(self) -> None:
         self.jobs: dict[str, ModelJob] = {}
         self.lanes: dict[str, LaneModel] = {}
-        self.throttles = Throttles()
         self.weights: dict[str, float] = {}  # tenant -> fair-share weight (absent: 1)
+        self.throttles = Throttles(self.weights)  # a key's wakes read the weights too
         self.tenant_limits: dict[str, TenantLimits] = {}
         self.rates: dict[str, RateWindow] = {}  # tenant -> submissions (while it has limits)
         self.durations: dict[str, DurationMean] = {}  # tenant -> attempt durations (s)
@@ -186,21 +184,21 @@ class LaneDispatch:
 
     def _head(self, lane: LaneModel, cls: str) -> Head | None:
         cq = lane.cls(cls)
-        if cq.granted:
-            job = self.jobs[cq.granted[0][1]]
-            return Head("g", job.id, job.slots, job.tenant, 0.0)
         if not cq.fair:
             return None
         tenant = min(cq.fair, key=lambda t: (cq.fair[t], t))
         job = self.jobs[cq.queues[tenant][0][1]]
-        return Head("q", job.id, job.slots, tenant, cq.fair[tenant])
+        return Head(job.id, job.slots, tenant, cq.fair[tenant])
 
-    def _take_fair_head(self, cq: ClassQueue, head: Head) -> None:
-        """Pop the head, move V up to the tenant's tag and charge it ``1 / weight``."""
+    def _take_fair_head(self, cq: ClassQueue, head: Head, *, charged: bool) -> None:
+        """Pop the head; if it starts (``charged``: it passed its throttle keys), move V up
+        to the tenant's tag and charge it ``1 / weight``. A job that parks costs nothing."""
         queue = cq.queues[head.tenant]
         queue.pop(0)
-        cq.vtime = max(cq.vtime, head.tag)
-        tag = head.tag + 1 / self.weights.get(head.tenant, 1.0)
+        tag = head.tag
+        if charged:
+            cq.vtime = max(cq.vtime, head.tag)
+            tag += 1 / self.weights.get(head.tenant, 1.0)
         if queue:
             cq.fair[head.tenant] = tag
         else:
@@ -221,36 +219,38 @@ class LaneDispatch:
             settings, rate, mean, capacity, load, f_min=ceilings.F_MIN, f_max=ceilings.F_MAX
         )
 
-    def _acquire(self, job: ModelJob, lane: LaneModel, now: int) -> bool:
-        """The job's throttle keys (its own, and its tenant's): admitted, or parked."""
-        limits = dict(job.limits)
-        load = sum(lane.in_flight.values()) + sum(lane.waiting.values())
-        own = self.tenant_limit(job.tenant, lane.capacity, load, now=now)
-        if own is not None:
-            limits[f"tenant:{job.tenant}"] = own
-        if not limits:
-            return True
-        result = self.throttles.try_acquire(job.id, limits, job.prio, job.seq)
-        self._enter_granted(result.handoffs)
+    def _acquire(self, job: ModelJob, lane: LaneModel, now: int) -> tuple[bool, tuple[Wake, ...]]:
+        """The job's throttle keys (its own, and its tenant's), with its lane slot: its
+        offers converted or it admitted, or parked; and the waiters woken on the way."""
+        offered = self.throttles.offered(job.id) is not None
+        limits: dict[str, int] = {}
+        if not offered:  # a woken job keeps the keys it parked with
+            limits = dict(job.limits)
+            load = sum(lane.in_flight.values()) + sum(lane.waiting.values())
+            own = self.tenant_limit(job.tenant, lane.capacity, load, now=now)
+            if own is not None:
+                limits[f"tenant:{job.tenant}"] = own
+            if not limits:
+                return True, ()
+        result = self.throttles.try_acquire(job.id, limits, job.prio, job.seq, tenant=job.tenant)
         if isinstance(result, Acquired):
             job.ttok = result.token
-            return True
+            return True, result.wakes
         job.status = "throttled"
         self.stats["throttled"] += 1
-        return False
+        return False, result.wakes
 
-    def _enter_granted(self, handoffs: tuple[Handoff, ...] | list[Handoff]) -> None:
-        for handoff in handoffs:
-            job = self.jobs[handoff.job_id]
-            job.status, job.ttok = "queued", handoff.token
-            lane = self.lane(job.lane)
-            bisect.insort(lane.cls(job.cls).granted, (handoff.token, job.id))
-            lane.waiting[job.cls] += job.slots
+    def _enter_woken(self, wakes: tuple[Wake, ...] | list[Wake]) -> None:
+        """Woken waiters go back into their tenants' queues, holding offers."""
+        for wake in wakes:
+            job = self.jobs[wake.job_id]
+            job.status = "queued"
+            self._push_ready(job)
 
     def _release_throttle(self, job: ModelJob) -> None:
         if job.ttok is not None:
             token, job.ttok = job.ttok, None
-            self._enter_granted(self.throttles.release(job.id, token))
+            self._enter_woken(self.throttles.release(job.id, token))
 
     # -- dispatch ---------------------------------------------------------------------
 
@@ -283,12 +283,11 @@ class LaneDispatch:
                 return taken, given, True
             lane.waiting[chosen] -= head.width
             job, cq = self.jobs[head.id], lane.cls(chosen)
-            if head.kind == "g":
-                cq.granted.pop(0)
-                admitted = True
-            else:
-                self._take_fair_head(cq, head)
-                admitted = self._acquire(job, lane, now)
+            # the job is tried on its keys before its tenant is charged; the waiters
+            # woken on the way enter their queues once the pop is settled
+            admitted, wakes = self._acquire(job, lane, now)
+            self._take_fair_head(cq, head, charged=admitted)
+            self._enter_woken(wakes)
             if admitted:
                 taken.append(job)
                 given += head.width

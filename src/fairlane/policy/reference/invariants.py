@@ -28,33 +28,34 @@ def check_jobs(
     fence: int,
 ) -> None:
     """Invariants 1, 3, 4 and 5 for every job: one place matching its status, its
-    attempts within budget, distinct tokens none above the counter, its throttle grant."""
+    attempts within budget, distinct tokens none above the counter, its throttle grant
+    (only while running) and offers (only while queued)."""
     queued: Counter[str] = Counter()
-    granted: Counter[str] = Counter()
     scheduled: Counter[str] = Counter()
     for lane in lanes.values():
         scheduled.update(lane.delayed.keys())
         for cq in lane.classes.values():
             queued.update(i for q in cq.queues.values() for _, i in q)
-            granted.update(i for _, i in cq.granted)
     for job in jobs.values():
         places = (
-            queued[job.id], granted[job.id], int(throttles.parked_on(job.id) is not None),
+            queued[job.id], int(throttles.parked_on(job.id) is not None),
             scheduled[job.id], int(job.id in leases),
         )  # fmt: skip
         expected = {
-            "queued": (int(job.ttok is None), int(job.ttok is not None), 0, 0, 0),
-            "throttled": (0, 0, 1, 0, 0),
-            "scheduled": (0, 0, 0, 1, 0),
-            "running": (0, 0, 0, 0, 1),
-        }.get(job.status, (0, 0, 0, 0, 0))
+            "queued": (1, 0, 0, 0),
+            "throttled": (0, 1, 0, 0),
+            "scheduled": (0, 0, 1, 0),
+            "running": (0, 0, 0, 1),
+        }.get(job.status, (0, 0, 0, 0))
         assert places == expected, f"{job.id} ({job.status}) is in {places}"
         assert (job.id in dead) == (job.status == "failed"), f"{job.id} dead set"
         assert 0 <= job.attempts <= job.max_attempts, f"{job.id} attempts {job.attempts}"
         assert (job.token is not None) == (job.status == "running"), f"{job.id} token"
         assert job.status != "running" or job.attempts >= 1, f"{job.id} runs unattempted"
         assert throttles.token(job.id) == job.ttok, f"{job.id} throttle grant {job.ttok}"
-        assert job.ttok is None or job.status in ("queued", "running"), f"{job.id} grant"
+        assert job.ttok is None or job.status == "running", f"{job.id} grant while waiting"
+        offered = throttles.offered(job.id) is not None
+        assert not offered or job.status == "queued", f"{job.id} offers while {job.status}"
     tokens = [j.token for j in jobs.values() if j.token is not None]
     assert len(tokens) == len(set(tokens)), "two running jobs share a token"
     assert all(t <= fence for t in tokens), "a token above the counter"
@@ -64,7 +65,8 @@ def check_lanes(
     jobs: Mapping[str, ModelJob], lanes: Mapping[str, LaneModel], throttles: Throttles
 ) -> None:
     """Invariants 2 and 5 for every lane and throttle key: a tenant is active exactly
-    while it waits, in-flight and waiting slots are the jobs' widths, no key idles."""
+    while it waits, in-flight and waiting slots are the jobs' widths, a key with waiters
+    has no room (``Throttles``' I3)."""
     for name, lane in lanes.items():
         running = [j for j in jobs.values() if j.lane == name and j.status == "running"]
         waiting = [j for j in jobs.values() if j.lane == name and j.status == "queued"]
@@ -80,4 +82,5 @@ def check_lanes(
             assert lane.in_flight[cls] == f, f"in-flight slots of {name}/{cls}"
             assert lane.waiting[cls] == d, f"waiting slots of {name}/{cls}"
     for key in throttles.statistics().keys:
-        assert not key.waiters or key.in_use >= key.limit, f"key {key.key} idles"
+        room = key.limit - key.in_use - key.offers
+        assert not key.waiters or room <= 0, f"key {key.key} idles with room {room}"

@@ -9,7 +9,7 @@ throttle state. It is pure: no Redis, no asyncio, no clock. Every operation is g
 
 It is built from the policy modules, which decide; the model only composes them:
 ``fairlane.policy.classes.next_class`` chooses the class that starts,
-``fairlane.policy.throttle.Throttles`` admits or parks a job on its throttle keys, and
+``fairlane.policy.throttle.Throttles`` admits, parks and wakes jobs on their keys, and
 ``fairlane.policy.ceilings.tenant_limit`` gives a tenant's limit. The lanes' state and
 the steps of one dispatch live in ``fairlane.policy.reference.dispatch``.
 
@@ -33,7 +33,7 @@ Rules, as in the scripts:
   ``leave`` and the sweep of stale workers (heartbeat at or before ``now - stale_ms``,
   earliest first, ties by name, at most ``limit``) deregister a worker from all those
   lanes. Per class, ``f`` is its running slots and ``d`` its waiting slots (queued jobs
-  in tenant queues and granted jobs; parked jobs are not counted).
+  in tenant queues, woken ones included; parked jobs are not counted).
 * **Order within a class.** Tenants share one class of one lane by start-time fair
   queuing, one work unit per job (``fairlane.policy.fairqueue`` derives it). Each
   (lane, class) has a virtual time ``V``, its in-flight work ``run`` (leased jobs not
@@ -45,19 +45,21 @@ Rules, as in the scripts:
   ``seq``; a job keeps its ``seq`` for life). Taking it sets ``V = max(V, tag)`` and
   adds ``1 / weight`` to the tag (weights apply from the next dispatch); a tenant left
   without waiting jobs becomes idle, keeping its tag as its finish tag. A class's
-  **head** is its granted job with the smallest grant token, else its fair head.
+  **head** is its fair head.
 * **Dispatch of a lane** with a budget of ``b`` slots: repeatedly ask
   ``next_class(table, C, f, head widths, demand=d)``; stop when it names no class, or
   when the chosen head is wider than what is left of ``b`` (the lane then stopped *for
-  want of budget*). Otherwise take the head (``d`` shrinks by its width): a granted
-  job is admitted already; a fair head is charged to its tenant and then, if it names
-  throttle keys or its tenant has concurrency settings, tries its keys
-  (``Throttles.try_acquire`` with its own ``{key: limit}`` and ``tenant:<tenant>`` at
-  ``ceilings.tenant_limit(settings, rate, mean duration, C, f + d of the lane,
-  f_min=F_MIN, f_max=F_MAX)``, priority and ``seq``): admitted, it holds the grant;
-  parked, it becomes ``throttled`` (counted) and holds nothing. Waiters a call admits
-  (``Handoff``) become ``queued`` in their class's granted set (``d`` grows). A job
-  taken and admitted adds its width to ``f``.
+  want of budget*). Otherwise take the head (``d`` shrinks by its width): if it holds
+  offers (a throttle key woke it) it converts them (``Throttles.try_acquire``, its
+  keys those it parked with); else, if it names throttle keys or its tenant has
+  concurrency settings, it tries its keys (``Throttles.try_acquire`` with its own
+  ``{key: limit}`` and ``tenant:<tenant>`` at ``ceilings.tenant_limit(settings, rate,
+  mean duration, C, f + d of the lane, f_min=F_MIN, f_max=F_MAX)``, priority, ``seq``
+  and tenant, charge 1). Admitted, it holds the grant and its tenant is charged as
+  above; parked, it becomes ``throttled`` (counted), holds nothing and its tenant is
+  not charged (nor ``V`` moved). Waiters a call wakes (``Wake``) become ``queued`` in
+  their tenant's queue, holding offers (the tenant activated if idle, ``d`` grows).
+  A job taken and admitted adds its width to ``f``.
 * **Fetch** of ``n`` slots over several lanes: first the worker's inbox (even beyond
   ``n``); if the inbox's slots leave ``left > 0`` of ``n``, the due scheduled jobs of
   its lanes are promoted (``run_at <= now``, earliest first, ties by id) and ``left``
@@ -67,7 +69,7 @@ Rules, as in the scripts:
   All the jobs taken are then leased in order.
 * **Releases.** Every end of a running attempt (ack of any kind, reclaim) settles it
   (``f`` and ``run`` shrink) and releases its throttle grant (``Throttles.release``
-  with its token), whose hand-offs enter the granted sets; an ack other than
+  with its token), whose wakes enter their tenants' queues; an ack other than
   ``release`` of a tenant with settings feeds its duration (``now - start``) to the
   tenant's ``DurationMean``, and an enqueue feeds its submissions to the tenant's
   ``RateWindow`` (only while the tenant has settings).
@@ -98,16 +100,16 @@ Rules, as in the scripts:
 Invariants (``check_invariants``, by ``fairlane.policy.reference.invariants``):
 
 1. Every job is in exactly one place, matching its status: ``queued`` in its tenant's
-   queue or (with a throttle grant) in its class's granted set, ``throttled`` in one
-   throttle waiter queue, ``scheduled`` in its lane's delayed set, ``running`` in the
+   queue, ``throttled`` in one tenant group of one throttle key, ``scheduled`` in its
+   lane's delayed set, ``running`` in the
    leases, ``completed`` / ``failed`` in none (a failed job is in the dead-letter set).
 2. A tenant is active in a class exactly while it has waiting jobs there; ``run``
    equals the class's running jobs, ``f`` the sum of their widths, ``d`` the sum of
    the widths of its queued jobs.
 3. ``0 <= attempts <= max_attempts``; a running job has made at least one attempt.
 4. Running jobs hold distinct tokens, none above the counter; only running jobs hold one.
-5. A job holds a throttle grant (with its token) exactly while it is granted or running
-   with a ``ttok``; a throttle key with waiters is full (``Throttles``' I3).
+5. A job holds a throttle grant (with its token) only while running, with a ``ttok``;
+   offers only while queued; a throttle key with waiters has no room (``Throttles``' I3).
 """
 
 from __future__ import annotations

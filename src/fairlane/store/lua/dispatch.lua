@@ -3,20 +3,20 @@
 
 -- One dispatch's view of a lane: what it read once (class table, capacity, weights,
 -- tenant settings, virtual times) and what it changed but has not written yet (the
--- classes' in-flight, waiting and granted slots as deltas, V), so that a job costs a
--- few commands instead of one per fact. `flush` writes the deltas.
+-- classes' in-flight and waiting slots as deltas, V), so that a job costs a few
+-- commands instead of one per fact. `flush` writes the deltas.
 local function new_dispatch(keys, p, lane, budget, now, tally)
   local sk = lane_key(p, lane, 'state')
   local cx = {keys = keys, p = p, lane = lane, now = now, tally = tally, sk = sk,
     weights = {}, tlimits = {}, vt = {}, delta = {}, runs = {},
-    f = {}, d = {}, g = {}, heads = {}, w = {}, cap = 0, batch = math.min(budget, 100)}
+    f = {}, d = {}, heads = {}, w = {}, cap = 0, batch = math.min(budget, 100)}
   local declared = redis.call('HMGET', sk, 'table', 'charge')
   cx.tbl = cjson.decode(declared[1] or DEFAULT_CLASSES)
   cx.cost_mode = declared[2] == 'cost'
   cx.fields = {'C'}
   for i, c in ipairs(cx.tbl) do
     local n = #cx.fields
-    cx.fields[n + 1], cx.fields[n + 2], cx.fields[n + 3] = 'f:' .. c[1], 'd:' .. c[1], 'g:' .. c[1]
+    cx.fields[n + 1], cx.fields[n + 2] = 'f:' .. c[1], 'd:' .. c[1]
   end
   return cx
 end
@@ -75,18 +75,11 @@ local function weight_of(cx, tenant)
   return wt
 end
 
--- The head job of class i: the oldest grant, else the queue head of the active tenant
--- with the smallest start tag. Returns {kind ('g' | 'q'), id, width, tenant, tag}, or
--- false when the class has nothing waiting.
+-- The head job of class i: the queue head of the active tenant with the smallest start
+-- tag (a job a throttle key woke is back in its tenant's queue). Returns {kind ('q'),
+-- id, width, tenant, tag}, or false when the class has nothing waiting.
 local function class_head(cx, i)
   local p, lane, cls = cx.p, cx.lane, cx.tbl[i][1]
-  if cx.g[i] > 0 then
-    local g = redis.call('ZRANGE', class_key(p, lane, cls, 'granted'), 0, 0)[1]
-    if g then
-      -- pcall: a job key of the wrong type reads as width 1; `runnable` then drops it
-      return {'g', g, slots_of(redis.pcall('HGET', job_key(p, g), 'sl'))}
-    end
-  end
   local run = cx.runs[cls]
   local tenant, tag, id
   if run and run.sole then
@@ -103,6 +96,7 @@ local function class_head(cx, i)
       id = redis.call('ZRANGE', tenant_queue(p, lane, cls, tenant), 0, 0)[1]
     end
   end
+  -- pcall: a job key of the wrong type reads as width 1; `runnable` then drops it
   local width = id and slots_of(redis.pcall('HGET', job_key(p, id), 'sl')) or 1
   return {'q', id, width, tenant, tag}
 end
@@ -116,67 +110,13 @@ local function load_state(cx)
     cx.levels = class_levels(cx.tbl, cx.cap)
   end
   for i = 1, #cx.tbl do
-    cx.f[i] = math.max(0, tonumber(v[3 * i - 1]) or 0)
-    cx.d[i] = math.max(0, tonumber(v[3 * i]) or 0)
-    cx.g[i] = math.max(0, tonumber(v[3 * i + 1]) or 0)
+    cx.f[i] = math.max(0, tonumber(v[2 * i]) or 0)
+    cx.d[i] = math.max(0, tonumber(v[2 * i + 1]) or 0)
   end
   for i = 1, #cx.tbl do
     cx.heads[i] = class_head(cx, i)
     cx.w[i] = cx.heads[i] and cx.heads[i][3] or nil
   end
-end
-
--- Take a class's fair head: take the tenant's head job, move V up to the tenant's tag,
--- and charge the tenant one work unit over its weight (1 per job until estimates
--- exist); a tenant left with no waiting job becomes idle. Returns the job's id,
--- fields (nil fields when it cannot run) and how many other tenants of the class had
--- work waiting when its run began (for `queued_why`).
-local function take_fair_head(cx, cls, h)
-  local p, lane, tenant, tag = cx.p, cx.lane, h[4], h[5]
-  local run = cx.runs[cls]
-  if not run or run.tenant ~= tenant then
-    flush_run(cx, cls)
-    local active = redis.call('ZCARD', class_key(p, lane, cls, 'fair'))
-    run = {tenant = tenant, taken = {}, sole = active == 1, rivals = active - 1}
-    read_run(cx, cls, run)
-    cx.runs[cls] = run
-  end
-  local id = run.ids[run.pos]
-  local f
-  if id then
-    run.pos = run.pos + 1
-    run.taken[#run.taken + 1] = id
-    f = runnable(cx.keys, p, id, cx.now, cx.tally)
-  end
-  if f then
-    local v = cx.vt[cls]
-    if not v then
-      v = {value = tonumber(redis.call('HGET', class_key(p, lane, cls, 'vt'), 'V')) or 0}
-      cx.vt[cls] = v
-    end
-    if tag > v.value then
-      v.value, v.dirty = tag, true
-    end
-    -- one unit per job, or in 'cost' mode what the job is expected to cost
-    local units = cx.cost_mode and (tonumber(f[17]) or 1) / 1000 or 1
-    tag = tag + units / weight_of(cx, tenant)
-  end
-  if not run.ids[run.pos] then
-    flush_run(cx, cls)
-    read_run(cx, cls, run)
-  end
-  run.tag = tag
-  if run.ids[run.pos] then
-    if run.sole then
-      run.tag_dirty = true
-    else
-      redis.call('ZADD', class_key(p, lane, cls, 'fair'), tag, tenant)
-    end
-  else
-    deactivate(p, lane, cls, tenant, tag)
-    cx.runs[cls] = nil
-  end
-  return id, f, run.rivals
 end
 
 -- The pressure on a lane, for tenant ceilings: slots running, and slots waiting in
@@ -216,28 +156,97 @@ local function job_limits(cx, f)
   return limits
 end
 
--- Pass a job popped from the fair queue through its throttle keys. Returns whether it
--- was admitted, and whether waiters were handed slots on the way (the lane's state
--- must then be read again).
+local NO_WAKES = {}
+
+-- Pass a job popped from the fair queue, with its lane slot, through its throttle keys:
+-- a job a key woke converts its offers (its keys are the ones it parked with), any
+-- other is admitted on all its keys or parks. Returns whether it was admitted and the
+-- waiters woken on the way. A job without keys or offers costs nothing here.
 local function admit(cx, id, f)
-  local limits = job_limits(cx, f)
-  if #limits == 0 then
-    return true, false
+  local offered = f[20]
+  local limits = offered and NO_WAKES or job_limits(cx, f)
+  if #limits == 0 and not offered then
+    return true, NO_WAKES
   end
-  local token, handoffs, blocker = thr_acquire(cx.keys, id, limits, f[14] or 0, f[15] or 0)
-  local moved = #handoffs > 0
-  if moved then
-    flush_dispatch(cx)
-    enter_all_granted(cx.p, handoffs, cx.now)
+  -- the charge of a wake: one unit, or in 'cost' mode what the job is expected to cost
+  local charge = cx.cost_mode and (tonumber(f[17]) or 1) / 1000 or 1
+  local token, wakes, blocker = thr_acquire(cx.keys, id, limits, f[14] or 0, f[15] or 0,
+    f[7] or '', charge)
+  local jk = job_key(cx.p, id)
+  if offered then
+    redis.call('HDEL', jk, 'toff')
   end
   if token then
-    redis.call('HSET', job_key(cx.p, id), 'ttok', token)
-    return true, moved
+    redis.call('HSET', jk, 'ttok', token)
+    return true, wakes
   end
-  redis.call('HSET', job_key(cx.p, id), 'st', 'throttled')
+  redis.call('HSET', jk, 'st', 'throttled')
   log_event(cx.p, id, cx.now, 'parked', {key = blocker or ''})
   count(cx.tally, 'throttled')
-  return false, moved
+  return false, wakes
+end
+
+-- Take a class's fair head: take the tenant's head job and pass it through its throttle
+-- keys (`admit`); admitted, move V up to the tenant's tag and charge the tenant one
+-- work unit over its weight (1 per job until estimates exist) -- a job that parks is
+-- not charged. A tenant left with no waiting job becomes idle. Returns the job's id,
+-- fields (nil fields when it does not start now), how many other tenants of the class
+-- had work waiting when its run began (for `queued_why`) and the waiters its throttle
+-- keys woke on the way (the caller enters them once the run is written).
+local function take_fair_head(cx, cls, h)
+  local p, lane, tenant, tag = cx.p, cx.lane, h[4], h[5]
+  local run = cx.runs[cls]
+  if not run or run.tenant ~= tenant then
+    flush_run(cx, cls)
+    local active = redis.call('ZCARD', class_key(p, lane, cls, 'fair'))
+    run = {tenant = tenant, taken = {}, sole = active == 1, rivals = active - 1}
+    read_run(cx, cls, run)
+    cx.runs[cls] = run
+  end
+  local id = run.ids[run.pos]
+  local f
+  if id then
+    run.pos = run.pos + 1
+    run.taken[#run.taken + 1] = id
+    f = runnable(cx.keys, p, id, cx.now, cx.tally)
+  end
+  local wakes = NO_WAKES
+  if f then
+    local admitted
+    admitted, wakes = admit(cx, id, f)
+    if not admitted then
+      f = nil
+    end
+  end
+  if f then
+    local v = cx.vt[cls]
+    if not v then
+      v = {value = tonumber(redis.call('HGET', class_key(p, lane, cls, 'vt'), 'V')) or 0}
+      cx.vt[cls] = v
+    end
+    if tag > v.value then
+      v.value, v.dirty = tag, true
+    end
+    -- one unit per job, or in 'cost' mode what the job is expected to cost
+    local units = cx.cost_mode and (tonumber(f[17]) or 1) / 1000 or 1
+    tag = tag + units / weight_of(cx, tenant)
+  end
+  if not run.ids[run.pos] then
+    flush_run(cx, cls)
+    read_run(cx, cls, run)
+  end
+  run.tag = tag
+  if run.ids[run.pos] then
+    if run.sole then
+      run.tag_dirty = true
+    else
+      redis.call('ZADD', class_key(p, lane, cls, 'fair'), tag, tenant)
+    end
+  else
+    deactivate(p, lane, cls, tenant, tag)
+    cx.runs[cls] = nil
+  end
+  return id, f, run.rivals, wakes
 end
 
 -- Why a job that waited starts only now, as `explain` tells it: the record's `qw`, JSON
@@ -268,8 +277,10 @@ end
 -- class rules (classes.lua) which class's head job may start given the lane's cached
 -- capacity C, its classes' in-flight and waiting slots; a head wider than what is
 -- left of the budget ends the step (nothing in a class overtakes its head). A job
--- popped from the fair queue then passes its throttle keys: it is admitted, or it
--- parks (status 'throttled', holding nothing) and the next head is tried.
+-- popped from the fair queue then passes its throttle keys with its lane slot: it is
+-- admitted (taking both in this step), or it parks (status 'throttled', holding
+-- nothing, its tenant not charged) and the next head is tried. Waiters the keys woke
+-- go back into their tenants' queues, and the lane's state is read again.
 -- Appends {id, fields, lane, why it waited (queued_why)} to `popped`. Returns the slots
 -- given and whether the lane stopped for want of budget (so it might give more).
 local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
@@ -286,22 +297,15 @@ local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
     local cls = cx.tbl[x][1]
     bump(cx, 'd:' .. cls, -h[3])
     cx.d[x] = math.max(0, cx.d[x] - h[3])
-    local id, jf, dirty, rivals = h[2], nil, false, nil
-    if h[1] == 'g' then
-      redis.call('ZREM', class_key(p, lane, cls, 'granted'), id)
-      bump(cx, 'g:' .. cls, -1)
-      cx.g[x] = cx.g[x] - 1
-      jf = runnable(keys, p, id, now, tally)
-      -- a grant that cannot run passed its slots on, maybe into this lane
-      dirty = not jf
-    else
-      id, jf, rivals = take_fair_head(cx, cls, h)
-      if jf then
-        local admitted
-        admitted, dirty = admit(cx, id, jf)
-        if not admitted then
-          jf = nil
-        end
+    local id, jf, rivals, wakes = take_fair_head(cx, cls, h)
+    -- offers a job that cannot run gave back woke waiters too (runnable keeps them)
+    local dirty = #wakes > 0 or tally.woken ~= nil
+    if dirty then
+      flush_dispatch(cx)
+      enter_all_woken(p, wakes, now)
+      if tally.woken then
+        enter_all_woken(p, tally.woken, now)
+        tally.woken = nil
       end
     end
     if jf then

@@ -14,19 +14,19 @@ Keys. Every function receives the app's fixed keys first, in this order
   KEYS[8]  WEIGHTS  weights   hash    tenant -> fair-share weight (absent = 1)
   KEYS[9]  FLEET    fleet     hash    worker -> its slots and lanes ('slots|lane,lane')
   KEYS[10] TLIMITS  tlimits   hash    tenant -> concurrency 'floor,max,burst_floor,burst_pct'
-  KEYS[11] THR      thr       hash    throttle keys, grants and parked jobs (throttle.lua)
-  KEYS[12] THRW     thr:wait  zset    throttle waiters, one lex range per key (throttle.lua)
+  KEYS[11] THR      thr       hash    throttle keys, grants, offers, parked jobs (throttle.lua)
+  KEYS[12] THRW     thr:wait  zset    throttle waiters, a lex range per key and tenant
 followed by the keys of the lanes the caller names (state, cap, delayed, wake, idle
 per lane). Per-job hashes (job:<id>), per-tenant queues (q:<lane>:<class>:<tenant>),
-per-class fair queues (lane:<l>:c:<class>:fair|vt|granted), tenant signals
+per-class fair queues (lane:<l>:c:<class>:fair|vt), throttle tags (<thr>:s|f:<key>), tenant signals
 (sig:<tenant>), retention indexes (kept:<task>:<outcome>) and lane keys are derived
 from the prefix of KEYS[FENCE], so they always carry the same hash tag (same cluster slot).
 
 Time is always the server's (TIME), never a client's.
 
 Job status: queued, throttled, scheduled, running, completed, failed, cancelled,
-expired. A job id is in exactly one of: a tenant queue or its class's granted set
-(queued), a throttle waiter queue (throttled), a lane's delayed set (scheduled), the
+expired. A job id is in exactly one of: a tenant queue (queued; one a throttle key
+woke holds offers), a throttle waiter group (throttled), a lane's delayed set (scheduled), the
 leases set (running), or none (finished).
 --]]
 

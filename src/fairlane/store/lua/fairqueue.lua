@@ -1,9 +1,8 @@
 -- Tenants within a class: their queues, start-time fair queuing's activation and
--- idling, the classes' in-flight and waiting slots, and jobs a throttle granted slots.
+-- idling, the classes' in-flight and waiting slots, and jobs a throttle key woke.
 
 -- Per-class keys of a lane: `fair` (active tenant -> start tag), `vt` (V, in-flight
--- `run`, idle tenants' finish tags `f:<tenant>`), `granted` (jobs a throttle handed a
--- slot to, by grant token: they start before the fair queue's head).
+-- `run`, idle tenants' finish tags `f:<tenant>`).
 local function class_key(p, lane, cls, what)
   return p .. 'lane:' .. lane .. ':c:' .. cls .. ':' .. what
 end
@@ -118,31 +117,42 @@ local function flush_settled(p, settled)
   end
 end
 
--- A throttle handed job `id` the slots of grant `token`: it waits at the front of its
--- class (in the granted set) for a worker slot.
-local function enter_granted(p, id, token, now)
+-- A throttle key woke job `id` with offers on its keys: it goes back into its tenant's
+-- queue of its class at its own place (its priority and seq), the tenant active again
+-- if it was idle, and its lane is woken. It takes its slots with its lane slot
+-- (dispatch converts the offers), so a throttle slot is held only by running work.
+local function enter_woken(p, id, key, now)
   local jk = job_key(p, id)
-  local f = redis.call('HMGET', jk, 'lane', 'cls', 'sl')
-  redis.call('HSET', jk, 'st', 'queued', 'ttok', token)
-  log_event(p, id, now or now_ms(), 'granted', {tok = token})
-  redis.call('ZADD', class_key(p, f[1], f[2], 'granted'), token, id)
-  local sk = lane_key(p, f[1], 'state')
-  redis.call('HINCRBY', sk, 'd:' .. f[2], slots_of(f[3]))
-  redis.call('HINCRBY', sk, 'g:' .. f[2], 1)
+  local f = redis.call('HMGET', jk, 'lane', 'cls', 'tenant', 'prio', 'seq', 'sl')
+  redis.call('HSET', jk, 'st', 'queued', 'toff', '1')
+  log_event(p, id, now or now_ms(), 'granted', {key = key})
+  push_ready(p, f[1], f[2] or DEFAULT_CLASS, f[3] or '', id, f[4] or 0, f[5] or 0, f[6])
   wake(p, f[1])
 end
 
-local function enter_all_granted(p, handoffs, now)
-  for _, h in ipairs(handoffs) do
-    enter_granted(p, h[1], h[2], now)
+local function enter_all_woken(p, wakes, now)
+  for _, w in ipairs(wakes) do
+    enter_woken(p, w[1], w[2], now)
   end
-  return #handoffs > 0
+  return #wakes > 0
 end
 
--- Release a job's throttle grant, if it holds one, and pass the slots on.
+-- Release a job's throttle grant, if it holds one, and wake the keys.
 local function release_throttle(keys, p, id, token, now)
   if token then
     redis.call('HDEL', job_key(p, id), 'ttok')
-    enter_all_granted(p, thr_release(keys, id, token), now)
+    enter_all_woken(p, thr_release(keys, id, token), now)
   end
+end
+
+-- A woken job that will not run (cancelled, expired) gives its offers back. Returns
+-- the waiters that wakes (the caller enters them: dispatch only where it is safe).
+local function take_back_offers(keys, p, id)
+  redis.call('HDEL', job_key(p, id), 'toff')
+  local _, wakes = thr_cancel(keys, id)
+  return wakes
+end
+
+local function give_back_offers(keys, p, id, now)
+  enter_all_woken(p, take_back_offers(keys, p, id), now)
 end

@@ -217,22 +217,39 @@ local function hand_off(keys, p, worker, lease, popped, now)
   redis.call('PEXPIRE', inbox, lease)
 end
 
--- Check a job popped from a tenant queue or a granted set. Returns its fields (st,
--- task, args, max, dl, to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok, cu, tp, par) when it
--- can run; settles it (and frees any throttle grant it held) and returns nil when it
+-- A popped job that will not run gives back the offers a throttle key woke it with;
+-- the waiters that wakes are kept in `tally.woken` for dispatch to enter once its own
+-- view of the lane is written (they may join the very queue it is reading).
+local function drop_offers(keys, p, id, offered, tally)
+  if offered then
+    local woken = take_back_offers(keys, p, id)
+    if #woken > 0 then
+      tally.woken = tally.woken or {}
+      for _, w in ipairs(woken) do
+        tally.woken[#tally.woken + 1] = w
+      end
+    end
+  end
+end
+
+-- Check a job popped from a tenant queue. Returns its fields (st, task, args, max, dl,
+-- to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok, cu, tp, par, toff) when it
+-- can run; settles it (and gives back any offers it held) and returns nil when it
 -- cannot (expired, malformed, or a stale entry).
 local function runnable(keys, p, id, now, tally)
   -- pcall: a job key that is not a hash reads as a missing record (left for a human)
   local f = redis.pcall('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
-    'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok', 'cu', 'tp', 'par')
+    'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok', 'cu', 'tp', 'par', 'toff')
   local bad = f[1] == 'queued' and malformed_field(f)
   if bad then
     count(tally, 'malformed')
     release_throttle(keys, p, id, f[16], now)
+    drop_offers(keys, p, id, f[20], tally)
     dead_letter(keys, p, id, string.format(MALFORMED_ERR, bad), now, tally)
   elseif f[1] == 'queued' then
     if f[5] and tonumber(f[5]) < now then
       release_throttle(keys, p, id, f[16], now)
+      drop_offers(keys, p, id, f[20], tally)
       expire(keys, p, id, EXPIRED_ERR, now, tally)
     else
       return f

@@ -1,11 +1,17 @@
--- Throttle keys: per-key concurrency limits with fair waiter queues and direct
--- hand-off (fairlane/policy/throttle.py states the rules and proves them; this is its
--- twin, step for step). State, all under the app's hash tag:
---   KEYS[THR]  hash  l:<key> limit in force, u:<key> slots in use, r:<key> jobs naming
---                    it; h:<job> 'token<TAB>key<TAB>key..' held slots; p:<job>
---                    'at<TAB>prio<TAB>seq<TAB>key..' a parked job; tok the grant counter
---   KEYS[THRW] zset  every waiter at score 0, member '<key>\0<order>\0<job>', so the
---                    queue of a key is a lex range and its head the first member
+-- Throttle keys: per-key concurrency limits, tenant-fair waiting and offers
+-- (fairlane/policy/throttle.py states the rules and proves them; this is its twin, step
+-- for step). State, all under the app's hash tag (fairlane/store/keys.py names it):
+--   KEYS[THR]  hash  l:<key> limit in force, u:<key> slots held, o:<key> offers out,
+--                    r:<key> jobs naming it, v:<key> its virtual time V; h:<job>
+--                    'token<TAB>key..' held slots; w:<job> 'key<TAB>key..' offers of a
+--                    woken job; p:<job> 'at<TAB>prio<TAB>seq<TAB>tenant<TAB>charge<TAB>
+--                    key..' a parked job; tok the grant counter; wakes, moves counters
+--   KEYS[THRW] zset  every waiter at score 0, member '<key>\0<tenant>\0<order>\0<job>',
+--                    so a tenant's group on a key is a lex range, its head the first
+--   <THR>:s:<key> zset  tenant with waiters on the key -> start tag S
+--   <THR>:f:<key> zset  idle tenant -> finish tag F, only while F > V
+-- room(k) = limit - held - offers. Nothing here polls: keys are woken when they gain
+-- room (a release, a raised limit, offers given back).
 
 local TAB = '\t'
 
@@ -17,70 +23,143 @@ local function split_tabs(s)
   return out
 end
 
--- Waiter order: highest priority first, then lowest seq, then job id.
-local function wait_member(key, prio, seq, id)
-  return key .. '\0' .. string.format('%016d%020d', 1e15 - tonumber(prio), tonumber(seq))
-    .. '\0' .. id
+local function tags_key(keys, key, which)
+  return keys[THR] .. ':' .. which .. ':' .. key
 end
 
-local function queue_head(keys, key)
-  local m = redis.call('ZRANGEBYLEX', keys[THRW], '[' .. key .. '\0', '(' .. key .. '\1',
-    'LIMIT', 0, 1)[1]
+-- Waiter order within a tenant group: highest priority first, then lowest seq, then id.
+local function group_prefix(key, tenant)
+  return key .. '\0' .. tenant .. '\0'
+end
+
+local function wait_member(key, tenant, prio, seq, id)
+  return group_prefix(key, tenant) ..
+    string.format('%016d%020d', 1e15 - tonumber(prio), tonumber(seq)) .. '\0' .. id
+end
+
+local function group_head(keys, key, tenant)
+  local m = redis.call('ZRANGEBYLEX', keys[THRW], '[' .. group_prefix(key, tenant),
+    '(' .. key .. '\0' .. tenant .. '\1', 'LIMIT', 0, 1)[1]
   if not m then
     return nil
   end
-  -- Lua 5.1 patterns spell the zero byte %z
-  return m, string.match(m, '%z[^%z]*%z(.*)$')
+  -- Lua 5.1 patterns spell the zero byte %z; key, tenant and order hold none
+  return m, string.match(m, '^[^%z]*%z[^%z]*%z[^%z]*%z(.*)$')
 end
 
-local function has_room(keys, key)
-  local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key)
-  return (tonumber(v[2]) or 0) < (tonumber(v[1]) or 0)
+-- A parked record: {at, prio, seq, tenant, charge, names}; the tenant may be empty.
+local function parse_parked(raw)
+  local at, prio, seq, tenant, charge, rest =
+    string.match(raw, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+  return {at = at, prio = prio, seq = seq, tenant = tenant, charge = tonumber(charge) or 1,
+    names = split_tabs(rest)}
+end
+
+local function room(keys, key)
+  local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key, 'o:' .. key)
+  return (tonumber(v[1]) or 0) - (tonumber(v[2]) or 0) - (tonumber(v[3]) or 0)
 end
 
 local function first_full(keys, names)
   for _, key in ipairs(names) do
-    if not has_room(keys, key) then
+    if room(keys, key) <= 0 then
       return key
     end
   end
   return nil
 end
 
+local function vtime(keys, key)
+  return tonumber(redis.call('HGET', keys[THR], 'v:' .. key)) or 0
+end
+
 local function grant(keys, id, names)
   local token = redis.call('HINCRBY', keys[THR], 'tok', 1)
-  for _, key in ipairs(names) do
-    redis.call('HINCRBY', keys[THR], 'u:' .. key, 1)
-  end
   redis.call('HSET', keys[THR], 'h:' .. id, token .. TAB .. table.concat(names, TAB))
   return token
 end
 
-local function park(keys, id, names, at, prio, seq)
-  redis.call('HSET', keys[THR], 'p:' .. id,
-    at .. TAB .. prio .. TAB .. seq .. TAB .. table.concat(names, TAB))
-  redis.call('ZADD', keys[THRW], 0, wait_member(at, prio, seq, id))
+-- A tenant group left empty: its start tag stays as its finish tag while above V.
+local function idle_group(keys, key, tenant, tag)
+  redis.call('ZREM', tags_key(keys, key, 's'), tenant)
+  if tag > vtime(keys, key) then
+    redis.call('ZADD', tags_key(keys, key, 'f'), tag, tenant)
+  end
 end
 
--- Hand `key`'s room to its waiters until it is full or nobody waits. Appends
--- {job, token} for every waiter admitted.
-local function drain(keys, key, out)
-  while has_room(keys, key) do
-    local member, id = queue_head(keys, key)
-    if not member then
+-- Put a waiter in its tenant's group on w.at; a group that forms starts at max(F, V).
+local function enter_group(keys, id, w)
+  local sk = tags_key(keys, w.at, 's')
+  if not redis.call('ZSCORE', sk, w.tenant) then
+    local start = vtime(keys, w.at)
+    local fk = tags_key(keys, w.at, 'f')
+    local finish = tonumber(redis.call('ZSCORE', fk, w.tenant))
+    if finish then
+      redis.call('ZREM', fk, w.tenant)
+      if finish > start then
+        start = finish
+      end
+    end
+    redis.call('ZADD', sk, start, w.tenant)
+  end
+  redis.call('HSET', keys[THR], 'p:' .. id, table.concat(
+    {w.at, w.prio, w.seq, w.tenant, w.charge, table.concat(w.names, TAB)}, TAB))
+  redis.call('ZADD', keys[THRW], 0, wait_member(w.at, w.tenant, w.prio, w.seq, id))
+end
+
+-- Hand `key`'s room to its waiters, least start tag first, until it has no room or
+-- nobody waits. A waiter lacking another key moves there (uncharged); one that has
+-- room on all its keys is woken: an offer on each, V up to its tag, its tenant's tag
+-- charged charge / weight. Appends {job, key} for every waiter woken.
+local function wake_key(keys, key, out)
+  local sk = tags_key(keys, key, 's')
+  while room(keys, key) > 0 do
+    local top = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
+    if not top[1] then
       return
     end
+    local tenant, tag = top[1], tonumber(top[2])
+    local member, id = group_head(keys, key, tenant)
     redis.call('ZREM', keys[THRW], member)
-    local parts = split_tabs(redis.call('HGET', keys[THR], 'p:' .. id))
+    local w = parse_parked(redis.call('HGET', keys[THR], 'p:' .. id))
     redis.call('HDEL', keys[THR], 'p:' .. id)
-    local names = {unpack(parts, 4)}
-    local blocker = first_full(keys, names)
+    local emptied = not group_head(keys, key, tenant)
+    local blocker = first_full(keys, w.names)
     if blocker then
-      park(keys, id, names, blocker, parts[2], parts[3])
+      if emptied then
+        idle_group(keys, key, tenant, tag)
+      end
+      w.at = blocker
+      enter_group(keys, id, w)
       redis.call('HINCRBY', keys[THR], 'moves', 1)
     else
-      out[#out + 1] = {id, grant(keys, id, names)}
-      redis.call('HINCRBY', keys[THR], 'handoffs', 1)
+      for _, k in ipairs(w.names) do
+        redis.call('HINCRBY', keys[THR], 'o:' .. k, 1)
+      end
+      redis.call('HSET', keys[THR], 'w:' .. id, table.concat(w.names, TAB))
+      if tag > vtime(keys, key) then
+        redis.call('HSET', keys[THR], 'v:' .. key, tag)
+        -- finish tags at or below V carry nothing
+        redis.call('ZREMRANGEBYSCORE', tags_key(keys, key, 'f'), '-inf', tag)
+      end
+      local weight = tonumber(redis.call('HGET', keys[WEIGHTS], tenant)) or 1
+      local charged = tag + w.charge / weight
+      if emptied then
+        idle_group(keys, key, tenant, charged)
+      else
+        redis.call('ZADD', sk, charged, tenant)
+      end
+      out[#out + 1] = {id, key}
+      redis.call('HINCRBY', keys[THR], 'wakes', 1)
+    end
+  end
+end
+
+-- Wake every key of `names` that has room and waiters, in order.
+local function wake_all(keys, names, out)
+  for _, key in ipairs(names) do
+    if room(keys, key) > 0 and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
+      wake_key(keys, key, out)
     end
   end
 end
@@ -88,76 +167,140 @@ end
 local function unref(keys, names)
   for _, key in ipairs(names) do
     if redis.call('HINCRBY', keys[THR], 'r:' .. key, -1) <= 0 then
-      redis.call('HDEL', keys[THR], 'r:' .. key, 'l:' .. key, 'u:' .. key)
+      redis.call('HDEL', keys[THR], 'r:' .. key, 'l:' .. key, 'u:' .. key, 'o:' .. key,
+        'v:' .. key)
+      redis.call('DEL', tags_key(keys, key, 's'), tags_key(keys, key, 'f'))
     end
   end
 end
 
--- Admit `id` on every key of `limits` ({{key, limit}, ..} sorted by key) at once, or
--- park it on its first full key. Returns the grant token (nil when parked), the
--- waiters admitted on the way (by limits this job raised) and the key it parked on.
-local function thr_acquire(keys, id, limits, prio, seq)
+-- A woken job, dispatched with its lane slot: its offers become holds if every key
+-- has a slot under its limit; otherwise (a limit was lowered) it gives them back and
+-- parks again. Returns as thr_acquire.
+local function convert_offers(keys, id, offered, prio, seq, tenant, charge)
+  local names = split_tabs(offered)
+  redis.call('HDEL', keys[THR], 'w:' .. id)
+  local ok = true
+  for _, key in ipairs(names) do
+    local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key)
+    if (tonumber(v[2]) or 0) >= (tonumber(v[1]) or 0) then
+      ok = false
+      break
+    end
+  end
+  for _, key in ipairs(names) do
+    redis.call('HINCRBY', keys[THR], 'o:' .. key, -1)
+    if ok then
+      redis.call('HINCRBY', keys[THR], 'u:' .. key, 1)
+    end
+  end
+  if ok then
+    return grant(keys, id, names), {}
+  end
+  local blocker = first_full(keys, names)
+  enter_group(keys, id, {at = blocker, prio = prio, seq = seq, tenant = tenant,
+    charge = charge, names = names})
+  local wakes = {}
+  wake_all(keys, names, wakes)
+  return nil, wakes, blocker
+end
+
+-- Dispatch of `id` with its lane slot: convert its offers, or admit it on every key of
+-- `limits` ({{key, limit}, ..} sorted by key) at once, or park it in `tenant`'s group on
+-- its first full key (`charge`: what a wake charges its tenant). Returns the grant
+-- token (nil when parked), the waiters woken on the way ({job, key}) and the key it
+-- parked on.
+local function thr_acquire(keys, id, limits, prio, seq, tenant, charge)
+  local offered = redis.call('HGET', keys[THR], 'w:' .. id)
+  if offered then
+    return convert_offers(keys, id, offered, prio, seq, tenant, charge)
+  end
   local names, raised = {}, {}
   for i, kl in ipairs(limits) do
     local key, limit = kl[1], tonumber(kl[2])
     names[i] = key
     local cur = tonumber(redis.call('HGET', keys[THR], 'l:' .. key))
-    if cur and limit > cur and queue_head(keys, key) then
+    if cur and limit > cur and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
       raised[#raised + 1] = key
     end
     redis.call('HSET', keys[THR], 'l:' .. key, limit)
     redis.call('HINCRBY', keys[THR], 'r:' .. key, 1)
   end
-  local handoffs = {}
+  local wakes = {}
   for _, key in ipairs(raised) do
-    drain(keys, key, handoffs)
+    wake_key(keys, key, wakes)
   end
   local blocker = first_full(keys, names)
   if not blocker then
-    return grant(keys, id, names), handoffs
+    for _, key in ipairs(names) do
+      redis.call('HINCRBY', keys[THR], 'u:' .. key, 1)
+    end
+    return grant(keys, id, names), wakes
   end
-  park(keys, id, names, blocker, prio, seq)
-  return nil, handoffs, blocker
+  enter_group(keys, id, {at = blocker, prio = prio, seq = seq, tenant = tenant,
+    charge = charge, names = names})
+  return nil, wakes, blocker
 end
 
--- Free the slots of `id`'s grant `token` and hand them on. A stale token or a job
--- holding nothing changes nothing. Returns the waiters admitted.
+-- Free the slots of `id`'s grant `token` and wake the keys. A stale token or a job
+-- holding nothing changes nothing. Returns the waiters woken.
 local function thr_release(keys, id, token)
   local held = redis.call('HGET', keys[THR], 'h:' .. id)
-  local handoffs = {}
+  local wakes = {}
   if not held then
-    return handoffs
+    return wakes
   end
   local parts = split_tabs(held)
   if parts[1] ~= tostring(token) then
-    return handoffs
+    return wakes
   end
   redis.call('HDEL', keys[THR], 'h:' .. id)
-  local names, freed = {unpack(parts, 2)}, {}
+  local names = {unpack(parts, 2)}
   for _, key in ipairs(names) do
     redis.call('HINCRBY', keys[THR], 'u:' .. key, -1)
-    if queue_head(keys, key) and has_room(keys, key) then
-      freed[#freed + 1] = key
-    end
   end
-  for _, key in ipairs(freed) do
-    drain(keys, key, handoffs)
-  end
+  wake_all(keys, names, wakes)
   unref(keys, names)
-  return handoffs
+  return wakes
 end
 
--- Take a parked job out of its queue; false when it was not waiting.
-local function thr_cancel_waiter(keys, id)
+-- A waiting job leaves (cancelled, expired): out of its tenant group, or its offers
+-- given back and their keys woken. Returns whether it waited or held offers, and the
+-- waiters woken.
+local function thr_cancel(keys, id)
   local parked = redis.call('HGET', keys[THR], 'p:' .. id)
-  if not parked then
+  if parked then
+    local w = parse_parked(parked)
+    redis.call('ZREM', keys[THRW], wait_member(w.at, w.tenant, w.prio, w.seq, id))
+    redis.call('HDEL', keys[THR], 'p:' .. id)
+    if not group_head(keys, w.at, w.tenant) then
+      idle_group(keys, w.at, w.tenant,
+        tonumber(redis.call('ZSCORE', tags_key(keys, w.at, 's'), w.tenant)))
+    end
+    unref(keys, w.names)
+    return true, {}
+  end
+  local offered = redis.call('HGET', keys[THR], 'w:' .. id)
+  if not offered then
+    return false, {}
+  end
+  redis.call('HDEL', keys[THR], 'w:' .. id)
+  local names, wakes = split_tabs(offered), {}
+  for _, key in ipairs(names) do
+    redis.call('HINCRBY', keys[THR], 'o:' .. key, -1)
+  end
+  wake_all(keys, names, wakes)
+  unref(keys, names)
+  return true, wakes
+end
+
+-- Take a parked job out of its group (a waiter's cancel wakes nobody); false when it
+-- was not waiting.
+local function thr_cancel_waiter(keys, id)
+  if redis.call('HEXISTS', keys[THR], 'p:' .. id) == 0 then
     return false
   end
-  local parts = split_tabs(parked)
-  redis.call('ZREM', keys[THRW], wait_member(parts[1], parts[2], parts[3], id))
-  redis.call('HDEL', keys[THR], 'p:' .. id)
-  unref(keys, {unpack(parts, 4)})
-  return true
+  return (thr_cancel(keys, id))
 end
 
 ---------------------------------------------------------------------------- tenant ceilings

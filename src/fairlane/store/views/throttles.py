@@ -1,8 +1,10 @@
-"""Throttle keys: each key's limit, its use and the jobs waiting for it.
+"""Throttle keys: each key's limit, its use, its offers and the jobs waiting for it.
 
 The ``thr`` hash holds, per throttle key, its limit (``l:<key>``, as the last task to
-declare it recorded), the slots in use (``u:<key>``) and the jobs holding a grant
-(``r:<key>``); ``thr:wait`` orders the waiting jobs, member ``<key>\\0<order>\\0<job id>``.
+declare it recorded), the slots held by running jobs (``u:<key>``), the offers made to
+woken jobs on their way back to a lane slot (``o:<key>``) and the jobs naming it
+(``r:<key>``); ``thr:wait`` holds the waiting jobs by tenant group, member
+``<key>\\0<tenant>\\0<order>\\0<job id>``.
 Over shards, a key's use, jobs and waiters are summed over those that hold it, and its
 limit is the largest any of them recorded (the task declares it).
 """
@@ -22,13 +24,15 @@ __all__ = ["ThrottleView", "throttles"]
 
 @dataclass(frozen=True, slots=True)
 class ThrottleView:
-    """One throttle key over every shard; ``waiters`` are job ids, first in line first."""
+    """One throttle key over every shard; ``waiters`` are job ids by tenant group (each
+    group first in line first; which group goes next is the key's fair tags' call)."""
 
     key: str
     limit: int | None
     in_use: int
     jobs: int
     waiters: list[str]
+    offers: int = 0
 
 
 def throttles(keys: Sequence[AppKeys], waiter_limit: int) -> Plan[list[ThrottleView]]:
@@ -54,18 +58,25 @@ def throttles(keys: Sequence[AppKeys], waiter_limit: int) -> Plan[list[ThrottleV
             known.add(key)
         for member in waiting:
             key, _, rest = field_text(member).partition("\0")
-            waiters[key].append(rest.partition("\0")[2])
+            waiters[key].append(rest.split("\0", 2)[-1])
             known.add(key)
         held.extend((shard, key) for key in sorted(known))
     if not held:
         return []
-    use = yield [cmd("hmget", keys[shard].throttles, f"u:{key}", f"r:{key}") for shard, key in held]
+    use = yield [
+        cmd("hmget", keys[shard].throttles, f"u:{key}", f"r:{key}", f"o:{key}")
+        for shard, key in held
+    ]
     in_use: dict[str, int] = defaultdict(int)
     jobs: dict[str, int] = defaultdict(int)
-    for (_, key), (used, refs) in zip(held, use, strict=True):
+    offers: dict[str, int] = defaultdict(int)
+    for (_, key), (used, refs, offered) in zip(held, use, strict=True):
         in_use[key] += field_int(used) or 0
         jobs[key] += field_int(refs) or 0
+        offers[key] += field_int(offered) or 0
     return [
-        ThrottleView(key, limits.get(key), in_use[key], jobs[key], waiters.get(key, []))
+        ThrottleView(
+            key, limits.get(key), in_use[key], jobs[key], waiters.get(key, []), offers[key]
+        )
         for key in sorted({key for _, key in held})
     ]
