@@ -184,49 +184,68 @@ local function backoff_ms(spec, attempt, u)
   return math.floor(d * 1000)
 end
 
--- Admit a lane's deferred jobs while they fit: classes in declared order, each queue
--- oldest first, stopping at the first head that does not fit (no overtaking). A job
--- whose deadline passed while it waited is expired and spends nothing.
+-- One readmission pass over a class's deferred queue (fair deferral: the contract's Fair
+-- deferral, fairlane/policy/admission/deferral.py): heads by their tenants' fair tags,
+-- a head that does not fit passed over for the pass, a held class's pinned head alone,
+-- at most deferral.PASS_BUDGET heads. A job no longer deferred (cancelled) leaves
+-- uncharged; one whose deadline passed while it waited is expired and spends nothing.
+function deferral.readmit_class(keys, p, lane, cfg, cls, now, fx, weights)
+  if redis.call('EXISTS', class_key(p, lane, cls, 'dfair')) == 0 then
+    return
+  end
+  local ps = deferral.pass(p, lane, cls, keys[WEIGHTS], weights)
+  while true do
+    local id, tenant, held = deferral.next(ps)
+    if not tenant then
+      break
+    end
+    local jk = job_key(p, id or '')
+    local f = id and redis.call('HMGET', jk, 'st', 'tenant', 'dmu', 'dl', 'run', 'prio', 'seq',
+      'sl', 'retry') or {}
+    local mu = tonumber(f[3]) or 0
+    local late = f[4] and tonumber(f[4]) and tonumber(f[4]) <= now
+    if not id or f[1] ~= 'deferred' or late then
+      if id then
+        deferral.take(ps, id, tenant, mu, false)
+      else -- an empty group left active (never written so): the tenant leaves
+        redis.call('ZREM', ps.fair, tenant)
+      end
+      if late and f[1] == 'deferred' then
+        expire(keys, p, id, EXPIRED_ERR, now, fx)
+      end
+    elseif room_for(p, lane, cfg, cls, tenant, mu, f[9] ~= '1', true) ~= 'accepted' then
+      if held then
+        break
+      end
+      deferral.pass_over(ps, id, tenant, deferral.ever_fits(cfg, cls, mu, f[9] ~= '1'))
+    else
+      deferral.take(ps, id, tenant, mu, true)
+      reserve(p, lane, cls, tenant, id, mu)
+      redis.call('HDEL', jk, 'dmu', 'retry')
+      count(fx, 'admitted')
+      log_event(p, id, now, 'admitted', {at = tonumber(f[5]) or now})
+      if (tonumber(f[5]) or now) > now then
+        redis.call('HSET', jk, 'st', 'scheduled')
+        redis.call('ZADD', lane_key(p, lane, 'delayed'), tonumber(f[5]), id)
+      else
+        redis.call('HSET', jk, 'st', 'queued')
+        push_ready(p, lane, cls, tenant, id, f[6], f[7], f[8])
+      end
+      wake(p, lane)
+    end
+  end
+  deferral.end_pass(ps)
+end
+
+-- Admit a lane's deferred jobs that fit, classes in declared order, each class by fair
+-- deferral (readmit_class).
 admit_deferred = function(keys, p, lane, now, fx)
   local cfg = admission_of(p, lane)
   if not cfg then
     return
   end
-  local sk = lane_key(p, lane, 'state')
+  local weights = {}
   for _, c in ipairs(cfg.utable) do
-    local cls = c[1]
-    local dk = class_key(p, lane, cls, 'deferred')
-    while true do
-      local id = redis.call('ZRANGE', dk, 0, 0)[1]
-      if not id then
-        break
-      end
-      local jk = job_key(p, id)
-      local f = redis.call('HMGET', jk, 'st', 'tenant', 'dmu', 'dl', 'run', 'prio', 'seq', 'sl',
-        'retry')
-      local mu = tonumber(f[3]) or 0
-      if f[1] == 'deferred' and not (f[4] and tonumber(f[4]) <= now) and
-          room_for(p, lane, cfg, cls, f[2], mu, f[9] ~= '1') ~= 'accepted' then
-        break
-      end
-      redis.call('ZREM', dk, id)
-      redis.call('HINCRBY', sk, 'ad:' .. cls, -1)
-      if f[1] == 'deferred' and f[4] and tonumber(f[4]) <= now then
-        expire(keys, p, id, EXPIRED_ERR, now, fx)
-      elseif f[1] == 'deferred' then
-        reserve(p, lane, cls, f[2], id, mu)
-        redis.call('HDEL', jk, 'dmu', 'retry')
-        count(fx, 'admitted')
-        log_event(p, id, now, 'admitted', {at = tonumber(f[5]) or now})
-        if (tonumber(f[5]) or now) > now then
-          redis.call('HSET', jk, 'st', 'scheduled')
-          redis.call('ZADD', lane_key(p, lane, 'delayed'), tonumber(f[5]), id)
-        else
-          redis.call('HSET', jk, 'st', 'queued')
-          push_ready(p, lane, cls, f[2], id, f[6], f[7], f[8])
-        end
-        wake(p, lane)
-      end
-    end
+    deferral.readmit_class(keys, p, lane, cfg, c[1], now, fx, weights)
   end
 end
