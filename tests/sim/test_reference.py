@@ -1,7 +1,7 @@
 """The engine against a naive simulator built from the policy core's own objects.
 
 ``Reference`` below is the simplest event loop that composes ``FairQueue`` (one per
-class), ``next_class``, ``admission.decide`` / ``drain`` with a ``PoolState``, and the
+class), ``next_class``, ``admission.decide`` / ``DeferredQueue`` with a ``PoolState``, and the
 naive throttle keys of ``tests/sim/naive_keys.py`` for tenant caps and shared keys,
 under either rule (``waiters=fair``: keys taken at dispatch, a parked head removed from
 its fair queue uncharged, a woken job pushed back at its own position; ``waiters=fifo``:
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from fairlane.policy.admission import DeferredJob, PoolState, decide, drain, to_milli
+from fairlane.policy.admission import DeferredQueue, PoolState, Verdict, decide, fits, to_milli
 from fairlane.policy.classes import next_class
 from fairlane.policy.fairqueue import FairQueue, job_order
 from fairlane.sim.arrivals import arrivals
@@ -63,8 +63,10 @@ class Reference:
         self.granted: dict[str, deque[_Job]] = {c: deque() for c in self.table.names}
         self.in_flight, self.waiting = Counter[str](), Counter[str]()
         self.state = PoolState()
-        self.deferred: dict[str, deque[DeferredJob]] = {c: deque() for c in self.table.names}
-        self.pending: dict[str, deque[_Job]] = {c: deque() for c in self.table.names}
+        self.deferred: dict[str, DeferredQueue[str]] = {
+            c: DeferredQueue() for c in self.table.names
+        }
+        self.pending: dict[str, _Job] = {}
         self.queued: dict[str, _Job] = {}  # in a fair queue
         self.jobs: dict[str, _Job] = {}
         self.waits: dict[str, list[float]] = {n: [] for n in self.names}
@@ -185,15 +187,16 @@ class Reference:
         decision = decide(
             self.table, self.pool, self.state, service_class=cls, tenant=tenant,
             milli_units=mu, fresh=True, deadline_ms=None, now_ms=0,
-            max_reservation_milli=self.max_milli,
+            max_reservation_milli=self.max_milli, held=self.deferred[cls].held,
         )  # fmt: skip
         if decision.status == "accepted":
             self.state.accept(cls, tenant, mu)
+            self.deferred[cls].note_admitted()
             self.push(job)
         elif decision.status == "deferred":
             self.state.defer(cls)
-            self.deferred[cls].append(DeferredJob(tenant, mu))
-            self.pending[cls].append(job)
+            self.deferred[cls].push(tenant, str(job.seq), job.seq, mu)
+            self.pending[str(job.seq)] = job
         else:
             self.rejected[tenant] += 1
 
@@ -209,8 +212,26 @@ class Reference:
         self.done[tenant] += 1
         if self.pool is not None:
             self.state.release(cls, tenant, to_milli(self.specs[job.tenant].units))
-            for c, _ in drain(self.table, self.pool, self.state, self.deferred):
-                self.push(self.pending[c].popleft())
+            for c in self.table.names:
+                for r in self.deferred[c].readmit(self.judge(c), self.weight):
+                    self.push(self.pending.pop(r.job_id))
+
+    def weight(self, name: str) -> float:
+        return self.specs[self.names.index(name)].weight
+
+    def judge(self, cls: str) -> Any:
+        assert self.pool is not None
+        pool = self.pool
+
+        def verdict(job_id: str, tenant: str, mu: int) -> Verdict:
+            kw: Any = {"service_class": cls, "tenant": tenant, "milli_units": mu, "fresh": True}
+            if fits(self.table, pool, self.state, **kw) is None:
+                self.state.undefer(cls)
+                self.state.accept(cls, tenant, mu)
+                return "admit"
+            return "wait" if fits(self.table, pool, PoolState(), **kw) is None else "never"
+
+        return verdict
 
 
 def _scenario(rng: random.Random, *, wide: bool) -> dict[str, Any]:

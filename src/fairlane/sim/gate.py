@@ -10,9 +10,13 @@ as lists by class position and tenant index -- and what happens at the gate:
   else rejected with the reason; a rejected job is resubmitted after
   ``admission.retry_after`` (its tenant's rejections in the last 60 s, a seeded draw)
   while it has retries left, and otherwise lost.
-* **release** (a job finished): the reservation is given back and the deferred heads
-  are admitted as ``admission.drain`` does -- classes in table order, each FIFO until
-  its head does not fit.
+* **release** (a job finished): the reservation is given back and each class's
+  deferred queue makes one readmission pass, classes in table order, by fair deferral
+  (``admission.DeferredQueue``, as the store): tenants by weighted start-time fair
+  tags, FIFO within a tenant, a head that does not fit passed over for the pass, a
+  pinned head held for after ``admission.OVERTAKE_LIMIT`` overtakes (then the class
+  gives nothing else room, fresh submissions included), at most
+  ``admission.PASS_BUDGET`` heads per pass.
 
 Only fresh submissions reach the gate here (a yielding job keeps its reservation).
 """
@@ -22,8 +26,9 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
+from collections.abc import Callable
 
-from fairlane.policy.admission import retry_after, to_milli
+from fairlane.policy.admission import DeferredQueue, Verdict, retry_after, to_milli
 from fairlane.sim.metrics import Raw
 from fairlane.sim.scenario import Scenario
 from fairlane.sim.world import REJ, SEQ, TEN, Job, World
@@ -41,7 +46,11 @@ class Admission:
         lanes = world.lanes
         self.reserved = [[0] * len(lane.table) for lane in lanes]
         self.admitted = [[0] * len(lane.table) for lane in lanes]
-        self.deferred: list[list[deque[Job]]] = [[deque() for _ in lane.table] for lane in lanes]
+        self.deferred: list[list[DeferredQueue[str]]] = [
+            [DeferredQueue() for _ in lane.table] for lane in lanes
+        ]
+        self.pending: dict[str, Job] = {}
+        """Deferred jobs by id (``str(seq)``)."""
         self.t_adm, self.t_res = [0] * world.tenants, [0] * world.tenants
         self.max_milli = to_milli(scenario.estimation.max_reservation_units)
         self.policy = scenario.retry.retry_after_policy
@@ -51,6 +60,7 @@ class Admission:
         """Rejected jobs waiting to resubmit: ``(when, seq, job)``."""
         self.waiting = 0
         """Deferred jobs, all lanes."""
+        self.index = {name: t for t, name in enumerate(world.names)}
 
     def offer(self, job: Job, li: int, now: float) -> bool:
         """A submission to lane ``li``'s gate; True if accepted (the caller queues it)."""
@@ -60,16 +70,22 @@ class Admission:
         if mu > self.max_milli:
             self._reject(job, t, "too_wide", now)
             return False
+        queue = self.deferred[li][apos]
         reason = lane.gate.fits(
             apos, mu, self.reserved[li], self.admitted[li],
             tenant_admitted=self.t_adm[t], tenant_reserved=self.t_res[t],
         )  # fmt: skip
+        if reason is None and queue.held:
+            reason = "class_full"  # the class's room is kept for its pinned deferred head
         if reason is None:
             self._accept(t, li, apos, mu)
+            queue.note_admitted()
             return True
-        spec, queue = lane.specs[apos], self.deferred[li][apos]
+        spec = lane.specs[apos]
         if spec.when_full == "defer" and len(queue) < spec.deferred_limit:
-            queue.append(job)
+            job_id = str(job[SEQ])
+            queue.push(self.w.names[t], job_id, job[SEQ], mu)
+            self.pending[job_id] = job
             self.waiting += 1
             self.raw.max_deferred = max(self.raw.max_deferred, self.waiting)
             self.raw.deferrals[reason] += 1
@@ -91,19 +107,37 @@ class Admission:
         assert gate is not None
         admitted: list[Job] = []
         for pos, queue in enumerate(self.deferred[li]):
-            while queue:
-                u = queue[0][TEN]
-                m = self.w.mu[u]
-                full = gate.fits(
-                    pos, m, self.reserved[li], self.admitted[li],
-                    tenant_admitted=self.t_adm[u], tenant_reserved=self.t_res[u],
-                )  # fmt: skip
-                if full:
-                    break
-                admitted.append(queue.popleft())
+            if not queue:
+                continue
+            for r in queue.readmit(self._judge(li, pos), self._weight):
+                admitted.append(self.pending.pop(r.job_id))
                 self.waiting -= 1
-                self._accept(u, li, pos, m)
         return admitted
+
+    def _weight(self, name: str) -> float:
+        return self.w.weight[self.index[name]]
+
+    def _judge(self, li: int, pos: int) -> Callable[[str, str, int], Verdict]:
+        """Whether a deferred head of lane ``li``'s class ``pos`` fits now (then it is
+        reserved at once), could once its room frees, or never could."""
+        gate = self.w.lanes[li].gate
+        assert gate is not None
+        empty = [0] * len(self.reserved[li])
+
+        def judge(job_id: str, name: str, mu: int) -> Verdict:
+            u = self.index[name]
+            full = gate.fits(
+                pos, mu, self.reserved[li], self.admitted[li],
+                tenant_admitted=self.t_adm[u], tenant_reserved=self.t_res[u],
+            )  # fmt: skip
+            if not full:
+                self._accept(u, li, pos, mu)
+                return "admit"
+            if gate.fits(pos, mu, empty, empty, tenant_admitted=0, tenant_reserved=0):
+                return "never"
+            return "wait"
+
+        return judge
 
     def _accept(self, t: int, li: int, apos: int, mu: int) -> None:
         self.reserved[li][apos] += mu
