@@ -1,4 +1,4 @@
-"""Throttle keys: each key's limit, its use, its offers and the jobs waiting for it.
+"""Throttle keys: each key's limit, its use and the jobs waiting for it.
 
 The ``thr`` hash holds, per throttle key, its limit (``l:<key>``, as the last task to
 declare it recorded), the slots held by running jobs (``u:<key>``), the offers made to
@@ -32,7 +32,6 @@ class ThrottleView:
     in_use: int
     jobs: int
     waiters: list[str]
-    offers: int = 0
 
 
 def throttles(keys: Sequence[AppKeys], waiter_limit: int) -> Plan[list[ThrottleView]]:
@@ -63,20 +62,13 @@ def throttles(keys: Sequence[AppKeys], waiter_limit: int) -> Plan[list[ThrottleV
         held.extend((shard, key) for key in sorted(known))
     if not held:
         return []
-    use = yield [
-        cmd("hmget", keys[shard].throttles, f"u:{key}", f"r:{key}", f"o:{key}")
-        for shard, key in held
-    ]
+    use = yield [cmd("hmget", keys[shard].throttles, f"u:{key}", f"r:{key}") for shard, key in held]
     in_use: dict[str, int] = defaultdict(int)
     jobs: dict[str, int] = defaultdict(int)
-    offers: dict[str, int] = defaultdict(int)
-    for (_, key), (used, refs, offered) in zip(held, use, strict=True):
+    for (_, key), (used, refs) in zip(held, use, strict=True):
         in_use[key] += field_int(used) or 0
         jobs[key] += field_int(refs) or 0
-        offers[key] += field_int(offered) or 0
     return [
-        ThrottleView(
-            key, limits.get(key), in_use[key], jobs[key], waiters.get(key, []), offers[key]
-        )
+        ThrottleView(key, limits.get(key), in_use[key], jobs[key], waiters.get(key, []))
         for key in sorted({key for _, key in held})
     ]
