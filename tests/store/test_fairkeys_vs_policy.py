@@ -2,8 +2,9 @@
 
 A hypothesis state machine drives one tenant's queue in a lane without admission with
 the same operations on both sides: batches of jobs, some keyed (several keys, weights
-set and reset), some not, at two priorities; dispatches of a few jobs; jobs handed back
-unstarted (they re-enter with the order number they have). After every step the two
+set and reset), some not, at two priorities, some scheduled for later (they keep their
+FIFO number and charge no key); dispatches of a few jobs; jobs handed back unstarted
+(they re-enter with the order number they have). After every step the two
 agree on every job's order number (the record's ``seq``), on the queue's order, on the
 keys' next tags (``fk:<lane>:<class>:<tenant>``) and on which jobs each dispatch gave.
 """
@@ -51,28 +52,35 @@ class FairKeysVsPolicy(StoreMachine):
         # the worker registers its slots in the lane before anything is submitted
         self.run(self.store.exchange(WORKER, [LANE], 0, LONG, slots=SLOTS))
 
-    def new_job(self, key: str, prio: int) -> NewJob:
+    def new_job(self, key: str, prio: int, later: bool) -> NewJob:
         self.next_id += 1
         job_id = f"j{self.next_id:05d}"
         self.prio[job_id] = prio
         return NewJob(
             job_id, TENANT, prio, "t", "[]", 3, "1,60,full", 0.0, "-1,-1", "-1,-1",
-            fairness_key=key,
+            delay_ms=LONG if later else None, fairness_key=key,
         )  # fmt: skip
 
     @rule(
         batch=st.lists(
-            st.tuples(st.sampled_from(KEYS), st.sampled_from((0, 0, 0, 1))),
+            st.tuples(
+                st.sampled_from(KEYS),
+                st.sampled_from((0, 0, 0, 1)),
+                st.sampled_from((0,) * 5 + (1,)),
+            ),
             min_size=1,
             max_size=6,
         )
     )
-    def enqueue(self, batch: list[tuple[str, int]]) -> None:
-        jobs = [self.new_job(key, prio) for key, prio in batch]
+    def enqueue(self, batch: list[tuple[str, int, int]]) -> None:
+        jobs = [self.new_job(key, prio, later == 1) for key, prio, later in batch]
         replies = self.run(self.store.submit(LANE, jobs))
         assert [r.code for r in replies] == [1] * len(jobs)
         for job in jobs:
             self.seq += 1  # one FIFO number per job of the batch, in order
+            if job.delay_ms is not None:
+                self.order[job.id] = self.seq  # scheduled: its FIFO number, no key charged
+                continue
             self.order[job.id] = self.model.enqueue(
                 job.id, job.fairness_key, job.priority, self.seq
             )
