@@ -79,8 +79,14 @@ pattern (after the prefix)  type   holds                              written by
                                   duration ``dm``, ``dn`` samples
 ``cost:<t>|<w>|<m>`` (der.) hash  learned cost ``mean`` (milli-units), ack (cost feedback)
                                   ``n`` samples
-``lane:<l>:c:<c>:deferred`` zset  deferred job id -> FIFO order      enqueue, promote; ack admits
- (derived)
+``lane:<l>:c:<c>:deferred`` zset  every deferred job id -> seq (the  enqueue, promote; ack admits;
+ (derived)                        class's index, read by views)      cancel
+``lane:<l>:c:<c>:dq:<t>``  zset   tenant t's deferred ids -> seq     enqueue, promote; ack admits
+``lane:<l>:c:<c>:dfair``   zset   tenant with deferred jobs -> tag   enqueue, promote, ack
+``lane:<l>:c:<c>:didle``   zset   tenant -> finish tag (above V)     enqueue, promote, ack
+``lane:<l>:c:<c>:dvt``     hash   fair deferral's V, pinned head     ack (readmission pass);
+                                  ``pin``/``pt`` (its overtakes:     overtakes: enqueue
+                                  state ``ao:<c>``)
 ``lane:<l>:adm:t`` (der.)  hash   '<c>|<tenant>' -> admitted jobs    enqueue, ack, sweep, cancel
 ``lane:<l>:adm:tu`` (der.) hash   '<c>|<tenant>' -> reserved m-units enqueue, ack, sweep, cancel
 ``lane:<l>:adm:rej`` (der.) hash  tenant -> 'count|window start'     enqueue (rejections)
