@@ -71,6 +71,9 @@ pattern (after the prefix)  type   holds                              written by
  (derived)
 ``lane:<l>:c:<c>:vt``      hash   V, in-flight ``run``, ``f:<t>``      enqueue, fetch, ack, sweep
  (derived)
+``lane:<l>:c:<c>:seen``    hash   tenant -> 'tag|ms': an idle        tenant sweep
+ (derived)                        tenant's finish tag above V, first
+                                  seen by the tenant sweep then
 ``q:<l>:<c>:<t>`` (der.)   zset   waiting job ids by order           enqueue, fetch, cancel
 ``fk:<l>:<c>:<t>`` (der.)  zset   fairness key -> its next start tag enqueue (dropped at or
                                   in the tenant queue (fairkeys.lua) below the queue's head)
@@ -106,6 +109,11 @@ admission pool only) in a field ``adm:<outcome>:<reason>:<lane>:<class>``: outco
 ``accepted``, ``deferred`` or ``rejected``, reason ``none`` when accepted, else the
 reason admission gave. Lane and class names hold no colon, so the fields split cleanly;
 ``fairlane.metrics.store`` exports them as ``fairlane_admission_decisions_total``.
+
+The tenant sweep (``lua/tenantsweep.lua``, rules in ``fairlane.policy.tenantstate``)
+deletes what tenants leave behind: ``f:<t>`` fields of ``vt`` and the ``seen`` marks,
+``cost:*`` and ``sig:*`` keys, ``adm:rej`` counters past their window, ``adm:t``/``adm:tu``
+fields at 0. Its table ``TENANT_SWEEP.rows`` names each pattern it sweeps.
 
 Pub/sub channel ``<prefix>done`` carries the id of a finished job that a producer
 is waiting on (only jobs whose ``w`` flag is set are published).

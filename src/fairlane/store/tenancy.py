@@ -1,12 +1,16 @@
-"""A tenant's settings in the store: its fair-share weight and its concurrency limits.
+"""A tenant's settings in the store: its fair-share weight and its concurrency limits;
+and the sweep of what tenants leave behind.
 
 Each tenant's settings live in the shard its name hashes to (``weights`` and
-``tlimits``, ``fairlane/store/keys.py``); the next dispatch decision uses them.
+``tlimits``, ``fairlane/store/keys.py``); the next dispatch decision uses them. One pass
+of the tenant sweep (``lua/tenantsweep.lua``; its rules are ``fairlane.policy.tenantstate``)
+is ``sweep_tenants``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fairlane.policy.ceilings import TenantLimits
@@ -15,7 +19,19 @@ from fairlane.store.connection import slot_client
 from fairlane.store.library import FUNCTION_PREFIX
 from fairlane.store.wire import TenantSignal, decode_limits, encode_limits
 
-__all__ = ["TenantCalls"]
+__all__ = ["TenantCalls", "TenantSweep"]
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSweep:
+    """One pass of the tenant sweep: where the next pass goes on (``"0"``: this pass ended
+    a cycle over every key), what it looked at and removed, and whether the server keeps
+    key idle times (not under an LFU maxmemory-policy: idle state then stays)."""
+
+    cursor: str
+    examined: int
+    removed: int
+    idle_clock: bool
 
 
 class TenantCalls(StoreBase):
@@ -73,3 +89,12 @@ class TenantCalls(StoreBase):
         return TenantSignal(
             None if int(limit) < 0 else int(limit), float(rate), float(mean), int(cap), int(load)
         )
+
+    async def sweep_tenants(self, cursor: str, limit: int, idle_ttl: float) -> TenantSweep:
+        """One pass of at most about ``limit`` keys and fields from ``cursor`` (``"0"``
+        starts a cycle) with learned costs and signals kept ``idle_ttl`` seconds."""
+        raw = await self.fcall(
+            "tenant_sweep", self._common, [cursor, limit, round(idle_ttl * 1000)]
+        )
+        cursor_out = raw[0].decode() if isinstance(raw[0], bytes) else str(raw[0])
+        return TenantSweep(cursor_out, int(raw[1]), int(raw[2]), bool(int(raw[3])))

@@ -358,3 +358,5 @@ redis.register_function('__PREFIX__wf_step', wf_step)
 redis.register_function('__PREFIX__wf_wait', wf_wait)
 redis.register_function('__PREFIX__wf_children', wf_children)
 redis.register_function('__PREFIX__signal', signal)
+
+-- @include tenantsweep.lua
