@@ -239,6 +239,8 @@ def test_explain_reports_every_leaf_in_model_order(tmp_path: Path) -> None:
         "durability.replicas",
         "durability.aof",
         "durability.timeout",
+        "queues.tenant_max_queued",
+        "queues.lane_max_queued",
     ]
     assert all(row.source == "default" for row in rows)
     assert rows[5] == SettingOrigin("lease.duration", 30.0, "default")

@@ -190,8 +190,42 @@ def inspect_lanes(app_spec: AppSpec) -> None:
     out = console()
     if lanes:
         out.print(table)
+        out.print(_queue_bounds_table(app, sorted(lanes)))
     else:
         out.print(f"app {app.name!r} declares no lanes and has no tasks")
+
+
+def _bound(n: int | None) -> str:
+    return "none" if n is None else f"{n:,}"
+
+
+def _queue_bounds_table(app: App, lanes: list[str]) -> Table:
+    """How many jobs may wait in each lane: its pool's bounds, else the default ones
+    (``queues`` settings; what counts is ``fairlane.policy.admission.bounds``)."""
+    table = Table(title="queue bounds", title_justify="left")
+    for column in ("lane", "per tenant", "per lane", "from"):
+        table.add_column(column, overflow="fold")
+    queues = app.settings.queues
+    pools = app.registry.config.pools
+    for lane in lanes:
+        pool = pools.get(lane)
+        if pool is None:
+            table.add_row(
+                lane,
+                f"{_bound(queues.tenant_max_queued)} ready per class queue",
+                f"{_bound(queues.lane_max_queued)} ready slots",
+                "queues settings (lane without a pool)",
+            )
+            continue
+        for item in pool.admission.classes:
+            tenant = item.max_queue if item.tenant_max_queue is None else item.tenant_max_queue
+            table.add_row(
+                lane,
+                f"{tenant:,} admitted in {item.name}",
+                f"{item.max_queue:,} admitted in {item.name}",
+                f"pool {lane} ({item.when_full} when full)",
+            )
+    return table
 
 
 def _print_crons(app: App) -> None:

@@ -24,7 +24,7 @@ from fairlane.cli._common import (
 from fairlane.config.settings import ConfigError, explain_settings
 from fairlane.store.api import redact_url
 from fairlane.store.connection import SyncClient, create_sync_client
-from fairlane.store.doctor import CLUSTER_WIDE, Finding, Level, check_server
+from fairlane.store.doctor import CLUSTER_WIDE, Finding, Level, check_server, pools_finding
 from fairlane.store.server import (
     ServerNotFound,
     ServerStartError,
@@ -57,7 +57,8 @@ def doctor(
 ) -> None:
     """Check that a server is fit for Fairlane: version, eviction policy, persistence, Functions.
 
-    On a Redis Cluster every primary is checked, and every slot must be assigned.
+    With an app, also its live workers and that every admission pool names a lane the
+    app uses. On a Redis Cluster every primary is checked, and every slot must be assigned.
     Exits 1 when any check is an ERROR (e.g. an eviction policy that may delete jobs).
     """
     app = load_app(app_spec, redis_url) if app_spec else None
@@ -77,7 +78,10 @@ def doctor(
             rows = check_server(client)
         else:
             max_age = settings.lease.duration
-            rows = check_server(client, app.name, max_age=max_age, shards=app.shards)
+            pools = pools_finding(app.registry.config, app.registry.lanes_used())
+            rows = check_server(
+                client, app.name, max_age=max_age, shards=app.shards, app_findings=[pools]
+            )
     except (RedisError, RedisClusterException) as exc:
         fail(f"the server at {redact_url(target.url)} is unreachable: {exc}")
     finally:

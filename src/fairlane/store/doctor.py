@@ -4,20 +4,24 @@ Each check is a ``Finding``: OK, WARN or ERROR, the check's name and what was fo
 server is checked for its version (Redis 7.0+ or Valkey 7.2+, for Functions), its
 eviction policy (``noeviction``: anything else may delete jobs under memory pressure),
 its persistence (what a crash loses), its memory use, the Functions it serves, and, for
-an app, its live workers. On a Redis Cluster every primary is checked as a server of
-its own (each holds the jobs of the apps whose slots it serves), a primary that does
-not answer is an ERROR of its own, and every slot must be assigned.
+an app, its live workers and whether each of its admission pools names a lane the app
+uses (a pool on no such lane bounds nothing; the app refuses to connect with one). On
+a Redis Cluster every primary is checked as a server of its own (each holds the jobs
+of the apps whose slots it serves), a primary that does not answer is an ERROR of its
+own, and every slot must be assigned.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import redis
 from redis.exceptions import RedisError, ResponseError
 
+from fairlane.config.pools import FairlaneConfig, unused_pools, unused_pools_message
 from fairlane.store.connection import SyncClient
 from fairlane.store.keys import AppKeys
 from fairlane.store.reads import run_sync
@@ -30,6 +34,7 @@ __all__ = [
     "check_server",
     "diagnose",
     "diagnose_cluster",
+    "pools_finding",
     "workers_finding",
 ]
 
@@ -243,12 +248,31 @@ def workers_finding(client: SyncClient, app_name: str, max_age: float, shards: i
     return Finding("OK", "workers", f"{len(workers)} live worker(s) of app {app_name!r}")
 
 
+def pools_finding(config: FairlaneConfig, lanes_used: Sequence[str]) -> Finding:
+    """Whether each admission pool names a lane in ``lanes_used`` (the lanes of the
+    app's tasks and its default lane)."""
+    lanes = ", ".join(sorted(set(lanes_used)))
+    if not config.pools:
+        return Finding("OK", "pools", f"no admission pool: lane(s) {lanes} have the default bounds")
+    unused = unused_pools(config, lanes_used)
+    if unused:
+        return Finding("ERROR", "pools", unused_pools_message(unused, lanes_used))
+    named = ", ".join(sorted(config.pools))
+    return Finding("OK", "pools", f"pool(s) {named} on lanes the app uses ({lanes})")
+
+
 def check_server(
-    client: SyncClient, app: str | None = None, *, max_age: float = 0.0, shards: int = 1
+    client: SyncClient,
+    app: str | None = None,
+    *,
+    max_age: float = 0.0,
+    shards: int = 1,
+    app_findings: Sequence[Finding] = (),
 ) -> list[tuple[str | None, Finding]]:
     """Every finding, each with the node it is about: None on a single server,
     ``CLUSTER_WIDE`` for one about a whole cluster. With ``app``, whether it has a
-    worker whose heartbeat is younger than ``max_age`` s."""
+    worker whose heartbeat is younger than ``max_age`` s, and ``app_findings`` (checks
+    of its declarations, such as ``pools_finding``)."""
     wide: str | None = None
     if isinstance(client, redis.RedisCluster):
         rows, wide = diagnose_cluster(client), CLUSTER_WIDE
@@ -256,4 +280,5 @@ def check_server(
         rows = [(None, finding) for finding in diagnose(client)]
     if app is not None:
         rows.append((wide, workers_finding(client, app, max_age, shards)))
+    rows.extend((wide, finding) for finding in app_findings)
     return rows

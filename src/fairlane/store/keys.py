@@ -54,8 +54,9 @@ pattern (after the prefix)  type   holds                              written by
                                   the job's record is gone           .sweep); no script
 ``lane:<l>:state``         hash   C, ``f:<c>``/``d:<c>`` in-flight/     exchange, enqueue, fetch,
                                   waiting slots, class ``table``,    ack, sweep, declare_lane,
-                                  ``charge`` mode; admission: ``adm``, declare_admission
+                                  ``charge`` mode; admission: ``adm``, declare_admission,
                                   ``utable``, ``ar:``/``an:``/``ad:<c>``
+                                  default queue bounds ``qb``        declare_bounds
 ``lane:<l>:cap``           hash   worker -> slots (its capacity)     exchange, leave, sweep
 ``lane:<l>:delayed``       zset   job id -> run-at time (ms)         enqueue, ack, sweep
 ``lane:<l>:wake``          list   wake tokens; workers BLPOP it      enqueue, fetch, ack
