@@ -63,7 +63,8 @@ class Admission(Generic[R]):
     """The stored job (accepted or deferred); None when rejected or unavailable."""
     reason: str | None = None
     """Machine-readable: ``class_full``, ``class_queue_full``, ``tenant_queue_full``,
-    ``too_wide``, ``deadline_unmeetable``, ``store_unavailable``; None when accepted."""
+    ``lane_queue_full`` (a lane's default queue bounds), ``too_wide``,
+    ``deadline_unmeetable``, ``store_unavailable``; None when accepted."""
     retry_after: float | None = None
     """Seconds to wait before trying again (rejected or unavailable)."""
     acknowledgement: Acknowledgement | None = None
