@@ -277,7 +277,8 @@ function deferral.next(ps)
     ps.tried = ps.tried + 1
     return ps.pin, ps.pt, true
   end
-  -- the passed-over tenants are among the first npassed + 1, so one of these is not
+  -- at most npassed tenants are passed over, so the first npassed + 1 by tag hold the
+  -- least one that is not
   local r = redis.call('ZRANGE', ps.fair, 0, ps.npassed)
   for _, tenant in ipairs(r) do
     if not ps.passed[tenant] then
