@@ -47,6 +47,7 @@ from fairlane.config.sources import (
     load_context,
     loading,
 )
+from fairlane.config.tenants import TenantSettings
 
 # The sections are imported from here by much of the project, as is ConfigError: this
 # module is the settings' one public address.
@@ -61,6 +62,7 @@ __all__ = [
     "ServerSettings",
     "SettingOrigin",
     "Settings",
+    "TenantSettings",
     "WorkerSettings",
     "explain_settings",
     "load_settings",
@@ -102,6 +104,8 @@ class Settings(BaseSettings):
     """Server timeouts."""
     durability: DurabilitySettings = Field(default_factory=DurabilitySettings)
     """Acknowledged enqueues."""
+    tenants: TenantSettings = Field(default_factory=TenantSettings)
+    """What is kept of idle tenants."""
     queues: QueueSettings = Field(default_factory=QueueSettings)
     """Bounds on queued jobs in lanes without an admission pool."""
 

@@ -4,7 +4,8 @@ A ``ShardLoop`` (``runtime/shardloop.py``) serves one shard for one worker; it i
 given the worker, only the parts it uses, each defined here or beside it:
 
 - ``LoopSettings``: who the loop fetches for and how (the worker's id, lanes and size,
-  the lease, the idle block, burst mode, the payload store to sweep);
+  the lease, the idle block, burst mode, the payload store to sweep, the tenant sweep's
+  settings);
 - ``WorkerLink``: the worker's side -- its stopping and closed signals, the counters
   every loop adds to (``Tally``), the burst's end the loops agree on (``BurstWatch``),
   and the calls back it answers: outcomes settled, declarations to record again after
@@ -18,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from fairlane.config.settings import LeaseSettings
+from fairlane.config.settings import LeaseSettings, TenantSettings
 from fairlane.payloads.offload import Payloads
 from fairlane.runtime.lease import wait_or_stop
 from fairlane.store.wire import Outcome
@@ -42,6 +43,8 @@ class LoopSettings:
     idle_block: float
     burst: bool = False
     payloads: Payloads | None = None  # whose sweep removes payloads of records gone
+    # the tenant sweep's ttl and pace
+    tenants: TenantSettings = field(default_factory=TenantSettings)
 
     @property
     def lease_ms(self) -> int:

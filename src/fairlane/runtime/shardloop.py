@@ -38,6 +38,7 @@ from fairlane.runtime.payload_sweep import payload_sweep_loop
 from fairlane.runtime.settling import Settler
 from fairlane.runtime.shardlink import LoopSettings, WorkerLink
 from fairlane.runtime.slots import SlotPool
+from fairlane.runtime.tenant_sweep import TenantSweeper
 from fairlane.store.api import Store
 from fairlane.store.wire import Fetched, FetchedJob, Outcome, StoreUnavailable
 
@@ -78,7 +79,7 @@ class ShardLoop:
     # -- services --------------------------------------------------------------------
 
     def start_services(self, services: asyncio.TaskGroup) -> None:
-        """Lease renewal, reclaim sweeps, payload sweeps and settling for this shard."""
+        """Lease renewal, reclaim, payload and tenant sweeps and settling for this shard."""
         settings, closed = self.settings, self.link.closed
         services.create_task(
             renew_loop(
@@ -98,6 +99,7 @@ class ShardLoop:
             services.create_task(
                 payload_sweep_loop(self.store, payloads, settings.lease.sweep_interval, closed)
             )
+        services.create_task(TenantSweeper(self.store, settings.tenants).run(closed))
         services.create_task(self.settler.ack_loop())
 
     def held(self) -> list[tuple[str, str]]:

@@ -129,6 +129,7 @@ class Worker:
             idle_block=settings.worker.idle_block,
             burst=burst,
             payloads=registry.payloads,
+            tenants=settings.tenants,
         )
         self.stopping = asyncio.Event()
         self.closed = asyncio.Event()
