@@ -40,8 +40,10 @@ Rules
 * **State left behind.** An empty group leaves nothing; a tenant whose group empties
   keeps its tag as ``F_t`` only while it is above ``V``, and finish tags at or below
   ``V`` are deleted after every pass (rule 1 reads ``F_t`` only through ``max(V, F_t)``,
-  so deleting them changes no decision). Once no group and no finish tag remain, ``V``
-  and the pin are deleted too (every tenant would start at ``V`` alike).
+  so deleting them changes no decision). A pass that leaves no deferred job deletes
+  ``V``, the finish tags and the pin: the queue's state lives only as long as some
+  job waits in it. What that forgives a returning tenant is its last charge above
+  ``V`` (at most one job's ``units / w_t``), and only when nobody was left waiting.
 
 What a pinned head can lose: ``OVERTAKE_LIMIT`` admissions of its class (plus what
 other classes take under the class rules). What a backlogged tenant can lose to
@@ -224,6 +226,6 @@ class DeferredQueue(Generic[T]):
 
     def _prune(self) -> None:
         self.finish = {t: f for t, f in self.finish.items() if f > self.v}
-        if not self.jobs and not self.finish:
-            self.v = 0.0
+        if not self.jobs:
+            self.v, self.finish = 0.0, {}
             self._unpin()

@@ -16,7 +16,8 @@
 --   lane:<l>:c:<c>:deferred  zset: every deferred job id by seq (the class's index)
 --   lane:<l>:c:<c>:dq:<t>    zset: tenant t's deferred job ids by seq (its group)
 --   lane:<l>:c:<c>:dfair     zset: tenant with deferred jobs -> start tag
---   lane:<l>:c:<c>:didle     zset: tenant -> finish tag, only tags above V
+--   lane:<l>:c:<c>:didle     zset: tenant -> finish tag, only tags above V (while
+--                            some job is deferred)
 --   lane:<l>:c:<c>:dvt       hash: V, the pinned head `pin` and its tenant `pt`
 --   lane:<l>:adm:rej   hash tenant -> '<count>|<window start ms>': recent rejections
 --   cost:<key>         hash mean, n: a learned cost per (tenant, workflow, model)
@@ -358,18 +359,20 @@ function deferral.take(ps, id, tenant, mu, admitted)
   end
 end
 
--- The pass ends: finish tags at or below V are deleted; with no group and no finish tag
--- left, V and the pin go too. Otherwise V, the pin and its overtakes are written back.
+-- The pass ends: finish tags at or below V are deleted; with no group left, V, the finish
+-- tags and the pin go too. Otherwise V, the pin and its overtakes are written back.
 function deferral.end_pass(ps)
   local p, lane, cls = ps.p, ps.lane, ps.cls
   local idle = class_key(p, lane, cls, 'didle')
   local dvt = class_key(p, lane, cls, 'dvt')
   local sk = lane_key(p, lane, 'state')
-  redis.call('ZREMRANGEBYSCORE', idle, '-inf', ps.v)
-  if redis.call('EXISTS', ps.fair, idle) == 0 then
-    redis.call('DEL', dvt)
+  if redis.call('EXISTS', ps.fair) == 0 then
+    redis.call('DEL', dvt, idle)
     redis.call('HDEL', sk, 'ao:' .. cls)
-  elseif ps.pin then
+    return
+  end
+  redis.call('ZREMRANGEBYSCORE', idle, '-inf', ps.v)
+  if ps.pin then
     redis.call('HSET', dvt, 'V', ps.v, 'pin', ps.pin, 'pt', ps.pt)
     redis.call('HSET', sk, 'ao:' .. cls, ps.ov)
   else
