@@ -7,7 +7,8 @@ afterwards through a real enqueue in both apps, must start at the same tag in bo
 the one ``activation_start`` gives. Tags above ``V - r`` go only after the sweep has seen them
 unchanged for the ttl; learned costs by the server's idle clock, which the sweep itself
 does not reset; rejection and admission counters by their rules; a pass stays within
-its bound, and a hash that held many tenants is rewritten small.
+its bound, and a hash that held many tenants is rewritten small. The tests marked
+``contract`` run on a cluster too, where a pass scans the node holding its shard's slot.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +31,7 @@ from fairlane.policy.tenantstate import (
     rejection_expired,
 )
 from fairlane.store.api import Store
+from fairlane.store.connection import SyncClient, create_sync_client
 from fairlane.store.keys import AppKeys
 from tests.e2e.helpers import fast_settings
 
@@ -51,8 +52,8 @@ async def sweep_cycle(store: Store, limit: int = 500, ttl: float = NEVER) -> tup
 
 
 @pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url, decode_responses=True)
+def client(redis_url: str) -> Iterator[SyncClient]:
+    c = create_sync_client(redis_url, decode_responses=True)
     yield c
     c.close()
 
@@ -76,7 +77,7 @@ async def pair(redis_url: str) -> AsyncIterator[list[tuple[App, Task[[], None], 
             made.append((app, noop, store))
         yield made
     finally:
-        wipe = redis.Redis.from_url(redis_url)
+        wipe = create_sync_client(redis_url)
         for app, _, store in made:
             await store.aclose()
             await app.aclose()
@@ -86,7 +87,7 @@ async def pair(redis_url: str) -> AsyncIterator[list[tuple[App, Task[[], None], 
         wipe.close()
 
 
-def write_class(c: redis.Redis, keys: AppKeys, state: dict[str, Any]) -> None:
+def write_class(c: SyncClient, keys: AppKeys, state: dict[str, Any]) -> None:
     vt, fair = (keys.class_key(*CLASS, what) for what in ("vt", "fair"))
     c.delete(vt, fair, keys.class_key(*CLASS, "seen"))
     c.hset(vt, mapping={"V": repr(state["V"]), "run": repr(state["run"])})
@@ -106,6 +107,7 @@ class_states = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.contract
 @settings(
     max_examples=25,
     deadline=None,
@@ -113,7 +115,7 @@ class_states = st.fixed_dictionaries(
 )
 @given(state=class_states)
 async def test_the_sweep_removes_exactly_the_neutral_finish_tags_and_changes_no_start(
-    pair: list[tuple[App, Task[[], None], Store]], client: redis.Redis, state: dict[str, Any]
+    pair: list[tuple[App, Task[[], None], Store]], client: SyncClient, state: dict[str, Any]
 ) -> None:
     (_, task_a, swept), (_, task_b, kept) = pair
     tag = secrets.token_hex(3)
@@ -142,7 +144,7 @@ async def test_the_sweep_removes_exactly_the_neutral_finish_tags_and_changes_no_
 
 
 async def test_a_tag_above_v_goes_once_seen_unchanged_for_the_ttl(
-    store: Store, client: redis.Redis
+    store: Store, client: SyncClient
 ) -> None:
     keys = store.keys
     vt, seen = keys.class_key(*CLASS, "vt"), keys.class_key(*CLASS, "seen")
@@ -162,8 +164,9 @@ async def test_a_tag_above_v_goes_once_seen_unchanged_for_the_ttl(
     assert not client.exists(seen)
 
 
+@pytest.mark.contract
 async def test_learned_costs_go_by_the_servers_idle_clock_which_the_sweep_does_not_reset(
-    store: Store, client: redis.Redis
+    store: Store, client: SyncClient
 ) -> None:
     p = store.keys.prefix
     client.hset(f"{p}cost:old|task|", mapping={"mean": 1000, "n": 3})
@@ -182,7 +185,8 @@ async def test_learned_costs_go_by_the_servers_idle_clock_which_the_sweep_does_n
     assert client.object("idletime", f"{p}sig:old") >= 2
 
 
-async def test_counters_go_by_their_rules(store: Store, client: redis.Redis) -> None:
+@pytest.mark.contract
+async def test_counters_go_by_their_rules(store: Store, client: SyncClient) -> None:
     p = store.keys.prefix
     now = int(client.time()[0]) * 1000
     rejections = {
@@ -206,7 +210,7 @@ async def test_counters_go_by_their_rules(store: Store, client: redis.Redis) -> 
 
 
 async def test_a_pass_is_bounded_and_a_hash_of_many_tenants_is_written_small_again(
-    store: Store, client: redis.Redis
+    store: Store, client: SyncClient
 ) -> None:
     keys, p = store.keys, store.keys.prefix
     state = {"V": 100.0, "run": 0.0, "active": 0, "idle": {f"t{i}": 1.0 for i in range(3000)}}
