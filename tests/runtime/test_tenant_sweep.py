@@ -3,12 +3,14 @@
 A turn runs passes from where the last one stopped until a cycle ends (or its pass
 budget is spent) and returns what it removed; its loop runs a turn every interval until
 stopped; and a real worker runs it beside its shard loops, so an idle tenant's learned
-cost goes while the worker serves the app.
+cost goes while the worker serves the app. Under an LFU maxmemory-policy, which keeps
+no idle clock, learned costs stay and the sweeper warns once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 import redis
@@ -16,6 +18,7 @@ import redis
 from fairlane.config.tenants import TenantSettings
 from fairlane.runtime.tenant_sweep import TenantSweeper
 from fairlane.store.api import Store
+from fairlane.testing import RedisServer
 from tests.e2e.helpers import eventually, make_app, running_worker
 
 pytestmark = pytest.mark.anyio
@@ -97,3 +100,26 @@ async def test_a_worker_runs_the_sweep_beside_its_shard_loops(
                 await noop.enqueue(tenant="t0")  # the worker still serves the app
         finally:
             client.close()
+
+
+async def test_without_an_idle_clock_learned_costs_stay_and_the_worker_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An LFU maxmemory-policy keeps no idle time of keys: costs stay, a warning says why."""
+    with RedisServer() as server:
+        store = Store.from_url(server.url, "lfu")
+        await store.connect()
+        client = idle_state(server.url, store, 2)
+        try:
+            client.config_set("maxmemory-policy", "allkeys-lfu")
+            await asyncio.sleep(1.1)
+            sweeper = TenantSweeper(store, TenantSettings(idle_ttl=0.5))
+            with caplog.at_level(logging.WARNING, logger="fairlane.worker"):
+                assert await sweeper.turn() == 2  # the finish tags at V still go
+                await sweeper.turn()
+            warned = [r for r in caplog.records if "keeps no idle times" in r.getMessage()]
+            assert len(warned) == 1
+            assert len(client.keys(f"{store.keys.match_all()[:-1]}cost:*")) == 2
+        finally:
+            client.close()
+            await store.aclose()
