@@ -41,7 +41,7 @@ async def test_a_turn_goes_on_from_its_cursor_until_a_cycle_ends(
 ) -> None:
     client = idle_state(redis_url, store, 2000)
     try:
-        await asyncio.sleep(1.1)  # the learned costs' idle clock passes the ttl
+        await asyncio.sleep(2.1)  # the learned costs' idle clock (whole seconds) passes 1 s
         sweeper = TenantSweeper(store, TenantSettings(idle_ttl=1, sweep_batch=50))
         removed = await sweeper.turn()
         # 4,000 pieces at about 50 a pass need more than a turn's 20 passes

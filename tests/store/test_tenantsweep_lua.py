@@ -174,14 +174,14 @@ async def test_learned_costs_go_by_the_servers_idle_clock_which_the_sweep_does_n
     client.hset(f"{p}sig:old", mapping={"dm": 0.5, "dn": 4})
     await asyncio.sleep(2.2)
     client.hget(f"{p}cost:fresh|task|", "mean")  # read by an enqueue: not idle
-    _, removed = await sweep_cycle(store, ttl=1.5)
+    _, removed = await sweep_cycle(store, ttl=1.0)
     assert removed == 1
     assert not client.exists(f"{p}cost:old|task|")
     assert client.exists(f"{p}cost:fresh|task|")
     # signals wait for the rate window (60 s) too; the sweep's look did not touch them
     assert client.exists(f"{p}sig:old")
     assert client.object("idletime", f"{p}sig:old") >= 2
-    await sweep_cycle(store, ttl=1.5)
+    await sweep_cycle(store, ttl=1.0)
     assert client.object("idletime", f"{p}sig:old") >= 2
 
 

@@ -129,7 +129,9 @@ def finish_tag_forgotten(seen_ms: int | None, now_ms: int, idle_ttl_ms: int) -> 
 
 
 def key_forgotten(idle_ms: int, idle_ttl_ms: int) -> bool:
-    """Whether a learned cost no script touched for ``idle_ms`` is forgotten."""
+    """Whether a learned cost no script touched for ``idle_ms`` is forgotten. ``idle_ms``
+    is what is certain: the server's idle clock counts whole seconds, so the sweep takes
+    one off what it reads."""
     return idle_ms >= idle_ttl_ms
 
 

@@ -17,16 +17,18 @@
 redis.register_function('__PREFIX__tenant_sweep', (function()
   local TENANT_SWEEP = {}
 
-  -- The key's idle time in ms by the server's own clock (reads and writes reset it; SCAN
-  -- and OBJECT do not, and the sweep reads no key it judges by this clock), or nil under
-  -- an LFU maxmemory-policy, which keeps no such clock: the idle rules then wait.
+  -- How long the key has surely been idle, in ms, by the server's own clock (reads and
+  -- writes reset it; SCAN and OBJECT do not, and the sweep reads no key it judges by this
+  -- clock), or nil under an LFU maxmemory-policy, which keeps no such clock: the idle
+  -- rules then wait. The clock ticks in whole seconds, so a key touched just before a
+  -- tick already reads 1: a second less is what is certain.
   function TENANT_SWEEP.idle_ms(ctx, key)
     local v = redis.pcall('OBJECT', 'IDLETIME', key)
     if type(v) ~= 'number' then
       ctx.clock = false
       return nil
     end
-    return v * 1000
+    return math.max(0, v - 1) * 1000
   end
 
   -- A class's `vt` and `seen` keys from either one's name: they share `lane:<l>:c:<c>:`.
