@@ -87,7 +87,12 @@ local function apply_acks(keys, p, acks, now, tally)
       tally.ended = tally.ended or {}
       tally.ended[ek] = (tally.ended[ek] or 0) + slots_of(f[11])
       freed[f[9]] = true
-      release_throttle(keys, p, id, f[12], now)
+      if f[12] then
+        -- its release may wake waiters back into their queues, and a tenant activated
+        -- there starts from its class's in-flight work: settle this batch's ends first
+        flush_settled(p, settled)
+        release_throttle(keys, p, id, f[12], now)
+      end
       local tenant = f[13] or ''
       if limited[tenant] == nil then
         limited[tenant] = redis.call('HEXISTS', keys[TLIMITS], tenant) == 1
