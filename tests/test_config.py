@@ -239,6 +239,9 @@ def test_explain_reports_every_leaf_in_model_order(tmp_path: Path) -> None:
         "durability.replicas",
         "durability.aof",
         "durability.timeout",
+        "tenants.idle_ttl",
+        "tenants.sweep_interval",
+        "tenants.sweep_batch",
         "queues.tenant_max_queued",
         "queues.lane_max_queued",
     ]
