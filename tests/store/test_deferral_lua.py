@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 from fairlane.policy.admission import AdmissionClass, EstimationSettings, PoolConfig
+from fairlane.policy.admission.deferral import OVERTAKE_LIMIT
 from fairlane.policy.classes import ClassTable, ServiceClass
 from fairlane.store.api import Store
 from fairlane.store.wire import NewJob, Outcome
@@ -126,3 +127,36 @@ async def test_a_pinned_deferred_job_that_expires_unpins_its_class(store: Store)
     state = await deferral_state(store)
     assert state == {"index": [], "groups": [], "active": [], "pin": None, "ad": 0}
     assert await store.client.hget(store.keys.lane(LANE).state, f"ao:{CLS}") is None
+
+
+async def test_cancelling_the_pinned_head_of_a_held_class_admits_what_fits_at_once(
+    store: Store,
+) -> None:
+    await declare(store)
+    smalls = [f"small{i}" for i in range(1, 11)]
+    replies = await store.submit(
+        LANE,
+        [job("run1", "z", 1000), job("run2", "z", 1000), job("wide", "a", 2000)]
+        + [job(s, "b", 1000) for s in smalls],
+    )
+    assert [r.code for r in replies] == [1, 1] + [2] * 11
+    got = await store.exchange(WORKER, [LANE], 10, LONG, slots=10)
+    token = {j.id: j.token for j in got.jobs}["run1"]
+    await store.exchange(WORKER, [LANE], 0, LONG, [Outcome("run1", token, "ok")], slots=10)
+    # run2 keeps one unit: the wide head never fits, each release lets one small job past
+    for _ in range(OVERTAKE_LIMIT - 1):
+        assert len(await lease_and_ack(store)) == 1
+    overtakes = await store.client.hget(store.keys.lane(LANE).state, f"ao:{CLS}")
+    assert overtakes == str(OVERTAKE_LIMIT).encode()
+    # the last small one admitted runs and ends: the class is held, so the pass tries the
+    # wide head alone, and one unit stays free with small9 and small10 deferred
+    assert await lease_and_ack(store) == [smalls[OVERTAKE_LIMIT - 1]]
+    assert await status(store, smalls[OVERTAKE_LIMIT]) == "deferred"
+    assert (await deferral_state(store))["pin"] == b"wide"
+    assert await store.cancel("wide") == "cancelled"
+    # the cancel ran the pass itself: the pin went with the job and the next small job is
+    # in; the last one finds the pool full and is the new pin, overtaken by nobody yet
+    assert await status(store, smalls[OVERTAKE_LIMIT]) == "queued"
+    state = await deferral_state(store)
+    assert state["index"] == ["small10"] and state["pin"] == b"small10"
+    assert await store.client.hget(store.keys.lane(LANE).state, f"ao:{CLS}") == b"0"

@@ -72,3 +72,25 @@ async def test_a_woken_job_past_its_deadline_passes_its_offer_on(store: Store) -
     assert [j.id for j in got.jobs] == ["j3"]
     assert (await _state(store, "j2"))[0] == "expired"
     assert await _key(store) == (1, 0)
+
+
+def _two_key_job(job_id: str) -> NewJob:
+    return NewJob(
+        id=job_id, tenant="t", priority=0, task="t.job", args="{}", max_attempts=1,
+        backoff="0,0,none", timeout=0, keep_completed="-1,-1", keep_failed="-1,-1",
+        limits=[(KEY, 1), ("doc:7", 1)],
+    )  # fmt: skip
+
+
+async def test_a_cancelled_woken_job_on_two_keys_leaves_neither_key_behind(store: Store) -> None:
+    await store.enqueue(LANE, [_two_key_job("k1"), _two_key_job("k2")])
+    got = await store.exchange("w", [LANE], 2, 60_000)
+    assert [j.id for j in got.jobs] == ["k1"]
+    await store.exchange("w", [LANE], 0, 60_000, [Outcome("k1", got.jobs[0].token, "ok")])
+    assert await _state(store, "k2") == ("queued", "1")  # an offer on both keys
+    assert await store.cancel("k2") == "cancelled"
+    # nobody holds, is offered or waits on either key: both are forgotten, no offer kept
+    fields = [f.decode() for f in await store.client.hkeys(store.keys.throttles)]
+    assert not [f for f in fields if f.endswith((KEY, "doc:7"))], fields
+    assert await store.client.zcard(store.keys.throttle_waiters) == 0
+    assert (await store.exchange("w", [LANE], 2, 60_000)).jobs == []

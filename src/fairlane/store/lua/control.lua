@@ -65,24 +65,20 @@ local function tenant_limit_now(keys, args)
 end
 
 -- ARGV: id. Cancels a waiting job at once; a running one is asked to stop (its
--- worker learns on its next lease renewal). Returns the status after the call.
+-- worker learns on its next lease renewal). Returns the status after the call. A queued
+-- job a throttle key woke gives its offers back in `finish` (its `toff`); a deferred
+-- job that is its class's pinned head gets the lane a readmission pass.
 local function cancel(keys, args)
   local p, now = prefix(keys), now_ms()
   local id = args[1]
   local jk = job_key(p, id)
-  local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'cls', 'sl', 'ttok')
+  local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'cls', 'sl')
   local st, cls = f[1], f[4] or DEFAULT_CLASS
   if not st then
     return 'missing'
   end
-  if st == 'queued' and f[6] then
-    if redis.call('ZREM', class_key(p, f[2], cls, 'granted'), id) == 1 then
-      local sk = lane_key(p, f[2], 'state')
-      redis.call('HINCRBY', sk, 'd:' .. cls, -slots_of(f[5]))
-      redis.call('HINCRBY', sk, 'g:' .. cls, -1)
-    end
-    release_throttle(keys, p, id, f[6], now)
-  elseif st == 'queued' then
+  local tally = new_effects()
+  if st == 'queued' then
     local q = tenant_queue(p, f[2], cls, f[3])
     if redis.call('ZREM', q, id) == 1 then
       redis.call('HINCRBY', lane_key(p, f[2], 'state'), 'd:' .. cls, -slots_of(f[5]))
@@ -100,6 +96,12 @@ local function cancel(keys, args)
     if redis.call('ZREM', class_key(p, f[2], cls, 'deferred'), id) == 1 then
       redis.call('HINCRBY', lane_key(p, f[2], 'state'), 'ad:' .. cls, -1)
     end
+    -- the pinned head may hold its class (nothing else admitted): a pass now drops it
+    -- and admits what fits rather than at the lane's next release. Any other deferred
+    -- job leaves its group when a pass reaches it; it held nothing back.
+    if redis.call('HGET', class_key(p, f[2], cls, 'dvt'), 'pin') == id then
+      tally.readmit[f[2]] = true
+    end
   elseif st == 'scheduled' then
     redis.call('ZREM', lane_key(p, f[2], 'delayed'), id)
   elseif st == 'running' then
@@ -108,7 +110,6 @@ local function cancel(keys, args)
   else
     return st
   end
-  local tally = new_effects()
   finish(keys, p, id, 'cancelled', 'err',
     '{"type":"Cancelled","message":"the job was cancelled","traceback":""}', now, tally)
   apply_effects(keys, p, tally, now)
