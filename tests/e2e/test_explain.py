@@ -79,10 +79,15 @@ async def test_a_job_parked_on_a_throttle_key_is_explained_by_the_key(
     assert kinds(events) == ["parked", "granted"]
     assert events[0].detail["key"] == "model:big"
     parked = [s for s in answer.segments if s.what == "parked"]
-    assert len(parked) == 1 and parked[0].why == "parked on throttle key model:big (limit 1)"
+    assert len(parked) == 1
+    assert parked[0].why == "parked on throttle key model:big (limit 1) in its tenant's group"
     assert (parked[0].cause, parked[0].about) == ("throttle", ("model:big",))
     assert parked[0].ms >= 200  # it waited for the first job, which held the key 300 ms
-    assert "parked on throttle key model:big (limit 1)" in answer.summary
+    assert "parked on throttle key model:big (limit 1) in its tenant's group" in answer.summary
+    # the release woke it: back in its queue with an offer, waiting for a worker slot
+    assert events[1].detail["key"] == "model:big"
+    woken = [s for s in answer.segments if s.what == "queued" and s.from_ms == events[1].ms]
+    assert len(woken) == 1 and woken[0].why.startswith("woken by throttle key model:big")
     assert "throttle" in answer.causes
     assert answer.summary.endswith("; completed.")
 
@@ -356,7 +361,7 @@ def test_explain_rebuilds_attempts_from_the_record_and_the_events_that_ended_the
         ev(0, "submitted", v="deferred", why="class_full", cls="guaranteed"),
         ev(3900, "admitted", at=3900),
         ev(4000, "parked", key="doc:1"),
-        ev(4500, "granted", tok=7),
+        ev(4500, "granted", key="doc:1"),
         ev(4700, "retry", delay=2000, err="Timeout", at=6700, start=4600, wk="w1", att=1),
         ev(6700, "due"),
     ]
@@ -387,8 +392,10 @@ def test_explain_rebuilds_attempts_from_the_record_and_the_events_that_ended_the
     assert answer.summary == (
         "Waited 6.9 s: 3.9 s deferred by admission (class_full in guaranteed), "
         "100 ms queued for a worker slot in class guaranteed, "
-        "500 ms parked on throttle key doc:1 (limit 2), "
-        "100 ms waiting for a worker slot in class guaranteed after its throttle grant, "
+        "500 ms parked on throttle key doc:1 (limit 2) in its tenant's group, "
+        "100 ms woken by throttle key doc:1 (its waiters served fairly by tenant), back in "
+        "its tenant's queue in class guaranteed with an offer on its keys, taking the key's "
+        "slot with a worker slot, "
         "2.0 s retry backoff (2.0 s after Timeout), "
         "300 ms waited for capacity in class guaranteed while class batch (holding 3 slots, "
         "its share 0) was borrowing, and fair dispatch shared it with 2 other tenants; "

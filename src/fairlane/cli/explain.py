@@ -4,8 +4,10 @@ Reads the job's record and its lifecycle events (``ev:<id>``, kept with the reco
 and removed with it by retention) and prints one summary sentence, then the segments
 of its life and why each wait happened: its class's capacity borrowed by other
 classes (named), fair dispatch sharing its class with other tenants, a throttle key
-(named), a deferral by admission (and its reason), a retry backoff (and the error), a
-scheduled start, a suspended workflow, or just a free worker slot. ``--json`` prints
+(named: parked in its tenant's group on the key, then woken by it fairly by tenant and
+back in its queue with an offer), a deferral by admission (and its reason), a retry
+backoff (and the error), a scheduled start, a suspended workflow, or just a free worker
+slot. ``--json`` prints
 the same as JSON, with the timeline it was read from: the events the store logged and
 those rebuilt from the record (``"derived": true``).
 """

@@ -16,8 +16,12 @@ kind            detail
 ``admitted``    ``at``: a deferred job was admitted; it may start at ``at``
 ``due``         a scheduled job became due and joined its tenant's queue (``v``
                 deferred and ``why``: a retry that admission deferred instead)
-``parked``      ``key``: dispatch parked it on this full throttle key
-``granted``     ``tok``: a throttle handed it a slot; it waits for a worker
+``parked``      ``key``: dispatch parked it on this full throttle key, in its
+                tenant's group of the key's waiters
+``granted``     ``key``: this key woke it (the key serves its waiting tenants
+                fairly): it is back in its tenant's queue with an offer on each
+                of its keys, which it takes with its worker slot (logged as
+                ``tok`` by earlier versions, which held the grant while queued)
 ``retry``       ``delay`` ms, ``err`` error type, ``at`` when it is due again;
                 the failed attempt's ``start``, ``wk``, ``att`` and ``qw``
 ``suspended``   ``wait`` what a workflow run waits for, ``at`` its wake-up; the
@@ -252,8 +256,24 @@ class _Walk:
     def parked(self, ms: int, key: str) -> None:
         limit = self.record.limits.get(key)
         shown = f" (limit {limit})" if limit is not None else ""
-        why = _Why(f"parked on throttle key {key or '?'}{shown}", "throttle", (key,))
+        why = _Why(
+            f"parked on throttle key {key or '?'}{shown} in its tenant's group",
+            "throttle",
+            (key,),
+        )
         self.open(ms, "parked", why)
+
+    def woken(self, ms: int, key: str) -> None:
+        # the wake is fair between the key's tenants; the offer is not a slot: the job
+        # takes the key's slot in the same step as a worker slot, so this is lane time
+        by = f"throttle key {key}" if key else "its throttle key"
+        why = _Why(
+            f"woken by {by} (its waiters served fairly by tenant), back in its tenant's "
+            f"queue in class {self.cls} with an offer on its keys, taking the key's slot "
+            "with a worker slot",
+            "slot",
+        )
+        self.open(ms, "queued", why)
 
     def dispatched(self, ms: int, d: Mapping[str, Any]) -> None:
         if self.state and self.state[0] == "queued":
@@ -280,14 +300,7 @@ class _Walk:
             case "parked":
                 self.parked(ms, field_text(d.get("key")))
             case "granted":
-                self.open(
-                    ms,
-                    "queued",
-                    _Why(
-                        f"waiting for a worker slot in class {self.cls} after its throttle grant",
-                        "slot",
-                    ),
-                )
+                self.woken(ms, field_text(d.get("key")))
             case "dispatched":
                 self.dispatched(ms, d)
             case "retry":
