@@ -27,7 +27,7 @@ from fairlane.store.views.tenants import lane_tenants
 from fairlane.store.views.throttles import throttles
 from fairlane.store.views.totals import app_totals, split_stats
 from fairlane.store.views.waits import oldest_waiting, start_delays
-from fairlane.store.wire import NewJob
+from fairlane.store.wire import NewJob, Outcome
 
 T = Any
 
@@ -127,11 +127,12 @@ def test_oldest_waiting_reads_queue_heads_and_the_clock_of_their_shard() -> None
     ]
     ages, asked = drive(
         oldest_waiting(keys, lanes, 8),
-        [[b"acme", b"beta"], [b"granted-1"]],  # shard 0 standard: tenants, granted head
-        [[b"j-acme"], []],  # queue heads
+        [[b"acme", b"beta"]],  # shard 0 standard: its active tenants
+        [[b"j-acme"], [b"j-beta"]],  # their queue heads
         [[b"1000", b"900"], [None, b"500"], 4000],  # run, enq of the two heads; TIME
     )
-    assert ages == {("gpu", "standard"): 3.5, ("gpu", "batch"): 0.0}  # j-acme, since enq
+    assert ages == {("gpu", "standard"): 3.5, ("gpu", "batch"): 0.0}  # j-beta, since enq
+    assert [len(batch) for batch in asked] == [1, 2, 3]  # classes * (2 * tenants + 1) + 1
     assert [c.name for c in asked[2]] == ["hmget", "hmget", "time"]
     quiet, asked = drive(oldest_waiting(keys, [{"gpu": LaneState(1, {}, {"a": 0})}], 8))
     assert quiet == {("gpu", "a"): 0.0} and asked == []  # nothing waits: no read at all
@@ -205,12 +206,17 @@ def test_throttle_keys_are_summed_over_the_shards_that_hold_them() -> None:
     views, asked = drive(
         throttles(shard_keys(2), 100),
         [{b"l:model": b"2"}, [b"model\x00001\x00j9"], {b"l:model": b"3"}, []],
-        [[b"1", b"1"], [b"2", b"2"]],
+        [[b"1", b"1", b"1"], [b"2", None, b"2"]],  # each shard's u:, o:, r: of the key
     )
-    assert [(v.key, v.limit, v.in_use, v.jobs, v.waiters) for v in views] == [
-        ("model", 3, 3, 3, ["j9"])
+    assert [(v.key, v.limit, v.in_use, v.offers, v.jobs, v.waiters) for v in views] == [
+        ("model", 3, 3, 1, 3, ["j9"])
     ]
     assert [c.name for c in asked[0]] == ["hscan", "zrange", "hscan", "zrange"]
+    # the offers ride in the same HMGET as the use: still two round trips
+    assert (
+        len(asked) == 2
+        and [c.args[1:] for c in asked[1]] == [("u:model", "o:model", "r:model")] * 2
+    )
     nothing, asked = drive(throttles(shard_keys(1), 100), [{}, []])
     assert nothing == [] and len(asked) == 1
 
@@ -224,10 +230,10 @@ def test_candidates_read_the_indexes_of_the_states_asked_for() -> None:
     found, asked = drive(
         candidates(keys, flt, {"gpu": ["standard"]}, ["t"]),
         [[b"acme", b"beta"]],  # the class's active tenants
-        [[b"q1"], [b"g1"], [b"key\x00001\x00w1"]],  # acme's queue, granted, waiters
+        [[b"q1"], [b"key\x00acme\x00001\x00w1"]],  # acme's queue (woken jobs too), waiters
     )
-    assert found.ids == {"q1": 0, "g1": 0, "w1": 0} and not found.truncated
-    assert [c.args[0].rsplit(":", 1)[-1] for c in asked[1]] == ["acme", "granted", "wait"]
+    assert found.ids == {"q1": 0, "w1": 0} and not found.truncated
+    assert [c.args[0].rsplit(":", 1)[-1] for c in asked[1]] == ["acme", "wait"]
 
 
 def test_a_listing_leaves_out_records_removed_meanwhile() -> None:
@@ -298,3 +304,27 @@ async def test_records_exist_and_a_subscription_to_finished_jobs(store: Store) -
         assert message is not None and message["data"] == b"v001"
     finally:
         await pubsub.aclose()
+
+
+def _keyed(job_id: str, tenant: str) -> NewJob:
+    return NewJob(
+        job_id, tenant, 0, "views.job", "[]", 1, "", 0, "0,0", "0,0", limits=[("model", 1)]
+    )
+
+
+@pytest.mark.anyio
+async def test_a_woken_job_is_an_offer_on_its_key_and_queued_again(store: Store) -> None:
+    await store.enqueue("gpu", [_keyed("k1", "acme"), _keyed("k2", "beta")])
+    got = await store.exchange("w1", ["gpu"], 2, 60_000, slots=4)
+    assert [j.id for j in got.jobs] == ["k1"]  # k2 parks on the key
+    (view,) = await store.view(throttles, 100)
+    assert (view.in_use, view.offers, view.jobs, view.waiters) == (1, 0, 2, ["k2"])
+    await store.exchange("w1", ["gpu"], 0, 60_000, [Outcome("k1", got.jobs[0].token, "ok")])
+    # k1's release woke k2: no slot held, one offered, nobody waiting
+    (view,) = await store.view(throttles, 100)
+    assert (view.limit, view.in_use, view.offers, view.jobs, view.waiters) == (1, 0, 1, 1, [])
+    # and the woken job is found where it waits: its tenant's queue
+    found = await store.view(
+        candidates, Filter(states=frozenset({"queued"})), {"gpu": ["standard"]}, []
+    )
+    assert set(found.ids) == {"k2"}

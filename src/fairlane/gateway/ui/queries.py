@@ -106,6 +106,7 @@ async def _throttles(app: App) -> list[dict[str, Any]]:
             "key": view.key,
             "limit": view.limit,
             "in_use": view.in_use,
+            "offers": view.offers,
             "jobs": view.jobs,
             "waiters": len(view.waiters),
             "head": view.waiters[:HEAD],

@@ -6,7 +6,8 @@ one per state, never by scanning every key:
 =============  ==============================================================
 state          index read
 =============  ==============================================================
-queued         each active tenant's queue ``q:<l>:<c>:<t>`` and ``granted``
+queued         each active tenant's queue ``q:<l>:<c>:<t>`` (a job a throttle key
+               woke is back in it, with offers: its record's ``toff``)
 scheduled      ``lane:<l>:delayed`` (delays, retry backoff, suspended runs)
 deferred       ``lane:<l>:c:<c>:deferred``
 throttled      ``thr:wait`` (jobs parked on a full throttle key)
@@ -133,8 +134,6 @@ def candidates(
                             cmd("zrange", k.tenant_queue(lane, cls, tenant), 0, PER_INDEX - 1)
                         )
                         reads.append((shard, False))
-                batch.append(cmd("zrange", k.class_key(lane, cls, "granted"), 0, PER_INDEX - 1))
-                reads.append((shard, False))
     for shard, k in enumerate(keys):
         fixed = _fixed_indexes(k, flt, classes, tasks)
         batch += fixed

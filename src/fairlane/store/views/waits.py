@@ -3,12 +3,13 @@
 **The oldest waiting job** of a lane's class (:func:`oldest_waiting`, the metrics'
 ``fairlane_queue_oldest_age_seconds``): jobs wait in one queue per tenant and no index
 orders them across tenants, so the read looks at the queue heads of at most ``tenants``
-active tenants per class (and the head of the class's throttle-granted set) and takes
-the largest age among them. It reads only classes with waiting slots above zero, in
-three round trips: the tenants of each such class (``ZRANGE fair -N -1``), their queue
-heads (``ZRANGE q 0 0``), then those jobs' ``run``/``enq`` fields with the server's
-``TIME``. So a read costs at most ``classes * (2 * tenants + 3)`` commands per shard,
-each O(log n), however deep the queues and however many tenants are active.
+active tenants per class and takes the largest age among them (a job a throttle key
+woke is back in its tenant's queue, so it is among them). It reads only classes with
+waiting slots above zero, in three round trips: the tenants of each such class
+(``ZRANGE fair -N -1``), their queue heads (``ZRANGE q 0 0``), then those jobs'
+``run``/``enq`` fields with the server's ``TIME``. So a read costs at most ``classes *
+(2 * tenants + 1) + 1`` commands per shard, each O(log n), however deep the queues and
+however many tenants are active.
 
 The tenants read are those with the highest start tags: fair dispatch serves the
 lowest tags first, so those at the top are the ones made to wait longest. With more
@@ -85,23 +86,21 @@ def _eligible_since(record: JobRecord) -> int | None:
 def _queue_heads(
     keys: Sequence[AppKeys], busy: list[_Where], tenants: int
 ) -> Plan[list[tuple[_Where, str]]]:
-    """The jobs at the heads of the queues of classes with jobs waiting: the granted
-    set's, and those of up to ``tenants`` tenants' queues."""
-    batch = []
-    for shard, lane, cls in busy:
-        batch.append(cmd("zrange", keys[shard].class_key(lane, cls, "fair"), -tenants, -1))
-        batch.append(cmd("zrange", keys[shard].class_key(lane, cls, "granted"), 0, 0))
-    reply = yield batch
+    """The jobs at the heads of the queues of up to ``tenants`` tenants of each class
+    with jobs waiting."""
+    reply = yield [
+        cmd("zrange", keys[shard].class_key(lane, cls, "fair"), -tenants, -1)
+        for shard, lane, cls in busy
+    ]
     heads: list[tuple[_Where, str]] = []
     queued: list[_Where] = []
     queues = []
     for i, where in enumerate(busy):
         shard, lane, cls = where
-        for tenant in reply[2 * i]:
+        for tenant in reply[i]:
             queue = keys[shard].tenant_queue(lane, cls, field_text(tenant))
             queues.append(cmd("zrange", queue, 0, 0))
             queued.append(where)
-        heads.extend((where, field_text(job)) for job in reply[2 * i + 1])
     for where, got in zip(queued, (yield queues), strict=True):
         heads.extend((where, field_text(job)) for job in got)
     return heads
