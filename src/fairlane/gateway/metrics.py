@@ -64,12 +64,15 @@ UNMATCHED = "unmatched"
 OTHER = "other"
 NONE = "none"
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-#: The reasons an admission answer may give (``fairlane.admission.Admission.reason``).
+#: The reasons an admission answer may give (``fairlane.admission.Admission.reason``):
+#: a pool's, a lane's default queue bounds' (``tenant_queue_full``, ``lane_queue_full``)
+#: and the store's; any other is labelled ``other``.
 _REASONS = frozenset(
     {
         "class_full",
         "class_queue_full",
         "tenant_queue_full",
+        "lane_queue_full",
         "too_wide",
         "deadline_unmeetable",
         "store_unavailable",
