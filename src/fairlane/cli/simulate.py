@@ -27,8 +27,10 @@ _COMPARE_HELP = (
     "Variants to compare on the same arrivals, comma-separated or repeated (default: the "
     "scenario's \\[compare] list, else fair,fifo). A variant is a policy, fair or fifo, "
     "joined by + to overrides: slice=SECONDS|inf, admission=on|off, throttles=on|off, "
-    "classes=on|off, charge=time|jobs|units; e.g. 'slice=0.5,slice=inf' or "
-    "'fair,fair+admission=off,fifo'."
+    "classes=on|off, charge=time|jobs|units, waiters=fair|fifo (throttle key waiters: "
+    "grouped by tenant and woken fairly, the key taken with a lane slot; or one FIFO per "
+    "key with the grant held while its job waits for a lane slot); e.g. "
+    "'slice=0.5,slice=inf', 'fair,fair+admission=off,fifo' or 'waiters=fair,waiters=fifo'."
 )
 
 
