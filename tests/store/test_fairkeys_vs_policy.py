@@ -2,15 +2,18 @@
 
 A hypothesis state machine drives one tenant's queue in a lane without admission with
 the same operations on both sides: batches of jobs, some keyed (several keys, weights
-set and reset), some not, at two priorities, some scheduled for later (they keep their
-FIFO number and charge no key); dispatches of a few jobs; jobs handed back unstarted
-(they re-enter with the order number they have). After every step the two
+set and reset), some not, at two priorities, some scheduled 1 ms later (due by the next
+dispatch, whose fetch promotes them: a keyed one takes its key's order number then,
+against the queue as it is at that moment) and some for much later (promoted never: they
+keep their FIFO number and charge no key yet); dispatches of a few jobs; jobs handed back
+unstarted (they re-enter with the order number they have). After every step the two
 agree on every job's order number (the record's ``seq``), on the queue's order, on the
 keys' next tags (``fk:<lane>:<class>:<tenant>``) and on which jobs each dispatch gave.
 """
 
 from __future__ import annotations
 
+import time
 from typing import ClassVar, cast
 
 import pytest
@@ -24,6 +27,7 @@ from tests.store.harness import StoreMachine
 
 LANE, CLASS, TENANT, WORKER = "a", "standard", "acme", "w1"
 LONG = 600_000
+SOON = 1  # ms
 SLOTS = 1000
 KEYS = ("", "u1", "u2", "u3", "u4")
 WEIGHTS = (1.0, 2.0, 3.0, 0.5)
@@ -46,19 +50,20 @@ class FairKeysVsPolicy(StoreMachine):
         self.prio: dict[str, int] = {}
         self.order: dict[str, float] = {}
         self.running: dict[str, str] = {}  # id -> lease token
+        self.soon: dict[str, tuple[str, int]] = {}  # due 1 ms later: id -> (key, FIFO number)
 
     @initialize()
     def register(self) -> None:
         # the worker registers its slots in the lane before anything is submitted
         self.run(self.store.exchange(WORKER, [LANE], 0, LONG, slots=SLOTS))
 
-    def new_job(self, key: str, prio: int, later: bool) -> NewJob:
+    def new_job(self, key: str, prio: int, later: int) -> NewJob:
         self.next_id += 1
         job_id = f"j{self.next_id:05d}"
         self.prio[job_id] = prio
         return NewJob(
             job_id, TENANT, prio, "t", "[]", 3, "1,60,full", 0.0, "-1,-1", "-1,-1",
-            delay_ms=LONG if later else None, fairness_key=key,
+            delay_ms=(None, LONG, SOON)[later], fairness_key=key,
         )  # fmt: skip
 
     @rule(
@@ -66,20 +71,22 @@ class FairKeysVsPolicy(StoreMachine):
             st.tuples(
                 st.sampled_from(KEYS),
                 st.sampled_from((0, 0, 0, 1)),
-                st.sampled_from((0,) * 5 + (1,)),
+                st.sampled_from((0,) * 5 + (1, 2)),  # due now, much later, 1 ms later
             ),
             min_size=1,
             max_size=6,
         )
     )
     def enqueue(self, batch: list[tuple[str, int, int]]) -> None:
-        jobs = [self.new_job(key, prio, later == 1) for key, prio, later in batch]
+        jobs = [self.new_job(key, prio, later) for key, prio, later in batch]
         replies = self.run(self.store.submit(LANE, jobs))
         assert [r.code for r in replies] == [1] * len(jobs)
         for job in jobs:
             self.seq += 1  # one FIFO number per job of the batch, in order
             if job.delay_ms is not None:
                 self.order[job.id] = self.seq  # scheduled: its FIFO number, no key charged
+                if job.delay_ms == SOON:
+                    self.soon[job.id] = (job.fairness_key, self.seq)
                 continue
             self.order[job.id] = self.model.enqueue(
                 job.id, job.fairness_key, job.priority, self.seq
@@ -87,11 +94,23 @@ class FairKeysVsPolicy(StoreMachine):
 
     @rule(want=st.integers(min_value=1, max_value=4))
     def dispatch(self, want: int) -> None:
+        # the jobs due 1 ms later are due now (waited for on the server's clock); the
+        # fetch promotes them first, earliest first, ties by id, each tagged as it enters
+        runs = {i: int(self.client.hget(self.keys.job(i), "run") or 0) for i in self.soon}
+        while runs and self.server_ms() < max(runs.values()):
+            time.sleep(0.001)
+        for job_id in sorted(runs, key=lambda i: (runs[i], i)):
+            key, seq = self.soon.pop(job_id)
+            self.order[job_id] = self.model.enqueue(job_id, key, self.prio[job_id], seq)
         got = self.run(self.store.exchange(WORKER, [LANE], want, LONG, slots=SLOTS))
         expected = [job for job in (self.model.pop() for _ in range(want)) if job is not None]
         assert [j.id for j in got.jobs] == expected
         for job in got.jobs:
             self.running[job.id] = job.token
+
+    def server_ms(self) -> int:
+        sec, usec = self.client.time()
+        return int(sec) * 1000 + int(usec) // 1000
 
     @rule(data=st.data())
     def hand_back(self, data: st.DataObject) -> None:

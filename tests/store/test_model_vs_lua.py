@@ -2,20 +2,21 @@
 
 A hypothesis state machine drives the real scripts (through ``fairlane.store.api.Store``
 on the real server) and ``QueueModel`` with the same operations -- enqueue (with service
-classes, widths of 1-3 slots and throttle keys), exchanges (registering workers of 1, 2
-and 3 slots, settling the worker's jobs in the same call or not, registering the worker
-idle when it gets nothing), the blocking wait that takes a job handed to an idle worker,
-a stopping worker's leave, renew, acks of every kind, acks with stale tokens, tenant
-weights and concurrency settings, worker crashes, reclaim sweeps (with or without the
-stale-worker sweep), and a drain -- and requires the same replies: the same jobs in the
-same order with the same tokens, attempt numbers and widths, the same fenced acks, the
-same reclaims. After every step the whole store is compared with the model (every job's
-status, attempts, token, throttle grant and offers; tenant queues in order, fair tags and
+classes, widths of 1-3 slots, throttle keys and fairness keys), exchanges (registering
+workers of 1, 2 and 3 slots, settling the worker's jobs in the same call or not,
+registering the worker idle when it gets nothing), the blocking wait that takes a job
+handed to an idle worker, a stopping worker's leave, renew, acks of every kind, acks
+with stale tokens, tenant weights, fairness keys' weights and concurrency settings,
+worker crashes, reclaim sweeps (with or without the stale-worker sweep), and a drain --
+and requires the same replies: the same jobs in the same order with the same tokens,
+attempt numbers and widths, the same fenced acks, the same reclaims. After every step
+the whole store is compared with the model (every job's status, attempts, token,
+throttle grant, offers and order number ``seq``; tenant queues in order, fair tags and
 virtual times per class; lane capacity, registrations and in-flight/waiting slots per
 class; throttle keys with their limits, use, offers, references, holders, virtual times,
-tenant waiter groups in order and their start and finish tags;
-delayed sets, idle registrations, inboxes, heartbeats, leases, dead letters, counters)
-and checked on its own:
+tenant waiter groups in order and their start and finish tags; every tenant queue's
+fairness-key tags ``fk:``; delayed sets, idle registrations, inboxes, heartbeats,
+leases, dead letters, counters) and checked on its own:
 
 * every job is in exactly one place, none over its attempt budget;
 * a class's in-flight slots are its running jobs' widths, its waiting slots its queued
@@ -38,7 +39,9 @@ a retry's ``run``, a finish's ``fin``, an enqueue's ``enq``). Where a call write
 time the instant cannot matter: leases are either long (10 min, never expiring during a
 run) or 1 ms, and before a sweep the test waits until every 1 ms lease has expired, so
 the sweep reclaims all of them (and so writes its time) or has nothing to reclaim.
-Retries are due at once (backoff ``0,0,none``, ack delay 0) or in 10 minutes.
+Retries are due at once (backoff ``0,0,none``, ack delay 0) or in 10 minutes; new jobs
+at once, in 1 ms (promoted by a later fetch, which writes its instant: a keyed one takes
+its fair order number then) or in 10 minutes.
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ CUSTOM = ClassTable((
 ))  # fmt: skip
 TABLES = {"a": ClassTable(), "b": CUSTOM}
 TENANTS = ("t1", "t2", "t3")
+FAIRNESS_KEYS = ("u1", "u2", "u3")
+KEY_WEIGHTS = (None, 0.5, 2.0, 3.0)  # None: back to 1
 WORKERS = {"w1": 1, "w2": 2, "w3": 3}  # worker -> its slots
 DRAINER, DRAIN_SLOTS = "wd", 6
 STATIC = {"t2": TenantLimits(floor=2, max_concurrency=2)}  # floor == max: static
@@ -102,15 +107,16 @@ new_jobs = st.lists(
         st.sampled_from(TENANTS),
         st.integers(-1, 1),  # priority
         st.integers(1, 3),  # attempts
-        st.sampled_from([0, 0, 0, LONG]),  # delay
+        st.sampled_from([0, 0, 0, SHORT, LONG]),  # delay: due now, 1 ms later or never
         st.sampled_from([0, 0, 1, 1, 2, 3]),  # class: an index in the lane's table (3: unknown)
         st.sampled_from([1, 1, 2, 3]),  # width in slots
         limit_sets,
+        st.sampled_from(["", "", *FAIRNESS_KEYS]),  # fairness key ('' none)
     ),
     min_size=1,
     max_size=4,
 )
-JobSpec = tuple[str, int, int, int, int, int, tuple[tuple[str, int], ...]]
+JobSpec = tuple[str, int, int, int, int, int, tuple[tuple[str, int], ...], str]
 
 
 def _ms(reply: Any) -> int:
@@ -186,7 +192,7 @@ class LuaVsModel(StoreMachine):
         self.clean = False
         names = TABLES[lane].names
         jobs = []
-        for tenant, prio, attempts, delay, cls, width, limits in specs:
+        for tenant, prio, attempts, delay, cls, width, limits, key in specs:
             job_id = f"j{self.next_id:03d}"
             self.next_id += 1
             jobs.append(
@@ -205,6 +211,7 @@ class LuaVsModel(StoreMachine):
                     service_class=names[cls] if cls < len(names) else "unknown",
                     slots=width,
                     limits=list(limits),
+                    fairness_key=key,
                 )
             )
         replies = self.run(self.store.enqueue(lane, jobs))
@@ -221,6 +228,7 @@ class LuaVsModel(StoreMachine):
                 j.service_class,
                 j.slots,
                 tuple(j.limits),
+                j.fairness_key,
             )
             for j in jobs
         ]
@@ -378,6 +386,17 @@ class LuaVsModel(StoreMachine):
         self.run(self.store.configure_tenant(tenant, weight))
         self.model.configure(tenant, weight)
 
+    @rule(
+        tenant=st.sampled_from(TENANTS),
+        key=st.sampled_from(FAIRNESS_KEYS),
+        weight=st.sampled_from(KEY_WEIGHTS),
+    )
+    def configure_key(self, tenant: str, key: str, weight: float | None) -> None:
+        """A fairness key's weight changes: both sides tag the key's next job with it."""
+        self.clean = False
+        self.run(self.store.configure_key_weight(tenant, key, 1.0 if weight is None else weight))
+        self.model.configure_key(tenant, key, weight)
+
     @precondition(lambda self: any(self.held.values()))
     @rule(limit=st.sampled_from([None, 1, 2]))
     def configure_limits(self, limit: int | None) -> None:
@@ -476,12 +495,14 @@ class LuaVsModel(StoreMachine):
         k, pipe = self.keys, self.client.pipeline(transaction=True)
         for job_id in self.ids:
             pipe.hmget(
-                k.job(job_id), ["st", "att", "max", "tok", "ttok", "cls", "sl", "lane", "toff"]
+                k.job(job_id),
+                ["st", "att", "max", "tok", "ttok", "cls", "sl", "lane", "toff", "seq"],
             )
         units = [(lane, cls) for lane in LANES for cls in TABLES[lane].names]
         for lane, cls in units:
             for tenant in TENANTS:
                 pipe.zrange(k.tenant_queue(lane, cls, tenant), 0, -1)
+                pipe.zrange(k.fairness_tags(lane, cls, tenant), 0, -1, withscores=True)
             pipe.zrange(k.class_key(lane, cls, "fair"), 0, -1, withscores=True)
             pipe.hgetall(k.class_key(lane, cls, "vt"))
         for lane in LANES:
@@ -505,14 +526,17 @@ class LuaVsModel(StoreMachine):
         replies = iter(pipe.execute())
         snap = Snapshot()
         for job_id in self.ids:
-            st_, att, max_, tok, ttok, cls, sl, lane, toff = next(replies)
+            st_, att, max_, tok, ttok, cls, sl, lane, toff, seq = next(replies)
             snap.jobs[job_id] = JobRow(
                 _s(st_), int(att), int(max_), tok and int(tok), ttok and int(ttok),
-                _s(cls), int(sl), _s(lane), toff is not None,
+                _s(cls), int(sl), _s(lane), toff is not None, float(seq),
             )  # fmt: skip
         for lane, cls in units:
             for tenant in TENANTS:
                 snap.queues[(lane, cls, tenant)] = [_s(i) for i in next(replies)]
+                tags = {_s(key): float(f) for key, f in next(replies)}
+                if tags:
+                    snap.key_tags[(lane, cls, tenant)] = tags
             snap.fair[(lane, cls)] = {_s(t): float(tag) for t, tag in next(replies)}
             snap.vt[(lane, cls)] = {_s(f): float(v) for f, v in next(replies).items()}
         for lane in LANES:
@@ -608,12 +632,16 @@ class LuaVsModel(StoreMachine):
             assert row.ttok == job.ttok, f"{job_id} throttle grant: {row}, {job}"
             offered = model.throttles.offered(job_id) is not None
             assert row.toff == offered, f"{job_id} offers: {row}"
+            assert row.seq == job.seq, f"{job_id} order number: lua {row.seq}, model {job.seq}"
         for lane in LANES:
             lm = model.lane(lane)
             for cls in TABLES[lane].names:
                 cq = lm.cls(cls)
                 for tenant in TENANTS:
                     assert snap.queues[(lane, cls, tenant)] == cq.queue_ids(tenant), (lane, cls)
+                    tags = cq.keys[tenant].next_tag if tenant in cq.keys else {}
+                    lua_tags = snap.key_tags.get((lane, cls, tenant), {})
+                    assert lua_tags == tags, f"fairness-key tags of {lane}/{cls}/{tenant}"
                 assert snap.fair[(lane, cls)] == cq.fair, f"fair tags of {lane}/{cls}"
                 vt = snap.vt[(lane, cls)]
                 assert vt.get("V", 0.0) == cq.vtime, f"virtual time of {lane}/{cls}"
@@ -739,6 +767,7 @@ class JobRow:
     slots: int
     lane: str
     toff: bool
+    seq: float
 
 
 @dataclass
@@ -761,6 +790,7 @@ class Snapshot:
     thr: dict[str, str] = field(default_factory=dict)
     waiters: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # key -> groups
     tags: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    key_tags: dict[tuple[str, str, str], dict[str, float]] = field(default_factory=dict)
 
     def throttle_use(self) -> dict[str, int]:
         """Every live throttle key's slots in use."""
@@ -896,7 +926,7 @@ def test_hand_off_edges(redis_url: str) -> None:
     plain = ((), 0, 1)  # limits, class index, width
 
     def jobs(*specs: tuple[str, int, int, int]) -> list[JobSpec]:
-        return [(t, p, a, d, plain[1], plain[2], plain[0]) for t, p, a, d in specs]
+        return [(t, p, a, d, plain[1], plain[2], plain[0], "") for t, p, a, d in specs]
 
     try:
         machine.fetch("w1", ("a",), 1, short=False, settle=False, idle_ms=LONG)  # idle on a

@@ -19,24 +19,32 @@ State, per tenant queue (one lane, one class, one tenant)
 
 Rules
 -----
-1. **Tag** (a keyed job enters the queue at once, with FIFO number ``s``): the present is
-   ``V = H``, or ``V = s`` when the queue is empty -- and then every ``F`` is dropped,
-   since a drained queue has nothing left to be fair about. Otherwise every ``F_k <= H``
+1. **Tag** (a keyed job enters the queue for the first time, with FIFO number ``s``):
+   the present is ``V = H``, or ``V = s`` when the queue is empty -- and then every ``F``
+   is dropped, since a drained queue has nothing left to be fair about. Otherwise every ``F_k <= H``
    is dropped: it is at or below the present and carries no information. The job's order
    number is ``tag = max(F_k, V)`` and ``F_k <- tag + 1 / w_k``.
 2. **Dispatch** takes the head, as for any job; retries, expired leases and releases put
    a job back with the order number it has (its record's ``seq``), as they always did.
-3. A keyed job that does *not* enter the queue at once (scheduled for later, or deferred
-   by admission) keeps its FIFO number and charges nothing to its key.
+3. **First entry.** A keyed job is tagged when it first enters its tenant's queue: at its
+   enqueue when it is due at once and admitted; when it is promoted, if it was scheduled
+   for later (its first attempt only); when a readmission pass admits it, if admission
+   deferred it (and it is due then; otherwise at its promotion). Until then it waits
+   with its FIFO number and charges nothing to its key. A retry is never tagged again:
+   it keeps the order number it has, as a release does (rule 2).
 
 Scale. One job of a key of weight 1 advances the key by one FIFO step, so keyed and
 unkeyed jobs live on the same scale: by induction every tag is at most the FIFO number
-``s`` its job was given (``H`` is an earlier job's, and ``F_k <= s_prev + 1 <= s``) as long
-as weights are ``>= 1``. An unkeyed job therefore never passes a keyed job enqueued before
-it; a keyed job may pass unkeyed ones, each of its key's jobs by one step at most: in a
-tenant that mixes both, its unkeyed jobs are served as one more key whose tags are their
-arrival numbers. Weights below 1 are allowed (a key may be made to yield); their tags may
-then run ahead of the FIFO numbers.
+``s`` its job was given (``H`` is an earlier job's, and ``F_k <= s_prev + 1 <= s``) as
+long as weights are ``>= 1`` and the job is tagged at its enqueue. An unkeyed job
+therefore never passes a keyed job enqueued before it; a keyed job may pass unkeyed
+ones, each of its key's jobs by one step at most: in a tenant that mixes both, its
+unkeyed jobs are served as one more key whose tags are their arrival numbers. Weights
+below 1 are allowed (a key may be made to yield); their tags may then run ahead of the
+FIFO numbers. A job tagged later (rule 3) enters at the present or behind its key's
+backlog, like any arrival then, not with its old FIFO number, which would put it ahead
+of everything enqueued meanwhile, its own key's jobs included (an unkeyed scheduled job
+does enter with its FIFO number, as it always did).
 
 Fairness bound. Between the keys of one tenant this is start-time fair queuing with the
 head as virtual time, unit work per job. Let keys ``i`` and ``j`` both have jobs in the

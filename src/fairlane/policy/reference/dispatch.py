@@ -2,12 +2,13 @@
 
 ``fairlane.policy.reference.model`` states the rules; this module holds the per-lane
 state and the steps the scripts run inside one call (``dispatch_lane`` and the fetch's
-rounds, ``push_ready``, ``enter_woken``, the throttle release, worker registration
-and promotion in ``fairlane.lua``), and the declarations a lane and its tenants take
-(class table, weights, concurrency settings). The decisions are the policy modules'
-own: ``fairlane.policy.classes.next_class`` picks the class,
-``fairlane.policy.throttle.Throttles`` admits, parks and wakes, ``fairlane.policy.ceilings``
-gives a tenant's limit. This module only composes them.
+rounds, ``push_ready``, ``enter_woken``, the throttle release, worker registration and
+promotion in ``fairlane.lua``), and the declarations a lane and its tenants take (class
+table, weights, fairness keys' weights, concurrency settings). The decisions are the
+policy modules' own: ``fairlane.policy.classes.next_class`` picks the class,
+``fairlane.policy.fairkeys.KeyTags`` gives a keyed job its order number in its tenant's
+queue, ``fairlane.policy.throttle.Throttles`` admits, parks and wakes,
+``fairlane.policy.ceilings`` gives a tenant's limit. This module only composes them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Literal, NamedTuple, TypeVar
 from fairlane.policy import ceilings
 from fairlane.policy.ceilings import DurationMean, RateWindow, TenantLimits
 from fairlane.policy.classes import ClassTable, next_class
+from fairlane.policy.fairkeys import KeyTags, head_order, order_score
 from fairlane.policy.throttle import Acquired, Throttles, Wake
 
 __all__ = [
@@ -37,7 +39,7 @@ __all__ = [
 Status = Literal["queued", "throttled", "scheduled", "running", "completed", "failed"]
 
 #: The order score of a queued job is ``-prio * PRIO_SPAN + seq`` (``order_score`` in Lua).
-PRIO_SPAN = 1 << 40
+PRIO_SPAN: int = 1 << 40
 DEFAULT_CLASS = "standard"
 T = TypeVar("T")
 
@@ -56,13 +58,14 @@ class ModelJob:
     tenant: str
     lane: str
     prio: int
-    seq: int
+    seq: float  # its order number: its FIFO number, or its fairness key's tag
     max_attempts: int
     status: Status
     run_at: int
     cls: str = DEFAULT_CLASS
     slots: int = 1
     limits: tuple[tuple[str, int], ...] = ()  # its own throttle keys and limits
+    fkey: str = ""  # its fairness key ('' none)
     attempts: int = 0
     token: int | None = None
     settled: int | None = None  # the token whose ack last settled it (until its next lease)
@@ -81,7 +84,8 @@ class ClassQueue:
     finish: dict[str, float] = field(default_factory=dict)  # idle tenant -> finish tag
     vtime: float = 0.0  # V
     run: int = 0  # leased jobs not yet settled
-    queues: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # sorted
+    queues: dict[str, list[tuple[float, str]]] = field(default_factory=dict)  # sorted
+    keys: dict[str, KeyTags] = field(default_factory=dict)  # tenant -> its keys' next tags
 
     def queue_ids(self, tenant: str) -> list[str]:
         return [job_id for _, job_id in self.queues.get(tenant, [])]
@@ -132,6 +136,7 @@ class LaneDispatch:
         self.jobs: dict[str, ModelJob] = {}
         self.lanes: dict[str, LaneModel] = {}
         self.weights: dict[str, float] = {}  # tenant -> fair-share weight (absent: 1)
+        self.key_weights: dict[str, dict[str, float]] = {}  # tenant -> key -> weight (absent: 1)
         self.throttles = Throttles(self.weights)  # a key's wakes read the weights too
         self.tenant_limits: dict[str, TenantLimits] = {}
         self.rates: dict[str, RateWindow] = {}  # tenant -> submissions (while it has limits)
@@ -153,6 +158,14 @@ class LaneDispatch:
         """A tenant's fair-share weight (None: the default, 1); applies from its next dispatch."""
         _set_or_drop(self.weights, tenant, weight)
 
+    def configure_key(self, tenant: str, key: str, weight: float | None) -> None:
+        """A fairness key's weight in its tenant (None or 1: the default, dropped as the
+        script drops it); applies from the key's next tag."""
+        weights = self.key_weights.setdefault(tenant, {})
+        _set_or_drop(weights, key, None if weight == 1 else weight)
+        if not weights:
+            del self.key_weights[tenant]
+
     def configure_limits(self, tenant: str, limits: TenantLimits | None) -> None:
         """A tenant's concurrency settings (None: none; its signals are kept)."""
         _set_or_drop(self.tenant_limits, tenant, limits)
@@ -169,8 +182,22 @@ class LaneDispatch:
         queue = cq.queues.setdefault(job.tenant, [])
         if not queue:
             self._activate(cq, job.tenant)
-        bisect.insort(queue, (-job.prio * PRIO_SPAN + job.seq, job.id))
+        bisect.insort(queue, (order_score(job.prio, job.seq), job.id))
         lane.waiting[job.cls] += job.slots
+
+    def _fair_order(self, job: ModelJob) -> None:
+        """A keyed job entering its tenant's queue for the first time takes its key's
+        order number (``KeyTags.tag``, rule 1 of ``fairlane.policy.fairkeys``) against
+        the queue as it stands, the earlier pushes of the same call included; its FIFO
+        number is the present when the queue is empty. No key: its FIFO number stays."""
+        if not job.fkey:
+            return
+        cq = self.lane(job.lane).cls(job.cls)
+        queue = cq.queues.get(job.tenant)
+        head = head_order(queue[0][0]) if queue else None
+        weight = self.key_weights.get(job.tenant, {}).get(job.fkey, 1.0)
+        tags = cq.keys.setdefault(job.tenant, KeyTags())
+        job.seq = tags.tag(job.fkey, weight, head, int(job.seq))
 
     @staticmethod
     def _activate(cq: ClassQueue, tenant: str) -> None:
@@ -232,7 +259,10 @@ class LaneDispatch:
                 limits[f"tenant:{job.tenant}"] = own
             if not limits:
                 return True, ()
-        result = self.throttles.try_acquire(job.id, limits, job.prio, job.seq, tenant=job.tenant)
+        # a waiter group orders by the integer part of the order number (the script's
+        # member format, %d): a keyed job's fractional tag ties with the integer below it
+        seq = int(job.seq)
+        result = self.throttles.try_acquire(job.id, limits, job.prio, seq, tenant=job.tenant)
         if isinstance(result, Acquired):
             job.ttok = result.token
             return True, result.wakes
@@ -346,4 +376,6 @@ class LaneDispatch:
             del self.lane(lane).delayed[job_id]
             job = self.jobs[job_id]
             job.status = "queued"
+            if job.attempts == 0:  # its first entry (a retry keeps the order it has)
+                self._fair_order(job)
             self._push_ready(job)

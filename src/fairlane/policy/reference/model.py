@@ -9,17 +9,19 @@ throttle state. It is pure: no Redis, no asyncio, no clock. Every operation is g
 
 It is built from the policy modules, which decide; the model only composes them:
 ``fairlane.policy.classes.next_class`` chooses the class that starts,
+``fairlane.policy.fairkeys.KeyTags`` gives a keyed job its order number,
 ``fairlane.policy.throttle.Throttles`` admits, parks and wakes jobs on their keys, and
 ``fairlane.policy.ceilings.tenant_limit`` gives a tenant's limit. The lanes' state and
 the steps of one dispatch live in ``fairlane.policy.reference.dispatch``.
 
 What it covers: enqueue (optionally delayed) with a service class, a width in worker
-slots and throttle keys, fetch (an exchange: worker registration, acks, then the
-fetch), the hand-off to idle workers, a stopping worker's leave, lease renewal and
-heartbeats, acks (``ok``, ``retry``, ``dead``, ``release``) fenced by tokens, the
-reclaim sweep and its stale-worker deregistration, lane class tables, tenant weights
-and tenant concurrency settings. Deadlines, idempotency keys, cancellation, redrive,
-retention trimming, malformed records and the promote limit are outside it.
+slots, throttle keys and a fairness key, fetch (an exchange: worker registration, acks,
+then the fetch), the hand-off to idle workers, a stopping worker's leave, lease renewal
+and heartbeats, acks (``ok``, ``retry``, ``dead``, ``release``) fenced by tokens, the
+reclaim sweep and its stale-worker deregistration, lane class tables, tenant weights,
+fairness keys' weights and tenant concurrency settings. Deadlines, idempotency keys,
+cancellation, redrive, retention trimming, malformed records and the promote limit are
+outside it.
 
 Rules, as in the scripts:
 
@@ -42,10 +44,19 @@ Rules, as in the scripts:
   arrives) with start tag ``max(finish tag, V - run / active tenants)`` (``V`` alone
   when none is active). The class's fair head is the active tenant with the smallest
   tag (ties: smaller name), and its first job (higher priority first, then FIFO by
-  ``seq``; a job keeps its ``seq`` for life). Taking it sets ``V = max(V, tag)`` and
+  ``seq``, its order number). Taking it sets ``V = max(V, tag)`` and
   adds ``1 / weight`` to the tag (weights apply from the next dispatch); a tenant left
   without waiting jobs becomes idle, keeping its tag as its finish tag. A class's
   **head** is its fair head.
+* **Order within a tenant: fairness keys.** A job's ``seq`` is its FIFO number (one
+  counter for the app, a step per job submitted, refused ones included), unless it
+  names a fairness key: then, when it enters its tenant's queue for the first time (at
+  its enqueue if due now; at its promotion if scheduled, attempt 0 only), it takes
+  ``KeyTags.tag`` of its (lane, class, tenant) -- the head read after the earlier
+  pushes of the same call, its FIFO number when the queue is empty, the key's weight
+  from ``configure_key`` (absent: 1) -- as its ``seq``. It keeps that ``seq`` for life:
+  retries, releases, reclaims and wakes put it back with it. A throttle key's waiter
+  group orders by the integer part of ``seq`` (the script's member format).
 * **Dispatch of a lane** with a budget of ``b`` slots: repeatedly ask
   ``next_class(table, C, f, head widths, demand=d)``; stop when it names no class, or
   when the chosen head is wider than what is left of ``b`` (the lane then stopped *for
@@ -169,6 +180,7 @@ class NewJob(NamedTuple):
     cls: str = DEFAULT_CLASS
     slots: int = 1
     limits: tuple[tuple[str, int], ...] = ()
+    key: str = ""  # fairness key ('' none)
 
 
 class Ack(NamedTuple):
@@ -204,8 +216,10 @@ class QueueModel(LaneDispatch):
         *,
         now: int,
         delay_ms: int = 0,
+        key: str = "",
     ) -> None:
-        self.enqueue_batch(lane, [NewJob(job_id, tenant, prio, max_attempts, delay_ms)], now=now)
+        spec = NewJob(job_id, tenant, prio, max_attempts, delay_ms, key=key)
+        self.enqueue_batch(lane, [spec], now=now)
 
     def enqueue_batch(self, lane: str, batch: Sequence[NewJob], *, now: int) -> list[int]:
         """Enqueue jobs in one call; returns a code per job (1 stored, -2 unknown class)."""
@@ -226,11 +240,13 @@ class QueueModel(LaneDispatch):
                 spec.id, spec.tenant, lane, spec.prio, self.seq, spec.max_attempts,
                 "scheduled" if run_at > now else "queued", run_at,
                 cls=spec.cls, slots=spec.slots, limits=tuple(sorted(spec.limits)),
+                fkey=spec.key,
             )  # fmt: skip
             self.jobs[spec.id] = job
             if job.status == "scheduled":
                 self.lane(lane).delayed[spec.id] = run_at
             else:
+                self._fair_order(job)
                 self._push_ready(job)
                 ready = True
             submitted[spec.tenant] += 1

@@ -1,6 +1,9 @@
 -- Fairness keys: the order number a keyed job takes in its tenant's queue, so that a
 -- tenant's keys (its end users) share its part fairly (fairlane/policy/fairkeys.py states
 -- the rule, its scale against the FIFO numbers and its bound). Dispatch is unchanged.
+-- Called where a keyed job first enters its tenant's queue: enqueue.lua (due and
+-- admitted), lease.lua's promote_due (scheduled, attempt 0) and records.lua's
+-- deferral.readmit_class (admitted from the deferred queue); never for a retry.
 -- One table of functions: the library's main chunk is near Lua's 200 locals.
 
 -- Per tenant queue, `fk:<lane>:<class>:<tenant>` (zset key -> start tag of the key's next

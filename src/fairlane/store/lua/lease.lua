@@ -8,7 +8,8 @@ local function promote_due(keys, p, lane, now, limit)
     redis.call('ZREM', dk, id)
     local jk = job_key(p, id)
     -- pcall: a job key of the wrong type reads as no record, so it is only unlisted
-    local f = redis.pcall('HMGET', jk, 'st', 'tenant', 'prio', 'seq', 'cls', 'sl', 'readmit')
+    local f = redis.pcall('HMGET', jk, 'st', 'tenant', 'prio', 'seq', 'cls', 'sl', 'readmit',
+      'att', 'fk')
     local cls = f[5] or DEFAULT_CLASS
     local cfg = f[7] and f[1] == 'scheduled' and admission_of(p, lane)
     if cfg then
@@ -28,7 +29,15 @@ local function promote_due(keys, p, lane, now, limit)
       end
     elseif f[1] == 'scheduled' then
       redis.call('HDEL', jk, 'readmit')
-      redis.call('HSET', jk, 'st', 'queued')
+      -- a keyed job entering its tenant's queue for the first time (attempt 0: a retry
+      -- keeps the order it has) takes its key's fair order number now (fairkeys.lua);
+      -- a job without a key costs no command more
+      if f[9] and f[8] == '0' then
+        f[4] = fairkeys.order(p, lane, cls, f[2], f[9], tonumber(f[4]))
+        redis.call('HSET', jk, 'st', 'queued', 'seq', f[4])
+      else
+        redis.call('HSET', jk, 'st', 'queued')
+      end
       log_event(p, id, now, 'due', {})
       push_ready(p, lane, cls, f[2], id, f[3], f[4], f[6])
     end

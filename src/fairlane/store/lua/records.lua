@@ -201,7 +201,7 @@ function deferral.readmit_class(keys, p, lane, cfg, cls, now, fx, weights)
     end
     local jk = job_key(p, id or '')
     local f = id and redis.call('HMGET', jk, 'st', 'tenant', 'dmu', 'dl', 'run', 'prio', 'seq',
-      'sl', 'retry') or {}
+      'sl', 'retry', 'fk') or {}
     local mu = tonumber(f[3]) or 0
     local late = f[4] and tonumber(f[4]) and tonumber(f[4]) <= now
     if not id or f[1] ~= 'deferred' or late then
@@ -227,6 +227,12 @@ function deferral.readmit_class(keys, p, lane, cfg, cls, now, fx, weights)
       if (tonumber(f[5]) or now) > now then
         redis.call('HSET', jk, 'st', 'scheduled')
         redis.call('ZADD', lane_key(p, lane, 'delayed'), tonumber(f[5]), id)
+      elseif f[10] and f[9] ~= '1' then
+        -- a keyed job entering its tenant's queue for the first time takes its key's fair
+        -- order number now (fairkeys.lua); a retry keeps the order it has
+        f[7] = fairkeys.order(p, lane, cls, tenant, f[10], tonumber(f[7]))
+        redis.call('HSET', jk, 'st', 'queued', 'seq', f[7])
+        push_ready(p, lane, cls, tenant, id, f[6], f[7], f[8])
       else
         redis.call('HSET', jk, 'st', 'queued')
         push_ready(p, lane, cls, tenant, id, f[6], f[7], f[8])
