@@ -102,6 +102,7 @@ class Context:
         tenant: str,
         service_class: str,
         worker: str,
+        fairness_key: str = "",
         history: Sequence[Checkpoint],
         failures: dict[str, int],
         budget: SliceBudget,
@@ -112,6 +113,7 @@ class Context:
     ) -> None:
         self.run_id = run_id
         self.tenant = tenant
+        self.fairness_key = fairness_key  # the run's own ('' none): its children inherit it
         self.service_class = service_class
         self._store = store
         self._token = token
@@ -355,6 +357,7 @@ class Context:
                 self._store,
                 self.run_id,
                 self.tenant,
+                self.fairness_key,
                 self.service_class,
                 self._max_children,
                 [(cid, c) for cid, c in zip(ids, calls, strict=True) if cid not in settled],

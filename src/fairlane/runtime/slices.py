@@ -54,6 +54,7 @@ async def run_slice(
         run_id=job.id,
         token=job.token,
         tenant=job.tenant,
+        fairness_key=job.fairness_key,
         service_class=start.service_class,
         worker=worker,
         history=start.steps,

@@ -85,6 +85,7 @@ class FetchedJob(msgspec.Struct, array_like=True, frozen=True):
     service_class: str = "standard"
     trace_context: str = ""  # the producer's W3C trace context ('' none; fairlane.tracing)
     parent: str = ""  # the workflow run a child job belongs to ('' none)
+    fairness_key: str = ""  # its fairness key ('' none): a workflow's children inherit it
 
 
 @dataclass(frozen=True, slots=True)

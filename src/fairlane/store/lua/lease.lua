@@ -158,7 +158,8 @@ end
 -- fencing token each, the attempt counted, one ZADD for all the leases; the classes'
 -- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns the rows a worker receives: [id, token,
 -- attempt, task, args, timeout, deadline, tenant, max, backoff, enqueued, slots, class,
--- trace context ('' for none), parent run ('' for none)].
+-- trace context ('' for none), parent run ('' for none), fairness key ('' for none; last,
+-- so that a reader of the shorter row still decodes it)].
 local function lease_jobs(keys, p, popped, worker, lease, now)
   local jobs = {}
   if #popped == 0 then
@@ -187,7 +188,8 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
     -- a trace context that is not valid UTF-8 is dropped: tracing never costs the job
     jobs[i] = {id, tostring(tok), att, f[2], f[3], tonumber(f[6]) or 0,
       tonumber(f[5]) or 0, f[7] or '', tonumber(f[4]), f[8] or '', tonumber(f[9]) or 0,
-      tonumber(f[11]) or 1, cls, utf8_ok(f[18]) and f[18] or '', utf8_ok(f[19]) and f[19] or ''}
+      tonumber(f[11]) or 1, cls, utf8_ok(f[18]) and f[18] or '', utf8_ok(f[19]) and f[19] or '',
+      utf8_ok(f[21]) and f[21] or ''}
   end
   redis.call('ZADD', keys[LEASES], unpack(zargs))
   for _, r in pairs(running) do
@@ -242,13 +244,14 @@ local function drop_offers(keys, p, id, offered, tally)
 end
 
 -- Check a job popped from a tenant queue. Returns its fields (st, task, args, max, dl,
--- to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok, cu, tp, par, toff) when it
+-- to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok, cu, tp, par, toff, fk) when it
 -- can run; settles it (and gives back any offers it held) and returns nil when it
 -- cannot (expired, malformed, or a stale entry).
 local function runnable(keys, p, id, now, tally)
   -- pcall: a job key that is not a hash reads as a missing record (left for a human)
   local f = redis.pcall('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
-    'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok', 'cu', 'tp', 'par', 'toff')
+    'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok', 'cu', 'tp', 'par', 'toff',
+    'fk')
   local bad = f[1] == 'queued' and malformed_field(f)
   if bad then
     count(tally, 'malformed')
