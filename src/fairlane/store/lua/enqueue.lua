@@ -70,8 +70,9 @@ local function enqueue(keys, args)
         local jk = job_key(p, id)
         local st = run_at > now and 'scheduled' or 'queued'
         -- a keyed job entering its tenant's queue now takes its key's fair order number
-        -- (fairkeys.lua); a scheduled or deferred one keeps its FIFO number, and a job
-        -- without a key costs no command here
+        -- (fairkeys.lua); a scheduled or deferred one takes it when it first enters the
+        -- queue (promote_due in lease.lua, the readmission pass in records.lua), and a
+        -- job without a key costs no command here
         local fkey, order = j[23], seq
         if fkey and fkey ~= '' and st == 'queued' and verdict ~= 'deferred' then
           order = fairkeys.order(p, lane, cls, tenant, fkey, seq)
