@@ -9,7 +9,7 @@ local function new_dispatch(keys, p, lane, budget, now, tally)
   local sk = lane_key(p, lane, 'state')
   local cx = {keys = keys, p = p, lane = lane, now = now, tally = tally, sk = sk,
     weights = {}, tlimits = {}, vt = {}, delta = {}, runs = {},
-    f = {}, d = {}, heads = {}, w = {}, cap = 0, batch = math.min(budget, 100)}
+    f = {}, d = {}, heads = {}, w = {}, age = {}, cap = 0, batch = math.min(budget, 100)}
   local declared = redis.call('HMGET', sk, 'table', 'charge')
   cx.tbl = cjson.decode(declared[1] or DEFAULT_CLASSES)
   cx.cost_mode = declared[2] == 'cost'
@@ -96,9 +96,11 @@ local function class_head(cx, i)
       id = redis.call('ZRANGE', tenant_queue(p, lane, cls, tenant), 0, 0)[1]
     end
   end
-  -- pcall: a job key of the wrong type reads as width 1; `runnable` then drops it
-  local width = id and slots_of(redis.pcall('HGET', job_key(p, id), 'sl')) or 1
-  return {'q', id, width, tenant, tag}
+  -- pcall: a job key of the wrong type reads as width 1; `runnable` then drops it. Its
+  -- age (since run, else enq) is for a class that ages (max_wait, classes.lua).
+  local jf = id and redis.pcall('HMGET', job_key(p, id), 'sl', 'run', 'enq') or {}
+  local since = tonumber(jf[2]) or tonumber(jf[3])
+  return {'q', id, slots_of(jf[1]), tenant, tag, age = since and math.max(0, cx.now - since) or 0}
 end
 
 local function load_state(cx)
@@ -116,6 +118,7 @@ local function load_state(cx)
   for i = 1, #cx.tbl do
     cx.heads[i] = class_head(cx, i)
     cx.w[i] = cx.heads[i] and cx.heads[i][3] or nil
+    cx.age[i] = cx.heads[i] and cx.heads[i].age or 0
   end
 end
 
@@ -288,7 +291,7 @@ local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
   load_state(cx)
   local given = 0
   while true do
-    local x = choose_class(cx.levels, cx.f, cx.w, cx.d)
+    local x = choose_class(cx.levels, cx.f, cx.w, cx.d, cx.age)
     local h = x and cx.heads[x]
     if not h or h[3] > budget - given then
       flush_dispatch(cx)
@@ -319,6 +322,7 @@ local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
     else
       cx.heads[x] = class_head(cx, x)
       cx.w[x] = cx.heads[x] and cx.heads[x][3] or nil
+      cx.age[x] = cx.heads[x] and cx.heads[x].age or 0
     end
   end
 end
