@@ -150,7 +150,7 @@ def verdicts(result: dict[str, Any]) -> list[str]:
     counted = result["fair"]["quiet_hand_offs"]["p99"]
     lines = [
         (fair <= three, f"quiet p99 {fair:.1f} ms, within 3 hand-offs of the key ({three:.1f} ms)"),
-        (counted <= 3, f"quiet p99 waited {counted:.0f} of the key's hand-offs (target <= 3)"),
+        (counted <= 3, f"quiet p99 waited {counted:.2f} of the key's hand-offs (target <= 3)"),
         (r["fifo_over_fair_p99"] >= 10,
          f"quiet p99 {r['fifo_over_fair_p99']:.1f}x better than FIFO waiters (target >= 10x)"),
     ]  # fmt: skip
@@ -191,7 +191,7 @@ def main() -> None:
         d, h = result[mode]["quiet_start_delay_ms"], result[mode]["quiet_hand_offs"]
         print(
             f"{titles[mode]}: quiet start delay p50 {d['p50']:.1f} ms, p99 {d['p99']:.1f} ms, "
-            f"max {d['max']:.1f} ms; hand-offs waited p50 {h['p50']:.0f}, p99 {h['p99']:.0f}"
+            f"max {d['max']:.1f} ms; hand-offs waited p50 {h['p50']:.1f}, p99 {h['p99']:.2f}"
         )
     for line in verdicts(result):
         print(line)
