@@ -12,7 +12,8 @@ keys), ``admission`` (reservations and deferral),
 agreement test stand beside each file is ``docs/contracts/twins.md``.
 
 Constants the policy core owns (the default service classes, the ceilings' signal
-windows and pressure bounds, the least charge) and the fence key's name from
+windows and pressure bounds, the least charge, fair deferral's overtake limit and pass
+budget, how often a single enqueue reads its lane's bound) and the fence key's name from
 ``fairlane.store.keys`` (the scripts cut the app's prefix from it) are written into
 the source here, so the scripts, the policy and the key layout never disagree on them.
 The library is named after its content so that workers of two releases sharing a
@@ -29,7 +30,14 @@ from importlib.resources import files
 from typing import Final
 
 from fairlane.policy import admission, ceilings
-from fairlane.policy.admission import EstimationSettings, PoolConfig, to_milli, unit_table
+from fairlane.policy.admission import (
+    EstimationSettings,
+    PoolConfig,
+    bounds,
+    deferral,
+    to_milli,
+    unit_table,
+)
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.store.keys import AppKeys
 
@@ -106,6 +114,9 @@ def fill_constants(source: str) -> str:
         "__F_MAX__": repr(ceilings.F_MAX),
         "__DURATION_ALPHA__": repr(ceilings.DURATION_ALPHA),
         "__MIN_CHARGE_MILLI__": str(admission.MIN_CHARGE_MILLI),
+        "__OVERTAKE_LIMIT__": str(deferral.OVERTAKE_LIMIT),
+        "__PASS_BUDGET__": str(deferral.PASS_BUDGET),
+        "__LANE_READ_EVERY__": str(bounds.LANE_READ_EVERY),
         # an app of no prefix: what is left of its fence key is the key's own name
         "__FENCE_NAME__": AppKeys("").fence,
     }

@@ -10,7 +10,7 @@ What counts as queued, and why (the counts are the ones the store already keeps,
 the check costs one read per lane and per tenant queue in an enqueue call, and
 nothing on dispatch or ack):
 
-* **ready** jobs count: those in a tenant's queue, and those a throttle granted that
+* **ready** jobs count: those in a tenant's queue, and those a throttle key woke that
   wait for a worker slot. The lane's figure is its classes' waiting slots (``d:<c>``),
   so a job of ``slots=N`` counts N; a tenant's figure is the size of its queue in the
   job's class (``q:<lane>:<class>:<tenant>``): the tenant bound is per class queue,
@@ -20,7 +20,7 @@ nothing on dispatch or ack):
   delayed set is one for all tenants. A new ready job is checked against the ready
   jobs only, so a lane full of jobs due tomorrow does not refuse work for now.
 * **throttled** jobs (waiting on a throttle key) are not counted: their waiters are
-  kept per key, not per lane, and they re-enter the lane's count when granted.
+  kept per key, not per lane, and they re-enter the lane's count when woken.
 
 When the lane is read. An enqueue call of several jobs reads the lane's counts; a call
 of one job reads them one time in ``LANE_READ_EVERY`` (by the FIFO number it draws,

@@ -25,11 +25,10 @@
 local REJECT_WINDOW_MS = 60000
 local COST_RISE = 0.5
 local MIN_CHARGE_MU = __MIN_CHARGE_MILLI__
--- fairlane/policy/admission/deferral.py: OVERTAKE_LIMIT and PASS_BUDGET (the agreement
--- test checks that these are the policy's)
--- fair deferral's helpers and constants live in one table: the library's main chunk is
--- near Lua's limit of 200 locals
-local deferral = {OVERTAKES = 8, PASS_BUDGET = 32}
+-- fairlane/policy/admission/deferral.py's OVERTAKE_LIMIT and PASS_BUDGET, written in by
+-- the library; fair deferral's helpers and constants live in one table: the library's
+-- main chunk is near Lua's limit of 200 locals
+local deferral = {OVERTAKES = __OVERTAKE_LIMIT__, PASS_BUDGET = __PASS_BUDGET__}
 -- defined in records.lua: admitting a deferred job may expire it instead
 local admit_deferred
 

@@ -9,12 +9,12 @@
 -- a tenant's the size of its class queue (one ZCARD per queue, which push_ready would
 -- otherwise make itself), the scheduled jobs the delayed set's size (one ZCARD, only
 -- for a call holding a scheduled job). A call of one job reads the lane one time in
--- LANE_READ_EVERY (the policy's; the agreement test checks it), or every time while
+-- LANE_READ_EVERY (the policy's, written in by the library), or every time while
 -- the lane is marked full. Nothing is counted on dispatch or ack.
 
 -- One local for the whole file (the library's main chunk has room for 200): the
 -- parsing, the decision and the declaration are fields of `queue_bounds`.
-local queue_bounds = {LANE_READ_EVERY = 16}
+local queue_bounds = {LANE_READ_EVERY = __LANE_READ_EVERY__}
 
 -- The bounds of a lane from its state's `qb` field, with the counts of one enqueue
 -- call (nil: the lane is unbounded).
