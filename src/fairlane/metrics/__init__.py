@@ -9,6 +9,8 @@
 - ``store``: ``StoreReader`` and ``StoreCollector``, the store-side gauges and counters
   read at scrape time (pipelined reads, bounded timeout, cached), admission decisions
   counted by the server and the oldest waiting job's age.
+- ``rates``: the rate keys' families (tokens admitted, refunded, charged as debt,
+  pushbacks, time waited, the adaptive limit), ``key`` labels bounded to the top N.
 - ``pressure``: ``PressureCollector``, a worker's resource-pressure allowance and
   sensor readings (``fairlane.runtime.pressure``) as gauges.
 - ``server``: ``MetricsServer``, the HTTP endpoint (``/metrics`` and ``/autoscale``)

@@ -16,7 +16,9 @@ class MetricsConfig:
     tenant is labelled ``other``. ``host``: the address to bind (all interfaces by
     default, for Prometheus to reach). ``store_timeout`` bounds the scrape-time read
     of the store; ``store_max_age`` is how long one read is reused (at most one read
-    per that many seconds, however often the endpoint is scraped).
+    per that many seconds, however often the endpoint is scraped). ``key_top_n``: how
+    many rate keys, those that took the most tokens, get a ``key`` label of their own;
+    the others are summed under ``other`` (``fairlane.metrics.rates``).
     """
 
     tenants: frozenset[str] = field(default_factory=frozenset)
@@ -25,7 +27,10 @@ class MetricsConfig:
     store_timeout: float = 1.0
     store_max_age: float = 2.0
     sample_interval: float = 1.0
+    key_top_n: int = 20
 
     def __post_init__(self) -> None:
         if self.top_n < 0:
             raise ValueError(f"top_n must be >= 0, got {self.top_n}")
+        if self.key_top_n < 0:
+            raise ValueError(f"key_top_n must be >= 0, got {self.key_top_n}")

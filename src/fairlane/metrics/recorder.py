@@ -360,7 +360,7 @@ class MetricsHooks(WorkerHooks):
             tables=declared.lanes,
         )
         stack.callback(reader.close)
-        metrics.registry.register(StoreCollector(reader))
+        metrics.registry.register(StoreCollector(reader, config.key_top_n))
         if worker.pressure is not None:
             metrics.registry.register(PressureCollector(worker.pressure))
         server = MetricsServer(self.port, metrics.registry, reader, config.host)

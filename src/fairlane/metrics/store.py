@@ -8,7 +8,10 @@ Prometheus and autoscalers poll, the server sees at most one read per ``max_age`
 What it reads are the store's read models: the lanes, the stats hash and the throttle
 waiters in one pipelined round trip (``fairlane.store.views.totals``), then the
 oldest-job ages in up to three more, and only for classes with jobs waiting
-(``fairlane.store.views.waits``, which says what they cost). ``StoreCollector`` turns
+(``fairlane.store.views.waits``, which says what they cost), then the rate keys (the
+``rate_key_limit`` written most recently per shard) in one, or two when some key is
+known (``fairlane.store.views.rates``; ``fairlane.metrics.rates`` says what is
+exported and how the ``key`` label is bounded). ``StoreCollector`` turns
 the snapshot into metric families; ``autoscale_view`` into the ``/autoscale`` JSON.
 
 **The scale signal leaves batch out.** A batch class runs only on slots no other class
@@ -45,12 +48,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
+from fairlane.metrics.rates import DEFAULT_KEY_TOP_N, rate_families
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.policy.shards import check_shard_count
 from fairlane.store.connection import SyncClient, create_sync_client
 from fairlane.store.keys import AppKeys
 from fairlane.store.reads import run_sync
 from fairlane.store.views.lanes import LaneState, merge_lanes
+from fairlane.store.views.rates import RateKeys, rate_keys
 from fairlane.store.views.totals import DecisionKey, app_totals
 from fairlane.store.views.waits import oldest_waiting
 
@@ -62,6 +67,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("fairlane.metrics")
+
+#: Rate keys read per shard at a scrape: the most recently written
+RATE_KEYS_READ = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +83,8 @@ class StoreSnapshot:
     #: per lane, its batch classes (their backlog is no scale signal); a lane left out
     #: has the default table's
     batch: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: the rate keys read (``fairlane.metrics.rates``)
+    rates: RateKeys = field(default_factory=RateKeys)
 
     def batch_classes(self, lane: str) -> frozenset[str]:
         return self.batch.get(lane, _DEFAULT_BATCH)
@@ -118,9 +128,13 @@ class StoreReader:
         oldest_tenants: int = 64,
         shards: int = 1,
         tables: Mapping[str, ClassTable] | None = None,
+        rate_key_limit: int = RATE_KEYS_READ,
     ) -> None:
         if oldest_tenants < 1:
             raise ValueError(f"oldest_tenants must be >= 1, got {oldest_tenants}")
+        if rate_key_limit < 1:
+            raise ValueError(f"rate_key_limit must be >= 1, got {rate_key_limit}")
+        self.rate_key_limit = rate_key_limit
         check_shard_count(shards)
         #: the keys of each scheduling shard, in shard order
         self.shard_keys = [AppKeys.for_shard(app, i, shards) for i in range(shards)]
@@ -160,6 +174,7 @@ class StoreReader:
             self._client, oldest_waiting(self.shard_keys, per_shard, self.oldest_tenants)
         )
         lanes = {lane: merge_lanes([shard[lane] for shard in per_shard]) for lane in self.lanes}
+        rates = run_sync(self._client, rate_keys(self.shard_keys, self.rate_key_limit, head=0))
         return StoreSnapshot(
             lanes,
             totals.stats,
@@ -167,6 +182,7 @@ class StoreReader:
             decisions=totals.decisions,
             oldest_age=oldest,
             batch=self.batch,
+            rates=rates,
         )
 
     def close(self) -> None:
@@ -184,10 +200,12 @@ def _per_class(
 
 
 class StoreCollector(Collector):
-    """Store-side metric families, from a ``StoreReader`` at each scrape."""
+    """Store-side metric families, from a ``StoreReader`` at each scrape; ``key_top_n``
+    rate keys get a ``key`` label of their own (``fairlane.metrics.rates``)."""
 
-    def __init__(self, reader: StoreReader) -> None:
+    def __init__(self, reader: StoreReader, key_top_n: int = DEFAULT_KEY_TOP_N) -> None:
         self.reader = reader
+        self.key_top_n = key_top_n
 
     def describe(self) -> Iterable[Metric]:
         return []  # registration must not read the store
@@ -301,6 +319,7 @@ class StoreCollector(Collector):
         for (lane, cls), waited in sorted(snap.oldest_age.items()):
             oldest.add_metric([lane, cls], waited)
         yield oldest
+        yield from rate_families(snap.rates, self.key_top_n)
 
 
 def autoscale_view(snap: StoreSnapshot | None) -> dict[str, Any]:
