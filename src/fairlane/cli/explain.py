@@ -6,8 +6,11 @@ of its life and why each wait happened: its class's capacity borrowed by other
 classes (named), fair dispatch sharing its class with other tenants, a throttle key
 (named: parked in its tenant's group on the key, then woken by it fairly by tenant and
 back in its queue with an offer), a deferral by admission (and its reason), a retry
-backoff (and the error), a scheduled start, a suspended workflow, or just a free worker
-slot. ``--json`` prints
+backoff (and the error), a scheduled start, a suspended workflow, a rate key (named
+with its rate; while the job still waits on it, when its next tokens are due and a
+pause with its cause), a pushback (``Throttled``: the key paused for everyone, the
+attempt given back), or just a free worker slot. The job's rate keys are listed with
+their state now. ``--json`` prints
 the same as JSON, with the timeline it was read from: the events the store logged and
 those rebuilt from the record (``"derived": true``).
 """
@@ -26,18 +29,20 @@ from rich.table import Table
 from fairlane.app import App
 from fairlane.cli._common import AppSpec, JobId, RedisUrl, console, fail, load_app, run
 from fairlane.store.explain import explain as explain_record
-from fairlane.store.explain import format_ms
+from fairlane.store.explain import format_ms, rate_keys_now
 from fairlane.store.records import Event, JobRecord
+from fairlane.store.views.rates import JobRates, job_rates
 
 __all__ = ["explain"]
 
 
-async def _load(app: App, job_id: str) -> tuple[JobRecord | None, list[Event], int]:
+async def _load(app: App, job_id: str) -> tuple[JobRecord | None, list[Event], int, JobRates]:
     async with app:
         store = app.store_for_job(job_id)
         record = await store.read_job(job_id)
         events = await store.job_events(job_id)
-        return record, events, await store.server_time_ms()
+        rates = await store.read(job_rates(store.keys, job_id))
+        return record, events, await store.server_time_ms(), rates
 
 
 def _at(ms: int) -> str:
@@ -48,6 +53,13 @@ def _plain(value: Any) -> Any:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
+def _rate_lines(rates: JobRates) -> list[str]:
+    lines = [row["text"] for row in rate_keys_now(rates)]
+    if rates.pushbacks:
+        lines.append(f"pushbacks taken without spending an attempt: {rates.pushbacks}")
+    return lines
+
+
 def explain(
     app_spec: AppSpec,
     job_id: JobId,
@@ -56,13 +68,13 @@ def explain(
 ) -> None:
     """Explain a job: where its time went (waiting, and why; running, and where) in one answer."""
     app = load_app(app_spec, redis_url)
-    record, events, now_ms = run(_load(app, job_id))
+    record, events, now_ms, rates = run(_load(app, job_id))
     if record is None and not events:
         fail(
             f"no record of job {job_id} in app {app.name!r} (never enqueued, or removed by "
             "retention)"
         )
-    answer = explain_record(record or JobRecord(job_id), events, now_ms=now_ms)
+    answer = explain_record(record or JobRecord(job_id), events, now_ms=now_ms, rates=rates)
     if as_json:
         out = {
             "id": job_id,
@@ -76,6 +88,8 @@ def explain(
                 }
                 for e in answer.events
             ],
+            "rate_keys": rate_keys_now(rates),
+            "pushbacks": rates.pushbacks,
         }
         typer.echo(json.dumps(out, indent=2, ensure_ascii=False))
         return
@@ -83,6 +97,8 @@ def explain(
     whose = f", fairness key {escape(answer.fairness_key)}" if answer.fairness_key else ""
     out_console.print(f"[bold]job {escape(job_id)}[/] ({escape(answer.status or '?')}){whose}")
     out_console.print(escape(answer.summary))
+    for line in _rate_lines(rates):
+        out_console.print(escape(line))
     if not answer.segments:
         return
     table = Table(box=None, pad_edge=False)

@@ -16,12 +16,17 @@ kind            detail
 ``admitted``    ``at``: a deferred job was admitted; it may start at ``at``
 ``due``         a scheduled job became due and joined its tenant's queue (``v``
                 deferred and ``why``: a retry that admission deferred instead)
-``parked``      ``key``: dispatch parked it on this full throttle key, in its
-                tenant's group of the key's waiters
+``parked``      ``key``: dispatch parked it on this full throttle key, or on this
+                rate key short of tokens or paused, in its tenant's group of the
+                key's waiters
 ``granted``     ``key``: this key woke it (the key serves its waiting tenants
                 fairly): it is back in its tenant's queue with an offer on each
                 of its keys, which it takes with its worker slot (logged as
                 ``tok`` by earlier versions, which held the grant while queued)
+``pushback``    ``key``: the task raised ``Throttled`` for this key, which is
+                paused until ``until`` (ms); the job is due again then, its
+                attempt given back (``n`` pushbacks taken); past the bound it is
+                an ordinary ``retry``
 ``retry``       ``delay`` ms, ``err`` error type, ``at`` when it is due again;
                 the failed attempt's ``start``, ``wk``, ``att`` and ``qw``
 ``suspended``   ``wait`` what a workflow run waits for, ``at`` its wake-up; the
@@ -40,6 +45,11 @@ than its assured slots (it was borrowing the capacity the job's class was owed) 
 ``[held, assured]``; ``ten`` counts the other tenants fair dispatch was sharing the
 job's class with. It is written with the start of the attempt, so it costs no command.
 
+A job on rate keys is explained with what its record and the keys say now
+(``fairlane.store.views.rates.JobRates``, passed in as ``rates``): a key it parked on
+is named with its rate, and, while it still waits, when the key's next tokens are due
+and a pause with its cause.
+
 Jobs logged by earlier versions of the store carry ``dispatched`` and final events
 (``completed``, ``failed``, ``cancelled``, ``expired``) as well; they are read as they
 are.
@@ -57,8 +67,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fairlane.policy.rates import Rate
 from fairlane.store.fields import field_int, field_text
 from fairlane.store.records import Event, JobRecord, from_hash
+from fairlane.store.views.rates import JobRates, RateKeyView
 
 __all__ = [
     "Explanation",
@@ -66,27 +78,33 @@ __all__ = [
     "as_record",
     "explain",
     "format_ms",
+    "rate_keys_now",
+    "rate_now",
+    "rate_text",
     "timeline",
 ]
 
 _FINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 # events that end an attempt and keep its start, which the next attempt overwrites
-_ATTEMPT_ENDS = ("retry", "reclaimed", "suspended", "released", "redriven")
+_ATTEMPT_ENDS = ("retry", "pushback", "reclaimed", "suspended", "released", "redriven")
 # what may happen in the same millisecond as an attempt's start, after it
-_AFTER_START = frozenset({"retry", "reclaimed", "suspended", "released", *_FINAL})
+_AFTER_START = frozenset({"retry", "pushback", "reclaimed", "suspended", "released", *_FINAL})
 
 
 @dataclass(frozen=True, slots=True)
 class Segment:
     """A stretch of a job's life: ``what`` it was doing from ``from_ms`` to ``to_ms``, and why.
 
-    ``what`` is one of queued, deferred, scheduled, parked, backoff, suspended, running.
+    ``what`` is one of queued, deferred, scheduled, parked, paused, backoff, suspended,
+    running.
     ``open`` marks the segment still going on (it ends at the time of the question).
     ``cause`` says why it waited, in one word: ``slot`` (a free worker slot, nothing
     else recorded), ``class`` (other classes were borrowing its class's capacity),
     ``tenants`` (fair dispatch shared its class with other tenants), ``throttle``,
-    ``admission``, ``schedule``, ``backoff`` or ``workflow``; ``about`` what that cause
-    names: the borrowing classes, the throttle key, the deferral reason, the error."""
+    ``rate`` (a rate key short of tokens or paused), ``pushback`` (its own attempt was
+    pushed back by the upstream), ``admission``, ``schedule``, ``backoff`` or
+    ``workflow``; ``about`` what that cause names: the borrowing classes, the throttle
+    or rate key, the deferral reason, the error."""
 
     from_ms: int
     to_ms: int
@@ -192,12 +210,84 @@ def _queued_why(qw: Any, cls: str) -> _Why | None:
     return _Why(", and ".join(parts), "class" if borrowers else "tenants", tuple(borrowers))
 
 
+def _number(x: float) -> str:
+    return f"{x:,.0f}" if x == int(x) and abs(x) >= 1000 else f"{x:g}"
+
+
+def rate_text(rate: Rate) -> str:
+    """A rate as people read it: ``2 per 1 s, burst 2``; ``90,000 units per 60 s, ...``."""
+    what = " units" if rate.units else ""
+    return f"{_number(rate.limit)}{what} per {_number(rate.per)} s, burst {_number(rate.capacity)}"
+
+
+def _later(at: int, now: int) -> str:
+    return "now" if at <= now else f"in {format_ms(at - now)}"
+
+
+def rate_now(view: RateKeyView, cost: float = 1.0) -> str:
+    """What a rate key says now to a job of ``cost`` waiting on it: a pause and its
+    cause, when its next tokens are due; '' when nothing holds it."""
+    parts: list[str] = []
+    if view.paused and view.paused_until_ms is not None:
+        cause = f" ({view.pause_cause})" if view.pause_cause else ""
+        parts.append(
+            f"the key is paused{cause} for {format_ms(view.paused_until_ms - view.now_ms)} more"
+        )
+    due = view.due_ms if view.due_ms is not None else view.next_tokens_ms(cost)
+    if due is not None and due > view.now_ms:
+        parts.append(f"its next tokens are due {_later(due, view.now_ms)}")
+    return ", ".join(parts)
+
+
+def rate_keys_now(rates: JobRates) -> list[dict[str, Any]]:
+    """A job's rate and adaptive keys with their state now, as plain values (the
+    command line's JSON and the dashboard's job detail): its rate, its cost on it, the
+    key's tokens, pause, cause and due time, an adaptive key's limit and bounds, and a
+    sentence."""
+    rows: list[dict[str, Any]] = []
+    for key in sorted({*rates.rates, *rates.adaptive}):
+        rate, view, bounds = rates.rates.get(key), rates.keys.get(key), rates.adaptive.get(key)
+        cost = rates.cost(key) if rate is not None else None
+        parts = [rate_text(rate)] if rate is not None else []
+        limit = view.adaptive_limit if view is not None else None
+        if bounds is not None:
+            limit = limit if limit is not None else bounds.max
+            parts.append(f"adaptive limit {limit} in [{bounds.min}, {bounds.max}]")
+        if view is not None and view.tokens is not None and rate is not None:
+            parts.append(f"{view.tokens:.2f} tokens now")
+        told = rate_now(view, cost or 1.0) if view is not None and rate is not None else ""
+        rows.append(
+            {
+                "key": key,
+                "rate": None
+                if rate is None
+                else {
+                    "limit": rate.limit,
+                    "per": rate.per,
+                    "burst": rate.capacity,
+                    "cost": rate.cost,
+                },
+                "cost": cost,
+                "tokens": view.tokens if view is not None else None,
+                "paused_until_ms": view.paused_until_ms if view is not None else None,
+                "pause_cause": view.pause_cause if view is not None else "",
+                "due_ms": view.due_ms if view is not None else None,
+                "adaptive": None
+                if bounds is None
+                else {"limit": limit, "max": bounds.max, "min": bounds.min},
+                "text": f"key {key}: " + "; ".join(parts) + (f"; {told}" if told else ""),
+            }
+        )
+    return rows
+
+
 class _Walk:
     """The state of a walk through the timeline: the segment open and what is known."""
 
-    def __init__(self, record: JobRecord) -> None:
+    def __init__(self, record: JobRecord, rates: JobRates | None = None) -> None:
         self.cls = record.service_class
         self.record = record
+        self.rates = rates or JobRates()
         self.segments: list[Segment] = []
         self.state: tuple[str, _Why] | None = None
         self.since = 0
@@ -253,27 +343,74 @@ class _Walk:
             run = self.state[1]
             self.close(ms, why=_Why(f"{run.why}, {how}", run.cause, run.about))
 
-    def parked(self, ms: int, key: str) -> None:
+    def parked(self, ms: int, key: str, why: str = "") -> None:
         limit = self.record.limits.get(key)
+        rate = self.rates.rates.get(key)
+        if rate is not None and why != "room":
+            shown = rate_text(rate) + (f"; limit {limit}" if limit is not None else "")
+            paused = " (paused)" if why == "pause" else ""
+            self.open(
+                ms,
+                "parked",
+                _Why(
+                    f"parked on rate key {key}{paused} ({shown}) in its tenant's group",
+                    "rate",
+                    (key,),
+                ),
+            )
+            return
         shown = f" (limit {limit})" if limit is not None else ""
-        why = _Why(
+        why_ = _Why(
             f"parked on throttle key {key or '?'}{shown} in its tenant's group",
             "throttle",
             (key,),
         )
-        self.open(ms, "parked", why)
+        self.open(ms, "parked", why_)
 
     def woken(self, ms: int, key: str) -> None:
         # the wake is fair between the key's tenants; the offer is not a slot: the job
         # takes the key's slot in the same step as a worker slot, so this is lane time
-        by = f"throttle key {key}" if key else "its throttle key"
+        kind = "rate key" if key in self.rates.rates else "throttle key"
+        by = f"{kind} {key}" if key else "its throttle key"
+        taken = " (its tokens taken)" if key in self.rates.rates else ""
         why = _Why(
-            f"woken by {by} (its waiters served fairly by tenant), back in its tenant's "
-            f"queue in class {self.cls} with an offer on its keys, taking the key's slot "
-            "with a worker slot",
+            f"woken by {by}{taken} (its waiters served fairly by tenant), back in its "
+            f"tenant's queue in class {self.cls} with an offer on its keys, taking the "
+            "key's slot with a worker slot",
             "slot",
         )
         self.open(ms, "queued", why)
+
+    def pushed_back(self, ms: int, d: Mapping[str, Any]) -> None:
+        key = field_text(d.get("key")) or "?"
+        until = field_int(d.get("until")) or field_int(d.get("at"))
+        self.end_running(ms, f"pushed back by the upstream on key {key} (Throttled)")
+        rate = self.rates.rates.get(key)
+        shown = f" ({rate_text(rate)})" if rate is not None else ""
+        pause = f" for {format_ms(until - ms)}" if until is not None and until > ms else ""
+        self.open(
+            ms,
+            "paused",
+            _Why(
+                f"key {key}{shown} paused{pause} by the upstream's pushback, due again at "
+                "the pause's end with its attempt given back",
+                "pushback",
+                (key,),
+            ),
+        )
+
+    def live(self) -> None:
+        """The segment still open, told what its rate key says now."""
+        if self.state is None or self.state[0] not in ("parked", "paused"):
+            return
+        what, reason = self.state
+        if reason.cause not in ("rate", "pushback") or not reason.about:
+            return
+        key = reason.about[0]
+        view = self.rates.keys.get(key)
+        told = rate_now(view, self.rates.cost(key)) if view is not None else ""
+        if told:
+            self.state = (what, _Why(f"{reason.why}; {told}", reason.cause, reason.about))
 
     def dispatched(self, ms: int, d: Mapping[str, Any]) -> None:
         if self.state and self.state[0] == "queued":
@@ -298,11 +435,13 @@ class _Walk:
             case "scheduled" | "admitted":
                 self.from_now_or_later(ms, d.get("at"))
             case "parked":
-                self.parked(ms, field_text(d.get("key")))
+                self.parked(ms, field_text(d.get("key")), field_text(d.get("why")))
             case "granted":
                 self.woken(ms, field_text(d.get("key")))
             case "dispatched":
                 self.dispatched(ms, d)
+            case "pushback":
+                self.pushed_back(ms, d)
             case "retry":
                 err = field_text(d.get("err")) or "an error"
                 self.end_running(ms, f"failed with {err}")
@@ -453,19 +592,22 @@ def explain(
     events: Sequence[Event],
     *,
     now_ms: int | None = None,
+    rates: JobRates | None = None,
 ) -> Explanation:
     """Explain a job from its record (a ``JobRecord``, or the hash's fields as bytes or
-    text) and its events.
+    text) and its events; ``rates``: its rate keys and their state now
+    (``fairlane.store.views.rates.job_rates``).
 
     A job not finished yet has its last segment end at ``now_ms`` (server time), or at its
     last event when ``now_ms`` is not given."""
     record = as_record(record)
     status = record.status
     ordered = timeline(record, events)
-    walk = _Walk(record)
+    walk = _Walk(record, rates)
     for ev in ordered:
         walk.step(ev)
     if walk.state is not None:
+        walk.live()
         end = max(now_ms if now_ms is not None else walk.since, walk.since)
         walk.close(end, still=True)
     segments = tuple(walk.segments)
