@@ -21,11 +21,12 @@ from typing import Any
 from fairlane.app import App
 from fairlane.app.workflows import Workflow
 from fairlane.gateway.ui.queries import lanes_of, task_names
-from fairlane.store.explain import explain
+from fairlane.store.explain import explain, rate_keys_now
 from fairlane.store.fields import field_text
 from fairlane.store.records import JobRecord
 from fairlane.store.runview import run_view
 from fairlane.store.views.jobs import PER_INDEX, STATES, Filter, candidates, listing
+from fairlane.store.views.rates import job_rates
 
 __all__ = ["PER_INDEX", "STATES", "Filter", "find_jobs", "job_detail"]
 
@@ -108,7 +109,8 @@ async def job_detail(app: App, job_id: str) -> dict[str, Any] | None:
         return None
     events = await store.job_events(job_id)
     now = await store.server_time_ms()
-    why = explain(record, events, now_ms=now)
+    rates = await store.read(job_rates(store.keys, job_id))
+    why = explain(record, events, now_ms=now, rates=rates)
     row = _row(record, await store.is_dead_letter(job_id))
     detail: dict[str, Any] = {
         **row,
@@ -126,6 +128,8 @@ async def job_detail(app: App, job_id: str) -> dict[str, Any] | None:
             "ran_ms": why.ran_ms,
             "segments": [asdict(s) | {"ms": s.ms} for s in why.segments],
         },
+        "rate_keys": rate_keys_now(rates),
+        "pushbacks": rates.pushbacks,
         "run": None,
     }
     if isinstance(app.tasks.get(record.task), Workflow) or record.run_started:

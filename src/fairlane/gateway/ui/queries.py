@@ -1,4 +1,5 @@
-"""What the dashboard's live view shows: lanes, classes, tenants, throttle keys, waits.
+"""What the dashboard's live view shows: lanes, classes, tenants, throttle and rate keys,
+waits.
 
 Everything is read from the server's own keys through the store's read models
 (``fairlane.store.views``) in a few pipelined round trips, so the view survives
@@ -9,7 +10,12 @@ restarts of the gateway and of workers:
   level) and lent slots, as ``fairlane inspect load`` does;
 - tenants: the active ones of each class with their queue length, their running slots
   counted from the records of running jobs, their weight and their recent rejections;
-- throttle keys with their limit, use and waiters;
+- throttle keys with their limit, use and waiters (an adaptive key's limit in force
+  and its bounds beside);
+- rate keys beside them: each key's rate in force, its tokens now, a pause and its
+  cause, when its waiters are due, its counters (tokens taken, refunded, charged as
+  debt; pushbacks; jobs woken and the mean time they waited) and its first waiters,
+  the ``RATE_LIMIT`` keys written most recently (``fairlane.store.views.rates``);
 - start delays: percentiles of the time from a job's last attempt becoming eligible to
   its start, over the ``WAIT_SAMPLE`` most recent completed jobs per task that
   retention keeps (the store keeps no histogram).
@@ -28,6 +34,7 @@ from fairlane.app import App
 from fairlane.policy.classes import ClassView, allocate_observed
 from fairlane.store.views.fleet import declared_tasks, fleet_counts, running_slots
 from fairlane.store.views.lanes import LaneState
+from fairlane.store.views.rates import RateKeys, RateKeyView, rate_keys
 from fairlane.store.views.tenants import lane_tenants
 from fairlane.store.views.throttles import throttles
 from fairlane.store.views.totals import split_stats
@@ -47,6 +54,7 @@ WAIT_SAMPLE = 200  # completed records per task read for the start-delay percent
 LEASE_LIMIT = 5000  # running jobs read to attribute running slots to tenants
 WAITER_LIMIT = 5000  # throttle waiters read
 HEAD = 5  # waiter ids shown per throttle key
+RATE_LIMIT = 500  # rate keys read (the most recently written)
 
 #: running slots by (lane, class, tenant)
 Running = dict[tuple[str, str, str], int]
@@ -100,7 +108,19 @@ async def _waits(app: App, tasks: list[str]) -> dict[str, Any]:
     }
 
 
-async def _throttles(app: App) -> list[dict[str, Any]]:
+def _adaptive(view: RateKeyView | None) -> dict[str, Any] | None:
+    if view is None or (view.adaptive is None and view.adaptive_bounds is None):
+        return None
+    bounds = view.adaptive_bounds
+    return {
+        "value": view.adaptive,
+        "limit": view.adaptive_limit,
+        "max": bounds.max if bounds else None,
+        "min": bounds.min if bounds else None,
+    }
+
+
+async def _throttles(app: App, rates: RateKeys) -> list[dict[str, Any]]:
     return [
         {
             "key": view.key,
@@ -110,9 +130,38 @@ async def _throttles(app: App) -> list[dict[str, Any]]:
             "jobs": view.jobs,
             "waiters": len(view.waiters),
             "head": view.waiters[:HEAD],
+            "adaptive": _adaptive(rates.get(view.key)),
         }
         for view in await app.store.view(throttles, WAITER_LIMIT)
     ]
+
+
+def _rate_row(view: RateKeyView) -> dict[str, Any]:
+    rate = view.rate
+    return {
+        "key": view.key,
+        "rate": None
+        if rate is None
+        else {"limit": rate.limit, "per": rate.per, "burst": rate.capacity, "cost": rate.cost},
+        "tokens": view.tokens,
+        "paused_until_ms": view.paused_until_ms,
+        "pause_cause": view.pause_cause,
+        "due_ms": view.due_ms,
+        "next_tokens_ms": view.next_tokens_ms(),
+        "adaptive": _adaptive(view),
+        "taken": view.taken,
+        "refunded": view.refunded,
+        "debt": view.debt,
+        "pushbacks": view.pushbacks,
+        "woken": view.woken,
+        "mean_wait_ms": view.waited_ms / view.woken if view.woken else None,
+        "waiters": view.waiters,
+        "head": list(view.head),
+    }
+
+
+def _rates(rates: RateKeys) -> dict[str, Any]:
+    return {"known": rates.known, "keys": [_rate_row(v) for v in rates.keys]}
 
 
 async def _lane(app: App, lane: str, running: Running, weights: dict[str, float]) -> dict[str, Any]:
@@ -173,17 +222,20 @@ def _class_row(
 
 
 async def overview(app: App) -> dict[str, Any]:
-    """The live view: counters, lanes with classes and tenants, throttles, waits."""
+    """The live view: counters, lanes with classes and tenants, throttle and rate keys,
+    waits."""
     counts = await app.store.view(fleet_counts)
     running = await app.store.view(running_slots, LEASE_LIMIT)
     # admission decisions per lane, class and reason are the metrics' business, not a card's
     stats, _ = split_stats(await app.stats())
+    rates = await app.store.view(rate_keys, RATE_LIMIT, HEAD)
     return {
         "app": app.name,
         "now_ms": await server_ms(app),
         "counts": {"running": counts.running, "dead": counts.dead, "workers": counts.workers},
         "stats": dict(sorted(stats.items())),
         "lanes": [await _lane(app, lane, running, counts.weights) for lane in lanes_of(app)],
-        "throttles": await _throttles(app),
+        "throttles": await _throttles(app, rates),
+        "rates": _rates(rates),
         "waits": await _waits(app, await task_names(app)),
     }

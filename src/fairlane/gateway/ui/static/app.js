@@ -85,6 +85,38 @@ function laneSection(lane) {
     Charts.laneBar(lane), h("h3", {}, "Classes"), classes, h("h3", {}, "Tenants"), tenants);
 }
 
+function adaptiveText(a) {
+  if (!a) return "-";
+  const value = a.value === null ? "" : ` (${a.value.toFixed(2)})`;
+  return `${a.limit ?? "-"}${value} in [${a.min ?? "-"}, ${a.max ?? "-"}]`;
+}
+
+function num(x) {
+  if (x === null || x === undefined) return "-";
+  return Number.isInteger(x) ? String(x) : x.toFixed(2);
+}
+
+function rateText(r) {
+  if (!r) return "not in force";
+  return `${num(r.limit)} / ${num(r.per)} s, burst ${num(r.burst)}${r.cost === "units" ? " (units)" : ""}`;
+}
+
+function rateSection(rates, now) {
+  const later = (ms) => (ms === null ? "-" : ms <= now ? "now" : `in ${dur(ms - now)}`);
+  const rows = rates.keys.map((r) => [
+    h("span", { class: "mono" }, r.key), rateText(r.rate),
+    h("span", { class: r.tokens !== null && r.tokens < 0 ? "warn" : "" }, num(r.tokens)),
+    r.paused_until_ms === null ? "-" : h("span", { class: "warn" }, `${later(r.paused_until_ms)}${r.pause_cause ? ` (${r.pause_cause})` : ""}`),
+    r.waiters ? later(r.due_ms ?? r.next_tokens_ms) : "-",
+    adaptiveText(r.adaptive), num(r.taken), num(r.refunded), num(r.debt), r.pushbacks,
+    r.woken ? `${r.woken} / ${dur(Math.round(r.mean_wait_ms))}` : "-", r.waiters,
+    h("span", {}, r.head.map((id) => [jobLink(id), " "]))]);
+  const shown = rates.known > rates.keys.length ? h("p", { class: "note" }, `${rates.keys.length} of ${rates.known} rate keys shown (the most recently used)`) : null;
+  return h("section", { class: "card", id: "rate-keys" }, h("h2", {}, "Rate keys"), shown,
+    table(["key", "rate", "tokens", "paused", "waiters due", "adaptive", "taken", "refunded", "debt", "pushbacks",
+      "woken / mean wait", "waiters", "first waiters"], rows, "no rate keys in use"));
+}
+
 async function viewLive(main) {
   const o = await api("overview");
   const counters = [["running", o.counts.running], ["dead letters", o.counts.dead], ["workers", o.counts.workers],
@@ -94,10 +126,12 @@ async function viewLive(main) {
   main.replaceChildren(
     h("section", { class: "counters" }, counters.map(([k, v]) => h("div", { class: "counter" }, h("b", {}, v), h("span", {}, k)))),
     ...o.lanes.map(laneSection),
-    h("section", { class: "card" }, h("h2", {}, "Throttle keys"),
-      table(["key", "limit", "in use", "offered", "jobs naming it", "waiters", "first waiters"],
-        o.throttles.map((t) => [h("span", { class: "mono" }, t.key), t.limit ?? "-", t.in_use, t.offers, t.jobs, t.waiters,
+    h("section", { class: "card", id: "throttle-keys" }, h("h2", {}, "Throttle keys"),
+      table(["key", "limit", "adaptive", "in use", "offered", "jobs naming it", "waiters", "first waiters"],
+        o.throttles.map((t) => [h("span", { class: "mono" }, t.key), t.limit ?? "-", adaptiveText(t.adaptive),
+          t.in_use, t.offers, t.jobs, t.waiters,
           h("span", {}, t.head.map((id) => [jobLink(id), " "]))]), "no throttle keys in use")),
+    rateSection(o.rates, o.now_ms),
     h("section", { class: "card" }, h("h2", {}, "Start delays"), h("p", { class: "note" }, o.waits.note),
       table(["lane / class", "jobs", "p50", "p95", "p99", ""], o.waits.by_class.map((w) => dist(`${w.lane} / ${w.class}`, w)),
         "no completed jobs kept yet"),
@@ -214,6 +248,12 @@ async function viewJob(main, id) {
         h("span", {}, h("i", { class: `swatch seg-${k}` }), k))),
       table(["from", "for", "what", "why"], j.explanation.segments.map((s) =>
         [when(s.from_ms), dur(s.ms) + (s.open ? " so far" : ""), s.what, s.why]), "no segments")),
+    ...(j.rate_keys.length ? [h("section", { class: "card", id: "job-rate-keys" }, h("h2", {}, "Rate keys"),
+      j.pushbacks ? h("p", { class: "note" }, `${j.pushbacks} pushback(s) taken without spending an attempt`) : null,
+      table(["key", "rate", "its cost", "tokens now", "paused", "adaptive"], j.rate_keys.map((r) =>
+        [h("span", { class: "mono" }, r.key), rateText(r.rate), num(r.cost), num(r.tokens),
+          r.paused_until_ms === null ? "-" : `until ${when(r.paused_until_ms)}${r.pause_cause ? ` (${r.pause_cause})` : ""}`,
+          r.adaptive ? `${r.adaptive.limit} in [${r.adaptive.min}, ${r.adaptive.max}]` : "-"]), ""))] : []),
     h("section", { class: "card", id: "events" }, h("h2", {}, `Events (${j.events.length})`),
       h("p", { class: "note" }, "What the record cannot tell (submission, start and end are read from the record itself); the last 64 are kept."),
       table(["time", "event", "detail"], j.events.map((e) =>

@@ -4,7 +4,7 @@
 const Charts = (() => {
   const NS = "http://www.w3.org/2000/svg";
   const COLORS = {
-    queued: "#9ec3ea", deferred: "#f2c14e", scheduled: "#c9c9c9", parked: "#f2a488",
+    queued: "#9ec3ea", deferred: "#f2c14e", scheduled: "#c9c9c9", parked: "#f2a488", paused: "#e07a5f",
     backoff: "#c8553d", suspended: "#b9a3d6", running: "#4f9d69",
   };
   const PALETTE = ["#3b6fb6", "#4f9d69", "#c8553d", "#7d5ba6", "#f2a488", "#9ec3ea"];
