@@ -23,12 +23,14 @@ from fairlane.errors import (
     JobExpired,
     JobNotFound,
     TaskFailed,
+    Throttled,
     UnknownTask,
 )
 from fairlane.policy.admission import Coefficients, Estimate, EstimationSettings
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
+from fairlane.policy.rates import Adaptive, Rate
 from fairlane.policy.retention import Retention
 from fairlane.registry import WorkflowOptions
 from fairlane.runtime.context import (
@@ -43,6 +45,7 @@ from fairlane.store.wire import StoreUnavailable
 
 __all__ = [
     "DEFAULT_CLASSES",
+    "Adaptive",
     "Admission",
     "App",
     "Backoff",
@@ -60,6 +63,7 @@ __all__ = [
     "JobExpired",
     "JobNotFound",
     "NonDeterminismError",
+    "Rate",
     "Rejected",
     "Retention",
     "RunNotFound",
@@ -69,6 +73,7 @@ __all__ = [
     "Task",
     "TaskFailed",
     "TenantLimits",
+    "Throttled",
     "UnknownTask",
     "Workflow",
     "WorkflowOptions",

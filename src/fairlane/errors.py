@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import math
+import time
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
 __all__ = [
     "FairlaneError",
     "JobCancelled",
     "JobExpired",
     "JobNotFound",
     "TaskFailed",
+    "Throttled",
     "UnknownTask",
 ]
+
+#: The longest pause an upstream's Retry-After may ask for (a day); longer is cut to it.
+MAX_RETRY_AFTER = 86400.0
 
 
 class FairlaneError(Exception):
@@ -41,3 +50,46 @@ class JobCancelled(TaskFailed):
 
 class JobExpired(TaskFailed):
     """The job's deadline passed before it could complete."""
+
+
+class Throttled(FairlaneError):
+    """Raised by a task when the upstream behind one of its keys pushed back (a 429).
+
+    The key (a rate key or a concurrency key the job holds) is paused for every job on it
+    until ``retry_after`` has passed on the server's clock; this job goes back to its
+    tenant's queue due at the pause's end, without spending an attempt (up to a bound,
+    after which a pushback counts as a failed attempt). ``retry_after`` is seconds (a
+    number, or the digits of a ``Retry-After`` header) or an HTTP-date as the header may
+    give it.
+    """
+
+    def __init__(
+        self, key: str, retry_after: float | str | datetime = 0.0, message: str = ""
+    ) -> None:
+        if not isinstance(key, str) or not key or "\n" in key or "\0" in key:
+            raise ValueError(f"Throttled needs the key that pushed back, got {key!r}")
+        self.key = key
+        self.retry_after = _seconds_after(retry_after)
+        default = f"{key}: the upstream pushed back; retry in {self.retry_after:g}s"
+        super().__init__(message or default)
+
+
+def _seconds_after(value: float | str | datetime) -> float:
+    """Seconds from now that a Retry-After asks for, within [0, MAX_RETRY_AFTER]."""
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = float(text)
+        except ValueError:
+            try:
+                value = parsedate_to_datetime(text)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"retry_after must be seconds or an HTTP-date, got {text!r}"
+                ) from None
+    if isinstance(value, datetime):
+        moment = value if value.tzinfo else value.replace(tzinfo=UTC)
+        value = moment.timestamp() - time.time()
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ValueError(f"retry_after must be seconds or an HTTP-date, got {value!r}")
+    return min(MAX_RETRY_AFTER, max(0.0, float(value)))

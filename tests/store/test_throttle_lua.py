@@ -46,8 +46,12 @@ TENANTS = ("t1", "t2", "t3")
 
 
 def _script() -> str:
-    source = "local THR, THRW, WEIGHTS = 1, 2, 3\n"
-    for name in ("classes.lua", "throttle.lua"):
+    # the keys' prefix is what the throttle hash's name holds before 'thr' (rate state)
+    source = (
+        "local THR, THRW, WEIGHTS = 1, 2, 3\n"
+        "local function prefix(keys) return string.sub(keys[THR], 1, #keys[THR] - 3) end\n"
+    )
+    for name in ("classes.lua", "rates.lua", "throttle.lua"):
         source += _LUA.joinpath(name).read_text()
     return fill_constants(source) + _DRIVER
 

@@ -15,12 +15,13 @@ from typing import Any, Literal, ParamSpec, Protocol, TypeVar, cast, overload
 
 from fairlane.app.task import Task
 from fairlane.app.workflows import Workflow, WorkflowFunction, WorkflowOptions
-from fairlane.config.lanes import LaneClasses, LaneTables
+from fairlane.config.lanes import LaneClasses, LaneTables, LimitValue
 from fairlane.config.pools import FairlaneConfig
 from fairlane.config.settings import DurabilitySettings, Settings
 from fairlane.payloads.offload import Payloads
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.classes import ClassTable
+from fairlane.policy.rates import Rate
 from fairlane.policy.retention import Retention
 from fairlane.registry import UNSET, CronEntry, Executor, Pricing, Registry
 from fairlane.store.shards import ShardedStores
@@ -142,7 +143,8 @@ class Declaring(ABC):
         retry_on: Sequence[type[BaseException]] = ...,
         service_class: str = ...,
         slots: int = ...,
-        limits: Mapping[str, int] | None = ...,
+        limits: Mapping[str, LimitValue] | None = ...,
+        rates: Mapping[str, Rate] | None = ...,
         tenant_slots: int | None = ...,
     ) -> TaskDecorator: ...
 
@@ -162,12 +164,14 @@ class Declaring(ABC):
         service_class: Any = UNSET,
         slots: Any = UNSET,
         limits: Any = UNSET,
+        rates: Any = UNSET,
         tenant_slots: int | None = None,
     ) -> Any:
         """Register a function as a task. Every option left out is marked as a default.
 
-        ``service_class``, ``slots`` and ``limits`` are the defaults of the task's jobs;
-        each enqueue may change them. ``tenant_slots`` caps how many of one tenant's
+        ``service_class``, ``slots``, ``limits`` (concurrency keys: an int or an
+        ``Adaptive``) and ``rates`` (rate keys: a ``Rate``) are the defaults of the task's
+        jobs; each enqueue may change them. ``tenant_slots`` caps how many of one tenant's
         jobs of the task's lane run at once.
         """
         given: dict[str, Any] = {
@@ -180,6 +184,7 @@ class Declaring(ABC):
             "service_class": service_class,
             "slots": slots,
             "limits": limits,
+            "rates": rates,
         }
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -206,7 +211,8 @@ class Declaring(ABC):
         retention: Retention = UNSET,
         retry_on: Sequence[type[BaseException]] = UNSET,
         service_class: str = UNSET,
-        limits: Mapping[str, int] | None = UNSET,
+        limits: Mapping[str, LimitValue] | None = UNSET,
+        rates: Mapping[str, Rate] | None = UNSET,
     ) -> Callable[[WorkflowFunction[P, R]], Workflow[P, R]]:
         """Register a durable workflow: ``async def fn(ctx: Context, ...)``.
 
@@ -229,6 +235,7 @@ class Declaring(ABC):
             "service_class": service_class,
             "slots": 1,
             "limits": limits,
+            "rates": rates,
         }
 
         def register(func: WorkflowFunction[P, R]) -> Workflow[P, R]:
@@ -260,7 +267,8 @@ class Declaring(ABC):
         executor: Executor = UNSET,
         service_class: str = UNSET,
         slots: int = UNSET,
-        limits: Mapping[str, int] | None = UNSET,
+        limits: Mapping[str, LimitValue] | None = UNSET,
+        rates: Mapping[str, Rate] | None = UNSET,
     ) -> Callable[[Callable[[], Any]], Task[[], Any]]:
         """Run a no-argument function once per tick of ``schedule`` (5-field cron, UTC)."""
 
@@ -280,6 +288,7 @@ class Declaring(ABC):
                 service_class=service_class,
                 slots=slots,
                 limits=limits,
+                rates=rates,
                 # a tick's job is kept (and so deduplicated) for a day
                 retention=Retention(completed="1d", failed="7d"),
             )(func)

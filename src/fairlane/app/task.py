@@ -17,8 +17,10 @@ from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, Unpack
 from fairlane import tracing
 from fairlane.app.admission import Admission, Rejected, answer, unavailable
 from fairlane.app.job import Job, TaskOwner
+from fairlane.config.lanes import LimitValue
 from fairlane.config.settings import DurabilitySettings
 from fairlane.policy.admission import Estimate
+from fairlane.policy.rates import Rate
 from fairlane.registry import Placement, Seconds, TaskDefinition, TaskOptions, WorkflowOptions
 from fairlane.store.durability import NotAcknowledged
 from fairlane.store.shards import submit
@@ -66,7 +68,8 @@ class Task(TaskDefinition[P, R]):
         priority: int = 0,
         service_class: str | None = None,
         slots: int | None = None,
-        limits: Mapping[str, int] | None = None,
+        limits: Mapping[str, LimitValue] | None = None,
+        rates: Mapping[str, Rate] | None = None,
         estimate: Estimate | float | None = None,
         trace: bool = True,
         durability: DurabilitySettings | None = None,
@@ -77,8 +80,8 @@ class Task(TaskDefinition[P, R]):
         ``fairness_key`` names whose share of the tenant's part the job takes (an end
         user of the tenant): the tenant's keys share its part fairly, by their weights
         (``app.tenants.configure_key``); without one, the tenant's jobs run in arrival
-        order. ``service_class`` and ``slots`` replace the task's; ``limits`` are added to the
-        task's (a key named by both takes this call's limit). A deferred job is returned
+        order. ``service_class`` and ``slots`` replace the task's; ``limits`` and ``rates`` are
+        added to the task's (a key named by both takes this call's). A deferred job is returned
         like an accepted one; a rejection raises ``Rejected(reason, retry_after)``.
         ``trace=False`` stores no trace context with the job (``fairlane.tracing``).
         ``durability`` (default: the app's) asks replicas or AOF fsyncs to confirm the
@@ -97,6 +100,7 @@ class Task(TaskDefinition[P, R]):
             priority=priority,
             slots=slots,
             limits=limits,
+            rates=rates,
             trace=trace,
             durability=durability,
             **kwargs,
@@ -125,7 +129,8 @@ class Task(TaskDefinition[P, R]):
         at: datetime | None = None,
         priority: int = 0,
         slots: int | None = None,
-        limits: Mapping[str, int] | None = None,
+        limits: Mapping[str, LimitValue] | None = None,
+        rates: Mapping[str, Rate] | None = None,
         trace: bool = True,
         durability: DurabilitySettings | None = None,
         **kwargs: Any,
@@ -153,6 +158,7 @@ class Task(TaskDefinition[P, R]):
             service_class=service_class,
             slots=slots,
             limits=limits,
+            rates=rates,
             estimate=estimate,
             fairness_key=fairness_key,
         )
@@ -194,7 +200,8 @@ class Task(TaskDefinition[P, R]):
         priority: int = 0,
         service_class: str | None = None,
         slots: int | None = None,
-        limits: Mapping[str, int] | None = None,
+        limits: Mapping[str, LimitValue] | None = None,
+        rates: Mapping[str, Rate] | None = None,
         estimate: Estimate | float | None = None,
         trace: bool = True,
         durability: DurabilitySettings | None = None,
@@ -209,7 +216,7 @@ class Task(TaskDefinition[P, R]):
         """
         when = Placement.of(tenant, delay, at, deadline, priority, fairness_key=fairness_key)
         demand = self.factory.demand(
-            self.options, service_class, slots, limits, when.tenant, estimate
+            self.options, service_class, slots, limits, when.tenant, estimate, rates
         )
         jobs = [self.job(self.encode_args(tuple(call), {}), when, demand, "") for call in calls]
         if not jobs:
@@ -250,7 +257,8 @@ class EnqueueOptions(TypedDict, total=False):
     priority: int
     service_class: str | None
     slots: int | None
-    limits: Mapping[str, int] | None
+    limits: Mapping[str, LimitValue] | None
+    rates: Mapping[str, Rate] | None
     trace: bool
     durability: DurabilitySettings | None
 

@@ -16,6 +16,7 @@ import math
 from typing import Literal
 
 from fairlane.policy.ceilings import TenantLimits
+from fairlane.policy.rates import Rate
 from fairlane.registry.jobs import check_fairness_key
 from fairlane.store.shards import ShardedStores
 
@@ -27,7 +28,7 @@ MAX_WEIGHT = 1_000_000.0
 _MAX_COUNT = 2**31 - 1
 _MAX_BURST_PCT = 1000.0
 
-TenantSetting = Literal["weight", "floor", "max_concurrency", "burst_floor", "burst_pct"]
+TenantSetting = Literal["weight", "floor", "max_concurrency", "burst_floor", "burst_pct", "rate"]
 _LIMIT_FIELDS: tuple[TenantSetting, ...] = ("floor", "max_concurrency", "burst_floor", "burst_pct")
 _DEFAULT_LIMITS = TenantLimits()
 
@@ -83,13 +84,18 @@ class Tenants:
         max_concurrency: int | None = None,
         burst_floor: int | None = None,
         burst_pct: float | None = None,
+        rate: Rate | None = None,
     ) -> None:
         """Change a tenant's settings; those left as None stay as they are.
 
-        Every value is checked before anything is written. To lift a setting (the cap
-        included) use ``reset(tenant, "max_concurrency")``.
+        ``rate`` limits how fast the tenant's jobs start, on its own key
+        ``tenant:<tenant>`` (a ``Rate`` in jobs or units, as a task's rate keys). Every
+        value is checked before anything is written. To lift a setting (the cap or the
+        rate included) use ``reset(tenant, "max_concurrency")``.
         """
         _check_tenant(tenant)
+        if rate is not None and not isinstance(rate, Rate):
+            raise TypeError(f"rate must be a fairlane.Rate, got {rate!r}")
         given: dict[str, int | float] = {}
         if floor is not None:
             given["floor"] = _check_count("floor", floor)
@@ -109,19 +115,22 @@ class Tenants:
             await self._stores.store_for_tenant(tenant).update_tenant_limits(tenant, merged)
         if new_weight is not None:
             await self._stores.store_for_tenant(tenant).configure_tenant(tenant, new_weight)
+        if rate is not None:
+            await self._stores.store_for_tenant(tenant).configure_tenant_rate(tenant, rate)
 
     async def reset(self, tenant: str, *settings: TenantSetting) -> None:
         """Put a tenant's settings back on the defaults: those named, or all of them.
 
-        Defaults: weight 1, floor 1, no cap, no burst room.
+        Defaults: weight 1, floor 1, no cap, no burst room, no rate.
         """
         _check_tenant(tenant)
-        unknown = sorted(set(settings) - {"weight", *_LIMIT_FIELDS})
+        unknown = sorted(set(settings) - {"weight", "rate", *_LIMIT_FIELDS})
         if unknown:
             raise ValueError(
-                f"unknown tenant settings {unknown}; they are weight, {', '.join(_LIMIT_FIELDS)}"
+                f"unknown tenant settings {unknown}; they are weight, rate, "
+                f"{', '.join(_LIMIT_FIELDS)}"
             )
-        names = set(settings) or {"weight", *_LIMIT_FIELDS}
+        names = set(settings) or {"weight", "rate", *_LIMIT_FIELDS}
         store = self._stores.store_for_tenant(tenant)
         if names >= set(_LIMIT_FIELDS):
             await store.configure_tenant_limits(tenant, None)
@@ -137,6 +146,8 @@ class Tenants:
             await store.update_tenant_limits(tenant, restored)
         if "weight" in names:
             await store.configure_tenant(tenant, None)
+        if "rate" in names:
+            await store.configure_tenant_rate(tenant, None)
 
     async def configure_key(self, tenant: str, key: str, *, weight: float) -> None:
         """Set the weight of one of the tenant's fairness keys (1 by default; 1 puts it
@@ -156,6 +167,11 @@ class Tenants:
         """The tenant's current weight (1 unless configured)."""
         _check_tenant(tenant)
         return await self._stores.store_for_tenant(tenant).tenant_weight(tenant)
+
+    async def rate(self, tenant: str) -> Rate | None:
+        """The rate of the tenant's own key, or None when it has none."""
+        _check_tenant(tenant)
+        return await self._stores.store_for_tenant(tenant).tenant_rate(tenant)
 
     async def limits(self, tenant: str) -> TenantLimits | None:
         """The tenant's concurrency settings, or None when it has none (the defaults apply)."""

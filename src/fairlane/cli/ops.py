@@ -28,7 +28,9 @@ from fairlane.cli._common import (
     load_app,
     run,
 )
+from fairlane.config.lanes import LimitValue
 from fairlane.config.settings import WorkerSettings
+from fairlane.policy.rates import Adaptive, Rate
 from fairlane.policy.retention import Keep
 from fairlane.store.api import redact_url
 from fairlane.store.fields import field_text
@@ -98,8 +100,18 @@ def _keep(keep: Keep) -> str:
     return ", ".join(parts) if parts else "forever"
 
 
-def _limits(limits: tuple[tuple[str, int], ...], default: bool) -> Text:
-    return _cell(", ".join(f"{key} <= {limit}" for key, limit in limits) or "none", default)
+def _limit_text(limit: LimitValue) -> str:
+    if isinstance(limit, Adaptive):
+        return f"adaptive {limit.min}..{limit.max}"
+    return str(limit)
+
+
+def _limits(
+    limits: tuple[tuple[str, LimitValue], ...], rates: tuple[tuple[str, Rate], ...], default: bool
+) -> Text:
+    parts = [f"{key} <= {_limit_text(limit)}" for key, limit in limits]
+    parts += [f"{key} <= {r.limit:g}/{r.per:g}s ({r.cost})" for key, r in rates]
+    return _cell(", ".join(parts) or "none", default)
 
 
 def _cell(value: str, default: bool) -> Text:
@@ -116,7 +128,7 @@ def inspect_tasks(app_spec: AppSpec) -> None:
     concurrency_default = concurrency == WorkerSettings.model_fields["concurrency"].default
     table = Table(title=f"tasks of app {app.name!r}", title_justify="left")
     # throttle limits are rare: their column is shown only when a task names some
-    show_limits = any(task.options.limits for task in app.tasks.values())
+    show_limits = any(task.options.limits or task.options.rates for task in app.tasks.values())
     for column in (
         "name",
         "lane",
@@ -141,7 +153,11 @@ def inspect_tasks(app_spec: AppSpec) -> None:
             _cell(options.lane, "lane" in defaults),
             _cell(options.service_class, "service_class" in defaults),
             _cell(str(options.slots), "slots" in defaults),
-            *([_limits(options.limits, "limits" in defaults)] if show_limits else []),
+            *(
+                [_limits(options.limits, options.rates, {"limits", "rates"} <= defaults)]
+                if show_limits
+                else []
+            ),
             _cell(options.executor, "executor" in defaults),
             _cell(str(options.attempts), "attempts" in defaults),
             _cell(

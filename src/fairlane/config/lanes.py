@@ -29,12 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fairlane.config.classes import read_classes
 from fairlane.config.files import MAX_COUNT, ConfigError, join_key, read_toml
 from fairlane.config.legacy import array_classes, warn_array_shape
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
+from fairlane.policy.rates import Adaptive, Rate
 
 __all__ = [
     "DEFAULT_CLASS",
@@ -43,8 +44,11 @@ __all__ = [
     "RESERVED_LIMIT_PREFIX",
     "LaneClasses",
     "LaneTables",
+    "LimitValue",
+    "check_key_count",
     "check_lane",
     "check_limits",
+    "check_rates",
     "check_service_class",
     "check_slots",
     "class_table",
@@ -171,7 +175,11 @@ def check_slots(value: object) -> int:
     return value
 
 
-def check_limits(limits: Mapping[str, int] | None) -> tuple[tuple[str, int], ...]:
+#: A concurrency limit: a fixed count, or one that adapts to the upstream's pushback.
+LimitValue = int | Adaptive
+
+
+def check_limits(limits: Mapping[str, LimitValue] | None) -> tuple[tuple[str, LimitValue], ...]:
     """Throttle keys and their limits, checked, sorted by key (the order the store takes)."""
     if limits is None:
         return ()
@@ -181,14 +189,41 @@ def check_limits(limits: Mapping[str, int] | None) -> tuple[tuple[str, int], ...
         raise ValueError(f"a job may name at most {MAX_LIMIT_KEYS} limit keys, got {len(limits)}")
     for key, limit in limits.items():
         _check_limit_key(key)
+        if isinstance(limit, Adaptive):
+            continue
         if not isinstance(limit, int) or isinstance(limit, bool):
-            raise TypeError(f"limit of {key!r} must be an int, got {limit!r}")
+            raise TypeError(f"limit of {key!r} must be an int or an Adaptive, got {limit!r}")
         if not 0 <= limit <= MAX_COUNT:
             raise ValueError(f"limit of {key!r} must be >= 0 (and below 2**31), got {limit}")
     return tuple(sorted(limits.items()))
 
 
-def _check_limit_key(key: object) -> None:
+def check_rates(rates: Mapping[str, Rate] | None) -> tuple[tuple[str, Rate], ...]:
+    """Rate keys and their rates, checked, sorted by key."""
+    if rates is None:
+        return ()
+    if not isinstance(rates, Mapping):
+        raise TypeError(f"rates must be a mapping of key to Rate, got {rates!r}")
+    if len(rates) > MAX_LIMIT_KEYS:
+        raise ValueError(f"a job may name at most {MAX_LIMIT_KEYS} keys, got {len(rates)} rates")
+    for key, rate in rates.items():
+        _check_limit_key(key, what="rate")
+        if not isinstance(rate, Rate):
+            raise TypeError(f"rate of {key!r} must be a fairlane.Rate, got {rate!r}")
+    return tuple(sorted(rates.items()))
+
+
+def check_key_count(*named: Iterable[tuple[str, object]]) -> None:
+    """A job's concurrency and rate keys together stay within the bound."""
+    keys = {key for pairs in named for key, _ in pairs}
+    if len(keys) > MAX_LIMIT_KEYS:
+        raise ValueError(
+            f"a job may name at most {MAX_LIMIT_KEYS} keys (limits and rates together), "
+            f"got {len(keys)}"
+        )
+
+
+def _check_limit_key(key: object, what: str = "limit") -> None:
     if (
         not isinstance(key, str)
         or not key
@@ -197,20 +232,24 @@ def _check_limit_key(key: object) -> None:
         or "\0" in key
     ):
         raise ValueError(
-            f"limit keys must be non-empty strings of at most {MAX_LIMIT_KEY_LENGTH} "
+            f"{what} keys must be non-empty strings of at most {MAX_LIMIT_KEY_LENGTH} "
             f"characters without newlines or NUL: {key!r}"
         )
     if key.startswith(RESERVED_LIMIT_PREFIX):
         raise ValueError(
-            f"limit key {key!r}: keys starting with {RESERVED_LIMIT_PREFIX!r} are reserved for "
-            "tenants' own limits; set those with app.tenants.configure(tenant, max_concurrency=...)"
+            f"{what} key {key!r}: keys starting with {RESERVED_LIMIT_PREFIX!r} are reserved for "
+            "tenants' own keys; set those with app.tenants.configure(tenant, "
+            "max_concurrency=..., rate=Rate(...))"
         )
 
 
+_V = TypeVar("_V")
+
+
 def merge_limits(
-    base: tuple[tuple[str, int], ...], extra: tuple[tuple[str, int], ...]
-) -> tuple[tuple[str, int], ...]:
-    """A task's limits with a call's added (a key in both takes the call's limit)."""
+    base: tuple[tuple[str, _V], ...], extra: tuple[tuple[str, _V], ...]
+) -> tuple[tuple[str, _V], ...]:
+    """A task's limits (or rates) with a call's added (a key in both takes the call's)."""
     if not extra:
         return base
     if not base:
@@ -218,7 +257,7 @@ def merge_limits(
     merged = dict(base) | dict(extra)
     if len(merged) > MAX_LIMIT_KEYS:
         raise ValueError(
-            f"a job may name at most {MAX_LIMIT_KEYS} limit keys; the task's and the call's "
+            f"a job may name at most {MAX_LIMIT_KEYS} keys; the task's and the call's "
             f"together name {len(merged)}"
         )
     return tuple(sorted(merged.items()))

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from fairlane.config.lanes import LaneClasses, LaneTables, check_limits, load_lanes
+from fairlane.config.lanes import LaneClasses, LaneTables, check_limits, check_rates, load_lanes
 from fairlane.config.pools import FairlaneConfig, load_config
 from fairlane.config.settings import DurabilitySettings, Settings
 from fairlane.errors import UnknownTask
@@ -166,6 +166,7 @@ class Registry:
         task_name = name or f"{func.__module__}.{func.__qualname__}"
         try:
             task_limits = check_limits(values["limits"])
+            task_rates = check_rates(values["rates"])
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"task {task_name}: {exc}") from None
         options = TaskOptions(
@@ -180,6 +181,7 @@ class Registry:
             service_class=values["service_class"],
             slots=values["slots"],
             limits=task_limits,
+            rates=task_rates,
             tenant_slots=tenant_slots,
             defaults=frozenset(defaults),
         )

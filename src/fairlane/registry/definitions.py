@@ -15,7 +15,9 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from cronsim import CronSim, CronSimError
 
 from fairlane.codec import ArgsCodec, PayloadTooLarge
+from fairlane.config.lanes import LimitValue
 from fairlane.policy.admission import Estimate
+from fairlane.policy.rates import Rate
 from fairlane.registry.jobs import Demand, JobFactory, Placement, Seconds, new_job_id
 from fairlane.registry.options import TaskOptions, WorkflowOptions
 from fairlane.store.keys import shard_job_id
@@ -83,14 +85,15 @@ class TaskDefinition(Generic[P, R]):
         priority: int = 0,
         service_class: str | None = None,
         slots: int | None = None,
-        limits: Mapping[str, int] | None = None,
+        limits: Mapping[str, LimitValue] | None = None,
+        rates: Mapping[str, Rate] | None = None,
         estimate: Estimate | float | None = None,
         fairness_key: str | None = None,
     ) -> NewJob:
         """One job of this task, every part checked (``blob`` from ``encode_args``)."""
         when = Placement.of(tenant, delay, at, deadline, priority, fairness_key=fairness_key)
         demand = self.factory.demand(
-            self.options, service_class, slots, limits, when.tenant, estimate
+            self.options, service_class, slots, limits, when.tenant, estimate, rates
         )
         return self.job(blob, when, demand, idempotency_key or "")
 
@@ -118,7 +121,9 @@ class TaskDefinition(Generic[P, R]):
             when.deadline,
             service_class=demand.service_class,
             slots=demand.slots,
-            limits=demand.limits,
+            limits=demand.wire_limits(),
+            rates=demand.wire_rates(),
+            rate_mu=demand.rate_mu,
             declared_mu=demand.declared_mu,
             cost_key=demand.cost_key,
             declared=int(demand.declared),

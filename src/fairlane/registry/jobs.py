@@ -19,12 +19,15 @@ import os
 import random
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from fairlane.config.lanes import (
     LaneTables,
+    LimitValue,
+    check_key_count,
     check_limits,
+    check_rates,
     check_service_class,
     check_slots,
     merge_limits,
@@ -32,6 +35,7 @@ from fairlane.config.lanes import (
 from fairlane.payloads.offload import Payloads
 from fairlane.policy.admission import Estimate
 from fairlane.policy.fairkeys import MAX_KEY_LENGTH
+from fairlane.policy.rates import Adaptive, Rate
 from fairlane.policy.shards import shard_of_tenant
 from fairlane.registry.options import TaskOptions
 from fairlane.registry.pricing import Pricing, cost_key
@@ -160,23 +164,52 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """What jobs ask of their lane: a service class, a width in slots, throttle limits."""
+    """What jobs ask of their lane: a service class, a width in slots, throttle limits,
+    rate keys and the declared cost."""
 
     service_class: str
     slots: int
-    limits: list[tuple[str, int]]
+    limits: list[tuple[str, LimitValue]]
     declared_mu: int
     """The caller's estimate in milli-units (the store may raise it to the learned cost)."""
     cost_key: str
     declared: bool
+    rates: list[tuple[str, Rate]] = field(default_factory=list)
+
+    @property
+    def rate_mu(self) -> int:
+        """What the job's rate keys counting units take, in milli-units (0: it has none)."""
+        return self.declared_mu if any(r.units for _, r in self.rates) else 0
+
+    def wire_limits(self) -> list[list[str | int]]:
+        """Limits as the store takes them: ``[key, limit]``, or ``[key, max, min]`` when
+        adaptive."""
+        return [
+            [key, v.max, v.min] if isinstance(v, Adaptive) else [key, v] for key, v in self.limits
+        ]
+
+    def wire_rates(self) -> list[tuple[str, float, float, float, int]]:
+        """Rates as the store takes them: ``(key, limit, per_ms, burst, units 0/1)``."""
+        return [(key, r.limit, r.per_ms, r.capacity, int(r.units)) for key, r in self.rates]
 
 
-def _tenant_cap(options: TaskOptions, tenant: str) -> tuple[tuple[str, int], ...]:
+def _tenant_cap(options: TaskOptions, tenant: str) -> tuple[tuple[str, LimitValue], ...]:
     """The task's limits, with its per-tenant cap on the lane when it has one."""
     if options.tenant_slots is None:
         return options.limits
-    cap = {f"lane:{options.lane}:tenant:{tenant}": options.tenant_slots}
+    cap: dict[str, LimitValue] = {f"lane:{options.lane}:tenant:{tenant}": options.tenant_slots}
     return merge_limits(tuple(sorted(cap.items())), options.limits)
+
+
+def _check_fits(rates: list[tuple[str, Rate]], declared_mu: int) -> None:
+    """A job whose cost on a key exceeds the key's burst could never start: refused now."""
+    units = declared_mu / 1000
+    for key, rate in rates:
+        if rate.units and units > rate.capacity:
+            raise ValueError(
+                f"rate key {key!r}: the job's estimate ({units:g} units) exceeds the key's "
+                f"burst ({rate.capacity:g}); it could never start. Raise the burst or split the job"
+            )
 
 
 @dataclass(eq=False, slots=True)
@@ -196,9 +229,10 @@ class JobFactory:
         options: TaskOptions,
         service_class: str | None,
         slots: int | None,
-        limits: Mapping[str, int] | None,
+        limits: Mapping[str, LimitValue] | None,
         tenant: str,
         estimate: Estimate | float | None = None,
+        rates: Mapping[str, Rate] | None = None,
     ) -> Demand:
         """What a job of ``options``' task asks, with this call's choices on top."""
         name = (
@@ -206,13 +240,19 @@ class JobFactory:
         )
         # checked here, not only by the store: a refused job must leave nothing behind
         self.lane_tables.check_class(options.lane, name)
+        merged_limits = merge_limits(_tenant_cap(options, tenant), check_limits(limits))
+        merged_rates = list(merge_limits(options.rates, check_rates(rates)))
+        check_key_count(merged_limits, merged_rates)
+        declared_mu = self.pricing.declared_milli(estimate)
+        _check_fits(merged_rates, declared_mu)
         return Demand(
             service_class=name,
             slots=options.slots if slots is None else check_slots(slots),
-            limits=list(merge_limits(_tenant_cap(options, tenant), check_limits(limits))),
-            declared_mu=self.pricing.declared_milli(estimate),
+            limits=list(merged_limits),
+            declared_mu=declared_mu,
             cost_key=cost_key(tenant, options.name, estimate),
             declared=estimate is not None,
+            rates=merged_rates,
         )
 
     def shard_of(self, tenant: str) -> int:

@@ -14,12 +14,16 @@ from typing import Any, Literal
 
 from fairlane.config.lanes import (
     DEFAULT_CLASS,
+    LimitValue,
+    check_key_count,
     check_lane,
     check_limits,
+    check_rates,
     check_service_class,
     check_slots,
 )
 from fairlane.policy.backoff import Backoff
+from fairlane.policy.rates import Rate
 from fairlane.policy.retention import Retention
 
 __all__ = [
@@ -44,6 +48,7 @@ RESERVED_PARAMETERS = frozenset(
         "service_class",
         "slots",
         "limits",
+        "rates",
         "trace",
         "durability",
     }
@@ -58,6 +63,7 @@ TASK_DEFAULTS: dict[str, Any] = {
     "service_class": "standard",
     "slots": 1,
     "limits": None,
+    "rates": None,
 }
 
 
@@ -75,8 +81,10 @@ class TaskOptions:
     retry_on: tuple[type[BaseException], ...]
     service_class: str = DEFAULT_CLASS
     slots: int = 1
-    limits: tuple[tuple[str, int], ...] = ()
+    limits: tuple[tuple[str, LimitValue], ...] = ()
     """Throttle keys and limits every job of the task names, sorted by key."""
+    rates: tuple[tuple[str, Rate], ...] = ()
+    """Rate keys and rates every job of the task names, sorted by key."""
     tenant_slots: int | None = None
     """At most this many of one tenant's jobs of the task's lane run at once (a throttle
     key per lane and tenant, ``lane:<lane>:tenant:<tenant>``); None: no cap."""
@@ -88,6 +96,8 @@ class TaskOptions:
             check_service_class(self.service_class)
             check_slots(self.slots)
             check_limits(dict(self.limits))
+            check_rates(dict(self.rates))
+            check_key_count(self.limits, self.rates)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"task {self.name}: {exc}") from None
         if self.attempts < 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import random
 import time
@@ -19,6 +20,7 @@ import msgspec
 
 from fairlane.codec import PayloadTooLarge, encode_error
 from fairlane.codec.refs import MalformedReference, is_ref
+from fairlane.errors import Throttled
 from fairlane.payloads import PayloadMissing
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.retry import after_failure
@@ -61,6 +63,15 @@ class _Failure(Exception):
     def __init__(self, payload: bytes, *, retryable: bool) -> None:
         self.payload = payload
         self.retryable = retryable
+
+
+class _Pushback(Exception):
+    """A task raised ``Throttled``: its key is paused, the job handed back for later."""
+
+    def __init__(self, exc: Throttled) -> None:
+        self.key = exc.key
+        self.delay_ms = math.ceil(exc.retry_after * 1000)
+        self.payload = encode_error(exc)
 
 
 class Runner:
@@ -126,6 +137,10 @@ class Runner:
             payload = await self._attempt(task, job)
         except _Failure as failure:
             outcome = self._failed(job, failure)
+        except _Pushback as pushback:
+            # the store checks the job holds the key; a key it does not is a failure there
+            text = f"{pushback.key}\n{pushback.payload.decode()}"
+            outcome = Outcome(job.id, job.token, "throttle", text, pushback.delay_ms)
         except Suspend as end:
             # the run gives its slot back until what it waits for comes
             outcome = Outcome(job.id, job.token, "suspend", end.wait, end.delay_ms)
@@ -151,6 +166,8 @@ class Runner:
             except (NonDeterminismError, CorruptRunHistory) as exc:
                 # replaying again would diverge again: no retry can help
                 raise _Failure(encode_error(exc), retryable=False) from None
+            except Throttled as exc:
+                raise _Pushback(exc) from None
             except (Exception, SystemExit) as exc:  # sys.exit() in a task must not stop the worker
                 raise _Failure(encode_error(exc), retryable=_retryable(task, exc)) from None
             try:
@@ -221,6 +238,8 @@ class Runner:
             ) from None
         except ExecutorError:
             raise
+        except Throttled as exc:  # a thread task's pushback (a process's arrives as a failure)
+            raise _Pushback(exc) from None
         except _Unserializable as exc:
             raise _Failure(
                 encode_error(exc.error, type_name="ResultNotSerializable"), retryable=False

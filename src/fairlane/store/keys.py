@@ -39,6 +39,9 @@ pattern (after the prefix)  type   holds                              written by
 ``tlimits``                hash   tenant -> 'floor,max,bfloor,bpct'  configure_limits
 ``thr``                    hash   throttle keys: l:/u:/o:/r:/v:<key>  fetch, ack, sweep, cancel
                                   (limit, held, offers, refs, V);
+                                  rp:/ad:<key> rate and adaptive
+                                  bounds in force; c:<job> its rate
+                                  cost (units) while it holds one;
                                   h:/w:/p:<job> (grant, offers,
                                   parked); tok, wakes, moves
 ``thr:wait``               zset   throttle waiters, lex '<key>\0     fetch, ack, sweep, cancel
@@ -46,6 +49,18 @@ pattern (after the prefix)  type   holds                              written by
                                   range per key and tenant group)
 ``thr:s:<key>`` (derived)  zset   tenant waiting on key -> start tag fetch, ack, sweep, cancel
 ``thr:f:<key>`` (derived)  zset   idle tenant -> finish tag (> V)    fetch, ack, sweep, cancel
+``rate:<key>`` (derived)   hash   a rate key's bucket ``t`` tokens,  fetch, ack, cancel
+                                  ``s`` stamp; ``pu`` paused until,  (rates.lua); expires
+                                  ``pc`` cause; ``a`` adaptive value; once full, unpaused and
+                                  counters ``ta``/``tr``/``td``       an hour unused
+                                  (taken, refunded, debts), ``pn``
+                                  pushbacks, ``wn``/``wt`` woken and
+                                  ms waited
+``rates``                  zset   rate key -> last written (ms)      fetch, ack (views trim)
+``ratedue``                zset   rate-blocked key with waiters ->   fetch, ack, cancel
+                                  when it is due (ms): the timer
+``trate``                  hash   tenant -> its own rate             configure_rate
+                                  'limit,per_ms,burst,units'
 ``gw:keys``                hash   API key id -> its record (tenant,  fairlane tenants (CLI);
                                   SHA-256 of the key, created ms)    the HTTP gateway reads it
 ``payloads``               zset   '<job id>|<payload name>' -> next  producers, workers (they
@@ -262,6 +277,26 @@ class AppKeys:
         same name, ``<thr> .. ':' .. which .. ':' .. key``)."""
         return f"{self.throttles}:{which}:{key}"
 
+    def rate_state(self, key: str) -> str:
+        """A rate key's bucket, pause, adaptive value and counters (scripts derive the same
+        name, ``<prefix> .. 'rate:' .. key``)."""
+        return f"{self.prefix}rate:{key}"
+
+    @property
+    def rate_index(self) -> str:
+        """Every rate key seen -> when it was last written (ms)."""
+        return self.prefix + "rates"
+
+    @property
+    def rate_due(self) -> str:
+        """Rate-blocked keys with waiters -> when they are due (ms): the rate timer."""
+        return self.prefix + "ratedue"
+
+    @property
+    def tenant_rates(self) -> str:
+        """Tenant -> its own rate ``'limit,per_ms,burst,units'``."""
+        return self.prefix + "trate"
+
     @property
     def gateway_keys(self) -> str:
         """The HTTP gateway's tenant API keys (``fairlane.gateway.apikeys``)."""
@@ -376,7 +411,11 @@ JOB_FIELDS: dict[str, str] = {
     "cx": "1 when cancellation was requested while running",
     "cls": "service class",
     "sl": "worker slots it occupies",
-    "lim": "throttle keys and limits (msgpack [[key, limit], ..], absent = none)",
+    "lim": "throttle keys and limits (msgpack [[key, limit] or, adaptive, [key, max, min], ..], "
+    "absent = none)",
+    "rk": "rate keys (msgpack [[key, limit, per_ms, burst, units 0/1], ..] sorted, absent = none)",
+    "rmu": "milli-units its rate keys counting units take (absent = none)",
+    "pb": "pushbacks (Throttled) it has taken without spending an attempt",
     "ttok": "token of the throttle grant it holds, only while leased (absent = none)",
     "toff": "1 while it holds offers a throttle key woke it with (queued; absent = none)",
     "mu": "milli-units admission reserved for it, while reserved",

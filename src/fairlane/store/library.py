@@ -2,7 +2,8 @@
 
 ``lua/fairlane.lua`` is the library: its header, helpers and entry points. It pulls
 in the other files of ``lua/`` where it says ``-- @include <file>``, in dependency
-order: ``classes`` (the class rules), ``throttle`` (throttle keys, tenant ceilings),
+order: ``classes`` (the class rules), ``rates`` (rate keys' buckets, pauses, adaptive
+limits), ``throttle`` (throttle keys, tenant ceilings),
 ``fairqueue`` (tenants within a class), ``fairkeys`` (a tenant's fairness
 keys), ``admission`` (reservations and deferral),
 ``runs`` and ``records`` (workflow runs' keys, settling records), ``workflows``
@@ -13,7 +14,8 @@ agreement test stand beside each file is ``docs/contracts/twins.md``.
 
 Constants the policy core owns (the default service classes, the ceilings' signal
 windows and pressure bounds, the least charge, fair deferral's overtake limit and pass
-budget, how often a single enqueue reads its lane's bound) and the fence key's name from
+budget, how often a single enqueue reads its lane's bound, an adaptive key's cut and the
+pushbacks a job may take) and the fence key's name from
 ``fairlane.store.keys`` (the scripts cut the app's prefix from it) are written into
 the source here, so the scripts, the policy and the key layout never disagree on them.
 The library is named after its content so that workers of two releases sharing a
@@ -29,7 +31,7 @@ from collections.abc import Iterable
 from importlib.resources import files
 from typing import Final
 
-from fairlane.policy import admission, ceilings
+from fairlane.policy import admission, ceilings, rates
 from fairlane.policy.admission import (
     EstimationSettings,
     PoolConfig,
@@ -117,6 +119,8 @@ def fill_constants(source: str) -> str:
         "__OVERTAKE_LIMIT__": str(deferral.OVERTAKE_LIMIT),
         "__PASS_BUDGET__": str(deferral.PASS_BUDGET),
         "__LANE_READ_EVERY__": str(bounds.LANE_READ_EVERY),
+        "__ADAPTIVE_CUT__": repr(rates.ADAPTIVE_CUT),
+        "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),
         # an app of no prefix: what is left of its fence key is the key's own name
         "__FENCE_NAME__": AppKeys("").fence,
     }

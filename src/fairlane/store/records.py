@@ -72,8 +72,9 @@ def decode_event(raw: bytes) -> Event:
 
 
 def decode_limits(raw: Any) -> dict[str, int]:
-    """A job's throttle limits (msgpack ``[[key, limit], ..]``): each entry that reads
-    as a key and a whole number; none when the field is absent or not msgpack."""
+    """A job's throttle limits (msgpack ``[[key, limit], ..]``, an adaptive key's entry
+    ``[key, max, min]`` read as its max): each entry that reads as a key and a whole
+    number; none when the field is absent or not msgpack."""
     if not raw:
         return {}
     try:
@@ -82,7 +83,7 @@ def decode_limits(raw: Any) -> dict[str, int]:
         return {}
     out: dict[str, int] = {}
     for entry in entries if isinstance(entries, list) else ():
-        if isinstance(entry, list) and len(entry) == 2:
+        if isinstance(entry, list) and len(entry) in (2, 3):
             limit = field_int(entry[1])
             if limit is not None:
                 out[field_text(entry[0])] = limit

@@ -14,10 +14,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from fairlane.policy.ceilings import TenantLimits
+from fairlane.policy.rates import Rate
 from fairlane.store.base import StoreBase
 from fairlane.store.connection import slot_client
 from fairlane.store.library import FUNCTION_PREFIX
-from fairlane.store.wire import TenantSignal, decode_limits, encode_limits
+from fairlane.store.wire import (
+    TenantSignal,
+    decode_limits,
+    decode_rate,
+    encode_limits,
+    encode_rate,
+)
 
 __all__ = ["TenantCalls", "TenantSweep"]
 
@@ -76,6 +83,17 @@ class TenantCalls(StoreBase):
 
     async def tenant_limits(self, tenant: str) -> TenantLimits | None:
         return decode_limits(await self._call(self.client.hget, self.keys.tlimits, tenant))
+
+    async def configure_tenant_rate(self, tenant: str, rate: Rate | None) -> None:
+        """Set the rate of the tenant's own key ``tenant:<tenant>`` (None: no rate); its
+        next dispatch applies it."""
+        if rate is None:
+            await self._call(self.client.hdel, self.keys.tenant_rates, tenant)
+        else:
+            await self._call(self.client.hset, self.keys.tenant_rates, tenant, encode_rate(rate))
+
+    async def tenant_rate(self, tenant: str) -> Rate | None:
+        return decode_rate(await self._call(self.client.hget, self.keys.tenant_rates, tenant))
 
     async def tenant_weight(self, tenant: str) -> float:
         raw = await self._call(self.client.hget, self.keys.weights, tenant)

@@ -15,8 +15,9 @@ from typing import Any, Final
 import msgspec
 
 from fairlane.policy.ceilings import TenantLimits
+from fairlane.policy.rates import Rate
 
-AckKind = str  # "ok" | "retry" | "dead" | "cancel" | "release" | "suspend"
+AckKind = str  # "ok" | "retry" | "dead" | "cancel" | "release" | "suspend" | "throttle"
 # Batches travel as one msgpack argument / reply: one argument to pack instead of
 # five per job, and one buffer to parse instead of eleven reply elements per job.
 _PACK: Final = msgspec.msgpack.Encoder()
@@ -49,7 +50,8 @@ class NewJob(msgspec.Struct, array_like=True):
     deadline: str = ""  # "" none, "+ms" relative, or absolute ms
     service_class: str = "standard"
     slots: int = 1
-    limits: list[tuple[str, int]] = msgspec.field(default_factory=list)  # sorted by key
+    # sorted by key: [key, limit], or [key, max, min] for an adaptive limit
+    limits: list[list[str | int]] = msgspec.field(default_factory=list)
     declared_mu: int = 1000  # the caller's estimate (or the default cost), in milli-units
     cost_key: str = ""  # "tenant|workflow|model": whose learned cost applies
     declared: int = 0  # 1 when the caller declared an estimate (else learned cost rules)
@@ -57,6 +59,9 @@ class NewJob(msgspec.Struct, array_like=True):
     trace_context: str = ""  # W3C trace context of the enqueue ('' none; fairlane.tracing)
     # last, so that the fields before it keep their places for scripts that predate it
     fairness_key: str = ""  # the end user it is fair between, inside its tenant ('' none)
+    # rate keys [(key, limit, per_ms, burst, units 0/1)], sorted; what their units keys take
+    rates: list[tuple[str, float, float, float, int]] = msgspec.field(default_factory=list)
+    rate_mu: int = 0
 
     def __post_init__(self) -> None:
         args: object = self.args
@@ -161,6 +166,27 @@ def parse_submitted(reply: Sequence[Any]) -> list[Submitted]:
             Submitted(as_text(reply[i]), int(reply[i + 1]), reason or None, int(earlier or 0))
         )
     return out
+
+
+def encode_rate(rate: Rate) -> str:
+    """A rate as the scripts read it: ``'limit,per_ms,burst,units'`` (units 1 or 0)."""
+    return f"{rate.limit!r},{rate.per_ms!r},{rate.capacity!r},{int(rate.units)}"
+
+
+def decode_rate(raw: bytes | str | None) -> Rate | None:
+    """A rate written by ``encode_rate`` (None when absent or unreadable)."""
+    if raw is None:
+        return None
+    try:
+        limit, per_ms, burst, units = as_text(raw).split(",")
+        return Rate(
+            float(limit),
+            per=float(per_ms) / 1000.0,
+            burst=float(burst),
+            cost="units" if units == "1" else "jobs",
+        )
+    except (ValueError, TypeError):
+        return None
 
 
 def encode_limits(limits: TenantLimits | None) -> str:

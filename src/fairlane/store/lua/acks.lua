@@ -55,9 +55,23 @@ local function flush_costs(p, cache, keys)
   end
 end
 
+-- The upstream behind a key pushed back on an attempt (kind 'throttle', payload
+-- '<key>\n<error JSON>'): the key is paused `delay` ms for everyone (thr_push_back) if
+-- the job holds it. Returns the error, and whether the pushback applied.
+function rates.push_back_key(keys, id, token, payload, delay, now)
+  local key, err = string.match(payload or '', '^([^\n]*)\n(.*)$')
+  if not key then
+    return payload, false
+  end
+  local ok, decoded = pcall(cjson.decode, err)
+  local cause = ok and type(decoded) == 'table' and tostring(decoded.message or '') or ''
+  return err, token ~= nil and rates.thr_push_back(keys, id, token, key, now + delay, now, cause)
+end
+
 -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
--- [id, token, kind (ok | retry | dead | cancel | release | suspend), payload, delay_ms, cost]
--- (a workflow run suspends with what it waits for as its payload).
+-- [id, token, kind (ok | retry | dead | cancel | release | suspend | throttle), payload,
+-- delay_ms, cost] (a workflow run suspends with what it waits for as its payload; a
+-- pushback names its key and the pause).
 -- (cost: the work units the attempt used, -1 when it did not run).
 -- Returns one code per entry: 1 applied; 2 the settlement this lease made already, sent
 -- again after its reply was lost (not applied twice; counted 'resettled'); 0 rejected as
@@ -87,11 +101,18 @@ local function apply_acks(keys, p, acks, now, tally)
       tally.ended = tally.ended or {}
       tally.ended[ek] = (tally.ended[ek] or 0) + slots_of(f[11])
       freed[f[9]] = true
+      local cost = tonumber(a[6]) or -1
+      local pushed = false
+      if kind == 'throttle' then
+        payload, pushed = rates.push_back_key(keys, id, f[12], payload, tonumber(a[5]) or 0, now)
+      end
       if f[12] then
         -- its release may wake waiters back into their queues, and a tenant activated
         -- there starts from its class's in-flight work: settle this batch's ends first
         flush_settled(p, settled)
-        release_throttle(keys, p, id, f[12], now)
+        -- a job handed back unstarted used nothing of what its rate keys gave it
+        local used = kind == 'release' and 0 or (cost >= 0 and cost or nil)
+        release_throttle(keys, p, id, f[12], now, used, kind == 'ok')
       end
       local tenant = f[13] or ''
       if limited[tenant] == nil then
@@ -100,13 +121,19 @@ local function apply_acks(keys, p, acks, now, tally)
       if kind ~= 'release' and limited[tenant] then
         note_duration(p, f[13], math.max(0, now - (tonumber(f[14]) or now)) / 1000)
       end
-      local cost = tonumber(a[6]) or -1
       if cost >= 0 and kind ~= 'release' then
         feed_back_cost(p, id, f[9], f[10] or DEFAULT_CLASS, f[13] or '', f[16], f[17], cost,
           costing, keys)
       end
       local meta = {f[3], f[4], f[5], f[6], f[15], f[9], f[10], f[13], f[18], f[19]}
-      if kind == 'ok' then
+      if kind == 'throttle' and pushed then
+        rates.push_back(keys, p, id, tonumber(a[5]) or 0, payload, now, tally, meta)
+      elseif kind == 'throttle' and (tonumber(f[7]) or 0) >= (tonumber(f[8]) or 1) then
+        dead_letter(keys, p, id, payload, now, tally, meta)
+      elseif kind == 'throttle' then
+        -- a pushback on a key the job does not hold is an ordinary failure
+        schedule_retry(keys, p, id, tonumber(a[5]) or 0, payload, now, tally)
+      elseif kind == 'ok' then
         finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
       elseif kind == 'retry' and (tonumber(f[7]) or 0) >= (tonumber(f[8]) or 1) then
         -- the store holds the attempt budget itself: a retry past it is a dead letter

@@ -91,7 +91,7 @@ local function cancel(keys, args)
       end
     end
   elseif st == 'throttled' then
-    thr_cancel_waiter(keys, id)
+    thr_cancel_waiter(keys, id, now)
   elseif st == 'deferred' then
     if redis.call('ZREM', class_key(p, f[2], cls, 'deferred'), id) == 1 then
       redis.call('HINCRBY', lane_key(p, f[2], 'state'), 'ad:' .. cls, -1)

@@ -1,5 +1,5 @@
 -- Dispatch: which waiting jobs a worker gets, by the class rules, fair queuing
--- between tenants and throttle keys.
+-- between tenants, throttle keys and rate keys.
 
 -- One dispatch's view of a lane: what it read once (class table, capacity, weights,
 -- tenant settings, virtual times) and what it changed but has not written yet (the
@@ -8,7 +8,7 @@
 local function new_dispatch(keys, p, lane, budget, now, tally)
   local sk = lane_key(p, lane, 'state')
   local cx = {keys = keys, p = p, lane = lane, now = now, tally = tally, sk = sk,
-    weights = {}, tlimits = {}, vt = {}, delta = {}, runs = {},
+    weights = {}, tlimits = {}, trates = {}, vt = {}, delta = {}, runs = {},
     f = {}, d = {}, heads = {}, w = {}, age = {}, cap = 0, batch = math.min(budget, 100)}
   local declared = redis.call('HMGET', sk, 'table', 'charge')
   cx.tbl = cjson.decode(declared[1] or DEFAULT_CLASSES)
@@ -161,6 +161,42 @@ end
 
 local NO_WAKES = {}
 
+-- The rate keys of a job ({{key, limit, per_ms, burst, units}, ..}): its own `rk`, and
+-- its tenant's key when the tenant has a rate (one read per call tells whether any has).
+function rates.job_rates(cx, f)
+  local rl = f[22] and cmsgpack.unpack(f[22]) or NO_WAKES
+  if cx.any_trate == nil then
+    cx.any_trate = redis.call('EXISTS', cx.p .. 'trate') == 1
+  end
+  if not cx.any_trate then
+    return rl
+  end
+  local tenant = f[7] or ''
+  local own = cx.trates[tenant]
+  if own == nil then
+    own = rates.parse(redis.call('HGET', cx.p .. 'trate', tenant)) or false
+    cx.trates[tenant] = own
+  end
+  if own then
+    local out = {{'tenant:' .. tenant, own.limit, own.per, own.burst, own.units and 1 or 0}}
+    for _, r in ipairs(rl) do
+      out[#out + 1] = r
+    end
+    return out
+  end
+  return rl
+end
+
+-- What a job's rate keys counting units take: its `rmu`, else what its tenant is charged
+-- or admission reserved for it, else one unit.
+function rates.rate_units(p, id, f)
+  local mu = tonumber(f[23]) or tonumber(f[17])
+  if not mu then
+    mu = tonumber(redis.call('HGET', job_key(p, id), 'emu')) or 1000
+  end
+  return mu / 1000
+end
+
 -- Pass a job popped from the fair queue, with its lane slot, through its throttle keys:
 -- a job a key woke converts its offers (its keys are the ones it parked with), any
 -- other is admitted on all its keys or parks. Returns whether it was admitted and the
@@ -168,13 +204,15 @@ local NO_WAKES = {}
 local function admit(cx, id, f)
   local offered = f[20]
   local limits = offered and NO_WAKES or job_limits(cx, f)
-  if #limits == 0 and not offered then
+  local rl = offered and NO_WAKES or rates.job_rates(cx, f)
+  if #limits == 0 and #rl == 0 and not offered then
     return true, NO_WAKES
   end
   -- the charge of a wake: one unit, or in 'cost' mode what the job is expected to cost
   local charge = cx.cost_mode and (tonumber(f[17]) or 1) / 1000 or 1
+  local units = #rl > 0 and rates.rate_units(cx.p, id, f) or 1
   local token, wakes, blocker = thr_acquire(cx.keys, id, limits, f[14] or 0, f[15] or 0,
-    f[7] or '', charge)
+    f[7] or '', charge, rl, units, cx.now)
   local jk = job_key(cx.p, id)
   if offered then
     redis.call('HDEL', jk, 'toff')
@@ -332,6 +370,12 @@ end
 -- enqueued, slots, class, trace context], and the ms until the lanes' next scheduled job
 -- (-1 when none).
 local function fetch(keys, p, worker, n, lease, promote_limit, lanes, now, tally)
+  -- rate keys whose waiters' tokens or pause's end have come (the only timer they have)
+  local rate_due = rates.thr_next_due(keys)
+  if rate_due and rate_due <= now then
+    enter_all_woken(p, rates.thr_wake_due(keys, now), now)
+    rate_due = rates.thr_next_due(keys)
+  end
   for _, lane in ipairs(lanes) do
     promote_due(keys, p, lane, now, promote_limit)
   end
@@ -356,7 +400,7 @@ local function fetch(keys, p, worker, n, lease, promote_limit, lanes, now, tally
     live = still
   end
   local jobs = lease_jobs(keys, p, popped, worker, lease, now)
-  local next_due = -1
+  local next_due = rate_due and math.max(0, rate_due - now) or -1
   for _, lane in ipairs(lanes) do
     if busy[lane] then
       -- work may be left that another worker could take

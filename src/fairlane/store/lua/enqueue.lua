@@ -5,7 +5,9 @@
 --   [id, tenant, prio, task, args, max, bo, to, rc, rf, idem, delay_ms, at_ms, deadline,
 --    class, slots, limits, declared milli-units, cost key, declared (1) or default (0),
 --    parent run id ('' for none), W3C trace context ('' or absent for none: field tp),
---    fairness key ('' or absent for none: field fk)]
+--    fairness key ('' or absent for none: field fk), rate keys ({{key, limit, per_ms,
+--    burst, units}, ..} or absent: field rk), milli-units its units rate keys take
+--    (0 or absent for none: field rmu)]
 -- with nil for an absent delay/at, '' for an absent idem/deadline; a deadline is '+ms'
 -- (relative) or absolute ms; limits is {{key, limit}, ..} sorted by key.
 -- Returns a flat list: id, code, detail per job. Codes: 1 accepted, 2 deferred (stored,
@@ -85,6 +87,20 @@ local function enqueue(keys, args)
         end
         if j[17] and #j[17] > 0 then
           redis.call('HSET', jk, 'lim', cmsgpack.pack(j[17]))
+        end
+        if j[24] and #j[24] > 0 then
+          redis.call('HSET', jk, 'rk', cmsgpack.pack(j[24]))
+        end
+        if (tonumber(j[25]) or 0) > 0 then
+          -- what the job is expected to cost, at most the least burst of its units keys
+          -- (the caller was refused if its own estimate did not fit)
+          local rmu = expected_mu(p, tonumber(j[25]), j[20] == 1, j[19], learned)
+          for _, r in ipairs(j[24]) do
+            if tonumber(r[5]) == 1 then
+              rmu = math.min(rmu, math.floor(tonumber(r[4]) * 1000))
+            end
+          end
+          redis.call('HSET', jk, 'rmu', rmu)
         end
         if dl ~= '' then
           redis.call('HSET', jk, 'dl', dl)

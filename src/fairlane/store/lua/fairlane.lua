@@ -105,6 +105,7 @@ local function wake(p, lane)
 end
 
 -- @include classes.lua
+-- @include rates.lua
 -- @include throttle.lua
 
 -- @include fairqueue.lua

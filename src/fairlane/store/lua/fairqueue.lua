@@ -137,22 +137,24 @@ local function enter_all_woken(p, wakes, now)
   return #wakes > 0
 end
 
--- Release a job's throttle grant, if it holds one, and wake the keys.
-local function release_throttle(keys, p, id, token, now)
+-- Release a job's throttle grant, if it holds one, and wake the keys; `used` (units the
+-- attempt used, nil when unknown) corrects its rate keys, `succeeded` grows its adaptive
+-- ones (thr_release).
+local function release_throttle(keys, p, id, token, now, used, succeeded)
   if token then
     redis.call('HDEL', job_key(p, id), 'ttok')
-    enter_all_woken(p, thr_release(keys, id, token), now)
+    enter_all_woken(p, thr_release(keys, id, token, now, used, succeeded), now)
   end
 end
 
 -- A woken job that will not run (cancelled, expired) gives its offers back. Returns
 -- the waiters that wakes (the caller enters them: dispatch only where it is safe).
-local function take_back_offers(keys, p, id)
+local function take_back_offers(keys, p, id, now)
   redis.call('HDEL', job_key(p, id), 'toff')
-  local _, wakes = thr_cancel(keys, id)
+  local _, wakes = thr_cancel(keys, id, now)
   return wakes
 end
 
 local function give_back_offers(keys, p, id, now)
-  enter_all_woken(p, take_back_offers(keys, p, id), now)
+  enter_all_woken(p, take_back_offers(keys, p, id, now), now)
 end

@@ -94,7 +94,9 @@ local function backoff_ok(spec)
 end
 
 -- A packed {{key, limit}, ..} list, as enqueue stores it; dispatch unpacks it as is.
-local function limits_ok(raw)
+-- A 'lim' (each entry a key and 1 or 2 numbers) or, with `rate` set, an 'rk' list (a
+-- key and 4 numbers, the rate's 3 above 0).
+local function limits_ok(raw, rate)
   local ok, limits = pcall(cmsgpack.unpack, raw)
   if not ok or type(limits) ~= 'table' then
     return false
@@ -108,7 +110,11 @@ local function limits_ok(raw)
   end
   for _, kl in ipairs(limits) do
     if type(kl) ~= 'table' or type(kl[1]) ~= 'string' or not utf8_ok(kl[1])
-      or not finite(kl[2]) then
+      or not finite(kl[2]) or (kl[3] ~= nil and not finite(kl[3])) then
+      return false
+    end
+    if rate and not (finite(kl[4]) and finite(kl[5]) and tonumber(kl[2]) > 0
+      and tonumber(kl[3]) > 0 and tonumber(kl[4]) > 0) then
       return false
     end
   end
@@ -150,6 +156,10 @@ local function malformed_field(f)
     return 'seq'
   elseif f[17] and not finite(f[17]) then
     return 'cu'
+  elseif f[22] and not limits_ok(f[22], true) then
+    return 'rk'
+  elseif f[23] and not finite(f[23]) then
+    return 'rmu'
   end
   return nil
 end
@@ -231,9 +241,9 @@ end
 -- A popped job that will not run gives back the offers a throttle key woke it with;
 -- the waiters that wakes are kept in `tally.woken` for dispatch to enter once its own
 -- view of the lane is written (they may join the very queue it is reading).
-local function drop_offers(keys, p, id, offered, tally)
+local function drop_offers(keys, p, id, offered, tally, now)
   if offered then
-    local woken = take_back_offers(keys, p, id)
+    local woken = take_back_offers(keys, p, id, now)
     if #woken > 0 then
       tally.woken = tally.woken or {}
       for _, w in ipairs(woken) do
@@ -244,24 +254,25 @@ local function drop_offers(keys, p, id, offered, tally)
 end
 
 -- Check a job popped from a tenant queue. Returns its fields (st, task, args, max, dl,
--- to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok, cu, tp, par, toff, fk) when it
+-- to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok, cu, tp, par, toff, fk, rk,
+-- rmu) when it
 -- can run; settles it (and gives back any offers it held) and returns nil when it
 -- cannot (expired, malformed, or a stale entry).
 local function runnable(keys, p, id, now, tally)
   -- pcall: a job key that is not a hash reads as a missing record (left for a human)
   local f = redis.pcall('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
     'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok', 'cu', 'tp', 'par', 'toff',
-    'fk')
+    'fk', 'rk', 'rmu')
   local bad = f[1] == 'queued' and malformed_field(f)
   if bad then
     count(tally, 'malformed')
     release_throttle(keys, p, id, f[16], now)
-    drop_offers(keys, p, id, f[20], tally)
+    drop_offers(keys, p, id, f[20], tally, now)
     dead_letter(keys, p, id, string.format(MALFORMED_ERR, bad), now, tally)
   elseif f[1] == 'queued' then
     if f[5] and tonumber(f[5]) < now then
       release_throttle(keys, p, id, f[16], now)
-      drop_offers(keys, p, id, f[20], tally)
+      drop_offers(keys, p, id, f[20], tally, now)
       expire(keys, p, id, EXPIRED_ERR, now, tally)
     else
       return f

@@ -1,17 +1,21 @@
--- Throttle keys: per-key concurrency limits, tenant-fair waiting and offers
--- (fairlane/policy/throttle.py states the rules and proves them; this is its twin, step
--- for step). State, all under the app's hash tag (fairlane/store/keys.py names it):
+-- Throttle keys: per-key concurrency limits and rates, tenant-fair waiting and offers
+-- (fairlane/policy/throttle.py states the rules and proves them; docs/contracts/rates.md
+-- how rates compose with them; this is their twin, step for step). State, all under the
+-- app's hash tag (fairlane/store/keys.py names it):
 --   KEYS[THR]  hash  l:<key> limit in force, u:<key> slots held, o:<key> offers out,
---                    r:<key> jobs naming it, v:<key> its virtual time V; h:<job>
+--                    r:<key> jobs naming it, v:<key> its virtual time V, rp:/ad:<key> its
+--                    rate and adaptive bounds in force (rates.lua); h:<job>
 --                    'token<TAB>key..' held slots; w:<job> 'key<TAB>key..' offers of a
---                    woken job; p:<job> 'at<TAB>prio<TAB>seq<TAB>tenant<TAB>charge<TAB>
---                    key..' a parked job; tok the grant counter; wakes, moves counters
+--                    woken job; c:<job> the rate cost of a job with rate or adaptive keys;
+--                    p:<job> 'at<TAB>prio<TAB>seq<TAB>tenant<TAB>charge<TAB>units<TAB>
+--                    since<TAB>key..' a parked job; tok the grant counter; wakes, moves
 --   KEYS[THRW] zset  every waiter at score 0, member '<key>\0<tenant>\0<order>\0<job>',
 --                    so a tenant's group on a key is a lex range, its head the first
 --   <THR>:s:<key> zset  tenant with waiters on the key -> start tag S
 --   <THR>:f:<key> zset  idle tenant -> finish tag F, only while F > V
 -- room(k) = limit - held - offers. Nothing here polls: keys are woken when they gain
--- room (a release, a raised limit, offers given back).
+-- room (a release, a raised limit, offers given back), and a key whose head waits for
+-- tokens or a pause's end is woken by fetch when it is due (rates.lua's timer).
 
 local TAB = '\t'
 
@@ -47,26 +51,78 @@ local function group_head(keys, key, tenant)
   return m, string.match(m, '^[^%z]*%z[^%z]*%z[^%z]*%z(.*)$')
 end
 
--- A parked record: {at, prio, seq, tenant, charge, names}; the tenant may be empty.
+-- A parked record: {at, prio, seq, tenant, charge, units, since, names}; the tenant may
+-- be empty.
 local function parse_parked(raw)
-  local at, prio, seq, tenant, charge, rest =
-    string.match(raw, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+  local at, prio, seq, tenant, charge, units, since, rest = string.match(raw,
+    '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
   return {at = at, prio = prio, seq = seq, tenant = tenant, charge = tonumber(charge) or 1,
-    names = split_tabs(rest)}
+    units = tonumber(units) or 1, since = tonumber(since) or 0, names = split_tabs(rest)}
 end
 
+-- A key's room and the rate in force on it (nil: none), in one read.
 local function room(keys, key)
-  local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key, 'o:' .. key)
-  return (tonumber(v[1]) or 0) - (tonumber(v[2]) or 0) - (tonumber(v[3]) or 0)
+  local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key, 'o:' .. key, 'rp:' .. key)
+  return (tonumber(v[1]) or 0) - (tonumber(v[2]) or 0) - (tonumber(v[3]) or 0), rates.parse(v[4])
 end
 
-local function first_full(keys, names)
+-- The first of `names` that blocks a job of rate cost `units` at `now`: no room; or a
+-- rate it does not fit, or waiters on a rate key other than `waking` (no barging).
+-- Returns the key and, when it blocks by its bucket, {rate, bucket}. `seen` collects
+-- {rate, bucket} of the rate keys read on the way.
+local function first_full(keys, names, units, now, waking, seen)
   for _, key in ipairs(names) do
-    if room(keys, key) <= 0 then
+    local r, rate = room(keys, key)
+    if r <= 0 then
       return key
+    end
+    if rate then
+      if key ~= waking and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
+        return key
+      end
+      local b = rates.read(keys, key, rate, now)
+      if not rates.fits(rate, b, rates.cost(rate, units), now) then
+        return key, {rate, b}
+      end
+      if seen then
+        seen[key] = {rate, b}
+      end
     end
   end
   return nil
+end
+
+-- Take a job's tokens on each rate key read by `first_full`; remember its rate cost.
+function rates.take_rates(keys, id, names, units, now, seen, adaptive)
+  local any = adaptive
+  for _, key in ipairs(names) do
+    local rb = seen[key]
+    if rb then
+      rates.take(keys, key, rb[1], rb[2], rates.cost(rb[1], units), now)
+      any = true
+    end
+  end
+  if any then
+    redis.call('HSET', keys[THR], 'c:' .. id, rates.fmt(units))
+  end
+end
+
+-- Give a job's tokens back on each of its rate keys (offers it will not use); `keep`
+-- keeps its rate cost (it parks again).
+function rates.refund_rates(keys, id, names, now, keep)
+  local units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id))
+  if not units then
+    return
+  end
+  if not keep then
+    redis.call('HDEL', keys[THR], 'c:' .. id)
+  end
+  for _, key in ipairs(names) do
+    local rate = rates.parse(redis.call('HGET', keys[THR], 'rp:' .. key))
+    if rate then
+      rates.correct(keys, key, rate, rates.cost(rate, units), now)
+    end
+  end
 end
 
 local function vtime(keys, key)
@@ -88,7 +144,9 @@ local function idle_group(keys, key, tenant, tag)
 end
 
 -- Put a waiter in its tenant's group on w.at; a group that forms starts at max(F, V).
-local function enter_group(keys, id, w)
+-- `blocked` ({rate, bucket}) when it waits for w.at's tokens or pause: the key is due
+-- no later than when this waiter would fit.
+local function enter_group(keys, id, w, blocked, now)
   local sk = tags_key(keys, w.at, 's')
   if not redis.call('ZSCORE', sk, w.tenant) then
     local start = vtime(keys, w.at)
@@ -103,39 +161,61 @@ local function enter_group(keys, id, w)
     redis.call('ZADD', sk, start, w.tenant)
   end
   redis.call('HSET', keys[THR], 'p:' .. id, table.concat(
-    {w.at, w.prio, w.seq, w.tenant, w.charge, table.concat(w.names, TAB)}, TAB))
+    {w.at, w.prio, w.seq, w.tenant, w.charge, rates.fmt(w.units), w.since,
+      table.concat(w.names, TAB)}, TAB))
   redis.call('ZADD', keys[THRW], 0, wait_member(w.at, w.tenant, w.prio, w.seq, id))
+  if blocked then
+    local rate, b = blocked[1], blocked[2]
+    redis.call('ZADD', rates.due_key(keys), 'LT',
+      rates.due_at(rate, b, rates.cost(rate, w.units), now), w.at)
+  end
 end
 
--- Hand `key`'s room to its waiters, least start tag first, until it has no room or
--- nobody waits. A waiter lacking another key moves there (uncharged); one that has
--- room on all its keys is woken: an offer on each, V up to its tag, its tenant's tag
--- charged charge / weight. Appends {job, key} for every waiter woken.
-local function wake_key(keys, key, out)
+-- Hand `key`'s room to its waiters, least start tag first, until it has no room, nobody
+-- waits, or (a rate key) its head does not fit the bucket: then the key is due when it
+-- would. A waiter blocked by another key moves there (uncharged); one that may take all
+-- its keys is woken: an offer on each, its tokens on each rate key, V up to its tag, its
+-- tenant's tag charged (its cost on `key` if `key` has a rate, else its charge) / weight.
+-- Appends {job, key} for every waiter woken.
+local function wake_key(keys, key, out, now)
   local sk = tags_key(keys, key, 's')
-  while room(keys, key) > 0 do
+  while true do
+    local r, rate = room(keys, key)
+    if r <= 0 then
+      return
+    end
     local top = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
     if not top[1] then
       return
     end
     local tenant, tag = top[1], tonumber(top[2])
     local member, id = group_head(keys, key, tenant)
-    redis.call('ZREM', keys[THRW], member)
     local w = parse_parked(redis.call('HGET', keys[THR], 'p:' .. id))
+    local cost = rate and rates.cost(rate, w.units)
+    if rate then
+      local b = rates.read(keys, key, rate, now)
+      if not rates.fits(rate, b, cost, now) then
+        redis.call('ZADD', rates.due_key(keys), rates.due_at(rate, b, cost, now), key)
+        return
+      end
+    end
+    redis.call('ZREM', keys[THRW], member)
     redis.call('HDEL', keys[THR], 'p:' .. id)
     local emptied = not group_head(keys, key, tenant)
-    local blocker = first_full(keys, w.names)
+    local seen = {}
+    local blocker, blocked = first_full(keys, w.names, w.units, now, key, seen)
     if blocker then
       if emptied then
         idle_group(keys, key, tenant, tag)
       end
       w.at = blocker
-      enter_group(keys, id, w)
+      enter_group(keys, id, w, blocked, now)
       redis.call('HINCRBY', keys[THR], 'moves', 1)
     else
       for _, k in ipairs(w.names) do
         redis.call('HINCRBY', keys[THR], 'o:' .. k, 1)
       end
+      rates.take_rates(keys, id, w.names, w.units, now, seen, false)
       redis.call('HSET', keys[THR], 'w:' .. id, table.concat(w.names, TAB))
       if tag > vtime(keys, key) then
         redis.call('HSET', keys[THR], 'v:' .. key, tag)
@@ -143,11 +223,14 @@ local function wake_key(keys, key, out)
         redis.call('ZREMRANGEBYSCORE', tags_key(keys, key, 'f'), '-inf', tag)
       end
       local weight = tonumber(redis.call('HGET', keys[WEIGHTS], tenant)) or 1
-      local charged = tag + w.charge / weight
+      local charged = tag + (rate and cost or w.charge) / weight
       if emptied then
         idle_group(keys, key, tenant, charged)
       else
         redis.call('ZADD', sk, charged, tenant)
+      end
+      if rate then
+        rates.note_wake(keys, key, now - w.since)
       end
       out[#out + 1] = {id, key}
       redis.call('HINCRBY', keys[THR], 'wakes', 1)
@@ -156,10 +239,10 @@ local function wake_key(keys, key, out)
 end
 
 -- Wake every key of `names` that has room and waiters, in order.
-local function wake_all(keys, names, out)
+local function wake_all(keys, names, out, now)
   for _, key in ipairs(names) do
     if room(keys, key) > 0 and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
-      wake_key(keys, key, out)
+      wake_key(keys, key, out, now)
     end
   end
 end
@@ -168,16 +251,17 @@ local function unref(keys, names)
   for _, key in ipairs(names) do
     if redis.call('HINCRBY', keys[THR], 'r:' .. key, -1) <= 0 then
       redis.call('HDEL', keys[THR], 'r:' .. key, 'l:' .. key, 'u:' .. key, 'o:' .. key,
-        'v:' .. key)
+        'v:' .. key, 'rp:' .. key, 'ad:' .. key)
       redis.call('DEL', tags_key(keys, key, 's'), tags_key(keys, key, 'f'))
     end
   end
 end
 
 -- A woken job, dispatched with its lane slot: its offers become holds if every key
--- has a slot under its limit; otherwise (a limit was lowered) it gives them back and
--- parks again. Returns as thr_acquire.
-local function convert_offers(keys, id, offered, prio, seq, tenant, charge)
+-- has a slot under its limit (its tokens were taken when it was woken); otherwise (a
+-- limit was lowered) it gives them and its tokens back and parks again. Returns as
+-- thr_acquire.
+local function convert_offers(keys, id, offered, prio, seq, tenant, charge, units, now)
   local names = split_tabs(offered)
   redis.call('HDEL', keys[THR], 'w:' .. id)
   local ok = true
@@ -197,54 +281,123 @@ local function convert_offers(keys, id, offered, prio, seq, tenant, charge)
   if ok then
     return grant(keys, id, names), {}
   end
-  local blocker = first_full(keys, names)
+  units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id)) or units
+  rates.refund_rates(keys, id, names, now, true)
+  local blocker, blocked = first_full(keys, names, units, now)
   enter_group(keys, id, {at = blocker, prio = prio, seq = seq, tenant = tenant,
-    charge = charge, names = names})
+    charge = charge, units = units, since = now or 0, names = names}, blocked, now)
   local wakes = {}
-  wake_all(keys, names, wakes)
+  wake_all(keys, names, wakes, now)
   return nil, wakes, blocker
 end
 
--- Dispatch of `id` with its lane slot: convert its offers, or admit it on every key of
--- `limits` ({{key, limit}, ..} sorted by key) at once, or park it in `tenant`'s group on
--- its first full key (`charge`: what a wake charges its tenant). Returns the grant
--- token (nil when parked), the waiters woken on the way ({job, key}) and the key it
--- parked on.
-local function thr_acquire(keys, id, limits, prio, seq, tenant, charge)
-  local offered = redis.call('HGET', keys[THR], 'w:' .. id)
-  if offered then
-    return convert_offers(keys, id, offered, prio, seq, tenant, charge)
+-- Make an arrival's limits and rates the ones in force. `limits` {{key, limit} or
+-- {key, max, min} (adaptive), ..} and `rlist` {{key, limit, per_ms, burst, units}, ..};
+-- returns the sorted union of their keys, the keys whose limit or rate it raised (with
+-- waiters) and whether it names a rate or an adaptive key.
+function rates.apply_given(keys, limits, rlist)
+  local given, names, raised, adaptive = {}, {}, {}, false
+  for _, kl in ipairs(limits) do
+    given[kl[1]] = {lim = kl}
   end
-  local names, raised = {}, {}
-  for i, kl in ipairs(limits) do
-    local key, limit = kl[1], tonumber(kl[2])
-    names[i] = key
-    local cur = tonumber(redis.call('HGET', keys[THR], 'l:' .. key))
-    if cur and limit > cur and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
+  for _, r in ipairs(rlist or {}) do
+    local g = given[r[1]] or {}
+    g.rate = r
+    given[r[1]] = g
+  end
+  for key in pairs(given) do
+    names[#names + 1] = key
+  end
+  table.sort(names)
+  for _, key in ipairs(names) do
+    local g = given[key]
+    local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'rp:' .. key)
+    local cur, limit = tonumber(v[1]), nil
+    if g.lim and g.lim[3] then
+      local hi, lo = tonumber(g.lim[2]), tonumber(g.lim[3])
+      limit = math.floor(rates.adaptive_value(keys, key, hi, lo))
+      redis.call('HSET', keys[THR], 'ad:' .. key, hi .. ',' .. lo)
+      adaptive = true
+    elseif g.lim then
+      limit = tonumber(g.lim[2])
+    elseif not cur then
+      limit = rates.UNLIMITED
+    end
+    local spec = g.rate and rates.encode(g.rate)
+    adaptive = adaptive or spec ~= nil
+    local changed = (limit and cur and limit > cur) or (spec and v[2] and spec ~= v[2])
+    if changed and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
       raised[#raised + 1] = key
     end
-    redis.call('HSET', keys[THR], 'l:' .. key, limit)
+    if limit then
+      redis.call('HSET', keys[THR], 'l:' .. key, limit)
+    end
+    if spec then
+      redis.call('HSET', keys[THR], 'rp:' .. key, spec)
+    end
     redis.call('HINCRBY', keys[THR], 'r:' .. key, 1)
   end
+  return names, raised, adaptive
+end
+
+-- Dispatch of `id` with its lane slot: convert its offers, or admit it on every key of
+-- `limits` and `rlist` at once (apply_given), or park it in `tenant`'s group on its
+-- first blocking key (`charge`: what a wake charges its tenant; `units`: its rate cost;
+-- `now`: the server's ms). Returns the grant token (nil when parked), the waiters woken
+-- on the way ({job, key}) and the key it parked on.
+local function thr_acquire(keys, id, limits, prio, seq, tenant, charge, rlist, units, now)
+  units, now = tonumber(units) or 1, tonumber(now) or 0
+  local offered = redis.call('HGET', keys[THR], 'w:' .. id)
+  if offered then
+    return convert_offers(keys, id, offered, prio, seq, tenant, charge, units, now)
+  end
+  local names, raised, adaptive = rates.apply_given(keys, limits, rlist)
   local wakes = {}
   for _, key in ipairs(raised) do
-    wake_key(keys, key, wakes)
+    wake_key(keys, key, wakes, now)
   end
-  local blocker = first_full(keys, names)
+  local seen = {}
+  local blocker, blocked = first_full(keys, names, units, now, nil, seen)
   if not blocker then
     for _, key in ipairs(names) do
       redis.call('HINCRBY', keys[THR], 'u:' .. key, 1)
     end
+    rates.take_rates(keys, id, names, units, now, seen, adaptive)
     return grant(keys, id, names), wakes
   end
+  if adaptive then
+    -- its wake and its release read it
+    redis.call('HSET', keys[THR], 'c:' .. id, rates.fmt(units))
+  end
   enter_group(keys, id, {at = blocker, prio = prio, seq = seq, tenant = tenant,
-    charge = charge, names = names})
+    charge = charge, units = units, since = now, names = names}, blocked, now)
   return nil, wakes, blocker
 end
 
--- Free the slots of `id`'s grant `token` and wake the keys. A stale token or a job
--- holding nothing changes nothing. Returns the waiters woken.
-local function thr_release(keys, id, token)
+-- What an ended attempt tells its keys, before its slots are freed: each rate key
+-- counting units corrected by what it really used (`used`, units; nil when unknown),
+-- each adaptive key grown after a success.
+function rates.settle_keys(keys, id, names, now, used, succeeded)
+  local units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id))
+  if not units then
+    return
+  end
+  redis.call('HDEL', keys[THR], 'c:' .. id)
+  for _, key in ipairs(names) do
+    local v = redis.call('HMGET', keys[THR], 'rp:' .. key, 'ad:' .. key)
+    local rate = rates.parse(v[1])
+    if rate and rate.units and used and units ~= used then
+      rates.correct(keys, key, rate, units - used, now)
+    end
+    if succeeded and v[2] then
+      rates.grow(keys, key, rates.adaptive_bounds(keys, key), now)
+    end
+  end
+end
+
+-- Free the slots of `id`'s grant `token` and wake the keys, after settle_keys. A stale
+-- token or a job holding nothing changes nothing. Returns the waiters woken.
+local function thr_release(keys, id, token, now, used, succeeded)
   local held = redis.call('HGET', keys[THR], 'h:' .. id)
   local wakes = {}
   if not held then
@@ -254,28 +407,59 @@ local function thr_release(keys, id, token)
   if parts[1] ~= tostring(token) then
     return wakes
   end
+  now = tonumber(now) or 0
   redis.call('HDEL', keys[THR], 'h:' .. id)
   local names = {unpack(parts, 2)}
+  rates.settle_keys(keys, id, names, now, tonumber(used), succeeded)
   for _, key in ipairs(names) do
     redis.call('HINCRBY', keys[THR], 'u:' .. key, -1)
   end
-  wake_all(keys, names, wakes)
+  wake_all(keys, names, wakes, now)
   unref(keys, names)
   return wakes
 end
 
--- A waiting job leaves (cancelled, expired): out of its tenant group, or its offers
--- given back and their keys woken. Returns whether it waited or held offers, and the
--- waiters woken.
-local function thr_cancel(keys, id)
+-- The upstream behind `key` pushed back on `id`'s attempt (grant `token`): the key is
+-- paused until `untl` (rates.pause, which may cut an adaptive key), and its waiters are
+-- due then. False when the job does not hold the key under that token.
+function rates.thr_push_back(keys, id, token, key, untl, now, cause)
+  local held = redis.call('HGET', keys[THR], 'h:' .. id)
+  local parts = held and split_tabs(held) or {}
+  if parts[1] ~= tostring(token) then
+    return false
+  end
+  local holds = false
+  for i = 2, #parts do
+    holds = holds or parts[i] == key
+  end
+  if not holds then
+    return false
+  end
+  rates.pause(keys, key, untl, now, cause)
+  if redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
+    redis.call('ZADD', rates.due_key(keys), 'GT', untl, key)
+  end
+  return true
+end
+
+-- A waiting job leaves (cancelled, expired): out of its tenant group (a rate key whose
+-- head it may have been is due at once, to look at its new head), or its offers and
+-- tokens given back and their keys woken. Returns whether it waited or held offers,
+-- and the waiters woken.
+local function thr_cancel(keys, id, now)
+  now = tonumber(now) or 0
   local parked = redis.call('HGET', keys[THR], 'p:' .. id)
   if parked then
     local w = parse_parked(parked)
     redis.call('ZREM', keys[THRW], wait_member(w.at, w.tenant, w.prio, w.seq, id))
-    redis.call('HDEL', keys[THR], 'p:' .. id)
+    redis.call('HDEL', keys[THR], 'p:' .. id, 'c:' .. id)
     if not group_head(keys, w.at, w.tenant) then
       idle_group(keys, w.at, w.tenant,
         tonumber(redis.call('ZSCORE', tags_key(keys, w.at, 's'), w.tenant)))
+    end
+    if redis.call('HEXISTS', keys[THR], 'rp:' .. w.at) == 1 and
+        redis.call('ZCARD', tags_key(keys, w.at, 's')) > 0 then
+      redis.call('ZADD', rates.due_key(keys), 'LT', now, w.at)
     end
     unref(keys, w.names)
     return true, {}
@@ -289,18 +473,37 @@ local function thr_cancel(keys, id)
   for _, key in ipairs(names) do
     redis.call('HINCRBY', keys[THR], 'o:' .. key, -1)
   end
-  wake_all(keys, names, wakes)
+  rates.refund_rates(keys, id, names, now)
+  wake_all(keys, names, wakes, now)
   unref(keys, names)
   return true, wakes
 end
 
 -- Take a parked job out of its group (a waiter's cancel wakes nobody); false when it
 -- was not waiting.
-local function thr_cancel_waiter(keys, id)
+local function thr_cancel_waiter(keys, id, now)
   if redis.call('HEXISTS', keys[THR], 'p:' .. id) == 0 then
     return false
   end
-  return (thr_cancel(keys, id))
+  return (thr_cancel(keys, id, now))
+end
+
+-- Wake every rate key due by `now` (at most DUE_BATCH, in due order): the rate timer,
+-- run by fetch. Returns the waiters woken.
+function rates.thr_wake_due(keys, now)
+  local dk = rates.due_key(keys)
+  local out = {}
+  for _, key in ipairs(redis.call('ZRANGEBYSCORE', dk, '-inf', now, 'LIMIT', 0, rates.DUE_BATCH)) do
+    redis.call('ZREM', dk, key)
+    wake_key(keys, key, out, now)
+  end
+  return out
+end
+
+-- When the next rate key is due (server ms), or nil.
+function rates.thr_next_due(keys)
+  local head = redis.call('ZRANGE', rates.due_key(keys), 0, 0, 'WITHSCORES')
+  return tonumber(head[2])
 end
 
 ---------------------------------------------------------------------------- tenant ceilings

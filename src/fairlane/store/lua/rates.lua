@@ -1,0 +1,197 @@
+-- Rate keys: token buckets on the server's clock, in jobs or work units, corrected by what
+-- attempts really used, paused by an upstream's pushback (fairlane/policy/rates.py states
+-- the rules; docs/contracts/rates.md how throttle.lua composes them with concurrency keys
+-- and tenant-fair waiting). State, all derived from the app's prefix:
+--   <p>rate:<key>  hash  t tokens (17 significant digits), s stamp (ms), pu paused until,
+--                        pc its cause, a an adaptive value; counters ta taken, tr refunded,
+--                        td debts, pn pushbacks, wn woken, wt ms waited. It expires once
+--                        it says nothing a fresh key would not (full, unpaused) plus an hour.
+--   <p>rates       zset  every rate key seen -> when its state was created (ms)
+--   <p>ratedue     zset  rate-blocked key with waiters -> when it is due: the only timer
+-- and in KEYS[THR]: rp:<key> the rate in force 'limit,per_ms,burst,units', ad:<key> an
+-- adaptive key's 'max,min', c:<job> the rate cost (units) of a job holding rate keys.
+-- One table, so that the library's main chunk keeps its locals.
+
+local rates = {UNLIMITED = 2147483647, IDLE_MS = 3600000, DUE_BATCH = 64,
+  CUT = __ADAPTIVE_CUT__, MAX_PUSHBACKS = __MAX_PUSHBACKS__}
+
+function rates.fmt(x)
+  return string.format('%.17g', x)
+end
+
+function rates.state_key(keys, key)
+  return prefix(keys) .. 'rate:' .. key
+end
+
+function rates.due_key(keys)
+  return prefix(keys) .. 'ratedue'
+end
+
+-- A job's rate entry {key, limit, per_ms, burst, units 0/1} as the rate in force reads.
+function rates.encode(r)
+  return rates.fmt(tonumber(r[2])) .. ',' .. rates.fmt(tonumber(r[3])) .. ',' ..
+    rates.fmt(tonumber(r[4])) .. ',' .. ((tonumber(r[5]) or 0) == 1 and '1' or '0')
+end
+
+-- {limit, per (ms), burst, units} or nil (absent, or damaged: then it limits nothing)
+function rates.parse(spec)
+  if not spec then
+    return nil
+  end
+  local l, per, b, u = string.match(spec, '^([^,]+),([^,]+),([^,]+),([01])$')
+  l, per, b = tonumber(l), tonumber(per), tonumber(b)
+  if not (l and per and b and l > 0 and per > 0 and b > 0) then
+    return nil
+  end
+  return {limit = l, per = per, burst = b, units = u == '1'}
+end
+
+function rates.cost(rate, units)
+  if rate.units then
+    return units
+  end
+  return 1
+end
+
+-- The bucket of `key`: a key without state is full as of now.
+function rates.read(keys, key, rate, now)
+  local v = redis.call('HMGET', rates.state_key(keys, key), 't', 's', 'pu')
+  local b = {t = tonumber(v[1]), s = tonumber(v[2]), pu = tonumber(v[3]) or 0}
+  if not b.t or not b.s then
+    b.t, b.s, b.fresh = rate.burst, now, true
+  end
+  return b
+end
+
+function rates.level(rate, b, now)
+  if now <= b.s then
+    return math.min(rate.burst, b.t)
+  end
+  return math.min(rate.burst, b.t + (now - b.s) * rate.limit / rate.per)
+end
+
+function rates.fits(rate, b, cost, now)
+  return now >= b.pu and rates.level(rate, b, now) >= cost
+end
+
+function rates.due_at(rate, b, cost, now)
+  local short = cost - rates.level(rate, b, now)
+  local due = now + 1
+  if short > 0 then
+    due = math.max(due, now + math.ceil(short * rate.per / rate.limit))
+  end
+  return math.max(due, b.pu)
+end
+
+-- Keep a key's state while it says more than a fresh key's would, and an hour more.
+function rates.keep(keys, key, rate, b, now)
+  local sk = rates.state_key(keys, key)
+  local ttl = math.max(0, b.pu - now)
+  if rate and b.t < rate.burst then
+    ttl = math.max(ttl, math.ceil((rate.burst - b.t) * rate.per / rate.limit))
+  end
+  if b.fresh then
+    redis.call('PEXPIRE', sk, ttl + rates.IDLE_MS)
+  else
+    -- never shortened: another fact of the key (a pause, a slow refill) may need longer
+    redis.call('PEXPIRE', sk, ttl + rates.IDLE_MS, 'GT')
+  end
+  if b.fresh then
+    redis.call('ZADD', prefix(keys) .. 'rates', now, key)
+    b.fresh = false
+  end
+end
+
+-- Take `cost` tokens (fits was checked): the level less the cost, as of now.
+function rates.take(keys, key, rate, b, cost, now)
+  b.t = rates.level(rate, b, now) - cost
+  b.s = math.max(now, b.s)
+  local sk = rates.state_key(keys, key)
+  redis.call('HSET', sk, 't', rates.fmt(b.t), 's', b.s)
+  redis.call('HINCRBYFLOAT', sk, 'ta', rates.fmt(cost))
+  rates.keep(keys, key, rate, b, now)
+end
+
+-- Give `delta` back (a refund, capped at the burst) or, negative, charge a debt.
+function rates.correct(keys, key, rate, delta, now)
+  local b = rates.read(keys, key, rate, now)
+  local before = rates.level(rate, b, now)
+  local after = before + delta
+  if delta > 0 then
+    after = math.min(rate.burst, after)
+  end
+  b.t, b.s = after, math.max(now, b.s)
+  local sk = rates.state_key(keys, key)
+  redis.call('HSET', sk, 't', rates.fmt(b.t), 's', b.s)
+  if delta > 0 then
+    redis.call('HINCRBYFLOAT', sk, 'tr', rates.fmt(after - before))
+  elseif delta < 0 then
+    redis.call('HINCRBYFLOAT', sk, 'td', rates.fmt(-delta))
+  end
+  rates.keep(keys, key, rate, b, now)
+end
+
+-- An adaptive key's bounds in force {max, min}, or nil.
+function rates.adaptive_bounds(keys, key)
+  local raw = redis.call('HGET', keys[THR], 'ad:' .. key)
+  if not raw then
+    return nil
+  end
+  local hi, lo = string.match(raw, '^(%d+),(%d+)$')
+  return tonumber(hi) and {tonumber(hi), tonumber(lo)} or nil
+end
+
+-- An adaptive key's value now, within its bounds (its max when it has none yet).
+function rates.adaptive_value(keys, key, hi, lo)
+  local a = tonumber(redis.call('HGET', rates.state_key(keys, key), 'a')) or hi
+  return math.min(hi, math.max(lo, a))
+end
+
+-- Write an adaptive key's value; returns its limit (floor) and the limit it replaced.
+function rates.set_adaptive(keys, key, before, after, now)
+  local sk = rates.state_key(keys, key)
+  local fresh = redis.call('EXISTS', sk) == 0
+  redis.call('HSET', sk, 'a', rates.fmt(after))
+  rates.keep(keys, key, nil, {t = 0, pu = 0, fresh = fresh}, now)
+  return math.floor(after), math.floor(before)
+end
+
+-- Pause `key` until `untl` for `cause`; an adaptive key not paused already is cut.
+-- Returns whether it was cut.
+function rates.pause(keys, key, untl, now, cause)
+  local sk = rates.state_key(keys, key)
+  local v = redis.call('HMGET', sk, 'pu', 't')
+  local pu = tonumber(v[1]) or 0
+  local fresh = redis.call('EXISTS', sk) == 0
+  redis.call('HSET', sk, 'pu', math.max(pu, untl), 'pc', string.sub(cause or '', 1, 200))
+  redis.call('HINCRBY', sk, 'pn', 1)
+  local rate = rates.parse(redis.call('HGET', keys[THR], 'rp:' .. key))
+  local t = tonumber(v[2])
+  rates.keep(keys, key, t and rate, {t = t or 0, pu = math.max(pu, untl), fresh = fresh}, now)
+  local cut = false
+  local bounds = now >= pu and rates.adaptive_bounds(keys, key)
+  if bounds then
+    local a = rates.adaptive_value(keys, key, bounds[1], bounds[2])
+    local limit = rates.set_adaptive(keys, key, a, math.max(bounds[2], a * rates.CUT), now)
+    redis.call('HSET', keys[THR], 'l:' .. key, limit)
+    cut = true
+  end
+  return cut
+end
+
+-- Grow an adaptive key after a success; returns whether its limit rose.
+function rates.grow(keys, key, bounds, now)
+  local a = rates.adaptive_value(keys, key, bounds[1], bounds[2])
+  local limit, before = rates.set_adaptive(keys, key, a, math.min(bounds[1], a + 1 / a), now)
+  if limit ~= before then
+    redis.call('HSET', keys[THR], 'l:' .. key, limit)
+  end
+  return limit > before
+end
+
+-- A waiter woken on `key` after waiting `waited` ms.
+function rates.note_wake(keys, key, waited)
+  local sk = rates.state_key(keys, key)
+  redis.call('HINCRBY', sk, 'wn', 1)
+  redis.call('HINCRBY', sk, 'wt', math.max(0, waited))
+end
