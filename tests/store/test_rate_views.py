@@ -16,17 +16,21 @@ from typing import Any
 import msgspec
 import pytest
 
+from fairlane import App
 from fairlane.policy.rates import Adaptive, Rate
+from fairlane.store.connection import create_sync_client
 from fairlane.store.keys import AppKeys
-from fairlane.store.reads import Cmd, Plan
+from fairlane.store.reads import Cmd, Plan, run_sync
 from fairlane.store.views.rates import (
     JobRates,
     RateKeys,
+    RateKeyView,
     decode_job_rates,
     parse_adaptive,
     parse_rate,
     rate_keys,
 )
+from tests.e2e.helpers import WAIT, eventually, make_app, running_worker
 
 T = Any
 
@@ -128,10 +132,13 @@ def test_a_key_in_force_with_no_state_is_full_and_a_key_with_nothing_left_is_tri
             *key_reads({}, waiters=[b"waited\0t\x001\0j9"]),  # a waiter references it
             *key_reads({b"ta": b"3"}),  # its hash outlives its references
         ],
-        [1],
+        [1, 0],
     )
     assert len(asked) == 3
-    assert asked[2] == [Cmd("zrem", (keys[0].prefix + "rates", "gone"))]
+    assert asked[2] == [
+        Cmd("zrem", (keys[0].prefix + "rates", "gone")),
+        Cmd("exists", (keys[0].prefix + "rate:gone",)),
+    ]
     assert [v.key for v in got.keys] == ["fresh", "kept", "waited"]
     assert got.known == 3
     fresh = got.get("fresh")
@@ -141,6 +148,26 @@ def test_a_key_in_force_with_no_state_is_full_and_a_key_with_nothing_left_is_tri
     # a read that is told not to trim leaves the index alone
     _, asked = drive(rate_keys(keys, trim=False), [[(b"gone", 4.0)], 1, 100_000], key_reads({}))
     assert len(asked) == 2
+
+
+def test_an_entry_whose_state_is_created_again_while_it_is_trimmed_is_put_back() -> None:
+    keys = shard_keys(1)
+    got, asked = drive(rate_keys(keys), [[(b"k", 4.0)], 1, 100_000], key_reads({}), [1, 1], [0])
+    assert asked[3] == [Cmd("zadd", (keys[0].prefix + "rates", {"k": 100_000}), {"nx": True})]
+    assert got.known == 1 and got.keys == []  # listed again by the next read
+
+
+def test_the_dashboards_read_adds_keys_in_force_that_have_no_state_yet() -> None:
+    keys = shard_keys(1)
+    in_force = {b"rp:fresh": b"5,1000,5,0", b"rp:used": b"2,1000,2,0"}
+    got, asked = drive(
+        rate_keys(keys, in_force=True),
+        [[(b"used", 1.0)], 1, 1000, in_force],
+        [*key_reads({b"t": b"0", b"s": b"1000"}, b"2,1000,2,0"), *key_reads({}, b"5,1000,5,0")],
+    )
+    assert asked[0][3] == Cmd("hscan", (keys[0].prefix + "thr", "rp:*"))
+    assert [(v.key, v.tokens) for v in got.keys] == [("fresh", 5.0), ("used", 0.0)]
+    assert len(asked) == 2  # a key in force is never trimmed
 
 
 def test_no_rate_key_costs_one_round_trip_and_the_read_is_bounded() -> None:
@@ -200,3 +227,75 @@ def test_in_force_fields_and_a_jobs_rate_fields_decode_leniently() -> None:
     assert (job.units, job.pushbacks) == (6.8, 2)
     assert (job.cost("model:gpt"), job.cost("user:a/1")) == (6.8, 1.0)
     assert decode_job_rates({"rk": b"\xc1", "lim": b"not msgpack"}) == JobRates()
+
+
+# -- on a real server, written by the real scripts --------------------------------------
+
+
+async def _view_of(app: App, key: str) -> RateKeyView | None:
+    return (await app.store.view(rate_keys)).get(key)
+
+
+@pytest.mark.anyio
+async def test_jobs_waiting_for_tokens_are_the_keys_waiters_until_its_due_time(
+    redis_url: str, namespace: str
+) -> None:
+    app = make_app(namespace, redis_url)
+
+    @app.task(rates={"model:slow": Rate(2, per=60.0)})
+    async def call(n: int) -> int:
+        return n
+
+    async with app:
+        jobs = [await call.enqueue(i, tenant="acme") for i in range(5)]
+        async with running_worker(app, concurrency=5):
+            assert [await j.result(timeout=WAIT) for j in jobs[:2]] == [0, 1]  # the burst
+
+            async def three_wait() -> bool:
+                view = await _view_of(app, "model:slow")
+                return view is not None and view.waiters == 3
+
+            await eventually(three_wait)
+            view = await _view_of(app, "model:slow")
+            now = await app.store.server_time_ms()
+    assert view is not None
+    assert view.rate == Rate(2, per=60.0) and view.taken == 2.0
+    assert view.tokens is not None and 0.0 <= view.tokens < 1.0  # refilling: 1 per 30 s
+    assert set(view.head) == {j.id for j in jobs[2:]}
+    # the server's timer: when the first waiter's token is due, no sooner than now
+    assert view.due_ms is not None and now < view.due_ms <= now + 30_000
+    assert view.next_tokens_ms() == view.due_ms
+    assert (view.paused, view.adaptive, view.pushbacks) == (False, None, 0)
+
+
+@pytest.mark.anyio
+async def test_a_keys_counters_and_an_expired_state_trimmed_from_the_index(
+    redis_url: str, namespace: str
+) -> None:
+    app = make_app(namespace, redis_url)
+
+    @app.task(rates={"model:x": Rate(20, per=1.0, burst=1)})  # a token each 50 ms
+    async def call(n: int) -> int:
+        return n
+
+    async with app:
+        jobs = [await call.enqueue(i, tenant="acme") for i in range(4)]
+        async with running_worker(app, concurrency=4):
+            for job in jobs:
+                await job.result(timeout=WAIT)
+        sync = create_sync_client(redis_url)
+        try:
+            seen = run_sync(sync, rate_keys([app.store.keys]))
+        finally:
+            sync.close()
+        view = await _view_of(app, "model:x")
+        assert view is not None and seen.get("model:x") is not None
+        assert (view.taken, view.woken, view.waiters, view.due_ms) == (4.0, 3, 0, None)
+        assert view.waited_ms > 0 and view.tokens is not None and view.tokens <= 1.0
+        # no job references it now: its rate is no longer in force, its bucket is
+        assert view.rate is None
+        # once its state expires, the next read trims the index entry
+        client, keys = app.store.client, app.store.keys
+        await client.delete(keys.rate_state("model:x"))
+        assert await _view_of(app, "model:x") is None
+        assert await client.zcard(keys.rate_index) == 0

@@ -1,28 +1,31 @@
 """Rate keys: each key's rate in force, its tokens now, its pause, its adaptive value,
 its counters and the jobs waiting for it.
 
-The layout is the contract's (``docs/contracts/rates.md``, "Store layout"): the
-``rates`` zset lists every rate key seen (scored by the ms it was last written); a
-key's ``rate:<key>`` hash holds its bucket (``t`` tokens as of ``s``), its pause
-(``pu`` until, ``pc`` why), an adaptive value ``a`` and its counters (``ta`` tokens
-taken, ``tr`` refunded, ``td`` charged as debt, ``pn`` pushbacks, ``wn`` waiters woken
-and ``wt`` the ms they waited); the ``thr`` hash holds what is in force while a job
-references the key (``rp:<key>`` its rate, ``ad:<key>`` an adaptive key's bounds);
-``ratedue`` says when a key blocked by its rate wakes its waiters, who wait in the
-throttle keys' ``thr:wait`` zset like any throttle key's.
+The layout is the contract's (``docs/contracts/rates.md``, "Store layout"), the names
+``fairlane.store.keys``': the ``rates`` zset lists every rate key seen (scored by when
+its state was written); a key's ``rate:<key>`` hash holds its bucket (``t`` tokens as
+of ``s``), its pause (``pu`` until, ``pc`` why), an adaptive value ``a`` and its
+counters (``ta`` tokens taken, ``tr`` refunded, ``td`` charged as debt, ``pn``
+pushbacks, ``wn`` waiters woken and ``wt`` the ms they waited); the ``thr`` hash holds
+what is in force while a job references the key (``rp:<key>`` its rate, ``ad:<key>`` an
+adaptive key's bounds); ``ratedue`` says when a key blocked by its rate wakes its
+waiters, who wait in the throttle keys' ``thr:wait`` zset like any throttle key's.
 
 The tokens shown are the level on the server's clock (``fairlane.policy.rates.level``,
 read with ``TIME`` on the shard's node), not the stored ``t``: a bucket is written only
 when something takes from it, and refills in between. A key in force with no state
 left (its hash expired once full) is a fresh key: full.
 
-Three round trips, the second only when some key is listed: the ``rates`` zsets (the
-``limit`` keys written most recently, per shard) with the shards' clocks; then, per key
-listed, its hash, its in-force fields, its due time and its waiters (a count and the
-first ``head``); then, only when some entry's hash is gone and nothing references the
-key (no rate in force, no waiter, not due), an ``ZREM`` of those entries, which the
-contract leaves to the read models. A key used again between the read and the trim
-drops out of the listing until its next write (it re-adds itself): never its state.
+Two round trips, the second only when some key is listed: the ``rates`` zsets (the
+``limit`` keys with the highest scores, per shard) with the shards' clocks (and, for
+the dashboard, the keys in force with no state yet); then, per
+key listed, its hash, its in-force fields, its due time and its waiters (a count and
+the first ``head``). The index is the read models' to trim (the scripts add a key when
+they create its state): an entry whose hash is gone while nothing references the key
+(no rate in force, no waiter, not due) is removed in a third round trip, each removal
+followed by a look at whether the state exists again -- created by a script between the
+read and the removal -- which puts such an entry back (a fourth, rarely): a key never
+drops out of the index while it has state.
 
 Over shards, a key's counters, tokens and waiters are summed over those that hold it,
 its pause is the latest, its due the earliest, its adaptive value the smallest.
@@ -41,10 +44,11 @@ import msgspec
 from fairlane.policy.rates import Adaptive, Bucket, Rate, adaptive_limit, due_at, level
 from fairlane.store.fields import field_int, field_text
 from fairlane.store.keys import AppKeys
-from fairlane.store.reads import Plan, cmd, server_time
+from fairlane.store.reads import Plan, cmd, scan_fields, server_time
 
 __all__ = [
     "RATE_FIELDS",
+    "UNLIMITED",
     "JobRates",
     "RateKeyView",
     "RateKeys",
@@ -55,14 +59,13 @@ __all__ = [
     "rate_keys",
 ]
 
-# TODO(keys.py): the rate keys' names, until ``AppKeys`` names them (the contract's
-# ``<prefix>rate:<key>``, ``<prefix>rates``, ``<prefix>ratedue``; ``rp:``/``ad:``
-# fields of ``thr``).
-_STATE: Final = "rate:"
-_INDEX: Final = "rates"
-_DUE: Final = "ratedue"
+# fields of the ``thr`` hash (``fairlane.store.keys``) holding what is in force
 _RATE_FIELD: Final = "rp:"
 _ADAPTIVE_FIELD: Final = "ad:"
+
+#: The concurrency limit in force of a key named only as a rate key (the contract's "In
+#: force while referenced"): none
+UNLIMITED: Final = 2**31 - 1
 
 #: The fields of a ``rate:<key>`` hash and what each holds.
 RATE_FIELDS: Final[Mapping[str, str]] = {
@@ -78,18 +81,6 @@ RATE_FIELDS: Final[Mapping[str, str]] = {
     "wn": "waiters woken",
     "wt": "ms those waiters waited on the key",
 }
-
-
-def rate_state(keys: AppKeys, key: str) -> str:
-    return f"{keys.prefix}{_STATE}{key}"
-
-
-def rate_index(keys: AppKeys) -> str:
-    return keys.prefix + _INDEX
-
-
-def rate_due(keys: AppKeys) -> str:
-    return keys.prefix + _DUE
 
 
 def _float(value: Any) -> float | None:
@@ -204,9 +195,9 @@ def _waiter_range(key: str) -> tuple[str, str]:
 def _reads(k: AppKeys, key: str, head: int) -> list[Any]:
     low, high = _waiter_range(key)
     return [
-        cmd("hgetall", rate_state(k, key)),
+        cmd("hgetall", k.rate_state(key)),
         cmd("hmget", k.throttles, _RATE_FIELD + key, _ADAPTIVE_FIELD + key),
-        cmd("zscore", rate_due(k), key),
+        cmd("zscore", k.rate_due, key),
         cmd("zlexcount", k.throttle_waiters, low, high),
         cmd("zrangebylex", k.throttle_waiters, low, high, start=0, num=head),
     ]
@@ -285,27 +276,45 @@ def _merged(views: Sequence[RateKeyView]) -> RateKeyView:
 
 
 def rate_keys(
-    keys: Sequence[AppKeys], limit: int = 500, head: int = 5, *, trim: bool = True
+    keys: Sequence[AppKeys],
+    limit: int = 500,
+    head: int = 5,
+    *,
+    trim: bool = True,
+    in_force: bool = False,
 ) -> Plan[RateKeys]:
-    """The rate keys of every shard (at most ``limit`` per shard, the most recently
-    written), sorted by key, each with its first ``head`` waiters; ``trim`` removes the
+    """The rate keys of every shard (at most ``limit`` per shard from the index, those
+    written most recently), sorted by key, each with its first ``head`` waiters;
+    ``in_force`` adds the keys whose rate is in force but that have no state yet (no
+    job took from them: the scripts index a key when they create its state), read by
+    ``HSCAN`` of the ``thr`` hash as the throttle view reads it; ``trim`` removes the
     index entries of keys with nothing left."""
+    per_shard = 4 if in_force else 3
     batch = []
     for k in keys:
         batch += [
-            cmd("zrevrange", rate_index(k), 0, limit - 1, withscores=True),
-            cmd("zcard", rate_index(k)),
-            server_time(rate_index(k)),
+            cmd("zrevrange", k.rate_index, 0, limit - 1, withscores=True),
+            cmd("zcard", k.rate_index),
+            server_time(k.rate_index),
         ]
+        if in_force:
+            batch.append(scan_fields(k.throttles, _RATE_FIELD + "*"))
     reply = yield batch
     listed: list[tuple[int, str, int]] = []  # (shard, key, written ms)
     known = 0
     clocks: list[int] = []
     for shard in range(len(keys)):
-        entries, count, now = reply[3 * shard : 3 * shard + 3]
+        entries, count, now = reply[per_shard * shard : per_shard * shard + 3]
         known += int(count)
         clocks.append(int(now))
-        listed += [(shard, field_text(m), int(float(s))) for m, s in entries]
+        indexed = [(shard, field_text(m), int(float(s))) for m, s in entries]
+        listed += indexed
+        if in_force:
+            seen = {key for _, key, _ in indexed}
+            fresh = sorted(
+                {field_text(f)[len(_RATE_FIELD) :] for f in reply[per_shard * shard + 3]} - seen
+            )
+            listed += [(shard, key, 0) for key in fresh]
     now_ms = max(clocks, default=0)
     if not listed:
         return RateKeys([], known, now_ms)
@@ -319,8 +328,24 @@ def rate_keys(
         else:
             per_key[key].append(view)
     if trim and stale:
-        yield [cmd("zrem", rate_index(keys[shard]), *names) for shard, names in stale.items()]
-        known -= sum(len(names) for names in stale.values())
+        trimmed = [(shard, key) for shard, names in stale.items() for key in names]
+        # each entry's removal, then whether its state exists again (the order is kept:
+        # a shard's keys share one node)
+        checked = yield [
+            c
+            for shard, key in trimmed
+            for c in (
+                cmd("zrem", keys[shard].rate_index, key),
+                cmd("exists", keys[shard].rate_state(key)),
+            )
+        ]
+        back = [(shard, key) for i, (shard, key) in enumerate(trimmed) if int(checked[2 * i + 1])]
+        if back:
+            yield [
+                cmd("zadd", keys[shard].rate_index, {key: clocks[shard]}, nx=True)
+                for shard, key in back
+            ]
+        known -= len(trimmed) - len(back)
     return RateKeys([_merged(per_key[key]) for key in sorted(per_key)], known, now_ms)
 
 
@@ -389,7 +414,7 @@ def job_rates(keys: AppKeys, job_id: str, head: int = 5) -> Plan[JobRates]:
     round trips (one when the job names none)."""
     reply = yield [
         cmd("hmget", keys.job(job_id), "rk", "rmu", "pb", "lim"),
-        server_time(rate_index(keys)),
+        server_time(keys.rate_index),
     ]
     (rk, rmu, pb, lim), now = reply
     spec = decode_job_rates({"rk": rk, "rmu": rmu, "pb": pb, "lim": lim})
