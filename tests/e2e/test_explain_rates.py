@@ -10,10 +10,22 @@ about causes, keys and order, never about exact timings.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from fairlane import App, Throttled
+from fairlane.cli.explain import explain as explain_command
 from fairlane.policy.rates import Adaptive, Rate
-from fairlane.store.explain import explain, rate_keys_now, rate_text
+from fairlane.store.explain import Explanation, explain, rate_keys_now, rate_text
 from fairlane.store.records import Event
-from fairlane.store.views.rates import JobRates, RateKeyView
+from fairlane.store.views.rates import JobRates, RateKeyView, job_rates
+from tests.e2e.helpers import WAIT, eventually, make_app, running_worker
 
 RATE = Rate(2, per=1.0)
 
@@ -32,7 +44,7 @@ def test_a_job_parked_on_a_rate_key_is_explained_by_the_key_and_its_rate() -> No
     assert parked[0].why == "parked on rate key model:x (2 per 1 s, burst 2) in its tenant's group"
     assert (parked[0].cause, parked[0].about, parked[0].ms) == ("rate", ("model:x",), 1500)
     woken = [s for s in answer.segments if s.from_ms == 2500]
-    assert woken[0].why.startswith("woken by rate key model:x (its tokens taken)")
+    assert woken[0].why.startswith("woken by rate key model:x, its tokens taken (its waiters")
     assert "rate" in answer.causes and answer.summary.endswith("; completed.")
     # without its rate keys (a record read by an earlier reader), the same key is a
     # throttle key, as before
@@ -83,7 +95,8 @@ def test_a_pushback_ends_the_attempt_and_pauses_the_job_until_the_pause_ends() -
     rates = JobRates({"model:x": RATE}, pushbacks=1)
     done = _record(st=b"completed", att=b"1", start=b"14000", fin=b"14100", wk=b"w1")
     events = [
-        Event(2000, "pushback", {"key": "model:x", "until": 14000, "start": 1500, "wk": "w1"}),
+        # as the store logs it: the pause's end, the pushed attempt; its key is the job's
+        Event(2000, "pushback", {"delay": 12000, "err": "Throttled", "at": 14000, "start": 1500}),
         Event(14000, "due", {}),
     ]
     answer = explain(done, events, rates=rates)
@@ -102,6 +115,13 @@ def test_a_pushback_ends_the_attempt_and_pauses_the_job_until_the_pause_ends() -
         "again at the pause's end with its attempt given back"
     )
     assert (paused.cause, paused.about) == ("pushback", ("model:x",))
+    # a job on two keys: the key the event names, else none named
+    two = JobRates({"model:x": RATE, "user:a/1": RATE})
+    named = [Event(2000, "pushback", {"key": "user:a/1", "at": 14000, "start": 1500})]
+    assert explain(done, named, rates=two).segments[2].about == ("user:a/1",)
+    unnamed = explain(done, events, rates=two).segments[2]
+    assert (unnamed.what, unnamed.cause, unnamed.about) == ("paused", "pushback", ())
+    assert unnamed.why.startswith("one of its keys paused by the upstream's pushback")
 
 
 def test_a_jobs_rate_keys_now_in_plain_values() -> None:
@@ -131,3 +151,106 @@ def test_a_jobs_rate_keys_now_in_plain_values() -> None:
     )
     assert rows["user:a/1"]["text"] == "key user:a/1: 2 per 1 s, burst 2"
     assert rate_text(Rate(0.5, per=0.25, burst=1.5)) == "0.5 per 0.25 s, burst 1.5"
+
+
+# -- end to end: real jobs, a real worker, a real server --------------------------------
+
+APP_SOURCE = """
+from fairlane import App
+from tests.e2e.helpers import fast_settings
+
+app = App({name!r}, redis_url={url!r}, settings=fast_settings())
+"""
+
+
+async def _explained(app: App, job_id: str) -> Explanation:
+    store = app.store_for_job(job_id)
+    record = await store.job_record(job_id)
+    events = await store.job_events(job_id)
+    rates = await store.read(job_rates(store.keys, job_id))
+    answer = explain(record, events, now_ms=await store.server_time_ms(), rates=rates)
+    print(f"{job_id}: {answer.summary}")
+    return answer
+
+
+@pytest.mark.anyio
+async def test_a_job_that_waited_for_tokens_and_one_pushed_back_end_to_end(
+    redis_url: str, namespace: str
+) -> None:
+    app = make_app(namespace, redis_url)
+    pushed: list[int] = []
+
+    @app.task(rates={"model:x": Rate(20, per=1.0, burst=1)})  # a token each 50 ms
+    async def call(n: int) -> int:
+        if n == 2 and not pushed:
+            pushed.append(n)
+            raise Throttled("model:x", retry_after=0.3)
+        return n
+
+    async with app:
+        jobs = [await call.enqueue(i, tenant="acme") for i in range(3)]
+        async with running_worker(app, concurrency=3):
+            assert [await j.result(timeout=WAIT) for j in jobs] == [0, 1, 2]
+        waited = await _explained(app, jobs[1].id)
+        pushed_back = await _explained(app, jobs[2].id)
+        info = await jobs[2].info()
+    parked = [s for s in waited.segments if s.what == "parked"]
+    assert parked and parked[0].cause == "rate" and parked[0].about == ("model:x",)
+    assert parked[0].why.startswith("parked on rate key model:x (20 per 1 s, burst 1)")
+    assert "rate" in waited.causes and waited.summary.endswith("; completed.")
+    # the pushback ended its first run; it ran again after the pause, its attempt given back
+    paused = [s for s in pushed_back.segments if s.what == "paused"]
+    assert len(paused) == 1 and (paused[0].cause, paused[0].about) == ("pushback", ("model:x",))
+    runs = [s for s in pushed_back.segments if s.what == "running"]
+    assert len(runs) == 2 and runs[0].why.endswith("(Throttled)")
+    assert pushed_back.segments.index(paused[0]) == pushed_back.segments.index(runs[0]) + 1
+    assert info.attempts == 1
+
+
+def test_the_explain_command_tells_a_waiting_job_when_its_tokens_are_due(
+    tmp_path: Path, namespace: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = f"rates_{namespace}"
+    (tmp_path / f"{module}.py").write_text(APP_SOURCE.format(name=namespace, url=redis_url))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+
+    async def one_waits() -> str:
+        app = make_app(namespace, redis_url)
+
+        @app.task(rates={"model:slow": Rate(1, per=60.0)})
+        async def call(n: int) -> int:
+            return n
+
+        async with app:
+            first = await call.enqueue(1, tenant="acme")
+            second = await call.enqueue(2, tenant="acme")
+            async with running_worker(app, concurrency=2):
+                await first.result(timeout=WAIT)
+
+                async def parked() -> bool:
+                    events = await app.store.job_events(second.id)
+                    return any(e.kind == "parked" for e in events)
+
+                await eventually(parked)
+        return second.id
+
+    job_id = asyncio.run(one_waits())
+    cli = typer.Typer()
+    cli.command("explain")(explain_command)
+    cli.command("noop")(lambda: None)  # two commands: the first is a subcommand, not the app
+    spec = f"{module}:app"
+    shown = CliRunner().invoke(cli, ["explain", spec, job_id], env={"COLUMNS": "250"})
+    assert shown.exit_code == 0, shown.output
+    print(shown.output)
+    text = " ".join(shown.output.split())
+    assert "parked on rate key model:slow (1 per 60 s, burst 1) in its tenant's group" in text
+    assert "its next tokens are due in" in text
+    assert "key model:slow: 1 per 60 s, burst 1;" in text
+    as_json = CliRunner().invoke(cli, ["explain", spec, job_id, "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    data = json.loads(as_json.output)
+    (row,) = data["rate_keys"]
+    assert row["key"] == "model:slow" and row["rate"]["per"] == 60.0 and row["cost"] == 1.0
+    assert row["due_ms"] is not None and row["tokens"] < 1.0
+    assert data["segments"][-1]["cause"] == "rate" and data["segments"][-1]["open"]

@@ -23,10 +23,11 @@ kind            detail
                 fairly): it is back in its tenant's queue with an offer on each
                 of its keys, which it takes with its worker slot (logged as
                 ``tok`` by earlier versions, which held the grant while queued)
-``pushback``    ``key``: the task raised ``Throttled`` for this key, which is
-                paused until ``until`` (ms); the job is due again then, its
-                attempt given back (``n`` pushbacks taken); past the bound it is
-                an ordinary ``retry``
+``pushback``    the task raised ``Throttled`` for a key it holds (``key``, when
+                logged; else the job's only key), which is paused until ``at``;
+                the job is due again then, its attempt given back; the pushed
+                attempt's ``start``, ``wk``, ``att``, ``qw``. Past the bound it
+                is an ordinary ``retry``
 ``retry``       ``delay`` ms, ``err`` error type, ``at`` when it is due again;
                 the failed attempt's ``start``, ``wk``, ``att`` and ``qw``
 ``suspended``   ``wait`` what a workflow run waits for, ``at`` its wake-up; the
@@ -372,7 +373,7 @@ class _Walk:
         # takes the key's slot in the same step as a worker slot, so this is lane time
         kind = "rate key" if key in self.rates.rates else "throttle key"
         by = f"{kind} {key}" if key else "its throttle key"
-        taken = " (its tokens taken)" if key in self.rates.rates else ""
+        taken = ", its tokens taken" if key in self.rates.rates else ""
         why = _Why(
             f"woken by {by}{taken} (its waiters served fairly by tenant), back in its "
             f"tenant's queue in class {self.cls} with an offer on its keys, taking the "
@@ -382,7 +383,21 @@ class _Walk:
         self.open(ms, "queued", why)
 
     def pushed_back(self, ms: int, d: Mapping[str, Any]) -> None:
-        key = field_text(d.get("key")) or "?"
+        # the event names its key when the store logs it; else the job's only key is it
+        held = {*self.rates.rates, *self.rates.adaptive, *self.record.limits}
+        key = field_text(d.get("key")) or (next(iter(held)) if len(held) == 1 else "")
+        if not key:
+            self.end_running(ms, "pushed back by the upstream on one of its keys (Throttled)")
+            self.open(
+                ms,
+                "paused",
+                _Why(
+                    "one of its keys paused by the upstream's pushback, due again at the "
+                    "pause's end with its attempt given back",
+                    "pushback",
+                ),
+            )
+            return
         until = field_int(d.get("until")) or field_int(d.get("at"))
         self.end_running(ms, f"pushed back by the upstream on key {key} (Throttled)")
         rate = self.rates.rates.get(key)
