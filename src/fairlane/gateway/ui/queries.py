@@ -34,7 +34,7 @@ from fairlane.app import App
 from fairlane.policy.classes import ClassView, allocate_observed
 from fairlane.store.views.fleet import declared_tasks, fleet_counts, running_slots
 from fairlane.store.views.lanes import LaneState
-from fairlane.store.views.rates import RateKeys, RateKeyView, rate_keys
+from fairlane.store.views.rates import UNLIMITED, RateKeys, RateKeyView, rate_keys
 from fairlane.store.views.tenants import lane_tenants
 from fairlane.store.views.throttles import throttles
 from fairlane.store.views.totals import split_stats
@@ -124,7 +124,10 @@ async def _throttles(app: App, rates: RateKeys) -> list[dict[str, Any]]:
     return [
         {
             "key": view.key,
-            "limit": view.limit,
+            # a key named only as a rate key has no concurrency limit: its row is here
+            # for its use, its tokens are in the rate keys' table
+            "limit": None if view.limit == UNLIMITED else view.limit,
+            "rate_key": rates.get(view.key) is not None,
             "in_use": view.in_use,
             "offers": view.offers,
             "jobs": view.jobs,
@@ -228,7 +231,7 @@ async def overview(app: App) -> dict[str, Any]:
     running = await app.store.view(running_slots, LEASE_LIMIT)
     # admission decisions per lane, class and reason are the metrics' business, not a card's
     stats, _ = split_stats(await app.stats())
-    rates = await app.store.view(rate_keys, RATE_LIMIT, HEAD)
+    rates = await app.store.view(rate_keys, RATE_LIMIT, HEAD, in_force=True)
     return {
         "app": app.name,
         "now_ms": await server_ms(app),

@@ -128,7 +128,7 @@ async function viewLive(main) {
     ...o.lanes.map(laneSection),
     h("section", { class: "card", id: "throttle-keys" }, h("h2", {}, "Throttle keys"),
       table(["key", "limit", "adaptive", "in use", "offered", "jobs naming it", "waiters", "first waiters"],
-        o.throttles.map((t) => [h("span", { class: "mono" }, t.key), t.limit ?? "-", adaptiveText(t.adaptive),
+        o.throttles.map((t) => [h("span", { class: "mono" }, t.key), t.limit ?? (t.rate_key ? "none (rate key)" : "-"), adaptiveText(t.adaptive),
           t.in_use, t.offers, t.jobs, t.waiters,
           h("span", {}, t.head.map((id) => [jobLink(id), " "]))]), "no throttle keys in use")),
     rateSection(o.rates, o.now_ms),
