@@ -17,12 +17,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from fairlane import Throttled
 from fairlane.metrics import MetricsConfig
 from fairlane.metrics.rates import labelled_keys, rate_families
 from fairlane.metrics.tenants import OTHER
 from fairlane.policy.rates import Adaptive, Rate
 from fairlane.store.views.rates import RateKeys, RateKeyView
-from tests.metrics.helpers import Samples, parse, series, value
+from tests.e2e.helpers import WAIT, make_app, running_worker
+from tests.metrics.helpers import Samples, parse, scrape_store, series, store_reader, value
 
 
 def _view(key: str, taken: float, **fields: Any) -> RateKeyView:
@@ -114,3 +116,47 @@ def test_the_grafana_dashboard_shows_every_rate_family() -> None:
         exported.add(family.name + ("_total" if family.type == "counter" else ""))
     assert used == exported - {"fairlane_rate_keys"}
     assert len(json.loads(dashboard)["panels"]) >= 22
+
+
+# -- a real store, written by real workers ----------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_scrape_counts_tokens_waits_and_a_pushback_per_key(
+    redis_url: str, namespace: str
+) -> None:
+    app = make_app(namespace, redis_url)
+    pushed: list[int] = []
+
+    @app.task(rates={"model:x": Rate(20, per=1.0, burst=1)})  # a token each 50 ms
+    async def call(n: int) -> int:
+        if n == 0 and not pushed:
+            pushed.append(n)
+            raise Throttled("model:x", retry_after=0.2, message="429 from the upstream")
+        return n
+
+    @app.task(limits={"model:ad": Adaptive(8, 2)})
+    async def adaptive(n: int) -> int:
+        return n
+
+    async with app:
+        jobs = [await call.enqueue(i, tenant="acme") for i in range(4)]
+        jobs.append(await adaptive.enqueue(9, tenant="acme"))
+        async with running_worker(app, concurrency=4):
+            assert [await j.result(timeout=WAIT) for j in jobs] == [0, 1, 2, 3, 9]
+        reader = store_reader(app, redis_url)
+        try:
+            got = await scrape_store(reader)
+        finally:
+            reader.close()
+    # four jobs took a token each, and the one pushed back took one more when it ran again
+    assert value(got, "fairlane_rate_tokens_admitted_total", key="model:x") == 5.0
+    assert value(got, "fairlane_rate_pushbacks_total", key="model:x") == 1.0
+    assert value(got, "fairlane_rate_woken_total", key="model:x") >= 3.0
+    assert value(got, "fairlane_rate_wait_seconds_total", key="model:x") > 0.0
+    assert value(got, "fairlane_rate_waiters", key="model:x") == 0.0
+    assert value(got, "fairlane_rate_keys") >= 1.0
+    # one success grew the adaptive key from its max: it stays at its max
+    assert value(got, "fairlane_adaptive_limit", key="model:ad") == 8.0
+    labels = series(got, "fairlane_rate_tokens_admitted_total")
+    assert {dict(k)["key"] for k in labels} == {"model:x", "model:ad"}  # no other
