@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from fairlane import Throttled
+import fairlane
+from fairlane import Estimate, Throttled
 from fairlane.metrics import MetricsConfig
 from fairlane.metrics.rates import labelled_keys, rate_families
 from fairlane.metrics.tenants import OTHER
@@ -160,3 +161,33 @@ async def test_a_scrape_counts_tokens_waits_and_a_pushback_per_key(
     assert value(got, "fairlane_adaptive_limit", key="model:ad") == 8.0
     labels = series(got, "fairlane_rate_tokens_admitted_total")
     assert {dict(k)["key"] for k in labels} == {"model:x", "model:ad"}  # no other
+
+
+@pytest.mark.anyio
+async def test_a_units_key_counts_refunds_and_debts(redis_url: str, namespace: str) -> None:
+    app = make_app(namespace, redis_url)
+    # refilling one unit a minute: the refund and the debt are what the corrections gave
+    rate = Rate(1, per=60.0, burst=50, cost="units")
+
+    @app.task(rates={"model:u": rate})
+    async def call(tokens: int) -> int:
+        fairlane.context().report_usage(input_tokens=tokens)
+        return tokens
+
+    async with app:
+        # declares 10 units, uses 2: 8 back; declares 0.01, uses 5: 4.99 owed
+        over = await call.enqueue(2_000, tenant="a", estimate=Estimate(input_tokens=10_000))
+        async with running_worker(app, concurrency=1):
+            await over.result(timeout=WAIT)
+            under = await call.enqueue(5_000, tenant="b", estimate=Estimate(input_tokens=10))
+            await under.result(timeout=WAIT)
+        reader = store_reader(app, redis_url)
+        try:
+            got = await scrape_store(reader)
+        finally:
+            reader.close()
+    assert value(got, "fairlane_rate_tokens_admitted_total", key="model:u") == pytest.approx(10.01)
+    assert value(got, "fairlane_rate_tokens_refunded_total", key="model:u") == pytest.approx(8.0)
+    assert value(got, "fairlane_rate_tokens_debt_total", key="model:u") == pytest.approx(4.99)
+    tokens = value(got, "fairlane_rate_tokens", key="model:u")
+    assert 43.0 <= tokens < 43.5  # 50 - 10 + 8 - 0.01 - 4.99, and what refilled in between

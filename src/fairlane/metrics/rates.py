@@ -14,7 +14,8 @@ so every process that scrapes the store exports the same totals:
 
 And read at the scrape, for the keys labelled:
 
-- ``fairlane_rate_tokens{key}``: the level now (below zero: a debt);
+- ``fairlane_rate_tokens{key}``: the level now (below zero: a debt); as last stored
+  when no job references the key (its rate, and so its refill, is then not known);
 - ``fairlane_rate_limit_per_second{key}``, ``fairlane_rate_burst{key}``: its rate in force;
 - ``fairlane_rate_paused_seconds{key}``: how long its pause still lasts (0: none);
 - ``fairlane_rate_waiters{key}``: jobs waiting for it (summed into ``other`` too);
