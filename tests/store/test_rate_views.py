@@ -269,6 +269,7 @@ async def test_jobs_waiting_for_tokens_are_the_keys_waiters_until_its_due_time(
 
 
 @pytest.mark.anyio
+@pytest.mark.contract
 async def test_a_keys_counters_and_an_expired_state_trimmed_from_the_index(
     redis_url: str, namespace: str
 ) -> None:
