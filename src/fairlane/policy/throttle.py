@@ -1,112 +1,155 @@
-"""Per-key concurrency throttles: tenant-fair waiting, offers, holds taken with a lane slot.
+"""Per-key throttles: concurrency limits and rates, tenant-fair waiting, offers.
 
-A job names a set of keys, each with a limit (``model:big`` <= 2, ``tenant:acme`` <=
-10, ``doc:884`` <= 4). It runs only while it holds one slot on *every* key it names,
-and it holds slots only while it also holds a lane slot. :class:`Throttles` is the pure
-model of that primitive: no Redis, no clock. The store runs the same steps as one
-atomic script each (``store/lua/throttle.lua``).
+A job names a set of keys, each with a concurrency limit (``model:big`` <= 2,
+``tenant:acme`` <= 10, ``doc:884`` <= 4, or ``Adaptive(max, min)``) and/or a rate
+(``Rate(90_000, per=60, cost="units")``). It runs only while it holds one slot on
+*every* key it names, and it holds slots only while it also holds a lane slot.
+:class:`Throttles` is the pure model of that primitive: no Redis, time passed in (ms).
+The store runs the same steps as one atomic script each (``store/lua/throttle.lua``
+with ``rates.lua``); ``docs/contracts/rates.md`` is the contract both follow, and
+``fairlane.policy.ratekeys`` holds the rate state and the choices made where it is
+silent.
 
 State of a key ``k``: its limit, ``in_use(k)`` (holders: jobs that run), ``o(k)``
 (offers: woken waiters on their way back to a lane slot), a virtual time ``V_k`` and
-its waiters, grouped by tenant. ``room(k) = limit(k) - in_use(k) - o(k)``.
+its waiters, grouped by tenant; ``room(k) = limit(k) - in_use(k) - o(k)``. A key with
+a rate also has a bucket (``fairlane.policy.rates``), maybe a pause, and maybe a due
+time. A job's cost ``cost_k`` on a rate key is 1 or its rate cost ``units``
+(``ratekeys.key_cost``).
 
 Rules
 -----
-* **Key order.** A job's keys are taken in sorted (code point) order. "The first full
-  key" always means the first in that order with ``room <= 0``.
-* **Limits in force.** Every arrival (``try_acquire`` of a job holding no offers) carries
-  a limit for each of its keys, which becomes the key's limit at once: the most recent
-  limit given applies. A waiter's limits are not applied again when it is woken or when
-  its offers are converted. A key is forgotten (limit, tags, all) once no job holds it,
-  is offered it or waits naming it.
-* **Taking keys happens only with a lane slot** (``try_acquire``, called by dispatch for
-  a job that has its lane slot). A job holding offers converts them into holds (``o -=
-  1``, ``in_use += 1`` on each key) iff every one of its keys has ``in_use < limit``; a
-  job holding none is admitted iff ``room(k) > 0`` on every key it names, and takes one
-  slot on each. An admission draws a grant token. Otherwise the job takes nothing
-  (offers it held are given back) and parks in its tenant's group on its first full
-  key. Dispatch does not charge the job's tenant in the lane's fair queue for a job
-  that parks.
+* **Key order.** A job's keys (those of its limits and rates) are taken in sorted
+  (code point) order. "The first blocking key" is the first in that order that blocks.
+* **Limits in force.** Every arrival (``try_acquire`` of a job holding no offers)
+  carries a limit for each key of its ``keys`` and a rate for each of its ``rates``,
+  which become the key's at once: the most recent given applies (a key named only in
+  ``rates`` keeps its limit, or has ``UNLIMITED``; one named only in ``keys`` keeps its
+  rate). An adaptive key's limit is ``floor(value)``. A waiter's limits are not applied
+  again when it is woken or when its offers are converted. A key is forgotten (limit,
+  rate, tags, all) once no job holds it, is offered it or waits naming it.
+* **Blocking.** Key ``j`` blocks a job at ``now`` iff ``room(j) <= 0``, or ``j`` has a
+  rate and (the job does not fit its bucket, or ``j`` has waiters and is not the key
+  being woken). The last clause keeps a job that happens to fit from overtaking
+  waiters that need more tokens (no barging).
+* **Taking keys happens only with a lane slot** (``try_acquire``, called by dispatch
+  for a job that has its lane slot). A job holding offers converts them into holds
+  (``o -= 1``, ``in_use += 1`` on each key) iff every one of its keys has ``in_use <
+  limit`` (its tokens were taken when it was woken); a job holding none is admitted
+  iff no key blocks it, and takes one slot on each key and ``cost_j`` tokens on each
+  rate key. An admission draws a grant token. Otherwise the job takes nothing (offers
+  it held are given back) and parks in its tenant's group on its first blocking key.
+  Dispatch does not charge the job's tenant in the lane's fair queue for a job that
+  parks.
 * **Waiter order.** Within a tenant group: highest ``priority`` first, then lowest
-  ``seq``, then job id. Between a key's groups: start-time fair queuing with the lane's
+  ``seq``, then job id. Between a key's groups: start-time fair queuing with the
   charge and the tenant's weight. A group that becomes non-empty starts at ``S_k(t) =
-  max(F_k(t), V_k)`` (``F_k(t)`` its finish tag, if any). The next group is the one with
-  the least ``(S_k(t), t)``.
-* **Wake.** While ``room(k) > 0`` and ``k`` has waiters, the head of the least-tag group
-  is taken out and tried on all its keys: if some key ``j`` has ``room(j) <= 0`` it
-  *moves* (holding nothing, uncharged) to its tenant's group on ``j``; otherwise it is
-  *woken*: it gets one offer on each of its keys (a :class:`Wake`), ``V_k = max(V_k,
-  S_k(t))`` and ``S_k(t) += charge / weight(t)`` (``charge`` as given when it parked:
-  1, or its expected cost in the lane's cost mode; ``weight`` the tenant's weight now).
+  max(F_k(t), V_k)`` (``F_k(t)`` its finish tag, if any). The next group is the one
+  with the least ``(S_k(t), t)``.
+* **Wake.** While ``room(k) > 0`` and ``k`` has waiters, take the head ``h`` of the
+  least-tag group. If ``k`` has a rate and ``h`` does not fit it, ``k`` is due at
+  ``due_at(h)`` exactly and the wake stops. Otherwise ``h`` is taken out and tried on
+  all its keys: if another key blocks it, it *moves* (holding nothing, uncharged) to
+  its tenant's group there; else it is *woken*: one offer on each of its keys (a
+  :class:`Wake`), ``cost_j`` tokens on each rate key, ``V_k = max(V_k, S_k(t))`` and
+  ``S_k(t) += c / weight(t)``, where ``c`` is ``cost_k(h)`` if ``k`` has a rate, else
+  the charge given when it parked (1, or its expected cost in the lane's cost mode).
   The caller puts a woken job back into its tenant's queue of its class. A group left
   empty keeps ``S`` as ``F_k(t)``; a finish tag ``<= V_k`` carries nothing and is
-  deleted. A key is woken after a release, a raised limit and offers given back; an
-  arrival's raised limits wake before the arrival is tried (the waiters came first).
+  deleted. A key is woken after a release, a raised limit or changed rate (an
+  arrival's, before the arrival is tried: the waiters came first), offers given back,
+  and when it is due (``wake_due``, which ``fetch`` runs first).
+* **Due.** A job that parks on, or moves to, a key that blocks it by its rate (not by
+  room) makes the key due no later than ``due_at`` of its own cost; a waiter leaving a
+  rate key that keeps waiters makes it due now; a pushback makes a key with waiters
+  due no earlier than the pause's end. Nothing polls: the due set is the only timer.
+* **An attempt ends** (``push_back``, then ``release``): a pushback pauses the key
+  (and cuts an adaptive key not paused already: once per pause); then each units key
+  is corrected by ``cost - used``, each adaptive key grows after a success, and the
+  slots are freed and the keys woken (a limit the growth raised included).
+* **Offers given back** (``cancel``, or converting after a lowered limit) refund
+  ``cost_j`` on each rate key and wake the job's keys.
 * **Fencing.** ``release(job, token)`` frees the slots of the job's current grant
   only, so a late duplicate (from a reclaimed run) is a no-op. ``cancel`` removes a
   waiter or gives a woken job's offers back (cancel, expiry); ``forget`` does whichever
   applies, or releases. All are idempotent.
 
-Invariants (between operations)
--------------------------------
+Invariants (between operations, at the time of the last one)
+------------------------------------------------------------
 I1. *One state.* A known job either holds a slot on each of its keys (it runs), or
     holds one offer on each (it waits in its lane), or holds nothing and is in exactly
     one tenant group of exactly one key.
 I2. *Never over the limit.* Every hold and every offer on ``k`` is made with room for
     it under the limit in force: an offer with ``room(k) > 0``, a hold with ``room(k) >
     0`` or (converting an offer) ``in_use(k) < limit(k)``. So ``in_use + o <= limit``
-    unless a limit was lowered, which preempts nobody and makes nothing new until the
-    excess drains.
-I3. *Work conservation, no barging.* A key with waiters has no room: ``waiters(k) !=
-    [] => room(k) <= 0``.
+    unless a limit was lowered (or an adaptive key cut), which preempts nobody and
+    makes nothing new until the excess drains. Every take of tokens is made with a fit.
+I3. *Work conservation, no barging.* A key with waiters has no room, or its head does
+    not fit its rate and the key is due no later than the head's fit time (or now).
 
 Proofs
 ------
 * **No lost wake-ups, no barging.** A waiter that could take all its keys would sit on
-  a key with room, contradicting I3. I3 holds after every operation: an arrival parks
-  only on a key without room; room grows only by a release, a raised limit or offers
-  given back, and every key that so gains room and has waiters is woken until it has no
-  room or no waiters; otherwise within an operation room only shrinks and waiters are
-  added only to keys without room. An arrival that finds room finds nobody waiting, so
+  a key with room whose head fits, contradicting I3. I3 holds after every operation:
+  an arrival parks only on a key that blocks it, lowering the key's due to its own fit
+  time when the key blocks by its rate; room grows only by a release, a raised limit
+  or offers given back, and a fit time moves earlier only by a refund or a changed
+  rate, and every key so changed that has waiters is woken (a release after a
+  correction included) until it has no room, no waiters, or a head that does not fit
+  (then due exactly at its fit time); a head changes only by a wake, by a waiter
+  joining (with its own due) or by one leaving (due now). An arrival that finds room
+  and its fit finds nobody waiting on a rate key, nor (by I3) on a key without one, so
   it overtakes nobody.
 * **No deadlock.** A waiter holds nothing; a woken job holds only offers, which its
   next dispatch converts in one step or gives back, and a lane slot does not wait on a
   key. So the wait-for graph has edges only from waiters to holders and offers, none
-  out of them: no cycle.
+  out of them: no cycle. A bucket always refills: a cost is at most the burst.
 * **Bounded work.** A wake of ``k`` pops the head of one of its groups and either
-  offers (room shrinks by one) or moves it to a key ``j`` without room; within an
-  operation room of ``j`` cannot grow after its own wake, so each waiter is tried at
-  most once per operation, and a wake of ``k`` pops at most ``|waiters(k)|`` jobs.
+  offers (room shrinks by one) or moves it to a key ``j`` that blocks it; within an
+  operation room and tokens of ``j`` cannot grow after its own wake, so each waiter is
+  tried at most once per operation, and a wake of ``k`` pops at most ``|waiters(k)|``
+  jobs.
 * **Fairness bound (start-time fair queuing on each key).** Let ``c_x`` be the largest
-  charge of tenant ``x``'s jobs and ``w_x`` its weight (fixed over the window). Every
-  active group's tag is ``>= V_k`` (groups start at ``>= V_k``; ``V_k`` rises only to
-  the least active tag), and a tenant's tag is at most one charge above ``V_k`` when
-  it is next served (``S <= V + c/w`` right after a wake, and a finish tag is such a
-  tag). Let tenant ``i`` be continuously backlogged on ``k`` over a window of wakes
-  and ``W_x`` the charge woken for ``x`` in it. Each tag ``j`` is served at is at most
-  ``i``'s tag then, so ``W_j / w_j <= W_i / w_i + c_i / w_i + c_j / w_j``. Summing over
-  the tenants served in the window, with ``w = w_i + sum w_j``::
+  charge of tenant ``x``'s jobs (its largest cost on ``k`` when ``k`` has a rate) and
+  ``w_x`` its weight (fixed over the window). Every active group's tag is ``>= V_k``
+  (groups start at ``>= V_k``; ``V_k`` rises only to the least active tag), and a
+  tenant's tag is at most one charge above ``V_k`` when it is next served (``S <= V +
+  c/w`` right after a wake, and a finish tag is such a tag). Let tenant ``i`` be
+  continuously backlogged on ``k`` over a window of wakes and ``W_x`` the charge woken
+  for ``x`` in it. Each tag ``j`` is served at is at most ``i``'s tag then, so ``W_j /
+  w_j <= W_i / w_i + c_i / w_i + c_j / w_j``. Summing over the tenants served in the
+  window, with ``w = w_i + sum w_j``::
 
       W_i >= (w_i / w) * W - (c_i + sum_{j != i} c_j)
 
   A backlogged tenant loses at most one maximal charge per other tenant plus one of its
   own against its weight share of the key's wakes (``tests/policy/test_throttle_bound``
-  checks it at every prefix of random runs).
+  checks it at every prefix of random runs). On a rate key the wakes are its tokens.
 
 Redis twin
 ----------
-``store/lua/throttle.lua`` keeps the same state under the app's hash tag (key patterns
-and fields in ``fairlane.store.keys``).
+``store/lua/throttle.lua`` and ``rates.lua`` keep the same state under the app's hash
+tag (key patterns and fields in ``fairlane.store.keys``).
 """
 
 from __future__ import annotations
 
-import bisect
-from collections import Counter
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from fairlane.policy.ratekeys import UNLIMITED, key_cost
+from fairlane.policy.rates import Adaptive, Rate, adaptive_limit
+from fairlane.policy.throttlekeys import (
+    KeyState,
+    KeyStatistics,
+    ThrottleState,
+    ThrottleStatistics,
+    Waiter,
+)
 
 __all__ = [
+    "UNLIMITED",
     "Acquired",
     "KeyStatistics",
     "Parked",
@@ -118,8 +161,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Wake:
-    """A waiter woken by ``key``: it holds one offer on each of ``keys`` and goes back
-    into its tenant's queue of its lane."""
+    """A waiter woken by ``key``: it holds one offer on each of ``keys`` (and its tokens
+    on each rate key) and goes back into its tenant's queue of its lane."""
 
     job_id: str
     keys: tuple[str, ...]
@@ -134,7 +177,7 @@ class Acquired:
     token: int
     keys: tuple[str, ...]
     wakes: tuple[Wake, ...] = ()
-    """Waiters woken first because this arrival raised a limit."""
+    """Waiters woken first because this arrival raised a limit or changed a rate."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,130 +190,78 @@ class Parked:
     """Waiters woken on the way (raised limits, offers this job gave back)."""
 
 
-@dataclass(frozen=True, slots=True)
-class KeyStatistics:
-    key: str
-    in_use: int
-    limit: int
-    offers: int
-    waiters: int
-
-
-@dataclass(frozen=True, slots=True)
-class ThrottleStatistics:
-    """A snapshot of :class:`Throttles`: counters since creation and the live keys."""
-
-    acquired: int
-    """Admissions (arrivals and converted offers): grant tokens drawn."""
-    parked: int
-    """Dispatched jobs that had to wait (again)."""
-    wakes: int
-    """Waiters woken with offers."""
-    moves: int
-    """Waiters moved by a wake to the group of another full key."""
-    released: int
-    """Releases (and reclaims) that freed a grant."""
-    cancelled: int
-    """Waiters removed and offers given back by ``cancel`` or ``forget``."""
-    keys: tuple[KeyStatistics, ...]
-    """Every live key, sorted."""
-
-
-_Entry = tuple[int, int, str]  # (-priority, seq, job_id)
-
-
-@dataclass(slots=True)
-class _Key:
-    limit: int
-    in_use: int = 0
-    offers: int = 0
-    refs: int = 0  # jobs holding it, offered it or waiting while naming it
-    vtime: float = 0.0
-    groups: dict[str, list[_Entry]] = field(default_factory=dict)  # tenant -> sorted
-    start: dict[str, float] = field(default_factory=dict)  # tenant with waiters -> S
-    finish: dict[str, float] = field(default_factory=dict)  # idle tenant -> F (> V)
-    epoch: dict[str, int] = field(default_factory=dict)  # tenant -> when its group formed
-
-    def room(self) -> int:
-        return self.limit - self.in_use - self.offers
-
-    def waiting(self) -> int:
-        return sum(len(g) for g in self.groups.values())
-
-
-@dataclass(slots=True)
-class _Waiter:
-    keys: tuple[str, ...]
-    entry: _Entry
-    tenant: str
-    charge: float
-    at: str
-
-
-class Throttles:
-    """Per-key concurrency limits with tenant-fair waiting and offers."""
-
-    def __init__(self, weights: Mapping[str, float] | None = None) -> None:
-        self._weights: Mapping[str, float] = {} if weights is None else weights
-        self._keys: dict[str, _Key] = {}
-        self._held: dict[str, tuple[int, tuple[str, ...]]] = {}  # job -> (token, keys)
-        self._offered: dict[str, tuple[str, ...]] = {}  # job -> keys it holds offers on
-        self._parked: dict[str, _Waiter] = {}
-        self._token = 0
-        self._epoch = 0
-        self._counts: Counter[str] = Counter()
+class Throttles(ThrottleState):
+    """Per-key concurrency limits and rates with tenant-fair waiting and offers."""
 
     # -- operations -------------------------------------------------------------------
 
     def try_acquire(
         self,
         job_id: str,
-        keys: Mapping[str, int],
+        keys: Mapping[str, int | Adaptive],
         priority: int,
         seq: int,
         *,
         tenant: str = "",
         charge: float = 1.0,
+        rates: Mapping[str, Rate] | None = None,
+        units: float = 1.0,
+        now: int = 0,
     ) -> Acquired | Parked:
-        """Dispatch of ``job_id`` with its lane slot: convert its offers, or admit it on
-        all of ``keys`` (key -> limit) at once, or park it. A job holding offers keeps
-        the keys and limits it was parked with (``keys`` is not applied)."""
+        """Dispatch of ``job_id`` with its lane slot at ``now``: convert its offers, or
+        admit it on all of ``keys`` (key -> limit) and ``rates`` (key -> rate) at once,
+        or park it. ``units`` is its rate cost. A job holding offers keeps the keys,
+        limits and rate cost it was parked with (``keys`` and ``rates`` are not
+        applied)."""
         if job_id in self._held or job_id in self._parked:
             raise ValueError(f"job {job_id!r} already holds or waits for slots")
         if seq < 0:
             raise ValueError(f"seq must be >= 0, got {seq}")
         if charge < 0:
             raise ValueError(f"charge must be >= 0, got {charge}")
+        if not math.isfinite(units) or units < 0:
+            raise ValueError(f"units must be a finite number >= 0, got {units}")
+        rates = {} if rates is None else rates
         offered = self._offered.pop(job_id, None)
         if offered is not None:
-            waiter = _Waiter(offered, (-priority, seq, job_id), tenant, charge, at="")
-            return self._convert(job_id, waiter)
+            entry = (-priority, seq, job_id)
+            waiter = Waiter(offered, entry, tenant, charge, "", self._units[job_id], now)
+            return self._convert(job_id, waiter, now)
         for key, limit in keys.items():
-            if limit < 0:
+            if not isinstance(limit, Adaptive) and limit < 0:
                 raise ValueError(f"limit for {key!r} must be >= 0, got {limit}")
-        order = tuple(sorted(keys))
-        raised: list[str] = []
-        for key in order:
-            state = self._keys.get(key)
-            if state is None:
-                state = self._keys[key] = _Key(limit=keys[key])
-            elif keys[key] > state.limit and state.groups:
-                raised.append(key)
-            state.limit = keys[key]
-            state.refs += 1
+        for key, rate in rates.items():
+            if not isinstance(rate, Rate):
+                raise TypeError(f"rate for {key!r} must be a Rate, got {rate!r}")
+        order = tuple(sorted({*keys, *rates}))
+        raised = [key for key in order if self._apply(key, keys.get(key), rates.get(key))]
+        self._units[job_id] = float(units)
         wakes: list[Wake] = []
         for key in raised:
-            self._wake(key, wakes)
-        blocker = self._first_full(order)
-        if blocker is None:
+            self._wake(key, wakes, now)
+        found = self._blocker(order, units, now)
+        if found is None:
             for key in order:
                 self._keys[key].in_use += 1
+            self._take(order, units, now)
             return Acquired(job_id, self._grant(job_id, order), order, tuple(wakes))
-        self._park(job_id, _Waiter(order, (-priority, seq, job_id), tenant, charge, blocker))
-        return Parked(job_id, blocker, tuple(wakes))
+        entry = (-priority, seq, job_id)
+        self._counts["parked"] += 1
+        self._enter(job_id, Waiter(order, entry, tenant, charge, found[0], units, now), found, now)
+        return Parked(job_id, found[0], tuple(wakes))
 
-    def release(self, job_id: str, token: int | None = None) -> list[Wake]:
-        """Free the job's slots and wake each freed key's waiters.
+    def release(
+        self,
+        job_id: str,
+        token: int | None = None,
+        *,
+        now: int = 0,
+        used: float | None = None,
+        succeeded: bool = False,
+    ) -> list[Wake]:
+        """The attempt of ``job_id`` ended at ``now``: correct each units key by what it
+        ``used`` (when known, ``>= 0``), grow each adaptive key after a success, free
+        the job's slots and wake each freed key's waiters.
 
         With ``token``, only the grant with that token is released. Releasing a job
         that holds nothing (or under another token) changes nothing and returns ``[]``.
@@ -281,20 +272,56 @@ class Throttles:
         del self._held[job_id]
         self._counts["released"] += 1
         keys = held[1]
+        cost_units = self._units.pop(job_id)
+        for key in keys:
+            state = self._keys[key]
+            rate = state.rate
+            if rate is not None and rate.units and used is not None and used >= 0:
+                cost = key_cost(rate, cost_units)
+                if cost != used:
+                    self._rates.correct(key, rate, cost - used, now)
+            if succeeded and state.adaptive is not None:
+                # the release's wake below is the one a raised limit needs
+                state.limit = adaptive_limit(self._rates.grow(key, state.adaptive))
         for key in keys:
             self._keys[key].in_use -= 1
         wakes: list[Wake] = []
-        self._wake_all(keys, wakes)
+        self._wake_all(keys, wakes, now)
         self._unref(keys)
         return wakes
 
-    def cancel(self, job_id: str) -> list[Wake]:
-        """A waiting job leaves (cancelled, expired): out of its group, or its offers
-        given back (and their keys woken). Nothing for a job that does neither."""
+    def push_back(
+        self, job_id: str, key: str, until: int, *, now: int, token: int | None = None
+    ) -> bool:
+        """The upstream behind ``key`` refused the attempt of ``job_id`` (which holds
+        ``key``; call it before :meth:`release`): ``key`` is paused until ``until``, an
+        adaptive key not paused already is cut, and a key with waiters is due no
+        earlier than the pause's end. Returns whether it cut; ``False`` and nothing
+        done for a job that does not hold ``key`` (under ``token``)."""
+        held = self._held.get(job_id)
+        if held is None or (token is not None and held[0] != token) or key not in held[1]:
+            return False
+        state = self._keys[key]
+        cut = False
+        if not self._rates.pause(key, until, now) and state.adaptive is not None:
+            state.limit = adaptive_limit(self._rates.cut(key, state.adaptive))
+            cut = True
+        if state.groups:
+            self._rates.raise_due(key, self._rates.paused_until(key))
+        return cut
+
+    def cancel(self, job_id: str, *, now: int = 0) -> list[Wake]:
+        """A waiting job leaves (cancelled, expired): out of its group (a rate key that
+        keeps waiters is due now, for its new head), or its offers and tokens given back
+        (and their keys woken). Nothing for a job that does neither."""
         waiter = self._parked.pop(job_id, None)
         if waiter is not None:
-            self._leave_group(waiter)
+            state = self._keys[waiter.at]
+            state.leave(waiter.tenant, waiter.entry)
+            if state.rate is not None and state.groups:
+                self._rates.lower_due(waiter.at, now)
             self._unref(waiter.keys)
+            del self._units[job_id]
             self._counts["cancelled"] += 1
             return []
         offered = self._offered.pop(job_id, None)
@@ -302,109 +329,56 @@ class Throttles:
             return []
         self._counts["cancelled"] += 1
         wakes: list[Wake] = []
-        self._give_back(offered, wakes)
+        self._give_back(offered, self._units.pop(job_id), wakes, now)
         self._unref(offered)
         return wakes
 
-    def forget(self, job_id: str) -> list[Wake]:
-        """Crash or reclaim: release the job's slots, cancel its wait or give its offers
-        back, whichever applies. Idempotent."""
+    def forget(self, job_id: str, *, now: int = 0) -> list[Wake]:
+        """Crash or reclaim: release the job's slots (no correction, no growth), cancel
+        its wait or give its offers back, whichever applies. Idempotent."""
         if job_id in self._held:
-            return self.release(job_id)
-        return self.cancel(job_id)
+            return self.release(job_id, now=now)
+        return self.cancel(job_id, now=now)
 
-    # -- reads ------------------------------------------------------------------------
+    def wake_due(self, now: int) -> list[Wake]:
+        """Wake the keys due at or before ``now`` (``fetch`` runs it first)."""
+        wakes: list[Wake] = []
+        for key in self._rates.pop_due(now):
+            if key in self._keys:
+                self._wake(key, wakes, now)
+        return wakes
 
-    def in_use(self, key: str) -> int:
-        state = self._keys.get(key)
-        return 0 if state is None else state.in_use
-
-    def offers(self, key: str) -> int:
-        state = self._keys.get(key)
-        return 0 if state is None else state.offers
-
-    def limit(self, key: str) -> int | None:
-        """The limit in force for ``key``, or ``None`` if no job names it."""
-        state = self._keys.get(key)
-        return None if state is None else state.limit
-
-    def vtime(self, key: str) -> float:
-        state = self._keys.get(key)
-        return 0.0 if state is None else state.vtime
-
-    def groups(self, key: str) -> dict[str, tuple[str, ...]]:
-        """Each tenant waiting on ``key`` -> its jobs in wake order."""
-        state = self._keys.get(key)
-        if state is None:
-            return {}
-        return {t: tuple(e[2] for e in g) for t, g in sorted(state.groups.items())}
-
-    def start_tags(self, key: str) -> dict[str, float]:
-        state = self._keys.get(key)
-        return {} if state is None else dict(sorted(state.start.items()))
-
-    def finish_tags(self, key: str) -> dict[str, float]:
-        state = self._keys.get(key)
-        return {} if state is None else dict(sorted(state.finish.items()))
-
-    def epoch(self, key: str, tenant: str) -> int | None:
-        """A serial number of the moment the tenant's group on ``key`` last became
-        non-empty (``None`` while it is empty): equal at two moments iff it stayed
-        backlogged in between."""
-        state = self._keys.get(key)
-        return None if state is None else state.epoch.get(tenant)
-
-    def waiters(self, key: str) -> tuple[str, ...]:
-        """The jobs parked on ``key``, by tenant then in each group's order."""
-        return tuple(j for g in self.groups(key).values() for j in g)
-
-    def holds(self, job_id: str) -> tuple[str, ...] | None:
-        """The keys ``job_id`` holds a slot on, or ``None`` if it holds nothing."""
-        held = self._held.get(job_id)
-        return None if held is None else held[1]
-
-    def token(self, job_id: str) -> int | None:
-        held = self._held.get(job_id)
-        return None if held is None else held[0]
-
-    def offered(self, job_id: str) -> tuple[str, ...] | None:
-        """The keys a woken job holds offers on, or ``None``."""
-        return self._offered.get(job_id)
-
-    def parked_on(self, job_id: str) -> str | None:
-        """The key whose group holds ``job_id``, or ``None`` if it is not waiting."""
-        waiter = self._parked.get(job_id)
-        return None if waiter is None else waiter.at
-
-    def waiter(self, job_id: str) -> tuple[str, int, int, str, float] | None:
-        """A parked job's (key, priority, seq, tenant, charge), or ``None``."""
-        w = self._parked.get(job_id)
-        return None if w is None else (w.at, -w.entry[0], w.entry[1], w.tenant, w.charge)
-
-    def wants(self, job_id: str) -> tuple[str, ...] | None:
-        """All the keys a parked job waits to take, or ``None`` if it is not waiting."""
-        waiter = self._parked.get(job_id)
-        return None if waiter is None else waiter.keys
-
-    def statistics(self) -> ThrottleStatistics:
-        keys = tuple(
-            KeyStatistics(key, s.in_use, s.limit, s.offers, s.waiting())
-            for key, s in sorted(self._keys.items())
-        )
-        c = self._counts
-        return ThrottleStatistics(
-            acquired=c["acquired"],
-            parked=c["parked"],
-            wakes=c["wakes"],
-            moves=c["moves"],
-            released=c["released"],
-            cancelled=c["cancelled"],
-            keys=keys,
-        )
+    def next_due(self) -> int | None:
+        """When the next key is due (ms), or ``None``: idle workers sleep until then."""
+        return self._rates.next_due()
 
     # -- steps ------------------------------------------------------------------------
 
-    def _convert(self, job_id: str, waiter: _Waiter) -> Acquired | Parked:
+    def _apply(self, key: str, limit: int | Adaptive | None, rate: Rate | None) -> bool:
+        """Make an arrival's limit and rate for ``key`` the ones in force; returns
+        whether that raised its limit or changed its rate while it has waiters."""
+        state = self._keys.get(key)
+        if state is None:
+            state = self._keys[key] = KeyState(limit=UNLIMITED)
+            fresh = True
+        else:
+            fresh = False
+        before, rate_before = state.limit, state.rate
+        if isinstance(limit, Adaptive):
+            state.adaptive = limit
+            state.limit = adaptive_limit(self._rates.value(key, limit))
+        elif limit is not None:
+            state.adaptive = None
+            state.limit = limit
+        if rate is not None:
+            state.rate = rate
+        state.refs += 1
+        changed = state.limit > before or (
+            rate is not None and rate_before is not None and rate != rate_before
+        )
+        return changed and not fresh and bool(state.groups)
+
+    def _convert(self, job_id: str, waiter: Waiter, now: int) -> Acquired | Parked:
         keys = waiter.keys
         if all(self._keys[k].in_use < self._keys[k].limit for k in keys):
             for key in keys:
@@ -412,26 +386,53 @@ class Throttles:
                 state.offers -= 1
                 state.in_use += 1
             return Acquired(job_id, self._grant(job_id, keys), keys)
-        # a limit was lowered under the offer: give it back and wait again
+        # a limit was lowered under the offer: give it and its tokens back, wait again
         for key in keys:
             self._keys[key].offers -= 1
-        blocker = self._first_full(keys)
-        assert blocker is not None  # the key whose in_use reached its limit
-        waiter.at = blocker
-        self._park(job_id, waiter)
+        self._refund(keys, waiter.units, now)
+        found = self._blocker(keys, waiter.units, now)
+        assert found is not None  # the key whose in_use reached its limit
+        waiter.at = found[0]
+        self._counts["parked"] += 1
+        self._enter(job_id, waiter, found, now)
         wakes: list[Wake] = []
-        self._wake_all(keys, wakes)
-        return Parked(job_id, blocker, tuple(wakes))
+        self._wake_all(keys, wakes, now)
+        return Parked(job_id, found[0], tuple(wakes))
 
-    def _give_back(self, keys: tuple[str, ...], wakes: list[Wake]) -> None:
+    def _give_back(self, keys: tuple[str, ...], units: float, wakes: list[Wake], now: int) -> None:
         for key in keys:
             self._keys[key].offers -= 1
-        self._wake_all(keys, wakes)
+        self._refund(keys, units, now)
+        self._wake_all(keys, wakes, now)
 
-    def _first_full(self, keys: tuple[str, ...]) -> str | None:
+    def _refund(self, keys: tuple[str, ...], units: float, now: int) -> None:
         for key in keys:
-            if self._keys[key].room() <= 0:
-                return key
+            rate = self._keys[key].rate
+            if rate is not None:
+                self._rates.correct(key, rate, key_cost(rate, units), now)
+
+    def _take(self, keys: tuple[str, ...], units: float, now: int) -> None:
+        for key in keys:
+            rate = self._keys[key].rate
+            if rate is not None:
+                self._rates.take(key, rate, key_cost(rate, units), now)
+
+    def _blocker(
+        self, keys: tuple[str, ...], units: float, now: int, waking: str | None = None
+    ) -> tuple[str, Rate | None] | None:
+        """The first of ``keys`` that blocks a job of rate cost ``units`` at ``now``,
+        with its rate when it blocks by its rate (``None``: by room); ``waking`` is the
+        key being woken, whose waiters do not block."""
+        for key in keys:
+            state = self._keys[key]
+            if state.room() <= 0:
+                return key, None
+            rate = state.rate
+            if rate is not None and (
+                (key != waking and state.groups)
+                or not self._rates.fits(key, rate, key_cost(rate, units), now)
+            ):
+                return key, rate
         return None
 
     def _grant(self, job_id: str, keys: tuple[str, ...]) -> int:
@@ -440,69 +441,54 @@ class Throttles:
         self._counts["acquired"] += 1
         return self._token
 
-    def _park(self, job_id: str, waiter: _Waiter) -> None:
-        self._counts["parked"] += 1
-        self._enter_group(job_id, waiter)
-
-    def _enter_group(self, job_id: str, waiter: _Waiter) -> None:
-        state, tenant = self._keys[waiter.at], waiter.tenant
-        group = state.groups.get(tenant)
-        if group is None:
-            group = state.groups[tenant] = []
-            finish = state.finish.pop(tenant, None)
-            state.start[tenant] = state.vtime if finish is None else max(finish, state.vtime)
-            self._epoch += 1
-            state.epoch[tenant] = self._epoch
-        bisect.insort(group, waiter.entry)
+    def _enter(self, job_id: str, waiter: Waiter, found: tuple[str, Rate | None], now: int) -> None:
+        """Put a waiter in its tenant's group on ``found``'s key; a key blocking it by
+        its rate is due no later than the waiter's own fit time."""
+        key, rate = found
+        self._epoch += 1
+        self._keys[key].join(waiter.tenant, waiter.entry, self._epoch)
         self._parked[job_id] = waiter
+        if rate is not None:
+            cost = key_cost(rate, waiter.units)
+            self._rates.lower_due(key, self._rates.due_at(key, rate, cost, now))
 
-    def _leave_group(self, waiter: _Waiter) -> None:
-        state, tenant = self._keys[waiter.at], waiter.tenant
-        group = state.groups[tenant]
-        del group[bisect.bisect_left(group, waiter.entry)]
-        if not group:
-            self._idle(state, tenant)
-
-    @staticmethod
-    def _idle(state: _Key, tenant: str) -> None:
-        del state.groups[tenant], state.epoch[tenant]
-        tag = state.start.pop(tenant)
-        if tag > state.vtime:
-            state.finish[tenant] = tag
-
-    def _wake_all(self, keys: tuple[str, ...], wakes: list[Wake]) -> None:
+    def _wake_all(self, keys: tuple[str, ...], wakes: list[Wake], now: int) -> None:
         for key in keys:
             state = self._keys[key]
             if state.groups and state.room() > 0:
-                self._wake(key, wakes)
+                self._wake(key, wakes, now)
 
-    def _wake(self, key: str, out: list[Wake]) -> None:
-        """Hand ``key``'s room to its waiters, least tag first, until it has no room or
-        nobody waits."""
+    def _wake(self, key: str, out: list[Wake], now: int) -> None:
+        """Hand ``key``'s room (and tokens) to its waiters, least tag first, until it has
+        no room, nobody waits, or its head does not fit (then it is due at its fit)."""
         state = self._keys[key]
+        rate = state.rate
         while state.groups and state.room() > 0:
-            tenant = min(state.groups, key=lambda t: (state.start[t], t))
-            job_id = state.groups[tenant][0][2]
-            waiter = self._parked.pop(job_id)
-            state.groups[tenant].pop(0)
-            blocker = self._first_full(waiter.keys)
-            if blocker is not None:  # blocker != key: key has room
+            tenant, job_id = state.head()
+            waiter = self._parked[job_id]
+            charge = waiter.charge
+            if rate is not None:
+                charge = key_cost(rate, waiter.units)
+                if not self._rates.fits(key, rate, charge, now):
+                    self._rates.set_due(key, self._rates.due_at(key, rate, charge, now))
+                    return
+            del self._parked[job_id]
+            state.pop_head(tenant)
+            found = self._blocker(waiter.keys, waiter.units, now, waking=key)
+            if found is not None:  # found[0] != key: key has room, its head fits
                 if not state.groups[tenant]:
-                    self._idle(state, tenant)
-                waiter.at = blocker
-                self._enter_group(job_id, waiter)
+                    state.idle(tenant)
+                waiter.at = found[0]
+                self._enter(job_id, waiter, found, now)
                 self._counts["moves"] += 1
                 continue
             for k in waiter.keys:
                 self._keys[k].offers += 1
+            self._take(waiter.keys, waiter.units, now)
             self._offered[job_id] = waiter.keys
-            tag = state.start[tenant]
-            if tag > state.vtime:
-                state.vtime = tag
-                state.finish = {t: f for t, f in state.finish.items() if f > tag}
-            state.start[tenant] = tag + waiter.charge / self._weights.get(tenant, 1.0)
-            if not state.groups[tenant]:
-                self._idle(state, tenant)
+            state.serve(tenant, charge, self._weights.get(tenant, 1.0))
+            if rate is not None:
+                self._rates.note_wake(key, now - waiter.since)
             out.append(Wake(job_id, waiter.keys, key))
             self._counts["wakes"] += 1
 
