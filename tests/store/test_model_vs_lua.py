@@ -710,7 +710,7 @@ class LuaVsModel(StoreMachine):
         lua_parked = {}
         for k, v in snap.thr.items():
             if k.startswith("p:"):
-                at, _, _, tenant, _, *names = v.split("\t")
+                at, _, _, tenant, _, _, _, *names = v.split("\t")
                 lua_parked[k[2:]] = (at, tenant, tuple(names))
         assert lua_parked == parked
         assert int(snap.thr.get("tok", 0)) == stats.acquired
