@@ -24,7 +24,7 @@ from fairlane.cli.explain import explain as explain_command
 from fairlane.policy.rates import Adaptive, Rate
 from fairlane.store.explain import Explanation, explain, rate_keys_now, rate_text
 from fairlane.store.records import Event
-from fairlane.store.views.rates import JobRates, RateKeyView, job_rates
+from fairlane.store.views.rates import JobRates, RateKeyView, job_rates, rate_keys
 from tests.e2e.helpers import WAIT, eventually, make_app, running_worker
 
 RATE = Rate(2, per=1.0)
@@ -203,6 +203,7 @@ async def test_a_job_that_waited_for_tokens_and_one_pushed_back_end_to_end(
     assert len(paused) == 1 and (paused[0].cause, paused[0].about) == ("pushback", ("model:x",))
     runs = [s for s in pushed_back.segments if s.what == "running"]
     assert len(runs) == 2 and runs[0].why.endswith("(Throttled)")
+    assert (runs[0].cause, runs[1].cause) == ("pushback", "")
     assert pushed_back.segments.index(paused[0]) == pushed_back.segments.index(runs[0]) + 1
     assert info.attempts == 1
 
@@ -254,3 +255,38 @@ def test_the_explain_command_tells_a_waiting_job_when_its_tokens_are_due(
     assert row["key"] == "model:slow" and row["rate"]["per"] == 60.0 and row["cost"] == 1.0
     assert row["due_ms"] is not None and row["tokens"] < 1.0
     assert data["segments"][-1]["cause"] == "rate" and data["segments"][-1]["open"]
+
+
+@pytest.mark.anyio
+async def test_a_job_paused_by_its_keys_pushback_is_told_the_pause_and_its_cause(
+    redis_url: str, namespace: str
+) -> None:
+    app = make_app(namespace, redis_url)
+
+    @app.task(rates={"model:p": Rate(100, per=1.0)})
+    async def call(n: int) -> int:
+        raise Throttled("model:p", retry_after=60.0, message="429 from the upstream")
+
+    async with app:
+        job = await call.enqueue(1, tenant="acme")
+        async with running_worker(app, concurrency=1):
+
+            async def pushed() -> bool:
+                return any(e.kind == "pushback" for e in await app.store.job_events(job.id))
+
+            await eventually(pushed)
+        answer = await _explained(app, job.id)
+        view = (await app.store.view(rate_keys)).get("model:p")
+    last = answer.segments[-1]
+    assert (last.what, last.open, last.cause, last.about) == (
+        "paused",
+        True,
+        "pushback",
+        ("model:p",),
+    )
+    assert "the key is paused (429 from the upstream) for" in last.why
+    assert view is not None and view.paused and view.pause_cause == "429 from the upstream"
+    assert view.pushbacks == 1 and answer.status == "scheduled"
+    run = answer.segments[-2]
+    assert (run.what, run.cause, run.about) == ("running", "pushback", ("model:p",))
+    assert "(pushed back by the upstream, its attempt given back)" in answer.summary

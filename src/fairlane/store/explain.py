@@ -63,6 +63,7 @@ what it names), and one summary sentence. Both are pure.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -105,7 +106,8 @@ class Segment:
     ``rate`` (a rate key short of tokens or paused), ``pushback`` (its own attempt was
     pushed back by the upstream), ``admission``, ``schedule``, ``backoff`` or
     ``workflow``; ``about`` what that cause names: the borrowing classes, the throttle
-    or rate key, the deferral reason, the error."""
+    or rate key, the deferral reason, the error. A running segment has no cause but
+    ``pushback`` when the upstream pushed that attempt back (its attempt given back)."""
 
     from_ms: int
     to_ms: int
@@ -386,8 +388,8 @@ class _Walk:
         # the event names its key when the store logs it; else the job's only key is it
         held = {*self.rates.rates, *self.rates.adaptive, *self.record.limits}
         key = field_text(d.get("key")) or (next(iter(held)) if len(held) == 1 else "")
+        self._pushed_run(ms, key)
         if not key:
-            self.end_running(ms, "pushed back by the upstream on one of its keys (Throttled)")
             self.open(
                 ms,
                 "paused",
@@ -399,7 +401,6 @@ class _Walk:
             )
             return
         until = field_int(d.get("until")) or field_int(d.get("at"))
-        self.end_running(ms, f"pushed back by the upstream on key {key} (Throttled)")
         rate = self.rates.rates.get(key)
         shown = f" ({rate_text(rate)})" if rate is not None else ""
         pause = f" for {format_ms(until - ms)}" if until is not None and until > ms else ""
@@ -413,6 +414,16 @@ class _Walk:
                 (key,),
             ),
         )
+
+    def _pushed_run(self, ms: int, key: str) -> None:
+        """End the running attempt the upstream pushed back: its cause says so (the
+        attempt is given back, so its number is not the job's count)."""
+        on = f"key {key}" if key else "one of its keys"
+        self.end_running(ms, f"pushed back by the upstream on {on} (Throttled)")
+        last = self.segments[-1] if self.segments else None
+        if last is not None and last.what == "running" and last.to_ms == ms:
+            about = (key,) if key else ()
+            self.segments[-1] = dataclasses.replace(last, cause="pushback", about=about)
 
     def live(self) -> None:
         """The segment still open, told what its rate key says now."""
@@ -580,6 +591,8 @@ def _summary(status: str, segments: Sequence[Segment], max_attempts: int | None)
     if runs:
         last = runs[-1]
         notes = [f"attempt {last.attempt}" + (f" of {max_attempts}" if max_attempts else "")]
+        if last.cause == "pushback":  # the attempt was given back: no number to show
+            notes = ["pushed back by the upstream, its attempt given back"]
         before = segments[: segments.index(last)]
         backoffs = [s for s in before if s.what == "backoff"]
         if backoffs:
