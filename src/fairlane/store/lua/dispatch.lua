@@ -9,7 +9,8 @@ local function new_dispatch(keys, p, lane, budget, now, tally)
   local sk = lane_key(p, lane, 'state')
   local cx = {keys = keys, p = p, lane = lane, now = now, tally = tally, sk = sk,
     weights = {}, tlimits = {}, trates = {}, vt = {}, delta = {}, runs = {},
-    f = {}, d = {}, heads = {}, w = {}, age = {}, cap = 0, batch = math.min(budget, 100)}
+    f = {}, d = {}, heads = {}, w = {}, age = {}, cap = 0, batch = math.min(budget, 100),
+    parks = 0}
   local declared = redis.call('HMGET', sk, 'table', 'charge')
   cx.tbl = cjson.decode(declared[1] or DEFAULT_CLASSES)
   cx.cost_mode = declared[2] == 'cost'
@@ -224,6 +225,7 @@ local function admit(cx, id, f)
   redis.call('HSET', jk, 'st', 'throttled')
   log_event(cx.p, id, cx.now, 'parked', {key = blocker or ''})
   count(cx.tally, 'throttled')
+  cx.parks = cx.parks + 1
   return false, wakes
 end
 
@@ -331,7 +333,9 @@ local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
   while true do
     local x = choose_class(cx.levels, cx.f, cx.w, cx.d, cx.age)
     local h = x and cx.heads[x]
-    if not h or h[3] > budget - given then
+    -- a backlog parking on its keys parks a bounded part per call: the rest is left for
+    -- the next fetch, which the lane's wake signal brings
+    if not h or h[3] > budget - given or cx.parks >= rates.PARK_BUDGET then
       flush_dispatch(cx)
       return given, h and true or false
     end
