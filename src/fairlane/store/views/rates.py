@@ -150,6 +150,7 @@ class RateKeyView:
     due_ms: int | None = None
     """When the server wakes its waiters (it is blocked by its rate and has some)."""
     written_ms: int = 0
+    """Its score in the index: when the scripts wrote its state (0: in force, no state)."""
     shards: int = 1
 
     @property
