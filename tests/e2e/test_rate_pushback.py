@@ -67,11 +67,6 @@ async def start_of(app: App, job_id: str) -> int:
 # no other arrival: the blocking rule reads a pause only through a rate's bucket (`fits`
 # in docs/contracts/rates.md, `first_full` in throttle.lua), while the issue pauses "any
 # key the job holds (a rate key or a throttle key of limits=)" for every job on it.
-NO_PAUSE_WITHOUT_A_RATE = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="a pause on a concurrency-only key does not block other arrivals",
-)
 FACETS: dict[str, dict[str, Any]] = {
     "rate": {"rates": {KEY: Rate(100, per=1.0)}},
     "limit": {"limits": {KEY: 8}},
@@ -83,8 +78,8 @@ FACETS: dict[str, dict[str, Any]] = {
     "facet",
     [
         "rate",
-        pytest.param("limit", marks=NO_PAUSE_WITHOUT_A_RATE),
-        pytest.param("adaptive", marks=NO_PAUSE_WITHOUT_A_RATE),
+        "limit",
+        "adaptive",
     ],
 )
 async def test_throttled_pauses_the_key_for_everyone_and_gives_the_attempt_back(

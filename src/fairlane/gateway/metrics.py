@@ -154,7 +154,7 @@ class GatewayMetrics:
             shards=app.shards,
             tables=app.lanes,
         )
-        self._store.collector = StoreCollector(self.reader)
+        self._store.collector = StoreCollector(self.reader, self.config.key_top_n)
 
     def close(self) -> None:
         reader, self.reader, self._store.collector = self.reader, None, None

@@ -44,6 +44,9 @@ from fairlane.store.wire import Fetched, FetchedJob, Outcome, StoreUnavailable
 
 __all__ = ["ShardLoop"]
 
+#: The server's clock tick at its default hz (10): how late it may end a blocked read.
+SERVER_TICK = 0.1
+
 log = logging.getLogger("fairlane.worker")
 
 
@@ -260,6 +263,16 @@ class ShardLoop:
         if timeout is None:
             return None
         self.settler.idle()
+        loop = asyncio.get_running_loop()
+        # The server ends a blocked read's timeout only on its clock tick (1/hz, 100 ms by
+        # default): a wait that ends at a due time (a rate key's next tokens, a scheduled
+        # job) blocks until a tick before it and sleeps the rest here, so it ends on time.
+        due_at = loop.time() + timeout if timeout < settings.idle_block else None
+        if due_at is not None:
+            timeout -= SERVER_TICK
+            if timeout <= 0:
+                await wait_or_stop(stopping, due_at - loop.time())
+                return None
         registered = settings.worker_id if self.idle_ms() else None
         waiter = asyncio.ensure_future(
             self.store.wait_for_work(settings.lanes, timeout, registered)
@@ -280,6 +293,8 @@ class ShardLoop:
         finally:
             self.idle_waiter = None
             self.settler.carrier_active = True
+        if woken is False and due_at is not None and due_at > loop.time():
+            await wait_or_stop(stopping, due_at - loop.time())
         return woken if isinstance(woken, FetchedJob) else None
 
     # -- ending ----------------------------------------------------------------------

@@ -57,7 +57,7 @@ end
 
 -- The upstream behind a key pushed back on an attempt (kind 'throttle', payload
 -- '<key>\n<error JSON>'): the key is paused `delay` ms for everyone (thr_push_back) if
--- the job holds it. Returns the error, and whether the pushback applied.
+-- the job holds it. Returns the error, whether the pushback applied, and the key.
 function rates.push_back_key(keys, id, token, payload, delay, now)
   local key, err = string.match(payload or '', '^([^\n]*)\n(.*)$')
   if not key then
@@ -65,7 +65,8 @@ function rates.push_back_key(keys, id, token, payload, delay, now)
   end
   local ok, decoded = pcall(cjson.decode, err)
   local cause = ok and type(decoded) == 'table' and tostring(decoded.message or '') or ''
-  return err, token ~= nil and rates.thr_push_back(keys, id, token, key, now + delay, now, cause)
+  return err, token ~= nil and rates.thr_push_back(keys, id, token, key, now + delay, now, cause),
+    key
 end
 
 -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
@@ -102,9 +103,10 @@ local function apply_acks(keys, p, acks, now, tally)
       tally.ended[ek] = (tally.ended[ek] or 0) + slots_of(f[11])
       freed[f[9]] = true
       local cost = tonumber(a[6]) or -1
-      local pushed = false
+      local pushed, pushed_key = false, nil
       if kind == 'throttle' then
-        payload, pushed = rates.push_back_key(keys, id, f[12], payload, tonumber(a[5]) or 0, now)
+        payload, pushed, pushed_key =
+          rates.push_back_key(keys, id, f[12], payload, tonumber(a[5]) or 0, now)
       end
       if f[12] then
         -- its release may wake waiters back into their queues, and a tenant activated
@@ -127,7 +129,7 @@ local function apply_acks(keys, p, acks, now, tally)
       end
       local meta = {f[3], f[4], f[5], f[6], f[15], f[9], f[10], f[13], f[18], f[19]}
       if kind == 'throttle' and pushed then
-        rates.push_back(keys, p, id, tonumber(a[5]) or 0, payload, now, tally, meta)
+        rates.push_back(keys, p, id, tonumber(a[5]) or 0, payload, now, tally, meta, pushed_key)
       elseif kind == 'throttle' and (tonumber(f[7]) or 0) >= (tonumber(f[8]) or 1) then
         dead_letter(keys, p, id, payload, now, tally, meta)
       elseif kind == 'throttle' then

@@ -9,7 +9,9 @@
 --   <p>rates       zset  every rate key seen -> when its state was created (ms)
 --   <p>ratedue     zset  rate-blocked key with waiters -> when it is due: the only timer
 -- and in KEYS[THR]: rp:<key> the rate in force 'limit,per_ms,burst,units', ad:<key> an
--- adaptive key's 'max,min', c:<job> the rate cost (units) of a job holding rate keys.
+-- adaptive key's 'max,min', pz:<key> the end of its pause (any key: it blocks arrivals;
+-- kept past the key's last job while the pause lasts), c:<job> the rate cost (units) of
+-- a job holding rate or adaptive keys.
 -- One table, so that the library's main chunk keeps its locals.
 
 local rates = {UNLIMITED = 2147483647, IDLE_MS = 3600000, DUE_BATCH = 64, PARK_BUDGET = 256,
@@ -164,6 +166,8 @@ function rates.pause(keys, key, untl, now, cause)
   local pu = tonumber(v[1]) or 0
   local fresh = redis.call('EXISTS', sk) == 0
   redis.call('HSET', sk, 'pu', math.max(pu, untl), 'pc', string.sub(cause or '', 1, 200))
+  -- what blocks arrivals on the key, rate or not, read with its room
+  redis.call('HSET', keys[THR], 'pz:' .. key, math.max(pu, untl))
   redis.call('HINCRBY', sk, 'pn', 1)
   local rate = rates.parse(redis.call('HGET', keys[THR], 'rp:' .. key))
   local t = tonumber(v[2])

@@ -137,8 +137,8 @@ end
 local EXPIRED_ERR = '{"type":"DeadlineExceeded","message":"the deadline passed before the job could run","traceback":""}'
 
 -- Schedule a retry `delay` ms from now, unless that is past the job's deadline (`what`:
--- the event and counter, 'retry' unless it is a pushback).
-local function schedule_retry(keys, p, id, delay, err, now, tally, what)
+-- the event and counter, 'retry' unless it is a pushback by `key`).
+local function schedule_retry(keys, p, id, delay, err, now, tally, what, key)
   local jk = job_key(p, id)
   local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant', 'start', 'wk', 'att',
     'qw')
@@ -160,7 +160,7 @@ local function schedule_retry(keys, p, id, delay, err, now, tally, what)
   -- the next attempt overwrites start, wk, att and qw: the event keeps this attempt's
   log_event(p, id, now, what or 'retry', {delay = delay, err = error_type(err), at = run_at,
     start = tonumber(f[6]), wk = f[7] or nil, att = tonumber(f[8]),
-    qw = f[9] ~= '' and f[9] or nil})
+    qw = f[9] ~= '' and f[9] or nil, key = key})
   count(tally, what == 'pushback' and 'pushed_back' or 'retried')
   -- the retry may be due sooner than a blocked worker's timeout: wake one to re-read it
   wake(p, f[2])
@@ -170,7 +170,7 @@ end
 -- A pushback (Throttled on a key the job holds): the job is due again when the key's
 -- pause ends, its attempt given back, up to rates.MAX_PUSHBACKS pushbacks; past them a
 -- pushback is a failed attempt like any other (its budget applies).
-function rates.push_back(keys, p, id, delay, err, now, tally, meta)
+function rates.push_back(keys, p, id, delay, err, now, tally, meta, key)
   local jk = job_key(p, id)
   local v = redis.call('HMGET', jk, 'pb', 'att', 'max')
   local pushes = (tonumber(v[1]) or 0) + 1
@@ -182,8 +182,10 @@ function rates.push_back(keys, p, id, delay, err, now, tally, meta)
     return schedule_retry(keys, p, id, delay, err, now, tally)
   end
   redis.call('HSET', jk, 'pb', pushes)
+  -- logged with the attempt it ended, then the attempt is given back
+  local verdict = schedule_retry(keys, p, id, delay, err, now, tally, 'pushback', key)
   redis.call('HINCRBY', jk, 'att', -1)
-  return schedule_retry(keys, p, id, delay, err, now, tally, 'pushback')
+  return verdict
 end
 
 -- The backoff of fairlane/policy/backoff.py: min(cap, base * 2^(n-1)) with jitter u in [0,1).

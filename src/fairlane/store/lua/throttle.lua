@@ -60,21 +60,27 @@ local function parse_parked(raw)
     units = tonumber(units) or 1, since = tonumber(since) or 0, names = split_tabs(rest)}
 end
 
--- A key's room and the rate in force on it (nil: none), in one read.
+-- A key's room, the rate in force on it (nil: none) and the end of a pause (nil: never
+-- paused), in one read.
 local function room(keys, key)
-  local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key, 'o:' .. key, 'rp:' .. key)
-  return (tonumber(v[1]) or 0) - (tonumber(v[2]) or 0) - (tonumber(v[3]) or 0), rates.parse(v[4])
+  local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key, 'o:' .. key, 'rp:' .. key,
+    'pz:' .. key)
+  return (tonumber(v[1]) or 0) - (tonumber(v[2]) or 0) - (tonumber(v[3]) or 0), rates.parse(v[4]),
+    tonumber(v[5])
 end
 
--- The first of `names` that blocks a job of rate cost `units` at `now`: no room; or a
--- rate it does not fit, or waiters on a rate key other than `waking` (no barging).
--- Returns the key and, when it blocks by its bucket, {rate, bucket}. `seen` collects
--- {rate, bucket} of the rate keys read on the way.
+-- The first of `names` that blocks a job of rate cost `units` at `now`: no room; a
+-- pause; or a rate it does not fit, or waiters on a rate key other than `waking` (no
+-- barging). Returns the key and, when it blocks by a pause or its bucket, {rate or
+-- false, bucket}. `seen` collects {rate, bucket} of the rate keys read on the way.
 local function first_full(keys, names, units, now, waking, seen)
   for _, key in ipairs(names) do
-    local r, rate = room(keys, key)
+    local r, rate, pz = room(keys, key)
     if r <= 0 then
       return key
+    end
+    if pz and now < pz then
+      return key, {false, {pu = pz}}
     end
     if rate then
       if key ~= waking and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
@@ -166,8 +172,8 @@ local function enter_group(keys, id, w, blocked, now)
   redis.call('ZADD', keys[THRW], 0, wait_member(w.at, w.tenant, w.prio, w.seq, id))
   if blocked then
     local rate, b = blocked[1], blocked[2]
-    redis.call('ZADD', rates.due_key(keys), 'LT',
-      rates.due_at(rate, b, rates.cost(rate, w.units), now), w.at)
+    local due = rate and rates.due_at(rate, b, rates.cost(rate, w.units), now) or b.pu
+    redis.call('ZADD', rates.due_key(keys), 'LT', due, w.at)
   end
 end
 
@@ -180,8 +186,12 @@ end
 local function wake_key(keys, key, out, now)
   local sk = tags_key(keys, key, 's')
   while true do
-    local r, rate = room(keys, key)
+    local r, rate, pz = room(keys, key)
     if r <= 0 then
+      return
+    end
+    if pz and now < pz then
+      redis.call('ZADD', rates.due_key(keys), pz, key)
       return
     end
     local top = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
@@ -253,6 +263,11 @@ local function unref(keys, names)
       redis.call('HDEL', keys[THR], 'r:' .. key, 'l:' .. key, 'u:' .. key, 'o:' .. key,
         'v:' .. key, 'rp:' .. key, 'ad:' .. key)
       redis.call('DEL', tags_key(keys, key, 's'), tags_key(keys, key, 'f'))
+      -- a pause outlives the key's last job (the one pushed back comes back to it)
+      local pz = tonumber(redis.call('HGET', keys[THR], 'pz:' .. key))
+      if pz and pz <= now_ms() then
+        redis.call('HDEL', keys[THR], 'pz:' .. key)
+      end
     end
   end
 end

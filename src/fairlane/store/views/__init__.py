@@ -13,6 +13,8 @@ merge over shards:
 - ``fleet``: jobs running and dead, live workers, tenants' weights and running slots;
 - ``tenants``: a lane's active tenants, their queues and rejections;
 - ``throttles``: throttle keys with their limits, use and waiters;
+- ``rates``: rate keys with their rate in force, tokens now, pause, adaptive value,
+  counters, waiters and due time; a job's rate keys (for ``explain``);
 - ``jobs``: job ids found through the indexes of each state, and their records.
 
 Job records and events themselves are decoded by ``fairlane.store.records``.
