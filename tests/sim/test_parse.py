@@ -22,7 +22,7 @@ from fairlane.sim.variants import parse_variant, resolve
 
 SHIPPED = {
     "noisy-neighbor", "long-jobs", "changing-demand", "batch-idle", "pressure",
-    "overload", "million", "weighted-shares", "shared-key",
+    "overload", "million", "weighted-shares", "shared-key", "upstream-429",
 }  # fmt: skip
 
 GOOD = """

@@ -13,6 +13,8 @@ Modules, each owning one thing:
 * ``arrivals`` -- seeded arrival streams; ``world`` -- indices for the inner loop;
 * ``fastpath`` -- the policy core's decisions on plain lists (tested against the core);
 * ``keys`` -- throttle keys (tenant keys and shared keys; fair or FIFO waiters);
+* ``rates`` -- rate keys (buckets, adaptive limits, pauses, waited on tenant-fair) and
+  the upstream behind a key (its 429s and Retry-After);
 * ``engine`` -- the event loop; ``gate`` -- the admission gate's state and retries;
 * ``metrics`` -- what is measured and how;
 * ``runner`` -- running a comparison, the shipped scenarios (``scenarios/*.toml``);

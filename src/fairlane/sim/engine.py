@@ -8,7 +8,8 @@ after a rejection (a second, usually empty heap). At equal times a slice end goe
 before an arrival, so a freed slot is seen by the arrival.
 
 A job is a list ``[seq, tenant, submitted, remaining, first start, rejections, run,
-offered, parked]``. Its life, under ``fair``:
+offered, parked, failed attempts, pushbacks, used, answer]`` (``fairlane.sim.world.Job``).
+Its life, under ``fair``:
 
 1. **Submit.** With a gate, ``fairlane.sim.gate`` decides (``admission.fits``):
    accepted, the job reserves its tenant's units until it completes; full, it is
@@ -34,6 +35,21 @@ offered, parked]``. Its life, under ``fair``:
    when it resumes. A finished job releases its reservation, and the deferred jobs
    the gate then admits are queued.
 
+**Rate keys and upstreams.** When a key has a rate or an adaptive limit in force, the
+keys are ``fairlane.sim.rates.RateKeys`` (the same rules, with buckets, pauses and
+due times: a key that must wait for tokens is due at a timer the loop fires, in due
+order, before an arrival at the same time). A job whose tenant names a key with an
+``upstream`` *calls* it when it starts (``fairlane.sim.rates.Upstream``): served, it
+runs its size; a 429 holds its slot for the upstream's ``reject_time`` and then ends
+its attempt. On a key the job holds that is a pushback (the key paused until the
+Retry-After; the job due again at the pause's end, without spending an attempt, up to
+``MAX_PUSHBACKS``; past that an ordinary failure, backed off at least until the pause's
+end); on a key it does not hold, an ordinary failure: a retry after
+``[retry]``'s backoff, or a failed job once ``max_attempts`` failed. A job on a rate key
+or calling an upstream is never sliced (an attempt is one call). When an attempt ends
+its keys get, in order, the correction by what it used (a 429 reports nothing), the
+adaptive growth on success, the pushback and the release.
+
 Under ``fifo`` a lane has one plain deque: a job starts when it is first and a slot is
 free; a yielding job goes to the back (at the front it would simply run on).
 
@@ -49,18 +65,35 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 import time
 from collections import deque
+from collections.abc import Callable
 
+from fairlane.policy.rates import MAX_PUSHBACKS
 from fairlane.sim.arrivals import arrivals
 from fairlane.sim.fastpath import FairClass
 from fairlane.sim.gate import Admission
 from fairlane.sim.keys import FairKeys, FifoKeys
 from fairlane.sim.limits import Limits
 from fairlane.sim.metrics import Raw
+from fairlane.sim.rates import RateKeys, Upstream
 from fairlane.sim.scenario import Scenario
 from fairlane.sim.variants import Settings
-from fairlane.sim.world import FIRST, REM, RUN, SEQ, SUB, TEN, Job, build
+from fairlane.sim.world import (
+    ANS,
+    ATT,
+    FIRST,
+    PB,
+    REM,
+    RUN,
+    SEQ,
+    SUB,
+    TEN,
+    USED,
+    Job,
+    build,
+)
 
 heappush = heapq.heappush
 
@@ -109,18 +142,35 @@ class Engine:
         self.raw = Raw.empty(settings, w, (w0, w1), scenario.phases)
         # a tenant is throttled with a static cap, floor/ceiling settings or shared keys
         self.fair_keys = settings.waiters == "fair"
-        self.keys: FairKeys | FifoKeys = (
-            FairKeys(
+        self.rated = w.rated
+        self.keys: FairKeys | FifoKeys | RateKeys
+        self.rk: RateKeys | None = None
+        if self.rated:
+            self.keys = self.rk = RateKeys(
                 w.key_limit,
                 w.keys_of,
                 self.raw.handoffs,
                 names=w.names,
+                key_names=w.key_names,
                 weights=w.weight,
                 cost_of=self._charge,
+                rates=w.key_rate,
+                adaptive=w.key_adaptive,
+                units=w.units,
             )
-            if self.fair_keys
-            else FifoKeys(w.key_limit, w.keys_of, self.raw.handoffs)
-        )
+        else:
+            self.keys = (
+                FairKeys(
+                    w.key_limit,
+                    w.keys_of,
+                    self.raw.handoffs,
+                    names=w.names,
+                    weights=w.weight,
+                    cost_of=self._charge,
+                )
+                if self.fair_keys
+                else FifoKeys(w.key_limit, w.keys_of, self.raw.handoffs)
+            )
         self.limits = Limits(w, self.raw, self.phases, self.keys.in_use)
         self.throttled, self.durs = self.limits.throttled, self.limits.durs
         self.own_key = [bool(c) or lim is not None for c, lim in zip(w.cap, w.limits, strict=True)]
@@ -128,6 +178,35 @@ class Engine:
         self.gate = Admission(scenario, w, self.raw)
         self.retry = self.gate.retry
         self.queued = 0
+        self._calls(scenario)
+
+    def _calls(self, scenario: Scenario) -> None:
+        """Upstreams, what jobs really use, and retries after a 429."""
+        w = self.w
+        self.up = [Upstream(spec) for spec in w.upstreams]
+        self.up_of, self.up_key = w.upstream_of, w.upstream_key
+        # a job on a rate key or calling an upstream is one call: never sliced
+        self.whole = [
+            u >= 0 or any(w.key_rate[k] is not None for k in keys)
+            for u, keys in zip(w.upstream_of, w.keys_of, strict=True)
+        ]
+        self.sched: list[tuple[float, int, Job]] = []
+        """Jobs due back in their tenant's queue: ``(when, seq, job)`` (pushback, backoff)."""
+        self.timed = self.rated or bool(self.up)
+        samplers: dict[int, Callable[[], float]] = {}
+        self.draw: list[Callable[[], float] | None] = []
+        for t, dist in enumerate(w.used):
+            if dist is None:
+                self.draw.append(None)
+                continue
+            source = w.source_of[t]
+            if source not in samplers:
+                rng = random.Random(f"{scenario.seed}:{source}:used")
+                samplers[source] = dist.sampler(rng)
+            self.draw.append(samplers[source])
+        self.backoff = scenario.retry.backoff
+        self.attempts = scenario.retry.max_attempts
+        self.jitter = random.Random(f"{scenario.seed}:backoff")
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -143,17 +222,24 @@ class Engine:
         end_slice, submit = self._end_slice, self._submit
         sample_at, dt = 0.0, self.dt
         now = 0.0
+        timed, draw, units = self.timed, self.draw, self.w.units
         while True:
             ct = comp[0][0] if comp else inf
-            if retry and retry[0][0] < at and retry[0][0] < ct:
+            if (
+                timed
+                and (lt := self._next_timer()) <= at
+                and lt < ct
+                and not (retry and retry[0][0] < lt)
+            ):
+                now = lt
+                if now > until:
+                    break
+                self._fire(now)
+            elif retry and retry[0][0] < at and retry[0][0] < ct:
                 now = retry[0][0]
                 if now > until:
                     break
-                job = heappop(retry)[2]
-                job[SEQ] = self.seq  # a resubmission queues as a new job would,
-                job[SUB] = now  # and its wait counts from here
-                self.seq += 1
-                submit(job, now)
+                self._resubmit(now)
             elif ct <= at:
                 if ct == inf:
                     break
@@ -166,8 +252,13 @@ class Engine:
                 assert nxt is not None
                 seq = self.seq
                 self.seq = seq + 1
-                raw.submitted[nxt[1]] += 1
-                submit([seq, nxt[1], now, nxt[2], -1.0, 0, 0.0, 0, None], now)
+                t = nxt[1]
+                raw.submitted[t] += 1
+                if timed and self.up_of[t] >= 0:
+                    raw.pend(t, now)
+                d = draw[t]
+                used = d() if d is not None else units[t]
+                submit([seq, t, now, nxt[2], -1.0, 0, 0.0, 0, None, 0, 0, used, 0.0], now)
                 nxt = next(source, None)
                 at = nxt[0] if nxt is not None else inf
             if now >= sample_at:
@@ -176,13 +267,28 @@ class Engine:
         self._finish(min(now, until), started)
         return raw
 
+    def _resubmit(self, now: float) -> None:
+        """The first rejected job due to resubmit does, at ``now``."""
+        job = heapq.heappop(self.retry)[2]
+        job[SEQ] = self.seq  # a resubmission queues as a new job would,
+        job[SUB] = now  # and its wait counts from here
+        self.seq += 1
+        self._submit(job, now)
+
     def _finish(self, end: float, started: float) -> None:
         raw = self.raw
         raw.makespan = end
         for t, n in enumerate(raw.waiting):
             if n:
                 raw.backlog[t] += self._overlap(raw.since[t], end)
-        raw.unfinished = self.queued + len(self.comp) + self.gate.waiting + len(self.retry)
+        raw.unfinished = (
+            self.queued + len(self.comp) + self.gate.waiting + len(self.retry) + len(self.sched)
+        )
+        if isinstance(self.keys, RateKeys):
+            raw.rate_keys = self.keys
+        for t, n in enumerate(raw.pending):
+            if n:
+                raw.pend_time[t] += self._overlap(raw.pend_since[t], end)
         raw.wall = time.perf_counter() - started
 
     def _overlap(self, a: float, b: float) -> float:
@@ -335,6 +441,8 @@ class Engine:
     def _take_keys(self, q: int, li: int, now: float, t: int) -> Job | None:
         """Rule 1: the head takes its keys with its lane slot, or parks uncharged."""
         out: list[Job] = []
+        if self.rk is not None:
+            self.rk.at(round(now * 1000))
         if self.own_key[t]:  # a raised limit wakes its waiters, which come first
             limit = self.limits.limit(t, li, now, self.f[li], self.d[li])
             self.keys.set_limit(t, limit, out)
@@ -394,7 +502,11 @@ class Engine:
         self.f[li][pos] += wd
         self.free[li] -= wd
         rem = job[REM]
-        run = rem if rem <= self.slice else self.slice
+        if self.timed and self.whole[t]:
+            u = self.up_of[t]
+            run = self._call(job, t, u, now, rem) if u >= 0 else rem
+        else:
+            run = rem if rem <= self.slice else self.slice
         job[RUN] = run
         if job[FIRST] < 0:
             job[FIRST] = now
@@ -441,10 +553,19 @@ class Engine:
         if self.throttled[t]:
             self.durs[t].observe(job[RUN])
             out: list[Job] = []
-            self.keys.release(self.w.keys_of[t], out)
+            if self.rk is not None:
+                self._end_attempt(self.rk, job, t, now, out)
+            else:
+                self.keys.release(self.w.keys_of[t], out)
             place = self._requeue if self.fair_keys else self._grant
             for other in out:
                 place(other)
+        if job[ANS]:
+            self._refused(job, t, li, now)
+            self._dispatch(li, now)
+            if self.woken:
+                self._wake_lanes(now)
+            return
         rem = job[REM] - job[RUN]
         if rem > 0:
             job[REM] = rem
@@ -454,10 +575,100 @@ class Engine:
             raw = self.raw
             raw.completed[t] += 1
             raw.resp[t] += now - job[SUB]
+            if self.timed:  # completion times are reported with upstreams and rate keys
+                raw.done[t].append(now - job[SUB])
             if self.gated[li]:
                 for other in self.gate.release(t, li):
                     self._enqueue(other, other[TEN], now, False)
         self._dispatch(li, now)
+        if self.woken:
+            self._wake_lanes(now)
+
+    # -- upstream calls, pushback and retries -------------------------------------------
+
+    def _call(self, job: Job, t: int, u: int, now: float, rem: float) -> float:
+        """``job`` calls its upstream as it starts: how long the attempt holds its slot."""
+        up, raw = self.up[u], self.raw
+        tokens = up.largest(job[USED])
+        after = up.call(round(now * 1000), tokens)
+        inside = self.w0 <= now < self.w1
+        if inside:
+            raw.up_calls[u] += 1
+        if after:
+            job[ANS] = after
+            if inside:
+                raw.up_429[u] += 1
+            return up.spec.reject_time
+        if inside:
+            raw.up_ok[u] += 1
+            raw.up_tokens[u] += tokens
+            raw.got_calls[t] += 1
+            raw.got_tokens[t] += tokens
+        raw.unpend(t, now)
+        return rem
+
+    def _end_attempt(self, keys: RateKeys, job: Job, t: int, now: float, out: list[Job]) -> None:
+        """The attempt's end on its keys: correction, growth, pushback, release."""
+        ms = round(now * 1000)
+        keys.at(ms)
+        after = job[ANS]
+        push = self.up_key[t] if after else -1
+        until = ms + math.ceil(after * 1000) if push >= 0 else 0
+        used = None if after else job[USED]  # a 429 reports nothing used
+        keys.end(job, out, used=used, succeeded=not after, push=push, until=until)
+
+    def _refused(self, job: Job, t: int, li: int, now: float) -> None:
+        """After a 429: back due at the pause's end (a pushback), a retry after backoff,
+        or, its attempts spent, a failed job."""
+        job[ANS] = 0.0
+        k, raw = self.up_key[t], self.raw
+        resume = now
+        if k >= 0:
+            assert self.rk is not None
+            resume = self.rk.bucket[k].paused_until / 1000.0
+            if job[PB] < MAX_PUSHBACKS:
+                job[PB] += 1
+                raw.pushed[t] += 1
+                heappush(self.sched, (resume, job[SEQ], job))
+                return
+        job[ATT] += 1
+        if job[ATT] >= self.attempts:
+            raw.failed[t] += 1
+            raw.unpend(t, now)
+            if self.gated[li]:
+                for other in self.gate.release(t, li):
+                    self._enqueue(other, other[TEN], now, False)
+            return
+        raw.retried[t] += 1
+        delay = self.backoff.delay(job[ATT], self.jitter.random())
+        heappush(self.sched, (max(now + delay, resume), job[SEQ], job))
+
+    def _next_timer(self) -> float:
+        sched = self.sched
+        lt = sched[0][0] if sched else math.inf
+        if self.rk is not None:
+            due = self.rk.next_due()
+            if due is not None and due / 1000.0 < lt:
+                lt = due / 1000.0
+        return lt
+
+    def _fire(self, now: float) -> None:
+        """The earliest timer: a key due (its waiters woken) or a job due back."""
+        sched, rk = self.sched, self.rk
+        due = rk.next_due() if rk is not None else None
+        if rk is not None and due is not None and (not sched or due / 1000.0 <= sched[0][0]):
+            rk.at(due)
+            out: list[Job] = []
+            rk.fire(out)
+            for other in out:
+                self._requeue(other)
+        else:
+            job = heapq.heappop(sched)[2]
+            t = job[TEN]
+            self._enqueue(job, t, now, True)
+            li = self.lane_of[t]
+            if self.free[li] > 0:
+                self._dispatch(li, now)
         if self.woken:
             self._wake_lanes(now)
 

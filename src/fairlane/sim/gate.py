@@ -151,6 +151,7 @@ class Admission:
         raw.rejected[t] += 1
         if job[REJ] >= self.w.retries[t]:
             raw.lost[t] += 1
+            raw.unpend(t, now)
             return
         job[REJ] += 1
         recent = self.recent.setdefault(t, deque())

@@ -21,6 +21,17 @@ This module owns the definitions of every reported number:
 * **Hand-offs** (throttle keys): a job that parked on a key, counted in the key's
   hand-offs (each time a job takes a slot on it) from when it parked until it took
   its keys, itself included: 1 is the very next slot the key gave. p50/p99 per row.
+* **Completion** (done): completion minus first submission, of completed jobs, in runs
+  with rate keys or upstreams; p99 per row and per upstream.
+* **Upstreams** (a key's ``upstream``), over the calls starting in the window:
+  **capacity** its sustained calls and tokens per second; **goodput** what it served
+  per second, and against capacity the larger of the two ratios (the binding limit);
+  **429 share** 429s over calls. A tenant is **backlogged on the upstream** with a job
+  it has not yet served (queued, parked on a key, backing off or pushed back) for
+  ``BACKLOGGED`` of the window; its **share** is its part of the upstream's goodput
+  (tokens if the upstream counts tokens, else calls) among those tenants, against
+  ``w_i / sum(w)``, and the upstream's **Jain** index is over their goodput per weight.
+  Failed jobs: attempts spent on 429s without a pushback.
 * **Phase shares**: each group's fraction of its class's service within each phase;
   **limits** (throttled tenants): the least and greatest concurrency limit in force
   at its dispatches, overall and per phase.
@@ -30,18 +41,23 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fairlane.sim.scenario import Phase
 from fairlane.sim.variants import Settings
 from fairlane.sim.world import World
+
+if TYPE_CHECKING:
+    from fairlane.sim.rates import RateKeys
 
 __all__ = [
     "BACKLOGGED",
     "ClassRow",
     "Raw",
     "Row",
+    "UpstreamRow",
     "VariantResult",
     "Waits",
     "jain",
@@ -77,6 +93,30 @@ class Raw:
     phase_waits: list[list[list[float]]]
     """By report class, then phase."""
     phase_served: list[list[float]]
+    done: list[list[float]]
+    """Per completed job: completion minus its first submission (recorded in runs with
+    rate keys or upstreams)."""
+    failed: list[int]
+    """Jobs whose attempts ran out (429s retried with backoff)."""
+    retried: list[int]
+    """Attempts failed by a 429 and retried after backoff."""
+    pushed: list[int]
+    """Pushbacks taken without spending an attempt."""
+    pending: list[int]
+    """Jobs calling an upstream that it has not yet served (nor given up on)."""
+    pend_since: list[float]
+    pend_time: list[float]
+    """Time with a job pending on the upstream, clipped to the window."""
+    got_calls: list[int]
+    got_tokens: list[float]
+    """Calls the upstream served in the window, and their tokens, per tenant."""
+    up_calls: list[int]
+    up_429: list[int]
+    up_ok: list[int]
+    up_tokens: list[float]
+    """Per upstream, calls starting in the window: all, answered 429, served (tokens)."""
+    rate_keys: RateKeys | None = None
+    """The run's rate keys (buckets, ledgers, counters), when it had any."""
     rejections: Counter[str] = field(default_factory=Counter)
     deferrals: Counter[str] = field(default_factory=Counter)
     limit_range: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -102,7 +142,7 @@ class Raw:
         phases: tuple[Phase, ...],
     ) -> Raw:
         """Every counter at zero, for ``world``'s tenants and report classes."""
-        n, k = world.tenants, len(phases)
+        n, k, u = world.tenants, len(phases), len(world.upstreams)
         return cls(
             settings=settings, world=world, window=window, phases=phases,
             waits=[[] for _ in range(n)], served=[0.0] * n, backlog=[0.0] * n,
@@ -110,7 +150,27 @@ class Raw:
             rejected=[0] * n, lost=[0] * n, handoffs=[[] for _ in range(n)], resp=[0.0] * n,
             phase_waits=[[[] for _ in range(k)] for _ in world.ckeys],
             phase_served=[[0.0] * k for _ in range(n)] if k else [],
+            done=[[] for _ in range(n)], failed=[0] * n, retried=[0] * n, pushed=[0] * n,
+            pending=[0] * n, pend_since=[0.0] * n, pend_time=[0.0] * n, got_calls=[0] * n,
+            got_tokens=[0.0] * n, up_calls=[0] * u, up_429=[0] * u, up_ok=[0] * u,
+            up_tokens=[0.0] * u,
         )  # fmt: skip
+
+    def pend(self, t: int, now: float) -> None:
+        """A job of ``t`` waits for its upstream from ``now``."""
+        if not self.pending[t]:
+            self.pend_since[t] = now
+        self.pending[t] += 1
+
+    def unpend(self, t: int, now: float) -> None:
+        """A job of ``t`` was served by its upstream, or gave up, at ``now``."""
+        if not self.pending[t]:
+            return
+        self.pending[t] -= 1
+        if not self.pending[t]:
+            a, b = max(self.pend_since[t], self.window[0]), min(now, self.window[1])
+            if b > a:
+                self.pend_time[t] += b - a
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +209,41 @@ class Row:
     phase_limits: tuple[tuple[int, int] | None, ...] = ()
     handoffs: Waits | None = None
     """Its jobs' waits on a throttle key counted in the key's hand-offs (None: none waited)."""
+    done: Waits | None = None
+    """Completion minus submission of its completed jobs (None: none completed, or a run
+    without rate keys and upstreams, which does not record them)."""
+    failed: int = 0
+    up_share: float | None = None
+    """Its share of its upstream's goodput, when backlogged on it."""
+    up_fair: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamRow:
+    """One upstream (the key it is behind) in one run."""
+
+    key: str
+    rate: str
+    """The key's facets in force: its rate and adaptive limit, or ``-``."""
+    capacity_calls: float | None
+    capacity_tokens: float | None
+    calls: int
+    throttled: int
+    share_429: float | None
+    goodput_calls: float
+    goodput_tokens: float
+    goodput: float | None
+    """Goodput over capacity, the binding one of calls and tokens."""
+    jain: float | None
+    backlogged: int
+    done: Waits
+    failed: int
+    pushbacks: int
+    retried: int
+    limits: tuple[int, int] | None
+    """An adaptive key's least limit in force and its limit at the end."""
+    refunded: float
+    debt: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +278,8 @@ class VariantResult:
     tenants: tuple[Row, ...]
     phases: tuple[str, ...]
     series: tuple[tuple[float, int, int, int], ...]
+    failed: int = 0
+    upstreams: tuple[UpstreamRow, ...] = ()
 
     @property
     def label(self) -> str:
@@ -233,6 +330,8 @@ def summarize(raw: Raw) -> VariantResult:
         for i in range(k):
             phase_class[w.ckey_of[t]][i] += raw.phase_served[t][i]
 
+    up_backlogged, got, upstream_share = _upstream_shares(raw, span)
+
     def row(name: str, members: list[int]) -> Row:
         c = w.ckey_of[members[0]]
         mine = [t for t in members if backlogged[t]]
@@ -242,6 +341,7 @@ def summarize(raw: Raw) -> VariantResult:
         limits = [raw.limit_range[t] for t in members if t in raw.limit_range]
         peaks = [raw.peak[t] for t in members if t in raw.peak]
         done = sum(raw.completed[t] for t in members)
+        up_share, up_fair = upstream_share(members)
         phase_shares = tuple(
             sum(raw.phase_served[t][i] for t in members) / phase_class[c][i]
             if phase_class[c][i] else None
@@ -272,6 +372,10 @@ def summarize(raw: Raw) -> VariantResult:
             handoffs=Waits.of(float(x) for t in members for x in raw.handoffs[t])
             if any(raw.handoffs[t] for t in members)
             else None,
+            done=Waits.of(x for t in members for x in raw.done[t]) if done else None,
+            failed=sum(raw.failed[t] for t in members),
+            up_share=up_share,
+            up_fair=up_fair,
         )
 
     members: defaultdict[int, list[int]] = defaultdict(list)
@@ -315,4 +419,97 @@ def summarize(raw: Raw) -> VariantResult:
         tenants=tenants,
         phases=tuple(p.name for p in raw.phases),
         series=tuple(raw.series),
+        failed=sum(raw.failed),
+        upstreams=tuple(
+            _upstream(raw, u, span, got, up_backlogged) for u in range(len(w.upstreams))
+        ),
+    )
+
+
+def _upstream_shares(
+    raw: Raw, span: float
+) -> tuple[list[bool], list[float], Callable[[list[int]], tuple[float | None, float | None]]]:
+    """Who is backlogged on its upstream, what each got, and a row's share of it."""
+    w = raw.world
+    backlogged = [span > 0 and p >= BACKLOGGED * span for p in raw.pend_time]
+    got = _goodput(raw)
+    weight: defaultdict[int, float] = defaultdict(float)
+    total: defaultdict[int, float] = defaultdict(float)
+    for t, u in enumerate(w.upstream_of):
+        if u >= 0 and backlogged[t]:
+            weight[u] += w.weight[t]
+            total[u] += got[t]
+
+    def share(members: list[int]) -> tuple[float | None, float | None]:
+        u = w.upstream_of[members[0]]
+        mine = [t for t in members if backlogged[t] and w.upstream_of[t] == u]
+        if u < 0 or not mine or not total[u]:
+            return None, None
+        return sum(got[t] for t in mine) / total[u], sum(w.weight[t] for t in mine) / weight[u]
+
+    return backlogged, got, share
+
+
+def _goodput(raw: Raw) -> list[float]:
+    """What each tenant got from its upstream in the window: tokens, else calls."""
+    w = raw.world
+    out = []
+    for t, u in enumerate(w.upstream_of):
+        tokens = u >= 0 and w.upstreams[u].tpm is not None
+        out.append(raw.got_tokens[t] if tokens else float(raw.got_calls[t]))
+    return out
+
+
+def _facets(raw: Raw, k: int) -> str:
+    w = raw.world
+    rate, adaptive = w.key_rate[k], w.key_adaptive[k]
+    parts = []
+    if rate is not None:
+        parts.append(f"{rate.limit:g}/{rate.per:g}s burst {rate.capacity:g} {rate.cost}")
+    if adaptive is not None:
+        parts.append(f"adaptive {adaptive.max}..{adaptive.min}")
+    elif w.key_limit[k] and k in {j for keys in w.keys_of for j in keys}:
+        limit = w.key_limit[k]
+        if limit < 2**31 - 1:
+            parts.append(f"limit {limit}")
+    return ", ".join(parts) or "-"
+
+
+def _upstream(
+    raw: Raw, u: int, span: float, got: list[float], backlogged: list[bool]
+) -> UpstreamRow:
+    w = raw.world
+    spec = w.upstreams[u]
+    k = w.key_names.index(w.upstream_names[u])
+    members = [t for t, x in enumerate(w.upstream_of) if x == u]
+    calls_cap, tokens_cap = spec.capacity
+    per_s = 1.0 / span if span > 0 else math.nan
+    calls_s, tokens_s = raw.up_ok[u] * per_s, raw.up_tokens[u] * per_s
+    ratios = [x / c for x, c in ((calls_s, calls_cap), (tokens_s, tokens_cap)) if c]
+    xs = [got[t] / w.weight[t] for t in members if backlogged[t]]
+    rk = raw.rate_keys
+    held = any(w.upstream_key[t] == k for t in members)
+    limits = None
+    if rk is not None and held and w.key_adaptive[k] is not None:
+        limits = (rk.low[k], rk.limit[k])
+    return UpstreamRow(
+        key=w.upstream_names[u],
+        rate=_facets(raw, k) if held else "-",
+        capacity_calls=calls_cap,
+        capacity_tokens=tokens_cap,
+        calls=raw.up_calls[u],
+        throttled=raw.up_429[u],
+        share_429=raw.up_429[u] / raw.up_calls[u] if raw.up_calls[u] else None,
+        goodput_calls=calls_s,
+        goodput_tokens=tokens_s,
+        goodput=max(ratios) if ratios else None,
+        jain=jain(xs),
+        backlogged=len(xs),
+        done=Waits.of(x for t in members for x in raw.done[t]),
+        failed=sum(raw.failed[t] for t in members),
+        pushbacks=sum(raw.pushed[t] for t in members),
+        retried=sum(raw.retried[t] for t in members),
+        limits=limits,
+        refunded=rk.refunded[k] if rk is not None else 0.0,
+        debt=rk.debt[k] if rk is not None else 0.0,
     )

@@ -44,10 +44,36 @@ lanes are declared exactly as a deployment's are. Layout::
     units = 1.0                      # units reserved at the admission gate
     retries = 0                      # resubmissions after a rejection
     keys = ["model:big"]             # shared throttle keys its jobs take (see [[keys]])
+    used = { dist = "lognormal", mean = 900, sigma = 0.5 }   # or a number: the units a
+                                     # job really uses (default: its `units`, exactly)
 
     [[keys]]                         # a shared throttle key, taken by the tenants naming it
     name = "model:big"
     limit = 4                        # at most this many of its jobs run at once
+    # or, instead of limit, an adaptive concurrency limit (fairlane.policy.rates.Adaptive):
+    adaptive = { max = 40, min = 1 }
+    # a rate key (fairlane.policy.rates.Rate): at most `limit` per `per` seconds,
+    # bursting to `burst` (default limit), counting jobs or the jobs' declared units
+    rate = { limit = 90000, per = 60, burst = 10000, cost = "units" }
+    # the upstream its jobs call (a model provider): token buckets of calls and tokens
+    upstream = { rps = 20, rps_burst = 20, tpm = 60000, tpm_burst = 5000,
+                 retry_step = 1.0, reject_time = 0.01 }
+
+A key needs ``limit``, ``adaptive`` or ``rate`` (any with ``rate``; ``limit`` and
+``adaptive`` exclude each other). A rate counting ``units`` takes a job's declared
+``units`` (its tenant's, as the gate reserves them) and, when the attempt ends,
+corrects the bucket by ``units - used`` (a refund, or a debt); a tenant whose
+``units`` exceed the burst of such a key is refused (it could never fit). A key's
+``upstream`` (``rps`` calls per second and/or ``tpm`` tokens per minute, each with an
+optional ``*_burst``, default one period's worth) answers each call at its start: it
+fits both buckets (taking one call and its ``used`` tokens, a draw capped at
+``tpm_burst``), or it is a 429 after ``reject_time`` seconds with a Retry-After of the
+time until it would fit, rounded up to ``retry_step`` seconds. A 429 on a key the job
+holds is a pushback (``fairlane.sim.rates``: the key is paused until the Retry-After,
+the job is due again then without spending an attempt, up to ``MAX_PUSHBACKS``); on a
+key it does not hold (``rate=none``, no ``limit``) an ordinary failure, retried with
+``[retry]``'s backoff while ``max_attempts`` lasts. A tenant names at most one key with
+an upstream; a call to an upstream is never sliced.
 
     [[phases]]
     name = "overload"
@@ -71,6 +97,7 @@ from fairlane.config.pools import parse_config
 from fairlane.config.settings import ConfigError
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import ClassTable
+from fairlane.policy.rates import Adaptive, Rate
 from fairlane.sim.fastpath import ClassChooser
 from fairlane.sim.scenario import (
     Burst,
@@ -84,6 +111,7 @@ from fairlane.sim.scenario import (
     SizeDist,
     SizeKind,
     TenantSpec,
+    UpstreamSpec,
 )
 from fairlane.sim.variants import parse_variant
 
@@ -94,10 +122,13 @@ _TOP = ("name", "description", "seed", "sim", "compare", "lanes", "pools", "retr
 _SIM = ("slice", "charge", "until", "window", "sample")
 _TENANT = ("name", "count", "group", "lane", "class", "weight", "rate", "diurnal", "bursts",
            "size", "start", "stop", "max_concurrency", "limits", "slots", "units",
-           "retries", "keys")  # fmt: skip
+           "retries", "keys", "used")  # fmt: skip
 _SIZE = ("dist", "mean", "sigma", "alpha")
 _DISTS = ("fixed", "exponential", "lognormal", "pareto")
 _LIMITS = ("floor", "max_concurrency", "burst_floor", "burst_pct")
+_KEY = ("name", "limit", "adaptive", "rate", "upstream")
+_RATE = ("limit", "per", "burst", "cost")
+_UPSTREAM = ("rps", "rps_burst", "tpm", "tpm_burst", "retry_step", "reject_time")
 _MAX_TENANTS = 1_000_000
 
 
@@ -293,16 +324,80 @@ def _compare(top: _Table) -> tuple[str, ...]:
 def _keys(top: _Table) -> dict[str, KeySpec]:
     keys: dict[str, KeySpec] = {}
     for i, body in enumerate(top.array("keys")):
-        k = _Table(body, f"keys[{i}]", top.source, ("name", "limit"))
+        k = _Table(body, f"keys[{i}]", top.source, _KEY)
         name = k.string("name")
         if name.startswith("tenant:"):
             raise k.error("name", f"{name!r}: tenant:<name> is each tenant's own key")
         if name in keys:
             raise k.error("name", f"key {name!r} is declared twice")
-        if "limit" not in k.data:
-            raise k.error("limit", "is required (the most jobs naming the key that run at once)")
-        keys[name] = KeySpec(name, k.integer("limit", 1, low=1))
+        if not {"limit", "adaptive", "rate"} & set(k.data):
+            raise k.error(
+                "limit",
+                "is required (the most jobs naming the key that run at once), unless the key "
+                "has an adaptive limit or a rate",
+            )
+        if "limit" in k.data and "adaptive" in k.data:
+            raise k.error("adaptive", "a key's concurrency limit is limit or adaptive, not both")
+        limit = k.integer("limit", 1, low=1) if "limit" in k.data else None
+        keys[name] = KeySpec(
+            name,
+            limit,
+            rate=_rate(k) if "rate" in k.data else None,
+            adaptive=_adaptive(k) if "adaptive" in k.data else None,
+            upstream=_upstream(k) if "upstream" in k.data else None,
+        )
     return keys
+
+
+def _rate(k: _Table) -> Rate:
+    r = _Table(k.data["rate"], k.at("rate"), k.source, _RATE)
+    if "limit" not in r.data:
+        raise r.error("limit", "is required (at most this many per `per` seconds)")
+    cost = r.data.get("cost", "jobs")
+    if cost not in ("jobs", "units"):
+        raise r.error("cost", f"must be jobs or units, got {cost!r}")
+    burst = r.number("burst", 1.0, positive=True) if "burst" in r.data else None
+    try:
+        return Rate(
+            r.number("limit", 1.0, positive=True), r.number("per", 1.0, positive=True), burst,
+            cost,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise r.error("", str(exc)) from None
+
+
+def _adaptive(k: _Table) -> Adaptive:
+    a = _Table(k.data["adaptive"], k.at("adaptive"), k.source, ("max", "min"))
+    if "max" not in a.data:
+        raise a.error("max", "is required (the limit it starts at)")
+    high = a.integer("max", 1, low=1)
+    low = a.integer("min", 1, low=1, high=high)
+    return Adaptive(high, low)
+
+
+def _upstream(k: _Table) -> UpstreamSpec:
+    u = _Table(k.data["upstream"], k.at("upstream"), k.source, _UPSTREAM)
+    if "rps" not in u.data and "tpm" not in u.data:
+        raise u.error("", "needs rps (calls per second) or tpm (tokens per minute), or both")
+    for key in ("rps_burst", "tpm_burst"):
+        if key in u.data and key[:3] not in u.data:
+            raise u.error(key, f"applies with {key[:3]}")
+
+    def bucket(key: str, per: float, jobs: bool) -> Rate | None:
+        if key not in u.data:
+            return None
+        burst = u.number(f"{key}_burst", 1.0, positive=True) if f"{key}_burst" in u.data else None
+        try:
+            return Rate(u.number(key, 1.0, positive=True), per, burst, "jobs" if jobs else "units")
+        except ValueError as exc:
+            raise u.error(key, str(exc)) from None
+
+    return UpstreamSpec(
+        rps=bucket("rps", 1.0, True),
+        tpm=bucket("tpm", 60.0, False),
+        retry_step=u.number("retry_step", 1.0),
+        reject_time=u.number("reject_time", 0.01),
+    )
 
 
 def _phases(top: _Table) -> tuple[Phase, ...]:
@@ -316,16 +411,16 @@ def _phases(top: _Table) -> tuple[Phase, ...]:
     return tuple(phases)
 
 
-def _size(t: _Table) -> SizeDist:
-    raw = t.data.get("size", 1.0)
+def _size(t: _Table, name: str = "size") -> SizeDist:
+    raw = t.data.get(name, 1.0)
     if isinstance(raw, int | float) and not isinstance(raw, bool):
-        return SizeDist("fixed", t.number("size", 1.0, positive=True))
-    s = _Table(raw, t.at("size"), t.source, _SIZE)
+        return SizeDist("fixed", t.number(name, 1.0, positive=True))
+    s = _Table(raw, t.at(name), t.source, _SIZE)
     kind = s.data.get("dist", "fixed")
     if kind not in _DISTS:
         raise s.error("dist", f"must be one of {', '.join(_DISTS)}, got {kind!r}")
     if "mean" not in s.data:
-        raise s.error("mean", "is required (seconds)")
+        raise s.error("mean", "is required" + (" (seconds)" if name == "size" else ""))
     sigma = s.number("sigma", 1.0) if kind == "lognormal" else 0.0
     alpha = s.number("alpha", 2.0, positive=True) if kind == "pareto" else 0.0
     if kind == "pareto" and alpha <= 1:
@@ -377,6 +472,18 @@ def _tenant_keys(t: _Table, keys: dict[str, KeySpec]) -> tuple[str, ...]:
             raise t.error(f"keys[{j}]", f"no [[keys]] entry named {name!r} (declared: {declared})")
     if len(set(names)) != len(names):
         raise t.error("keys", f"names a key twice: {names}")
+    calls = [name for name in names if keys[name].upstream is not None]
+    if len(calls) > 1:
+        raise t.error("keys", f"names two keys with an upstream ({calls}); a job calls one")
+    units = t.number("units", 1.0)
+    for j, name in enumerate(names):
+        rate = keys[name].rate
+        if rate is not None and rate.units and units > rate.capacity:
+            raise t.error(
+                f"keys[{j}]",
+                f"its jobs' units ({units:g}) exceed key {name!r}'s burst ({rate.capacity:g}): "
+                "they could never fit",
+            )
     return tuple(names)
 
 
@@ -445,4 +552,5 @@ def _tenant(t: _Table, lanes: dict[str, LaneSpec], keys: dict[str, KeySpec]) -> 
         units=t.number("units", 1.0),
         retries=t.integer("retries", 0, high=1000),
         keys=_tenant_keys(t, keys),
+        used=_size(t, "used") if "used" in t.data else None,
     )

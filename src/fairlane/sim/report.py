@@ -5,11 +5,15 @@ This module owns the layout of the results, never their definition (that is
 the longest queue, utilisation, Jain's index), the gate's decisions by reason, start
 delay per class (with
 the p99 of each phase when the scenario has phases), start delay and shares per tenant
-group, and each group's share per phase. Seconds are printed to three significant
-digits; ``-`` is "not applicable" (no jobs, not backlogged).
+group, and each group's share per phase; with an upstream behind a key, per upstream:
+the key's rate in force, calls, 429s as a share of calls, goodput against capacity,
+Jain's index of the tenants' goodput, p99 completion, pushbacks, retries and failed
+jobs, and per group its share of the upstream's goodput and its p99 completion.
+Seconds are printed to three significant digits; ``-`` is "not applicable" (no jobs,
+not backlogged).
 
 JSON (``to_json``): ``{"scenario": {...}, "variants": [{"label", "settings",
-"summary", "classes", "groups", "tenants", "series"}]}``, with every row's waits as
+"summary", "classes", "groups", "tenants", "upstreams", "series"}]}``, with every row's waits as
 ``{"jobs", "p50", "p99", "max"}`` in seconds; NaN is written as null, an unbounded
 slice as ``"inf"``.
 """
@@ -25,7 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fairlane.sim.metrics import Row, VariantResult
+from fairlane.sim.metrics import Row, UpstreamRow, VariantResult
 from fairlane.sim.runner import Comparison
 
 __all__ = ["print_report", "secs", "to_json", "write_json"]
@@ -185,6 +189,64 @@ def limit_table(results: tuple[VariantResult, ...]) -> Table:
     return table
 
 
+def _rate(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.0f} {unit}/s" if x >= 100 else f"{x:.3g} {unit}/s"
+
+
+def upstream_table(results: tuple[VariantResult, ...]) -> Table:
+    """Per upstream and variant: what it served against its capacity, and how fairly."""
+    table = Table(title="Upstreams (calls starting in the window)", title_justify="left")
+    for name in ("key", "variant", "rate key", "capacity", "calls", "429s", "429 share",
+                 "goodput", "of capacity", "Jain", "done p99", "pushbacks", "retries",
+                 "failed", "adaptive limit"):  # fmt: skip
+        table.add_column(
+            name, justify="left" if name in ("key", "variant", "rate key") else "right"
+        )
+    count = len(results[0].upstreams) if results else 0
+    for i in range(count):
+        for r in results:
+            u: UpstreamRow = r.upstreams[i]
+            capacity = " + ".join(
+                x for x in (_rate(u.capacity_calls, "calls"), _rate(u.capacity_tokens, "tokens"))
+                if x != "-"
+            )  # fmt: skip
+            goodput = " + ".join(
+                _rate(x, unit)
+                for x, c, unit in ((u.goodput_calls, u.capacity_calls, "calls"),
+                                   (u.goodput_tokens, u.capacity_tokens, "tokens"))
+                if c
+            )  # fmt: skip
+            adaptive = "-" if u.limits is None else f"{u.limits[0]} (end {u.limits[1]})"
+            table.add_row(
+                u.key, r.label, u.rate, capacity, str(u.calls), str(u.throttled),
+                _pct(u.share_429), goodput, _pct(u.goodput), _ratio(u.jain), secs(u.done.p99),
+                str(u.pushbacks), str(u.retried), str(u.failed), adaptive,
+            )  # fmt: skip
+        table.add_section()
+    return table
+
+
+def upstream_groups(results: tuple[VariantResult, ...]) -> Table:
+    """Per group: its share of its upstream's goodput and its completion times."""
+    table = Table(title="Upstream goodput and completion by group (s)", title_justify="left")
+    for name in ("group", "n", "weight", "variant", "jobs", "done", "failed", "share",
+                 "fair share", "done p50", "done p99"):  # fmt: skip
+        table.add_column(name, justify="left" if name in ("group", "variant") else "right")
+    for i in range(len(results[0].groups) if results else 0):
+        for r in results:
+            g = r.groups[i]
+            done = g.done
+            table.add_row(
+                g.name, str(g.tenants), f"{g.weight:g}", r.label, str(g.submitted),
+                str(g.completed), str(g.failed), _pct(g.up_share), _pct(g.up_fair),
+                secs(done.p50 if done else None), secs(done.p99 if done else None),
+            )  # fmt: skip
+        table.add_section()
+    return table
+
+
 def print_report(
     comparison: Comparison, console: Console, *, tenants: int = 0, max_groups: int = 40
 ) -> None:
@@ -199,6 +261,10 @@ def print_report(
         console.print(group_table(results))
     if results and 0 < len(results[0].tenants) <= tenants:
         console.print(group_table(results, tenants=True))
+    if results and results[0].upstreams:
+        console.print(upstream_table(results))
+        if len(results[0].groups) <= max_groups:
+            console.print(upstream_groups(results))
     if results and results[0].phases and len(results[0].groups) <= max_groups:
         console.print(phase_table(results))
         if any(g.phase_limits for r in results for g in r.groups):
@@ -227,7 +293,7 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
         summary = {
             f.name: getattr(r, f.name)
             for f in dataclasses.fields(r)
-            if f.name not in ("settings", "classes", "groups", "tenants", "series")
+            if f.name not in ("settings", "classes", "groups", "tenants", "series", "upstreams")
         }
         variants.append({
             "label": r.label,
@@ -236,6 +302,7 @@ def to_json(comparison: Comparison) -> dict[str, Any]:
             "classes": [dataclasses.asdict(c) for c in r.classes],
             "groups": [dataclasses.asdict(g) for g in r.groups],
             "tenants": [dataclasses.asdict(t) for t in r.tenants],
+            "upstreams": [dataclasses.asdict(u) for u in r.upstreams],
             "series": [list(x) for x in r.series],
         })  # fmt: skip
     scenario = {

@@ -19,6 +19,7 @@ from fairlane.config.pools import RetrySettings
 from fairlane.policy.admission import EstimationSettings, PoolConfig
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import ClassTable
+from fairlane.policy.rates import Adaptive, Rate
 
 __all__ = [
     "MIN_SIZE",
@@ -33,6 +34,7 @@ __all__ = [
     "SizeDist",
     "SizeKind",
     "TenantSpec",
+    "UpstreamSpec",
 ]
 
 SizeKind = Literal["fixed", "exponential", "lognormal", "pareto"]
@@ -116,6 +118,9 @@ class TenantSpec:
     """Resubmissions of a rejected job, each after its Retry-After."""
     keys: tuple[str, ...] = ()
     """Shared throttle keys (declared under ``[[keys]]``) each of its jobs takes a slot on."""
+    used: SizeDist | None = None
+    """The units a job really uses (drawn per job); None: exactly its declared ``units``.
+    A ``cost="units"`` rate key takes the declared units and is corrected by these."""
 
     def names(self) -> list[str]:
         if self.count == 1 and "{" not in self.name:
@@ -135,11 +140,37 @@ class TenantSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class UpstreamSpec:
+    """The service behind a key, as its provider limits it: token buckets of requests
+    (``rps`` per second, bursting to ``rps_burst``) and of tokens (``tpm`` per minute,
+    bursting to ``tpm_burst``), either or both. A call that does not fit both is answered
+    429 after ``reject_time`` seconds, with a Retry-After of the time until it would have
+    fit, rounded up to a multiple of ``retry_step`` seconds (0: to the millisecond)."""
+
+    rps: Rate | None = None
+    tpm: Rate | None = None
+    retry_step: float = 1.0
+    reject_time: float = 0.01
+
+    @property
+    def capacity(self) -> tuple[float | None, float | None]:
+        """Sustained (calls per second, tokens per second); None where unlimited."""
+        calls = self.rps.limit / self.rps.per if self.rps else None
+        tokens = self.tpm.limit / self.tpm.per if self.tpm else None
+        return calls, tokens
+
+
+@dataclass(frozen=True, slots=True)
 class KeySpec:
-    """A shared throttle key (``model:big``): at most ``limit`` jobs naming it run at once."""
+    """A shared key (``model:big``): at most ``limit`` jobs naming it run at once, or an
+    ``adaptive`` concurrency limit; and/or a ``rate`` (``fairlane.policy.rates``); and
+    optionally the ``upstream`` its jobs call."""
 
     name: str
-    limit: int
+    limit: int | None = None
+    rate: Rate | None = None
+    adaptive: Adaptive | None = None
+    upstream: UpstreamSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)

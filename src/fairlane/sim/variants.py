@@ -16,9 +16,16 @@ variants is comma-separated (``--compare`` and ``[compare] variants`` take the s
   see ``fairlane.sim.keys``: ``fair`` -- a key is taken only at dispatch with a lane
   slot, waiters are grouped by tenant and woken start-time fairly, a woken job goes
   back into its tenant's queue; ``fifo`` -- the store's rule before issue 16: one FIFO
-  of waiters per key, and a hand-off grant held while its job waits for a lane slot).
+  of waiters per key, and a hand-off grant held while its job waits for a lane slot),
+  ``rate=none|static|adaptive|both`` (which facets of the ``[[keys]]`` with a ``rate``
+  or ``adaptive`` limit are in force: ``none`` -- neither, so jobs call the upstream
+  unthrottled and retry a 429 with backoff; ``static`` -- the rate, without the
+  adaptive limit; ``adaptive`` -- the adaptive limit, without the rate; ``both`` --
+  both; default: as declared). Rate keys wait tenant-fair only (``waiters=fifo`` is
+  refused with one in force).
 
-Examples: ``fair,fifo``; ``slice=0.5,slice=inf``; ``fair,fair+admission=off,fifo``.
+Examples: ``fair,fifo``; ``slice=0.5,slice=inf``; ``fair,fair+admission=off,fifo``;
+``rate=none,rate=static,rate=adaptive``.
 The label of a variant is its text as written.
 """
 
@@ -29,14 +36,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from fairlane.sim.scenario import Charge, Scenario
+from fairlane.policy.rates import Adaptive, Rate
+from fairlane.sim.scenario import Charge, KeySpec, Scenario
 
-__all__ = ["Policy", "Settings", "Variant", "Waiters", "parse_variant", "parse_variants", "resolve"]
+__all__ = ["Policy", "RateMode", "Settings", "Variant", "Waiters", "facets", "parse_variant",
+           "parse_variants", "rated", "resolve"]  # fmt: skip
 
 Policy = Literal["fair", "fifo"]
 Waiters = Literal["fair", "fifo"]
+RateMode = Literal["declared", "none", "static", "adaptive", "both"]
 _POLICIES = ("fair", "fifo")
-_KEYS = ("policy", "slice", "admission", "throttles", "classes", "charge", "waiters")
+_KEYS = ("policy", "slice", "admission", "throttles", "classes", "charge", "waiters", "rate")
+_RATES = ("none", "static", "adaptive", "both")
 _WAITERS = ("fair", "fifo")
 _CHARGES = ("time", "jobs", "units")
 _SWITCH = {"on": True, "off": False, "true": True, "false": False}
@@ -54,6 +65,7 @@ class Variant:
     classes: bool | None = None
     charge: Charge | None = None
     waiters: Waiters | None = None
+    rate: RateMode | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +80,7 @@ class Settings:
     classes: bool
     charge: Charge
     waiters: Waiters = "fair"
+    rate: RateMode = "declared"
 
 
 def _switch(key: str, value: str, text: str) -> bool:
@@ -93,6 +106,10 @@ def _value(key: str, value: str, text: str) -> object:
     if key == "waiters":
         if value not in _WAITERS:
             raise ValueError(f"variant {text!r}: waiters must be fair or fifo, got {value!r}")
+        return value
+    if key == "rate":
+        if value not in _RATES:
+            raise ValueError(f"variant {text!r}: rate must be one of {'|'.join(_RATES)}")
         return value
     if key == "charge":
         if value not in _CHARGES:
@@ -131,6 +148,7 @@ def parse_variant(text: str) -> Variant:
         classes=cast("bool | None", fields.get("classes")),
         charge=cast("Charge | None", fields.get("charge")),
         waiters=cast("Waiters | None", fields.get("waiters")),
+        rate=cast("RateMode | None", fields.get("rate")),
     )
 
 
@@ -153,13 +171,42 @@ def resolve(variant: Variant, scenario: Scenario) -> Settings:
         )
     if variant.classes and not fair:
         raise ValueError(f"variant {variant.label!r}: fifo has no classes (classes=on)")
+    rate: RateMode = "declared" if variant.rate is None else variant.rate
+    if rate in ("static", "both") and not any(k.rate for k in scenario.keys):
+        raise ValueError(f"variant {variant.label!r}: rate={rate}, but no [[keys]] has a rate")
+    if rate in ("adaptive", "both") and not any(k.adaptive for k in scenario.keys):
+        raise ValueError(
+            f"variant {variant.label!r}: rate={rate}, but no [[keys]] has an adaptive limit"
+        )
+    throttles = fair if variant.throttles is None else variant.throttles
+    if variant.waiters == "fifo" and throttles and any(rated(k, rate) for k in scenario.keys):
+        raise ValueError(
+            f"variant {variant.label!r}: rate keys wait tenant-fair only (waiters=fifo is the "
+            "rule before them); add rate=none"
+        )
     return Settings(
         label=variant.label,
         policy=variant.policy,
         slice=scenario.sim.slice if variant.slice is None else variant.slice,
         admission=has_pool and (fair if variant.admission is None else variant.admission),
-        throttles=fair if variant.throttles is None else variant.throttles,
+        throttles=throttles,
         classes=fair if variant.classes is None else variant.classes,
         charge=scenario.sim.charge if variant.charge is None else variant.charge,
         waiters="fair" if variant.waiters is None else variant.waiters,
+        rate=rate,
     )
+
+
+def facets(key: KeySpec, mode: RateMode) -> tuple[Rate | None, Adaptive | None]:
+    """The rate and the adaptive limit of ``key`` in force under ``rate=mode``."""
+    rate = key.rate if mode in ("declared", "static", "both") else None
+    adaptive = key.adaptive if mode in ("declared", "adaptive", "both") else None
+    return rate, adaptive
+
+
+def rated(key: KeySpec, mode: RateMode) -> bool:
+    """Whether ``key`` needs the rate rules under ``rate=mode``: a rate or an adaptive
+    limit in force, or a concurrency limit with an upstream (a 429 pauses it)."""
+    rate, adaptive = facets(key, mode)
+    held = key.limit is not None and key.upstream is not None
+    return rate is not None or adaptive is not None or held
