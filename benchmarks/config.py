@@ -12,7 +12,7 @@ from fairlane.store.api import redact_url
 #: scenarios every system runs, in this order within a repetition
 SHARED = ("throughput", "latency", "noisy")
 #: scenarios only Fairlane has (tenants, admission, throttle keys)
-FAIRLANE_ONLY = ("tenants", "submit", "overload", "shared_key")
+FAIRLANE_ONLY = ("tenants", "submit", "overload", "shared_key", "upstream")
 SCENARIOS = SHARED + FAIRLANE_ONLY
 
 #: ``--quick``: small sizes and one repetition, a smoke test in seconds
@@ -35,6 +35,8 @@ QUICK: dict[str, Any] = {
     "shared_quiet": 8,
     "shared_job_ms": 50.0,
     "shared_gap_ms": 100.0,
+    "upstream_n": 20.0,
+    "upstream_seconds": 2.0,
 }
 
 
@@ -75,6 +77,12 @@ class Config:
     shared_quiet: int = 40
     shared_job_ms: float = 100.0
     shared_gap_ms: float = 200.0
+    # (7) Fairlane alone: tenants calling a rate-limited upstream on loopback, four ways
+    upstream_n: float = 40.0  # its calls per second
+    upstream_seconds: float = 15.0  # work per way at its capacity
+    upstream_latency: float = 0.2
+    upstream_tenants: int = 4
+    upstream_concurrency: int = 64
     timeout: float = 900.0  # longest wait for one scenario run
     seed: int | None = None  # of the shuffles (None: random)
     peers_dir: str | None = None

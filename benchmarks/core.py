@@ -157,6 +157,20 @@ def fairlane_metrics(cfg: Config) -> tuple[Metric, ...]:
             ("ratios", "fair_p99_over_three_hand_offs"),
         ),
     ]
+    for way, title in (
+        ("retry", "no rate key, retries"),
+        ("rate", "Rate at capacity"),
+        ("rate_half_burst", "Rate at capacity, burst N/2"),
+        ("adaptive", "Adaptive"),
+    ):
+        rows += [
+            ("upstream", f"Upstream, {title}: goodput", "of capacity", "higher", (way, "goodput")),
+            ("upstream", f"Upstream, {title}: 429s", "of calls", "lower",
+             (way, "throttled_share")),
+            ("upstream", f"Upstream, {title}: tenants' Jain index", "", "higher", (way, "jain")),
+            ("upstream", f"Upstream, {title}: completion p99", "ms", "lower",
+             (way, "completion_ms", "p99")),
+        ]  # fmt: skip
     return tuple(rows)
 
 

@@ -100,6 +100,7 @@ ESTIMATE = Estimate(input_tokens=INPUT_TOKENS, max_output_tokens=MAX_OUTPUT_TOKE
 RETRY_ATTEMPTS = 30
 RETRY_BACKOFF = Backoff(base=0.5, cap=8.0, jitter="full")
 FIRST_SECONDS = 30.0  # the adaptive target's window
+SLICE_SECONDS = 2.5  # 429s are counted per slice of this many seconds from the first call
 TITLES = {
     "retry": "no rate key, retries with backoff",
     "rate": "Rate(N, per=1) (burst N, the upstream's)",
@@ -238,6 +239,9 @@ def figures(
     early = [t for t in calls_at if t - first <= FIRST_SECONDS]
     early_throttled = sum(1 for t, _ in stats.throttled_at if t - first <= FIRST_SECONDS)
     done = [(end - enq) / 1e6 for enq, end in ends if end is not None]
+    slices = [0] * (int(span // SLICE_SECONDS) + 1)
+    for at, _ in stats.throttled_at:
+        slices[min(len(slices) - 1, max(0, int((at - first) // SLICE_SECONDS)))] += 1
     return {
         "way": way,
         "jobs": len(ends),
@@ -248,6 +252,7 @@ def figures(
         "throttled": stats.throttled,
         "throttled_share": stats.throttled / stats.calls if stats.calls else 0.0,
         "throttled_share_first_30s": early_throttled / len(early) if early else 0.0,
+        "throttled_per_slice": slices,
         "span_s": span,
         "served_per_s": stats.served / span if span > 0 else 0.0,
         "capacity_per_s": upstream.requests_per_second,

@@ -10,9 +10,11 @@ the flood and the quiet jobs are two tenants (charged by learned cost, the defau
 Scenarios only Fairlane has: ``tenants`` (throughput against the number of active
 tenants, ``benchmarks/tenants.py``), ``submit`` (admission decisions from concurrent
 submitter processes, ``benchmarks/submit.py``), ``overload`` (a 16-slot lane offered
-more than it serves, with and without admission, ``benchmarks/overload.py``) and
+more than it serves, with and without admission, ``benchmarks/overload.py``),
 ``shared_key`` (quiet tenants behind a flood on one throttle key, fair waiters against
-FIFO waiters and the lane without the key, ``benchmarks/shared_key.py``).
+FIFO waiters and the lane without the key, ``benchmarks/shared_key.py``), and
+``upstream`` (tenants calling a rate-limited model endpoint on loopback: retries, a
+rate key at its capacity, an adaptive limit, ``benchmarks/upstream.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 from _driver import Adapter, Params, dist_versions, main
 from benchmarks import overload as overload_bench
 from benchmarks import shared_key as shared_key_bench
+from benchmarks import upstream as upstream_bench
 from benchmarks.fairlane_worker import make_app
 from benchmarks.submit import bench_submit
 from benchmarks.tenants import drain_rate
@@ -115,6 +118,15 @@ async def shared_key(a: Adapter, p: Params) -> dict[str, Any]:
     )  # fmt: skip
 
 
+async def upstream(a: Adapter, p: Params) -> dict[str, Any]:
+    """Tenants calling a rate-limited upstream on loopback, four ways (``upstream.py``)."""
+    return await upstream_bench.run_all(
+        a.url, a.ns, n=float(p["upstream_n"]), latency=float(p["upstream_latency"]),
+        seconds=float(p["upstream_seconds"]), tenants=int(p["upstream_tenants"]),
+        concurrency=int(p["upstream_concurrency"]),
+    )  # fmt: skip
+
+
 class _Plain(Fairlane):
     """For the Fairlane-only scenarios: nothing to open, they make their own apps."""
 
@@ -133,7 +145,13 @@ def _make(params: Params) -> Adapter:
     return _Plain(params) if scenario in EXTRA else Fairlane(params)
 
 
-EXTRA = {"tenants": tenants, "submit": submit, "overload": overload, "shared_key": shared_key}
+EXTRA = {
+    "tenants": tenants,
+    "submit": submit,
+    "overload": overload,
+    "shared_key": shared_key,
+    "upstream": upstream,
+}
 
 if __name__ == "__main__":
     main(_make, EXTRA)

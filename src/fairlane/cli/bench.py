@@ -184,7 +184,9 @@ def render(result: dict[str, Any], console: Console | None = None) -> None:
 # -- the command --------------------------------------------------------------
 
 _PEERS = ("arq", "saq", "streaq", "taskiq")
-_PHASES = ("throughput", "latency", "noisy", "tenants", "submit", "overload", "shared_key")
+_PHASES = (
+    "throughput", "latency", "noisy", "tenants", "submit", "overload", "shared_key", "upstream",
+)  # fmt: skip
 
 
 def bench(
