@@ -21,25 +21,29 @@ unpaused) plus an hour; this twin keeps it forever. They differ only where that 
 shows: an adaptive value idle for an hour, and a key whose rate changed while its bucket
 was full (a fresh bucket is full under the new rate, a kept one refills towards it).
 
-Choices where the contract is silent (the Lua twin makes the same)
-------------------------------------------------------------------
+Choices (the contract's "Choices the Lua twin made", and where it is silent)
+--------------------------------------------------------------------------
 * **Cost.** A job's cost on a key is ``job_cost(rate, units)`` of the rate *in force*
-  (1, or its rate cost ``units``), capped at the key's burst: a rate whose burst was
-  lowered under a waiting job's cost would otherwise never let that head fit, and the
-  key would wait behind it for ever. Takes, fits, due times, refunds and tenant charges
-  all use this cost; a correction gives back ``cost - used``.
-* **What gates.** Only a key with a rate in force is gated by its bucket (fit and the
-  no-barging clause); a pause on a key without a rate holds nothing back by itself (an
-  adaptive key is still cut by it).
-* **Dues.** :meth:`RateKeys.lower_due` (a job parks on, or moves to, a key blocked by
-  its rate, including by its waiters; a waiter leaving a rate key that still has
-  waiters, at ``now``), :meth:`RateKeys.set_due` (a wake stops on a head that does not
-  fit: exactly its ``due_at``), :meth:`RateKeys.raise_due` (a pushback on a key with
-  waiters: no earlier than the pause's end). Only :meth:`RateKeys.pop_due` removes a
-  due (``fetch`` waking it, at most :data:`DUE_BATCH` keys at once, in due order then
-  key order); a due left by a key whose waiters have gone wakes nothing.
-* **Corrections** are made only when ``used >= 0`` differs from the cost taken; refunds
-  of offers given back always write (a cost of 0 included), as ``correct`` does.
+  (1, or its rate cost ``units``), capped at the key's burst (this twin's proposal: a
+  rate whose burst was lowered under a waiting job's cost would otherwise never let
+  that head fit, and the key would wait behind it for ever). Takes, fits, due times,
+  refunds and tenant charges all use this cost; a correction gives back ``cost -
+  used``, made only when ``used >= 0`` differs from it; refunds of offers given back
+  always write (a cost of 0 included), as ``correct`` does.
+* **Who is settled.** Only a job that named a rate or an adaptive key, or took tokens
+  when admitted or woken (the store's ``c:<job>``), is corrected, grown or refunded.
+* **Pauses** block any key, with or without a rate (the store's ``pz:<key>``).
+* **Dues.** :meth:`RateKeys.lower_due`: a job parks on, or moves to, a key that is
+  paused (its end) or whose bucket it does not fit (its ``due_at``); one held back only
+  by the key's waiters leaves the due as it is; a waiter leaving a rate key that still
+  has waiters makes it due at ``now``. :meth:`RateKeys.set_due`: a wake stops on a
+  paused key (the pause's end) or on a head that does not fit (exactly its
+  ``due_at``). :meth:`RateKeys.raise_due`: a pushback on a key with waiters, to
+  ``until``. Only :meth:`RateKeys.pop_due` removes a due (``fetch`` waking it, at most
+  :data:`DUE_BATCH` keys at once, in due order then key order); a due left by a key
+  whose waiters have gone wakes nothing.
+* **Adaptive values** are clamped into the bounds of the arrival that names them; an
+  arrival naming the key with a fixed limit makes it a fixed key again.
 """
 
 from __future__ import annotations

@@ -28,10 +28,10 @@ Rules
   rate). An adaptive key's limit is ``floor(value)``. A waiter's limits are not applied
   again when it is woken or when its offers are converted. A key is forgotten (limit,
   rate, tags, all) once no job holds it, is offered it or waits naming it.
-* **Blocking.** Key ``j`` blocks a job at ``now`` iff ``room(j) <= 0``, or ``j`` has a
-  rate and (the job does not fit its bucket, or ``j`` has waiters and is not the key
-  being woken). The last clause keeps a job that happens to fit from overtaking
-  waiters that need more tokens (no barging).
+* **Blocking.** Key ``j`` blocks a job at ``now`` iff ``room(j) <= 0``, or ``j`` is
+  paused (with or without a rate), or ``j`` has a rate and (the job does not fit its
+  bucket, or ``j`` has waiters and is not the key being woken). The last clause keeps a
+  job that happens to fit from overtaking waiters that need more tokens (no barging).
 * **Taking keys happens only with a lane slot** (``try_acquire``, called by dispatch
   for a job that has its lane slot). A job holding offers converts them into holds
   (``o -= 1``, ``in_use += 1`` on each key) iff every one of its keys has ``in_use <
@@ -46,9 +46,10 @@ Rules
   charge and the tenant's weight. A group that becomes non-empty starts at ``S_k(t) =
   max(F_k(t), V_k)`` (``F_k(t)`` its finish tag, if any). The next group is the one
   with the least ``(S_k(t), t)``.
-* **Wake.** While ``room(k) > 0`` and ``k`` has waiters, take the head ``h`` of the
-  least-tag group. If ``k`` has a rate and ``h`` does not fit it, ``k`` is due at
-  ``due_at(h)`` exactly and the wake stops. Otherwise ``h`` is taken out and tried on
+* **Wake.** While ``room(k) > 0``: if ``k`` is paused it is due at the pause's end and
+  the wake stops; if nobody waits it stops; take the head ``h`` of the least-tag group.
+  If ``k`` has a rate and ``h`` does not fit it, ``k`` is due at ``due_at(h)`` exactly
+  and the wake stops. Otherwise ``h`` is taken out and tried on
   all its keys: if another key blocks it, it *moves* (holding nothing, uncharged) to
   its tenant's group there; else it is *woken*: one offer on each of its keys (a
   :class:`Wake`), ``cost_j`` tokens on each rate key, ``V_k = max(V_k, S_k(t))`` and
@@ -59,10 +60,11 @@ Rules
   deleted. A key is woken after a release, a raised limit or changed rate (an
   arrival's, before the arrival is tried: the waiters came first), offers given back,
   and when it is due (``wake_due``, which ``fetch`` runs first).
-* **Due.** A job that parks on, or moves to, a key that blocks it by its rate (not by
-  room) makes the key due no later than ``due_at`` of its own cost; a waiter leaving a
-  rate key that keeps waiters makes it due now; a pushback makes a key with waiters
-  due no earlier than the pause's end. Nothing polls: the due set is the only timer.
+* **Due.** A job that parks on, or moves to, a paused key makes it due no later than
+  the pause's end, and one that does not fit a key's bucket no later than ``due_at`` of
+  its own cost (one held back only by waiters leaves the due as it is); a waiter
+  leaving a rate key that keeps waiters makes it due now; a pushback makes a key with
+  waiters due no earlier than ``until``. Nothing polls: the due set is the only timer.
 * **An attempt ends** (``push_back``, then ``release``): a pushback pauses the key
   (and cuts an adaptive key not paused already: once per pause); then each units key
   is corrected by ``cost - used``, each adaptive key grows after a success, and the
@@ -84,22 +86,24 @@ I2. *Never over the limit.* Every hold and every offer on ``k`` is made with roo
     0`` or (converting an offer) ``in_use(k) < limit(k)``. So ``in_use + o <= limit``
     unless a limit was lowered (or an adaptive key cut), which preempts nobody and
     makes nothing new until the excess drains. Every take of tokens is made with a fit.
-I3. *Work conservation, no barging.* A key with waiters has no room, or its head does
-    not fit its rate and the key is due no later than the head's fit time (or now).
+I3. *Work conservation, no barging.* A key with waiters has no room, or it is due: no
+    later than its pause's end or the fit time of the waiter its due was computed for
+    (a wake's head, or one that parked there by the pause or the bucket). A group that
+    forms with the least tag behind a job held back only by waiters waits for that due
+    (the contract's choice), so a head that fits sooner may wait until then.
 
 Proofs
 ------
-* **No lost wake-ups, no barging.** A waiter that could take all its keys would sit on
-  a key with room whose head fits, contradicting I3. I3 holds after every operation:
-  an arrival parks only on a key that blocks it, lowering the key's due to its own fit
-  time when the key blocks by its rate; room grows only by a release, a raised limit
-  or offers given back, and a fit time moves earlier only by a refund or a changed
-  rate, and every key so changed that has waiters is woken (a release after a
-  correction included) until it has no room, no waiters, or a head that does not fit
-  (then due exactly at its fit time); a head changes only by a wake, by a waiter
-  joining (with its own due) or by one leaving (due now). An arrival that finds room
-  and its fit finds nobody waiting on a rate key, nor (by I3) on a key without one, so
-  it overtakes nobody.
+* **No lost wake-ups, no barging.** I3 holds after every operation: a job parks only
+  on a key that blocks it; by room, the key has none; by a pause or its bucket, it
+  makes the key due; by waiters only, the key has room and waiters already, so (I3) it
+  was due. Room grows only by a release, a raised limit or offers given back, and a fit
+  time moves earlier only by a refund or a changed rate: every key so changed that has
+  waiters is woken (a release after a correction included). A wake, and ``wake_due``
+  (the only remover of a due), end with no room, nobody waiting, or the key due again.
+  So every waiter on a key with room is woken at its key's due at the latest, and an
+  arrival that finds room, no pause and its fit finds nobody waiting on a rate key,
+  nor (by I3) on a key without one: it overtakes nobody.
 * **No deadlock.** A waiter holds nothing; a woken job holds only offers, which its
   next dispatch converts in one step or gives back, and a lane slot does not wait on a
   key. So the wait-for graph has edges only from waiters to holders and offers, none
@@ -190,6 +194,15 @@ class Parked:
     """Waiters woken on the way (raised limits, offers this job gave back)."""
 
 
+def _check_given(keys: Mapping[str, int | Adaptive], rates: Mapping[str, Rate]) -> None:
+    for key, limit in keys.items():
+        if not isinstance(limit, Adaptive) and limit < 0:
+            raise ValueError(f"limit for {key!r} must be >= 0, got {limit}")
+    for key, rate in rates.items():
+        if not isinstance(rate, Rate):
+            raise TypeError(f"rate for {key!r} must be a Rate, got {rate!r}")
+
+
 class Throttles(ThrottleState):
     """Per-key concurrency limits and rates with tenant-fair waiting and offers."""
 
@@ -227,15 +240,12 @@ class Throttles(ThrottleState):
             entry = (-priority, seq, job_id)
             waiter = Waiter(offered, entry, tenant, charge, "", self._units[job_id], now)
             return self._convert(job_id, waiter, now)
-        for key, limit in keys.items():
-            if not isinstance(limit, Adaptive) and limit < 0:
-                raise ValueError(f"limit for {key!r} must be >= 0, got {limit}")
-        for key, rate in rates.items():
-            if not isinstance(rate, Rate):
-                raise TypeError(f"rate for {key!r} must be a Rate, got {rate!r}")
+        _check_given(keys, rates)
         order = tuple(sorted({*keys, *rates}))
         raised = [key for key in order if self._apply(key, keys.get(key), rates.get(key))]
         self._units[job_id] = float(units)
+        if rates or any(isinstance(limit, Adaptive) for limit in keys.values()):
+            self._rated.add(job_id)
         wakes: list[Wake] = []
         for key in raised:
             self._wake(key, wakes, now)
@@ -243,11 +253,11 @@ class Throttles(ThrottleState):
         if found is None:
             for key in order:
                 self._keys[key].in_use += 1
-            self._take(order, units, now)
+            self._take(job_id, order, units, now)
             return Acquired(job_id, self._grant(job_id, order), order, tuple(wakes))
         entry = (-priority, seq, job_id)
         self._counts["parked"] += 1
-        self._enter(job_id, Waiter(order, entry, tenant, charge, found[0], units, now), found, now)
+        self._enter(job_id, Waiter(order, entry, tenant, charge, found[0], units, now), found[1])
         return Parked(job_id, found[0], tuple(wakes))
 
     def release(
@@ -273,7 +283,9 @@ class Throttles(ThrottleState):
         self._counts["released"] += 1
         keys = held[1]
         cost_units = self._units.pop(job_id)
-        for key in keys:
+        rated = job_id in self._rated
+        self._rated.discard(job_id)
+        for key in keys if rated else ():
             state = self._keys[key]
             rate = state.rate
             if rate is not None and rate.units and used is not None and used >= 0:
@@ -307,7 +319,7 @@ class Throttles(ThrottleState):
             state.limit = adaptive_limit(self._rates.cut(key, state.adaptive))
             cut = True
         if state.groups:
-            self._rates.raise_due(key, self._rates.paused_until(key))
+            self._rates.raise_due(key, until)
         return cut
 
     def cancel(self, job_id: str, *, now: int = 0) -> list[Wake]:
@@ -322,6 +334,7 @@ class Throttles(ThrottleState):
                 self._rates.lower_due(waiter.at, now)
             self._unref(waiter.keys)
             del self._units[job_id]
+            self._rated.discard(job_id)
             self._counts["cancelled"] += 1
             return []
         offered = self._offered.pop(job_id, None)
@@ -329,7 +342,8 @@ class Throttles(ThrottleState):
             return []
         self._counts["cancelled"] += 1
         wakes: list[Wake] = []
-        self._give_back(offered, self._units.pop(job_id), wakes, now)
+        self._give_back(job_id, offered, self._units.pop(job_id), wakes, now)
+        self._rated.discard(job_id)
         self._unref(offered)
         return wakes
 
@@ -389,50 +403,61 @@ class Throttles(ThrottleState):
         # a limit was lowered under the offer: give it and its tokens back, wait again
         for key in keys:
             self._keys[key].offers -= 1
-        self._refund(keys, waiter.units, now)
+        self._refund(job_id, keys, waiter.units, now)
         found = self._blocker(keys, waiter.units, now)
         assert found is not None  # the key whose in_use reached its limit
         waiter.at = found[0]
         self._counts["parked"] += 1
-        self._enter(job_id, waiter, found, now)
+        self._enter(job_id, waiter, found[1])
         wakes: list[Wake] = []
         self._wake_all(keys, wakes, now)
         return Parked(job_id, found[0], tuple(wakes))
 
-    def _give_back(self, keys: tuple[str, ...], units: float, wakes: list[Wake], now: int) -> None:
+    def _give_back(
+        self, job_id: str, keys: tuple[str, ...], units: float, wakes: list[Wake], now: int
+    ) -> None:
         for key in keys:
             self._keys[key].offers -= 1
-        self._refund(keys, units, now)
+        self._refund(job_id, keys, units, now)
         self._wake_all(keys, wakes, now)
 
-    def _refund(self, keys: tuple[str, ...], units: float, now: int) -> None:
+    def _refund(self, job_id: str, keys: tuple[str, ...], units: float, now: int) -> None:
+        if job_id not in self._rated:
+            return  # it took nothing: it names no rate or adaptive key and took no tokens
         for key in keys:
             rate = self._keys[key].rate
             if rate is not None:
                 self._rates.correct(key, rate, key_cost(rate, units), now)
 
-    def _take(self, keys: tuple[str, ...], units: float, now: int) -> None:
+    def _take(self, job_id: str, keys: tuple[str, ...], units: float, now: int) -> None:
         for key in keys:
             rate = self._keys[key].rate
             if rate is not None:
                 self._rates.take(key, rate, key_cost(rate, units), now)
+                self._rated.add(job_id)
 
     def _blocker(
         self, keys: tuple[str, ...], units: float, now: int, waking: str | None = None
-    ) -> tuple[str, Rate | None] | None:
-        """The first of ``keys`` that blocks a job of rate cost ``units`` at ``now``,
-        with its rate when it blocks by its rate (``None``: by room); ``waking`` is the
-        key being woken, whose waiters do not block."""
+    ) -> tuple[str, int | None] | None:
+        """The first of ``keys`` that blocks a job of rate cost ``units`` at ``now``, and
+        the due it makes its key when the job parks there: the pause's end, or when the
+        job fits (``None``: blocked by room, or only by waiters). ``waking`` is the key
+        being woken, whose waiters do not block."""
         for key in keys:
             state = self._keys[key]
             if state.room() <= 0:
                 return key, None
+            paused = self._rates.paused_until(key)
+            if now < paused:
+                return key, paused
             rate = state.rate
-            if rate is not None and (
-                (key != waking and state.groups)
-                or not self._rates.fits(key, rate, key_cost(rate, units), now)
-            ):
-                return key, rate
+            if rate is None:
+                continue
+            if key != waking and state.groups:
+                return key, None  # no barging; the key's due stays as it is
+            cost = key_cost(rate, units)
+            if not self._rates.fits(key, rate, cost, now):
+                return key, self._rates.due_at(key, rate, cost, now)
         return None
 
     def _grant(self, job_id: str, keys: tuple[str, ...]) -> int:
@@ -441,16 +466,14 @@ class Throttles(ThrottleState):
         self._counts["acquired"] += 1
         return self._token
 
-    def _enter(self, job_id: str, waiter: Waiter, found: tuple[str, Rate | None], now: int) -> None:
-        """Put a waiter in its tenant's group on ``found``'s key; a key blocking it by
-        its rate is due no later than the waiter's own fit time."""
-        key, rate = found
+    def _enter(self, job_id: str, waiter: Waiter, due: int | None) -> None:
+        """Put a waiter in its tenant's group on ``waiter.at``, which is then due no
+        later than ``due`` (the blocker's)."""
         self._epoch += 1
-        self._keys[key].join(waiter.tenant, waiter.entry, self._epoch)
+        self._keys[waiter.at].join(waiter.tenant, waiter.entry, self._epoch)
         self._parked[job_id] = waiter
-        if rate is not None:
-            cost = key_cost(rate, waiter.units)
-            self._rates.lower_due(key, self._rates.due_at(key, rate, cost, now))
+        if due is not None:
+            self._rates.lower_due(waiter.at, due)
 
     def _wake_all(self, keys: tuple[str, ...], wakes: list[Wake], now: int) -> None:
         for key in keys:
@@ -460,10 +483,17 @@ class Throttles(ThrottleState):
 
     def _wake(self, key: str, out: list[Wake], now: int) -> None:
         """Hand ``key``'s room (and tokens) to its waiters, least tag first, until it has
-        no room, nobody waits, or its head does not fit (then it is due at its fit)."""
+        no room, is paused (then due at the pause's end), nobody waits, or its head does
+        not fit (then due when it would)."""
         state = self._keys[key]
         rate = state.rate
-        while state.groups and state.room() > 0:
+        while state.room() > 0:
+            paused = self._rates.paused_until(key)
+            if now < paused:
+                self._rates.set_due(key, paused)
+                return
+            if not state.groups:
+                return
             tenant, job_id = state.head()
             waiter = self._parked[job_id]
             charge = waiter.charge
@@ -475,16 +505,16 @@ class Throttles(ThrottleState):
             del self._parked[job_id]
             state.pop_head(tenant)
             found = self._blocker(waiter.keys, waiter.units, now, waking=key)
-            if found is not None:  # found[0] != key: key has room, its head fits
+            if found is not None:  # found[0] != key: key has room, no pause, its head fits
                 if not state.groups[tenant]:
                     state.idle(tenant)
                 waiter.at = found[0]
-                self._enter(job_id, waiter, found, now)
+                self._enter(job_id, waiter, found[1])
                 self._counts["moves"] += 1
                 continue
             for k in waiter.keys:
                 self._keys[k].offers += 1
-            self._take(waiter.keys, waiter.units, now)
+            self._take(job_id, waiter.keys, waiter.units, now)
             self._offered[job_id] = waiter.keys
             state.serve(tenant, charge, self._weights.get(tenant, 1.0))
             if rate is not None:

@@ -145,6 +145,8 @@ class ThrottleState:
         self._offered: dict[str, tuple[str, ...]] = {}  # job -> keys it holds offers on
         self._parked: dict[str, Waiter] = {}
         self._units: dict[str, float] = {}  # known job -> its rate cost
+        # jobs that name a rate or adaptive key or took tokens: corrected, grown, refunded
+        self._rated: set[str] = set()
         self._rates = RateKeys()
         self._token = 0
         self._epoch = 0
