@@ -29,8 +29,10 @@ _COMPARE_HELP = (
     "joined by + to overrides: slice=SECONDS|inf, admission=on|off, throttles=on|off, "
     "classes=on|off, charge=time|jobs|units, waiters=fair|fifo (throttle key waiters: "
     "grouped by tenant and woken fairly, the key taken with a lane slot; or one FIFO per "
-    "key with the grant held while its job waits for a lane slot); e.g. "
-    "'slice=0.5,slice=inf', 'fair,fair+admission=off,fifo' or 'waiters=fair,waiters=fifo'."
+    "key with the grant held while its job waits for a lane slot), rate=none|static|adaptive|"
+    "both (which of a key's rate and adaptive limit are in force: none retries 429s with "
+    "backoff); e.g. 'slice=0.5,slice=inf', 'fair,fair+admission=off,fifo', "
+    "'waiters=fair,waiters=fifo' or 'rate=none,rate=static,rate=adaptive'."
 )
 
 
