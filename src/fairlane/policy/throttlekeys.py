@@ -191,6 +191,20 @@ class ThrottleState:
             return self._rates.value(key, state.adaptive)
         return self._rates.stored_value(key)
 
+    def adaptive_bounds(self, key: str) -> Adaptive | None:
+        """The adaptive bounds in force for ``key``, or ``None`` (a fixed limit)."""
+        state = self._keys.get(key)
+        return None if state is None else state.adaptive
+
+    def adaptive_written(self, key: str) -> float | None:
+        """An adaptive key's value as last written (``None``: never, its max applies)."""
+        return self._rates.stored_value(key)
+
+    def rated(self, job_id: str) -> bool:
+        """Whether the job is corrected, grown and refunded: it names a rate or an
+        adaptive key, or took tokens (the store's ``c:<job>``)."""
+        return job_id in self._rated
+
     def rate_counters(self, key: str) -> RateCounters:
         """Tokens taken, refunded and charged as debt on ``key``, pushbacks, waiters
         woken and the ms they waited (a copy)."""
