@@ -64,7 +64,10 @@ def test_a_wake_that_stops_on_a_head_that_does_not_fit_makes_the_key_due_then() 
     t.try_acquire("a", {}, 0, 1, rates=rates, units=10, now=0)
     for i, units in enumerate((2.0, 6.0, 1.0)):
         t.try_acquire(f"w{i}", {}, 0, 2 + i, rates=rates, units=units, now=0)
-    assert t.due("m") == 200  # w0's; w1 and w2 are held back by w0 and leave it
+    # the least of the waiters' own fit times (w2's, 1 unit); its wake finds the head,
+    # w0, short and sets w0's
+    assert t.due("m") == 100
+    assert t.wake_due(100) == [] and t.due("m") == 200
     assert [w.job_id for w in t.wake_due(200)] == ["w0"]
     assert t.due("m") == 800
     assert [w.job_id for w in t.wake_due(900)] == ["w1", "w2"]  # 7 units by then
@@ -81,7 +84,10 @@ def test_an_arrival_that_fits_does_not_overtake_waiters_that_need_more() -> None
     # 5 units are there and "small" needs 1, but "big" waits for them first
     got = t.try_acquire("small", {}, 0, 3, rates=rates, units=1, tenant="y", now=0)
     assert got == Parked("small", "m")
-    assert t.due("m") == 300  # held back only by waiters: the due stays as it is
+    # behind waiters, due when it would fit (its group may be the key's next head);
+    # that wake finds the head, big, short and sets big's
+    assert t.due("m") == 1
+    assert t.wake_due(1) == [] and t.due("m") == 300
     assert [w.job_id for w in t.wake_due(300)] == ["big"]
     assert t.due("m") == 400
     assert [w.job_id for w in t.wake_due(400)] == ["small"]
@@ -92,13 +98,14 @@ def test_an_arrival_that_fits_does_not_overtake_waiters_that_need_more() -> None
     assert t.parked_on("m2") == "m" and t.due("m") == 1300
     assert t.release("hc", now=401) == []
     assert t.parked_on("w") == "m"  # moved, uncharged, behind m2
-    assert t.statistics().moves == 1 and t.due("m") == 1300
+    # w's own fit time, 1 unit after small's: its group could be the next head
+    assert t.statistics().moves == 1 and t.due("m") == 500
 
 
-def test_a_head_formed_behind_the_keys_due_waits_for_it() -> None:
-    """The contract's choice: a job held back only by the no-barging clause leaves the
-    key's due as it is, so a tenant group that forms with the least tag waits for the
-    due its key already had, though its head fits sooner."""
+def test_a_head_formed_behind_waiters_is_woken_when_it_fits() -> None:
+    """A job held back only by the no-barging clause makes the key due when it would fit:
+    a tenant group that forms with the least tag is woken then, not at the due its key
+    had for another group's head."""
     t = Throttles()
     rates = {"m": UNITS}
     t.try_acquire("x", {}, 0, 1, rates=rates, units=10, tenant="a", now=0)
@@ -108,9 +115,9 @@ def test_a_head_formed_behind_the_keys_due_waits_for_it() -> None:
     assert t.due("m") == 1500 and t.start_tags("m") == {"a": 5.0}
     t.try_acquire("b1", {}, 0, 4, rates=rates, units=1, tenant="b", now=600)
     assert t.start_tags("m") == {"a": 5.0, "b": 0.0}  # b's group is the head, and fits
-    assert t.due("m") == 1500
-    assert [w.job_id for w in t.wake_due(1500)] == ["b1"]
-    assert t.due("m") == 1600
+    assert t.due("m") == 601
+    assert [w.job_id for w in t.wake_due(601)] == ["b1"]
+    assert t.due("m") == 1600  # a2's 10 units, after b1's 1
 
 
 def test_a_paused_key_without_a_rate_holds_arrivals_until_the_pause_ends() -> None:
@@ -228,7 +235,7 @@ def test_a_pushback_on_a_key_with_waiters_makes_it_due_at_the_pause_end() -> Non
     assert t.wake_due(4000)[0].job_id == "h"
 
 
-def test_an_adaptive_key_is_cut_once_per_pause_and_grows_back_within_its_bounds() -> None:
+def test_an_adaptive_key_is_cut_on_each_pushback_and_grows_back_within_its_bounds() -> None:
     t = Throttles()
     spec = {"m": Adaptive(max=8, min=2)}
     jobs = [f"j{i}" for i in range(8)]
@@ -237,19 +244,16 @@ def test_an_adaptive_key_is_cut_once_per_pause_and_grows_back_within_its_bounds(
     assert t.limit("m") == 8 and t.adaptive("m") == 8.0
     assert t.push_back("j0", "m", 1000, now=0) is True
     assert t.limit("m") == 4
-    # every call in flight is refused at once: one cut for the episode
-    assert t.push_back("j1", "m", 1000, now=10) is False
-    assert t.limit("m") == 4
-    for job in jobs[:6]:
-        assert t.release(job, now=20) == []  # 2 left in use, limit 4: room again
+    # each call the upstream refused is evidence: a second refusal cuts again
+    assert t.push_back("j1", "m", 1000, now=10) is True
+    assert t.limit("m") == 2
+    for job in jobs[:7]:
+        assert t.release(job, now=20) == []  # 1 left in use, limit 2: room again
     assert t.try_acquire("p", spec, 0, 9, now=20) == Parked("p", "m")  # but paused
     assert t.due("m") == 1000
     (wake,) = t.wake_due(1000)
     assert wake.job_id == "p"
     assert t.try_acquire("p", spec, 0, 9, now=1000) == Acquired("p", 9, ("m",))
-    assert t.push_back("p", "m", 3000, now=1000) is True  # a new episode
-    assert t.limit("m") == 2
-    t.release("j6", now=1000)
     t.release("j7", now=1000)
     assert t.push_back("p", "m", 9000, now=3000) is True
     assert t.adaptive("m") == 2.0  # never below min
@@ -270,7 +274,7 @@ def test_growth_that_raises_an_adaptive_limit_wakes_its_waiters() -> None:
     spec = {"m": Adaptive(max=4, min=1)}
     t.try_acquire("a", spec, 0, 1, now=0)
     t.push_back("a", "m", 10, now=0)
-    t.push_back("a", "m", 10, now=20)  # the pause is over: cut again, to 1
+    t.push_back("a", "m", 10, now=20)  # cut again, to 1
     assert t.limit("m") == 1
     t.try_acquire("w", spec, 0, 2, now=30)
     assert t.parked_on("w") == "m"
@@ -310,7 +314,10 @@ def test_costs_above_a_lowered_burst_are_capped_so_the_key_never_wedges() -> Non
     t.try_acquire("a", {}, 0, 1, rates={"m": Rate(10, cost="units")}, units=10, now=0)
     t.try_acquire("w", {}, 0, 2, rates={"m": Rate(10, cost="units")}, units=10, now=0)
     t.try_acquire("n", {}, 0, 3, rates={"m": Rate(10, burst=4, cost="units")}, units=1, now=0)
-    assert t.next_due() == 400  # the rate change woke m: w fits its 4 then
+    # the rate change woke m (w fits its 4 at 400), then n, held back by w, made it due
+    # when n would fit
+    assert t.next_due() == 100
+    assert t.wake_due(100) == [] and t.next_due() == 400
     assert [w.job_id for w in t.wake_due(400)] == ["w"]  # w takes the burst, 4, not 10
 
 

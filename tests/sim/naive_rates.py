@@ -173,9 +173,8 @@ class NaiveRates:
                     woken += self.set_limit(k, adaptive_limit(self.value[k]))
         cut = False
         if push is not None:
-            was = self.now < self.bucket[push].paused_until
             self.bucket[push] = pause(self.bucket[push], until)
-            if push in self.adaptive and not was:
+            if push in self.adaptive:
                 self.value[push] = adaptive_cut(self.value[push], self.adaptive[push])
                 self.limits[push] = adaptive_limit(self.value[push])
                 cut = True

@@ -39,7 +39,7 @@ Choices (the contract's "Choices the Lua twin made", and where it is silent)
   has waiters makes it due at ``now``. :meth:`RateKeys.set_due`: a wake stops on a
   paused key (the pause's end) or on a head that does not fit (exactly its
   ``due_at``). :meth:`RateKeys.raise_due`: a pushback on a key with waiters, to
-  ``until``. Only :meth:`RateKeys.pop_due` removes a due (``fetch`` waking it, at most
+  ``until``. Only :meth:`RateKeys.drop_due` removes a due (``fetch`` waking it, at most
   :data:`DUE_BATCH` keys at once, in due order then key order); a due left by a key
   whose waiters have gone wakes nothing.
 * **Adaptive values** are clamped into the bounds of the arrival that names them; an
@@ -188,13 +188,15 @@ class RateKeys:
     def next_due(self) -> int | None:
         return min(self._due.values(), default=None)
 
-    def pop_due(self, now: int) -> list[str]:
-        """Take out the keys due at or before ``now``: at most :data:`DUE_BATCH`, in due
-        order, then key order."""
+    def ready(self, now: int) -> list[str]:
+        """The keys due at or before ``now``: at most :data:`DUE_BATCH`, in due order, then
+        key order (each is taken out with :meth:`drop_due` just before its wake, so a
+        due a wake before it wrote for it goes too, as the store's does)."""
         ready = sorted((at, key) for key, at in self._due.items() if at <= now)[:DUE_BATCH]
-        for _, key in ready:
-            del self._due[key]
         return [key for _, key in ready]
+
+    def drop_due(self, key: str) -> None:
+        self._due.pop(key, None)
 
     # -- counters ---------------------------------------------------------------------
 

@@ -33,10 +33,10 @@ most ``limit`` in it); backlogged, the long-run rate is ``limit / per``.
 Adaptive concurrency limits
 ---------------------------
 ``Adaptive(max, min)`` is a concurrency limit that listens to pushback: its value starts
-at ``max``, is multiplied by :data:`ADAPTIVE_CUT` on a pushback that finds the key not
-already paused (one cut per episode: every call in flight is refused at once), and grows
-by ``1 / value`` on each success, never outside ``[min, max]``; the limit in force is
-``floor(value)``.
+at ``max``, is multiplied by :data:`ADAPTIVE_CUT` on each pushback (each is a call the
+upstream refused: a limit far above the upstream's is cut as often as its calls in flight
+are refused), and grows by ``1 / value`` on each success, never outside ``[min, max]``;
+the limit in force is ``floor(value)``.
 """
 
 from __future__ import annotations

@@ -61,12 +61,13 @@ Rules
   arrival's, before the arrival is tried: the waiters came first), offers given back,
   and when it is due (``wake_due``, which ``fetch`` runs first).
 * **Due.** A job that parks on, or moves to, a paused key makes it due no later than
-  the pause's end, and one that does not fit a key's bucket no later than ``due_at`` of
-  its own cost (one held back only by waiters leaves the due as it is); a waiter
+  the pause's end, and one blocked by a key's rate (it does not fit the bucket, or it
+  is held back by the key's waiters) no later than ``due_at`` of its own cost; a waiter
   leaving a rate key that keeps waiters makes it due now; a pushback makes a key with
   waiters due no earlier than ``until``. Nothing polls: the due set is the only timer.
 * **An attempt ends** (``push_back``, then ``release``): a pushback pauses the key
-  (and cuts an adaptive key not paused already: once per pause); then each units key
+  (and cuts an adaptive key: each pushback is a call the upstream refused); then each
+  units key
   is corrected by ``cost - used``, each adaptive key grows after a success, and the
   slots are freed and the keys woken (a limit the growth raised included).
 * **Offers given back** (``cancel``, or converting after a lowered limit) refund
@@ -86,11 +87,10 @@ I2. *Never over the limit.* Every hold and every offer on ``k`` is made with roo
     0`` or (converting an offer) ``in_use(k) < limit(k)``. So ``in_use + o <= limit``
     unless a limit was lowered (or an adaptive key cut), which preempts nobody and
     makes nothing new until the excess drains. Every take of tokens is made with a fit.
-I3. *Work conservation, no barging.* A key with waiters has no room, or it is due: no
-    later than its pause's end or the fit time of the waiter its due was computed for
-    (a wake's head, or one that parked there by the pause or the bucket). A group that
-    forms with the least tag behind a job held back only by waiters waits for that due
-    (the contract's choice), so a head that fits sooner may wait until then.
+I3. *Work conservation, no barging.* A key with waiters has no room, or it is due no
+    later than its pause's end and no later than its head's fit time (every waiter
+    that parks there lowers the due to its own fit time, and a wake that stops sets it
+    to the head's).
 
 Proofs
 ------
@@ -307,15 +307,16 @@ class Throttles(ThrottleState):
     ) -> bool:
         """The upstream behind ``key`` refused the attempt of ``job_id`` (which holds
         ``key``; call it before :meth:`release`): ``key`` is paused until ``until``, an
-        adaptive key not paused already is cut, and a key with waiters is due no
-        earlier than the pause's end. Returns whether it cut; ``False`` and nothing
+        adaptive key is cut, and a key with waiters is due no earlier than the pause's
+        end. Returns whether it cut; ``False`` and nothing
         done for a job that does not hold ``key`` (under ``token``)."""
         held = self._held.get(job_id)
         if held is None or (token is not None and held[0] != token) or key not in held[1]:
             return False
         state = self._keys[key]
         cut = False
-        if not self._rates.pause(key, until, now) and state.adaptive is not None:
+        self._rates.pause(key, until, now)
+        if state.adaptive is not None:
             state.limit = adaptive_limit(self._rates.cut(key, state.adaptive))
             cut = True
         if state.groups:
@@ -357,7 +358,8 @@ class Throttles(ThrottleState):
     def wake_due(self, now: int) -> list[Wake]:
         """Wake the keys due at or before ``now`` (``fetch`` runs it first)."""
         wakes: list[Wake] = []
-        for key in self._rates.pop_due(now):
+        for key in self._rates.ready(now):
+            self._rates.drop_due(key)
             if key in self._keys:
                 self._wake(key, wakes, now)
         return wakes
@@ -441,7 +443,7 @@ class Throttles(ThrottleState):
     ) -> tuple[str, int | None] | None:
         """The first of ``keys`` that blocks a job of rate cost ``units`` at ``now``, and
         the due it makes its key when the job parks there: the pause's end, or when the
-        job fits (``None``: blocked by room, or only by waiters). ``waking`` is the key
+        job fits (``None``: blocked by room). ``waking`` is the key
         being woken, whose waiters do not block."""
         for key in keys:
             state = self._keys[key]
@@ -453,10 +455,10 @@ class Throttles(ThrottleState):
             rate = state.rate
             if rate is None:
                 continue
-            if key != waking and state.groups:
-                return key, None  # no barging; the key's due stays as it is
             cost = key_cost(rate, units)
-            if not self._rates.fits(key, rate, cost, now):
+            # no barging; behind waiters the key is due no later than this job would
+            # fit, as a group it forms may be the key's next head
+            if (key != waking and state.groups) or not self._rates.fits(key, rate, cost, now):
                 return key, self._rates.due_at(key, rate, cost, now)
         return None
 

@@ -37,7 +37,7 @@ integer milliseconds, set with :meth:`RateKeys.at` before each call.
 * **End of an attempt** (:meth:`RateKeys.end`), in order: the correction of each
   ``cost="units"`` key by ``units - used`` when the attempt reported ``used``; adaptive
   growth on success (a raised limit wakes the key); the pushback (:meth:`push_back`:
-  pause until ``until``, one adaptive cut per pause episode, a key with waiters due at
+  pause until ``until``, an adaptive cut on each pushback, a key with waiters due at
   the pause's end); the release of the slots, which wakes the keys.
 
 :class:`Upstream` is the service behind a key (``UpstreamSpec``): the same policy
@@ -220,16 +220,14 @@ class RateKeys:
         return cut
 
     def push_back(self, k: int, until: int) -> bool:
-        """Pause ``k`` until ``until`` (ms); a key not paused already is cut if adaptive.
-        True iff it cut."""
+        """Pause ``k`` until ``until`` (ms); an adaptive key is cut. True iff it cut."""
         bucket = self.bucket[k]
-        was_paused = self.now < bucket.paused_until
         self.bucket[k] = bucket = pause(bucket, until)
         self.pushbacks[k] += 1
         self.pauses[k].append((self.now, bucket.paused_until))
         cut = False
         spec = self.adaptive[k]
-        if spec is not None and not was_paused:
+        if spec is not None:
             self.value[k] = value = adaptive_cut(self.value[k], spec)
             self.limit[k] = adaptive_limit(value)
             self.low[k] = min(self.low[k], self.limit[k])

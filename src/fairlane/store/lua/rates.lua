@@ -48,9 +48,11 @@ function rates.parse(spec)
   return {limit = l, per = per, burst = b, units = u == '1'}
 end
 
+-- What a job of rate cost `units` takes: 1, or its units at most the burst (a burst
+-- lowered under a waiting job's cost would otherwise never let it start).
 function rates.cost(rate, units)
   if rate.units then
-    return units
+    return math.min(units, rate.burst)
   end
   return 1
 end
@@ -158,8 +160,8 @@ function rates.set_adaptive(keys, key, before, after, now)
   return math.floor(after), math.floor(before)
 end
 
--- Pause `key` until `untl` for `cause`; an adaptive key not paused already is cut.
--- Returns whether it was cut.
+-- Pause `key` until `untl` for `cause`; an adaptive key is cut, on each pushback (each
+-- is a call the upstream refused). Returns whether it was cut.
 function rates.pause(keys, key, untl, now, cause)
   local sk = rates.state_key(keys, key)
   local v = redis.call('HMGET', sk, 'pu', 't')
@@ -173,7 +175,7 @@ function rates.pause(keys, key, untl, now, cause)
   local t = tonumber(v[2])
   rates.keep(keys, key, t and rate, {t = t or 0, pu = math.max(pu, untl), fresh = fresh}, now)
   local cut = false
-  local bounds = now >= pu and rates.adaptive_bounds(keys, key)
+  local bounds = rates.adaptive_bounds(keys, key)
   if bounds then
     local a = rates.adaptive_value(keys, key, bounds[1], bounds[2])
     local limit = rates.set_adaptive(keys, key, a, math.max(bounds[2], a * rates.CUT), now)

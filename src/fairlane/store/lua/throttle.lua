@@ -71,8 +71,8 @@ end
 
 -- The first of `names` that blocks a job of rate cost `units` at `now`: no room; a
 -- pause; or a rate it does not fit, or waiters on a rate key other than `waking` (no
--- barging). Returns the key and, when it blocks by a pause or its bucket, {rate or
--- false, bucket}. `seen` collects {rate, bucket} of the rate keys read on the way.
+-- barging). Returns the key and, when it blocks by a pause or its rate, {rate or false,
+-- bucket}. `seen` collects {rate, bucket} of the rate keys read on the way.
 local function first_full(keys, names, units, now, waking, seen)
   for _, key in ipairs(names) do
     local r, rate, pz = room(keys, key)
@@ -83,11 +83,11 @@ local function first_full(keys, names, units, now, waking, seen)
       return key, {false, {pu = pz}}
     end
     if rate then
-      if key ~= waking and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
-        return key
-      end
+      local waiting = key ~= waking and redis.call('ZCARD', tags_key(keys, key, 's')) > 0
       local b = rates.read(keys, key, rate, now)
-      if not rates.fits(rate, b, rates.cost(rate, units), now) then
+      -- behind waiters (no barging) the key is due no later than this job would fit: a
+      -- group it forms may be the key's next head
+      if waiting or not rates.fits(rate, b, rates.cost(rate, units), now) then
         return key, {rate, b}
       end
       if seen then
@@ -335,6 +335,8 @@ function rates.apply_given(keys, limits, rlist)
       adaptive = true
     elseif g.lim then
       limit = tonumber(g.lim[2])
+      -- a fixed limit makes the key fixed again
+      redis.call('HDEL', keys[THR], 'ad:' .. key)
     elseif not cur then
       limit = rates.UNLIMITED
     end
@@ -401,8 +403,9 @@ function rates.settle_keys(keys, id, names, now, used, succeeded)
   for _, key in ipairs(names) do
     local v = redis.call('HMGET', keys[THR], 'rp:' .. key, 'ad:' .. key)
     local rate = rates.parse(v[1])
-    if rate and rate.units and used and units ~= used then
-      rates.correct(keys, key, rate, units - used, now)
+    local cost = rate and rates.cost(rate, units)
+    if rate and rate.units and used and cost ~= used then
+      rates.correct(keys, key, rate, cost - used, now)
     end
     if succeeded and v[2] then
       rates.grow(keys, key, rates.adaptive_bounds(keys, key), now)
