@@ -79,7 +79,7 @@ class Config:
     shared_gap_ms: float = 200.0
     # (7) Fairlane alone: tenants calling a rate-limited upstream on loopback, four ways
     upstream_n: float = 40.0  # its calls per second
-    upstream_seconds: float = 15.0  # work per way at its capacity
+    upstream_seconds: float = 30.0  # work per way at its capacity: Adaptive's target is 30 s
     upstream_latency: float = 0.2
     upstream_tenants: int = 4
     upstream_concurrency: int = 64

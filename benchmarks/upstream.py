@@ -40,8 +40,9 @@ throughput unchanged within 5 % when no rate key is declared, is the ``throughpu
 phase's figure, measured against the code before rate keys.
 
 Run: ``python -m benchmarks.upstream [--redis-url URL]`` (default: a private server)
-``[--n 40] [--seconds 15] [--latency 0.2] [--tenants 4] [--concurrency 64]``; or
-``fairlane bench --phase upstream --no-peers``. A full run takes about 80 s.
+``[--n 40] [--seconds 30] [--latency 0.2] [--tenants 4] [--concurrency 64]``; or
+``fairlane bench --phase upstream --no-peers``. A full run takes about two and a half
+minutes (30 s of work per way: the Adaptive target is for its first 30 s).
 """
 
 from __future__ import annotations
@@ -493,7 +494,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=float, default=40.0, help="the upstream's calls per second")
     parser.add_argument("--tpm", type=float, default=None, help="its tokens per minute")
     parser.add_argument("--latency", type=float, default=0.2, help="seconds per served call")
-    parser.add_argument("--seconds", type=float, default=15.0, help="work per run at capacity")
+    parser.add_argument("--seconds", type=float, default=30.0, help="work per run at capacity")
     parser.add_argument("--tenants", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=64, help="the worker's slots")
     args = parser.parse_args(argv)
