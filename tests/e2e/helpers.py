@@ -154,3 +154,13 @@ def cpu_square(n: int) -> dict[str, int]:
 
 def process_fail(message: str) -> None:
     raise KeyError(message)
+
+
+@asynccontextmanager
+async def raw_client(url: str) -> AsyncIterator[Any]:
+    """A plain client of ``url`` for reading keys and counters behind the app's back."""
+    client = create_client(url)
+    try:
+        yield client
+    finally:
+        await client.aclose()

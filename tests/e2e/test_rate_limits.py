@@ -19,8 +19,7 @@ the moment the key's tokens were taken or just after), never from the test's clo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -28,10 +27,9 @@ import pytest
 import fairlane
 from fairlane import App, Estimate, Rate
 from fairlane.policy.rates import Bucket, correct, level, take
-from fairlane.store.connection import create_client
 from fairlane.store.records import JobRecord
 from fairlane.testing import RedisServer
-from tests.e2e.helpers import WAIT, make_app, running_worker, running_workers
+from tests.e2e.helpers import WAIT, make_app, raw_client, running_worker, running_workers
 
 pytestmark = pytest.mark.anyio
 
@@ -43,15 +41,6 @@ def server_url() -> Iterator[str]:
     """A private server for one test: the command counts and clocks are this test's alone."""
     with RedisServer() as server:
         yield server.url
-
-
-@asynccontextmanager
-async def raw_client(url: str) -> AsyncIterator[Any]:
-    client = create_client(url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 async def records(app: App, jobs: Sequence[fairlane.Job[Any]]) -> list[JobRecord]:

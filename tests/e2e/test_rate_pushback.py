@@ -15,17 +15,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from fairlane import Adaptive, App, Backoff, Estimate, Rate, Throttled
 from fairlane.policy.rates import MAX_PUSHBACKS
-from fairlane.store.connection import create_client
 from fairlane.testing import RedisServer
-from tests.e2e.helpers import WAIT, eventually, make_app, running_worker
+from tests.e2e.helpers import WAIT, eventually, make_app, raw_client, running_worker
 
 pytestmark = pytest.mark.anyio
 
@@ -38,15 +36,6 @@ def server_url() -> Iterator[str]:
     """A private server for one test."""
     with RedisServer() as server:
         yield server.url
-
-
-@asynccontextmanager
-async def raw_client(url: str) -> AsyncIterator[Any]:
-    client = create_client(url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 async def server_ms(client: Any) -> int:

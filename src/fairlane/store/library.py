@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from importlib.resources import files
 from typing import Final
 
-from fairlane.policy import admission, ceilings, rates
+from fairlane.policy import admission, ceilings, ratekeys, rates
 from fairlane.policy.admission import (
     EstimationSettings,
     PoolConfig,
@@ -120,6 +120,7 @@ def fill_constants(source: str) -> str:
         "__PASS_BUDGET__": str(deferral.PASS_BUDGET),
         "__LANE_READ_EVERY__": str(bounds.LANE_READ_EVERY),
         "__ADAPTIVE_CUT__": repr(rates.ADAPTIVE_CUT),
+        "__UNLIMITED__": str(ratekeys.UNLIMITED),
         "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),
         # an app of no prefix: what is left of its fence key is the key's own name
         "__FENCE_NAME__": AppKeys("").fence,

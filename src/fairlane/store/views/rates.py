@@ -41,6 +41,7 @@ from typing import Any, Final
 
 import msgspec
 
+from fairlane.policy.ratekeys import UNLIMITED
 from fairlane.policy.rates import Adaptive, Bucket, Rate, adaptive_limit, due_at, level
 from fairlane.store.fields import field_int, field_text
 from fairlane.store.keys import AppKeys
@@ -63,9 +64,8 @@ __all__ = [
 _RATE_FIELD: Final = "rp:"
 _ADAPTIVE_FIELD: Final = "ad:"
 
-#: The concurrency limit in force of a key named only as a rate key (the contract's "In
-#: force while referenced"): none
-UNLIMITED: Final = 2**31 - 1
+# UNLIMITED (re-exported): the concurrency limit in force of a key named only as a rate
+# key, the policy's number, which the library also writes into the scripts
 
 #: The fields of a ``rate:<key>`` hash and what each holds.
 RATE_FIELDS: Final[Mapping[str, str]] = {
