@@ -72,6 +72,10 @@ UNLIMITED = 2**31 - 1
 #: Keys one ``wake_due`` wakes at most (the store's batch per fetch).
 DUE_BATCH = 64
 
+#: Jobs one dispatch call of the store parks on their keys at most; a backlog parking
+#: on a key is parked over several fetches, each call bounded.
+PARK_BUDGET = 256
+
 
 def key_cost(rate: Rate, units: float) -> float:
     """What a job of rate cost ``units`` takes from ``rate``: 1 or ``units``, at most

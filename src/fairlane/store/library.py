@@ -121,6 +121,8 @@ def fill_constants(source: str) -> str:
         "__LANE_READ_EVERY__": str(bounds.LANE_READ_EVERY),
         "__ADAPTIVE_CUT__": repr(rates.ADAPTIVE_CUT),
         "__UNLIMITED__": str(ratekeys.UNLIMITED),
+        "__DUE_BATCH__": str(ratekeys.DUE_BATCH),
+        "__PARK_BUDGET__": str(ratekeys.PARK_BUDGET),
         "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),
         # an app of no prefix: what is left of its fence key is the key's own name
         "__FENCE_NAME__": AppKeys("").fence,

@@ -14,7 +14,8 @@
 -- a job holding rate or adaptive keys.
 -- One table, so that the library's main chunk keeps its locals.
 
-local rates = {UNLIMITED = __UNLIMITED__, IDLE_MS = 3600000, DUE_BATCH = 64, PARK_BUDGET = 256,
+local rates = {UNLIMITED = __UNLIMITED__, IDLE_MS = 3600000, DUE_BATCH = __DUE_BATCH__,
+  PARK_BUDGET = __PARK_BUDGET__,
   CUT = __ADAPTIVE_CUT__, MAX_PUSHBACKS = __MAX_PUSHBACKS__}
 
 function rates.fmt(x)
