@@ -111,6 +111,9 @@ pattern (after the prefix)  type   holds                              written by
 ``lane:<l>:adm:rej`` (der.) hash  tenant -> 'count|window start'     enqueue (rejections)
 ``kept:<task>:ok`` (der.)  zset   completed job id -> finish (ms)    ack (retention index)
 ``kept:<task>:failed``     zset   failed/expired/cancelled -> (ms)   ack, sweep, cancel
+``kept:<t>:<o>:links``     set    kept ids whose removal takes more  ack, sweep, cancel
+ (derived)                        than a DEL (an idempotency key, a  (trimmed with the
+                                  run's keys)                        index); redrive
 ``run:<id>:steps`` (der.)  list   a workflow run's checkpointed      wf_step, wf_wait,
                                   operations, in order (msgpack)     wf_children; trim
 ``run:<id>:log`` (der.)    list   slices, suspensions, the end       wf_load, ack, finish

@@ -19,16 +19,16 @@ local function lane_costing(p, lane, cache)
   return c
 end
 
--- An attempt ended having used `cost` units: its key's learned cost moves towards it,
--- the job records it next to what it was charged, and in 'cost' mode the tenant's tag
--- takes the difference.
-local function feed_back_cost(p, id, lane, cls, tenant, cost_key, charged_mu, cost, cache, keys)
+-- An attempt ended having used `cost` units: its key's learned cost moves towards it
+-- and in 'cost' mode the tenant's tag takes the difference. Returns what the job records
+-- next to what it was charged (`amu`, milli-units; the caller writes it with the
+-- record's end), or nil when the lane learns nothing.
+local function feed_back_cost(p, lane, cls, tenant, cost_key, charged_mu, cost, cache)
   local c = lane_costing(p, lane, cache)
   if not c.learn then
-    return
+    return nil
   end
   local actual_mu = math.max(MIN_CHARGE_MU, math.floor(cost * 1000 + 0.5))
-  redis.call('HSET', job_key(p, id), 'amu', actual_mu)
   if cost_key then
     local samples = cache.samples[cost_key]
     if not samples then
@@ -43,6 +43,7 @@ local function feed_back_cost(p, id, lane, cls, tenant, cost_key, charged_mu, co
     e[4] = e[4] + (actual_mu - (tonumber(charged_mu) or 1)) / 1000
     cache.tags[key] = e
   end
+  return actual_mu
 end
 
 local function flush_costs(p, cache, keys)
@@ -85,7 +86,7 @@ local function apply_acks(keys, p, acks, now, tally)
     local id, kind, payload = a[1], a[3], a[4]
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'st', 'tok', 'task', 'rc', 'rf', 'w', 'att', 'max', 'lane',
-      'cls', 'sl', 'ttok', 'tenant', 'start', 'mu', 'ck', 'cu', 'par', 'wfr')
+      'cls', 'sl', 'ttok', 'tenant', 'start', 'mu', 'ck', 'cu', 'par', 'wfr', 'idem')
     if f[1] ~= 'running' and f[2] == a[2] then
       count(tally, 'resettled')
       codes[i] = 2
@@ -123,11 +124,19 @@ local function apply_acks(keys, p, acks, now, tally)
       if kind ~= 'release' and limited[tenant] then
         note_duration(p, f[13], math.max(0, now - (tonumber(f[14]) or now)) / 1000)
       end
+      local amu = nil
       if cost >= 0 and kind ~= 'release' then
-        feed_back_cost(p, id, f[9], f[10] or DEFAULT_CLASS, f[13] or '', f[16], f[17], cost,
-          costing, keys)
+        amu = feed_back_cost(p, f[9], f[10] or DEFAULT_CLASS, f[13] or '', f[16], f[17], cost,
+          costing)
       end
-      local meta = {f[3], f[4], f[5], f[6], f[15], f[9], f[10], f[13], f[18], f[19]}
+      local meta = {f[3], f[4], f[5], f[6], f[15], f[9], f[10], f[13], f[18], f[19], nil, f[20]}
+      local ends = kind == 'ok' or kind == 'dead' or kind == 'cancel'
+        or (kind == 'retry' and (hot.num(f[7]) or 0) >= (hot.num(f[8]) or 1))
+      if ends then
+        meta.amu = amu
+      elseif amu then
+        redis.call('HSET', jk, 'amu', amu)
+      end
       if kind == 'throttle' and pushed then
         rates.push_back(keys, p, id, tonumber(a[5]) or 0, payload, now, tally, meta, pushed_key)
       elseif kind == 'throttle' and (tonumber(f[7]) or 0) >= (tonumber(f[8]) or 1) then

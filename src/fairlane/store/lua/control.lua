@@ -149,7 +149,9 @@ local function redrive(keys, args)
     local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'prio', 'seq', 'task', 'cls', 'sl',
       'start', 'wk', 'att', 'fin', 'err', 'qw')
     if f[1] == 'failed' and redis.call('ZREM', keys[DEAD], id) == 1 then
-      redis.call('ZREM', p .. 'kept:' .. (f[6] or '') .. ':failed', id)
+      local idx = p .. 'kept:' .. (f[6] or '') .. ':failed'
+      redis.call('ZREM', idx, id)
+      redis.call('SREM', hot.links_key(idx), id)
       redis.call('HSET', jk, 'st', 'queued', 'att', 0, 'run', now)
       redis.call('HDEL', jk, 'fin', 'err', 'res')
       -- its first life's last attempt and end, which the record is about to forget

@@ -14,13 +14,17 @@ local function new_dispatch(keys, p, lane, budget, now, tally)
   local declared = redis.call('HMGET', sk, 'table', 'charge')
   cx.tbl = cjson.decode(declared[1] or DEFAULT_CLASSES)
   cx.cost_mode = declared[2] == 'cost'
-  cx.fields = {'C'}
+  cx.fields, cx.ended_keys = {'C'}, {}
   for i, c in ipairs(cx.tbl) do
     local n = #cx.fields
     cx.fields[n + 1], cx.fields[n + 2] = 'f:' .. c[1], 'd:' .. c[1]
+    cx.ended_keys[i] = lane .. '\0' .. c[1]
   end
   return cx
 end
+
+-- an empty list that is never written: the common answer, at no allocation
+local NO_WAKES = {}
 
 local function bump(cx, field, n)
   cx.delta[field] = (cx.delta[field] or 0) + n
@@ -97,16 +101,22 @@ local function class_head(cx, i)
       id = redis.call('ZRANGE', tenant_queue(p, lane, cls, tenant), 0, 0)[1]
     end
   end
-  -- pcall: a job key of the wrong type reads as width 1; `runnable` then drops it. Its
-  -- age (since run, else enq) is for a class that ages (max_wait, classes.lua).
-  local jf = id and redis.pcall('HMGET', job_key(p, id), 'sl', 'run', 'enq') or {}
-  local since = tonumber(jf[2]) or tonumber(jf[3])
-  return {'q', id, slots_of(jf[1]), tenant, tag, age = since and math.max(0, cx.now - since) or 0}
+  -- the whole record, kept for `runnable` when the job is taken (nothing writes it in
+  -- between: whatever could, makes `load_state` read the heads again). A job key of the
+  -- wrong type reads as width 1; `runnable` then drops it. Its age (since run, else enq)
+  -- is for a class that ages (max_wait, classes.lua).
+  local jf = NO_WAKES
+  if id then
+    jf = hot.read_runnable(p, id)
+    cx.recs[id] = jf
+  end
+  local since = tonumber(jf[24]) or tonumber(jf[9])
+  return {'q', id, slots_of(jf[11]), tenant, tag, age = since and math.max(0, cx.now - since) or 0}
 end
 
 local function load_state(cx)
   flush_dispatch(cx)
-  cx.runs = {}
+  cx.runs, cx.recs = {}, {}
   local v = redis.call('HMGET', cx.sk, unpack(cx.fields))
   cx.cap = tonumber(v[1]) or 0
   if not cx.levels or cx.levels.cap ~= cx.cap then
@@ -160,8 +170,6 @@ local function job_limits(cx, f)
   return limits
 end
 
-local NO_WAKES = {}
-
 -- The rate keys of a job ({{key, limit, per_ms, burst, units}, ..}): its own `rk`, and
 -- its tenant's key when the tenant has a rate (one read per call tells whether any has).
 function rates.job_rates(cx, f)
@@ -210,7 +218,7 @@ local function admit(cx, id, f)
     return true, NO_WAKES
   end
   -- the charge of a wake: one unit, or in 'cost' mode what the job is expected to cost
-  local charge = cx.cost_mode and (tonumber(f[17]) or 1) / 1000 or 1
+  local charge = cx.cost_mode and (hot.num(f[17]) or 1) / 1000 or 1
   local units = #rl > 0 and rates.rate_units(cx.p, id, f) or 1
   local token, wakes, blocker = thr_acquire(cx.keys, id, limits, f[14] or 0, f[15] or 0,
     f[7] or '', charge, rl, units, cx.now)
@@ -251,7 +259,8 @@ local function take_fair_head(cx, cls, h)
   if id then
     run.pos = run.pos + 1
     run.taken[#run.taken + 1] = id
-    f = runnable(cx.keys, p, id, cx.now, cx.tally)
+    f = runnable(cx.keys, p, id, cx.now, cx.tally, cx.recs[id])
+    cx.recs[id] = nil
   end
   local wakes = NO_WAKES
   if f then
@@ -271,7 +280,7 @@ local function take_fair_head(cx, cls, h)
       v.value, v.dirty = tag, true
     end
     -- one unit per job, or in 'cost' mode what the job is expected to cost
-    local units = cx.cost_mode and (tonumber(f[17]) or 1) / 1000 or 1
+    local units = cx.cost_mode and (hot.num(f[17]) or 1) / 1000 or 1
     tag = tag + units / weight_of(cx, tenant)
   end
   if not run.ids[run.pos] then
@@ -302,12 +311,12 @@ local function queued_why(cx, x, jf, rivals)
   if (tonumber(jf[9]) or cx.now) >= cx.now then
     return nil
   end
-  local by, ended = nil, cx.tally.ended
-  for i, c in ipairs(cx.tbl) do
-    local held = cx.f[i] + (ended and ended[cx.lane .. '\0' .. c[1]] or 0)
-    if i ~= x and held > cx.levels.a[i] then
+  local by, ended, assured = nil, cx.tally.ended, cx.levels.a
+  for i = 1, #cx.tbl do
+    local held = cx.f[i] + (ended and ended[cx.ended_keys[i]] or 0)
+    if i ~= x and held > assured[i] then
       by = by or {}
-      by[c[1]] = {held, cx.levels.a[i]}
+      by[cx.tbl[i][1]] = {held, assured[i]}
     end
   end
   if not by and (rivals or 0) < 1 then

@@ -16,12 +16,13 @@
 -- 'reason|earlier rejections'): nothing written for negative codes.
 local function enqueue(keys, args)
   local p, now = prefix(keys), now_ms()
+  local now_s = hot.now_arg(now)
   local lane = args[1]
   local jobs = cmsgpack.unpack(args[2])
   local out, tally = {}, new_effects()
   local tbl, cost_mode, adm, qb = lane_declarations(p, lane)
   local learned = {}
-  local ready, submitted, pushes = false, {}, {active = {}, d = {}}
+  local ready, submitted, pushes = false, {}, hot.new_pushes()
   -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
   local seq = redis.call('HINCRBY', keys[STATS], 'seq', #jobs) - #jobs
   for _, j in ipairs(jobs) do
@@ -77,19 +78,24 @@ local function enqueue(keys, args)
         -- job without a key costs no command here
         local fkey, order = j[23], seq
         if fkey and fkey ~= '' and st == 'queued' and verdict ~= 'deferred' then
+          hot.flush_queue(pushes, tenant_queue(p, lane, cls, tenant))
           order = fairkeys.order(p, lane, cls, tenant, fkey, seq)
         end
-        redis.call('HSET', jk, 'task', j[4], 'tenant', tenant, 'lane', lane, 'prio', prio,
-          'args', j[5], 'max', j[6], 'bo', j[7], 'to', j[8], 'rc', j[9], 'rf', j[10],
-          'enq', now, 'run', run_at, 'seq', order, 'st', st, 'att', 0, 'cls', cls, 'sl', slots)
+        -- one write of the whole record: the optional fields ride on it
+        local h = {'HSET', jk, 'task', j[4], 'tenant', tenant, 'lane', lane,
+          'prio', hot.int(prio), 'args', j[5], 'max', hot.int(j[6]),
+          'bo', j[7], 'to', j[8], 'rc', j[9], 'rf', j[10], 'enq', now_s,
+          'run', run_at == now and now_s or hot.int(run_at), 'seq', hot.int(order), 'st', st,
+          'att', '0', 'cls', cls, 'sl', hot.int(slots)}
+        local n = #h
         if fkey and fkey ~= '' then
-          redis.call('HSET', jk, 'fk', fkey)
+          h[n + 1], h[n + 2], n = 'fk', fkey, n + 2
         end
         if j[17] and #j[17] > 0 then
-          redis.call('HSET', jk, 'lim', cmsgpack.pack(j[17]))
+          h[n + 1], h[n + 2], n = 'lim', cmsgpack.pack(j[17]), n + 2
         end
         if j[24] and #j[24] > 0 then
-          redis.call('HSET', jk, 'rk', cmsgpack.pack(j[24]))
+          h[n + 1], h[n + 2], n = 'rk', cmsgpack.pack(j[24]), n + 2
         end
         if (tonumber(j[25]) or 0) > 0 then
           -- what the job is expected to cost, at most the least burst of its units keys
@@ -100,28 +106,33 @@ local function enqueue(keys, args)
               rmu = math.min(rmu, math.floor(tonumber(r[4]) * 1000))
             end
           end
-          redis.call('HSET', jk, 'rmu', rmu)
+          h[n + 1], h[n + 2], n = 'rmu', rmu, n + 2
         end
         if dl ~= '' then
-          redis.call('HSET', jk, 'dl', dl)
+          h[n + 1], h[n + 2], n = 'dl', dl, n + 2
         end
         if idem ~= '' then
-          redis.call('HSET', jk, 'idem', idem)
+          h[n + 1], h[n + 2], n = 'idem', idem, n + 2
           redis.call('HSET', keys[IDEM], idem, id)
         end
         if j[19] and j[19] ~= '' then
-          redis.call('HSET', jk, 'ck', j[19])
+          h[n + 1], h[n + 2], n = 'ck', j[19], n + 2
         end
         if j[21] and j[21] ~= '' then
-          redis.call('HSET', jk, 'par', j[21])
+          h[n + 1], h[n + 2], n = 'par', j[21], n + 2
         end
-        -- only traced enqueues send a context: an untraced job costs no command here
+        -- only traced enqueues send a context: an untraced job carries no field for it
         if j[22] and j[22] ~= '' then
-          redis.call('HSET', jk, 'tp', j[22])
+          h[n + 1], h[n + 2], n = 'tp', j[22], n + 2
         end
         if cost_mode then
-          redis.call('HSET', jk, 'cu', charge_mu(p, tonumber(j[18]) or 0, j[20] == 1, j[19], learned))
+          h[n + 1], h[n + 2], n = 'cu',
+            hot.int(charge_mu(p, tonumber(j[18]) or 0, j[20] == 1, j[19], learned)), n + 2
         end
+        if verdict == 'deferred' then
+          h[n + 1], h[n + 2], n = 'dmu', mu, n + 2
+        end
+        redis.call(unpack(h))
         -- an accepted job's submission is in its record (enq, cls): only a deferral,
         -- and why, needs an event
         if verdict == 'deferred' then
@@ -132,7 +143,6 @@ local function enqueue(keys, args)
           log_event(p, id, now, 'scheduled', {at = run_at})
         end
         if verdict == 'deferred' then
-          redis.call('HSET', jk, 'dmu', mu)
           defer(p, lane, cls, id, seq)
           count(tally, 'deferred')
         elseif mu then

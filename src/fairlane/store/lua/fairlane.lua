@@ -82,12 +82,62 @@ local function error_type(err)
   return err and string.match(err, '"type"%s*:%s*"([^"]*)"') or ''
 end
 
+-- The hot path's helpers (fairqueue.lua, records.lua, lease.lua, dispatch.lua): fields of one
+-- table, as the library's main chunk is at Lua's limit of 200 locals. A command takes at
+-- most ARGS arguments from one unpack (Lua's own limit is near 8000).
+local hot = {ARGS = 4000}
+
+-- A whole number as a command argument. Redis writes a Lua number argument with
+-- '%.17g', which costs several times more than '%d'; the hot path's numbers are whole
+-- (milliseconds, tokens, counts), and anything else is passed on as it is.
+function hot.int(n)
+  if type(n) == 'number' and n == math.floor(n) and n > -9e15 and n < 9e15 then
+    return string.format('%d', n)
+  end
+  return n
+end
+
+-- The server time `now` as an argument, formatted once per call.
+function hot.now_arg(now)
+  if hot.now ~= now then
+    hot.now, hot.now_s = now, string.format('%d', now)
+  end
+  return hot.now_s
+end
+
+-- Memoised checks and parses, by value: most of a record's fields repeat from job to
+-- job (its task, tenant, class, backoff, budget, timeout, width, keys), so each
+-- distinct value is parsed once rather than once per job. A memo is emptied when it
+-- outgrows MEMO_MAX.
+hot.MEMO_MAX = 4096
+
+function hot.memoised(check)
+  local seen, n = {}, 0
+  return function(v)
+    if v == nil or v ~= v then
+      return check(v)
+    end
+    local r = seen[v]
+    if r == nil then
+      r = check(v)
+      if n >= hot.MEMO_MAX then
+        seen, n = {}, 0
+      end
+      seen[v], n = r, n + 1
+    end
+    return r
+  end
+end
+
+-- a repeating field's number, false when it is none
+hot.num = hot.memoised(function(v) return tonumber(v) or false end)
+
 -- A job's width in slots from its record's `sl`: enqueue writes a whole number >= 1,
 -- so anything else is damage, read as the default width that enqueue counted it at;
 -- the waiting and in-flight counts then return to where they were before the job.
 local function slots_of(raw)
-  local n = tonumber(raw)
-  if n and n >= 1 and n == math.floor(n) then
+  local n = hot.num(raw)
+  if n and n >= 1 and n % 1 == 0 then
     return n
   end
   return 1

@@ -38,8 +38,9 @@ end
 
 -- Put a job in its tenant's queue; the tenant becomes active if it had no work. The
 -- class's waiting demand `d:<class>` grows by the job's slots. With `batch` (an
--- enqueue's pushes) the demand is added up and written by `flush_pushes`, and a queue
--- already pushed to is known to be active.
+-- enqueue's pushes) the members and the demand are gathered and written by
+-- `flush_pushes`, one ZADD per queue, and a queue already pushed to is known to be
+-- active.
 local function push_ready(p, lane, cls, tenant, id, prio, seq, slots, batch)
   local q = tenant_queue(p, lane, cls, tenant)
   if not (batch and batch.active[q]) then
@@ -50,15 +51,43 @@ local function push_ready(p, lane, cls, tenant, id, prio, seq, slots, batch)
       batch.active[q] = true
     end
   end
-  redis.call('ZADD', q, order_score(prio, seq), id)
   if batch then
+    local z = batch.z[q]
+    if not z then
+      z = {}
+      batch.z[q] = z
+      batch.order[#batch.order + 1] = q
+    end
+    z[#z + 1] = order_score(prio, seq)
+    z[#z + 1] = id
     batch.d[cls] = (batch.d[cls] or 0) + slots_of(slots)
   else
+    redis.call('ZADD', q, order_score(prio, seq), id)
     redis.call('HINCRBY', lane_key(p, lane, 'state'), 'd:' .. cls, slots_of(slots))
   end
 end
 
+function hot.new_pushes()
+  return {active = {}, d = {}, z = {}, order = {}}
+end
+
+-- Write the members gathered for queue `q`, so that a reader sees them (a fairness
+-- key's order is taken from its queue's head).
+function hot.flush_queue(batch, q)
+  local z = batch.z[q]
+  if z then
+    for i = 1, #z, hot.ARGS do
+      redis.call('ZADD', q, unpack(z, i, math.min(#z, i + hot.ARGS - 1)))
+    end
+    batch.z[q] = {}
+  end
+end
+
 local function flush_pushes(p, lane, batch)
+  for _, q in ipairs(batch.order) do
+    hot.flush_queue(batch, q)
+  end
+  batch.z, batch.order = {}, {}
   for cls, n in pairs(batch.d) do
     redis.call('HINCRBY', lane_key(p, lane, 'state'), 'd:' .. cls, n)
   end
@@ -90,7 +119,7 @@ end
 -- enqueue records `cu`) what it is expected to cost. In-flight work `run` counts the
 -- same units, so that a newcomer's credit (`run / active`) is in the tags' own scale.
 local function work_of(charged_mu)
-  return charged_mu and tonumber(charged_mu) / 1000 or 1
+  return charged_mu and (hot.num(charged_mu) or 0) / 1000 or 1
 end
 
 -- A running attempt of a job ended: the class's in-flight slots and work shrink.

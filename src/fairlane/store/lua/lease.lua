@@ -69,18 +69,19 @@ local function utf8_ok(s)
   return not string.find(s, '[\128-\255]')
 end
 
--- `v` as a number when it is one and finite (tonumber takes 'inf' and 'nan' too).
+-- `v` as a number when it is one and finite (tonumber takes 'inf' and 'nan' too; n - n
+-- is 0 for a finite n only).
 local function finite(v)
   local n = tonumber(v)
-  if n and n == n and n > -math.huge and n < math.huge then
+  if n and n - n == 0 then
     return n
   end
   return nil
 end
 
 local function whole(v)
-  local n = finite(v)
-  return n ~= nil and n == math.floor(n)
+  local n = tonumber(v)
+  return n ~= nil and n - n == 0 and n % 1 == 0
 end
 
 local JITTERS = {full = true, equal = true, none = true}
@@ -121,42 +122,51 @@ local function limits_ok(raw, rate)
   return true
 end
 
+hot.text_ok = hot.memoised(utf8_ok)
+hot.whole_ok = hot.memoised(whole)
+hot.finite_ok = hot.memoised(function(v) return finite(v) ~= nil end)
+hot.to_ok = hot.memoised(function(v) return finite(v) ~= nil and tonumber(v) >= 0 end)
+hot.slots_ok = hot.memoised(function(v) return whole(v) and tonumber(v) >= 1 end)
+hot.backoff_ok = hot.memoised(function(v) return v == '' or (utf8_ok(v) and backoff_ok(v)) end)
+hot.limits_ok = hot.memoised(function(v) return limits_ok(v) end)
+hot.rates_ok = hot.memoised(function(v) return limits_ok(v, true) end)
+
 -- The first field of a queued job's record (as `runnable` reads them) that would fail
 -- the worker or the scripts: text the worker decodes strictly, numbers it decodes as
 -- integers, specs the scripts parse. nil when the record is sound. Absent optional
 -- fields fall back to their defaults where they are read.
 local function malformed_field(f)
-  if not f[2] or not utf8_ok(f[2]) then
+  if not f[2] or not hot.text_ok(f[2]) then
     return 'task'
   elseif not f[3] or not utf8_ok(f[3]) then
     return 'args'
-  elseif not whole(f[4]) then
+  elseif not hot.whole_ok(f[4]) then
     return 'max'
   elseif f[5] and not whole(f[5]) then
     return 'dl'
-  elseif f[6] and not (finite(f[6]) and tonumber(f[6]) >= 0) then
+  elseif f[6] and not hot.to_ok(f[6]) then
     return 'to'
-  elseif not f[7] or not utf8_ok(f[7]) then
+  elseif not f[7] or not hot.text_ok(f[7]) then
     return 'tenant'
-  elseif f[8] and f[8] ~= '' and not (utf8_ok(f[8]) and backoff_ok(f[8])) then
+  elseif f[8] and not hot.backoff_ok(f[8]) then
     return 'bo'
   elseif f[9] and not whole(f[9]) then
     return 'enq'
-  elseif f[10] and not whole(f[10]) then
+  elseif f[10] and not hot.whole_ok(f[10]) then
     return 'att'
-  elseif f[11] and not (whole(f[11]) and tonumber(f[11]) >= 1) then
+  elseif f[11] and not hot.slots_ok(f[11]) then
     return 'sl'
-  elseif f[12] and not utf8_ok(f[12]) then
+  elseif f[12] and not hot.text_ok(f[12]) then
     return 'cls'
-  elseif f[13] and not limits_ok(f[13]) then
+  elseif f[13] and not hot.limits_ok(f[13]) then
     return 'lim'
-  elseif f[14] and not finite(f[14]) then
+  elseif f[14] and not hot.finite_ok(f[14]) then
     return 'prio'
   elseif f[15] and not finite(f[15]) then
     return 'seq'
-  elseif f[17] and not finite(f[17]) then
+  elseif f[17] and not hot.finite_ok(f[17]) then
     return 'cu'
-  elseif f[22] and not limits_ok(f[22], true) then
+  elseif f[22] and not hot.rates_ok(f[22]) then
     return 'rk'
   elseif f[23] and not finite(f[23]) then
     return 'rmu'
@@ -177,6 +187,7 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
   end
   local tok = redis.call('INCRBY', keys[FENCE], #popped) - #popped
   local zargs, running = {}, {}
+  local start, expiry = hot.now_arg(now), hot.int(now + lease)
   for i, e in ipairs(popped) do
     local id, f, lane = e[1], e[2], e[3]
     local cls = f[12] or DEFAULT_CLASS
@@ -188,18 +199,25 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
     end
     r[3] = r[3] + work_of(f[17])
     tok = tok + 1
-    local att = (tonumber(f[10]) or 0) + 1
+    local token = string.format('%d', tok)
+    local att = (hot.num(f[10]) or 0) + 1
     -- no event: start, wk and att say when and where. Why it waited (`qw`, dispatch's
-    -- view, '' for nothing to say) rides on this write, so it costs no command either
-    redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', tok, 'att', att, 'wk', worker,
-      'start', now, 'qw', e[4] or '')
-    zargs[2 * i - 1] = now + lease
+    -- view) rides on this write, so it costs no command either; a first attempt with
+    -- nothing to say writes none (a later one clears what an earlier one said)
+    if e[4] or att > 1 then
+      redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', token, 'att', hot.int(att),
+        'wk', worker, 'start', start, 'qw', e[4] or '')
+    else
+      redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', token, 'att', '1',
+        'wk', worker, 'start', start)
+    end
+    zargs[2 * i - 1] = expiry
     zargs[2 * i] = id
     -- a trace context that is not valid UTF-8 is dropped: tracing never costs the job
-    jobs[i] = {id, tostring(tok), att, f[2], f[3], tonumber(f[6]) or 0,
-      tonumber(f[5]) or 0, f[7] or '', tonumber(f[4]), f[8] or '', tonumber(f[9]) or 0,
-      tonumber(f[11]) or 1, cls, utf8_ok(f[18]) and f[18] or '', utf8_ok(f[19]) and f[19] or '',
-      utf8_ok(f[21]) and f[21] or ''}
+    jobs[i] = {id, token, att, f[2], f[3], hot.num(f[6]) or 0,
+      tonumber(f[5]) or 0, f[7] or '', hot.num(f[4]) or nil, f[8] or '', tonumber(f[9]) or 0,
+      hot.num(f[11]) or 1, cls, utf8_ok(f[18]) and f[18] or '', utf8_ok(f[19]) and f[19] or '',
+      hot.text_ok(f[21]) and f[21] or ''}
   end
   redis.call('ZADD', keys[LEASES], unpack(zargs))
   for _, r in pairs(running) do
@@ -255,14 +273,20 @@ end
 
 -- Check a job popped from a tenant queue. Returns its fields (st, task, args, max, dl,
 -- to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok, cu, tp, par, toff, fk, rk,
--- rmu) when it
+-- rmu, run) when it
 -- can run; settles it (and gives back any offers it held) and returns nil when it
 -- cannot (expired, malformed, or a stale entry).
-local function runnable(keys, p, id, now, tally)
+function hot.read_runnable(p, id)
   -- pcall: a job key that is not a hash reads as a missing record (left for a human)
-  local f = redis.pcall('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
+  return redis.pcall('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
     'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok', 'cu', 'tp', 'par', 'toff',
-    'fk', 'rk', 'rmu')
+    'fk', 'rk', 'rmu', 'run')
+end
+
+-- `pre`: the record as `read_runnable` read it in this call, when dispatch read it
+-- already to see the job at its class's head (one read per job, not two).
+local function runnable(keys, p, id, now, tally, pre)
+  local f = pre or hot.read_runnable(p, id)
   local bad = f[1] == 'queued' and malformed_field(f)
   if bad then
     count(tally, 'malformed')

@@ -6,20 +6,42 @@ local function split2(spec)
   return tonumber(a), tonumber(b)
 end
 
-local function remove_record(keys, p, id, failed)
-  local jk = job_key(p, id)
-  local f = redis.call('HMGET', jk, 'idem', 'wfr')
-  local idem = f[1]
-  if idem and redis.call('HGET', keys[IDEM], idem) == id then
-    redis.call('HDEL', keys[IDEM], idem)
+-- The side set of a retention index: the ids kept there whose removal takes more than
+-- deleting their keys (an idempotency key to release, a run's keys to drop). Only such
+-- records are read again when trimmed; the others go in one DEL.
+function hot.links_key(idx)
+  return idx .. ':links'
+end
+
+-- Remove trimmed records: `ids` popped from the retention index `idx`.
+function hot.remove_records(keys, p, idx, ids, failed)
+  if #ids == 0 then
+    return
   end
-  if f[2] then
-    drop_run_keys(p, id)
+  local lk = hot.links_key(idx)
+  local linked = redis.call('EXISTS', lk) == 1 and redis.call('SMISMEMBER', lk, unpack(ids))
+  local doomed = {}
+  for i, id in ipairs(ids) do
+    local jk = job_key(p, id)
+    if linked and linked[i] == 1 then
+      local f = redis.call('HMGET', jk, 'idem', 'wfr')
+      if f[1] and redis.call('HGET', keys[IDEM], f[1]) == id then
+        redis.call('HDEL', keys[IDEM], f[1])
+      end
+      if f[2] then
+        drop_run_keys(p, id)
+      end
+      redis.call('SREM', lk, id)
+    end
+    doomed[#doomed + 1] = jk
+    doomed[#doomed + 1] = ev_key(p, id)
   end
   if failed then
-    redis.call('ZREM', keys[DEAD], id)
+    redis.call('ZREM', keys[DEAD], unpack(ids))
   end
-  redis.call('DEL', jk, ev_key(p, id))
+  for i = 1, #doomed, hot.ARGS do
+    redis.call('DEL', unpack(doomed, i, math.min(#doomed, i + hot.ARGS - 1)))
+  end
 end
 
 -- Bounded trim of one retention index: at most `budget` records per call, so the
@@ -31,16 +53,18 @@ local function trim(keys, p, idx, spec, now, budget)
     local over = redis.call('ZCARD', idx) - count
     if over > 0 then
       local popped = redis.call('ZPOPMIN', idx, math.min(over, budget))
+      local ids = {}
       for i = 1, #popped, 2 do
-        remove_record(keys, p, popped[i], failed)
+        ids[#ids + 1] = popped[i]
       end
+      hot.remove_records(keys, p, idx, ids, failed)
     end
   end
   if age and age >= 0 then
     local old = redis.call('ZRANGE', idx, '-inf', now - age, 'BYSCORE', 'LIMIT', 0, budget)
-    for _, oid in ipairs(old) do
-      redis.call('ZREM', idx, oid)
-      remove_record(keys, p, oid, failed)
+    if #old > 0 then
+      redis.call('ZREM', idx, unpack(old))
+      hot.remove_records(keys, p, idx, old, failed)
     end
   end
 end
@@ -56,13 +80,18 @@ local function count(fx, name, n)
   fx.counts[name] = (fx.counts[name] or 0) + (n or 1)
 end
 
-local function keep(fx, idx, spec, id)
+-- `linked`: removing the record takes more than deleting its keys (links_key).
+local function keep(fx, idx, spec, id, linked)
   local k = fx.kept[idx]
   if not k then
     k = {spec = spec or '-1,-1', ids = {}}
     fx.kept[idx] = k
   end
   k.ids[#k.ids + 1] = id
+  if linked then
+    k.links = k.links or {}
+    k.links[#k.links + 1] = id
+  end
 end
 
 local function apply_effects(keys, p, fx, now)
@@ -74,32 +103,40 @@ local function apply_effects(keys, p, fx, now)
     redis.call('HINCRBY', keys[STATS], name, n)
   end
   for idx, k in pairs(fx.kept) do
-    local zargs = {}
+    local zargs, at = {}, hot.now_arg(now)
     for i, id in ipairs(k.ids) do
-      zargs[2 * i - 1] = now
+      zargs[2 * i - 1] = at
       zargs[2 * i] = id
     end
     redis.call('ZADD', idx, unpack(zargs))
+    if k.links then
+      redis.call('SADD', hot.links_key(idx), unpack(k.links))
+    end
     -- trims at most a few more records than it adds, so a steady flow stays bounded
     trim(keys, p, idx, k.spec, now, #k.ids + 10)
   end
 end
 
--- Settle a job for good. `meta` holds its task, rc, rf, w, mu, lane, cls, tenant, par
--- and wfr fields when the caller already read them (the hot path); otherwise they are read
--- here, with toff (offers of a throttle key). A reservation the job held is released.
+-- Settle a job for good. `meta` holds its task, rc, rf, w, mu, lane, cls, tenant, par,
+-- wfr, toff and idem fields (and `amu`, what the attempt used) when the caller already
+-- read them (the hot path); otherwise they are read here. A reservation the job held is
+-- released.
 local function finish(keys, p, id, status, field, payload, now, tally, meta)
   local jk = job_key(p, id)
-  if field then
-    redis.call('HSET', jk, 'st', status, 'fin', now, field, payload)
+  -- what the attempt used (`amu`, acks.lua) rides on this write
+  local amu, fin = meta and meta.amu, hot.now_arg(now)
+  if field and amu then
+    redis.call('HSET', jk, 'st', status, 'fin', fin, field, payload, 'amu', hot.int(amu))
+  elseif field then
+    redis.call('HSET', jk, 'st', status, 'fin', fin, field, payload)
   else
-    redis.call('HSET', jk, 'st', status, 'fin', now)
+    redis.call('HSET', jk, 'st', status, 'fin', fin)
   end
   count(tally, status)
   -- no event: the record's st, fin and err say how and when it ended
   meta = meta or
     redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w', 'mu', 'lane', 'cls', 'tenant', 'par', 'wfr',
-      'toff')
+      'toff', 'idem')
   if meta[11] then
     -- a job a throttle key woke (cancelled or expired while back in its queue) gives its
     -- offers back; the hot path's settled jobs ran, so they hold none
@@ -115,10 +152,11 @@ local function finish(keys, p, id, status, field, payload, now, tally, meta)
     release_reservation(p, id, meta[6], meta[7] or DEFAULT_CLASS, meta[8] or '', meta[5], tally)
   end
   local task = meta[1] or '' -- a corrupt record without a task name must still settle
+  local linked = meta[10] or meta[12]
   if status == 'completed' then
-    keep(tally, p .. 'kept:' .. task .. ':ok', meta[2], id)
+    keep(tally, p .. 'kept:' .. task .. ':ok', meta[2], id, linked)
   else
-    keep(tally, p .. 'kept:' .. task .. ':failed', meta[3], id)
+    keep(tally, p .. 'kept:' .. task .. ':failed', meta[3], id, linked)
   end
   if meta[4] then
     redis.call('PUBLISH', p .. 'done', id)
