@@ -11,8 +11,9 @@ from fairlane.store.api import redact_url
 
 #: scenarios every system runs, in this order within a repetition
 SHARED = ("throughput", "latency", "noisy")
-#: scenarios only Fairlane has (tenants, admission, throttle keys)
-FAIRLANE_ONLY = ("tenants", "submit", "overload", "shared_key", "upstream")
+#: scenarios only Fairlane has (server time per entry point, tenants, admission, throttle
+#: keys); ``profile`` runs the throughput shape again under a full SLOWLOG
+FAIRLANE_ONLY = ("profile", "tenants", "submit", "overload", "shared_key", "upstream")
 SCENARIOS = SHARED + FAIRLANE_ONLY
 
 #: ``--quick``: small sizes and one repetition, a smoke test in seconds
@@ -47,7 +48,8 @@ class Config:
     quick: bool = False
     peers: tuple[str, ...] = PEERS
     scenarios: tuple[str, ...] = SCENARIOS
-    # (1) throughput: no-op jobs enqueued in batches, then drained by one worker
+    # (1) throughput: no-op jobs enqueued in batches, then drained by one worker; the
+    # same shape again for ``profile`` (benchmarks/serverprofile.py)
     jobs: int = 20_000
     concurrency: int = 100
     batch: int = 1_000

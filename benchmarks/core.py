@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+from benchmarks import serverprofile
 from benchmarks.common import Meter, delete_matching, script_commands
 from benchmarks.config import SHARED, Config
 from benchmarks.venvs import SYSTEMS, ensure, peers_dir
@@ -56,6 +57,27 @@ SHARED_METRICS: tuple[Metric, ...] = (
 
 def fairlane_metrics(cfg: Config) -> tuple[Metric, ...]:
     rows: list[Metric] = [
+        (
+            "throughput",
+            "FCALL server time/job",
+            "us/job",
+            "lower",
+            ("server", "fcall_usec_per_job"),
+        ),
+        (
+            "profile",
+            "Server time/job in functions, under SLOWLOG",
+            "us/job",
+            "lower",
+            ("totals", "fcall_usec_per_job"),
+        ),
+        (
+            "profile",
+            "Commands/job inside functions",
+            "cmd/job",
+            "lower",
+            ("totals", "inner_per_job"),
+        ),
         (
             "throughput",
             "Client calls/job (server view)",
@@ -295,6 +317,7 @@ async def _drive(  # noqa: PLR0917 - _run_driver's arguments and its log
     )
     assert proc.stdin is not None and proc.stdout is not None
     calls: Counter[str] | None = None
+    fcall: dict[str, int] | None = None
     result: dict[str, Any] | None = None
     error = None
     try:
@@ -311,6 +334,9 @@ async def _drive(  # noqa: PLR0917 - _run_driver's arguments and its log
                 kind = event.get("event")
                 if kind == "measured":
                     calls = await meter.calls()
+                    if system == "fairlane":
+                        with meter.own():
+                            fcall = await serverprofile.fcall_stats(meter.client)
                     proc.stdin.write(b"go\n")
                     await proc.stdin.drain()
                 elif kind == "result":
@@ -331,12 +357,16 @@ async def _drive(  # noqa: PLR0917 - _run_driver's arguments and its log
         return {"error": error or f"driver exited {proc.returncode}", "stderr_tail": tail}
     if calls is not None:
         polls = Counter(result.get("poll_commands", {}))
-        result["server"] = _server_view(calls, polls, int(result["jobs"]), system)
+        result["server"] = _server_view(calls, polls, int(result["jobs"]), system, fcall)
     return result
 
 
 def _server_view(
-    calls: Counter[str], polls: Counter[str], jobs: int, system: str
+    calls: Counter[str],
+    polls: Counter[str],
+    jobs: int,
+    system: str,
+    fcall: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Commands per job, without the benchmark's own progress polls."""
     calls = calls.copy()
@@ -353,7 +383,24 @@ def _server_view(
         sent = sum(n for name, n in calls.items() if name not in IN_FAIRLANE_SCRIPTS)
         out["client_calls"] = sent
         out["client_calls_per_job"] = sent / jobs
+    if fcall is not None:
+        # the server's time in Fairlane's functions, the commands they run included
+        out["fcall_usec"] = fcall["usec"]
+        out["fcall_usec_per_job"] = fcall["usec"] / jobs
+        out["fcall_calls_per_job"] = fcall["calls"] / jobs
     return out
+
+
+async def _run_profile(cfg: Config, ns: str) -> dict[str, Any]:
+    """The ``profile`` scenario, run from here: it reads the server's log as it goes."""
+    try:
+        async with asyncio.timeout(cfg.timeout):
+            return await serverprofile.run(
+                cfg.url, ns, jobs=cfg.jobs, batch=cfg.batch, concurrency=cfg.concurrency,
+                timeout=cfg.timeout,
+            )  # fmt: skip
+    except Exception as exc:  # a failed scenario is reported, as a driver's is
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 async def _versions(python: str, system: str) -> dict[str, Any]:
@@ -436,14 +483,17 @@ async def run_suite(cfg: Config, progress: Progress | None = None) -> dict[str, 
         for i, (rep, scenario, system) in enumerate(steps, 1):
             say(f"[{i}/{len(steps)}] rep {rep + 1}/{cfg.reps}, {scenario}: {cfg.label(system)}")
             ns = f"bench{cfg.run_id}_{system}_{scenario[:4]}{rep}"
-            figures = await _run_driver(
-                pythons[system],
-                system,
-                scenario,
-                {**params, "ns": ns},
-                meter=meter,
-                timeout=cfg.timeout,
-            )
+            if scenario == "profile":
+                figures = await _run_profile(cfg, ns)
+            else:
+                figures = await _run_driver(
+                    pythons[system],
+                    system,
+                    scenario,
+                    {**params, "ns": ns},
+                    meter=meter,
+                    timeout=cfg.timeout,
+                )
             with meter.own():
                 await delete_matching(meter.client, f"*{ns}*")  # left by a failed run
             figures["rep"] = rep
@@ -468,6 +518,12 @@ async def run_suite(cfg: Config, progress: Progress | None = None) -> dict[str, 
         for scenario, reps in scenarios.items()
         for r in reps
         if "error" in r
+    ]
+    result["warnings"] += [
+        f"Fairlane profile rep {r['rep'] + 1}: the SLOWLOG lost {r['lost_entries']} entries "
+        "or disagrees with INFO commandstats on FCALL; its table is incomplete"
+        for r in _good(raw.get("fairlane", {}).get("profile", []))
+        if r.get("lost_entries") or not r.get("check", True)
     ]
     result["markdown"] = markdown(result, cfg)
     return result
@@ -557,6 +613,7 @@ def markdown(result: dict[str, Any], cfg: Config) -> str:
                 f"{fmt(row['values']['fairlane'])} | {span} |"
             )
         lines.append("")
+    lines += serverprofile.markdown_lines(result["medians"].get("fairlane", {}), fmt)
     for warning in result.get("warnings", []):
         lines.append(f"Warning: {warning}")
     return "\n".join(lines).rstrip() + "\n"

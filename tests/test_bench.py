@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from benchmarks import core, venvs
+import redis.asyncio as aioredis
+from benchmarks import core, serverprofile, venvs
 from benchmarks.config import SCENARIOS, Config
+from benchmarks.serverprofile import Attribution, parse_entry
 from rich.console import Console
 
 from fairlane.cli.bench import run_bench
@@ -78,6 +80,95 @@ def test_quick_sizes_and_overrides() -> None:
         Config.make("redis://x", scenarios=("idle",))
 
 
+def _entry(i: int, usec: int, args: list[str], client: str, name: str = "") -> list[Any]:
+    # the shape of a raw SLOWLOG GET entry: id, unix time, usec, args, address, name
+    return [i, 1796193988, usec, [a.encode() for a in args], client.encode(), name.encode()]
+
+
+def test_a_script_client_entry_counts_inside_the_next_function_call() -> None:
+    """Redis 7.0 logs a function's commands under ``?:0``, just before its FCALL."""
+    log = Attribution()
+    raw = [
+        _entry(10, 3, ["HGET", "k", "f"], "127.0.0.1:5000"),  # sent, before the call
+        _entry(11, 2, ["HSET", "k", "f", "v"], "?:0"),
+        _entry(12, 1, ["ZADD", "z", "1", "m"], "?:0"),
+        _entry(13, 9, ["FCALL", "fl0123abcd_enqueue", "1", "k"], "127.0.0.1:5001"),
+        _entry(14, 1, ["HGET", "k", "f"], "127.0.0.1:5002", serverprofile.METER_NAME),
+        _entry(16, 2, ["HMGET", "k", "a", "b"], "?:0"),
+        _entry(17, 5, ["FCALL", "fl0123abcd_exchange", "1", "k"], "127.0.0.1:5000"),
+    ]
+    log.add(parse_entry(e) for e in reversed(raw))  # newest first, as the server lists
+    assert set(log.functions) == {"enqueue", "exchange"}
+    assert dict(log.functions["enqueue"].inner) == {"hset": 1, "zadd": 1}
+    assert (log.functions["enqueue"].usec, log.functions["enqueue"].inner_usec) == (9, 3)
+    assert dict(log.functions["exchange"].inner) == {"hmget": 1}
+    assert {n: c.calls for n, c in log.direct.items()} == {"hget": 1}  # not the meter's
+    assert log.commands() == {"fcall": 2, "hset": 1, "zadd": 1, "hmget": 1, "hget": 1}
+    assert (log.lost, log.orphans) == (1, 0)  # id 15 is missing
+    log.dropped.add(15)  # ... as a drain's own SLOWLOG GET
+    assert log.lost == 0
+
+
+def test_a_callers_entries_just_before_its_call_count_inside_it() -> None:
+    """Valkey 8 logs them under the caller: its entries just before the call are inside
+    it, unless another connection's entry came between or a script cannot run them."""
+    log = Attribution(by_caller=True)
+    a, b = "127.0.0.1:5000", "127.0.0.1:5001"
+    raw = [
+        _entry(1, 1, ["HGET", "k", "f"], a),  # b's entry follows: a's ran before
+        _entry(2, 1, ["PING"], b),  # no script runs it: sent
+        _entry(3, 1, ["HSET", "k", "f", "v"], b),  # inside b's call
+        _entry(4, 1, ["HMGET", "k", "f"], b),  # inside b's call
+        _entry(5, 4, ["FCALL", "fl0123abcd_ack", "1", "k"], b),
+        _entry(6, 1, ["ZADD", "z", "1", "m"], a),  # inside a's call
+        _entry(7, 4, ["FCALL", "fl0123abcd_ack", "1", "k"], a),
+        _entry(8, 1, ["HGET", "k", "f"], a),  # the last entry: no call after it
+    ]
+    log.add(parse_entry(e) for e in raw)
+    assert log.functions["ack"].calls == 2
+    assert dict(log.functions["ack"].inner) == {"hset": 1, "hmget": 1, "zadd": 1}
+    assert {n: c.calls for n, c in log.direct.items()} == {"hget": 2, "ping": 1}
+    assert sum(log.commands().values()) == len(raw)
+
+
+@pytest.mark.anyio
+@pytest.mark.embedded_only
+async def test_the_profile_run_attributes_every_call_and_puts_the_slowlog_back(
+    redis_url: str, namespace: str
+) -> None:
+    meter = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    saved = {k: (await meter.config_get(k))[k] for k in serverprofile.SETTINGS}
+    try:
+        await meter.config_set("slowlog-log-slower-than", 12345)
+        await meter.config_set("slowlog-max-len", 77)
+        out = await serverprofile.run(redis_url, namespace, jobs=300, batch=100, concurrency=20)
+        assert await meter.config_get("slowlog-*") == {
+            "slowlog-log-slower-than": "12345",
+            "slowlog-max-len": "77",
+        }
+    finally:
+        for name, value in saved.items():
+            await meter.config_set(name, value)
+        await meter.aclose()
+    # the log's FCALLs are INFO commandstats' FCALLs, one for one, microsecond for microsecond
+    assert out["check"] is True, (out["commandstats_fcall"], out["totals"])
+    assert (out["lost_entries"], out["orphan_entries"]) == (0, 0)
+    functions = out["functions"]
+    assert functions["enqueue"]["calls"] == 3  # one per batch of 100
+    assert functions["enqueue"]["inner_per_job"] > 0 and functions["exchange"]["inner_per_job"] > 0
+    assert functions["exchange"]["calls"] >= 300 / 20 / 10  # a call leases at most 10x its slots
+    for f in functions.values():
+        assert f["usec_per_job"] == pytest.approx(f["usec"] / 300)
+        assert f["usec_per_call"] == pytest.approx(f["usec"] / f["calls"])
+    # the profiling connection's own polls and log reads are not the run's commands
+    assert not {"hget", "config|set", "config|resetstat", "slowlog|reset"} & set(out["direct"])
+    total = out["totals"]["fcall_usec_per_job"]
+    assert total == pytest.approx(sum(f["usec_per_job"] for f in functions.values()))
+    rows = serverprofile.table_rows(out, core.fmt)
+    assert [r[0] for r in rows] == [*functions, "(sent directly)", "all functions"]
+    assert all(len(r) == len(serverprofile.HEADER) for r in rows)
+
+
 # -- runs against the test server ----------------------------------------------------------
 
 QUICK_SMALL: dict[str, Any] = {
@@ -92,9 +183,8 @@ QUICK_SMALL: dict[str, Any] = {
 @pytest.mark.embedded_only
 def test_quick_fairlane_only_run(redis_url: str, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    result = run_bench(
-        redis_url, peers=False, quick=True, out=out, console=_console(), **QUICK_SMALL
-    )
+    console = _console()
+    result = run_bench(redis_url, peers=False, quick=True, out=out, console=console, **QUICK_SMALL)
 
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     assert out.with_suffix(".md").read_text() == result["markdown"]
@@ -107,6 +197,18 @@ def test_quick_fairlane_only_run(redis_url: str, tmp_path: Path) -> None:
     server = tp["server"]
     assert _positive(server["commands_per_job"]) and _positive(server["client_calls_per_job"])
     assert server["client_calls_per_job"] <= server["commands_per_job"]
+    assert _positive(server["fcall_usec_per_job"]) and _positive(server["fcall_calls_per_job"])
+    # the profile: its own run of the same shape, every FCALL attributed to its function
+    profile = fl["profile"]
+    assert profile["check"] is True and profile["lost_entries"] == 0
+    assert profile["functions"]["enqueue"]["calls"] == 5  # 500 jobs in batches of 100
+    for name in ("enqueue", "exchange"):
+        assert _positive(profile["functions"][name]["usec_per_job"]), name
+        assert _positive(profile["functions"][name]["inner_per_job"]), name
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    for text in (result["markdown"], shown):
+        assert "Server time per entry point" in text and "FCALL us/job" in text
+        assert "exchange" in text and "commands/job" in text
     assert fl["latency"]["samples"] == 20
     assert 0 < fl["latency"]["p50_ms"] <= fl["latency"]["p99_ms"]
     assert fl["noisy"]["tenants"] is True and fl["noisy"]["samples"] == 5

@@ -177,15 +177,37 @@ def render(result: dict[str, Any], console: Console | None = None) -> None:
                 span,
             )
         console.print(alone)
+    _render_profile(result, console, _fmt)
     for warning in result.get("warnings", []):
         console.print(f"[yellow]warning:[/] {warning}")
+
+
+def _render_profile(result: dict[str, Any], console: Console, fmt: Any) -> None:
+    """The server time of each Lua library function (the ``profile`` scenario's medians),
+    under the plain throughput run's jobs/s and FCALL us/job."""
+    profile = _load("serverprofile")
+    medians = result["medians"].get("fairlane", {})
+    headline = profile.headline(medians, fmt)
+    if headline is None:
+        return
+    table = Table(title="Server time per entry point", title_justify="left", caption=headline)
+    for i, name in enumerate(profile.HEADER):
+        numeric = 0 < i < len(profile.HEADER) - 1
+        table.add_column(
+            name, justify="right" if numeric else "left", no_wrap=i < len(profile.HEADER) - 1
+        )
+    rows = profile.table_rows(medians["profile"], fmt)
+    for i, row in enumerate(rows):
+        table.add_row(*row, end_section=i == len(rows) - 3)
+    console.print(table)
 
 
 # -- the command --------------------------------------------------------------
 
 _PEERS = ("arq", "saq", "streaq", "taskiq")
 _PHASES = (
-    "throughput", "latency", "noisy", "tenants", "submit", "overload", "shared_key", "upstream",
+    "throughput", "latency", "noisy", "profile", "tenants", "submit", "overload", "shared_key",
+    "upstream",
 )  # fmt: skip
 
 
