@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, Unpack
 
+import msgspec
+
 from fairlane import tracing
 from fairlane.app.admission import Admission, Rejected, answer, unavailable
 from fairlane.app.job import Job, TaskOwner
@@ -21,8 +23,17 @@ from fairlane.config.lanes import LimitValue
 from fairlane.config.settings import DurabilitySettings
 from fairlane.policy.admission import Estimate
 from fairlane.policy.rates import Rate
-from fairlane.registry import Placement, Seconds, TaskDefinition, TaskOptions, WorkflowOptions
+from fairlane.registry import (
+    Placement,
+    Seconds,
+    TaskDefinition,
+    TaskOptions,
+    WorkflowOptions,
+    new_job_id,
+)
+from fairlane.registry.jobs import Demand
 from fairlane.store.durability import NotAcknowledged
+from fairlane.store.keys import shard_job_id
 from fairlane.store.shards import submit
 from fairlane.store.wire import NewJob, StoreUnavailable
 
@@ -218,12 +229,28 @@ class Task(TaskDefinition[P, R]):
         demand = self.factory.demand(
             self.options, service_class, slots, limits, when.tenant, estimate, rates
         )
-        jobs = [self.job(self.encode_args(tuple(call), {}), when, demand, "") for call in calls]
-        if not jobs:
+        blobs = [self.encode_args(tuple(call), {}) for call in calls]
+        if not blobs:
             return []
+        jobs = self._batch(blobs, when, demand)
         # one span for the batch: every job of it carries the same context
         with tracing.sending(self.options.lane, jobs, propagate=trace):
             return await self._store(jobs, durability or self.app.registry.durability)
+
+    def _batch(self, blobs: list[bytes], when: Placement, demand: Demand) -> list[NewJob]:
+        """The jobs of one batch: the first made as every job is, the others copies of it
+        with an id and arguments of their own. What the batch shares (placement, demand,
+        the task's settings) is checked and put in wire form once, not once per job."""
+        first = self.job(blobs[0], when, demand, "")
+        shard, shards = self.factory.shard_of(when.tenant), self.factory.shards
+        copy = msgspec.structs.replace
+        return [
+            first,
+            *(
+                copy(first, id=shard_job_id(new_job_id(), shard, shards), args=blob.decode())
+                for blob in blobs[1:]
+            ),
+        ]
 
     async def _store(self, jobs: list[NewJob], durability: DurabilitySettings) -> list[Job[R]]:
         store = self.app.sharded.store_for_tenant(jobs[0].tenant)  # a batch is one tenant's
@@ -259,6 +286,7 @@ class EnqueueOptions(TypedDict, total=False):
     slots: int | None
     limits: Mapping[str, LimitValue] | None
     rates: Mapping[str, Rate] | None
+    estimate: Estimate | float | None
     trace: bool
     durability: DurabilitySettings | None
 
