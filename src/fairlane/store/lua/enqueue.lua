@@ -83,10 +83,10 @@ local function enqueue(keys, args)
         end
         -- one write of the whole record: the optional fields ride on it
         local h = {'HSET', jk, 'task', j[4], 'tenant', tenant, 'lane', lane,
-          'prio', hot.int(prio), 'args', j[5], 'max', hot.int(j[6]),
-          'bo', j[7], 'to', j[8], 'rc', j[9], 'rf', j[10], 'enq', now_s,
-          'run', run_at == now and now_s or hot.int(run_at), 'seq', hot.int(order), 'st', st,
-          'att', '0', 'cls', cls, 'sl', hot.int(slots)}
+          'prio', hot.arg(prio), 'args', j[5], 'max', hot.arg(j[6]),
+          'bo', j[7], 'to', hot.arg(j[8]), 'rc', j[9], 'rf', j[10], 'enq', now_s,
+          'run', run_at == now and now_s or run_at, 'seq', order, 'st', st,
+          'att', '0', 'cls', cls, 'sl', hot.arg(slots)}
         local n = #h
         if fkey and fkey ~= '' then
           h[n + 1], h[n + 2], n = 'fk', fkey, n + 2
@@ -127,7 +127,7 @@ local function enqueue(keys, args)
         end
         if cost_mode then
           h[n + 1], h[n + 2], n = 'cu',
-            hot.int(charge_mu(p, tonumber(j[18]) or 0, j[20] == 1, j[19], learned)), n + 2
+            hot.arg(charge_mu(p, tonumber(j[18]) or 0, j[20] == 1, j[19], learned)), n + 2
         end
         if verdict == 'deferred' then
           h[n + 1], h[n + 2], n = 'dmu', mu, n + 2

@@ -87,9 +87,8 @@ end
 -- most ARGS arguments from one unpack (Lua's own limit is near 8000).
 local hot = {ARGS = 4000}
 
--- A whole number as a command argument. Redis writes a Lua number argument with
--- '%.17g', which costs several times more than '%d'; the hot path's numbers are whole
--- (milliseconds, tokens, counts), and anything else is passed on as it is.
+-- A whole number as a command argument ('%d'; anything else is passed on as it is, and
+-- Redis writes it with '%.17g').
 function hot.int(n)
   if type(n) == 'number' and n == math.floor(n) and n > -9e15 and n < 9e15 then
     return string.format('%d', n)
@@ -131,6 +130,9 @@ end
 
 -- a repeating field's number, false when it is none
 hot.num = hot.memoised(function(v) return tonumber(v) or false end)
+-- a repeating number as a command argument (a job's budget, timeout, width, charge...):
+-- formatting costs about as much as Redis's own, so only a value seen before is a gain
+hot.arg = hot.memoised(hot.int)
 
 -- A job's width in slots from its record's `sl`: enqueue writes a whole number >= 1,
 -- so anything else is damage, read as the default width that enqueue counted it at;

@@ -205,7 +205,7 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
     -- view) rides on this write, so it costs no command either; a first attempt with
     -- nothing to say writes none (a later one clears what an earlier one said)
     if e[4] or att > 1 then
-      redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', token, 'att', hot.int(att),
+      redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', token, 'att', hot.arg(att),
         'wk', worker, 'start', start, 'qw', e[4] or '')
     else
       redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', token, 'att', '1',

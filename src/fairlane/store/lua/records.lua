@@ -126,7 +126,7 @@ local function finish(keys, p, id, status, field, payload, now, tally, meta)
   -- what the attempt used (`amu`, acks.lua) rides on this write
   local amu, fin = meta and meta.amu, hot.now_arg(now)
   if field and amu then
-    redis.call('HSET', jk, 'st', status, 'fin', fin, field, payload, 'amu', hot.int(amu))
+    redis.call('HSET', jk, 'st', status, 'fin', fin, field, payload, 'amu', hot.arg(amu))
   elseif field then
     redis.call('HSET', jk, 'st', status, 'fin', fin, field, payload)
   else
