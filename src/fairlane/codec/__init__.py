@@ -131,6 +131,10 @@ class ArgsCodec:
     def decode(self, blob: bytes | str) -> tuple[list[Any], dict[str, Any]]:
         """The typed positional and keyword arguments to call the function with."""
         values = self._decoder.decode(blob)
+        if self._plain:
+            # positional parameters only: the struct's fields are in their order (a
+            # parameter with a default cannot come before one without)
+            return list(msgspec.structs.astuple(values)), {}
         args: list[Any] = []
         kwargs: dict[str, Any] = {}
         for p in self.signature.parameters.values():

@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 MARKER: Final = b'{"$fl_ref":'
+_MARKER_TEXT: Final = MARKER.decode()
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9._-]")
 _DOTS: Final = re.compile(r"\.{2,}")
@@ -73,8 +74,9 @@ def new_name(job_id: str, kind: str) -> str:
 
 def is_ref(blob: bytes | str) -> bool:
     """Whether a stored value is a reference (it begins with the marker)."""
-    head = blob[: len(MARKER)]
-    return (head.encode() if isinstance(head, str) else head) == MARKER
+    if isinstance(blob, str):
+        return blob.startswith(_MARKER_TEXT)
+    return blob.startswith(MARKER)
 
 
 def encode_ref(ref: PayloadRef) -> bytes:

@@ -8,6 +8,11 @@ four reasons (``CancelReason``), each ending differently: past its timeout it fa
 timed out; asked to cancel, it ends cancelled; its lease lost, it ends with no outcome
 (the store has given the job to another attempt); at shutdown, past the grace period,
 it is handed back unstarted, not counted against the job's attempts.
+
+Starting a batch is two steps, so that a shard loop can send its next exchange between
+them (``runtime/shardloop.py``): ``claim`` holds the jobs' slots at once, ``launch``
+makes their tasks (the larger part of a no-op job's cost on the worker). Attempts with
+a timeout share one loop timer (``runtime/deadlines.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fairlane.codec import encode_error
+from fairlane.runtime.deadlines import Deadlines
 from fairlane.runtime.hooks import Hooks
 from fairlane.runtime.runner import CancelReason, Runner
 from fairlane.runtime.shardlink import Tally
@@ -59,6 +65,7 @@ class Attempts:
         #: runs each attempt; given once the worker's executors have started
         self.runner: Runner | None = None
         self._cancel_reasons: dict[str, str] = {}
+        self._deadlines = Deadlines(self._timed_out)
 
     def jobs(self) -> list[FetchedJob]:
         return [r.job for r in list(self.running.values())]
@@ -69,25 +76,51 @@ class Attempts:
 
     def start(self, group: asyncio.TaskGroup, shard: Shard, fetched: Sequence[FetchedJob]) -> None:
         """Run ``fetched`` (leased from ``shard``) in ``group``; their slots are held from now."""
+        self.claim(shard, fetched)
+        self.launch(group, shard, fetched)
+
+    def claim(self, shard: Shard, fetched: Sequence[FetchedJob]) -> None:
+        """Hold the slots of ``fetched`` (leased from ``shard``) from now; ``launch``
+        must follow, in the same turn of the loop or the next."""
+        slots = self.slots
         for job in fetched:
-            task = group.create_task(self._run(job, shard))
-            self.running[job.id] = Running(job, task, shard)
-            self.slots.occupy(job.slots)
-            shard.running += 1
+            slots.occupy(job.slots)
+        shard.running += len(fetched)
         self.tally.fetched += len(fetched)
-        if fetched:
-            self.hooks.started(fetched)
+
+    def launch(self, group: asyncio.TaskGroup, shard: Shard, fetched: Sequence[FetchedJob]) -> None:
+        """Run the ``claim``-ed ``fetched`` in ``group``."""
+        if not fetched:
+            return
+        running, run = self.running, self._run
+        started = 0
+        try:
+            for job in fetched:
+                running[job.id] = Running(job, group.create_task(run(job, shard)), shard)
+                started += 1
+        except RuntimeError:
+            # the group is shutting down (the worker is failing): what did not start
+            # gives its slots back, and its lease expires and it is reclaimed
+            unstarted = fetched[started:]
+            for job in unstarted:
+                self.slots.vacate(job.slots)
+            shard.running -= len(unstarted)
+            log.warning("%d leased job(s) not started: the worker is stopping", len(unstarted))
+            if started:
+                self.hooks.started(fetched[:started])
+            return
+        self.hooks.started(fetched)
 
     async def _run(self, job: FetchedJob, shard: Shard) -> None:
         runner = self.runner
         assert runner is not None, "attempts start once the executors have"
         outcome: Outcome | None = None
-        timer = None
+        task: asyncio.Task[None] | None = None
+        due = 0
         if runner.uses_timer(job):
-            loop = asyncio.get_running_loop()
-            timer = loop.call_at(
-                loop.time() + job.timeout, self.interrupt, [job.id], CancelReason.TIMEOUT
-            )
+            task = asyncio.current_task()
+            assert task is not None
+            due = self._deadlines.add(task, job.id, job.timeout)
         began = time.monotonic()
         # the attempt's span is current while it runs, so a workflow's steps and the
         # task's own spans are its children (None when tracing is off)
@@ -99,8 +132,8 @@ class Attempts:
         finally:
             if traced is not None:
                 traced.end(outcome)
-            if timer is not None:
-                timer.cancel()
+            if task is not None:
+                self._deadlines.discard(task, due)
             # each attempt gives back what it took, even if a newer lease of the same job
             # (lost, then leased to us again) has taken its entry meanwhile
             self.slots.vacate(job.slots)
@@ -124,6 +157,12 @@ class Attempts:
             )
             return Outcome(job.id, job.token, "cancel", err.decode())
         return Outcome(job.id, job.token, "release")
+
+    def _timed_out(self, due: list[tuple[asyncio.Task[None], str]]) -> None:
+        for task, job_id in due:
+            if not task.done():
+                self._cancel_reasons[job_id] = CancelReason.TIMEOUT
+                task.cancel()
 
     def interrupt(self, ids: list[str], reason: str) -> None:
         for job_id in ids:

@@ -125,6 +125,7 @@ class Runner:
         ctx = JobContext(job.id, job.tenant, job.attempt)
         reset = usage.current.set(ctx)
         started = time.monotonic()
+        delay_ms = 0
         try:
             if task is None:
                 raise _Failure(
@@ -136,23 +137,23 @@ class Runner:
                 )
             payload = await self._attempt(task, job)
         except _Failure as failure:
-            outcome = self._failed(job, failure)
+            kind, text, delay_ms = self._after_failure(job, failure)
         except _Pushback as pushback:
             # the store checks the job holds the key; a key it does not is a failure there
-            text = f"{pushback.key}\n{pushback.payload.decode()}"
-            outcome = Outcome(job.id, job.token, "throttle", text, pushback.delay_ms)
+            kind, text = "throttle", f"{pushback.key}\n{pushback.payload.decode()}"
+            delay_ms = pushback.delay_ms
         except Suspend as end:
             # the run gives its slot back until what it waits for comes
-            outcome = Outcome(job.id, job.token, "suspend", end.wait, end.delay_ms)
+            kind, text, delay_ms = "suspend", end.wait, end.delay_ms
         except LeaseLost:
             # another worker may own the run: a release under our token is fenced
-            outcome = Outcome(job.id, job.token, "release")
+            kind, text = "release", ""
         else:
-            outcome = Outcome(job.id, job.token, "ok", payload.decode())
+            kind, text = "ok", payload.decode()
         finally:
             usage.current.reset(reset)
         cost = ctx.units(self.registry.pricing.coefficients, time.monotonic() - started)
-        return msgspec.structs.replace(outcome, cost=cost)
+        return Outcome(job.id, job.token, kind, text, delay_ms, cost)
 
     async def _attempt(self, task: TaskDefinition[Any, Any], job: FetchedJob) -> bytes:
         timeout = job.timeout or None
@@ -303,6 +304,10 @@ class Runner:
         return bool(job.timeout) and task is not None and task.options.executor == "async"
 
     def _failed(self, job: FetchedJob, failure: _Failure) -> Outcome:
+        return Outcome(job.id, job.token, *self._after_failure(job, failure))
+
+    def _after_failure(self, job: FetchedJob, failure: _Failure) -> tuple[str, str, int]:
+        """A failed attempt's outcome: its kind (retry or dead), error and retry delay."""
         decision = after_failure(
             job.attempt,
             job.max_attempts,
@@ -311,10 +316,8 @@ class Runner:
             u=random.random(),
         )
         if decision.kind == "dead":
-            return Outcome(job.id, job.token, "dead", failure.payload.decode())
-        return Outcome(
-            job.id, job.token, "retry", failure.payload.decode(), round(decision.delay * 1000)
-        )
+            return "dead", failure.payload.decode(), 0
+        return "retry", failure.payload.decode(), round(decision.delay * 1000)
 
 
 class _Unserializable(Exception):
