@@ -50,13 +50,15 @@ def _job(n: int, *, slots: int = 1, timeout: float = 0) -> NewJob:
 
 class StandIn:
     """Runs attempts for ``Attempts`` in place of the runner: each ends ``ok`` after
-    ``hold`` seconds (None: only when interrupted), noting the slots held meanwhile."""
+    ``hold`` seconds (None: only when interrupted), noting the slots held meanwhile and
+    the pool's turns so far when it began."""
 
     def __init__(self, pool: SlotPool, *, hold: float | None = 0.0, timer: bool = False) -> None:
         self.pool = pool
         self.hold = hold
         self.timer = timer
         self.ran: list[str] = []
+        self.turns: dict[str, int] = {}
         self.most_used = 0
 
     def uses_timer(self, job: FetchedJob) -> bool:
@@ -64,6 +66,7 @@ class StandIn:
 
     async def run(self, job: FetchedJob) -> Outcome:
         self.ran.append(job.id)
+        self.turns[job.id] = self.pool.statistics().turns
         self.most_used = max(self.most_used, self.pool.used)
         if self.hold is None:
             await asyncio.Event().wait()
@@ -181,6 +184,24 @@ async def test_a_burst_drains_the_shard_within_the_slots_and_settles_every_outco
     assert again.jobs == []
 
 
+async def test_a_replys_jobs_hold_their_slots_at_once_and_start_once_the_next_call_is_out(
+    store: Store,
+) -> None:
+    await store.enqueue(LANE, [_job(n) for n in range(6)])
+    parts = Parts(store, concurrency=8, hold=0.01)
+    async with asyncio.TaskGroup() as jobs:
+        await parts.loop.fetch_loop(jobs)
+    await parts.loop.flush(final=True)
+    # the first (wide) call leased all six; the second was sent before any of them
+    # ran, asking only for the two slots they left
+    assert parts.runner.turns == {f"j{n:04d}": 2 for n in range(6)}
+    assert parts.told.started_at == [(f"j{n:04d}", 2) for n in range(6)]
+    assert parts.runner.most_used <= 8
+    assert (parts.tally.fetched, parts.tally.settled) == (6, 6)
+    assert parts.slots.statistics().used == parts.slots.statistics().reserved == 0
+    assert parts.loop.running == 0 and not parts.attempts.running
+
+
 async def test_a_job_wider_than_a_capped_ask_is_still_leased(store: Store) -> None:
     # with 8 slots a busy loop asks for 4 at most: the 6-wide job needs a wide ask
     await store.enqueue(LANE, [_job(0), _job(1, slots=6)])
@@ -235,8 +256,10 @@ async def test_a_job_handed_to_an_idle_loop_starts_there(store: Store) -> None:
             await fetching
         parts.link.closed.set()
     assert parts.runner.ran == ["j0007"] and parts.tally.fetched == 1
-    # started while the loop waited after its first turn, not leased by a second one
+    # started while the loop waited after its first turn, not leased by a second one,
+    # and began to run before the loop's next call was sent
     assert parts.told.started_at == [("j0007", 1)]
+    assert parts.runner.turns == {"j0007": 1}
 
 
 # -- attempts ------------------------------------------------------------------------------

@@ -11,7 +11,11 @@ loop does after the reply, is decided by ``policy/fetch.py``.
 
 Within a loop the hot path is the worker's: ``exchange`` settles the attempts that
 finished since the last call and leases the next batch in one atomic step; when the
-shard has no work the loop blocks on its wake lists. The outcomes of a shard's jobs
+shard has no work the loop blocks on its wake lists. The jobs a reply leased hold their
+slots at once, but while the loop asks again at once their tasks are made just after
+the next exchange is sent, not before: the server prepares the next batch meanwhile
+instead of waiting on the worker. A job handed to the loop while it was idle starts
+before anything else is sent. The outcomes of a shard's jobs
 are settled on that shard (``runtime/settling.py``), and its leases renewed and swept
 there. A loop is given the parts of its worker it uses (``runtime/shardlink.py``),
 never the worker itself.
@@ -127,11 +131,17 @@ class ShardLoop:
         # wider than the cap would never be leased: the first call, and the first
         # after each idle wait, ask for every free slot.
         widen = True
+        # leased by the last exchange, slots held: launched once the next one is sent
+        leased: list[FetchedJob] = []
         while not stopping.is_set():
             async with self.slots.turn():
                 plan = self.slots.plan(widen=widen)
                 if plan.wait is Wait.NONE:
-                    fetched = await self._exchange(plan.want, jobs)
+                    fetched = await self._exchange(plan.want, jobs, leased)
+                    leased = []
+            if leased:  # no exchange was sent: they start now
+                self.attempts.launch(jobs, self, leased)
+                leased = []
             if plan.wait is not Wait.NONE:
                 await self._wait_for_room(plan.wait)
                 continue
@@ -142,13 +152,17 @@ class ShardLoop:
                 continue
             step = self._after(plan, fetched)
             widen = step.widen
+            if step is Next.FETCH and not stopping.is_set() and self.slots.turn_free():
+                leased = fetched.jobs  # the next turn is ours at once: launched in it
+                continue
+            self.attempts.launch(jobs, self, fetched.jobs)
             if step is Next.DRAINED and await self.link.burst.drained(self):
                 return
             if step is not Next.IDLE:
                 continue
             handed = await self._idle_wait(fetched.next_due_ms)
-            if handed is not None:
-                self._take_handed(jobs, handed)
+            if handed is not None and self._take_handed(jobs, handed):
+                await asyncio.sleep(0)  # it starts before the next exchange is sent
         self.settler.carrier_active = False
         self.settler.flush_needed.set()
 
@@ -164,9 +178,12 @@ class ShardLoop:
             shard_busy=bool(self.running or self.settler.outcomes),
         )
 
-    async def _exchange(self, want: int, jobs: asyncio.TaskGroup) -> Fetched | None:
-        """Settle what finished, lease up to ``want`` slots' worth and start those jobs;
-        None on an outage.
+    async def _exchange(
+        self, want: int, jobs: asyncio.TaskGroup, leased: list[FetchedJob]
+    ) -> Fetched | None:
+        """Settle what finished, lease up to ``want`` slots' worth and hold their slots
+        (their tasks are the caller's to launch); None on an outage. ``leased`` (held
+        by the last call) are launched as soon as this call is sent.
 
         The slots asked for are reserved while the call is out, so that another
         shard's loop of the same worker cannot count them free meanwhile."""
@@ -176,7 +193,7 @@ class ShardLoop:
         fetched: Fetched | None = None
         with self.slots.reserving(want):
             try:
-                fetched = await self.store.exchange(
+                call = self.store.exchange(
                     settings.worker_id,
                     settings.lanes,
                     want,
@@ -185,10 +202,18 @@ class ShardLoop:
                     idle_ms=self.idle_ms(),
                     slots=settings.concurrency,
                 )
+                if leased:
+                    # the call's task writes it in its first step; the launch is
+                    # queued behind that step, so the server is busy meanwhile
+                    pending = asyncio.ensure_future(call)
+                    asyncio.get_running_loop().call_soon(self.attempts.launch, jobs, self, leased)
+                    fetched = await pending
+                else:
+                    fetched = await call
             except StoreUnavailable as exc:
                 self.fetch_outage.failed(exc)
         if fetched is not None:
-            self.attempts.start(jobs, self, fetched.jobs)  # their slots are held from here on
+            self.attempts.claim(self, fetched.jobs)  # their slots are held from here on
         self.slots.notify()  # what this call did not take is free for the others
         if fetched is None:
             settler.put_back(outcomes)
@@ -247,14 +272,16 @@ class ShardLoop:
             self.link.settled(outcomes, fetched.ack_codes)
             settler.hand_back(fetched.jobs)
 
-    def _take_handed(self, jobs: asyncio.TaskGroup, handed: FetchedJob) -> None:
-        """Start a job an enqueue handed to us while idle, unless we now hold back."""
+    def _take_handed(self, jobs: asyncio.TaskGroup, handed: FetchedJob) -> bool:
+        """Start a job an enqueue handed to us while idle, unless we now hold back;
+        True if it started."""
         if not self.slots.takes_handed():
             # holding back, or another shard's loop filled the slots this one was idle
             # with: the job goes back unstarted (not counted), leased again later
             self.settler.hand_back([handed])
-            return
+            return False
         self.attempts.start(jobs, self, [handed])
+        return True
 
     async def _idle_wait(self, next_due_ms: int | None) -> FetchedJob | None:
         """Block until work arrives; returns a job an enqueue handed straight to us."""

@@ -162,6 +162,10 @@ class SlotPool:
         finally:
             self._turn.release()
 
+    def turn_free(self) -> bool:
+        """Whether a loop asking for the turn now would have it at once."""
+        return not self._turn.locked()
+
     def statistics(self) -> SlotStats:
         return SlotStats(
             concurrency=self.concurrency,
