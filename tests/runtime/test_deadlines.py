@@ -29,8 +29,8 @@ async def test_an_attempt_is_told_when_due_and_not_while_it_has_time_left() -> N
     told: list[list[tuple[asyncio.Task[None], str]]] = []
     deadlines = Deadlines(told.append)
     short, long = _idle_tasks(2)
-    deadlines.add(long, "long", 3600.0)
-    deadlines.add(short, "short", 0.01)
+    deadlines.add(1, long, "long", 3600.0)
+    deadlines.add(2, short, "short", 0.01)
 
     async def due() -> bool:
         return bool(told)
@@ -45,10 +45,10 @@ async def test_an_attempt_that_ended_is_never_told() -> None:
     told: list[list[tuple[asyncio.Task[None], str]]] = []
     deadlines = Deadlines(told.append)
     [task] = _idle_tasks(1)
-    deadlines.discard(task, deadlines.add(task, "j", 0.01))
+    deadlines.discard(1, deadlines.add(1, task, "j", 0.01))
     assert len(deadlines) == 0
     later = _idle_tasks(1)
-    deadlines.add(later[0], "later", 0.03)
+    deadlines.add(2, later[0], "later", 0.03)
 
     async def due() -> bool:
         return bool(told)
@@ -62,17 +62,15 @@ async def test_attempts_due_in_the_same_millisecond_are_told_together() -> None:
     told: list[list[tuple[asyncio.Task[None], str]]] = []
     deadlines = Deadlines(told.append)
     tasks = _idle_tasks(5)
-    loop = asyncio.get_running_loop()
-    # the loop's clock is read once per add: a due time far ahead, rounded to the
-    # same millisecond for every one, puts them in one bucket
-    base = 0.05 - (loop.time() % 0.001)
-    dues = {deadlines.add(task, f"j{n}", base) for n, task in enumerate(tasks)}
+    due = deadlines.due(0.05)
+    for n, task in enumerate(tasks):
+        deadlines.put(due, n, task, f"j{n}")
 
-    async def due() -> bool:
+    async def all_told() -> bool:
         return sum(len(batch) for batch in told) == 5
 
-    await eventually(due)
-    assert len(told) == len(dues)
+    await eventually(all_told)
+    assert len(told) == 1
     await _cancel(tasks)
 
 
@@ -80,7 +78,7 @@ async def test_emptied_buckets_do_not_pile_up() -> None:
     deadlines = Deadlines(lambda due: None)
     [task] = _idle_tasks(1)
     for n in range(20_000):  # one bucket per attempt: every due time a different ms
-        deadlines.discard(task, deadlines.add(task, "j", 600.0 + n / 1000))
+        deadlines.discard(n, deadlines.add(n, task, "j", 600.0 + n / 1000))
     assert len(deadlines) == 0
     assert deadlines.entries <= 2 + 1024 + 1
     await _cancel([task])

@@ -92,11 +92,19 @@ class Attempts:
         """Run the ``claim``-ed ``fetched`` in ``group``."""
         if not fetched:
             return
-        running, run = self.running, self._run
+        running, run, runner = self.running, self._run, self.runner
+        assert runner is not None, "attempts start once the executors have"
+        deadlines = self._deadlines
         started = 0
         try:
             for job in fetched:
-                running[job.id] = Running(job, group.create_task(run(job, shard)), shard)
+                # timed from here, under the job object's identity (a newer lease of the
+                # same job is another object, timed on its own); 0: not timed here
+                due = deadlines.due(job.timeout) if runner.uses_timer(job) else 0
+                task = group.create_task(run(job, shard, due))
+                running[job.id] = Running(job, task, shard)
+                if due:
+                    deadlines.put(due, id(job), task, job.id)
                 started += 1
         except RuntimeError:
             # the group is shutting down (the worker is failing): what did not start
@@ -111,16 +119,10 @@ class Attempts:
             return
         self.hooks.started(fetched)
 
-    async def _run(self, job: FetchedJob, shard: Shard) -> None:
+    async def _run(self, job: FetchedJob, shard: Shard, due: int) -> None:
         runner = self.runner
         assert runner is not None, "attempts start once the executors have"
         outcome: Outcome | None = None
-        task: asyncio.Task[None] | None = None
-        due = 0
-        if runner.uses_timer(job):
-            task = asyncio.current_task()
-            assert task is not None
-            due = self._deadlines.add(task, job.id, job.timeout)
         began = time.monotonic()
         # the attempt's span is current while it runs, so a workflow's steps and the
         # task's own spans are its children (None when tracing is off)
@@ -132,8 +134,8 @@ class Attempts:
         finally:
             if traced is not None:
                 traced.end(outcome)
-            if task is not None:
-                self._deadlines.discard(task, due)
+            if due:
+                self._deadlines.discard(id(job), due)
             # each attempt gives back what it took, even if a newer lease of the same job
             # (lost, then leased to us again) has taken its entry meanwhile
             self.slots.vacate(job.slots)

@@ -36,7 +36,8 @@ class Deadlines:
 
     def __init__(self, on_due: Callable[[list[tuple[asyncio.Task[None], str]]], None]) -> None:
         self._on_due = on_due
-        self._buckets: dict[int, dict[asyncio.Task[None], str]] = {}
+        # due ms -> {attempt key: (its task, its job id)}
+        self._buckets: dict[int, dict[int, tuple[asyncio.Task[None], str]]] = {}
         self._heap: list[int] = []
         self._armed: asyncio.TimerHandle | None = None
         self._armed_ms = math.inf
@@ -50,11 +51,13 @@ class Deadlines:
         """Due times in the heap, stale ones included."""
         return len(self._heap)
 
-    def add(self, task: asyncio.Task[None], job_id: str, seconds: float) -> int:
-        """Time ``task`` (running job ``job_id``) out ``seconds`` from now; returns its
-        due millisecond, which ``discard`` takes."""
-        loop = asyncio.get_running_loop()
-        due = math.ceil((loop.time() + seconds) * 1000)
+    def due(self, seconds: float) -> int:
+        """The due millisecond of an attempt timed out ``seconds`` from now (for ``put``)."""
+        return math.ceil((asyncio.get_running_loop().time() + seconds) * 1000)
+
+    def put(self, due: int, key: int, task: asyncio.Task[None], job_id: str) -> None:
+        """Time ``task`` (running job ``job_id``) out at ``due``, under ``key`` (unique
+        among the attempts timed); ``discard`` ends it."""
         bucket = self._buckets.get(due)
         if bucket is None:
             buckets = self._buckets
@@ -64,15 +67,20 @@ class Deadlines:
             else:
                 heapq.heappush(self._heap, due)
             if due < self._armed_ms:
-                self._arm(loop, due)
-        bucket[task] = job_id
+                self._arm(asyncio.get_running_loop(), due)
+        bucket[key] = (task, job_id)
+
+    def add(self, key: int, task: asyncio.Task[None], job_id: str, seconds: float) -> int:
+        """``put`` ``seconds`` from now; returns the due millisecond."""
+        due = self.due(seconds)
+        self.put(due, key, task, job_id)
         return due
 
-    def discard(self, task: asyncio.Task[None], due: int) -> None:
-        """``task`` has ended before its due time (or it was told of it)."""
+    def discard(self, key: int, due: int) -> None:
+        """The attempt timed under ``key`` has ended (before its due time, or after)."""
         bucket = self._buckets.get(due)
         if bucket is not None:
-            bucket.pop(task, None)
+            bucket.pop(key, None)
             if not bucket:
                 del self._buckets[due]
 
@@ -91,7 +99,7 @@ class Deadlines:
         while heap and heap[0] <= now_ms:
             bucket = buckets.pop(heapq.heappop(heap), None)
             if bucket:
-                due.extend(bucket.items())
+                due.extend(bucket.values())
         while heap and heap[0] not in buckets:  # stale: emptied before it fell due
             heapq.heappop(heap)
         if heap:
