@@ -12,8 +12,9 @@ from fairlane.store.api import redact_url
 #: scenarios every system runs, in this order within a repetition
 SHARED = ("throughput", "latency", "noisy")
 #: scenarios only Fairlane has (server time per entry point, tenants, admission, throttle
-#: keys); ``profile`` runs the throughput shape again under a full SLOWLOG
-FAIRLANE_ONLY = ("profile", "tenants", "submit", "overload", "shared_key", "upstream")
+#: keys); ``profile`` runs the throughput shape again under a full SLOWLOG, ``keyed`` with
+#: throttle, rate and fairness keys on every job
+FAIRLANE_ONLY = ("profile", "tenants", "submit", "overload", "shared_key", "upstream", "keyed")
 SCENARIOS = SHARED + FAIRLANE_ONLY
 
 #: ``--quick``: small sizes and one repetition, a smoke test in seconds
@@ -38,6 +39,7 @@ QUICK: dict[str, Any] = {
     "shared_gap_ms": 100.0,
     "upstream_n": 20.0,
     "upstream_seconds": 2.0,
+    "keyed_fairness_keys": 10,
 }
 
 
@@ -85,6 +87,9 @@ class Config:
     upstream_latency: float = 0.2
     upstream_tenants: int = 4
     upstream_concurrency: int = 64
+    # (8) Fairlane alone: the throughput shape with throttle, rate and fairness keys on
+    # every job, against the plain shape in the same run (benchmarks/keyed.py)
+    keyed_fairness_keys: int = 100
     timeout: float = 900.0  # longest wait for one scenario run
     seed: int | None = None  # of the shuffles (None: random)
     peers_dir: str | None = None

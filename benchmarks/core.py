@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from benchmarks import serverprofile
+from benchmarks import keyed, serverprofile
 from benchmarks.common import Meter, delete_matching, script_commands
 from benchmarks.config import SHARED, Config
 from benchmarks.venvs import SYSTEMS, ensure, peers_dir
@@ -193,6 +193,16 @@ def fairlane_metrics(cfg: Config) -> tuple[Metric, ...]:
             ("upstream", f"Upstream, {title}: completion p99", "ms", "lower",
              (way, "completion_ms", "p99")),
         ]  # fmt: skip
+    for way, title in (("plain", "plain"), ("keyed", "throttle, rate, fairness keys")):
+        rows += [
+            ("keyed", f"Keyed lane run, {title}: throughput", "jobs/s", "higher",
+             (way, "jobs_per_s")),
+            ("keyed", f"Keyed lane run, {title}: FCALL server time/job", "us/job", "lower",
+             (way, "fcall_usec_per_job")),
+        ]  # fmt: skip
+    rows.append(
+        ("keyed", "Keyed lane / plain throughput (target >= 0.7)", "x", "higher", ("ratio",))
+    )
     return tuple(rows)
 
 
@@ -403,6 +413,20 @@ async def _run_profile(cfg: Config, ns: str) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+async def _run_keyed(cfg: Config, ns: str, rep: int) -> dict[str, Any]:
+    """The ``keyed`` scenario, run from here as ``profile`` is; the ways take turns going
+    first, one repetition to the next."""
+    try:
+        async with asyncio.timeout(cfg.timeout):
+            return await keyed.run(
+                cfg.url, ns, jobs=cfg.jobs, batch=cfg.batch, concurrency=cfg.concurrency,
+                fairness_keys=cfg.keyed_fairness_keys, first=keyed.WAYS[rep % 2],
+                timeout=cfg.timeout,
+            )  # fmt: skip
+    except Exception as exc:  # a failed scenario is reported, as a driver's is
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 async def _versions(python: str, system: str) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
         python,
@@ -485,6 +509,8 @@ async def run_suite(cfg: Config, progress: Progress | None = None) -> dict[str, 
             ns = f"bench{cfg.run_id}_{system}_{scenario[:4]}{rep}"
             if scenario == "profile":
                 figures = await _run_profile(cfg, ns)
+            elif scenario == "keyed":
+                figures = await _run_keyed(cfg, ns, rep)
             else:
                 figures = await _run_driver(
                     pythons[system],

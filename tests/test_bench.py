@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from benchmarks import core, serverprofile, venvs
+from benchmarks import core, keyed, serverprofile, venvs
 from benchmarks.config import SCENARIOS, Config
 from benchmarks.serverprofile import Attribution, parse_entry
 from rich.console import Console
@@ -276,3 +276,33 @@ def test_quick_run_with_an_installed_peer(redis_url: str, tmp_path: Path) -> Non
     row = next(r for r in result["summary"] if r["metric"] == "Throughput, 1 worker")
     assert _positive(row["ratios"][peer]) and row["best_peer"] == peer
     assert venvs.SYSTEMS[peer].label in result["markdown"]
+
+
+@pytest.mark.anyio
+@pytest.mark.embedded_only
+async def test_the_keyed_run_puts_every_key_on_every_job_and_times_both_ways(
+    redis_url: str, namespace: str
+) -> None:
+    out = await keyed.run(
+        redis_url, namespace, jobs=300, batch=100, concurrency=20, fairness_keys=4, first="keyed"
+    )
+    assert out["order"] == ["keyed", "plain"]
+    assert out["keyed"]["keys_stored"] == {"lim": True, "rk": True, "fk": True}
+    assert out["plain"]["keys_stored"] == {"lim": False, "rk": False, "fk": False}
+    for way in keyed.WAYS:
+        run = out[way]
+        assert run["batch"] == 75  # a batch per fairness key in turn: 300 jobs over 4 keys
+        assert _positive(run["jobs_per_s"]) and _positive(run["fcall_usec_per_job"]), way
+        # one enqueue call per batch; the drain's commands are counted per command
+        assert run["enqueue"]["fcall_calls_per_job"] == pytest.approx(4 / 300), way
+        assert run["drain"]["fcall_usec_per_job"] == run["fcall_usec_per_job"]
+        assert "info" not in run["drain"]["by_command"], way
+    assert out["ratio"] == pytest.approx(out["keyed"]["jobs_per_s"] / out["plain"]["jobs_per_s"])
+    # the keys' bookkeeping is work the plain lane does not do
+    assert out["keyed"]["drain"]["commands_per_job"] > out["plain"]["drain"]["commands_per_job"]
+    # nothing of either way's app is left on the server
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        assert [k async for k in client.scan_iter(match=f"*{namespace}_*", count=1000)] == []
+    finally:
+        await client.aclose()
