@@ -7,7 +7,10 @@ the run can submit, so every job is accepted; a smaller one measures a mix of ac
 and rejected). No worker runs: each decision is the enqueue script's admission path,
 which reserves units and stores the job, or refuses it. The figures are the decisions
 per second over all processes (decisions / the slowest process's loop time), each
-status's count, and the per-call latency p50/p99/max across all calls.
+status's count, and the per-call latency p50/p99/max across all calls; and where a
+call's time goes: the submitters' CPU time per call (their Python, the client library
+and the socket calls) and the server's FCALL microseconds per call (``INFO
+commandstats``, reset before the submitters start; the server is the run's alone).
 
 Run: ``python -m benchmarks.submit [--redis-url URL] [--processes 4] [--seconds 5]``.
 """
@@ -22,6 +25,8 @@ import os
 import time
 from collections import Counter
 from typing import Any
+
+import redis.asyncio as aioredis
 
 from benchmarks.common import delete_matching, percentile
 from fairlane import App
@@ -71,6 +76,7 @@ async def _submitter(
     statuses: Counter[str] = Counter()
     async with app:
         await asyncio.to_thread(start.wait, 60)  # every process connected: go together
+        cpu0 = time.process_time()
         t0 = time.perf_counter()
         end = t0 + seconds
         n = 0
@@ -83,12 +89,31 @@ async def _submitter(
             statuses[adm.status] += 1
             n += 1
         elapsed = time.perf_counter() - t0
-    return {"elapsed": elapsed, "latencies_ms": latencies, "statuses": dict(statuses)}
+        cpu = time.process_time() - cpu0
+    return {"elapsed": elapsed, "cpu": cpu, "latencies_ms": latencies, "statuses": dict(statuses)}
 
 
 def _child(args: tuple[str, str, float, float, int, Any, Any]) -> None:
     url, name, capacity, seconds, index, start, results = args
     results.put(run_loop(_submitter(url, name, capacity, seconds, index=index, start=start)))
+
+
+async def _reset_stats(url: str) -> None:
+    client = aioredis.Redis.from_url(url)
+    try:
+        await client.config_resetstat()
+    finally:
+        await client.aclose()
+
+
+async def _fcall_stats(url: str) -> dict[str, int]:
+    """FCALL's calls and microseconds in ``INFO commandstats`` since the reset."""
+    client = aioredis.Redis.from_url(url)
+    try:
+        stat = (await client.info("commandstats")).get("cmdstat_fcall", {})
+    finally:
+        await client.aclose()
+    return {"calls": int(stat.get("calls", 0)), "usec": int(stat.get("usec", 0))}
 
 
 async def _cleanup(url: str, name: str) -> None:
@@ -101,6 +126,7 @@ def bench_submit(url: str, processes: int, seconds: float, capacity: float) -> d
     name = f"flsubmit_{os.getpid()}"
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Barrier(processes)
+    run_loop(_reset_stats(url))
     results = ctx.Queue()
     procs = [
         ctx.Process(target=_child, args=((url, name, capacity, seconds, i, start, results),))
@@ -110,6 +136,9 @@ def bench_submit(url: str, processes: int, seconds: float, capacity: float) -> d
         for p in procs:
             p.start()
         runs = [results.get(timeout=seconds + 120) for _ in procs]
+        # read before the clean-up: the submitters' FCALLs alone (they declare their
+        # lane before the start barrier, so those few calls are in the count too)
+        fcall = run_loop(_fcall_stats(url))
         for p in procs:
             p.join(timeout=30)
     finally:
@@ -123,6 +152,7 @@ def bench_submit(url: str, processes: int, seconds: float, capacity: float) -> d
     for r in runs:
         statuses.update(r["statuses"])
     elapsed = max(r["elapsed"] for r in runs)
+    decisions = len(latencies)
     return {
         "processes": processes,
         "seconds": seconds,
@@ -131,6 +161,11 @@ def bench_submit(url: str, processes: int, seconds: float, capacity: float) -> d
         "decisions_per_s": len(latencies) / elapsed,
         "per_process_per_s": [len(r["latencies_ms"]) / r["elapsed"] for r in runs],
         "statuses": dict(statuses),
+        # where a call's time goes: the submitter's own CPU (Python, the client library,
+        # the socket calls) and the server's time in the enqueue function
+        "client_cpu_us_per_call": sum(r["cpu"] for r in runs) * 1e6 / decisions,
+        "server_fcall_us_per_call": fcall["usec"] / max(1, fcall["calls"]),
+        "server_fcall_calls": fcall["calls"],
         "latency_ms": {
             "p50": percentile(latencies, 50),
             "p99": percentile(latencies, 99),
@@ -156,7 +191,9 @@ def main() -> None:
     print(
         f"{r['decisions']} decisions in {r['seconds']:g} s from {r['processes']} processes: "
         f"{r['decisions_per_s']:,.0f}/s; latency p50 {lat['p50']:.2f} ms, "
-        f"p99 {lat['p99']:.2f} ms, max {lat['max']:.2f} ms; {r['statuses']}"
+        f"p99 {lat['p99']:.2f} ms, max {lat['max']:.2f} ms; {r['statuses']}; per call: "
+        f"client CPU {r['client_cpu_us_per_call']:.0f} us, "
+        f"server FCALL {r['server_fcall_us_per_call']:.0f} us"
     )
     print(json.dumps(r, indent=2))
 
