@@ -200,6 +200,32 @@ async def test_loops_get_the_turn_in_order_of_arrival() -> None:
     assert pool.statistics().turns == 4 and pool.statistics().waiting == 0
 
 
+async def test_the_turn_is_free_only_when_no_loop_holds_it_or_is_woken_to_take_it() -> None:
+    pool = SlotPool(4, batch=100)
+    release = asyncio.Event()
+    seen: list[bool] = []
+
+    async def holder() -> None:
+        async with pool.turn():
+            await release.wait()
+
+    async def next_in_line() -> None:
+        async with pool.turn():
+            seen.append(pool.turn_free())
+
+    assert pool.turn_free()
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(holder())
+        await asyncio.sleep(0)
+        assert not pool.turn_free()
+        tasks.create_task(next_in_line())
+        await asyncio.sleep(0)
+        release.set()
+        await asyncio.sleep(0)  # the holder has let go; the next one is woken, not yet in
+        assert not pool.turn_free()
+    assert seen == [False] and pool.turn_free()
+
+
 async def test_a_loop_cancelled_in_the_queue_leaves_it() -> None:
     pool = SlotPool(4, batch=100)
     release = asyncio.Event()

@@ -203,13 +203,11 @@ class ShardLoop:
                     slots=settings.concurrency,
                 )
                 if leased:
-                    # the call's task writes it in its first step; the launch is
-                    # queued behind that step, so the server is busy meanwhile
-                    pending = asyncio.ensure_future(call)
+                    # queued for the loop's next turn: the call runs here until it
+                    # waits for its reply, the request written, so the server works
+                    # on it while the jobs run
                     asyncio.get_running_loop().call_soon(self.attempts.launch, jobs, self, leased)
-                    fetched = await pending
-                else:
-                    fetched = await call
+                fetched = await call
             except StoreUnavailable as exc:
                 self.fetch_outage.failed(exc)
         if fetched is not None:

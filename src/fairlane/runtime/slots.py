@@ -163,8 +163,9 @@ class SlotPool:
             self._turn.release()
 
     def turn_free(self) -> bool:
-        """Whether a loop asking for the turn now would have it at once."""
-        return not self._turn.locked()
+        """Whether a loop asking for the turn now would have it at once (no loop holds
+        it, nor is woken to take it)."""
+        return not self._turn.locked() and self._waiting == 0
 
     def statistics(self) -> SlotStats:
         return SlotStats(
