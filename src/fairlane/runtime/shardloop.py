@@ -15,10 +15,9 @@ shard has no work the loop blocks on its wake lists. The jobs a reply leased hol
 slots at once, but while the loop asks again at once their tasks are made just after
 the next exchange is sent, not before: the server prepares the next batch meanwhile
 instead of waiting on the worker. A job handed to the loop while it was idle starts
-before anything else is sent. The outcomes of a shard's jobs
-are settled on that shard (``runtime/settling.py``), and its leases renewed and swept
-there. A loop is given the parts of its worker it uses (``runtime/shardlink.py``),
-never the worker itself.
+before anything else is sent. The outcomes of a shard's jobs are settled on that shard
+(``runtime/settling.py``), and its leases renewed and swept there. A loop is given the
+parts of its worker it uses (``runtime/shardlink.py``), never the worker itself.
 """
 
 from __future__ import annotations
