@@ -38,6 +38,13 @@ def _hset(field: str, value: bytes | str) -> Corrupt:
     return lambda client, key: client.hset(key, field, value)
 
 
+def _hset_optional(field: str, value: bytes | str) -> Corrupt:
+    """An optional field (``dl``, ``lim``...) corrupted in a record that holds optional
+    fields: its ``x`` says so, as every writer of one sets it (``hot.read`` in
+    ``store/lua/fairlane.lua``)."""
+    return lambda client, key: client.hset(key, mapping={field: value, "x": "1"})
+
+
 def _hdel(field: str) -> Corrupt:
     return lambda client, key: client.hdel(key, field)
 
@@ -66,17 +73,17 @@ FIELD_CASES: dict[str, tuple[Corrupt, str, str]] = {
     "timeout not a number": (_hset("to", "a while"), RECORD, "field to"),
     "timeout negative": (_hset("to", "-5"), RECORD, "field to"),
     "timeout nan": (_hset("to", "nan"), RECORD, "field to"),
-    "deadline not a number": (_hset("dl", "tomorrow"), RECORD, "field dl"),
-    "deadline fractional": (_hset("dl", "99999999999999.5"), RECORD, "field dl"),
+    "deadline not a number": (_hset_optional("dl", "tomorrow"), RECORD, "field dl"),
+    "deadline fractional": (_hset_optional("dl", "99999999999999.5"), RECORD, "field dl"),
     "attempt not a number": (_hset("att", "1.5"), RECORD, "field att"),
     "enqueued not a number": (_hset("enq", "1e400"), RECORD, "field enq"),
     "slots not a number": (_hset("sl", "two"), RECORD, "field sl"),
     "slots zero": (_hset("sl", "0"), RECORD, "field sl"),
     "class not utf-8": (_hset("cls", b"standard\xff"), RECORD, "field cls"),
-    "limits not msgpack": (_hset("lim", b"\xc1\xc1garbage"), RECORD, "field lim"),
-    "limits a string": (_hset("lim", PACK.encode("doc:1")), RECORD, "field lim"),
-    "limits bad pair": (_hset("lim", PACK.encode([["doc:1", "x"]])), RECORD, "field lim"),
-    "limits a map": (_hset("lim", PACK.encode({"doc:1": 2})), RECORD, "field lim"),
+    "limits not msgpack": (_hset_optional("lim", b"\xc1\xc1garbage"), RECORD, "field lim"),
+    "limits a string": (_hset_optional("lim", PACK.encode("doc:1")), RECORD, "field lim"),
+    "limits bad pair": (_hset_optional("lim", PACK.encode([["doc:1", "x"]])), RECORD, "field lim"),
+    "limits a map": (_hset_optional("lim", PACK.encode({"doc:1": 2})), RECORD, "field lim"),
     "priority not a number": (_hset("prio", "high"), RECORD, "field prio"),
     "order not a number": (_hset("seq", "first"), RECORD, "field seq"),
     "charge not a number": (_hset("cu", "lots"), RECORD, "field cu"),
@@ -117,9 +124,14 @@ async def test_corrupt_job_fields_are_dead_lettered_with_the_field_named(
         # sound, though unusual: an empty backoff is the default one, no timeout is 0
         defaulted = await count.enqueue(4)
         await client.hset(app.store.keys.job(defaulted.id), mapping={"bo": "", "to": "0"})
+        # an optional field written into a record that says it holds none (x = '') by
+        # something other than Fairlane is not read: the job runs as it was enqueued
+        stray = await count.enqueue(5)
+        await client.hset(app.store.keys.job(stray.id), mapping={"dl": "tomorrow", "lim": "?"})
         async with running_worker(app) as worker:
             assert await good.result(timeout=WAIT) == 1
             assert await defaulted.result(timeout=WAIT) == 4
+            assert await stray.result(timeout=WAIT) == 5
             for label, job in bad.items():
                 _, type_name, words = FIELD_CASES[label]
                 try:
@@ -143,7 +155,7 @@ async def test_corrupt_job_fields_are_dead_lettered_with_the_field_named(
         state = await client.hgetall(app.store.keys.lane("default").state)
         counts = {k: v for k, v in state.items() if k[:2] in (b"d:", b"f:", b"g:")}
         assert counts and set(counts.values()) == {b"0"}, counts
-    assert sorted(ran) == [1, 2, 4], "a corrupt job was executed"
+    assert sorted(ran) == [1, 2, 4, 5], "a corrupt job was executed"
 
 
 async def test_unknown_task_is_dead_lettered_after_its_attempts_never_run(
@@ -319,7 +331,10 @@ async def test_a_record_corrupted_while_it_runs_fails_neither_retry_nor_sweep(
         fetched = await store.exchange("gone:1:x", lane, 2, 60_000)
         assert {j.id for j in fetched.jobs} == {lost.id, failing.id}
         for job in (lost, failing):
-            await client.hset(keys.job(job.id), mapping={"bo": "x,y,full", "dl": "soon"})
+            # (a deadline is an optional field: a record holding one says so in `x`)
+            await client.hset(
+                keys.job(job.id), mapping={"bo": "x,y,full", "dl": "soon", "x": "1"}
+            )
         # one attempt fails and is retried; the other's lease lapses and is swept
         token = next(j.token for j in fetched.jobs if j.id == failing.id)
         err = b'{"type":"E","message":"m","traceback":""}'.decode()

@@ -386,6 +386,9 @@ class AppKeys:
 
 #: Fields of a job hash, as written by the Lua library.
 JOB_FIELDS: dict[str, str] = {
+    "x": "'1' when the record may hold optional fields (dl, lim, ttok, tp, par, toff, fk, rk, "
+    "rmu, w, mu, wfr, idem), '' when it holds none; every writer of one sets it (lua "
+    "fairlane.lua, hot.read)",
     "task": "task name",
     "tenant": "tenant the job belongs to",
     "lane": "lane that runs it",

@@ -46,13 +46,17 @@ local function feed_back_cost(p, lane, cls, tenant, cost_key, charged_mu, cost, 
   return actual_mu
 end
 
-local function flush_costs(p, cache, keys)
+local function flush_costs(p, cache, keys, fx)
   for cost_key, samples in pairs(cache.samples) do
     learn_costs(p, cost_key, samples, samples.window)
   end
   for _, e in pairs(cache.tags) do
-    local weight = tonumber(redis.call('HGET', keys[WEIGHTS], e[3])) or 1
-    adjust_tag(p, e[1], e[2], e[3], e[4] / weight)
+    -- a tenant charged what its jobs used has nothing to correct
+    if e[4] ~= 0 then
+      local weight = hot.any(fx, keys[WEIGHTS])
+        and tonumber(redis.call('HGET', keys[WEIGHTS], e[3])) or 1
+      adjust_tag(p, e[1], e[2], e[3], e[4] / weight)
+    end
   end
 end
 
@@ -70,6 +74,13 @@ function rates.push_back_key(keys, id, token, payload, delay, now)
     key
 end
 
+-- A running job's record as an ack reads it: f[1..14] st, tok, task, rc, rf, att, max,
+-- lane, cls, sl, tenant, start, ck, cu; f[15..20] the optional w, ttok, mu, par, wfr,
+-- idem (hot.read).
+hot.SETTLING = {'st', 'tok', 'task', 'rc', 'rf', 'att', 'max', 'lane', 'cls', 'sl', 'tenant',
+  'start', 'ck', 'cu', 'x'}
+hot.SETTLING_X = {'w', 'ttok', 'mu', 'par', 'wfr', 'idem'}
+
 -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
 -- [id, token, kind (ok | retry | dead | cancel | release | suspend | throttle), payload,
 -- delay_ms, cost] (a workflow run suspends with what it waits for as its payload; a
@@ -85,8 +96,7 @@ local function apply_acks(keys, p, acks, now, tally)
   for i, a in ipairs(acks) do
     local id, kind, payload = a[1], a[3], a[4]
     local jk = job_key(p, id)
-    local f = redis.call('HMGET', jk, 'st', 'tok', 'task', 'rc', 'rf', 'w', 'att', 'max', 'lane',
-      'cls', 'sl', 'ttok', 'tenant', 'start', 'mu', 'ck', 'cu', 'par', 'wfr', 'idem')
+    local f = hot.read(jk, hot.SETTLING, hot.SETTLING_X)
     if f[1] ~= 'running' and f[2] == a[2] then
       count(tally, 'resettled')
       codes[i] = 2
@@ -96,42 +106,43 @@ local function apply_acks(keys, p, acks, now, tally)
     else
       -- the status leaves 'running' below, which alone fences any later write of this token
       released[#released + 1] = id
-      add_settled(settled, f[9], f[10] or DEFAULT_CLASS, f[11], work_of(f[17]))
+      add_settled(settled, f[8], f[9] or DEFAULT_CLASS, f[10], work_of(f[14]))
       -- slots held until this call still count when dispatch tells a waiting job who
       -- held its class's capacity (queued_why)
-      local ek = f[9] .. '\0' .. (f[10] or DEFAULT_CLASS)
+      local ek = f[8] .. '\0' .. (f[9] or DEFAULT_CLASS)
       tally.ended = tally.ended or {}
-      tally.ended[ek] = (tally.ended[ek] or 0) + slots_of(f[11])
-      freed[f[9]] = true
+      tally.ended[ek] = (tally.ended[ek] or 0) + slots_of(f[10])
+      freed[f[8]] = true
       local cost = tonumber(a[6]) or -1
       local pushed, pushed_key = false, nil
       if kind == 'throttle' then
         payload, pushed, pushed_key =
-          rates.push_back_key(keys, id, f[12], payload, tonumber(a[5]) or 0, now)
+          rates.push_back_key(keys, id, f[16], payload, tonumber(a[5]) or 0, now)
       end
-      if f[12] then
+      if f[16] then
         -- its release may wake waiters back into their queues, and a tenant activated
         -- there starts from its class's in-flight work: settle this batch's ends first
         flush_settled(p, settled)
         -- a job handed back unstarted used nothing of what its rate keys gave it
         local used = kind == 'release' and 0 or (cost >= 0 and cost or nil)
-        release_throttle(keys, p, id, f[12], now, used, kind == 'ok')
+        release_throttle(keys, p, id, f[16], now, used, kind == 'ok')
       end
-      local tenant = f[13] or ''
+      local tenant = f[11] or ''
       if limited[tenant] == nil then
-        limited[tenant] = redis.call('HEXISTS', keys[TLIMITS], tenant) == 1
+        limited[tenant] = hot.any(tally, keys[TLIMITS])
+          and redis.call('HEXISTS', keys[TLIMITS], tenant) == 1
       end
       if kind ~= 'release' and limited[tenant] then
-        note_duration(p, f[13], math.max(0, now - (tonumber(f[14]) or now)) / 1000)
+        note_duration(p, f[11], math.max(0, now - (tonumber(f[12]) or now)) / 1000)
       end
       local amu = nil
       if cost >= 0 and kind ~= 'release' then
-        amu = feed_back_cost(p, f[9], f[10] or DEFAULT_CLASS, f[13] or '', f[16], f[17], cost,
+        amu = feed_back_cost(p, f[8], f[9] or DEFAULT_CLASS, f[11] or '', f[13], f[14], cost,
           costing)
       end
-      local meta = {f[3], f[4], f[5], f[6], f[15], f[9], f[10], f[13], f[18], f[19], nil, f[20]}
+      local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20]}
       local ends = kind == 'ok' or kind == 'dead' or kind == 'cancel'
-        or (kind == 'retry' and (hot.num(f[7]) or 0) >= (hot.num(f[8]) or 1))
+        or (kind == 'retry' and (hot.num(f[6]) or 0) >= (hot.num(f[7]) or 1))
       if ends then
         meta.amu = amu
       elseif amu then
@@ -139,14 +150,14 @@ local function apply_acks(keys, p, acks, now, tally)
       end
       if kind == 'throttle' and pushed then
         rates.push_back(keys, p, id, tonumber(a[5]) or 0, payload, now, tally, meta, pushed_key)
-      elseif kind == 'throttle' and (tonumber(f[7]) or 0) >= (tonumber(f[8]) or 1) then
+      elseif kind == 'throttle' and (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1) then
         dead_letter(keys, p, id, payload, now, tally, meta)
       elseif kind == 'throttle' then
         -- a pushback on a key the job does not hold is an ordinary failure
         schedule_retry(keys, p, id, tonumber(a[5]) or 0, payload, now, tally)
       elseif kind == 'ok' then
         finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
-      elseif kind == 'retry' and (tonumber(f[7]) or 0) >= (tonumber(f[8]) or 1) then
+      elseif kind == 'retry' and (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1) then
         -- the store holds the attempt budget itself: a retry past it is a dead letter
         dead_letter(keys, p, id, payload, now, tally, meta)
       elseif kind == 'retry' then
@@ -164,7 +175,7 @@ local function apply_acks(keys, p, acks, now, tally)
         redis.call('HINCRBY', jk, 'att', -1)
         redis.call('HSET', jk, 'st', 'queued')
         log_event(p, id, now, 'released', {start = tonumber(r[5]), wk = r[6] or nil})
-        push_ready(p, r[1], f[10], r[2], id, r[3], r[4], f[11])
+        push_ready(p, r[1], f[9], r[2], id, r[3], r[4], f[10])
         wake(p, r[1])
       end
       codes[i] = 1
@@ -173,7 +184,7 @@ local function apply_acks(keys, p, acks, now, tally)
   -- dropped before anything is fetched, so a job settled and leased again in one
   -- exchange keeps its new lease
   flush_settled(p, settled)
-  flush_costs(p, costing, keys)
+  flush_costs(p, costing, keys, tally)
   if #released > 0 then
     redis.call('ZREM', keys[LEASES], unpack(released))
   end

@@ -201,7 +201,7 @@ local function reserve(p, lane, cls, tenant, id, mu)
   redis.call('HINCRBY', tenant_count_key(p, lane), cls .. '|' .. tenant, 1)
   redis.call('HINCRBY', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant, mu)
   -- `mu` is the live reservation (released once); `emu` keeps what was reserved
-  redis.call('HSET', job_key(p, id), 'mu', mu, 'emu', mu)
+  redis.call('HSET', job_key(p, id), 'mu', mu, 'emu', mu, 'x', '1')
 end
 
 -- A job's reservation ends (it finished, or a retry left for its backoff).

@@ -29,7 +29,7 @@ end
 -- dispatch computes them once): assured a, lendable L, ceiling, max width, batch.
 local function class_levels(tbl, cap)
   local lv = {n = #tbl, cap = cap, a = {}, lend = {}, ceiling = {}, widest = {}, batch = {},
-    max_wait = {}, ages = false}
+    max_wait = {}, ages = false, claim = {}, order = {}}
   local sum_a, sum_lend = 0, 0
   for i, c in ipairs(tbl) do
     local nominal = floor_eps(c[2] * cap)
@@ -97,34 +97,63 @@ end
 
 local BLOCKED = {['no-slots'] = true, ['no-spare'] = true, held = true}
 
--- The rules of policy/classes.py but aging (A1-A3), on the state as given.
+-- The rules of policy/classes.py but aging (A1-A3), on the state as given. It runs for
+-- every job dispatched, so it is written out without the math library (each call of a
+-- library function costs the interpreter many times what a comparison does) and reuses
+-- the levels' scratch tables.
 local function choose_plain(lv, f, w, d)
-  local n, cap = lv.n, lv.cap
-  local sum_f, claimed, claim, order = 0, 0, {}, {}
+  local n, cap, assured, widest, lend = lv.n, lv.cap, lv.a, lv.widest, lv.lend
+  local claim, order = lv.claim, lv.order
+  local sum_f, claimed = 0, 0
   for i = 1, n do
-    local a, fi, wi = lv.a[i], f[i], w[i]
+    local a, fi, wi = assured[i], f[i], w[i]
     sum_f = sum_f + fi
     local owed = 0
-    if wi and fi + wi <= math.min(a, lv.widest[i]) then
-      owed = math.max(d[i], wi)
+    if wi then
+      local room = widest[i]
+      if a < room then
+        room = a
+      end
+      if fi + wi <= room then
+        owed = d[i]
+        if wi > owed then
+          owed = wi
+        end
+      end
     end
-    claim[i] = math.max(0, math.min(a, math.max(fi + owed, a - lv.lend[i])) - fi)
-    claimed = claimed + claim[i]
+    -- max(0, min(a, max(fi + owed, a - lend)) - fi)
+    local c, kept = fi + owed, a - lend[i]
+    if kept > c then
+      c = kept
+    end
+    if a < c then
+      c = a
+    end
+    c = c - fi
+    if c < 0 then
+      c = 0
+    end
+    claim[i] = c
+    claimed = claimed + c
     -- insertion sort: a lane has a handful of classes
-    local j = #order
+    local j = i - 1
     while j > 0 and rank_before(lv, f, i, order[j]) do
       order[j + 1] = order[j]
       j = j - 1
     end
     order[j + 1] = i
   end
-  local free = math.max(0, cap - sum_f)
+  local free = cap - sum_f
+  if free < 0 then
+    free = 0
+  end
   -- the first class in rank order that may start is the one served, so a batch class
   -- is only reached when no better-ranked class may start (P5): no 'yield' check needed
   local held = false
-  for _, i in ipairs(order) do
+  for k = 1, n do
+    local i = order[k]
     local spare = free - (claimed - claim[i])
-    local why = judge(w[i], f[i], lv.a[i], lv.ceiling[i], lv.widest[i], free, spare)
+    local why = judge(w[i], f[i], assured[i], lv.ceiling[i], widest[i], free, spare)
     if why == 'borrow' and held then
       why = 'held'
     end

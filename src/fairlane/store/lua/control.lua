@@ -128,7 +128,7 @@ local function watch(keys, args)
   if TERMINAL[f[1]] then
     return {f[1], f[2] or '', f[3] or ''}
   end
-  redis.call('HSET', jk, 'w', '1')
+  redis.call('HSET', jk, 'w', '1', 'x', '1')
   return {f[1]}
 end
 

@@ -10,7 +10,7 @@ local function new_dispatch(keys, p, lane, budget, now, tally)
   local cx = {keys = keys, p = p, lane = lane, now = now, tally = tally, sk = sk,
     weights = {}, tlimits = {}, trates = {}, vt = {}, delta = {}, runs = {},
     f = {}, d = {}, heads = {}, w = {}, age = {}, cap = 0, batch = math.min(budget, 100),
-    parks = 0}
+    parks = 0, recs = {}, peeks = {}, active = {}, wins = {}, pend = {}}
   local declared = redis.call('HMGET', sk, 'table', 'charge')
   cx.tbl = cjson.decode(declared[1] or DEFAULT_CLASSES)
   cx.cost_mode = declared[2] == 'cost'
@@ -43,7 +43,7 @@ local function flush_run(cx, cls)
     run.taken = {}
   end
   if run.tag_dirty then
-    redis.call('ZADD', class_key(cx.p, cx.lane, cls, 'fair'), run.tag, run.tenant)
+    hot.fair_tag(cx, cls, run.tenant, run.tag)
     run.tag_dirty = false
   end
 end
@@ -51,11 +51,142 @@ end
 local function read_run(cx, cls, run)
   run.ids = redis.call('ZRANGE', tenant_queue(cx.p, cx.lane, cls, run.tenant), 0, cx.batch - 1)
   run.pos = 1
+  -- fewer than asked for: the whole queue, so nothing is left to read once they are taken
+  run.whole = #run.ids < cx.batch
+end
+
+-- The fair set of a class, as a dispatch call sees it (start-time fair queuing between
+-- its tenants, fairqueue.lua). Its head comes from a window of its first FAIR_WINDOW
+-- tenants, read in one command and kept in order here as taken tenants move on, so
+-- that rotating between many tenants reads the set once per window rather than once
+-- per job. The tags the call gives and the tenants it idles are written when the call's
+-- view is (flush_dispatch) or before the set is read again: one command each.
+hot.FAIR_WINDOW = 32
+
+function hot.pending(cx, cls)
+  local pend = cx.pend[cls]
+  if not pend then
+    pend = {tags = {}, idle = {}, finish = {}}
+    cx.pend[cls] = pend
+  end
+  return pend
+end
+
+-- tenant's tag is `tag` (it stays in the set)
+function hot.fair_tag(cx, cls, tenant, tag)
+  local t = hot.pending(cx, cls).tags
+  t[#t + 1] = tag
+  t[#t + 1] = tenant
+end
+
+-- tenant leaves the set, its tag kept as its finish tag (fairqueue.lua's deactivate)
+function hot.fair_idle(cx, cls, tenant, tag)
+  local pend = hot.pending(cx, cls)
+  pend.idle[#pend.idle + 1] = tenant
+  pend.finish[#pend.finish + 1] = 'f:' .. tenant
+  pend.finish[#pend.finish + 1] = tag
+end
+
+function hot.flush_fair(cx, cls)
+  local pend = cx.pend[cls]
+  if not pend then
+    return
+  end
+  cx.pend[cls] = nil
+  local fair = class_key(cx.p, cx.lane, cls, 'fair')
+  -- in the order given: a tenant tagged, then idled, leaves the set
+  for i = 1, #pend.tags, hot.ARGS do
+    redis.call('ZADD', fair, unpack(pend.tags, i, math.min(#pend.tags, i + hot.ARGS - 1)))
+  end
+  for i = 1, #pend.idle, hot.ARGS do
+    redis.call('ZREM', fair, unpack(pend.idle, i, math.min(#pend.idle, i + hot.ARGS - 1)))
+  end
+  local vt = class_key(cx.p, cx.lane, cls, 'vt')
+  for i = 1, #pend.finish, hot.ARGS do
+    redis.call('HSET', vt, unpack(pend.finish, i, math.min(#pend.finish, i + hot.ARGS - 1)))
+  end
+end
+
+-- Whether `a` sorts before `b` byte by byte, as a sorted set orders members of equal
+-- score (Lua's own string order follows the server's locale).
+function hot.bytes_before(a, b)
+  local n = #a < #b and #a or #b
+  for k = 1, n do
+    local x, y = string.byte(a, k), string.byte(b, k)
+    if x ~= y then
+      return x < y
+    end
+  end
+  return #a < #b
+end
+
+-- The set's head (tenant, start tag), or nil when it is empty.
+function hot.fair_head(cx, cls)
+  local w = cx.wins[cls]
+  if not w or w.i > w.n then
+    hot.flush_fair(cx, cls)
+    local r = redis.call('ZRANGE', class_key(cx.p, cx.lane, cls, 'fair'), 0,
+      hot.FAIR_WINDOW - 1, 'WITHSCORES')
+    w = {t = {}, s = {}, i = 1, n = #r / 2, full = #r / 2 >= hot.FAIR_WINDOW}
+    for k = 1, w.n do
+      w.t[k], w.s[k] = r[2 * k - 1], tonumber(r[2 * k])
+    end
+    cx.wins[cls] = w
+  end
+  return w.t[w.i], w.s[w.i]
+end
+
+-- The head tenant was taken: it moves to `tag` (nil: it left the set). It goes back
+-- into the window at its place in the set's order (tag, then name, as a sorted set
+-- orders), or out of it when that place is past the window's last tenant of a set the
+-- window does not hold whole (the next read finds it there).
+function hot.fair_moved(cx, cls, tenant, tag)
+  local w = cx.wins[cls]
+  if not w then
+    return
+  end
+  if w.t[w.i] ~= tenant then
+    cx.wins[cls] = nil
+    return
+  end
+  w.i = w.i + 1
+  if not tag then
+    return
+  end
+  local j = w.i
+  while j <= w.n and (w.s[j] < tag or (w.s[j] == tag and hot.bytes_before(w.t[j], tenant))) do
+    j = j + 1
+  end
+  if j > w.n and w.full then
+    return
+  end
+  -- shift the window's tail one place up and put the tenant at j (one slot before the
+  -- current head is free, so the window keeps its size)
+  w.i = w.i - 1
+  for k = w.i, j - 2 do
+    w.t[k], w.s[k] = w.t[k + 1], w.s[k + 1]
+  end
+  w.t[j - 1], w.s[j - 1] = tenant, tag
+end
+
+-- How many tenants of class `cls` have work waiting (its fair set's size), read once per
+-- call and kept as tenants leave it here: rotating between many tenants reads it once,
+-- not once per job.
+local function active_tenants(cx, cls)
+  local n = cx.active[cls]
+  if not n then
+    n = redis.call('ZCARD', class_key(cx.p, cx.lane, cls, 'fair'))
+    cx.active[cls] = n
+  end
+  return n
 end
 
 local function flush_dispatch(cx)
   for cls in pairs(cx.runs) do
     flush_run(cx, cls)
+  end
+  for cls in pairs(cx.pend) do
+    hot.flush_fair(cx, cls)
   end
   for field, n in pairs(cx.delta) do
     if n ~= 0 then
@@ -74,7 +205,8 @@ end
 local function weight_of(cx, tenant)
   local wt = cx.weights[tenant]
   if not wt then
-    wt = tonumber(redis.call('HGET', cx.keys[WEIGHTS], tenant)) or 1
+    wt = hot.any(cx.tally, cx.keys[WEIGHTS])
+      and tonumber(redis.call('HGET', cx.keys[WEIGHTS], tenant)) or 1
     cx.weights[tenant] = wt
   end
   return wt
@@ -90,15 +222,18 @@ local function class_head(cx, i)
   if run and run.sole then
     tenant, tag, id = run.tenant, run.tag, run.ids[run.pos]
   else
-    local head = redis.call('ZRANGE', class_key(p, lane, cls, 'fair'), 0, 0, 'WITHSCORES')
-    if not head[1] then
+    tenant, tag = hot.fair_head(cx, cls)
+    if not tenant then
       return false
     end
-    tenant, tag = head[1], tonumber(head[2])
     if run and run.tenant == tenant then
       id = run.ids[run.pos]
     else
-      id = redis.call('ZRANGE', tenant_queue(p, lane, cls, tenant), 0, 0)[1]
+      -- its first two ids: enough to start its run when it is taken (most runs between
+      -- many tenants are one job long) and to know whether that empties its queue
+      local ids = redis.call('ZRANGE', tenant_queue(p, lane, cls, tenant), 0, 1)
+      cx.peeks[cls] = {tenant = tenant, ids = ids}
+      id = ids[1]
     end
   end
   -- the whole record, kept for `runnable` when the job is taken (nothing writes it in
@@ -110,13 +245,13 @@ local function class_head(cx, i)
     jf = hot.read_runnable(p, id)
     cx.recs[id] = jf
   end
-  local since = tonumber(jf[24]) or tonumber(jf[9])
-  return {'q', id, slots_of(jf[11]), tenant, tag, age = since and math.max(0, cx.now - since) or 0}
+  local since = tonumber(jf[15]) or tonumber(jf[8])
+  return {'q', id, slots_of(jf[10]), tenant, tag, age = since and math.max(0, cx.now - since) or 0}
 end
 
 local function load_state(cx)
   flush_dispatch(cx)
-  cx.runs, cx.recs = {}, {}
+  cx.runs, cx.recs, cx.peeks, cx.active, cx.wins, cx.pend = {}, {}, {}, {}, {}, {}
   local v = redis.call('HMGET', cx.sk, unpack(cx.fields))
   cx.cap = tonumber(v[1]) or 0
   if not cx.levels or cx.levels.cap ~= cx.cap then
@@ -150,13 +285,14 @@ end
 -- tenant's key when the tenant has concurrency settings.
 local function job_limits(cx, f)
   local limits = {}
-  if f[13] then
-    limits = cmsgpack.unpack(f[13])
+  if f[17] then
+    limits = cmsgpack.unpack(f[17])
   end
-  local tenant = f[7]
+  local tenant = f[6]
   local configured = cx.tlimits[tenant]
   if configured == nil then
-    configured = redis.call('HEXISTS', cx.keys[TLIMITS], tenant) == 1
+    configured = hot.any(cx.tally, cx.keys[TLIMITS])
+      and redis.call('HEXISTS', cx.keys[TLIMITS], tenant) == 1
     cx.tlimits[tenant] = configured
   end
   if configured then
@@ -173,14 +309,14 @@ end
 -- The rate keys of a job ({{key, limit, per_ms, burst, units}, ..}): its own `rk`, and
 -- its tenant's key when the tenant has a rate (one read per call tells whether any has).
 function rates.job_rates(cx, f)
-  local rl = f[22] and cmsgpack.unpack(f[22]) or NO_WAKES
+  local rl = f[23] and cmsgpack.unpack(f[23]) or NO_WAKES
   if cx.any_trate == nil then
     cx.any_trate = redis.call('EXISTS', cx.p .. 'trate') == 1
   end
   if not cx.any_trate then
     return rl
   end
-  local tenant = f[7] or ''
+  local tenant = f[6] or ''
   local own = cx.trates[tenant]
   if own == nil then
     own = rates.parse(redis.call('HGET', cx.p .. 'trate', tenant)) or false
@@ -199,7 +335,7 @@ end
 -- What a job's rate keys counting units take: its `rmu`, else what its tenant is charged
 -- or admission reserved for it, else one unit.
 function rates.rate_units(p, id, f)
-  local mu = tonumber(f[23]) or tonumber(f[17])
+  local mu = tonumber(f[24]) or tonumber(f[14])
   if not mu then
     mu = tonumber(redis.call('HGET', job_key(p, id), 'emu')) or 1000
   end
@@ -211,23 +347,23 @@ end
 -- other is admitted on all its keys or parks. Returns whether it was admitted and the
 -- waiters woken on the way. A job without keys or offers costs nothing here.
 local function admit(cx, id, f)
-  local offered = f[20]
+  local offered = f[21]
   local limits = offered and NO_WAKES or job_limits(cx, f)
   local rl = offered and NO_WAKES or rates.job_rates(cx, f)
   if #limits == 0 and #rl == 0 and not offered then
     return true, NO_WAKES
   end
   -- the charge of a wake: one unit, or in 'cost' mode what the job is expected to cost
-  local charge = cx.cost_mode and (hot.num(f[17]) or 1) / 1000 or 1
+  local charge = cx.cost_mode and (hot.num(f[14]) or 1) / 1000 or 1
   local units = #rl > 0 and rates.rate_units(cx.p, id, f) or 1
-  local token, wakes, blocker = thr_acquire(cx.keys, id, limits, f[14] or 0, f[15] or 0,
-    f[7] or '', charge, rl, units, cx.now)
+  local token, wakes, blocker = thr_acquire(cx.keys, id, limits, f[12] or 0, f[13] or 0,
+    f[6] or '', charge, rl, units, cx.now)
   local jk = job_key(cx.p, id)
   if offered then
     redis.call('HDEL', jk, 'toff')
   end
   if token then
-    redis.call('HSET', jk, 'ttok', token)
+    redis.call('HSET', jk, 'ttok', token, 'x', '1')
     return true, wakes
   end
   redis.call('HSET', jk, 'st', 'throttled')
@@ -249,11 +385,17 @@ local function take_fair_head(cx, cls, h)
   local run = cx.runs[cls]
   if not run or run.tenant ~= tenant then
     flush_run(cx, cls)
-    local active = redis.call('ZCARD', class_key(p, lane, cls, 'fair'))
+    local active = active_tenants(cx, cls)
     run = {tenant = tenant, taken = {}, sole = active == 1, rivals = active - 1}
-    read_run(cx, cls, run)
+    local peek = cx.peeks[cls]
+    if peek and peek.tenant == tenant then
+      run.ids, run.pos, run.whole = peek.ids, 1, #peek.ids < 2
+    else
+      read_run(cx, cls, run)
+    end
     cx.runs[cls] = run
   end
+  cx.peeks[cls] = nil
   local id = run.ids[run.pos]
   local f
   if id then
@@ -280,22 +422,30 @@ local function take_fair_head(cx, cls, h)
       v.value, v.dirty = tag, true
     end
     -- one unit per job, or in 'cost' mode what the job is expected to cost
-    local units = cx.cost_mode and (hot.num(f[17]) or 1) / 1000 or 1
+    local units = cx.cost_mode and (hot.num(f[14]) or 1) / 1000 or 1
     tag = tag + units / weight_of(cx, tenant)
   end
   if not run.ids[run.pos] then
     flush_run(cx, cls)
-    read_run(cx, cls, run)
+    if run.whole then
+      run.ids, run.pos = NO_WAKES, 1
+    else
+      read_run(cx, cls, run)
+    end
   end
   run.tag = tag
   if run.ids[run.pos] then
     if run.sole then
       run.tag_dirty = true
+      cx.wins[cls] = nil
     else
-      redis.call('ZADD', class_key(p, lane, cls, 'fair'), tag, tenant)
+      hot.fair_tag(cx, cls, tenant, tag)
+      hot.fair_moved(cx, cls, tenant, tag)
     end
   else
-    deactivate(p, lane, cls, tenant, tag)
+    hot.fair_idle(cx, cls, tenant, tag)
+    hot.fair_moved(cx, cls, tenant, nil)
+    cx.active[cls] = active_tenants(cx, cls) - 1
     cx.runs[cls] = nil
   end
   return id, f, run.rivals, wakes
@@ -308,7 +458,7 @@ end
 -- was owed; `ten` counts the other tenants fair dispatch was sharing its class with.
 -- nil when the job did not wait or neither applies (a lone tenant's backlog): no bytes.
 local function queued_why(cx, x, jf, rivals)
-  if (tonumber(jf[9]) or cx.now) >= cx.now then
+  if (tonumber(jf[8]) or cx.now) >= cx.now then
     return nil
   end
   local by, ended, assured = nil, cx.tally.ended, cx.levels.a

@@ -82,20 +82,20 @@ local function enqueue(keys, args)
           order = fairkeys.order(p, lane, cls, tenant, fkey, seq)
         end
         -- one write of the whole record: the optional fields ride on it
-        local h = {'HSET', jk, 'task', j[4], 'tenant', tenant, 'lane', lane,
+        local h = {'HSET', jk, 'x', '', 'task', j[4], 'tenant', tenant, 'lane', lane,
           'prio', hot.arg(prio), 'args', j[5], 'max', hot.arg(j[6]),
           'bo', j[7], 'to', hot.arg(j[8]), 'rc', j[9], 'rf', j[10], 'enq', now_s,
           'run', run_at == now and now_s or run_at, 'seq', order, 'st', st,
           'att', '0', 'cls', cls, 'sl', hot.arg(slots)}
-        local n = #h
+        local n, extra = #h, false
         if fkey and fkey ~= '' then
-          h[n + 1], h[n + 2], n = 'fk', fkey, n + 2
+          h[n + 1], h[n + 2], n, extra = 'fk', fkey, n + 2, true
         end
         if j[17] and #j[17] > 0 then
-          h[n + 1], h[n + 2], n = 'lim', cmsgpack.pack(j[17]), n + 2
+          h[n + 1], h[n + 2], n, extra = 'lim', cmsgpack.pack(j[17]), n + 2, true
         end
         if j[24] and #j[24] > 0 then
-          h[n + 1], h[n + 2], n = 'rk', cmsgpack.pack(j[24]), n + 2
+          h[n + 1], h[n + 2], n, extra = 'rk', cmsgpack.pack(j[24]), n + 2, true
         end
         if (tonumber(j[25]) or 0) > 0 then
           -- what the job is expected to cost, at most the least burst of its units keys
@@ -106,24 +106,24 @@ local function enqueue(keys, args)
               rmu = math.min(rmu, math.floor(tonumber(r[4]) * 1000))
             end
           end
-          h[n + 1], h[n + 2], n = 'rmu', rmu, n + 2
+          h[n + 1], h[n + 2], n, extra = 'rmu', rmu, n + 2, true
         end
         if dl ~= '' then
-          h[n + 1], h[n + 2], n = 'dl', dl, n + 2
+          h[n + 1], h[n + 2], n, extra = 'dl', dl, n + 2, true
         end
         if idem ~= '' then
-          h[n + 1], h[n + 2], n = 'idem', idem, n + 2
+          h[n + 1], h[n + 2], n, extra = 'idem', idem, n + 2, true
           redis.call('HSET', keys[IDEM], idem, id)
         end
         if j[19] and j[19] ~= '' then
           h[n + 1], h[n + 2], n = 'ck', j[19], n + 2
         end
         if j[21] and j[21] ~= '' then
-          h[n + 1], h[n + 2], n = 'par', j[21], n + 2
+          h[n + 1], h[n + 2], n, extra = 'par', j[21], n + 2, true
         end
         -- only traced enqueues send a context: an untraced job carries no field for it
         if j[22] and j[22] ~= '' then
-          h[n + 1], h[n + 2], n = 'tp', j[22], n + 2
+          h[n + 1], h[n + 2], n, extra = 'tp', j[22], n + 2, true
         end
         if cost_mode then
           h[n + 1], h[n + 2], n = 'cu',
@@ -131,6 +131,11 @@ local function enqueue(keys, args)
         end
         if verdict == 'deferred' then
           h[n + 1], h[n + 2], n = 'dmu', mu, n + 2
+        end
+        -- `x` (hot.read): whether the record holds an optional field (a reservation,
+        -- written below, sets it itself)
+        if extra then
+          h[4] = '1'
         end
         redis.call(unpack(h))
         -- an accepted job's submission is in its record (enq, cls): only a deferral,
@@ -163,7 +168,7 @@ local function enqueue(keys, args)
   end
   flush_pushes(p, lane, pushes)
   for tenant, n in pairs(submitted) do
-    if redis.call('HEXISTS', keys[TLIMITS], tenant) == 1 then
+    if hot.any(tally, keys[TLIMITS]) and redis.call('HEXISTS', keys[TLIMITS], tenant) == 1 then
       note_submissions(p, tenant, n, now)
     end
   end

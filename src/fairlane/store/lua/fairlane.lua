@@ -134,6 +134,44 @@ hot.num = hot.memoised(function(v) return tonumber(v) or false end)
 -- formatting costs about as much as Redis's own, so only a value seen before is a gain
 hot.arg = hot.memoised(hot.int)
 
+-- The fields some records have and most do not (a deadline, keys, a trace context, a
+-- parent, an idempotency key, a reservation, a throttle grant or offers, a waiter, a
+-- run's keys) are read only from a record that may hold one: a field a listpack hash
+-- does not hold costs a scan of the whole record, and these were most of what the hot
+-- path looked for. Whoever writes one of them sets `x` to '1' in the same command;
+-- enqueue writes '' when there are none, and a record without `x` (written before it
+-- existed) may hold any. `common` ends with 'x'; the result holds the common fields in
+-- their places and the optional ones after them (nil when absent). pcall: a key of the
+-- wrong type reads as no record.
+function hot.read(key, common, optional)
+  local f = redis.pcall('HMGET', key, unpack(common))
+  if f.err then
+    return {}
+  end
+  local n = #common
+  if f[n] == '' then
+    f[n] = nil
+  else
+    local o = redis.pcall('HMGET', key, unpack(optional))
+    for i = 1, #optional do
+      f[n - 1 + i] = not o.err and o[i] or nil
+    end
+  end
+  return f
+end
+
+-- Whether a hash of tenant settings (weights, concurrency limits) holds any entry, asked
+-- once per call (`fx`: the call's effects, records.lua): most apps set none, and asking
+-- for each tenant would cost a command per job.
+function hot.any(fx, key)
+  local v = fx.any[key]
+  if v == nil then
+    v = redis.call('EXISTS', key) == 1
+    fx.any[key] = v
+  end
+  return v
+end
+
 -- A job's width in slots from its record's `sl`: enqueue writes a whole number >= 1,
 -- so anything else is damage, read as the default width that enqueue counted it at;
 -- the waiting and in-flight counts then return to where they were before the job.

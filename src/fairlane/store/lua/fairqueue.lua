@@ -153,7 +153,7 @@ end
 local function enter_woken(p, id, key, now)
   local jk = job_key(p, id)
   local f = redis.call('HMGET', jk, 'lane', 'cls', 'tenant', 'prio', 'seq', 'sl')
-  redis.call('HSET', jk, 'st', 'queued', 'toff', '1')
+  redis.call('HSET', jk, 'st', 'queued', 'toff', '1', 'x', '1')
   log_event(p, id, now or now_ms(), 'granted', {key = key})
   push_ready(p, f[1], f[2] or DEFAULT_CLASS, f[3] or '', id, f[4] or 0, f[5] or 0, f[6])
   wake(p, f[1])

@@ -142,33 +142,33 @@ local function malformed_field(f)
     return 'args'
   elseif not hot.whole_ok(f[4]) then
     return 'max'
-  elseif f[5] and not whole(f[5]) then
+  elseif f[16] and not whole(f[16]) then
     return 'dl'
-  elseif f[6] and not hot.to_ok(f[6]) then
+  elseif f[5] and not hot.to_ok(f[5]) then
     return 'to'
-  elseif not f[7] or not hot.text_ok(f[7]) then
+  elseif not f[6] or not hot.text_ok(f[6]) then
     return 'tenant'
-  elseif f[8] and not hot.backoff_ok(f[8]) then
+  elseif f[7] and not hot.backoff_ok(f[7]) then
     return 'bo'
-  elseif f[9] and not whole(f[9]) then
+  elseif f[8] and not whole(f[8]) then
     return 'enq'
-  elseif f[10] and not hot.whole_ok(f[10]) then
+  elseif f[9] and not hot.whole_ok(f[9]) then
     return 'att'
-  elseif f[11] and not hot.slots_ok(f[11]) then
+  elseif f[10] and not hot.slots_ok(f[10]) then
     return 'sl'
-  elseif f[12] and not hot.text_ok(f[12]) then
+  elseif f[11] and not hot.text_ok(f[11]) then
     return 'cls'
-  elseif f[13] and not hot.limits_ok(f[13]) then
+  elseif f[17] and not hot.limits_ok(f[17]) then
     return 'lim'
-  elseif f[14] and not hot.finite_ok(f[14]) then
+  elseif f[12] and not hot.finite_ok(f[12]) then
     return 'prio'
-  elseif f[15] and not finite(f[15]) then
+  elseif f[13] and not finite(f[13]) then
     return 'seq'
-  elseif f[17] and not hot.finite_ok(f[17]) then
+  elseif f[14] and not hot.finite_ok(f[14]) then
     return 'cu'
-  elseif f[22] and not hot.rates_ok(f[22]) then
+  elseif f[23] and not hot.rates_ok(f[23]) then
     return 'rk'
-  elseif f[23] and not finite(f[23]) then
+  elseif f[24] and not finite(f[24]) then
     return 'rmu'
   end
   return nil
@@ -190,17 +190,17 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
   local start, expiry = hot.now_arg(now), hot.int(now + lease)
   for i, e in ipairs(popped) do
     local id, f, lane = e[1], e[2], e[3]
-    local cls = f[12] or DEFAULT_CLASS
+    local cls = f[11] or DEFAULT_CLASS
     local rk = lane .. '\0' .. cls
     local r = running[rk]
     if not r then
       r = {lane, cls, 0}
       running[rk] = r
     end
-    r[3] = r[3] + work_of(f[17])
+    r[3] = r[3] + work_of(f[14])
     tok = tok + 1
     local token = string.format('%d', tok)
-    local att = (hot.num(f[10]) or 0) + 1
+    local att = (hot.num(f[9]) or 0) + 1
     -- no event: start, wk and att say when and where. Why it waited (`qw`, dispatch's
     -- view) rides on this write, so it costs no command either; a first attempt with
     -- nothing to say writes none (a later one clears what an earlier one said)
@@ -214,10 +214,10 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
     zargs[2 * i - 1] = expiry
     zargs[2 * i] = id
     -- a trace context that is not valid UTF-8 is dropped: tracing never costs the job
-    jobs[i] = {id, token, att, f[2], f[3], hot.num(f[6]) or 0,
-      tonumber(f[5]) or 0, f[7] or '', hot.num(f[4]) or nil, f[8] or '', tonumber(f[9]) or 0,
-      hot.num(f[11]) or 1, cls, utf8_ok(f[18]) and f[18] or '', utf8_ok(f[19]) and f[19] or '',
-      hot.text_ok(f[21]) and f[21] or ''}
+    jobs[i] = {id, token, att, f[2], f[3], hot.num(f[5]) or 0,
+      tonumber(f[16]) or 0, f[6] or '', hot.num(f[4]) or nil, f[7] or '', tonumber(f[8]) or 0,
+      hot.num(f[10]) or 1, cls, utf8_ok(f[19]) and f[19] or '', utf8_ok(f[20]) and f[20] or '',
+      hot.text_ok(f[22]) and f[22] or ''}
   end
   redis.call('ZADD', keys[LEASES], unpack(zargs))
   for _, r in pairs(running) do
@@ -238,8 +238,14 @@ end
 
 local function peek_idle_worker(p, lane, now)
   local idle = lane_key(p, lane, 'idle')
-  redis.call('ZREMRANGEBYSCORE', idle, '-inf', now)
-  local found = redis.call('ZRANGE', idle, 0, 0)[1]
+  -- lapsed registrations are dropped only when one heads the set: an enqueue that finds
+  -- a live idle worker, or none, costs one command here
+  local head = redis.call('ZRANGE', idle, 0, 0, 'WITHSCORES')
+  if head[2] and tonumber(head[2]) <= now then
+    redis.call('ZREMRANGEBYSCORE', idle, '-inf', now)
+    head = redis.call('ZRANGE', idle, 0, 0, 'WITHSCORES')
+  end
+  local found = head[1]
   if not found then
     return nil
   end
@@ -271,16 +277,19 @@ local function drop_offers(keys, p, id, offered, tally, now)
   end
 end
 
--- Check a job popped from a tenant queue. Returns its fields (st, task, args, max, dl,
--- to, tenant, bo, enq, att, sl, cls, lim, prio, seq, ttok, cu, tp, par, toff, fk, rk,
--- rmu, run) when it
+-- Check a job popped from a tenant queue. Returns its fields (as hot.read_runnable
+-- reads them) when it
 -- can run; settles it (and gives back any offers it held) and returns nil when it
 -- cannot (expired, malformed, or a stale entry).
+-- A record as `runnable` checks it: f[1..15] st, task, args, max, to, tenant, bo, enq,
+-- att, sl, cls, prio, seq, cu, run; f[16..24] the optional dl, lim, ttok, tp, par, toff,
+-- fk, rk, rmu (hot.read).
+hot.RUNNABLE = {'st', 'task', 'args', 'max', 'to', 'tenant', 'bo', 'enq', 'att', 'sl', 'cls',
+  'prio', 'seq', 'cu', 'run', 'x'}
+hot.RUNNABLE_X = {'dl', 'lim', 'ttok', 'tp', 'par', 'toff', 'fk', 'rk', 'rmu'}
+
 function hot.read_runnable(p, id)
-  -- pcall: a job key that is not a hash reads as a missing record (left for a human)
-  return redis.pcall('HMGET', job_key(p, id), 'st', 'task', 'args', 'max', 'dl', 'to', 'tenant',
-    'bo', 'enq', 'att', 'sl', 'cls', 'lim', 'prio', 'seq', 'ttok', 'cu', 'tp', 'par', 'toff',
-    'fk', 'rk', 'rmu', 'run')
+  return hot.read(job_key(p, id), hot.RUNNABLE, hot.RUNNABLE_X)
 end
 
 -- `pre`: the record as `read_runnable` read it in this call, when dispatch read it
@@ -290,13 +299,13 @@ local function runnable(keys, p, id, now, tally, pre)
   local bad = f[1] == 'queued' and malformed_field(f)
   if bad then
     count(tally, 'malformed')
-    release_throttle(keys, p, id, f[16], now)
-    drop_offers(keys, p, id, f[20], tally, now)
+    release_throttle(keys, p, id, f[18], now)
+    drop_offers(keys, p, id, f[21], tally, now)
     dead_letter(keys, p, id, string.format(MALFORMED_ERR, bad), now, tally)
   elseif f[1] == 'queued' then
-    if f[5] and tonumber(f[5]) < now then
-      release_throttle(keys, p, id, f[16], now)
-      drop_offers(keys, p, id, f[20], tally, now)
+    if f[16] and tonumber(f[16]) < now then
+      release_throttle(keys, p, id, f[18], now)
+      drop_offers(keys, p, id, f[21], tally, now)
       expire(keys, p, id, EXPIRED_ERR, now, tally)
     else
       return f

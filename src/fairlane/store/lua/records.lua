@@ -73,7 +73,7 @@ end
 -- costs one command per effect instead of one per job: counters, and finished jobs
 -- to add to each retention index.
 local function new_effects()
-  return {counts = {}, kept = {}, readmit = {}}
+  return {counts = {}, kept = {}, readmit = {}, any = {}}
 end
 
 local function count(fx, name, n)

@@ -38,7 +38,7 @@ local function wf_load(keys, args)
     return {0}
   end
   local f = redis.call('HMGET', jk, 'cls', 'att')
-  redis.call('HSET', jk, 'wfr', 1)
+  redis.call('HSET', jk, 'wfr', 1, 'x', '1')
   redis.call('HDEL', jk, 'wf')
   redis.call('RPUSH', run_key(p, id, 'log'),
     cmsgpack.pack({'slice', args[3], now, tonumber(f[2]) or 0}))
