@@ -172,6 +172,7 @@ local function enqueue(keys, args)
       note_submissions(p, tenant, n, now)
     end
   end
+  local handed = false
   if ready then
     -- a worker blocked on its inbox gets the lane's next job (one slot's worth) at once
     local member, worker, lease = peek_idle_worker(p, lane, now)
@@ -181,12 +182,15 @@ local function enqueue(keys, args)
       if #popped > 0 then
         redis.call('ZREM', lane_key(p, lane, 'idle'), member)
         hand_off(keys, p, worker, lease, popped, now)
+        handed = true
       end
     end
   end
   apply_effects(keys, p, tally, now)
-  if #jobs > 0 then
-    -- a scheduled job may be due sooner than a blocked worker's timeout: wake one either way
+  -- a scheduled job may be due sooner than a blocked worker's timeout: wake one either
+  -- way, unless the call's one job went to an idle worker's inbox (a wake would only
+  -- send that worker round for an exchange that finds nothing)
+  if #jobs > 0 and not (handed and #jobs == 1) then
     wake(p, lane)
   end
   return out
