@@ -332,9 +332,7 @@ async def test_a_record_corrupted_while_it_runs_fails_neither_retry_nor_sweep(
         assert {j.id for j in fetched.jobs} == {lost.id, failing.id}
         for job in (lost, failing):
             # (a deadline is an optional field: a record holding one says so in `x`)
-            await client.hset(
-                keys.job(job.id), mapping={"bo": "x,y,full", "dl": "soon", "x": "1"}
-            )
+            await client.hset(keys.job(job.id), mapping={"bo": "x,y,full", "dl": "soon", "x": "1"})
         # one attempt fails and is retried; the other's lease lapses and is swept
         token = next(j.token for j in fetched.jobs if j.id == failing.id)
         err = b'{"type":"E","message":"m","traceback":""}'.decode()
