@@ -95,16 +95,10 @@ function hot.flush_fair(cx, cls)
   cx.pend[cls] = nil
   local fair = class_key(cx.p, cx.lane, cls, 'fair')
   -- in the order given: a tenant tagged, then idled, leaves the set
-  for i = 1, #pend.tags, hot.ARGS do
-    redis.call('ZADD', fair, unpack(pend.tags, i, math.min(#pend.tags, i + hot.ARGS - 1)))
-  end
-  for i = 1, #pend.idle, hot.ARGS do
-    redis.call('ZREM', fair, unpack(pend.idle, i, math.min(#pend.idle, i + hot.ARGS - 1)))
-  end
+  hot.chunked('ZADD', fair, pend.tags)
+  hot.chunked('ZREM', fair, pend.idle)
   local vt = class_key(cx.p, cx.lane, cls, 'vt')
-  for i = 1, #pend.finish, hot.ARGS do
-    redis.call('HSET', vt, unpack(pend.finish, i, math.min(#pend.finish, i + hot.ARGS - 1)))
-  end
+  hot.chunked('HSET', vt, pend.finish)
 end
 
 -- Whether `a` sorts before `b` byte by byte, as a sorted set orders members of equal

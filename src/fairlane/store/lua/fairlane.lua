@@ -87,6 +87,19 @@ end
 -- most ARGS arguments from one unpack (Lua's own limit is near 8000).
 local hot = {ARGS = 4000}
 
+-- `cmd` with `key` (nil for none) and the arguments in `list`, in as many commands as
+-- Lua's unpack needs (ARGS arguments each).
+function hot.chunked(cmd, key, list)
+  for i = 1, #list, hot.ARGS do
+    local last = math.min(#list, i + hot.ARGS - 1)
+    if key then
+      redis.call(cmd, key, unpack(list, i, last))
+    else
+      redis.call(cmd, unpack(list, i, last))
+    end
+  end
+end
+
 -- A whole number as a command argument ('%d'; anything else is passed on as it is, and
 -- Redis writes it with '%.17g').
 function hot.int(n)

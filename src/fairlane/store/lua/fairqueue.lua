@@ -76,9 +76,7 @@ end
 function hot.flush_queue(batch, q)
   local z = batch.z[q]
   if z then
-    for i = 1, #z, hot.ARGS do
-      redis.call('ZADD', q, unpack(z, i, math.min(#z, i + hot.ARGS - 1)))
-    end
+    hot.chunked('ZADD', q, z)
     batch.z[q] = {}
   end
 end

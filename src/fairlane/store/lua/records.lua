@@ -39,9 +39,7 @@ function hot.remove_records(keys, p, idx, ids, failed)
   if failed then
     redis.call('ZREM', keys[DEAD], unpack(ids))
   end
-  for i = 1, #doomed, hot.ARGS do
-    redis.call('DEL', unpack(doomed, i, math.min(#doomed, i + hot.ARGS - 1)))
-  end
+  hot.chunked('DEL', nil, doomed)
 end
 
 -- Bounded trim of one retention index: at most `budget` records per call, so the
