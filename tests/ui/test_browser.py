@@ -155,17 +155,37 @@ async def check_live_and_job(page: Any, base: str, work: Workload, shots: Path) 
 async def redrive_and_cancel(page: Any, base: str, app: App, work: Workload, shots: Path) -> None:
     await page.goto(f"{base}/ui/#/dead")
     await page.get_by_role("link", name=work.dead.id).wait_for()
+    # the list the re-drive re-draws is held until the operator has moved on to another
+    # page: its late answer must not replace the page shown by then
+    held: list[Any] = []
+
+    async def hold(route: Any) -> None:
+        held.append(route)
+
+    await page.route("**/ui/api/dead", hold)
     await page.click("button[data-action=redrive]")
 
     async def redriven() -> bool:
         # it fails again at once (one attempt): its log shows the re-drive
         return "redriven" in [e.kind for e in await app.store.job_events(work.dead.id)]
 
+    async def redraw_asked() -> bool:
+        return bool(held)
+
     await eventually(redriven)
+    await eventually(redraw_asked)
 
     parked = work.parked
     await page.goto(f"{base}/ui/#/jobs?state=queued&tenant=acme")
     await page.get_by_role("link", name=parked[1].id).wait_for()
+    async with page.expect_response("**/ui/api/dead"):
+        for route in held:
+            await route.continue_()
+    await page.unroute("**/ui/api/dead")
+    # the answer is parsed and dropped in the page's next turns; then the jobs are still shown
+    await page.evaluate("() => new Promise((done) => setTimeout(done, 200))")
+    assert await page.get_attribute("main", "data-view") == "jobs"
+    await page.get_by_role("link", name=parked[1].id).wait_for(timeout=1000)
     assert await page.get_by_role("link", name=parked[0].id).count() == 0
     await page.screenshot(path=str(shots / "jobs.png"), full_page=True)
     await show_job(page, base, parked[1].id)

@@ -55,6 +55,19 @@ async function api(path, options) {
   return body;
 }
 
+// Renders overlap: an action re-draws its view while the operator has already moved on,
+// and a refresh may start while another is in flight. Only the newest render may draw,
+// so a slow answer for a page left behind never replaces the page now shown.
+let renders = 0;
+class Stale extends Error {}
+
+async function read(path) {
+  const mine = renders;
+  const body = await api(path);
+  if (mine !== renders) throw new Stale(path);
+  return body;
+}
+
 function jobLink(id) {
   return h("a", { href: `#/job/${encodeURIComponent(id)}`, class: "mono" }, id);
 }
@@ -118,7 +131,7 @@ function rateSection(rates, now) {
 }
 
 async function viewLive(main) {
-  const o = await api("overview");
+  const o = await read("overview");
   const counters = [["running", o.counts.running], ["dead letters", o.counts.dead], ["workers", o.counts.workers],
     ...["completed", "failed", "rejected", "deferred", "retried", "expired"].map((k) => [k, o.stats[k] || 0])];
   const top = Math.max(1, ...o.waits.by_class.map((w) => w.p99 || 0), ...o.waits.by_tenant.map((w) => w.p99 || 0));
@@ -192,7 +205,7 @@ async function viewJobs(main, params) {
   const q = new URLSearchParams();
   f.states.forEach((s) => q.append("state", s));
   for (const k of ["tenant", "class", "task"]) if (f[k]) q.set(k, f[k]);
-  const found = await api(`jobs?${q}`);
+  const found = await read(`jobs?${q}`);
   const note = `${found.matched} matching` + (found.truncated ? ` (indexes read up to ${found.per_index} ids each)` : "");
   const form = document.getElementById("filters");
   main.replaceChildren(form && main.dataset.view === "jobs" ? form : filterForm(f, found.tasks),
@@ -223,7 +236,7 @@ function runSection(run) {
 }
 
 async function viewJob(main, id) {
-  const j = await api(`jobs/${encodeURIComponent(id)}`);
+  const j = await read(`jobs/${encodeURIComponent(id)}`);
   const buttons = [];
   if (allowed("cancel") && !["completed", "failed", "cancelled", "expired"].includes(j.status)) buttons.push("cancel");
   if (allowed("redrive") && j.state === "dead") buttons.push("redrive");
@@ -265,7 +278,7 @@ async function viewJob(main, id) {
 // -- dead letters and runs --------------------------------------------------------------
 
 async function viewDead(main) {
-  const found = await api("dead");
+  const found = await read("dead");
   const rows = found.jobs.map((j) => [jobLink(j.id), j.task, j.tenant, when(j.finished_ms), j.error || "",
     allowed("redrive") ? h("button", { type: "button", "data-action": "redrive",
       onclick: () => act("redrive", j.id).catch((e) => status(e.message, true)) }, "re-drive") : ""]);
@@ -276,7 +289,7 @@ async function viewDead(main) {
 }
 
 async function viewRuns(main) {
-  const found = await api("runs");
+  const found = await read("runs");
   main.replaceChildren(h("section", { class: "card" }, h("h2", {}, "Workflow runs"),
     h("p", { class: "note" }, `workflows: ${found.workflows.join(", ") || "none registered"}`),
     jobsTable(found.jobs)));
@@ -288,6 +301,7 @@ async function render() {
   const main = document.getElementById("main");
   const [path, query] = (location.hash.slice(1) || "/").split("?");
   const params = new URLSearchParams(query || "");
+  renders += 1;
   try {
     if (path.startsWith("/job/")) await viewJob(main, decodeURIComponent(path.slice(5)));
     else if (path === "/jobs") { await viewJobs(main, params); main.dataset.view = "jobs"; }
@@ -296,7 +310,7 @@ async function render() {
     else { await viewLive(main); main.dataset.view = "live"; }
     document.body.dataset.updated = String(Date.now());
   } catch (e) {
-    status(e.message, true);
+    if (!(e instanceof Stale)) status(e.message, true);
   }
 }
 
