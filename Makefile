@@ -1,5 +1,7 @@
 # The commands the README gives.
-.PHONY: test example lint bench
+.PHONY: demo test example lint bench
+demo:
+	./scripts/demo
 test:
 	./scripts/test
 example:
