@@ -1,9 +1,9 @@
 """Reading README.md's code blocks, and running its Python ones as a reader would.
 
 The README's examples are written as a reader types them into an async Python prompt
-(``python -m asyncio``): top-level ``await``, blocks of one section (``##`` or ``###``) building on
-each other, an app named once and then used. ``sections`` reads them out of the file
-(never a copy), with the hidden notes the README puts before a block in an HTML
+(``python -m asyncio``): top-level ``await``, blocks of one section (``##`` or ``###``)
+building on each other, an app named once and then used. ``sections`` reads them out of
+the file (never a copy), with the hidden notes the README puts before a block in an HTML
 comment, which a rendered README does not show:
 
 ``<!-- readme-test: setup`` ... ``-->``

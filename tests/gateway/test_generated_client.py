@@ -2,13 +2,12 @@
 
 The spec is read from a running gateway (uvicorn, ``tests/ui/helpers.served``) at
 ``/openapi.json``; ``openapi-python-client`` (a standard generator, in the dev extra)
-turns it into a Python package in a temporary directory, with no post-generation
-hooks, and the test imports that package and uses nothing else to talk to the
-gateway: it submits a job and follows it to its result while a worker runs, and
-cancels a job no worker serves. The generator must read the whole spec without a
-warning (it skips an operation it cannot read). The operations are found in the generated code by
-the method and path each one calls, so the test depends on the spec, not on the
-generator's naming.
+turns it into a Python package in a temporary directory, with no post-generation hooks,
+and the test imports that package and uses nothing else to talk to the gateway: it
+submits a job and follows it to its result while a worker runs, and cancels a job no
+worker serves. The generator must read the whole spec without a warning (it skips an
+operation it cannot read). The operations are found in the generated code by the method
+and path each one calls, so the test depends on the spec, not on the generator's naming.
 """
 
 from __future__ import annotations
