@@ -2,19 +2,47 @@
 ``MetricsHooks``, which plugs them and the metrics endpoint into a worker.
 
 Nothing here calls the server: every value comes from what the worker already holds
-(the fetched job, the attempt's outcome, the settle codes). The hot-path methods
-(``started``, ``finished``, ``settled``) cost a few dictionary look-ups and histogram
-observations per job; label children are cached. ``sample`` runs once per
-``sample_interval`` off the hot path: slot gauges, the utilisation histogram, and the
-re-ranking of the busiest tenants. The values live in plain Python counters (no lock
-per observation: the loop is the only writer) and become metric families at scrape
-time, in the metrics server's thread (about 3 us per job in all, where
-prometheus_client's own metric objects take a lock per bucket and per counter).
+(the fetched job, the usage the attempt reported, its outcome, the settle codes). The
+hot-path methods (``started``, ``used``, ``finished``, ``settled``) cost a few dictionary
+look-ups and histogram observations per job; label children are cached. ``sample`` runs
+once per ``sample_interval`` off the hot path: slot gauges, the oldest attempt's age,
+the utilisation histogram, and the re-ranking of the busiest tenants. The values live
+in plain Python counters (no lock per observation: the loop is the only writer) and
+become metric families at scrape time, in the metrics server's thread (about 3 us per
+job in all, where prometheus_client's own metric objects take a lock per bucket and per
+counter).
+
+What a worker records, beyond queue wait, durations, attempts and slots:
+
+- ``fairlane_dispatched_jobs_total{lane,class,tenant}``: attempts this worker started
+  (retries included: a retry is dispatched again). Summed over the workers, a tenant's
+  part of the rate is its dispatch share, to read against the share its weight
+  entitles it to (``fairlane_tenant_entitled_share``, read from the store).
+- Raw usage as tasks report it through ``fairlane.context().report_usage``, by lane,
+  class and tenant: ``fairlane_usage_input_tokens_total``,
+  ``fairlane_usage_output_tokens_total``, ``fairlane_usage_tool_calls_total``,
+  ``fairlane_usage_tool_seconds_total``, ``fairlane_usage_model_seconds_total``, and
+  ``fairlane_usage_units_total``, the work units the attempts were priced at (wall time
+  counting as tool seconds when it is the larger). Against the estimate: the store
+  counts, per lane and class, what it estimated and what was used for the same jobs
+  (``fairlane_work_units_estimated_total`` and ``fairlane_work_units_used_total``,
+  ``fairlane.metrics.store``).
+- ``fairlane_model_seconds{task}`` and ``fairlane_tool_seconds{task}``: per attempt,
+  the model time and the tool time it reported (an attempt that reported none of one is
+  not observed in it), so model time is told apart from tool time.
+- ``fairlane_worker_oldest_attempt_age_seconds{lane}``: how long the oldest attempt
+  running here has held its lease (0: none runs), sampled every sample interval; the
+  largest over the workers is the fleet's oldest running lease.
 
 Limits of what the worker knows without a server call: queue wait is measured from
 enqueue, for first attempts only, so a job scheduled with
 ``delay``/``at`` counts its delay as waiting; the estimate admission reserved for a job
-is not on the fetched job, so only actual units are recorded.
+is not on the fetched job, so the worker records actual usage only, and the estimate
+against it is counted by the server (per lane and class, not per tenant: a field per
+tenant in the server's counters would not be bounded).
+
+``tenant`` labels are bounded (``fairlane.metrics.tenants``): a tenant that drops out
+of the busiest has its queue-wait series removed and its counters added to ``other``.
 
 ``MetricsHooks`` is a worker plug-in (``fairlane.runtime.hooks``): when the worker
 begins to serve it makes the recorder, the store-side collector (``metrics/store.py``)
@@ -31,7 +59,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -46,17 +74,19 @@ from fairlane.metrics.config import MetricsConfig
 from fairlane.metrics.pressure import PressureCollector
 from fairlane.metrics.server import MetricsServer
 from fairlane.metrics.store import StoreCollector, StoreReader
-from fairlane.metrics.tenants import TenantLabels
+from fairlane.metrics.tenants import OTHER, TenantLabels
 from fairlane.policy.classes import ClassTable
 from fairlane.registry import TaskDefinition
 from fairlane.runtime.hooks import WorkerHooks, WorkerView
 from fairlane.runtime.services import MetricsSampler
+from fairlane.runtime.usage import JobContext
 from fairlane.store.wire import FetchedJob, Outcome
 
 __all__ = [
     "DURATION_BUCKETS",
     "SATURATION_BUCKETS",
     "UNIT_BUCKETS",
+    "USAGE",
     "WAIT_BUCKETS",
     "Declared",
     "MetricsHooks",
@@ -64,6 +94,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("fairlane.worker")
+T = TypeVar("T")
 
 
 class Declared(Protocol):
@@ -87,6 +118,15 @@ DURATION_BUCKETS = (
 )  # fmt: skip
 RETRY_DELAY_BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 UNIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 1000.0)
+#: The usage counters, by (lane, class, tenant): family name suffix and help text.
+USAGE = (
+    ("input_tokens", "Input tokens attempts reported (fairlane.context().report_usage)."),
+    ("output_tokens", "Output tokens attempts reported."),
+    ("tool_calls", "Tool calls attempts reported."),
+    ("tool_seconds", "Tool seconds attempts reported."),
+    ("model_seconds", "Model seconds (time waiting for a model) attempts reported."),
+    ("units", "Work units attempts were priced at (wall time counting as tool seconds)."),
+)
 SATURATION_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 
 
@@ -186,6 +226,25 @@ class WorkerMetrics(Collector):
             SATURATION_BUCKETS,
         )
         self._sampled = self.utilization_sampled.child()
+        self.model_seconds = _Histograms(
+            "fairlane_model_seconds",
+            "Model seconds one attempt reported, by task (attempts reporting none: not observed).",
+            ["task"],
+            DURATION_BUCKETS,
+        )
+        self.tool_seconds = _Histograms(
+            "fairlane_tool_seconds",
+            "Tool seconds one attempt reported, by task (attempts reporting none: not observed).",
+            ["task"],
+            DURATION_BUCKETS,
+        )
+        #: (lane, class, tenant label) -> attempts started here
+        self.dispatched: dict[tuple[str, str, str], int] = {}
+        #: (lane, class, tenant label) -> the USAGE counters, in order
+        self.usage: dict[tuple[str, str, str], list[float]] = {}
+        #: job id -> when its attempt started here (monotonic), for the oldest lease's age
+        self._began: dict[str, float] = {}
+        self.oldest: dict[str, float] = dict.fromkeys(self.lanes, 0.0)  # lane -> s, sampled
         self.attempts: dict[tuple[str, str], int] = {}  # (task, outcome) -> attempts
         self.lease_lost = 0
         self.in_use: dict[str, int] = dict.fromkeys(self.lanes, 0)  # lane -> slots, sampled
@@ -202,18 +261,40 @@ class WorkerMetrics(Collector):
         if not jobs:
             return
         now_ms = time.time() * 1000 + self.clock_offset_ms
-        tenants, child = self.tenants, self.queue_wait.child
+        began, now = self._began, time.monotonic()
+        tenants, child, dispatched = self.tenants, self.queue_wait.child, self.dispatched
         for job in jobs:
             tenants.count(job.tenant)
-            if job.attempt != 1:
-                continue
+            began[job.id] = now
             lane, _ = self._place(job.task)
             cls = job.service_class  # the job's own: an enqueue may override the task's
+            key = (lane, cls, tenants.label(job.tenant))
+            dispatched[key] = dispatched.get(key, 0) + 1
+            if job.attempt != 1:
+                continue
             wait = (now_ms - job.enqueued_ms) / 1000
-            child(lane, cls, tenants.label(job.tenant)).observe(wait if wait > 0 else 0.0)
+            child(*key).observe(wait if wait > 0 else 0.0)
+
+    def used(self, job: FetchedJob, usage: JobContext, units: float) -> None:
+        """An attempt's reported usage, and the units it was priced at."""
+        key = (self._place(job.task)[0], job.service_class, self.tenants.label(job.tenant))
+        counts = self.usage.get(key)
+        if counts is None:
+            counts = self.usage[key] = [0.0] * len(USAGE)
+        counts[0] += usage.input_tokens
+        counts[1] += usage.output_tokens
+        counts[2] += usage.tool_calls
+        counts[3] += usage.tool_seconds
+        counts[4] += usage.model_seconds
+        counts[5] += units
+        if usage.model_seconds > 0:
+            self.model_seconds.child(job.task).observe(usage.model_seconds)
+        if usage.tool_seconds > 0:
+            self.tool_seconds.child(job.task).observe(usage.tool_seconds)
 
     def finished(self, job: FetchedJob, outcome: Outcome | None, seconds: float) -> None:
         """An attempt ended (``outcome`` None: its lease was lost; nothing is settled)."""
+        self._began.pop(job.id, None)
         series = self._per_task.get(job.task)
         if series is None:
             name = job.task
@@ -266,18 +347,28 @@ class WorkerMetrics(Collector):
     # -- periodic --------------------------------------------------------------------
 
     def sample(self, running: Iterable[FetchedJob]) -> None:
-        """Slot gauges and the utilisation histogram; re-rank the busiest tenants."""
+        """Slot gauges, the utilisation histogram and the oldest attempt's age;
+        re-rank the busiest tenants."""
         used = dict.fromkeys(self.lanes, 0)
+        oldest = dict.fromkeys(self.lanes, 0.0)
+        now, began = time.monotonic(), self._began
         for job in running:
             lane = self._place(job.task)[0]
             used[lane] = used.get(lane, 0) + job.slots
-        self.in_use = used
+            since = began.get(job.id)
+            if since is not None:
+                oldest[lane] = max(oldest.get(lane, 0.0), now - since)
+        self.in_use, self.oldest = used, oldest
         self._sampled.observe(min(1.0, sum(used.values()) / self.concurrency))
         dropped = self.tenants.refresh()
         if dropped:
             series = self.queue_wait.series
             for key in [k for k in series if k[2] in dropped]:
                 del series[key]
+            _fold(self.dispatched, dropped, lambda held, n: held + n)
+            _fold(
+                self.usage, dropped, lambda held, n: [a + b for a, b in zip(held, n, strict=True)]
+            )
 
     # -- scrape (the metrics server's thread) ----------------------------------------
 
@@ -320,6 +411,44 @@ class WorkerMetrics(Collector):
         yield in_use
         yield ratio
         yield self.utilization_sampled.family()
+        oldest = GaugeMetricFamily(
+            "fairlane_worker_oldest_attempt_age_seconds",
+            "How long the oldest attempt running on this worker has held its lease, by lane "
+            "(0: none runs).",
+            labels=["lane"],
+        )
+        for lane, age in sorted(self.oldest.items()):
+            oldest.add_metric([lane], age)
+        yield oldest
+        dispatched = CounterMetricFamily(
+            "fairlane_dispatched_jobs",
+            "Attempts this worker started, by lane, class and tenant (retries included).",
+            labels=["lane", "class", "tenant"],
+        )
+        for where, n in sorted(list(self.dispatched.items())):
+            dispatched.add_metric(list(where), n)
+        yield dispatched
+        usage = sorted(list(self.usage.items()))
+        for i, (name, doc) in enumerate(USAGE):
+            family = CounterMetricFamily(
+                f"fairlane_usage_{name}", doc, labels=["lane", "class", "tenant"]
+            )
+            for where, counts in usage:
+                family.add_metric(list(where), counts[i])
+            yield family
+        yield self.model_seconds.family()
+        yield self.tool_seconds.family()
+
+
+def _fold(
+    series: dict[tuple[str, str, str], T], dropped: set[str], add: Callable[[T, T], T]
+) -> None:
+    """Move the counters of tenants that lost their label into ``other``'s (a counter
+    keeps growing where it is summed; only its split by tenant changes)."""
+    for key in [k for k in series if k[2] in dropped]:
+        counts = series.pop(key)
+        into = (key[0], key[1], OTHER)
+        series[into] = add(series[into], counts) if into in series else counts
 
 
 class MetricsHooks(WorkerHooks):
@@ -360,7 +489,7 @@ class MetricsHooks(WorkerHooks):
             tables=declared.lanes,
         )
         stack.callback(reader.close)
-        metrics.registry.register(StoreCollector(reader, config.key_top_n))
+        metrics.registry.register(StoreCollector(reader, config.key_top_n, config.top_n))
         if worker.pressure is not None:
             metrics.registry.register(PressureCollector(worker.pressure))
         server = MetricsServer(self.port, metrics.registry, reader, config.host)
@@ -378,6 +507,10 @@ class MetricsHooks(WorkerHooks):
     def started(self, jobs: Sequence[FetchedJob]) -> None:
         if self.recorder is not None:
             self.recorder.started(jobs)
+
+    def used(self, job: FetchedJob, usage: JobContext, units: float) -> None:
+        if self.recorder is not None:
+            self.recorder.used(job, usage, units)
 
     def finished(self, job: FetchedJob, outcome: Outcome | None, seconds: float) -> None:
         if self.recorder is not None:

@@ -1,5 +1,6 @@
 """Store-side metrics, read at scrape time: lane capacity, slots, backlog, stats counters,
-admission decisions and the age of the oldest waiting job.
+admission decisions, the age of the oldest waiting job, the work units estimated and
+used, and each waiting tenant's entitled share.
 
 ``StoreReader`` reads on a synchronous connection of its own (the scrape runs in the
 metrics server's thread, or the gateway's thread pool, never on an event loop), with a
@@ -11,7 +12,9 @@ oldest-job ages in up to three more, and only for classes with jobs waiting
 (``fairlane.store.views.waits``, which says what they cost), then the rate keys (the
 ``rate_key_limit`` written most recently per shard) in one, or two when some key is
 known (``fairlane.store.views.rates``; ``fairlane.metrics.rates`` says what is
-exported and how the ``key`` label is bounded). ``StoreCollector`` turns
+exported and how the ``key`` label is bounded), then the active tenants of the classes
+with jobs waiting and their weights in two more (``fairlane.store.views.shares``).
+``StoreCollector`` turns
 the snapshot into metric families; ``autoscale_view`` into the ``/autoscale`` JSON.
 
 **The scale signal leaves batch out.** A batch class runs only on slots no other class
@@ -25,7 +28,26 @@ still give every class. Which classes are batch is what the reader is given
 
 Admission decisions are counted by the server itself, in the stats hash (written by
 the enqueue script), so every process that scrapes the store (workers, gateways)
-exports the same totals.
+exports the same totals: ``fairlane_admission_decisions_total{lane,class,outcome,
+reason}``, reasons ``none`` (accepted), ``class_full``, ``class_queue_full``,
+``tenant_queue_full``, ``too_wide`` and ``deadline_unmeetable`` (a deadline already
+past, or before the job's start).
+
+**Estimated against used.** In lanes that learn costs (an admission pool, or tenants
+charged by cost), the ack script sums, per lane and class, the estimate the store held
+for each settled attempt (admission's reservation -- declared or learned cost, times
+the safety multiplier -- else the charge in cost mode) and the units it used:
+``fairlane_work_units_estimated_total{lane,class}`` and
+``fairlane_work_units_used_total{lane,class}``, whose rates' ratio says how far the
+estimates run ahead of (or behind) the work. A worker's own metrics hold the raw usage
+by tenant (``fairlane.metrics.recorder``).
+
+**Entitled share.** ``fairlane_tenant_entitled_share{lane,class,tenant}``: for each
+class with work waiting, each waiting tenant's weight over the sum of the waiting
+tenants' weights, the share of dispatches fair queuing converges to
+(``fairlane.store.views.shares``); next to ``fairlane_dispatched_jobs_total``, the
+share each got. The ``tenant`` label is bounded: the ``tenant_top_n`` largest shares
+of each class have one of their own, the rest are summed under ``other``.
 
 An app split into scheduling shards (``App(shards=n)``) is read in every shard, in the
 same round trips, and exported as one app, with the same names and labels: counts of
@@ -49,6 +71,7 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
 from fairlane.metrics.rates import DEFAULT_KEY_TOP_N, rate_families
+from fairlane.metrics.tenants import OTHER
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.policy.shards import check_shard_count
 from fairlane.store.connection import SyncClient, create_sync_client
@@ -56,7 +79,8 @@ from fairlane.store.keys import AppKeys
 from fairlane.store.reads import run_sync
 from fairlane.store.views.lanes import LaneState, merge_lanes
 from fairlane.store.views.rates import RateKeys, rate_keys
-from fairlane.store.views.totals import DecisionKey, app_totals
+from fairlane.store.views.shares import entitled_shares
+from fairlane.store.views.totals import DecisionKey, UnitsKey, app_totals
 from fairlane.store.views.waits import oldest_waiting
 
 __all__ = [
@@ -70,6 +94,8 @@ log = logging.getLogger("fairlane.metrics")
 
 #: Rate keys read per shard at a scrape: the most recently written
 RATE_KEYS_READ = 500
+#: Active tenants whose weights are read per class and shard for the entitled shares
+SHARE_TENANTS_READ = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +111,10 @@ class StoreSnapshot:
     batch: dict[str, frozenset[str]] = field(default_factory=dict)
     #: the rate keys read (``fairlane.metrics.rates``)
     rates: RateKeys = field(default_factory=RateKeys)
+    #: work units estimated and used, per (lane, class, 'est' | 'used')
+    units: dict[UnitsKey, float] = field(default_factory=dict)
+    #: per (lane, class) with work waiting, each waiting tenant's entitled share
+    shares: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
 
     def batch_classes(self, lane: str) -> frozenset[str]:
         return self.batch.get(lane, _DEFAULT_BATCH)
@@ -129,12 +159,16 @@ class StoreReader:
         shards: int = 1,
         tables: Mapping[str, ClassTable] | None = None,
         rate_key_limit: int = RATE_KEYS_READ,
+        share_tenants: int = SHARE_TENANTS_READ,
     ) -> None:
         if oldest_tenants < 1:
             raise ValueError(f"oldest_tenants must be >= 1, got {oldest_tenants}")
         if rate_key_limit < 1:
             raise ValueError(f"rate_key_limit must be >= 1, got {rate_key_limit}")
         self.rate_key_limit = rate_key_limit
+        if share_tenants < 1:
+            raise ValueError(f"share_tenants must be >= 1, got {share_tenants}")
+        self.share_tenants = share_tenants
         check_shard_count(shards)
         #: the keys of each scheduling shard, in shard order
         self.shard_keys = [AppKeys.for_shard(app, i, shards) for i in range(shards)]
@@ -175,6 +209,9 @@ class StoreReader:
         )
         lanes = {lane: merge_lanes([shard[lane] for shard in per_shard]) for lane in self.lanes}
         rates = run_sync(self._client, rate_keys(self.shard_keys, self.rate_key_limit, head=0))
+        shares = run_sync(
+            self._client, entitled_shares(self.shard_keys, per_shard, self.share_tenants)
+        )
         return StoreSnapshot(
             lanes,
             totals.stats,
@@ -183,6 +220,8 @@ class StoreReader:
             oldest_age=oldest,
             batch=self.batch,
             rates=rates,
+            units=totals.units,
+            shares=shares,
         )
 
     def close(self) -> None:
@@ -201,11 +240,15 @@ def _per_class(
 
 class StoreCollector(Collector):
     """Store-side metric families, from a ``StoreReader`` at each scrape; ``key_top_n``
-    rate keys get a ``key`` label of their own (``fairlane.metrics.rates``)."""
+    rate keys get a ``key`` label of their own (``fairlane.metrics.rates``), and the
+    ``tenant_top_n`` largest entitled shares of each class a ``tenant`` label."""
 
-    def __init__(self, reader: StoreReader, key_top_n: int = DEFAULT_KEY_TOP_N) -> None:
+    def __init__(
+        self, reader: StoreReader, key_top_n: int = DEFAULT_KEY_TOP_N, tenant_top_n: int = 20
+    ) -> None:
         self.reader = reader
         self.key_top_n = key_top_n
+        self.tenant_top_n = tenant_top_n
 
     def describe(self) -> Iterable[Metric]:
         return []  # registration must not read the store
@@ -304,7 +347,7 @@ class StoreCollector(Collector):
             "fairlane_admission_decisions",
             "Admission decisions on submitted jobs, counted by the server: outcome "
             "accepted, deferred or rejected; reason none (accepted), class_full, "
-            "class_queue_full, tenant_queue_full or too_wide.",
+            "class_queue_full, tenant_queue_full, too_wide or deadline_unmeetable.",
             labels=["lane", "class", "outcome", "reason"],
         )
         for key, n in sorted(snap.decisions.items()):
@@ -319,7 +362,44 @@ class StoreCollector(Collector):
         for (lane, cls), waited in sorted(snap.oldest_age.items()):
             oldest.add_metric([lane, cls], waited)
         yield oldest
+        estimated = CounterMetricFamily(
+            "fairlane_work_units_estimated",
+            "Work units the store estimated for the attempts settled in lanes that learn "
+            "costs (admission's reservation, else the charge in cost mode).",
+            labels=["lane", "class"],
+        )
+        used = CounterMetricFamily(
+            "fairlane_work_units_used",
+            "Work units those same attempts used, as their workers priced them.",
+            labels=["lane", "class"],
+        )
+        for (lane, cls, kind), units in sorted(snap.units.items()):
+            (estimated if kind == "est" else used).add_metric([lane, cls], units)
+        yield estimated
+        yield used
+        yield _shares(snap.shares, self.tenant_top_n)
         yield from rate_families(snap.rates, self.key_top_n)
+
+
+def _shares(shares: Mapping[tuple[str, str], Mapping[str, float]], top_n: int) -> Metric:
+    family = GaugeMetricFamily(
+        "fairlane_tenant_entitled_share",
+        "The share of a class's dispatches a tenant with work waiting is entitled to: its "
+        "weight over the waiting tenants' weights (the largest shares labelled, the rest "
+        "summed as other).",
+        labels=["lane", "class", "tenant"],
+    )
+    for (lane, cls), by_tenant in sorted(shares.items()):
+        ranked = sorted(by_tenant.items(), key=lambda kv: (-kv[1], kv[0]))
+        rest = 0.0
+        for i, (tenant, share) in enumerate(ranked):
+            if i < top_n and tenant not in ("", OTHER):
+                family.add_metric([lane, cls, tenant], share)
+            else:
+                rest += share
+        if rest > 0:
+            family.add_metric([lane, cls, OTHER], rest)
+    return family
 
 
 def autoscale_view(snap: StoreSnapshot | None) -> dict[str, Any]:

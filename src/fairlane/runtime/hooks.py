@@ -16,6 +16,8 @@ The points, in the order a job meets them:
   ended with the attempt's outcome (a span current while the attempt runs);
 - ``step`` and ``sending``: a workflow step that runs, and a run starting its children
   (context managers around them);
+- ``used``: an attempt that ran to an outcome, with the usage it reported through
+  ``fairlane.context()`` and the work units it was priced at;
 - ``finished``: an attempt ended (its outcome None when its lease was lost);
 - ``settled``: outcomes the server settled, with the codes it answered;
 - ``lost``: running attempts stopped because their leases were lost.
@@ -30,6 +32,7 @@ from typing import Any, Protocol
 
 from fairlane.runtime.pressure import PressureGauge
 from fairlane.runtime.steps import StepInfo
+from fairlane.runtime.usage import JobContext
 from fairlane.store.wire import FetchedJob, NewJob, Outcome
 
 __all__ = ["AttemptScope", "Hooks", "WorkerHooks", "WorkerView"]
@@ -84,6 +87,9 @@ class WorkerHooks:
     def sending(self, lane: str, jobs: Sequence[NewJob]) -> AbstractContextManager[object]:
         return _OFF
 
+    def used(self, job: FetchedJob, usage: JobContext, units: float) -> None:
+        return None
+
     def finished(self, job: FetchedJob, outcome: Outcome | None, seconds: float) -> None:
         return None
 
@@ -123,6 +129,7 @@ class Hooks(WorkerHooks):
         self._attempt = _overriding(self.hooks, "attempt")
         self._step = _overriding(self.hooks, "step")
         self._sending = _overriding(self.hooks, "sending")
+        self._used = _overriding(self.hooks, "used")
         self._finished = _overriding(self.hooks, "finished")
         self._settled = _overriding(self.hooks, "settled")
         self._lost = _overriding(self.hooks, "lost")
@@ -151,6 +158,10 @@ class Hooks(WorkerHooks):
         if not self._sending:
             return _OFF
         return _nested(sending(lane, jobs) for sending in self._sending)
+
+    def used(self, job: FetchedJob, usage: JobContext, units: float) -> None:
+        for used in self._used:
+            used(job, usage, units)
 
     def finished(self, job: FetchedJob, outcome: Outcome | None, seconds: float) -> None:
         for finished in self._finished:

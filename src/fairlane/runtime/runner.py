@@ -153,6 +153,7 @@ class Runner:
         finally:
             usage.current.reset(reset)
         cost = ctx.units(self.registry.pricing.coefficients, time.monotonic() - started)
+        self.hooks.used(job, ctx, cost)
         return Outcome(job.id, job.token, kind, text, delay_ms, cost)
 
     async def _attempt(self, task: TaskDefinition[Any, Any], job: FetchedJob) -> bytes:

@@ -2,12 +2,15 @@
 
 Inside a task, ``fairlane.context()`` is the attempt's :class:`JobContext`;
 ``ctx.report_usage(input_tokens=..., output_tokens=..., tool_calls=...,
-tool_seconds=...)`` adds to what the attempt used (call it as often as you like). The
-worker prices it with the app's coefficients when the attempt ends -- wall time is
-recorded on its own and counts as tool seconds when it is the larger -- and the store
-learns from it what this tenant's jobs of this workflow and model really cost, and
-charges the tenant's fair share for it. Thread-executor tasks see the context too;
-process-executor tasks do not (their usage is priced from wall time alone).
+tool_seconds=..., model_seconds=...)`` adds to what the attempt used (call it as often
+as you like). The worker prices it with the app's coefficients when the attempt ends --
+wall time is recorded on its own and counts as tool seconds when it is the larger -- and
+the store learns from it what this tenant's jobs of this workflow and model really
+cost, and charges the tenant's fair share for it. ``model_seconds`` (time spent waiting
+for a model) is not priced (the tokens price model work): it is kept, with the raw
+counts, for the worker's metrics (``fairlane.metrics.recorder``), which tell model time
+from tool time. Thread-executor tasks see the context too; process-executor tasks do
+not (their usage is priced from wall time alone).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class JobContext:
     tool_calls: int = 0
     tool_seconds: float = 0.0
     model: str | None = None
+    model_seconds: float = 0.0
 
     def report_usage(
         self,
@@ -48,8 +52,10 @@ class JobContext:
         tool_calls: int = 0,
         tool_seconds: float = 0.0,
         model: str | None = None,
+        model_seconds: float = 0.0,
     ) -> None:
-        """Add to the work this attempt used (``model`` prices its tokens, if given)."""
+        """Add to the work this attempt used (``model`` prices its tokens, if given;
+        ``model_seconds``, the time spent waiting for the model, is recorded, not priced)."""
         for label, value, high in (
             ("input_tokens", input_tokens, MAX_TOKENS),
             ("output_tokens", output_tokens, MAX_TOKENS),
@@ -57,20 +63,20 @@ class JobContext:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
                 raise ValueError(f"{label} must be an int within [0, {high}], got {value!r}")
-        if (
-            isinstance(tool_seconds, bool)
-            or not isinstance(tool_seconds, int | float)
-            or not (math.isfinite(tool_seconds) and 0 <= tool_seconds <= MAX_TOOL_SECONDS)
-        ):
-            raise ValueError(
-                f"tool_seconds must be within [0, {MAX_TOOL_SECONDS}]: {tool_seconds!r}"
-            )
+        for label, seconds in (("tool_seconds", tool_seconds), ("model_seconds", model_seconds)):
+            if (
+                isinstance(seconds, bool)
+                or not isinstance(seconds, int | float)
+                or not (math.isfinite(seconds) and 0 <= seconds <= MAX_TOOL_SECONDS)
+            ):
+                raise ValueError(f"{label} must be within [0, {MAX_TOOL_SECONDS}]: {seconds!r}")
         if model is not None and (not isinstance(model, str) or not model):
             raise ValueError(f"model must be a non-empty string or None, got {model!r}")
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
         self.tool_calls += tool_calls
         self.tool_seconds += float(tool_seconds)
+        self.model_seconds += float(model_seconds)
         self.model = model or self.model
 
     def units(self, coefficients: Coefficients, wall_seconds: float) -> float:
@@ -102,6 +108,7 @@ def report_usage(
     tool_calls: int = 0,
     tool_seconds: float = 0.0,
     model: str | None = None,
+    model_seconds: float = 0.0,
 ) -> None:
     """``context().report_usage(...)``: add to the running attempt's reported usage."""
     context().report_usage(
@@ -110,4 +117,5 @@ def report_usage(
         tool_calls=tool_calls,
         tool_seconds=tool_seconds,
         model=model,
+        model_seconds=model_seconds,
     )

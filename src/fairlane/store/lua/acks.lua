@@ -139,6 +139,16 @@ local function apply_acks(keys, p, acks, now, tally)
       if cost >= 0 and kind ~= 'release' then
         amu = feed_back_cost(p, f[8], f[9] or DEFAULT_CLASS, f[11] or '', f[13], f[14], cost,
           costing)
+        -- for the metrics, the estimate the store held for the job (admission's
+        -- reservation, else the charge in cost mode) next to what it used; counted with
+        -- the call's other counters: one HINCRBY per lane and class per call, and only
+        -- in lanes that learn costs (an attempt handed back unrun is no measure)
+        local est = amu and kind ~= 'handback' and (tonumber(f[17]) or tonumber(f[14]))
+        if est then
+          local where = f[8] .. ':' .. (f[9] or DEFAULT_CLASS)
+          count(tally, 'units:est:' .. where, math.floor(est + 0.5))
+          count(tally, 'units:used:' .. where, amu)
+        end
       end
       local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20]}
       local ends = kind == 'ok' or kind == 'dead' or kind == 'cancel'

@@ -65,6 +65,10 @@ local function enqueue(keys, args)
       end
       if dl ~= '' and (dl <= now or dl < run_at) then
         out[#out + 1], out[#out + 2], out[#out + 3] = id, -1, ''
+        if adm then
+          -- a refusal like the others, in the same counters (the gate's rule 2)
+          count_decision(tally, lane, cls, 'rejected', 'deadline_unmeetable')
+        end
       elseif verdict == 'rejected' then
         local earlier = note_rejection(p, lane, tenant, now)
         out[#out + 1], out[#out + 2], out[#out + 3] = id, -4, reason .. '|' .. earlier

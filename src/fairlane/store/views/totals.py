@@ -2,7 +2,10 @@
 
 The ``stats`` hash holds the app's counters (completed, failed, retried, ...), the FIFO
 ``seq`` and the admission decisions, one field ``adm:<outcome>:<reason>:<lane>:<class>``
-each (written by the enqueue script); :func:`split_stats` tells them apart. Read with
+each (written by the enqueue script), and, in lanes that learn costs, the work units
+estimated and used by the jobs settled, ``units:<est|used>:<lane>:<class>`` in
+milli-units (written by the ack script; :func:`work_units`); :func:`split_stats` tells
+the counters from the decisions and leaves the units out. Read with
 the lanes and the number of throttle waiters in one round trip (:func:`app_totals`),
 each summed over the shards but for the lanes, kept per shard for the oldest-age read
 (``fairlane.store.views.waits``) and merged by ``fairlane.store.views.lanes``.
@@ -11,7 +14,7 @@ each summed over the shards but for the lanes, kept per shard for the oldest-age
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fairlane.store.fields import field_int, field_text
@@ -19,7 +22,17 @@ from fairlane.store.keys import AppKeys
 from fairlane.store.reads import Plan, cmd
 from fairlane.store.views.lanes import LaneState, lane_reads, parse_lane_state
 
-__all__ = ["DECISION_PREFIX", "AppTotals", "DecisionKey", "app_totals", "split_stats", "summed"]
+__all__ = [
+    "DECISION_PREFIX",
+    "UNITS_PREFIX",
+    "AppTotals",
+    "DecisionKey",
+    "UnitsKey",
+    "app_totals",
+    "split_stats",
+    "summed",
+    "work_units",
+]
 
 #: Prefix of the stats-hash fields counting admission decisions (admission.lua).
 DECISION_PREFIX = "adm:"
@@ -27,13 +40,19 @@ DECISION_PREFIX = "adm:"
 #: (lane, class, outcome, reason) of an admission decision counter
 DecisionKey = tuple[str, str, str, str]
 
+#: Prefix of the stats-hash fields summing work units estimated and used (acks.lua).
+UNITS_PREFIX = "units:"
+
+#: (lane, class, 'est' or 'used') of a work-units counter
+UnitsKey = tuple[str, str, str]
+
 
 def split_stats(raw: Mapping[str, int]) -> tuple[dict[str, int], dict[DecisionKey, int]]:
     """The stats hash as plain counters (``seq`` left out) and admission decisions."""
     stats: dict[str, int] = {}
     decisions: dict[DecisionKey, int] = {}
     for name, n in raw.items():
-        if name == "seq":
+        if name == "seq" or name.startswith(UNITS_PREFIX):
             continue
         if not name.startswith(DECISION_PREFIX):
             stats[name] = n
@@ -43,6 +62,20 @@ def split_stats(raw: Mapping[str, int]) -> tuple[dict[str, int], dict[DecisionKe
             outcome, reason, lane, cls = parts
             decisions[(lane, cls, outcome, reason)] = n
     return stats, decisions
+
+
+def work_units(raw: Mapping[str, int]) -> dict[UnitsKey, float]:
+    """The work units estimated and used per (lane, class), in units, from the stats
+    hash (its ``units:`` fields)."""
+    out: dict[UnitsKey, float] = {}
+    for name, n in raw.items():
+        if not name.startswith(UNITS_PREFIX):
+            continue
+        parts = name[len(UNITS_PREFIX) :].split(":")
+        if len(parts) == 3 and parts[0] in ("est", "used"):  # kind, lane, class
+            kind, lane, cls = parts
+            out[(lane, cls, kind)] = n / 1000
+    return out
 
 
 def summed(hashes: Sequence[Mapping[Any, Any]]) -> dict[str, int]:
@@ -63,6 +96,7 @@ class AppTotals:
     stats: dict[str, int]
     decisions: dict[DecisionKey, int]
     throttle_waiters: int
+    units: dict[UnitsKey, float] = field(default_factory=dict)
 
 
 def app_totals(keys: Sequence[AppKeys], lanes: Sequence[str]) -> Plan[AppTotals]:
@@ -79,5 +113,6 @@ def app_totals(keys: Sequence[AppKeys], lanes: Sequence[str]) -> Plan[AppTotals]
         per_shard.append({lane: parse_lane_state(next(replies), next(replies)) for lane in lanes})
         stats.append(next(replies))
         waiters += int(next(replies))
-    plain, decisions = split_stats(summed(stats))
-    return AppTotals(per_shard, plain, decisions, waiters)
+    total = summed(stats)
+    plain, decisions = split_stats(total)
+    return AppTotals(per_shard, plain, decisions, waiters, work_units(total))
