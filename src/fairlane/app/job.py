@@ -81,6 +81,13 @@ class JobInfo:
     ``children``); None when it is not suspended."""
     fairness_key: str | None = None
     """The end user of its tenant it was enqueued for (None: no fairness key)."""
+    not_before: datetime | None = None
+    """The earliest its current or next attempt may start: when it was enqueued, the end
+    of its delay, or of the backoff before a retry (its last attempt's, once finished)."""
+    deadline: datetime | None = None
+    """Past this time it expires instead of running (None: no deadline)."""
+    idempotency_key: str | None = None
+    """The key a repeated submission names it by (None: none was given)."""
 
 
 def _units(mu: int | None) -> float | None:
@@ -141,6 +148,9 @@ class Job(Generic[R]):
             actual_units=_units(rec.used_mu),
             waiting_for=rec.waiting_for or None if rec.status == "scheduled" else None,
             fairness_key=rec.fairness_key or None,
+            not_before=_when(rec.run_ms),
+            deadline=_when(rec.deadline_ms),
+            idempotency_key=rec.idempotency_key or None,
         )
 
     async def cancel(self) -> str:

@@ -1,14 +1,27 @@
-"""``fairlane gateway MODULE:APP``: serve an app's HTTP gateway with uvicorn."""
+"""``fairlane gateway MODULE:APP``: serve an app's HTTP gateway with uvicorn.
+
+With ``--workers N`` uvicorn runs N server processes on the one port; each imports the
+app and builds its own gateway (``served``, from the options this process left in
+``FAIRLANE_GATEWAY_SERVE``), with its own connections and its own metrics.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+import os
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from fairlane.cli._common import EXIT_USAGE, AppSpec, RedisUrl, fail, load_app
 
-__all__ = ["gateway"]
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+__all__ = ["gateway", "served"]
+
+#: the options a worker process of ``--workers`` builds its gateway from (JSON)
+SERVE_ENV = "FAIRLANE_GATEWAY_SERVE"
 
 
 def gateway(  # noqa: PLR0917 - each parameter is a command-line option
@@ -44,29 +57,65 @@ def gateway(  # noqa: PLR0917 - each parameter is a command-line option
         typer.Option("--metrics-require-admin", help="/metrics answers the admin key only."),
     ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Server processes on the port (each with its own connections and metrics)."
+        ),
+    ] = 1,
 ) -> None:
     """Serve the HTTP gateway: tenants submit and follow jobs with API keys
     (`fairlane tenants create`); the OpenAPI spec is at /openapi.json, the operator
     dashboard at /ui (log in with the admin key)."""
     try:
-        import uvicorn  # noqa: PLC0415 - an optional dependency (fairlane[gateway])
-
-        from fairlane.gateway import create_app  # noqa: PLC0415 - needs fastapi
+        import fastapi  # noqa: F401, PLC0415 - optional dependencies (fairlane[gateway])
+        import uvicorn  # noqa: PLC0415
     except ImportError as exc:
         fail(f"the gateway needs fairlane[gateway] installed: {exc}", EXIT_USAGE)
-    app = load_app(app_spec, redis_url)
+    options: dict[str, Any] = {
+        "spec": app_spec,
+        "redis_url": redis_url,
+        "admin_key": admin_key,
+        "ui": ui,
+        "ui_read_only": read_only_ui,
+        "metrics": metrics,
+        "metrics_require_admin": metrics_require_admin,
+    }
     try:
-        api = create_app(
-            app,
-            admin_key=admin_key,
-            ui=ui,
-            ui_read_only=read_only_ui,
-            metrics=metrics,
-            metrics_require_admin=metrics_require_admin,
-        )
+        api = _build(options)  # also with workers: a bad option fails here, not in each
     except ValueError as exc:
         fail(str(exc), EXIT_USAGE)
-    uvicorn.run(api, host=host, port=port, log_level=log_level, access_log=False)
+    if workers == 1:
+        uvicorn.run(api, host=host, port=port, log_level=log_level, access_log=False)
+        return
+    os.environ[SERVE_ENV] = json.dumps(options)
+    uvicorn.run(
+        "fairlane.cli.gateway:served",
+        factory=True,
+        workers=workers,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+    )
+
+
+def _build(options: dict[str, Any]) -> FastAPI:
+    from fairlane.gateway import create_app  # noqa: PLC0415 - needs fastapi
+
+    return create_app(
+        load_app(options["spec"], options["redis_url"]),
+        admin_key=options["admin_key"],
+        ui=options["ui"],
+        ui_read_only=options["ui_read_only"],
+        metrics=options["metrics"],
+        metrics_require_admin=options["metrics_require_admin"],
+    )
+
+
+def served() -> FastAPI:
+    """The gateway of one worker process of ``--workers`` (uvicorn calls it by name)."""
+    return _build(json.loads(os.environ[SERVE_ENV]))
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fairlane.gateway.apikeys import parse_key
 from fairlane.gateway.state import GatewayState
 
-__all__ = ["Caller", "caller", "gateway_state"]
+__all__ = ["Caller", "bearer", "caller", "gateway_state"]
 
-_bearer = HTTPBearer(auto_error=False, description="A tenant API key, or the admin key.")
+#: the bearer credentials of a request (None when it has none)
+bearer = HTTPBearer(auto_error=False, description="A tenant API key, or the admin key.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,7 @@ def _unauthorized(message: str) -> HTTPException:
 
 async def caller(
     state: Annotated[GatewayState, Depends(gateway_state)],
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Caller:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise _unauthorized("an API key is required: Authorization: Bearer <key>")

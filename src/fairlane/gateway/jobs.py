@@ -23,6 +23,7 @@ from fairlane.app.job import TERMINAL, Job
 from fairlane.codec import PayloadTooLarge, decode_error
 from fairlane.errors import JobNotFound
 from fairlane.gateway.auth import Caller, caller, gateway_state
+from fairlane.gateway.lean import LeanRoute
 from fairlane.gateway.models import (
     CancelReply,
     JobView,
@@ -62,16 +63,10 @@ async def _owner(state: GatewayState, job_id: str) -> str | None:
     return None if record is None else record.tenant
 
 
-@router.post(
-    "",
-    status_code=202,
-    response_model=SubmitReply,
-    responses=responses(400, 403, 413, 429),
-    summary="Submit a job of a registered task",
-)
 async def submit(
     body: SubmitRequest, who: Who, state: State, request: Request
 ) -> SubmitReply | JSONResponse:
+    # served by a LeanRoute (added below): no docstring, as FastAPI would publish it
     if who.tenant is None:
         return error(403, "the admin key has no tenant: submit with a tenant's key", "admin")
     # a caller's W3C trace context (traceparent) continues through the job to its worker
@@ -91,6 +86,18 @@ async def submit(
     if admission.retry_after is None:  # deadline_unmeetable: retrying cannot help
         return error(422, detail, reason)
     return error(429, detail, reason, round(admission.retry_after, 3))
+
+
+router.add_api_route(
+    "",
+    submit,
+    methods=["POST"],
+    status_code=202,
+    response_model=SubmitReply,
+    responses=responses(400, 403, 413, 429),
+    summary="Submit a job of a registered task",
+    route_class_override=LeanRoute,
+)
 
 
 async def _admit(
@@ -145,7 +152,7 @@ async def read(job_id: JobId, who: Who, state: State) -> JobView | JSONResponse:
         return _not_found(job_id)
     # the view is the record's snapshot, its times as ISO text
     shown = {name: getattr(info, name) for name in JobView.model_fields}
-    for name in ("enqueued_at", "finished_at"):
+    for name in ("enqueued_at", "finished_at", "not_before", "deadline"):
         when = getattr(info, name)
         shown[name] = when.isoformat() if when else None
     return JobView(**shown)

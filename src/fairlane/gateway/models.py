@@ -91,6 +91,17 @@ class JobView(BaseModel):
     charged_units: float | None
     actual_units: float | None
     fairness_key: str | None = None
+    not_before: str | None = Field(
+        default=None,
+        description="The earliest its current or next attempt may start (ISO time): when it "
+        "was enqueued, or the end of its delay or of the backoff before a retry.",
+    )
+    deadline: str | None = Field(
+        default=None, description="Past this time (ISO) it expires instead of running."
+    )
+    idempotency_key: str | None = Field(
+        default=None, description="The key it was submitted with, which names it to a retry."
+    )
 
 
 class TaskError(BaseModel):

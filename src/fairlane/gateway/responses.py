@@ -20,18 +20,27 @@ RETRY_AFTER_HEADER: dict[str, Any] = {
     "Retry-After": {
         "description": "Whole seconds to wait before trying again.",
         "schema": {"type": "integer", "minimum": 1},
-    }
+    },
+    "Cache-Control": {
+        "description": "`no-store`: the answer holds for this moment only.",
+        "schema": {"type": "string", "enum": ["no-store"]},
+    },
 }
+#: answers that say "not now" (429, 503): a cache that kept one would keep refusing
+_NOT_NOW = frozenset({429, 503})
 
 
 def error(
     status: int, detail: str, reason: str | None = None, retry_after: float | None = None
 ) -> JSONResponse:
-    """An ``ErrorBody`` answer; with ``retry_after``, a ``Retry-After`` header too."""
+    """An ``ErrorBody`` answer; with ``retry_after``, a ``Retry-After`` header too, and
+    429 and 503 with ``Cache-Control: no-store``."""
     body = ErrorBody(detail=detail, reason=reason, retry_after_seconds=retry_after)
-    headers = None
+    headers = {}
     if retry_after is not None:
-        headers = {"Retry-After": str(max(1, math.ceil(retry_after)))}
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    if status in _NOT_NOW:
+        headers["Cache-Control"] = "no-store"
     return JSONResponse(body.model_dump(exclude_none=True), status_code=status, headers=headers)
 
 

@@ -129,6 +129,10 @@ class JobRecord:
     trace_context: str = ""
     fairness_key: str = ""
     """Whose share of its tenant's part it takes ('' none)."""
+    deadline_ms: int | None = None
+    """Past this server time it expires instead of running (None: no deadline)."""
+    idempotency_key: str = ""
+    """The key that names it to a repeated submission ('' none)."""
 
     @property
     def failure(self) -> ErrorInfo | None:
@@ -171,6 +175,8 @@ JobAttr = Literal[
     "queue_wait",
     "trace_context",
     "fairness_key",
+    "deadline_ms",
+    "idempotency_key",
 ]
 
 
@@ -224,6 +230,8 @@ _FIELDS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "queue_wait": ("qw", field_text),
     "trace_context": ("tp", field_text),
     "fairness_key": ("fk", field_text),
+    "deadline_ms": ("dl", field_int),
+    "idempotency_key": ("idem", field_text),
 }
 
 #: who a job belongs to: enough to check a caller may see it, and what it runs
