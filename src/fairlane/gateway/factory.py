@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from fairlane.app import App
 from fairlane.gateway import jobs, runs
+from fairlane.gateway.lean import LeanDispatch
 from fairlane.gateway.limits import BodyLimit
 from fairlane.gateway.metrics import mount_metrics
 from fairlane.gateway.responses import install_handlers
@@ -62,6 +63,8 @@ def create_app(
     api.include_router(runs.router)
     if ui:
         mount_ui(api, read_only=ui_read_only)
+    # innermost: the body limit and the metrics still see every submit
+    api.add_middleware(LeanDispatch, api=api, route=jobs.SUBMIT_ROUTE)
     limit = max_body_bytes or 2 * app.settings.max_payload_bytes
     api.add_middleware(BodyLimit, limit=limit)
     if metrics:  # after BodyLimit, so the counting middleware is outermost and sees its 413s

@@ -37,7 +37,7 @@ from fairlane.gateway.state import GatewayState
 from fairlane.payloads import PayloadError
 from fairlane.store.records import OWNER, STATUS
 
-__all__ = ["MAX_WAIT_SECONDS", "router"]
+__all__ = ["MAX_WAIT_SECONDS", "SUBMIT_ROUTE", "router"]
 
 MAX_WAIT_SECONDS = 30.0
 
@@ -98,6 +98,8 @@ router.add_api_route(
     summary="Submit a job of a registered task",
     route_class_override=LeanRoute,
 )
+#: the submit route, which ``LeanDispatch`` serves past the framework's layers
+SUBMIT_ROUTE = LeanRoute.last_of(router)
 
 
 async def _admit(
