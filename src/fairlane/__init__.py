@@ -19,10 +19,12 @@ from fairlane.config.lanes import load_lanes
 from fairlane.config.pools import FairlaneConfig, load_config
 from fairlane.errors import (
     FairlaneError,
+    FairlaneWarning,
     JobCancelled,
     JobExpired,
     JobNotFound,
     TaskFailed,
+    TaskNameWarning,
     Throttled,
     UnknownTask,
 )
@@ -57,6 +59,7 @@ __all__ = [
     "EstimationSettings",
     "FairlaneConfig",
     "FairlaneError",
+    "FairlaneWarning",
     "Job",
     "JobCancelled",
     "JobContext",
@@ -72,6 +75,7 @@ __all__ = [
     "StoreUnavailable",
     "Task",
     "TaskFailed",
+    "TaskNameWarning",
     "TenantLimits",
     "Throttled",
     "UnknownTask",

@@ -1,4 +1,4 @@
-"""The exceptions users see, each with a clear message."""
+"""The exceptions and warnings users see, each with a clear message."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from email.utils import parsedate_to_datetime
 
 __all__ = [
     "FairlaneError",
+    "FairlaneWarning",
     "JobCancelled",
     "JobExpired",
     "JobNotFound",
     "TaskFailed",
+    "TaskNameWarning",
     "Throttled",
     "UnknownTask",
 ]
@@ -23,6 +25,17 @@ MAX_RETRY_AFTER = 86400.0
 
 class FairlaneError(Exception):
     """Base of Fairlane's own errors."""
+
+
+class FairlaneWarning(UserWarning):
+    """Base of Fairlane's own warnings: something works now that will surprise later."""
+
+
+class TaskNameWarning(FairlaneWarning):
+    """A task's name was derived from ``__main__``, a module no worker imports by that name.
+
+    The message names the task as it was registered and the ``name=`` that fixes it.
+    """
 
 
 class UnknownTask(FairlaneError, LookupError):

@@ -23,7 +23,8 @@ from fairlane.policy.backoff import Backoff
 from fairlane.policy.classes import ClassTable
 from fairlane.policy.rates import Rate
 from fairlane.policy.retention import Retention
-from fairlane.registry import UNSET, CronEntry, Executor, Pricing, Registry
+from fairlane.registry import UNSET, CronEntry, Executor, Pricing, Registry, UnknownKwargs
+from fairlane.registry.naming import default_name
 from fairlane.store.shards import ShardedStores
 
 __all__ = ["Declaring", "TaskDecorator"]
@@ -146,6 +147,7 @@ class Declaring(ABC):
         limits: Mapping[str, LimitValue] | None = ...,
         rates: Mapping[str, Rate] | None = ...,
         tenant_slots: int | None = ...,
+        unknown_kwargs: UnknownKwargs = ...,
     ) -> TaskDecorator: ...
 
     def task(
@@ -166,13 +168,19 @@ class Declaring(ABC):
         limits: Any = UNSET,
         rates: Any = UNSET,
         tenant_slots: int | None = None,
+        unknown_kwargs: Any = UNSET,
     ) -> Any:
         """Register a function as a task. Every option left out is marked as a default.
 
-        ``service_class``, ``slots``, ``limits`` (concurrency keys: an int or an
-        ``Adaptive``) and ``rates`` (rate keys: a ``Rate``) are the defaults of the task's
-        jobs; each enqueue may change them. ``tenant_slots`` caps how many of one tenant's
-        jobs of the task's lane run at once.
+        ``name`` is what producers store and workers look up: by default
+        ``<module>.<qualname>`` (a function of a script run as ``__main__`` is named after
+        the module a worker imports, with a ``TaskNameWarning``). ``service_class``,
+        ``slots``, ``limits`` (concurrency keys: an int or an ``Adaptive``) and ``rates``
+        (rate keys: a ``Rate``) are the defaults of the task's jobs; each enqueue may
+        change them. ``tenant_slots`` caps how many of one tenant's jobs of the task's lane
+        run at once. ``unknown_kwargs="drop"`` runs a job whose stored arguments include
+        one the function does not take (a newer producer's) without it; by default
+        ("refuse") the worker hands such a job back for one whose function takes it.
         """
         given: dict[str, Any] = {
             "attempts": attempts,
@@ -185,6 +193,7 @@ class Declaring(ABC):
             "slots": slots,
             "limits": limits,
             "rates": rates,
+            "unknown_kwargs": unknown_kwargs,
         }
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -213,6 +222,7 @@ class Declaring(ABC):
         service_class: str = UNSET,
         limits: Mapping[str, LimitValue] | None = UNSET,
         rates: Mapping[str, Rate] | None = UNSET,
+        unknown_kwargs: UnknownKwargs = UNSET,
     ) -> Callable[[WorkflowFunction[P, R]], Workflow[P, R]]:
         """Register a durable workflow: ``async def fn(ctx: Context, ...)``.
 
@@ -236,6 +246,7 @@ class Declaring(ABC):
             "slots": 1,
             "limits": limits,
             "rates": rates,
+            "unknown_kwargs": unknown_kwargs,
         }
 
         def register(func: WorkflowFunction[P, R]) -> Workflow[P, R]:
@@ -248,7 +259,9 @@ class Declaring(ABC):
                     f"workflow {func.__qualname__} must take the run's Context as its first "
                     "positional parameter"
                 )
-            options = self.registry.options(func, name, lane, given, tenant_slots)
+            options = self.registry.options(
+                func, name, lane, given, tenant_slots, decorator="app.workflow("
+            )
             flow: Workflow[P, R] = Workflow(self, func, options, shape)
             self.registry.check_function(func, options)
             self.registry.add(flow)
@@ -280,7 +293,7 @@ class Declaring(ABC):
                     f"cron task {func.__qualname__} must be callable without arguments"
                 ) from None
             task = self.task(
-                name=name or f"cron:{func.__module__}.{func.__qualname__}",
+                name=name or default_name(func, f"app.cron({schedule!r}, ", prefix="cron:"),
                 lane=lane,
                 attempts=attempts,
                 timeout=timeout,

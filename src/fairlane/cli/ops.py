@@ -122,13 +122,16 @@ def _cell(value: str, default: bool) -> Text:
 
 @inspect_app.command("tasks")
 def inspect_tasks(app_spec: AppSpec) -> None:
-    """One row per task with its effective options; options left at their default are marked."""
+    """One row per task, by the name producers store and workers look up, with its
+    effective options; options left at their default are marked."""
     app = load_app(app_spec)
     concurrency = app.settings.worker.concurrency
     concurrency_default = concurrency == WorkerSettings.model_fields["concurrency"].default
     table = Table(title=f"tasks of app {app.name!r}", title_justify="left")
     # throttle limits are rare: their column is shown only when a task names some
     show_limits = any(task.options.limits or task.options.rates for task in app.tasks.values())
+    # as rare: tasks that run jobs without stored arguments their function does not take
+    show_drops = any(task.options.unknown_kwargs == "drop" for task in app.tasks.values())
     for column in (
         "name",
         "lane",
@@ -141,6 +144,7 @@ def inspect_tasks(app_spec: AppSpec) -> None:
         "timeout",
         "retention",
         "retry_on",
+        *(["unknown kwargs"] if show_drops else []),
         "concurrency",
     ):
         table.add_column(column, overflow="fold", no_wrap=column == "name")
@@ -171,6 +175,7 @@ def inspect_tasks(app_spec: AppSpec) -> None:
                 "retention" in defaults,
             ),
             _cell(", ".join(cls.__name__ for cls in options.retry_on), "retry_on" in defaults),
+            *([_cell(options.unknown_kwargs, "unknown_kwargs" in defaults)] if show_drops else []),
             _cell(f"{concurrency} per worker", concurrency_default),
         )
     out = console()

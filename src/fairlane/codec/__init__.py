@@ -6,6 +6,12 @@ and decoded in the worker into the annotated types with msgspec (so typed struct
 dataclasses, datetimes and enums round-trip). The same typed decoder checks the
 values at enqueue, so a wrong type is refused before anything is stored. Nothing
 is ever unpickled.
+
+Stored arguments that do not fit the signature a worker has (``Unbound``: a name its
+function does not take, one it needs and the job lacks, a type it does not accept)
+come from a producer on another version of the task; the worker hands such a job back
+for another worker (``fairlane.runtime.runner``). A codec made with
+``drop_unknown=True`` drops the names its function does not take instead.
 """
 
 from __future__ import annotations
@@ -16,19 +22,35 @@ import traceback
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgspec
 
 from fairlane.codec.refs import MalformedReference, decode_ref, is_ref
 
-__all__ = ["ArgsCodec", "PayloadTooLarge", "decode_error", "encode_error"]
+__all__ = ["ArgsCodec", "Call", "PayloadTooLarge", "Unbound", "decode_error", "encode_error"]
 
 _ANY: Final = Any
 
 
 class PayloadTooLarge(ValueError):
     """An argument or result payload exceeds the configured size limit."""
+
+
+class Unbound(msgspec.ValidationError):
+    """Stored arguments that are valid JSON but do not fit the function's signature (a
+    ``ValidationError``, as msgspec would raise: callers that catch that still do)."""
+
+
+class Call(NamedTuple):
+    """Decoded arguments to call a function with, and what was left out to fit it."""
+
+    args: list[Any]
+    kwargs: dict[str, Any]
+    #: stored names the function does not take, dropped (``drop_unknown``); () none
+    dropped: tuple[str, ...] = ()
+    #: the stored arguments without those names (None when nothing was dropped)
+    trimmed: bytes | None = None
 
 
 _NON_FINITE: Final = "it holds a float that is not finite (NaN or infinity)"
@@ -63,7 +85,11 @@ def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
 class ArgsCodec:
     """Encodes a call's arguments and decodes them back into typed values for ``fn``."""
 
-    def __init__(self, fn: Callable[..., Any], *, skip_first: bool = False) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], *, skip_first: bool = False, drop_unknown: bool = False
+    ) -> None:
+        #: stored names ``fn`` does not take are dropped, instead of refused as ``Unbound``
+        self.drop_unknown = drop_unknown
         self.signature = inspect.signature(fn)
         params = list(self.signature.parameters.values())
         if skip_first:
@@ -129,8 +155,46 @@ class ArgsCodec:
         return blob
 
     def decode(self, blob: bytes | str) -> tuple[list[Any], dict[str, Any]]:
-        """The typed positional and keyword arguments to call the function with."""
-        values = self._decoder.decode(blob)
+        """The typed positional and keyword arguments to call the function with.
+
+        Raises ``Unbound`` when they do not fit the signature, ``msgspec.DecodeError``
+        when ``blob`` is not JSON."""
+        try:
+            return self._arguments(self._decoder.decode(blob))
+        except msgspec.ValidationError as exc:
+            refused = exc
+        call = self._refit(blob, refused)
+        return call.args, call.kwargs
+
+    def call(self, blob: bytes | str) -> Call:
+        """``decode``, saying which names a ``drop_unknown`` codec dropped to fit."""
+        try:
+            return Call(*self._arguments(self._decoder.decode(blob)))
+        except msgspec.ValidationError as exc:
+            refused = exc
+        return self._refit(blob, refused)
+
+    def _refit(self, blob: bytes | str, refused: msgspec.ValidationError) -> Call:
+        """The call of arguments that did not fit: without the names the function does
+        not take if the codec drops them, else ``Unbound``. Only a job from a producer on
+        another version of the task comes here: the common case decodes once."""
+        stored = msgspec.json.decode(blob)  # JSON, or the typed decoder would have said
+        if not isinstance(stored, dict):
+            raise refused  # no version of any task stores its arguments so
+        if not self.drop_unknown:
+            raise Unbound(str(refused)) from None
+        known = set(self._names)
+        dropped = tuple(sorted(k for k in stored if k not in known))
+        if not dropped:
+            raise Unbound(str(refused)) from None
+        trimmed = self._encoder.encode({k: v for k, v in stored.items() if k in known})
+        try:
+            values = self._decoder.decode(trimmed)
+        except msgspec.ValidationError as exc:
+            raise Unbound(str(exc)) from None
+        return Call(*self._arguments(values), dropped, trimmed)
+
+    def _arguments(self, values: Any) -> tuple[list[Any], dict[str, Any]]:
         if self._plain:
             # positional parameters only: the struct's fields are in their order (a
             # parameter with a default cannot come before one without)

@@ -6,6 +6,7 @@ class tables, pricing), and every enqueue path makes its jobs with a task's
 ``TaskDefinition`` (``encode_args``, ``new_job``). Nothing here connects to a server.
 
 - ``options``: ``TaskOptions``, ``WorkflowOptions``, the defaults and reserved names;
+- ``naming``: the name of a task declared without one (``__main__`` warned about);
 - ``pricing``: ``Pricing`` of declared estimates, ``cost_key``;
 - ``jobs``: job ids, ``Placement``, ``Demand``, the ``JobFactory`` a task makes jobs with;
 - ``definitions``: ``TaskDefinition`` and ``CronEntry``;
@@ -21,6 +22,7 @@ from fairlane.registry.options import (
     TASK_DEFAULTS,
     Executor,
     TaskOptions,
+    UnknownKwargs,
     WorkflowOptions,
 )
 from fairlane.registry.pricing import Pricing, cost_key
@@ -39,6 +41,7 @@ __all__ = [
     "Seconds",
     "TaskDefinition",
     "TaskOptions",
+    "UnknownKwargs",
     "WorkflowOptions",
     "cost_key",
     "new_job_id",

@@ -25,6 +25,7 @@ from fairlane.payloads.offload import Payloads
 from fairlane.policy.classes import ClassTable
 from fairlane.registry.definitions import CronEntry, TaskDefinition
 from fairlane.registry.jobs import JobFactory
+from fairlane.registry.naming import default_name
 from fairlane.registry.options import RESERVED_PARAMETERS, TASK_DEFAULTS, TaskOptions
 from fairlane.registry.pricing import Pricing
 from fairlane.store.api import Store
@@ -157,13 +158,21 @@ class Registry:
         lane: str | None,
         given: dict[str, Any],
         tenant_slots: int | None,
+        *,
+        decorator: str = "app.task(",
     ) -> TaskOptions:
-        """A task's options: those given, the app's defaults for the rest (``UNSET``)."""
+        """A task's options: those given, the app's defaults for the rest (``UNSET``).
+
+        A task given no name is named ``<module>.<qualname>`` (``registry.naming``: one
+        of ``__main__`` is named after the module a worker imports, with a warning that
+        shows the ``name=`` for ``decorator``)."""
         defaults = {k for k, v in given.items() if v is UNSET}
         values = {k: (self.task_defaults[k] if v is UNSET else v) for k, v in given.items()}
         if lane is None:
             defaults.add("lane")
-        task_name = name or f"{func.__module__}.{func.__qualname__}"
+        if not name:
+            defaults.add("name")
+        task_name = name or default_name(func, decorator)
         try:
             task_limits = check_limits(values["limits"])
             task_rates = check_rates(values["rates"])
@@ -183,6 +192,7 @@ class Registry:
             limits=task_limits,
             rates=task_rates,
             tenant_slots=tenant_slots,
+            unknown_kwargs=values["unknown_kwargs"],
             defaults=frozenset(defaults),
         )
         # a lane declared later is checked by `lane()`; an undeclared one at connect

@@ -45,7 +45,9 @@ class TaskDefinition(Generic[P, R]):
         #: how a workflow's runs are sliced (None: a plain task)
         self.workflow = workflow
         # a workflow's Context is the worker's to give: callers pass the arguments after it
-        self.codec = ArgsCodec(fn, skip_first=workflow is not None)
+        self.codec = ArgsCodec(
+            fn, skip_first=workflow is not None, drop_unknown=options.unknown_kwargs == "drop"
+        )
         # encoded once: every job of the task carries the same settings
         self._backoff = options.backoff.encode()
         self._timeout = options.timeout or 0.0

@@ -1,7 +1,8 @@
 """A task's options and a workflow's shape, checked when they are declared.
 
 ``TaskOptions`` are a task's effective settings (what ``app.task(...)`` was given, the
-app's defaults for the rest); ``WorkflowOptions`` how a workflow's runs are sliced
+app's defaults for the rest), ``UnknownKwargs`` what a worker does with stored arguments
+its function does not take; ``WorkflowOptions`` how a workflow's runs are sliced
 and fanned out. ``TASK_DEFAULTS`` are the defaults before an app's config changes
 them, and ``RESERVED_PARAMETERS`` the names a task's function may not use, being
 those of the enqueue options.
@@ -31,10 +32,15 @@ __all__ = [
     "TASK_DEFAULTS",
     "Executor",
     "TaskOptions",
+    "UnknownKwargs",
     "WorkflowOptions",
 ]
 
 Executor = Literal["async", "thread", "process"]
+#: A stored argument the worker's function does not take (a newer producer's, during a
+#: rolling deploy): "refuse" hands the job back for a worker whose function takes it,
+#: until the deploy window ends; "drop" calls the function without it.
+UnknownKwargs = Literal["refuse", "drop"]
 
 RESERVED_PARAMETERS = frozenset(
     {
@@ -64,6 +70,7 @@ TASK_DEFAULTS: dict[str, Any] = {
     "slots": 1,
     "limits": None,
     "rates": None,
+    "unknown_kwargs": "refuse",
 }
 
 
@@ -88,6 +95,8 @@ class TaskOptions:
     tenant_slots: int | None = None
     """At most this many of one tenant's jobs of the task's lane run at once (a throttle
     key per lane and tenant, ``lane:<lane>:tenant:<tenant>``); None: no cap."""
+    unknown_kwargs: UnknownKwargs = "refuse"
+    """What a worker does with a stored argument the function does not take."""
     defaults: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
@@ -112,6 +121,11 @@ class TaskOptions:
             raise ValueError(f"task {self.name}: timeout must be > 0, got {self.timeout}")
         if self.executor not in ("async", "thread", "process"):
             raise ValueError(f"task {self.name}: executor must be async, thread or process")
+        if self.unknown_kwargs not in ("refuse", "drop"):
+            raise ValueError(
+                f"task {self.name}: unknown_kwargs must be 'refuse' or 'drop', "
+                f"got {self.unknown_kwargs!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
