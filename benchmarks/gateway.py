@@ -341,7 +341,12 @@ class Run:
                     seconds=self.seconds,
                     script=script,
                 )
-                shown = " ".join(_quoted(c).replace(self.key, "$KEY") for c in command)
+                shown = " ".join(
+                    _quoted(c)
+                    .replace(self.key, "$KEY")
+                    .replace(target.base, "http://127.0.0.1:$PORT")
+                    for c in command
+                )
                 if shown not in self.commands:
                     self.commands.append(shown)
                 load0 = _children_cpu()
