@@ -216,6 +216,8 @@ def test_explain_reports_every_leaf_in_model_order(tmp_path: Path) -> None:
         "worker.loop_block_threshold",
         "worker.thread_pool_size",
         "worker.process_pool_size",
+        "worker.deploy_window",
+        "worker.handback_delay",
         "worker.pressure.enabled",
         "worker.pressure.interval",
         "worker.pressure.memory_limit",

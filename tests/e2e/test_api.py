@@ -719,7 +719,9 @@ async def test_unreachable_server_fails_fast() -> None:
 async def test_malformed_records_are_dead_lettered_not_executed(
     redis_url: str, namespace: str
 ) -> None:
-    app = make_app(namespace, redis_url)
+    # arguments that do not fit are handed back for another worker within the deploy
+    # window (tests/runtime/test_deploys.py); with none, they are dead at once
+    app = make_app(namespace, redis_url, worker={"deploy_window": 0})
     ran: list[int] = []
 
     @app.task(attempts=3, backoff=NO_WAIT)
@@ -766,8 +768,10 @@ async def test_malformed_records_are_dead_lettered_not_executed(
     assert sorted(ran) == [2, 3]
 
 
-async def test_job_of_an_unknown_task_is_retried_then_dead(redis_url: str, namespace: str) -> None:
-    app = make_app(namespace, redis_url)
+async def test_job_of_an_unknown_task_is_handed_back_then_dead(
+    redis_url: str, namespace: str
+) -> None:
+    app = make_app(namespace, redis_url, worker={"deploy_window": 0.2, "handback_delay": 0.05})
 
     @app.task(attempts=2, backoff=NO_WAIT)
     async def known() -> None:
@@ -781,7 +785,10 @@ async def test_job_of_an_unknown_task_is_retried_then_dead(redis_url: str, names
                 await job.result(timeout=WAIT)
         assert caught.value.type_name == "UnknownTask"
         assert "no.such.task" in caught.value.message
-        assert (await job.info()).attempts == 2
+        assert "within the deploy window" in caught.value.message
+        # handed back without spending its attempts; the last lease ended it
+        assert (await job.info()).attempts == 1
+        assert (await app.stats())["handed_back"] >= 1
         assert [job_id for job_id, _ in await app.dead_letters()] == [job.id]
 
 

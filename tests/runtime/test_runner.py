@@ -351,28 +351,69 @@ async def test_an_attempt_out_of_its_budget_is_dead_lettered(bench: Bench) -> No
 # -- attempts that never reach the function --------------------------------------------------
 
 
-async def test_an_unknown_task_is_retried_until_its_last_attempt(bench: Bench) -> None:
+def _handed_back(outcome: Outcome) -> tuple[int, ErrorInfo, ErrorInfo]:
+    """A hand-back's deploy window (ms), its error now and its error past the window."""
+    window, now, final = outcome.payload.split("\n")
+    return int(window), decode_error(now.encode()), decode_error(final.encode())
+
+
+async def test_an_unknown_task_is_handed_back_for_another_worker(bench: Bench) -> None:
     job = msgspec.structs.replace(await bench.lease("add", 1, 2), task="runner.nowhere")
     outcome = await bench.runner.run(job)
-    # another worker may know the task: the job is not given up at once
-    assert outcome.kind == "retry"
-    error = _error(outcome)
-    assert error.type == "UnknownTask"
-    assert error.message == "no task named 'runner.nowhere' in this worker"
+    # another worker may know the task: the job waits for one, spending no attempt
+    assert (outcome.kind, outcome.delay_ms, outcome.cost) == ("handback", 5000, -1.0)
+    window, now, final = _handed_back(outcome)
+    assert window == 300_000  # worker.deploy_window
+    assert now.type == final.type == "UnknownTask"
+    reason = f"no task named 'runner.nowhere' in this worker (app {bench.app.name!r})"
+    assert now.message == f"{reason}; handed back for another worker (worker.deploy_window)"
+    assert final.message == (
+        f"no worker ran the job within the deploy window (300s, worker.deploy_window): {reason}"
+    )
+    # the last attempt too: the store, not the worker, decides when the window is over
     last = await bench.runner.run(msgspec.structs.replace(job, attempt=job.max_attempts))
-    assert last.kind == "dead" and _error(last).type == "UnknownTask"
+    assert last.kind == "handback"
     assert bench.tasks.calls == Counter()
     assert not bench.runner.uses_timer(job)
+
+
+async def test_a_task_named_after_main_is_handed_back_with_the_fix(bench: Bench) -> None:
+    job = msgspec.structs.replace(await bench.lease("add", 1, 2), task="__main__.send")
+    _, _, final = _handed_back(await bench.runner.run(job))
+    assert final.message.endswith('@app.task(name="<module>.<function>")')
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ('{"a":"one","b":2}', "Expected `int`, got `str`"),  # a value of the wrong type
+        ('{"a":1}', "missing required field `b`"),  # a parameter missing
+        ('{"a":1,"b":2,"c":3}', "unknown field `c`"),  # one the function does not take
+    ],
+    ids=["wrong-type", "missing", "unknown"],
+)
+async def test_arguments_another_version_may_take_are_handed_back(
+    bench: Bench, args: str, says: str
+) -> None:
+    job = msgspec.structs.replace(await bench.lease("add", 1, 2), args=args)
+    outcome = await bench.runner.run(job)
+    assert (outcome.kind, outcome.delay_ms) == ("handback", 5000)
+    _, now, final = _handed_back(outcome)
+    assert now.type == final.type == "MalformedArguments"
+    assert now.message.startswith("the stored arguments do not fit task ")
+    assert says in now.message and says in final.message
+    # the way out is shown only where it helps: an argument the function does not take
+    assert ('unknown_kwargs="drop"' in final.message) == (says == "unknown field `c`")
+    assert bench.tasks.calls == Counter()
 
 
 @pytest.mark.parametrize(
     "args",
     [
-        '{"a":"one","b":2}',  # a value of the wrong type
-        '{"a":1}',  # a parameter missing
         "not json",
+        "[1, 2]",  # JSON, but no version of any task stores its arguments so
     ],
-    ids=["wrong-type", "missing", "not-json"],
+    ids=["not-json", "not-an-object"],
 )
 async def test_malformed_arguments_are_dead_without_calling_the_task(
     bench: Bench, args: str

@@ -96,7 +96,16 @@ SHORT = 1  # ms: a lease that has run out by the next sweep
 TASK = "model.job"
 ERROR = '{"type":"Boom","message":"failed","traceback":""}'
 NO_WAIT = Backoff(0, 0, "none")
-COUNTERS = ("fenced", "resettled", "reclaimed", "retried", "completed", "failed", "throttled")
+COUNTERS = (
+    "fenced",
+    "resettled",
+    "reclaimed",
+    "retried",
+    "completed",
+    "failed",
+    "throttled",
+    "handed_back",
+)
 
 lane_orders = st.sampled_from([("a",), ("b",), ("a", "b"), ("b", "a")])
 limit_sets = st.sampled_from([
@@ -327,32 +336,45 @@ class LuaVsModel(StoreMachine):
     @precondition(lambda self: self._held_jobs())
     @rule(
         data=st.data(),
-        result=st.sampled_from(["ok", "failed", "fatal", "release"]),
+        result=st.sampled_from(["ok", "failed", "fatal", "release", "handback"]),
         delay=st.sampled_from([0, 0, LONG]),
+        window=st.sampled_from([0, LONG]),
     )
-    def ack(self, data: st.DataObject, result: str, delay: int) -> None:
+    def ack(self, data: st.DataObject, result: str, delay: int, window: int) -> None:
         """Settle a held job as a worker would: done, failed (retried while attempts are
-        left, as ``after_failure`` decides), failed for good, or handed back unstarted."""
+        left, as ``after_failure`` decides), failed for good, handed back unstarted, or
+        handed back as one it cannot run (due again after ``delay``, within a deploy
+        window of ``window`` ms: 0 dead-letters it, LONG never runs out here)."""
         self.clean = False
         worker, job_id = data.draw(st.sampled_from(self._held_jobs()), label="job")
-        self.settle(worker, job_id, result, delay)
+        self.settle(worker, job_id, result, delay, window)
 
-    def settle(self, worker: str, job_id: str, result: str, delay: int) -> None:
+    def settle(self, worker: str, job_id: str, result: str, delay: int, window: int = 0) -> None:
         token, attempt = self.held[worker].pop(job_id)
         kind: AckKind = "ok" if result == "ok" else "release" if result == "release" else "dead"
+        if result == "handback":
+            kind = "handback"
         if result == "failed":
             max_attempts = self.model.jobs[job_id].max_attempts
             kind = after_failure(attempt, max_attempts, retryable=True, backoff=NO_WAIT, u=0).kind
         payload = ERROR if kind in ("retry", "dead") else "1"
-        outcome = Outcome(job_id, token, kind, payload, delay if kind == "retry" else 0)
+        if kind == "handback":
+            payload = f"{window}\n{ERROR}\n{ERROR}"
+        delayed = kind in ("retry", "handback")
+        outcome = Outcome(job_id, token, kind, payload, delay if delayed else 0)
         (code,) = self.run(self.store.ack(LANES, [outcome]))
         written = None  # code 2 (a re-send of a settlement) and 0 (fenced) write nothing
         if code == 1 and kind in ("ok", "dead"):
             written = self.field_ms(job_id, "fin")
+        elif code == 1 and kind == "handback":
+            field = "fin" if window == 0 else "run"
+            written = self.field_ms(job_id, field) - (outcome.delay_ms if window else 0)
         elif code == 1 and kind == "retry":
             written = self.field_ms(job_id, "run") - outcome.delay_ms
         now = self.at(written)
-        applied = self.model.ack(job_id, int(token), kind, now=now, delay_ms=outcome.delay_ms)
+        applied = self.model.ack(
+            job_id, int(token), kind, now=now, delay_ms=outcome.delay_ms, window_ms=window
+        )
         assert code == int(applied), f"ack {kind} of {job_id}: lua {code}, model {applied}"
 
     def _stale(self) -> list[tuple[str, str]]:
@@ -360,7 +382,7 @@ class LuaVsModel(StoreMachine):
         return [(i, t) for i, t in self.issued if jobs[i].token != int(t)]
 
     @precondition(lambda self: self._stale())
-    @rule(data=st.data(), kind=st.sampled_from(["ok", "retry", "dead", "release"]))
+    @rule(data=st.data(), kind=st.sampled_from(["ok", "retry", "dead", "release", "handback"]))
     def ack_stale(self, data: st.DataObject, kind: AckKind) -> None:
         """A write under a token that is no longer the job's is always refused: fenced,
         or, when that token's own settlement is sent again, counted as a re-send."""

@@ -129,6 +129,12 @@ class WorkerSettings(BaseModel):
     """Threads for synchronous jobs."""
     process_pool_size: int = Field(default=0, ge=0)
     """Processes for CPU-bound jobs; 0 means the number of CPUs."""
+    deploy_window: float = Field(default=300.0, ge=0)
+    """A job this worker cannot run (its task unknown here, or arguments that do not fit the
+    task's signature: a producer or worker on another version) is handed back for another
+    worker until this long after its first hand-back, then dead-lettered; 0: at once."""
+    handback_delay: float = Field(default=5.0, gt=0)
+    """A job handed back is due again after this long, for any worker to take."""
     pressure: PressureSettings = Field(default_factory=PressureSettings)
     """Resource backpressure."""
 

@@ -3,6 +3,14 @@
 Whatever the task does -- return, raise, time out, crash its child process, be
 cancelled -- the runner returns an outcome; nothing a task does can take the
 worker down. Retry or dead-letter is decided by ``fairlane.policy.retry``.
+
+A job this worker cannot run at all -- its task unknown here, or its stored arguments
+not fitting the task's signature here -- is not the task's failure: while a deploy
+rolls out, a producer and a worker on different versions meet, and another worker may
+run it. It is handed back (outcome ``handback``): due again ``worker.handback_delay``
+later, its attempt given back, counted apart from failures (``handed_back``), until
+``worker.deploy_window`` after its first hand-back; then the store dead-letters it as
+``UnknownTask`` or ``MalformedArguments``, saying no worker ran it within the window.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from fairlane.codec import PayloadTooLarge, encode_error
+from fairlane.codec import Call, PayloadTooLarge, Unbound, encode_error
 from fairlane.codec.refs import MalformedReference, is_ref
 from fairlane.errors import Throttled
 from fairlane.payloads import PayloadMissing
@@ -74,6 +82,17 @@ class _Pushback(Exception):
         self.payload = encode_error(exc)
 
 
+class _HandBack(Exception):
+    """This worker cannot run the job; another may (see the module docstring)."""
+
+    def __init__(self, type_name: str, reason: str, advice: str = "") -> None:
+        super().__init__(reason)
+        self.type_name = type_name
+        self.reason = reason
+        #: added to the dead letter's message: what would have let a worker run it
+        self.advice = advice
+
+
 class Runner:
     """Executes attempts for one worker, with its thread and process executors."""
 
@@ -93,6 +112,9 @@ class Runner:
         self.worker_id = worker_id
         self.hooks = hooks or WorkerHooks()
         self.max_result = registry.settings.max_payload_bytes
+        # what has been logged of jobs this worker handed back or ran without arguments
+        # it does not take: once per task and cause, not once per job
+        self._told: set[tuple[str, str]] = set()
         self._own_processes = False
         self._process_start = asyncio.Lock()
 
@@ -128,16 +150,12 @@ class Runner:
         delay_ms = 0
         try:
             if task is None:
-                raise _Failure(
-                    encode_error(
-                        LookupError(f"no task named {job.task!r} in this worker"),
-                        type_name="UnknownTask",
-                    ),
-                    retryable=True,
-                )
+                raise _unknown(job.task, self.registry.name)
             payload = await self._attempt(task, job)
         except _Failure as failure:
             kind, text, delay_ms = self._after_failure(job, failure)
+        except _HandBack as back:
+            kind, text, delay_ms = self._hand_back(job, back)
         except _Pushback as pushback:
             # the store checks the job holds the key; a key it does not is a failure there
             kind, text = "throttle", f"{pushback.key}\n{pushback.payload.decode()}"
@@ -154,13 +172,20 @@ class Runner:
             usage.current.reset(reset)
         cost = ctx.units(self.registry.pricing.coefficients, time.monotonic() - started)
         self.hooks.used(job, ctx, cost)
+        if kind == "handback":
+            cost = -1.0  # the task never ran: nothing to learn its cost from
         return Outcome(job.id, job.token, kind, text, delay_ms, cost)
 
     async def _attempt(self, task: TaskDefinition[Any, Any], job: FetchedJob) -> bytes:
         timeout = job.timeout or None
         if is_ref(job.args):  # large arguments are read only now that the attempt runs
             job = msgspec.structs.replace(job, args=(await self._resolve_args(job)).decode())
-        args, kwargs = self._decode(task, job)  # malformed arguments never reach the function
+        # malformed arguments never reach the function
+        args, kwargs, dropped, trimmed = self._decode(task, job)
+        if trimmed is not None:
+            # a process child and a workflow's slice decode the arguments again
+            job = msgspec.structs.replace(job, args=trimmed.decode())
+            self._tell(task.name, "drop:" + ",".join(dropped), _dropped_text(task.name, dropped))
         if task.options.executor == "async":
             # the worker enforces an async attempt's timeout with one timer per job
             try:
@@ -281,12 +306,23 @@ class Runner:
             error = encode_error(exc, type_name="PayloadUnavailable")
             raise _Failure(error, retryable=True) from None
 
-    def _decode(
-        self, task: TaskDefinition[Any, Any], job: FetchedJob
-    ) -> tuple[list[Any], dict[str, Any]]:
+    def _decode(self, task: TaskDefinition[Any, Any], job: FetchedJob) -> Call:
         try:
-            return task.codec.decode(job.args)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return task.codec.call(job.args)
+        except Unbound as exc:
+            # a producer on another version of the task: another worker may take them
+            advice = (
+                "a task can run without arguments it does not take: @app.task(..., "
+                'unknown_kwargs="drop")'
+                if "unknown field" in str(exc)
+                else ""
+            )
+            raise _HandBack(
+                "MalformedArguments",
+                f"the stored arguments do not fit task {task.name!r} as this worker has it: {exc}",
+                advice,
+            ) from None
+        except msgspec.DecodeError as exc:  # not even JSON: no worker can read them
             raise _Failure(
                 encode_error(
                     ValueError(f"stored arguments do not fit the task's signature: {exc}"),
@@ -294,6 +330,37 @@ class Runner:
                 ),
                 retryable=False,
             ) from None
+
+    def _hand_back(self, job: FetchedJob, back: _HandBack) -> tuple[str, str, int]:
+        """The outcome that hands ``job`` back: the store reads the window, the error
+        it keeps meanwhile and the one it dead-letters with once the window is over."""
+        settings = self.registry.settings.worker
+        window = settings.deploy_window
+        now = LookupError(f"{back.reason}; handed back for another worker (worker.deploy_window)")
+        final = LookupError(
+            f"no worker ran the job within the deploy window ({window:g}s, "
+            f"worker.deploy_window): {back.reason}" + (f"; {back.advice}" if back.advice else "")
+        )
+        self._tell(
+            job.task,
+            back.type_name,
+            f"handing back jobs of task {job.task!r} for another worker, for up to "
+            f"{window:g}s each: {back.reason}",
+        )
+        text = "\n".join(
+            (
+                str(round(window * 1000)),
+                encode_error(now, type_name=back.type_name, tb="").decode(),
+                encode_error(final, type_name=back.type_name, tb="").decode(),
+            )
+        )
+        return "handback", text, round(settings.handback_delay * 1000)
+
+    def _tell(self, task: str, cause: str, text: str) -> None:
+        """Log ``text`` the first time ``task`` meets ``cause`` on this worker."""
+        if (task, cause) not in self._told:
+            self._told.add((task, cause))
+            log.warning("%s", text)
 
     def timed_out(self, job: FetchedJob) -> Outcome:
         """The outcome of an attempt the worker stopped at its timeout."""
@@ -340,6 +407,25 @@ def _direct(
             raise _Unserializable(exc) from exc
 
     return invoke
+
+
+def _unknown(name: str, app: str) -> _HandBack:
+    reason = f"no task named {name!r} in this worker (app {app!r})"
+    advice = ""
+    if name.startswith("__main__."):
+        # a producer run as a script named it after __main__ (an older Fairlane did)
+        advice = (
+            "a task declared in a script run as __main__ needs an explicit name that the "
+            'worker\'s import gives it too: @app.task(name="<module>.<function>")'
+        )
+    return _HandBack("UnknownTask", reason, advice)
+
+
+def _dropped_text(task: str, dropped: tuple[str, ...]) -> str:
+    return (
+        f"task {task!r} ran without stored arguments its function does not take "
+        f"(unknown_kwargs='drop'): {', '.join(dropped)}"
+    )
 
 
 def _backoff(text: str) -> Backoff:

@@ -30,6 +30,11 @@ kind            detail
                 is an ordinary ``retry``
 ``retry``       ``delay`` ms, ``err`` error type, ``at`` when it is due again;
                 the failed attempt's ``start``, ``wk``, ``att`` and ``qw``
+``handback``    the worker could not run it (``err`` UnknownTask: the task is not
+                in that worker; MalformedArguments: the arguments do not fit
+                its signature there), as in a rolling deploy: due again at
+                ``at``, its attempt given back; the attempt's ``start``, ``wk``,
+                ``att``, ``qw``
 ``suspended``   ``wait`` what a workflow run waits for, ``at`` its wake-up; the
                 slice's ``start``, ``wk``, ``att``, ``qw``
 ``reclaimed``   ``wk``, ``att``, ``start``, ``qw``: the lease expired, the worker
@@ -88,9 +93,13 @@ __all__ = [
 
 _FINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 # events that end an attempt and keep its start, which the next attempt overwrites
-_ATTEMPT_ENDS = ("retry", "pushback", "reclaimed", "suspended", "released", "redriven")
+_ATTEMPT_ENDS = (
+    "retry", "pushback", "handback", "reclaimed", "suspended", "released", "redriven"
+)  # fmt: skip
 # what may happen in the same millisecond as an attempt's start, after it
-_AFTER_START = frozenset({"retry", "pushback", "reclaimed", "suspended", "released", *_FINAL})
+_AFTER_START = frozenset(
+    {"retry", "pushback", "handback", "reclaimed", "suspended", "released", *_FINAL}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +113,10 @@ class Segment:
     else recorded), ``class`` (other classes were borrowing its class's capacity),
     ``tenants`` (fair dispatch shared its class with other tenants), ``throttle``,
     ``rate`` (a rate key short of tokens or paused), ``pushback`` (its own attempt was
-    pushed back by the upstream), ``admission``, ``schedule``, ``backoff`` or
-    ``workflow``; ``about`` what that cause names: the borrowing classes, the throttle
-    or rate key, the deferral reason, the error. A running segment has no cause but
+    pushed back by the upstream), ``admission``, ``schedule``, ``backoff``, ``deploy``
+    (a worker that could not run it handed it back) or ``workflow``; ``about`` what
+    that cause names: the borrowing classes, the throttle or rate key, the deferral
+    reason, the error. A running segment has no cause but
     ``pushback`` when the upstream pushed that attempt back (its attempt given back)."""
 
     from_ms: int
@@ -476,6 +486,14 @@ class _Walk:
                 self.open(
                     ms, "backoff", _Why(f"retry backoff ({shown} after {err})", "backoff", (err,))
                 )
+            case "handback":
+                err = field_text(d.get("err")) or "an error"
+                self.end_running(ms, f"handed back ({err}: that worker could not run it)")
+                self.open(
+                    ms,
+                    "backoff",
+                    _Why(f"handed back for another worker to run ({err})", "deploy", (err,)),
+                )
             case "reclaimed":
                 self.end_running(ms, "lost (its lease expired)")
             case "suspended":
@@ -594,7 +612,7 @@ def _summary(status: str, segments: Sequence[Segment], max_attempts: int | None)
         if last.cause == "pushback":  # the attempt was given back: no number to show
             notes = ["pushed back by the upstream, its attempt given back"]
         before = segments[: segments.index(last)]
-        backoffs = [s for s in before if s.what == "backoff"]
+        backoffs = [s for s in before if s.what == "backoff" and s.cause == "backoff"]
         if backoffs:
             notes.append(f"after a {format_ms(backoffs[-1].ms)} retry backoff")
         if len(runs) > 1:

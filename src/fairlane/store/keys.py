@@ -422,6 +422,8 @@ JOB_FIELDS: dict[str, str] = {
     "rk": "rate keys (msgpack [[key, limit, per_ms, burst, units 0/1], ..] sorted, absent = none)",
     "rmu": "milli-units its rate keys counting units take (absent = none)",
     "pb": "pushbacks (Throttled) it has taken without spending an attempt",
+    "hb": "first hand-back, server ms: a worker that could not run it (task unknown, arguments "
+    "that do not fit) handed it back; dead-lettered worker.deploy_window later (absent = none)",
     "ttok": "token of the throttle grant it holds, only while leased (absent = none)",
     "toff": "1 while it holds offers a throttle key woke it with (queued; absent = none)",
     "mu": "milli-units admission reserved for it, while reserved",

@@ -17,7 +17,8 @@ import msgspec
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.rates import Rate
 
-AckKind = str  # "ok" | "retry" | "dead" | "cancel" | "release" | "suspend" | "throttle"
+# "ok" | "retry" | "dead" | "cancel" | "release" | "suspend" | "throttle" | "handback"
+AckKind = str
 # Batches travel as one msgpack argument / reply: one argument to pack instead of
 # five per job, and one buffer to parse instead of eleven reply elements per job.
 _PACK: Final = msgspec.msgpack.Encoder()

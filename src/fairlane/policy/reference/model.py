@@ -17,8 +17,8 @@ the steps of one dispatch live in ``fairlane.policy.reference.dispatch``.
 What it covers: enqueue (optionally delayed) with a service class, a width in worker
 slots, throttle keys and a fairness key, fetch (an exchange: worker registration, acks,
 then the fetch), the hand-off to idle workers, a stopping worker's leave, lease renewal
-and heartbeats, acks (``ok``, ``retry``, ``dead``, ``release``) fenced by tokens, the
-reclaim sweep and its stale-worker deregistration, lane class tables, tenant weights,
+and heartbeats, acks (``ok``, ``retry``, ``dead``, ``release``, ``handback``) fenced by tokens,
+the reclaim sweep and its stale-worker deregistration, lane class tables, tenant weights,
 fairness keys' weights and tenant concurrency settings. Deadlines, idempotency keys,
 cancellation, redrive, retention trimming, malformed records and the promote limit are
 outside it.
@@ -160,7 +160,7 @@ __all__ = [
     "Status",
 ]
 
-AckKind = Literal["ok", "retry", "dead", "release"]
+AckKind = Literal["ok", "retry", "dead", "release", "handback"]
 FINISHED: frozenset[str] = frozenset({"completed", "failed"})
 
 
@@ -190,6 +190,7 @@ class Ack(NamedTuple):
     token: int
     kind: AckKind = "ok"
     delay_ms: int = 0
+    window_ms: int = 0  # a hand-back's deploy window
 
 
 class QueueModel(LaneDispatch):
@@ -203,6 +204,7 @@ class QueueModel(LaneDispatch):
         self.dead: dict[str, int] = {}  # id -> time dead-lettered
         self.inbox: dict[str, list[Grant]] = {}  # worker -> jobs handed to it, oldest first
         self.inbox_expiry: dict[str, int] = {}  # worker -> when its inbox vanishes
+        self.handed_back: dict[str, int] = {}  # id -> its first hand-back (field hb)
 
     # -- producer ---------------------------------------------------------------------
 
@@ -307,7 +309,10 @@ class QueueModel(LaneDispatch):
     ) -> tuple[list[int], Batch]:
         """Register the worker, settle ``acks``, then fetch up to ``n`` slots of work."""
         self._register(worker, n if slots is None else slots, lanes, now)
-        codes = [self.ack(a.id, a.token, a.kind, now=now, delay_ms=a.delay_ms) for a in acks]
+        codes = [
+            self.ack(a.id, a.token, a.kind, now=now, delay_ms=a.delay_ms, window_ms=a.window_ms)
+            for a in acks
+        ]
         member = f"{worker}|{lease_ms}"
         for lane in lanes:
             self.lane(lane).idle.pop(member, None)
@@ -366,9 +371,21 @@ class QueueModel(LaneDispatch):
         """A renewal call's heartbeat (it registers no capacity)."""
         self.heartbeats[worker] = now
 
-    def ack(self, job_id: str, token: int, kind: AckKind, *, now: int, delay_ms: int = 0) -> int:
+    def ack(
+        self,
+        job_id: str,
+        token: int,
+        kind: AckKind,
+        *,
+        now: int,
+        delay_ms: int = 0,
+        window_ms: int = 0,
+    ) -> int:
         """Settle an attempt: 1 applied; 2 the settlement this lease made already, sent
-        again (not applied twice); 0 fenced, the token being stale."""
+        again (not applied twice); 0 fenced, the token being stale. A hand-back (the
+        worker could not run the job) is due again ``delay_ms`` later with its attempt
+        given back, until ``window_ms`` after the job's first hand-back; then, or at once
+        for a window of 0, it is a dead letter."""
         if not self._holds(job_id, token):
             job = self.jobs.get(job_id)
             if job is not None and job.status != "running" and job.settled == token:
@@ -378,7 +395,7 @@ class QueueModel(LaneDispatch):
             return 0
         job = self.jobs[job_id]
         self._end_lease(job, lost=False)
-        if kind != "release" and job.tenant in self.tenant_limits:
+        if kind not in ("release", "handback") and job.tenant in self.tenant_limits:
             mean = self.durations.setdefault(job.tenant, DurationMean())
             mean.observe(max(0, now - (job.started_at or now)) / 1000)
         job.settled = token
@@ -391,6 +408,8 @@ class QueueModel(LaneDispatch):
             self._schedule(job, now + delay_ms)
         elif kind == "dead":
             self._dead_letter(job, now)
+        elif kind == "handback":
+            self._hand_back(job, now, delay_ms, window_ms)
         else:
             job.attempts -= 1
             job.status = "queued"
@@ -458,10 +477,20 @@ class QueueModel(LaneDispatch):
         job = self.jobs.get(job_id)
         return job is not None and job.status == "running" and job.token == token
 
-    def _schedule(self, job: ModelJob, run_at: int) -> None:
+    def _schedule(self, job: ModelJob, run_at: int, counter: str = "retried") -> None:
         job.status, job.run_at = "scheduled", run_at
         self.lane(job.lane).delayed[job.id] = run_at
-        self.stats["retried"] += 1
+        self.stats[counter] += 1
+
+    def _hand_back(self, job: ModelJob, now: int, delay_ms: int, window_ms: int) -> None:
+        first = self.handed_back.get(job.id)
+        if window_ms == 0 or (first is not None and now - first >= window_ms):
+            self.handed_back.pop(job.id, None)
+            self._dead_letter(job, now)
+            return
+        self.handed_back.setdefault(job.id, now)
+        self._schedule(job, now + delay_ms, "handed_back")
+        job.attempts -= 1
 
     def _finish(self, job: ModelJob, status: Literal["completed", "failed"], now: int) -> None:
         job.status, job.finished_at = status, now

@@ -74,6 +74,38 @@ function rates.push_back_key(keys, id, token, payload, delay, now)
     key
 end
 
+-- A worker could not run the job (kind 'handback': the task is unknown to it, or the
+-- stored arguments do not fit its signature), as happens while a deploy rolls out, so
+-- another worker, perhaps on the other version, may take it: the job is due again in
+-- `delay` ms, its attempt given back, until `window` ms after its first hand-back
+-- (field hb); then, or at once for a window of 0, it is dead-lettered with the final
+-- error. Payload '<window ms>\n<error JSON>\n<final error JSON>' (JSON has no raw
+-- newline). Returns what became of the job: 'scheduled', 'expired' or 'failed'.
+function hot.hand_back(keys, p, id, payload, delay, now, tally, meta)
+  local window, err, final = string.match(payload or '', '^(%d+)\n([^\n]*)\n(.*)$')
+  local jk = job_key(p, id)
+  if not window then
+    -- not a hand-back this library can read: no worker sends one, so no retry can help
+    dead_letter(keys, p, id, payload, now, tally, meta)
+    return 'failed'
+  end
+  window = tonumber(window)
+  local first = tonumber(redis.call('HGET', jk, 'hb'))
+  if window == 0 or (first and now - first >= window) then
+    -- a re-driven job starts a window of its own
+    redis.call('HDEL', jk, 'hb')
+    dead_letter(keys, p, id, final, now, tally, meta)
+    return 'failed'
+  end
+  if not first then
+    redis.call('HSET', jk, 'hb', hot.now_arg(now))
+  end
+  -- logged with the attempt it ended, then the attempt is given back
+  local verdict = schedule_retry(keys, p, id, delay, err, now, tally, 'handback')
+  redis.call('HINCRBY', jk, 'att', -1)
+  return verdict
+end
+
 -- A running job's record as an ack reads it: f[1..14] st, tok, task, rc, rf, att, max,
 -- lane, cls, sl, tenant, start, ck, cu; f[15..20] the optional w, ttok, mu, par, wfr,
 -- idem (hot.read).
@@ -82,9 +114,9 @@ hot.SETTLING = {'st', 'tok', 'task', 'rc', 'rf', 'att', 'max', 'lane', 'cls', 's
 hot.SETTLING_X = {'w', 'ttok', 'mu', 'par', 'wfr', 'idem'}
 
 -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
--- [id, token, kind (ok | retry | dead | cancel | release | suspend | throttle), payload,
--- delay_ms, cost] (a workflow run suspends with what it waits for as its payload; a
--- pushback names its key and the pause).
+-- [id, token, kind (ok | retry | dead | cancel | release | suspend | throttle | handback),
+-- payload, delay_ms, cost] (a workflow run suspends with what it waits for as its
+-- payload; a pushback names its key and the pause; a hand-back its window, hot.hand_back).
 -- (cost: the work units the attempt used, -1 when it did not run).
 -- Returns one code per entry: 1 applied; 2 the settlement this lease made already, sent
 -- again after its reply was lost (not applied twice; counted 'resettled'); 0 rejected as
@@ -124,7 +156,8 @@ local function apply_acks(keys, p, acks, now, tally)
         -- there starts from its class's in-flight work: settle this batch's ends first
         flush_settled(p, settled)
         -- a job handed back unstarted used nothing of what its rate keys gave it
-        local used = kind == 'release' and 0 or (cost >= 0 and cost or nil)
+        local unstarted = kind == 'release' or kind == 'handback'
+        local used = unstarted and 0 or (cost >= 0 and cost or nil)
         release_throttle(keys, p, id, f[16], now, used, kind == 'ok')
       end
       local tenant = f[11] or ''
@@ -132,7 +165,7 @@ local function apply_acks(keys, p, acks, now, tally)
         limited[tenant] = hot.any(tally, keys[TLIMITS])
           and redis.call('HEXISTS', keys[TLIMITS], tenant) == 1
       end
-      if kind ~= 'release' and limited[tenant] then
+      if kind ~= 'release' and kind ~= 'handback' and limited[tenant] then
         note_duration(p, f[11], math.max(0, now - (tonumber(f[12]) or now)) / 1000)
       end
       local amu = nil
@@ -178,6 +211,8 @@ local function apply_acks(keys, p, acks, now, tally)
         finish(keys, p, id, 'cancelled', 'err', payload, now, tally, meta)
       elseif kind == 'suspend' then
         suspend_run(keys, p, id, payload, tonumber(a[5]) or 0, now, tally)
+      elseif kind == 'handback' then
+        hot.hand_back(keys, p, id, payload, tonumber(a[5]) or 0, now, tally, meta)
       else -- release: handed back unstarted by a stopping worker; the attempt is not counted
         local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq', 'start', 'wk')
         -- written first, so that the job handed back sees the lane's true load

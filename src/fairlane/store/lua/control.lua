@@ -153,7 +153,8 @@ local function redrive(keys, args)
       redis.call('ZREM', idx, id)
       redis.call('SREM', hot.links_key(idx), id)
       redis.call('HSET', jk, 'st', 'queued', 'att', 0, 'run', now)
-      redis.call('HDEL', jk, 'fin', 'err', 'res')
+      -- a fresh deploy window too (hb, acks.lua)
+      redis.call('HDEL', jk, 'fin', 'err', 'res', 'hb')
       -- its first life's last attempt and end, which the record is about to forget
       log_event(p, id, now, 'redriven', {start = tonumber(f[9]), wk = f[10] or nil,
         att = tonumber(f[11]), fin = tonumber(f[12]), err = error_type(f[13] or nil),

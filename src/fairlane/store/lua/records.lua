@@ -173,7 +173,7 @@ end
 local EXPIRED_ERR = '{"type":"DeadlineExceeded","message":"the deadline passed before the job could run","traceback":""}'
 
 -- Schedule a retry `delay` ms from now, unless that is past the job's deadline (`what`:
--- the event and counter, 'retry' unless it is a pushback by `key`).
+-- the event and counter, 'retry' unless it is a pushback by `key` or a hand-back).
 local function schedule_retry(keys, p, id, delay, err, now, tally, what, key)
   local jk = job_key(p, id)
   local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant', 'start', 'wk', 'att',
@@ -197,7 +197,8 @@ local function schedule_retry(keys, p, id, delay, err, now, tally, what, key)
   log_event(p, id, now, what or 'retry', {delay = delay, err = error_type(err), at = run_at,
     start = tonumber(f[6]), wk = f[7] or nil, att = tonumber(f[8]),
     qw = f[9] ~= '' and f[9] or nil, key = key})
-  count(tally, what == 'pushback' and 'pushed_back' or 'retried')
+  count(tally, what == 'pushback' and 'pushed_back' or what == 'handback' and 'handed_back'
+    or 'retried')
   -- the retry may be due sooner than a blocked worker's timeout: wake one to re-read it
   wake(p, f[2])
   return 'scheduled'
