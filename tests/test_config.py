@@ -207,6 +207,8 @@ def test_explain_reports_every_leaf_in_model_order(tmp_path: Path) -> None:
         "lease.sweep_interval",
         "lease.sweep_jitter",
         "lease.sweep_batch",
+        "lease.heartbeat_interval",
+        "lease.worker_timeout",
         "worker.concurrency",
         "worker.lanes",
         "worker.fetch_batch",

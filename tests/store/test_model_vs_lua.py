@@ -362,7 +362,7 @@ class LuaVsModel(StoreMachine):
             payload = f"{window}\n{ERROR}\n{ERROR}"
         delayed = kind in ("retry", "handback")
         outcome = Outcome(job_id, token, kind, payload, delay if delayed else 0)
-        (code,) = self.run(self.store.ack(LANES, [outcome]))
+        (code,) = self.run(self.store.ack(LANES, [outcome], worker))
         written = None  # code 2 (a re-send of a settlement) and 0 (fenced) write nothing
         if code == 1 and kind in ("ok", "dead"):
             written = self.field_ms(job_id, "fin")
@@ -477,6 +477,17 @@ class LuaVsModel(StoreMachine):
         )
         assert (retried, dead) == expected, f"sweep: lua {(retried, dead)}, model {expected}"
 
+    @rule(worker=st.sampled_from(sorted(WORKERS)), limit=st.integers(1, 4), dead=st.booleans())
+    def beat(self, worker: str, limit: int, dead: bool) -> None:
+        """A worker beats; with ``dead``, every other worker that beat counts as dead
+        (silent for 0 ms) and up to ``limit`` of its jobs are taken back at once."""
+        self.clean = False
+        dead_ms = 0 if dead else 10**9
+        reply = self.run(self.store.beat(worker, dead_ms, limit, secrets.randbits(31)))
+        now = self.at(_ms(self.client.zscore(self.keys.beats, worker)))
+        expected = self.model.beat(worker, dead_ms, limit, now=now, delay_ms=0)
+        assert reply == expected, f"beat: lua {reply}, model {expected}"
+
     @precondition(lambda self: self._pending() >= 6)
     @rule()
     def drain(self) -> None:
@@ -490,11 +501,16 @@ class LuaVsModel(StoreMachine):
             running = sorted(
                 (j.id, j.token) for j in self.model.jobs.values() if j.token is not None
             )
+            # each worker settles its own jobs (so that its set of leased ids stays exact)
+            holders: dict[str, list[tuple[str, int]]] = {}
+            for i, tok in running:
+                holders.setdefault(self.model.jobs[i].worker or "", []).append((i, tok))
+            for holder, held in sorted(holders.items()):
+                outcomes = [Outcome(i, str(tok), "ok", "1") for i, tok in held]
+                codes = self.run(self.store.ack(LANES, outcomes, holder))
+                now = self.at(self.field_ms(held[0][0], "fin"))
+                assert codes == [int(self.model.ack(i, tok, "ok", now=now)) for i, tok in held]
             if running:
-                outcomes = [Outcome(i, str(tok), "ok", "1") for i, tok in running]
-                codes = self.run(self.store.ack(LANES, outcomes))
-                now = self.at(self.field_ms(running[0][0], "fin"))
-                assert codes == [int(self.model.ack(i, tok, "ok", now=now)) for i, tok in running]
                 for jobs in self.held.values():
                     for i in [
                         i for i, (tok, _) in jobs.items() if self.model.jobs[i].token != int(tok)

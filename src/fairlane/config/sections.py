@@ -52,6 +52,11 @@ class LeaseSettings(BaseModel):
     """Random spread of the sweep period, as a fraction (0..1)."""
     sweep_batch: int = Field(default=200, ge=1)
     """Most jobs reclaimed in one sweep pass."""
+    heartbeat_interval: float = Field(default=1.0, gt=0)
+    """How often a worker beats: one call per worker, however many jobs it runs."""
+    worker_timeout: float = Field(default=3.0, gt=0)
+    """A worker that beat and then stays silent this long is dead: the other workers take
+    its jobs back at once (at their next beat), not when its leases run out."""
 
     @model_validator(mode="after")
     def _renew_before_expiry(self) -> Self:
@@ -59,6 +64,11 @@ class LeaseSettings(BaseModel):
             raise ValueError(
                 f"renew_interval ({self.renew_interval}) must be less than "
                 f"duration ({self.duration}), or leases expire before they are renewed"
+            )
+        if self.heartbeat_interval >= self.worker_timeout:
+            raise ValueError(
+                f"heartbeat_interval ({self.heartbeat_interval}) must be less than "
+                f"worker_timeout ({self.worker_timeout}), or live workers look dead"
             )
         return self
 

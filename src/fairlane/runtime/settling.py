@@ -122,7 +122,7 @@ class Settler:
         while self.outcomes:
             outcomes = self.take()
             try:
-                codes = await self.store.ack(self.settings.lanes, outcomes)
+                codes = await self.store.ack(self.settings.lanes, outcomes, self.settings.worker_id)
             except StoreUnavailable as exc:
                 self.put_back(outcomes)
                 delay = self.ack_outage.failed(exc)

@@ -69,9 +69,15 @@ class WorkerCalls(StoreBase):
             # a row it cannot read is not handed back: its lease expires and it is reclaimed
             return decode_rows(UNPACK_RAWS.decode(reply))[0]
 
-    async def ack(self, lanes: Sequence[str], outcomes: Sequence[Outcome]) -> list[int]:
-        blob = _PACK.encode(outcomes)
-        return [int(c) for c in await self.fcall("ack", self._lane_keys(lanes), [blob])]
+    async def ack(
+        self, lanes: Sequence[str], outcomes: Sequence[Outcome], worker: str | None = None
+    ) -> list[int]:
+        """Settle ``outcomes``; ``worker``, the worker that ran them, keeps its set of
+        leased ids exact (a worker's own acks always name it)."""
+        args: list[Any] = [_PACK.encode(outcomes)]
+        if worker is not None:
+            args.append(worker)
+        return [int(c) for c in await self.fcall("ack", self._lane_keys(lanes), args)]
 
     async def renew(
         self, worker: str, lease_ms: int, held: Sequence[tuple[str, str]]
@@ -89,6 +95,19 @@ class WorkerCalls(StoreBase):
         """Reclaim expired leases; returns (ids scheduled for retry, ids dead-lettered)."""
         retried, dead = await self.fcall("sweep", self._common, [limit, seed, stale_worker_ms])
         return [as_text(x) for x in retried], [as_text(x) for x in dead]
+
+    async def beat(
+        self, worker: str, dead_ms: int, limit: int, seed: int
+    ) -> tuple[list[str], list[str], list[str]]:
+        """The worker's beat; reclaims up to ``limit`` jobs of workers that beat and then
+        fell silent for ``dead_ms``. Returns (ids scheduled for retry, ids dead-lettered,
+        the dead workers it looked at)."""
+        retried, dead, gone = await self.fcall("beat", self._common, [worker, dead_ms, limit, seed])
+        return (
+            [as_text(x) for x in retried],
+            [as_text(x) for x in dead],
+            [as_text(x) for x in gone],
+        )
 
     async def wait_for_work(
         self, lanes: Sequence[str], timeout: float, worker: str | None = None

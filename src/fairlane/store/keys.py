@@ -33,6 +33,13 @@ pattern (after the prefix)  type   holds                              written by
 ``idem``                   hash   idempotency key -> job id          enqueue, retention trim
 ``dead``                   zset   dead-lettered job id -> time (ms)  ack, sweep, redrive
 ``workers``                zset   worker id -> heartbeat (ms)        renew, sweep
+``gone``                   zset   job id retention removed ->        retention trim
+                                  removal ms * 4 + why (0/1: a
+                                  completed record, by count/age;
+                                  2/3: a failed one); newest 10,000
+``beats``                  zset   worker id -> last beat (ms), for   beat, leave, sweep
+                                  the workers that beat (a worker
+                                  silent past its timeout is dead)
 ``tasks``                  hash   task -> its retention specs        declare_task
 ``weights``                hash   tenant -> fair-share weight        configure_tenant
 ``fleet``                  hash   worker -> 'slots|lane,lane'        exchange, leave, sweep
@@ -77,6 +84,9 @@ pattern (after the prefix)  type   holds                              written by
 ``lane:<l>:wake``          list   wake tokens; workers BLPOP it      enqueue, fetch, ack
 ``lane:<l>:idle``          zset   'worker|lease_ms' -> lapses (ms)   exchange, enqueue
 ``inbox:<w>`` (derived)    list   jobs handed to an idle worker      enqueue; exchange drains
+``wj:<w>`` (derived)       set    ids leased to the worker (an id    fetch, enqueue, exchange,
+                                  may outlive its lease: read with   sweep, beat, leave
+                                  its record's ``wk``)
 ``job:<id>`` (derived)     hash   spec and state (JOB_FIELDS)        every script
 ``ev:<id>`` (derived)      list   what the record cannot tell of a   enqueue, fetch, ack, sweep,
                                   job's life (deferral, schedule,    redrive; deleted with the
@@ -252,6 +262,16 @@ class AppKeys:
         return self.prefix + "workers"
 
     @property
+    def gone(self) -> str:
+        """Jobs retention removed, with when and by which bound (``store.retention``)."""
+        return self.prefix + "gone"
+
+    @property
+    def beats(self) -> str:
+        """Workers that beat, by their last beat: one silent past its timeout is dead."""
+        return self.prefix + "beats"
+
+    @property
     def tasks(self) -> str:
         return self.prefix + "tasks"
 
@@ -331,6 +351,10 @@ class AppKeys:
     def inbox(self, worker: str) -> str:
         """Jobs handed straight to an idle worker; the worker blocks on it."""
         return f"{self.prefix}inbox:{worker}"
+
+    def worker_jobs(self, worker: str) -> str:
+        """The ids leased to a worker, so that its death frees them at once."""
+        return f"{self.prefix}wj:{worker}"
 
     def job(self, job_id: str) -> str:
         """A job's hash; scripts derive the same name (``prefix .. 'job:' .. id``)."""

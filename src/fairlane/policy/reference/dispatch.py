@@ -143,6 +143,7 @@ class LaneDispatch:
         self.durations: dict[str, DurationMean] = {}  # tenant -> attempt durations (s)
         self.stats: Counter[str] = Counter()
         self.heartbeats: dict[str, int] = {}  # worker -> last heartbeat
+        self.beats: dict[str, int] = {}  # worker -> last beat, for the workers that beat
         self.fleet: dict[str, tuple[int, list[str]]] = {}  # worker -> (slots, its lanes)
 
     def lane(self, name: str) -> LaneModel:
@@ -358,6 +359,7 @@ class LaneDispatch:
 
     def _deregister(self, worker: str) -> None:
         self.heartbeats.pop(worker, None)
+        self.beats.pop(worker, None)
         entry = self.fleet.pop(worker, None)
         for lane in entry[1] if entry else []:
             self.lane(lane).cap.pop(worker, None)

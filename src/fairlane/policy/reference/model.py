@@ -204,6 +204,9 @@ class QueueModel(LaneDispatch):
         self.dead: dict[str, int] = {}  # id -> time dead-lettered
         self.inbox: dict[str, list[Grant]] = {}  # worker -> jobs handed to it, oldest first
         self.inbox_expiry: dict[str, int] = {}  # worker -> when its inbox vanishes
+        # worker -> the ids leased to it, as the store keeps them for its beats (an id
+        # leaves when its lease ends; the set goes when the worker leaves or is forgotten)
+        self.leased: dict[str, set[str]] = {}
         self.handed_back: dict[str, int] = {}  # id -> its first hand-back (field hb)
 
     # -- producer ---------------------------------------------------------------------
@@ -340,6 +343,7 @@ class QueueModel(LaneDispatch):
         for lane in lanes:
             self.lane(lane).idle.pop(f"{worker}|{lease_ms}", None)
         self._deregister(worker)
+        self.leased.pop(worker, None)
         handed = self._inbox(worker, now)
         self.inbox.pop(worker, None)
         self.inbox_expiry.pop(worker, None)
@@ -425,20 +429,62 @@ class QueueModel(LaneDispatch):
         retried: list[str] = []
         dead: list[str] = []
         for _, job_id in expired:
-            job = self.jobs[job_id]
-            self._end_lease(job, lost=True)
-            self.stats["reclaimed"] += 1
-            if job.attempts >= job.max_attempts:
-                self._dead_letter(job, now)
-                dead.append(job_id)
-            else:
-                self._schedule(job, now + delay_ms)
-                retried.append(job_id)
+            self._reclaim(self.jobs[job_id], now, delay_ms, retried, dead)
         if stale_ms is not None:
             beats = sorted((t, w) for w, t in self.heartbeats.items() if t <= now - stale_ms)
             for _, worker in beats[:limit]:
-                self._deregister(worker)
+                self._forget(worker)
         return retried, dead
+
+    def beat(
+        self, worker: str, dead_ms: int, limit: int, *, now: int, delay_ms: int = 0
+    ) -> tuple[list[str], list[str], list[str]]:
+        """A worker's beat: the jobs of the (at most two first) workers that beat and then
+        fell silent for ``dead_ms`` are reclaimed, in id order, up to ``limit``; a dead
+        worker with none left is deregistered. Returns (retried, dead-lettered, the dead
+        workers looked at)."""
+        self.beats[worker] = now
+        silent = sorted((t, w) for w, t in self.beats.items() if t <= now - dead_ms)[:2]
+        retried: list[str] = []
+        dead: list[str] = []
+        gone: list[str] = []
+        for _, other in silent:
+            if other == worker or len(retried) + len(dead) >= limit:
+                continue
+            gone.append(other)
+            members = sorted(self.leased.get(other, ()))
+            seen = 0
+            for job_id in members:
+                if len(retried) + len(dead) >= limit:
+                    break
+                seen += 1
+                job = self.jobs.get(job_id)
+                if job is not None and job.status == "running" and job.worker == other:
+                    self._reclaim(job, now, delay_ms, retried, dead)
+            if seen == len(members):
+                self._forget(other)
+            else:
+                self.leased[other] -= set(members[:seen])
+        return retried, dead, gone
+
+    def _forget(self, worker: str) -> None:
+        """A worker gone for good (stale, or dead by its beats): its capacity and inbox."""
+        self._deregister(worker)
+        self.leased.pop(worker, None)
+        self.inbox.pop(worker, None)
+        self.inbox_expiry.pop(worker, None)
+
+    def _reclaim(
+        self, job: ModelJob, now: int, delay_ms: int, retried: list[str], dead: list[str]
+    ) -> None:
+        self._end_lease(job, lost=True)
+        self.stats["reclaimed"] += 1
+        if job.attempts >= job.max_attempts:
+            self._dead_letter(job, now)
+            dead.append(job.id)
+        else:
+            self._schedule(job, now + delay_ms)
+            retried.append(job.id)
 
     # -- queries ----------------------------------------------------------------------
 
@@ -462,12 +508,15 @@ class QueueModel(LaneDispatch):
         job.status, job.token, job.worker, job.started_at = "running", self.fence, worker, now
         job.settled = None
         self.leases[job.id] = now + lease_ms
+        self.leased.setdefault(worker, set()).add(job.id)
         return Grant(job.id, self.fence, job.attempts)
 
     def _end_lease(self, job: ModelJob, *, lost: bool) -> None:
         """A running job's lease ends, settled (``lost=False``) or reclaimed: its slots,
         its in-flight work and its throttle slots go back."""
         del self.leases[job.id]
+        if job.worker is not None:
+            self.leased.get(job.worker, set()).discard(job.id)
         self._settle_running(job)
         self._release_throttle(job)
         job.token = job.worker = None

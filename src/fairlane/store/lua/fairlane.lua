@@ -308,6 +308,7 @@ local function exchange(keys, args)
   local tally = new_effects()
   register_worker(keys, p, worker, tonumber(a[8]) or n, lanes, now)
   local codes = apply_acks(keys, p, a[1], now, tally)
+  hot.forget_settled(p, worker, a[1], codes)
   local member = worker .. '|' .. lease
   for _, lane in ipairs(lanes) do
     redis.call('ZREM', lane_key(p, lane, 'idle'), member)
@@ -348,16 +349,37 @@ local function leave(keys, args)
     redis.call('ZREM', lane_key(p, lane, 'idle'), member)
   end
   deregister_worker(keys, p, worker)
+  redis.call('ZREM', p .. 'beats', worker)
+  redis.call('DEL', hot.worker_jobs(p, worker))
   local inbox = inbox_key(p, worker)
   local jobs = inbox_rows(redis.call('LRANGE', inbox, 0, -1))
   redis.call('DEL', inbox)
   return cmsgpack.pack(jobs)
 end
 
--- ARGV: msgpack array of acks. Returns the codes as a plain array.
+-- The acks of one exchange that settled (code 1) leave the worker's set of leased ids,
+-- in one command.
+function hot.forget_settled(p, worker, acks, codes)
+  local ids = {}
+  for i, a in ipairs(acks) do
+    if codes[i] == 1 then
+      ids[#ids + 1] = a[1]
+    end
+  end
+  if #ids > 0 then
+    redis.call('SREM', hot.worker_jobs(p, worker), unpack(ids))
+  end
+end
+
+-- ARGV: msgpack array of acks, then the worker that sends them (optional: its set of
+-- leased ids is kept up to date when given). Returns the codes as a plain array.
 local function ack(keys, args)
   local p, now, tally = prefix(keys), now_ms(), new_effects()
-  local codes = apply_acks(keys, p, cmsgpack.unpack(args[1]), now, tally)
+  local acks = cmsgpack.unpack(args[1])
+  local codes = apply_acks(keys, p, acks, now, tally)
+  if args[2] then
+    hot.forget_settled(p, args[2], acks, codes)
+  end
   apply_effects(keys, p, tally, now)
   return codes
 end
@@ -387,6 +409,40 @@ local function renew(keys, args)
 end
 
 local LOST_ERR = '{"type":"LeaseExpired","message":"the lease expired: the worker running attempt %d was lost","traceback":""}'
+hot.DEAD_ERR = '{"type":"WorkerLost","message":"the worker running attempt %d stopped beating: it died or lost the server","traceback":""}'
+hot.RECLAIM = {'st', 'att', 'max', 'bo', 'lane', 'cls', 'sl', 'ttok', 'cu', 'wk', 'start', 'qw'}
+
+-- Take a running job back from its worker (f: its record's hot.RECLAIM fields), whose
+-- lease ran out or who stopped beating (`err`): the lost attempt counts; the job is
+-- retried after its backoff, or dead-lettered when it has no attempts left. Its lease
+-- entry is the caller's to drop.
+function hot.reclaim_job(keys, p, id, f, err, now, tally, retried, dead)
+  local jk = job_key(p, id)
+  redis.call('HDEL', jk, 'tok', 'wk')
+  -- the lost attempt's start and why it waited: the next attempt overwrites them
+  log_event(p, id, now, 'reclaimed', {wk = f[10] or '', att = tonumber(f[2]) or 0,
+    start = tonumber(f[11]), qw = f[12] ~= '' and f[12] or nil})
+  settle_running(p, f[5], f[6] or DEFAULT_CLASS, f[7], work_of(f[9]))
+  release_throttle(keys, p, id, f[8], now)
+  count(tally, 'reclaimed')
+  local att = tonumber(f[2]) or 0
+  err = string.format(err, att)
+  if att >= (tonumber(f[3]) or 1) then
+    dead_letter(keys, p, id, err, now, tally)
+    dead[#dead + 1] = id
+  else
+    schedule_retry(keys, p, id, backoff_ms(f[4], att, math.random()), err, now, tally)
+    retried[#retried + 1] = id
+  end
+end
+
+-- A worker gone for good (stale, or dead by its beats): its capacity, its inbox, its
+-- set of leased ids.
+function hot.forget_worker(keys, p, worker)
+  deregister_worker(keys, p, worker)
+  redis.call('ZREM', p .. 'beats', worker)
+  redis.call('DEL', hot.worker_jobs(p, worker), inbox_key(p, worker))
+end
 
 -- ARGV: limit, random seed, stale_worker_ms. Reclaims up to `limit` expired leases:
 -- each counts as an attempt; a job out of attempts is dead-lettered, others are
@@ -400,33 +456,19 @@ local function sweep(keys, args)
   local retried, dead, tally = {}, {}, new_effects()
   for _, id in ipairs(expired) do
     redis.call('ZREM', keys[LEASES], id)
-    local jk = job_key(p, id)
-    local f = redis.call('HMGET', jk, 'st', 'att', 'max', 'bo', 'lane', 'cls', 'sl', 'ttok', 'cu',
-      'wk', 'start', 'qw')
+    local f = redis.call('HMGET', job_key(p, id), unpack(hot.RECLAIM))
     if f[1] == 'running' then
-      redis.call('HDEL', jk, 'tok', 'wk')
-      -- the lost attempt's start and why it waited: the next attempt overwrites them
-      log_event(p, id, now, 'reclaimed', {wk = f[10] or '', att = tonumber(f[2]) or 0,
-        start = tonumber(f[11]), qw = f[12] ~= '' and f[12] or nil})
-      settle_running(p, f[5], f[6] or DEFAULT_CLASS, f[7], work_of(f[9]))
-      release_throttle(keys, p, id, f[8], now)
-      count(tally, 'reclaimed')
-      local att = tonumber(f[2]) or 0
-      local err = string.format(LOST_ERR, att)
-      if att >= (tonumber(f[3]) or 1) then
-        dead_letter(keys, p, id, err, now, tally)
-        dead[#dead + 1] = id
-      else
-        schedule_retry(keys, p, id, backoff_ms(f[4], att, math.random()), err, now, tally)
-        retried[#retried + 1] = id
+      if f[10] then
+        redis.call('SREM', hot.worker_jobs(p, f[10]), id)
       end
+      hot.reclaim_job(keys, p, id, f, LOST_ERR, now, tally, retried, dead)
     end
   end
   apply_effects(keys, p, tally, now)
   local stale = redis.call('ZRANGE', keys[WORKERS], '-inf', now - tonumber(args[3]), 'BYSCORE',
     'LIMIT', 0, limit)
   for _, worker in ipairs(stale) do
-    deregister_worker(keys, p, worker)
+    hot.forget_worker(keys, p, worker)
   end
   local specs = redis.call('HGETALL', keys[TASKS])
   for i = 1, #specs, 2 do
@@ -435,6 +477,52 @@ local function sweep(keys, args)
     trim(keys, p, p .. 'kept:' .. specs[i] .. ':failed', rf, now, 100)
   end
   return {retried, dead}
+end
+
+-- ARGV: worker, dead_ms, limit, random seed. A worker's beat: one call per interval,
+-- whatever it runs. A worker that beats and then stays silent for dead_ms is dead: up
+-- to `limit` of the jobs leased to it are taken back now (hot.reclaim_job), not when
+-- their leases run out; once none is left it is forgotten. Only workers that beat are
+-- judged so (one that does not, an older release say, keeps its leases). Returns
+-- {reclaimed ids, dead-lettered ids, the dead workers looked at}.
+function hot.beat(keys, args)
+  local p, now = prefix(keys), now_ms()
+  local worker, dead_ms, limit = args[1], tonumber(args[2]), tonumber(args[3])
+  math.randomseed(tonumber(args[4]))
+  local bk = p .. 'beats'
+  redis.call('ZADD', bk, now, worker)
+  local silent = redis.call('ZRANGE', bk, '-inf', now - dead_ms, 'BYSCORE', 'LIMIT', 0, 2)
+  local retried, dead, gone, tally = {}, {}, {}, new_effects()
+  for _, w in ipairs(silent) do
+    local left = limit - #retried - #dead
+    if w ~= worker and left > 0 then
+      gone[#gone + 1] = w
+      local wk = hot.worker_jobs(p, w)
+      local ids = redis.call('SMEMBERS', wk)
+      -- in id order, so that which jobs a bounded pass takes, and a retry's place among
+      -- same-time retries, do not depend on the set's own order
+      table.sort(ids)
+      local seen = {}
+      for _, id in ipairs(ids) do
+        if #retried + #dead >= limit then
+          break
+        end
+        seen[#seen + 1] = id
+        local f = redis.call('HMGET', job_key(p, id), unpack(hot.RECLAIM))
+        if f[1] == 'running' and f[10] == w then
+          redis.call('ZREM', keys[LEASES], id)
+          hot.reclaim_job(keys, p, id, f, hot.DEAD_ERR, now, tally, retried, dead)
+        end
+      end
+      if #seen == #ids then
+        hot.forget_worker(keys, p, w)
+      else
+        hot.chunked('SREM', wk, seen)
+      end
+    end
+  end
+  apply_effects(keys, p, tally, now)
+  return {retried, dead, gone}
 end
 
 ---------------------------------------------------------------------------- queries and control
@@ -447,6 +535,7 @@ redis.register_function('__PREFIX__ack', ack)
 redis.register_function('__PREFIX__leave', leave)
 redis.register_function('__PREFIX__renew', renew)
 redis.register_function('__PREFIX__sweep', sweep)
+redis.register_function('__PREFIX__beat', hot.beat)
 redis.register_function('__PREFIX__declare_task', declare_task)
 redis.register_function('__PREFIX__cancel', cancel)
 redis.register_function('__PREFIX__watch', watch)

@@ -186,10 +186,11 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
     return jobs
   end
   local tok = redis.call('INCRBY', keys[FENCE], #popped) - #popped
-  local zargs, running = {}, {}
+  local zargs, running, ids = {}, {}, {}
   local start, expiry = hot.now_arg(now), hot.int(now + lease)
   for i, e in ipairs(popped) do
     local id, f, lane = e[1], e[2], e[3]
+    ids[i] = id
     local cls = f[11] or DEFAULT_CLASS
     local rk = lane .. '\0' .. cls
     local r = running[rk]
@@ -220,6 +221,7 @@ local function lease_jobs(keys, p, popped, worker, lease, now)
       hot.text_ok(f[22]) and f[22] or ''}
   end
   redis.call('ZADD', keys[LEASES], unpack(zargs))
+  redis.call('SADD', hot.worker_jobs(p, worker), unpack(ids))
   for _, r in pairs(running) do
     redis.call('HINCRBYFLOAT', class_key(p, r[1], r[2], 'vt'), 'run', r[3])
   end
@@ -234,6 +236,14 @@ end
 -- lease expires and the job is reclaimed. Its next exchange drains its inbox.
 local function inbox_key(p, worker)
   return p .. 'inbox:' .. worker
+end
+
+-- The ids leased to a worker (`wj:<w>`): when it stops beating they are taken back at
+-- once, not when their leases run out. An id stays there after its lease ends by a path
+-- that does not know the worker (a lone ack, a sweep): whoever reads the set checks the
+-- record's `wk`. The set goes with the worker (leave, death, staleness).
+function hot.worker_jobs(p, worker)
+  return p .. 'wj:' .. worker
 end
 
 local function peek_idle_worker(p, lane, now)
