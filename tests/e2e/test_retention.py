@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from fairlane import Backoff, JobNotFound, Retention, TaskFailed
+from fairlane import Backoff, Job, JobNotFound, Retention, TaskFailed
 from fairlane.store.keys import AppKeys
 from tests.e2e.helpers import WAIT, app_keys, eventually, make_app, running_worker
 
@@ -191,3 +191,56 @@ async def test_cancelled_and_expired_records_count_as_failed(
         records = await app_keys(redis_url, namespace, "job:*")
         assert len(records) <= 3
         assert records <= {keys.job(j.id).encode() for j in expiring}
+
+
+async def test_enqueue_then_gather_reads_every_result_with_the_defaults(
+    redis_url: str, namespace: str
+) -> None:
+    """The most common pattern there is: enqueue a batch, let it drain, then await each
+    result. With the default retention none of them is gone."""
+    app = make_app(namespace, redis_url)
+
+    @app.task
+    async def double(n: int) -> int:
+        return 2 * n
+
+    total = 3000
+    async with app:
+        jobs = await double.enqueue_many([(n,) for n in range(total)])
+        async with running_worker(app, concurrency=100):
+
+            async def drained() -> bool:
+                return (await app.stats()).get("completed", 0) >= total
+
+            await eventually(drained, timeout=60, every=0.1)
+        results = await asyncio.gather(*(job.result(timeout=WAIT) for job in jobs))
+    assert results == [2 * n for n in range(total)]
+
+
+async def test_a_trimmed_jobs_error_names_retention_and_its_setting(
+    redis_url: str, namespace: str
+) -> None:
+    app = make_app(namespace, redis_url)
+
+    @app.task(retention=Retention(completed=5))
+    async def noop(n: int) -> int:
+        return n
+
+    async with app:
+        jobs = await noop.enqueue_many([(n,) for n in range(20)])
+        async with running_worker(app, concurrency=4):
+
+            async def drained() -> bool:
+                return (await app.stats()).get("completed", 0) >= 20
+
+            await eventually(drained)
+        assert await jobs[-1].result(timeout=WAIT) == 19
+        for read in (jobs[0].status, jobs[0].info, lambda: jobs[0].result(timeout=WAIT)):
+            with pytest.raises(JobNotFound) as raised:
+                await read()
+            message = str(raised.value)
+            assert "retention removed its completed record" in message
+            assert "count bound" in message and "Retention(completed=last 5)" in message
+        never: Job[int] = Job(noop, "0" * 27)
+        with pytest.raises(JobNotFound, match="never enqueued in this app"):
+            await never.status()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Generic, Protocol, TypeVar
 
+from fairlane.app.missing import job_not_found
 from fairlane.codec import ArgsCodec, decode_error
 from fairlane.config.lanes import DEFAULT_CLASS
 from fairlane.errors import JobCancelled, JobExpired, JobNotFound, TaskFailed
@@ -122,13 +123,13 @@ class Job(Generic[R]):
         completed, failed, cancelled or expired."""
         record = await self._store().read_job(self.id, STATUS)
         if record is None:
-            raise JobNotFound(f"no record of job {self.id}")
+            raise await self._missing()
         return record.status
 
     async def info(self) -> JobInfo:
         rec = await self._store().read_job(self.id)
         if rec is None:
-            raise JobNotFound(f"no record of job {self.id}")
+            raise await self._missing()
         failure = rec.failure
         return JobInfo(
             id=self.id,
@@ -153,6 +154,11 @@ class Job(Generic[R]):
             idempotency_key=rec.idempotency_key or None,
         )
 
+    async def _missing(self) -> JobNotFound:
+        task = self._task.app.registry.tasks.get(self._task.name)
+        retention = None if task is None else task.options.retention
+        return await job_not_found(self._store(), self.id, retention)
+
     async def cancel(self) -> str:
         """Cancel the job; returns the resulting status (``cancelling`` if it was running)."""
         return await self._store().cancel(self.id)
@@ -160,8 +166,11 @@ class Job(Generic[R]):
     async def result(self, timeout: float | None = None) -> R:
         """Wait for the job to finish and return its result, or raise its failure."""
         app = self._task.app
-        async with asyncio.timeout(timeout):
-            status, res, err = await app.wait_finished(self.id)
+        try:
+            async with asyncio.timeout(timeout):
+                status, res, err = await app.wait_finished(self.id)
+        except JobNotFound:
+            raise await self._missing() from None
         if status == "completed":
             payloads = app.registry.payloads
             if payloads is not None:  # a large result is fetched from its store

@@ -78,7 +78,10 @@ KeepSpec = (
     int | str | float | timedelta | tuple[int | None, str | float | timedelta | None] | Keep | None
 )
 
-DEFAULT_COMPLETED: KeepSpec = (1000, "1d")
+#: A producer that enqueues a large batch and only then awaits its results (the common
+#: enqueue-then-gather) finds every one for an hour, up to 200,000 per task: about
+#: 120 MB of records for small results, more for large ones (then set a lower count).
+DEFAULT_COMPLETED: KeepSpec = (200_000, "1h")
 DEFAULT_FAILED: KeepSpec = (10000, "7d")
 
 

@@ -20,6 +20,7 @@ from fairlane.store.records import (
     from_values,
     job_fields,
 )
+from fairlane.store.removals import Removal, decode_removal
 from fairlane.store.views.lanes import LaneState, lane_states
 from fairlane.store.views.totals import summed
 from fairlane.store.wire import as_text
@@ -63,6 +64,11 @@ class JobCalls(StoreBase):
         for job_id in job_ids:
             pipe.exists(self.keys.job(job_id))
         return [bool(n) for n in await self._call(pipe.execute)]
+
+    async def removal(self, job_id: str) -> Removal | None:
+        """Why a job has no record, when retention removed it recently (else None)."""
+        score = await self._call(self.client.zscore, self.keys.gone, job_id)
+        return None if score is None else decode_removal(float(score))
 
     async def is_dead_letter(self, job_id: str) -> bool:
         return await self._call(self.client.zscore, self.keys.dead, job_id) is not None

@@ -42,11 +42,47 @@ function hot.remove_records(keys, p, idx, ids, failed)
   hot.chunked('DEL', nil, doomed)
 end
 
+-- What retention removed, so that a reader asking for a trimmed job is told why
+-- (`gone`: job id -> removal ms * 4 + hot.GONE code), the newest GONE_MAX kept.
+hot.GONE_MAX = 10000
+hot.GONE = {ok_count = 0, ok_age = 1, failed_count = 2, failed_age = 3}
+
+function hot.mark_gone(p, ids, now, code)
+  local gk, zargs, score = p .. 'gone', {}, now * 4 + code
+  for i, id in ipairs(ids) do
+    zargs[2 * i - 1] = score
+    zargs[2 * i] = id
+  end
+  hot.chunked('ZADD', gk, zargs)
+  redis.call('ZREMRANGEBYRANK', gk, 0, -hot.GONE_MAX - 1)
+end
+
+-- Add `counts` (name -> n) to the counters of hash `key`: one HINCRBY for one counter,
+-- else one read and one write for them all (a call counts several: settled, completed,
+-- the units it used), which nothing can interleave inside a script.
+function hot.add_counts(key, counts)
+  local names = {}
+  for name in pairs(counts) do
+    names[#names + 1] = name
+  end
+  if #names == 1 then
+    redis.call('HINCRBY', key, names[1], counts[names[1]])
+  elseif #names > 1 then
+    local now, args = redis.call('HMGET', key, unpack(names)), {}
+    for i, name in ipairs(names) do
+      args[2 * i - 1] = name
+      args[2 * i] = hot.int((tonumber(now[i]) or 0) + counts[name])
+    end
+    redis.call('HSET', key, unpack(args))
+  end
+end
+
 -- Bounded trim of one retention index: at most `budget` records per call, so the
 -- cost per finished job stays constant and the index still converges to its bounds.
 local function trim(keys, p, idx, spec, now, budget)
   local count, age = split2(spec)
   local failed = string.sub(idx, -7) == ':failed'
+  local outcome = failed and 'failed_' or 'ok_'
   if count and count >= 0 then
     local over = redis.call('ZCARD', idx) - count
     if over > 0 then
@@ -56,6 +92,7 @@ local function trim(keys, p, idx, spec, now, budget)
         ids[#ids + 1] = popped[i]
       end
       hot.remove_records(keys, p, idx, ids, failed)
+      hot.mark_gone(p, ids, now, hot.GONE[outcome .. 'count'])
     end
   end
   if age and age >= 0 then
@@ -63,6 +100,7 @@ local function trim(keys, p, idx, spec, now, budget)
     if #old > 0 then
       redis.call('ZREM', idx, unpack(old))
       hot.remove_records(keys, p, idx, old, failed)
+      hot.mark_gone(p, old, now, hot.GONE[outcome .. 'age'])
     end
   end
 end
@@ -97,9 +135,7 @@ local function apply_effects(keys, p, fx, now)
   for lane in pairs(fx.readmit) do
     admit_deferred(keys, p, lane, now, fx)
   end
-  for name, n in pairs(fx.counts) do
-    redis.call('HINCRBY', keys[STATS], name, n)
-  end
+  hot.add_counts(keys[STATS], fx.counts)
   for idx, k in pairs(fx.kept) do
     local zargs, at = {}, hot.now_arg(now)
     for i, id in ipairs(k.ids) do
