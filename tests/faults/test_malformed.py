@@ -54,8 +54,8 @@ RECORD, ARGS = "MalformedJob", "MalformedArguments"
 FIELD_CASES: dict[str, tuple[Corrupt, str, str]] = {
     "args not json": (_hset("args", b"{not json"), ARGS, "signature"),
     "args a list": (_hset("args", b"[1, 2]"), ARGS, "signature"),
-    "args wrong type": (_hset("args", b'{"n": "seven"}'), ARGS, "signature"),
-    "args extra field": (_hset("args", b'{"n": 1, "m": 2}'), ARGS, "signature"),
+    "args wrong type": (_hset("args", b'{"n": "seven"}'), ARGS, "do not fit"),
+    "args extra field": (_hset("args", b'{"n": 1, "m": 2}'), ARGS, "do not fit"),
     "args empty": (_hset("args", b""), ARGS, "signature"),
     "args missing": (_hdel("args"), RECORD, "field args"),
     "args not utf-8": (_hset("args", b'{"n": "\xff\xfe"}'), RECORD, "field args"),
@@ -105,7 +105,8 @@ async def _dead_letters(app: App) -> set[str]:
 async def test_corrupt_job_fields_are_dead_lettered_with_the_field_named(
     redis_url: str, namespace: str
 ) -> None:
-    app = make_app(namespace, redis_url)
+    # no deploy window: a record no worker can run is dead at once, not handed back
+    app = make_app(namespace, redis_url, worker={"deploy_window": 0})
     ran: list[int] = []
 
     @app.task(name="count", attempts=3, backoff=NO_WAIT)
@@ -161,7 +162,8 @@ async def test_corrupt_job_fields_are_dead_lettered_with_the_field_named(
 async def test_unknown_task_is_dead_lettered_after_its_attempts_never_run(
     redis_url: str, namespace: str
 ) -> None:
-    app = make_app(namespace, redis_url)
+    # no deploy window: a record no worker can run is dead at once, not handed back
+    app = make_app(namespace, redis_url, worker={"deploy_window": 0})
     ran: list[str] = []
 
     @app.task(name="known", attempts=2, backoff=NO_WAIT)

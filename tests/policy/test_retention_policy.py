@@ -92,7 +92,7 @@ def test_negative_count_and_bool_are_refused() -> None:
 
 def test_defaults_bound_both_count_and_age() -> None:
     r = Retention()
-    assert r.completed == Keep.of(DEFAULT_COMPLETED) == Keep(1000, 86400.0)
+    assert r.completed == Keep.of(DEFAULT_COMPLETED) == Keep(200_000, 3600.0)
     assert r.failed == Keep.of(DEFAULT_FAILED) == Keep(10000, 7 * 86400.0)
     assert r.completed.count is not None and r.completed.age is not None
     assert r.failed.count is not None and r.failed.age is not None
