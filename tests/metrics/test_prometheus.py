@@ -31,8 +31,8 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +42,12 @@ import uvicorn
 
 import fairlane
 from fairlane import App, Backoff, Throttled
-from fairlane.app.worker import Worker
 from fairlane.config.pools import parse_config
 from fairlane.gateway import ApiKeys, create_app
 from fairlane.metrics import MetricsConfig
 from fairlane.policy.rates import Adaptive, Rate
 from tests.e2e.helpers import ROOT, WAIT, eventually, fast_settings
+from tests.metrics.test_metrics import metrics_worker
 
 PROMETHEUS = Path(shutil.which("prometheus") or "/usr/bin/prometheus")
 if os.environ.get("FAIRLANE_REQUIRE_SYSTEM_PACKAGES") == "1":
@@ -254,23 +254,6 @@ def dashboard_expressions() -> list[tuple[str, str]]:
     return out
 
 
-@asynccontextmanager
-async def worker_serving(app: App) -> AsyncIterator[Worker]:
-    config = MetricsConfig(top_n=5, host="127.0.0.1", store_max_age=0.2, sample_interval=0.2)
-    worker = Worker(app, lanes=["default", "io"], concurrency=8, metrics_port=0, metrics=config)
-    task = asyncio.create_task(worker.run())
-    try:
-        await eventually(lambda: _ready(worker))
-        yield worker
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, WAIT)
-
-
-async def _ready(worker: Worker) -> bool:
-    return worker.metrics_server is not None
-
-
 async def workload(app: App, base: str) -> None:
     tasks = app.tasks
     for tenant, weight in WEIGHTS.items():
@@ -313,7 +296,8 @@ async def test_prometheus_reads_every_dashboard_expression(
     hold = asyncio.Event()
     app = build(namespace, redis_url, hold)
     expressions = dashboard_expressions()
-    async with app, worker_serving(app) as worker:
+    config = MetricsConfig(top_n=5, host="127.0.0.1", store_max_age=0.2, sample_interval=0.2)
+    async with app, metrics_worker(app, ["default", "io"], config) as worker:
         assert worker.metrics_server is not None
         with (
             gateway(namespace, redis_url) as base,
