@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from fairlane import App, Backoff, Context, TaskFailed
 from fairlane.config.pools import parse_config
 from fairlane.store.api import Store, unlink_matching
+from fairlane.store.apikeys import KeyRecord
 from fairlane.store.connection import create_client
 from fairlane.store.keys import AppKeys
 from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE
@@ -162,6 +163,12 @@ async def test_every_script_runs_on_a_cluster(redis_url: str, namespace: str) ->
         swept = await app.store.sweep_tenants("0", 1000, 3600.0)
         assert swept.examined > 0
         assert (await app.stats()).get("fenced", 0) == 0
+        # a gateway's submit: the key's record checked by the enqueue in the same step
+        records = app.store.key_records
+        await records.add("0123456789ab", KeyRecord("acme", "d" * 64, 0))
+        guard = records.guard("0123456789ab", KeyRecord("acme", "d" * 64, 0))
+        guarded = echo.new_job(echo.encode_args(("guarded",), {}), tenant="acme")
+        assert (await echo.submit_job(guarded, guard=guard)).status == "accepted"
         keys = await app_keys(redis_url, namespace)
         assert keys
         assert await app.purge() == len(keys)

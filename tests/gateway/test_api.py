@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from fairlane import App
-from fairlane.gateway import create_app
+from fairlane.gateway import ApiKeys, create_app
+from fairlane.store.apikeys import KeyRecords
 from tests.e2e.helpers import fast_settings, running_worker
 from tests.gateway.helpers import ADMIN_KEY, gateway, pool
 
@@ -161,6 +162,25 @@ async def test_auth_missing_invalid_revoked_rotated(redis_url: str, namespace: s
         assert (await gw.client.post("/v1/jobs", json=job, headers=new)).status_code == 401
         stored = await gw.app.store.client.hgetall(gw.app.store.keys.gateway_keys)
         assert rotated.key.encode() not in b"".join(stored.values())  # hashed at rest
+
+
+async def test_a_key_revoked_elsewhere_stores_nothing(redis_url: str, namespace: str) -> None:
+    # the gateway keeps the records it read and lets the enqueue check them: a key
+    # revoked by another process (the CLI) is refused by that check, with nothing stored
+    async with gateway(namespace, redis_url) as gw:
+        minted = await gw.keys.create("acme")
+        auth = {"Authorization": f"Bearer {minted.key}"}
+        job = {"task": "echo", "args": ["kept"]}
+        assert (await gw.client.post("/v1/jobs", json=job, headers=auth)).status_code == 202
+        assert (await gw.client.post("/v1/jobs", json=job, headers=auth)).status_code == 202
+        client, jobs = gw.app.store.client, gw.app.store.keys.job("*")
+        stored = [k async for k in client.scan_iter(match=jobs)]
+        await ApiKeys(KeyRecords(client, namespace)).revoke(minted.key_id)
+        r = await gw.client.post("/v1/jobs", json=job, headers=auth)
+        assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", r.text
+        assert [k async for k in client.scan_iter(match=jobs)] == stored
+        # and stays refused, now looked up afresh
+        assert (await gw.client.post("/v1/jobs", json=job, headers=auth)).status_code == 401
 
 
 async def test_tenants_are_isolated(redis_url: str, namespace: str) -> None:

@@ -32,6 +32,7 @@ from fairlane.registry import (
     new_job_id,
 )
 from fairlane.registry.jobs import Demand
+from fairlane.store.apikeys import KeyGuard
 from fairlane.store.durability import NotAcknowledged
 from fairlane.store.keys import shard_job_id
 from fairlane.store.shards import submit
@@ -179,15 +180,19 @@ class Task(TaskDefinition[P, R]):
         return admission
 
     async def submit_job(
-        self, job: NewJob, durability: DurabilitySettings | None = None
+        self,
+        job: NewJob,
+        durability: DurabilitySettings | None = None,
+        guard: KeyGuard | None = None,
     ) -> Admission[R]:
         """Submit a job made by ``new_job`` (as ``submit`` does, without a span);
-        ``durability`` defaults to the app's."""
+        ``durability`` defaults to the app's. ``guard``: a gateway caller's key, which
+        the enqueue checks in the same step (``KeyRefused`` if it no longer stands)."""
         app = self.app
         try:
             store = app.sharded.store_for_tenant(job.tenant)
             (reply,), ack = await submit(
-                store, self.options.lane, [job], durability or app.registry.durability
+                store, self.options.lane, [job], durability or app.registry.durability, guard
             )
         except StoreUnavailable:
             return unavailable()

@@ -10,6 +10,11 @@ Why a plain SHA-256 and not a password hash (bcrypt, scrypt, argon2): those are 
 on purpose, to make guessing a *low-entropy* password from its hash expensive. A
 256-bit random secret cannot be guessed whatever the hash costs, so a fast one-way
 hash loses nothing and keeps authentication to one HGET and one digest per request.
+
+A submit costs not even the HGET: the gateway keeps the records it has read (up to
+``KNOWN_KEYS``), checks the digest against the one it holds, and has the enqueue
+script check the record in the same step as the enqueue (``KeyGuard``), so a key
+revoked or rotated elsewhere a moment ago still stores nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ __all__ = ["ApiKeys", "KeyNotFound", "KeyRecord", "MintedKey", "parse_key"]
 KEY_PREFIX = "flk_"
 _KEY_ID_HEX = 12
 _MAX_KEY_LENGTH = 200
+#: the key records a gateway keeps, at most (the oldest read goes first)
+KNOWN_KEYS = 10_000
 
 
 class KeyNotFound(LookupError):
@@ -77,6 +84,7 @@ class ApiKeys:
 
     def __init__(self, records: KeyRecords) -> None:
         self.records = records
+        self._known: dict[str, KeyRecord] = {}
 
     async def create(self, tenant: str) -> MintedKey:
         """A new key for ``tenant`` (a tenant may hold several, e.g. during a rollover)."""
@@ -89,6 +97,7 @@ class ApiKeys:
     async def rotate(self, key_id: str) -> MintedKey:
         """A new secret under the same key id; the old key stops working at once."""
         minted = await self.records.replace(key_id, lambda old: _mint(key_id, old.tenant))
+        self._known.pop(key_id, None)
         if minted is None:
             raise KeyNotFound(f"no active API key {key_id!r}")
         return minted
@@ -96,6 +105,7 @@ class ApiKeys:
     async def revoke(self, key_id: str) -> KeyRecord:
         """Delete a key; requests bearing it are refused from now on."""
         record = await self.records.remove(key_id)
+        self._known.pop(key_id, None)
         if record is None:
             raise KeyNotFound(f"no active API key {key_id!r}")
         return record
@@ -111,5 +121,30 @@ class ApiKeys:
             return None
         record = await self.records.get(key_id)
         if record is None or not hmac.compare_digest(record.sha256, _digest(key)):
+            self._known.pop(key_id, None)
             return None
+        self._keep(key_id, record)
         return key_id, record.tenant
+
+    def vouched(self, key: str) -> tuple[str, KeyRecord] | None:
+        """(key id, record) of a key whose record this gateway has read and whose
+        digest matches it, without a lookup: the record as last read, which only a
+        guarded enqueue (``KeyRecords.guard``) may trust. None: ``authenticate`` it."""
+        key_id = parse_key(key)
+        record = self._known.get(key_id) if key_id is not None else None
+        if key_id is None or record is None:
+            return None
+        if not hmac.compare_digest(record.sha256, _digest(key)):
+            return None
+        return key_id, record
+
+    def forget(self, key_id: str) -> None:
+        """Drop a record kept for ``vouched`` (the store refused the key)."""
+        self._known.pop(key_id, None)
+
+    def _keep(self, key_id: str, record: KeyRecord) -> None:
+        known = self._known
+        known.pop(key_id, None)
+        if len(known) >= KNOWN_KEYS:
+            del known[next(iter(known))]
+        known[key_id] = record

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from fairlane.app import App
 from fairlane.gateway import jobs, runs
-from fairlane.gateway.lean import LeanDispatch
+from fairlane.gateway.lean import LeanApi
 from fairlane.gateway.limits import BodyLimit
 from fairlane.gateway.metrics import mount_metrics
 from fairlane.gateway.responses import install_handlers
@@ -50,7 +50,7 @@ def create_app(
         finally:
             await state.close()
 
-    api = FastAPI(
+    api = LeanApi(
         title=f"Fairlane gateway: {app.name}",
         version="1",
         summary="Submit and follow jobs of a Fairlane app; tenants authenticate with API keys.",
@@ -63,10 +63,11 @@ def create_app(
     api.include_router(runs.router)
     if ui:
         mount_ui(api, read_only=ui_read_only)
-    # innermost: the body limit and the metrics still see every submit
-    api.add_middleware(LeanDispatch, api=api, route=jobs.SUBMIT_ROUTE)
     limit = max_body_bytes or 2 * app.settings.max_payload_bytes
+    # submits are answered before the middlewares, doing the body limit's and metrics' part
+    front = api.serve_lean(jobs.SUBMIT_ROUTE, limit)
     api.add_middleware(BodyLimit, limit=limit)
     if metrics:  # after BodyLimit, so the counting middleware is outermost and sees its 413s
         api.state.metrics = mount_metrics(api, require_admin=metrics_require_admin)
+        front.observe = api.state.metrics.observe
     return api

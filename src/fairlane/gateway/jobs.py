@@ -22,7 +22,7 @@ from fairlane.app.admission import Admission
 from fairlane.app.job import TERMINAL, Job
 from fairlane.codec import PayloadTooLarge, decode_error
 from fairlane.errors import JobNotFound
-from fairlane.gateway.auth import Caller, caller, gateway_state
+from fairlane.gateway.auth import Caller, caller, gateway_state, refused_key
 from fairlane.gateway.lean import LeanRoute
 from fairlane.gateway.models import (
     CancelReply,
@@ -35,6 +35,7 @@ from fairlane.gateway.models import (
 from fairlane.gateway.responses import error, responses
 from fairlane.gateway.state import GatewayState
 from fairlane.payloads import PayloadError
+from fairlane.store.apikeys import KeyRefused
 from fairlane.store.records import OWNER, STATUS
 
 __all__ = ["MAX_WAIT_SECONDS", "SUBMIT_ROUTE", "router"]
@@ -70,7 +71,7 @@ async def submit(
     if who.tenant is None:
         return error(403, "the admin key has no tenant: submit with a tenant's key", "admin")
     # a caller's W3C trace context (traceparent) continues through the job to its worker
-    admission = await _admit(body, who.tenant, state, request.headers)
+    admission = await _admit(body, who, state, request.headers)
     if isinstance(admission, JSONResponse):
         return admission
     if admission.job is not None and admission.status in ("accepted", "deferred"):
@@ -103,9 +104,11 @@ SUBMIT_ROUTE = LeanRoute.last_of(router)
 
 
 async def _admit(
-    body: SubmitRequest, tenant: str, state: GatewayState, headers: Mapping[str, str]
+    body: SubmitRequest, who: Caller, state: GatewayState, headers: Mapping[str, str]
 ) -> Admission[object] | JSONResponse:
     """The store's answer to the call (as ``Task.submit`` gives it), or a refusal of its input."""
+    tenant = who.tenant
+    assert tenant is not None  # the admin submits nothing
     app = await state.connected()
     task = app.tasks.get(body.task)
     if task is None:
@@ -132,7 +135,9 @@ async def _admit(
     with tracing.continuing(headers), tracing.sending(lane, [new]) as span:
         try:
             # as the app's own submissions: with its durability (WAIT/WAITAOF) if set
-            admission: Admission[object] = await task.submit_job(new)
+            admission: Admission[object] = await task.submit_job(new, guard=who.guard)
+        except KeyRefused:
+            raise refused_key(state, who.key_id) from None
         except ValueError as exc:
             return error(422, str(exc), "refused")
         tracing.admitted(span, admission)

@@ -1,5 +1,5 @@
 """``LeanRoute``: an operation declared to FastAPI as usual, served without its
-per-request machinery.
+per-request machinery; ``LeanApi``: the FastAPI app that serves it from the outside in.
 
 FastAPI reads an operation's signature twice: once to write the OpenAPI spec, and on
 every request to solve its dependencies, validate its body and validate and encode the
@@ -12,10 +12,17 @@ declared model (pydantic, from the raw JSON in one step, the same constraints), 
 the endpoint's own answer encoded once. Its refusals keep their shapes: a body that
 does not validate gets the 422 of ``responses._invalid``, a bad key the 401 of
 ``auth.caller``, an unreachable store the 503 of ``responses._unavailable``.
+
+The framework's layers around the router (its error and telemetry middlewares, the
+gateway's body limit and request metrics) cost as much again as the handler, so a
+``LeanApi`` answers its lean route before any of them, doing their part itself: the
+body limit's 413, the app's exception handlers, a 500 for anything else, and one
+observation for the request metrics.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -23,19 +30,27 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute, APIRouter
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.types import Receive, Scope, Send
 
-from fairlane.gateway.auth import Caller, bearer, caller
+from fairlane.gateway.auth import Caller, submitter
+from fairlane.gateway.limits import too_large
 from fairlane.gateway.state import GatewayState
 
-__all__ = ["LeanDispatch", "LeanEndpoint", "LeanRoute", "lean"]
+__all__ = ["LeanApi", "LeanEndpoint", "LeanRoute", "Observer", "lean"]
 
 #: what a lean endpoint takes: its body, caller, the gateway and the request
 LeanEndpoint = Callable[[Any, Caller, GatewayState, Request], Awaitable[BaseModel | Response]]
 
+#: what hears of each answer: (method, route, status, seconds, body)
+Observer = Callable[[str, str, int, float, bytes | None], None]
+#: a lean handler: the request and its whole body, to the answer
+LeanHandler = Callable[[Request, bytes], Coroutine[Any, Any, Response]]
+
 _JSON = "application/json"
+#: the status the request metrics count for a client that left before its answer
+_CLIENT_LEFT = 499
 
 
 def _is_json(content_type: str | None) -> bool:
@@ -52,18 +67,15 @@ def _refused(exc: ValidationError) -> RequestValidationError:
     )
 
 
-def lean(
-    model: type[BaseModel], endpoint: LeanEndpoint, status_code: int
-) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+def lean(model: type[BaseModel], endpoint: LeanEndpoint, status_code: int) -> LeanHandler:
     """The request handler of a lean route: ``endpoint(body, caller, state, request)``
     with ``body`` a ``model``; a model it answers is sent as JSON with ``status_code``,
     a response as it is."""
 
-    async def handle(request: Request) -> Response:
+    async def handle(request: Request, raw: bytes) -> Response:
         state: GatewayState = request.app.state.gateway
         # the key first: an unauthenticated caller learns nothing of the body's checks
-        who = await caller(state, await bearer(request))
-        raw = await request.body()
+        who = await submitter(state, request.headers.get("authorization"))
         if not raw or not _is_json(request.headers.get("content-type")):
             raise RequestValidationError(
                 [{"type": "missing", "loc": ("body",), "msg": "a JSON body is required"}]
@@ -93,46 +105,94 @@ class LeanRoute(APIRoute):
             raise TypeError(f"not a lean route: {route!r}")
         return route
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+    def lean_handler(self) -> LeanHandler:
         model = self.body_field.field_info.annotation if self.body_field else None
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             raise TypeError(f"a lean route takes a body model: {self.path}")
         return lean(model, self.endpoint, self.status_code or 200)
 
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        # the router's way in, for an app that is not a LeanApi
+        handler = self.lean_handler()
 
-class LeanDispatch:
-    """ASGI middleware: requests for a lean route go straight to its handler, past the
-    framework's own layers (routing, exit stacks, exception middleware), which cost
-    as much again as the handler on ``POST /v1/jobs``. Add it innermost (first), so the
-    gateway's own middlewares (body limit, metrics) still see every request. The
-    handler's refusals are answered by the app's exception handlers, as the router
-    would have; ``scope["route"]`` is set as the router sets it."""
+        async def routed(request: Request) -> Response:
+            return await handler(request, await request.body())
 
-    def __init__(self, app: ASGIApp, api: FastAPI, route: LeanRoute) -> None:
-        self.app = app
+        return routed
+
+
+class _TooLarge(Exception):
+    """The request's body is over the limit."""
+
+
+class LeanFront:
+    """One lean route served from the outside in: the body read within ``limit``
+    bytes, the handler, the app's exception handlers and the observation."""
+
+    def __init__(self, api: FastAPI, route: LeanRoute, limit: int) -> None:
         self.api = api
         self.route = route
-        self.handler = route.get_route_handler()
-        self.key = (route.path, frozenset(route.methods or ()))
+        self.limit = limit
+        self.handler = route.lean_handler()
+        self.methods = frozenset(route.methods or ())
+        self.observe: Observer | None = None
+
+    def takes(self, scope: Scope) -> bool:
+        return (
+            scope["type"] == "http"
+            and scope.get("path") == self.route.path
+            and scope.get("method") in self.methods
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope.get("path") != self.route.path
-            or scope.get("method") not in self.key[1]
-        ):
-            await self.app(scope, receive, send)
-            return
-        scope["route"] = self.route
+        started = time.perf_counter()
+        scope["app"], scope["route"] = self.api, self.route
+        status, body = 500, None  # unless answered: an exception escapes as a server error
+        try:
+            response = await self._answer(scope, receive, send)
+            status, body = response.status_code, bytes(response.body)
+            await response(scope, receive, send)
+        except ClientDisconnect:
+            status = _CLIENT_LEFT  # nobody to answer; nothing was submitted
+        finally:
+            if self.observe is not None:
+                seconds = time.perf_counter() - started
+                self.observe(scope.get("method", ""), self.route.path, status, seconds, body)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> Response:
         request = Request(scope, receive, send)
         try:
-            response = await self.handler(request)
+            raw = await self._body(scope, receive)
+        except _TooLarge:
+            return too_large(self.limit)
+        try:
+            return await self.handler(request, raw)
         except Exception as exc:
             handler = self._handler_for(exc)
             if handler is None:
+                # as the framework's error middleware: a plain 500, and the error logged
+                await PlainTextResponse("Internal Server Error", 500)(scope, receive, send)
                 raise
-            response = await handler(request, exc)
-        await response(scope, receive, send)
+            answer: Response = await handler(request, exc)
+            return answer
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                raise _TooLarge
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise ClientDisconnect
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                raise _TooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _handler_for(self, exc: Exception) -> Any:
         handlers = self.api.exception_handlers
@@ -140,3 +200,22 @@ class LeanDispatch:
             if kind in handlers:
                 return handlers[kind]
         return None
+
+
+class LeanApi(FastAPI):
+    """A FastAPI app that answers its lean route (``serve_lean``) before its own layers
+    and middlewares, and every other request through them as usual."""
+
+    lean_front: LeanFront | None = None
+
+    def serve_lean(self, route: LeanRoute, limit: int) -> LeanFront:
+        """Serve ``route`` from the outside in, refusing bodies over ``limit`` bytes."""
+        self.lean_front = LeanFront(self, route, limit)
+        return self.lean_front
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        front = self.lean_front
+        if front is not None and front.takes(scope):
+            await front(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)

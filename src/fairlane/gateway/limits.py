@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import json
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BodyLimit"]
+__all__ = ["BodyLimit", "too_large"]
+
+
+def too_large(limit: int) -> Response:
+    """The answer to a body over ``limit`` bytes."""
+    body = json.dumps(
+        {"detail": f"the request body is over {limit} bytes", "reason": "too_large"}
+    ).encode()
+    return Response(body, 413, media_type="application/json")
 
 
 class BodyLimit:
@@ -31,7 +40,7 @@ class BodyLimit:
                 except ValueError:
                     declared = 0
                 if declared > self.limit:
-                    await self._refuse(send)
+                    await self._refuse(scope, receive, send)
                     return
         chunks: list[bytes] = []
         size = 0
@@ -44,28 +53,15 @@ class BodyLimit:
             body = message.get("body", b"")
             size += len(body)
             if size > self.limit:
-                await self._refuse(send)
+                await self._refuse(scope, receive, send)
                 return
             chunks.append(body)
             more = message.get("more_body", False)
         whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         await self.app(scope, _replay([whole], receive), send)
 
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps(
-            {"detail": f"the request body is over {self.limit} bytes", "reason": "too_large"}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await too_large(self.limit)(scope, receive, send)
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:

@@ -32,6 +32,17 @@ class GatewayState:
                     self.owns_connection = True
         return self.app
 
+    @property
+    def key_cache(self) -> ApiKeys | None:
+        """The key checks of the current connection, if made yet."""
+        return self._keys
+
+    def enqueue_checks_keys(self, tenant: str) -> bool:
+        """Whether a submit of ``tenant`` can have its key checked by the enqueue
+        itself: the tenant's shard holds the key records, and no durability wait."""
+        app = self.app
+        return app.sharded.shard_of(tenant) == 0 and not app.registry.durability.requested
+
     async def keys(self) -> ApiKeys:
         app = await self.connected()
         # a reconnected app has new stores, whose connection the key records must use

@@ -18,7 +18,7 @@ from fairlane.store.connection import AsyncClient, slot_client
 from fairlane.store.fields import field_text
 from fairlane.store.keys import AppKeys
 
-__all__ = ["KeyRecord", "KeyRecords"]
+__all__ = ["KeyGuard", "KeyRecord", "KeyRecords", "KeyRefused"]
 
 T = TypeVar("T")
 
@@ -29,6 +29,24 @@ class KeyRecord(msgspec.Struct, frozen=True):
     tenant: str
     sha256: str
     created_ms: int
+
+
+class KeyRefused(Exception):
+    """The enqueue script found the caller's key gone or changed: nothing was stored."""
+
+
+#: the error the enqueue script (``enqueue_as``) answers for a key it refuses
+KEY_REFUSED_ERROR = "NOKEY"
+
+
+class KeyGuard(msgspec.Struct, frozen=True):
+    """A caller's key, checked by the enqueue script in the same step as the enqueue:
+    its records hash, id, digest and tenant (``Submission.submit(guard=...)``)."""
+
+    records: str
+    key_id: str
+    sha256: str
+    tenant: str
 
 
 class _Missing(Exception):
@@ -45,6 +63,10 @@ class KeyRecords:
     def __init__(self, client: AsyncClient, app_name: str, shards: int = 1) -> None:
         self.client = client
         self.hash = AppKeys.for_shard(app_name, 0, shards).gateway_keys
+
+    def guard(self, key_id: str, record: KeyRecord) -> KeyGuard:
+        """The check of ``record`` (as the caller holds it) that an enqueue makes."""
+        return KeyGuard(self.hash, key_id, record.sha256, record.tenant)
 
     async def add(self, key_id: str, record: KeyRecord) -> bool:
         """Store ``record`` under ``key_id`` unless that id is taken; whether it was stored."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from fairlane.policy.shards import shard_of_tenant
 from fairlane.store.api import Store
+from fairlane.store.apikeys import KeyGuard
 from fairlane.store.durability import Acknowledgement, submit_acknowledged
 from fairlane.store.keys import job_shard
 from fairlane.store.wire import NewJob, Submitted
@@ -31,13 +32,20 @@ PrepareJobs = Callable[[Store, Sequence[NewJob]], Awaitable[Sequence[NewJob]]]
 
 
 async def submit(
-    store: Store, lane: str, jobs: Sequence[NewJob], durability: DurabilitySettings
+    store: Store,
+    lane: str,
+    jobs: Sequence[NewJob],
+    durability: DurabilitySettings,
+    guard: KeyGuard | None = None,
 ) -> tuple[list[Submitted], Acknowledgement | None]:
     """``store.submit``, then, if ``durability`` asks for anything, the wait for it;
-    the acknowledgement is None when nothing was asked."""
+    the acknowledgement is None when nothing was asked. A ``guard`` (a gateway caller's
+    key, checked in the same step) takes no durability wait."""
     if durability.requested:
+        if guard is not None:
+            raise ValueError("a key-guarded submit waits for no durability")
         return await submit_acknowledged(store, lane, jobs, durability)
-    return await store.submit(lane, jobs), None
+    return await store.submit(lane, jobs, guard), None
 
 
 class ShardedStores:

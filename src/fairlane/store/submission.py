@@ -14,9 +14,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 import msgspec
+from redis.exceptions import ResponseError
 
 from fairlane.policy.admission import EstimationSettings, PoolConfig, QueueBounds
 from fairlane.policy.classes import ClassTable
+from fairlane.store.apikeys import KEY_REFUSED_ERROR, KeyGuard, KeyRefused
 from fairlane.store.base import StoreBase
 from fairlane.store.library import FUNCTION_PREFIX, encode_admission, encode_classes
 from fairlane.store.wire import NewJob, Submitted, as_text, parse_submitted
@@ -34,11 +36,30 @@ class Submission(StoreBase):
     #: they are
     prepare_jobs: Callable[[Any, Sequence[NewJob]], Awaitable[Sequence[NewJob]]] | None = None
 
-    async def submit(self, lane: str, jobs: Sequence[NewJob]) -> list[Submitted]:
+    async def submit(
+        self, lane: str, jobs: Sequence[NewJob], guard: KeyGuard | None = None
+    ) -> list[Submitted]:
         """Pass jobs through the lane's admission and store those admitted or deferred,
-        in one atomic step; one reply per job (codes as the enqueue script says)."""
+        in one atomic step; one reply per job (codes as the enqueue script says).
+
+        With ``guard`` (a gateway caller's key, whose records must be in this shard),
+        the same step first checks that the key still stands as the caller holds it:
+        ``KeyRefused``, with nothing stored, if it was revoked or rotated."""
         blob = _PACK.encode(await self.prepare(jobs))
-        return parse_submitted(await self.fcall("enqueue", self._lane_keys([lane]), [lane, blob]))
+        keys = self._lane_keys([lane])
+        if guard is None:
+            return parse_submitted(await self.fcall("enqueue", keys, [lane, blob]))
+        try:
+            reply = await self.fcall(
+                "enqueue_as",
+                [*keys, guard.records],
+                [lane, blob, guard.key_id, guard.sha256, guard.tenant],
+            )
+        except ResponseError as exc:
+            if str(exc).startswith(KEY_REFUSED_ERROR):
+                raise KeyRefused(str(exc)) from None
+            raise
+        return parse_submitted(reply)
 
     async def prepare(self, jobs: Sequence[NewJob]) -> Sequence[NewJob]:
         """Jobs as they are to be sent: arguments over the payload threshold stored in

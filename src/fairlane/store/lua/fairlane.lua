@@ -232,6 +232,20 @@ end
 
 -- @include enqueue.lua
 
+-- enqueue on a gateway caller's key: KEYS as enqueue's, then the app's API key records
+-- (gw:keys, in this shard: the home one); ARGV lane, jobs, key id, SHA-256 of the key,
+-- its tenant. The check and the enqueue are one step, so a key revoked or rotated a
+-- moment ago stores nothing: an error reply, and nothing is written.
+function hot.enqueue_as(keys, args)
+  local raw = redis.call('HGET', keys[#keys], args[3])
+  local record = raw and cjson.decode(raw)
+  if not record or record.sha256 ~= args[4] or record.tenant ~= args[5] then
+    return redis.error_reply('NOKEY the API key is not valid (unknown, revoked or rotated)')
+  end
+  keys[#keys] = nil
+  return enqueue(keys, {args[1], args[2]})
+end
+
 -- Lane capacity: the live sum of its workers' slots. A worker is counted in each of its
 -- lanes' `cap` hashes (worker -> slots) from its first exchange until it leaves or its
 -- heartbeat goes stale; the sum is kept in the lane's `state` as C, so deciding never
@@ -530,6 +544,7 @@ end
 -- @include control.lua
 
 redis.register_function('__PREFIX__enqueue', enqueue)
+redis.register_function('__PREFIX__enqueue_as', hot.enqueue_as)
 redis.register_function('__PREFIX__exchange', exchange)
 redis.register_function('__PREFIX__ack', ack)
 redis.register_function('__PREFIX__leave', leave)
