@@ -64,7 +64,7 @@ from fairlane import App
 app = App({name!r})
 
 
-@app.task(name="noop", attempts=1)
+@app.task(gateway=True, name="noop", attempts=1)
 async def noop(i: int, text: str = "") -> int:
     return i
 """

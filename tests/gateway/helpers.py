@@ -28,19 +28,24 @@ def build_app(
         config=parse_config(config) if config else None,
     )
 
-    @app.task(name="add", attempts=1)
+    @app.task(gateway=True, name="add", attempts=1)
     async def add(a: int, b: int) -> int:
         return a + b
 
-    @app.task(name="boom", attempts=1)
+    @app.task(gateway=True, name="boom", attempts=1)
     async def boom(message: str) -> None:
         raise LookupError(message)
 
-    @app.task(name="echo", attempts=1)
+    @app.task(gateway=True, name="echo", attempts=1)
     async def echo(text: str = "", times: int = 1) -> str:
         return text * times
 
-    @app.workflow(name="approval")
+    @app.task(name="purge_customer_data", attempts=1)
+    async def purge_customer_data(customer: str) -> str:
+        # the platform's own: not exposed, so no tenant key can call it
+        return customer
+
+    @app.workflow(gateway=True, name="approval")
     async def approval(ctx: Context, doc: str) -> Any:
         return await ctx.wait_for_signal("approve", timeout=60)
 

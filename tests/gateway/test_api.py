@@ -124,6 +124,10 @@ async def test_store_unreachable_is_503(namespace: str) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     app = App(namespace, redis_url=f"redis://127.0.0.1:{port}/0", settings=fast_settings())
+
+    @app.task(name="echo", gateway=True)
+    async def echo() -> None: ...
+
     api = create_app(app)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://gw") as c:
         r = await c.post(

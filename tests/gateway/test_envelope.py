@@ -36,6 +36,10 @@ async def test_503_is_not_stored(namespace: str) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # nothing listens there once the socket closes
     app = App(namespace, redis_url=f"redis://127.0.0.1:{port}/0", settings=fast_settings())
+
+    @app.task(name="echo", gateway=True)
+    async def echo() -> None: ...
+
     transport = httpx.ASGITransport(app=create_app(app))
     async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
         key = "flk_0123456789ab_" + "s" * 43

@@ -104,7 +104,8 @@ async def test_a_generated_client_submits_follows_and_cancels(
             client = client_module.AuthenticatedClient(base_url=gw.base, token=key)
             async with client, running_worker(app, concurrency=2):
                 added = await submit.asyncio(
-                    client=client, body=models.SubmitRequest(task="add", args=[2, 3])
+                    client=client,
+                    body=models.SubmitRequest(task=models.SubmitRequestTask("add"), args=[2, 3]),
                 )
                 assert isinstance(added, models.SubmitReply), added
                 assert added.state == "accepted"
@@ -118,7 +119,8 @@ async def test_a_generated_client_submits_follows_and_cancels(
 
                 # lane "parked" has no worker: the job waits until it is cancelled
                 parked = await submit.asyncio(
-                    client=client, body=models.SubmitRequest(task="later", args=[1])
+                    client=client,
+                    body=models.SubmitRequest(task=models.SubmitRequestTask("later"), args=[1]),
                 )
                 assert isinstance(parked, models.SubmitReply), parked
                 cancelled = await cancel.asyncio(parked.id, client=client)

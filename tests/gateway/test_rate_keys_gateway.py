@@ -18,7 +18,7 @@ pytestmark = pytest.mark.anyio
 async def test_the_gateway_exports_rate_keys_per_key(redis_url: str, namespace: str) -> None:
     app = build_app(namespace, redis_url)
 
-    @app.task(name="limited", rates={"model:gw": Rate(20, per=1.0, burst=1)})
+    @app.task(gateway=True, name="limited", rates={"model:gw": Rate(20, per=1.0, burst=1)})
     async def limited(n: int) -> int:
         return n
 

@@ -162,6 +162,10 @@ async def test_metrics_are_served_while_the_store_is_unreachable(namespace: str)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     app = App(namespace, redis_url=f"redis://127.0.0.1:{port}/0", settings=fast_settings())
+
+    @app.task(name="echo", gateway=True)
+    async def echo() -> None: ...
+
     api = create_app(app, metrics=False)  # mounted by hand, as a host app would
     metrics = mount_metrics(api)
     async with client(api) as c:
@@ -177,11 +181,11 @@ async def test_gateway_autoscale_leaves_batch_out_of_the_scale_backlog(
 ) -> None:
     app = build_app(namespace, redis_url)
 
-    @app.task(name="nightly", lane="quiet", service_class="batch")
+    @app.task(gateway=True, name="nightly", lane="quiet", service_class="batch")
     async def nightly() -> None:
         return None
 
-    @app.task(name="report", lane="quiet")
+    @app.task(gateway=True, name="report", lane="quiet")
     async def report() -> None:
         return None
 
@@ -206,6 +210,10 @@ async def test_gateway_autoscale_says_when_the_store_is_unreachable(namespace: s
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     app = App(namespace, redis_url=f"redis://127.0.0.1:{port}/0", settings=fast_settings())
+
+    @app.task(name="echo", gateway=True)
+    async def echo() -> None: ...
+
     api = create_app(app)
     async with client(api) as c:
         r = await c.get("/autoscale")

@@ -97,7 +97,7 @@ def build(namespace: str, redis_url: str, hold: asyncio.Event | None = None) -> 
         config=parse_config(CONFIG),
     )
 
-    @app.task(name="work", attempts=1)
+    @app.task(gateway=True, name="work", attempts=1)
     async def work(n: int) -> int:
         fairlane.context().report_usage(
             input_tokens=1000 * n, output_tokens=100, tool_calls=1, tool_seconds=0.25
@@ -105,30 +105,33 @@ def build(namespace: str, redis_url: str, hold: asyncio.Event | None = None) -> 
         fairlane.context().report_usage(model_seconds=0.5, model="m")
         return n
 
-    @app.task(name="flaky", attempts=2, backoff=Backoff(base=0.05, cap=0.05, jitter="none"))
+    @app.task(
+        gateway=True, name="flaky", attempts=2, backoff=Backoff(base=0.05, cap=0.05, jitter="none")
+    )
     async def flaky() -> None:
         raise RuntimeError("always")
 
     pushed: list[int] = []
 
-    @app.task(name="call", lane="io", rates={"model:x": Rate(20, per=1.0, burst=1)})
+    @app.task(gateway=True, name="call", lane="io", rates={"model:x": Rate(20, per=1.0, burst=1)})
     async def call(n: int) -> int:
         if not pushed:
             pushed.append(n)
             raise Throttled("model:x", retry_after=0.2, message="429 from the upstream")
         return n
 
-    @app.task(name="adaptive", lane="io", limits={"model:ad": Adaptive(8, 2)})
+    @app.task(gateway=True, name="adaptive", lane="io", limits={"model:ad": Adaptive(8, 2)})
     async def adaptive(n: int) -> int:
         return n
 
-    @app.task(name="parked", lane="parked")
+    @app.task(gateway=True, name="parked", lane="parked")
     async def parked(n: int) -> int:
         return n
 
     # runs until the test ends, holding both keys: the store keeps a key's rate and
     # bounds in force only while a running job names it
     @app.task(
+        gateway=True,
         name="hold",
         attempts=1,
         rates={"model:x": Rate(20, per=1.0, burst=1)},

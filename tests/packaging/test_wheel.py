@@ -120,7 +120,7 @@ assert Path(fairlane.__file__).is_relative_to(Path(sys.prefix)), fairlane.__file
 
 app = App(sys.argv[1], redis_url=sys.argv[2])
 
-@app.task
+@app.task(gateway=True)
 async def double(n: int) -> int:
     return 2 * n
 

@@ -67,16 +67,16 @@ def faces_app(namespace: str, redis_url: str, release: asyncio.Event | None = No
         shards=SHARDS,
     )
 
-    @app.task(name="later", lane=PARKED, attempts=1)
+    @app.task(gateway=True, name="later", lane=PARKED, attempts=1)
     async def later(n: int) -> int:
         return n
 
-    @app.task(name="hold", attempts=1)
+    @app.task(gateway=True, name="hold", attempts=1)
     async def hold() -> None:
         if release is not None:
             await release.wait()
 
-    @app.task(name="boom", attempts=1)
+    @app.task(gateway=True, name="boom", attempts=1)
     async def boom(message: str) -> None:
         raise LookupError(message)
 

@@ -31,11 +31,11 @@ def ui_app(namespace: str, redis_url: str) -> App:
     stay queued) and one that holds a throttle key (its second job waits on it)."""
     app = build_app(namespace, redis_url)
 
-    @app.task(name="later", lane="parked", attempts=1)
+    @app.task(gateway=True, name="later", lane="parked", attempts=1)
     async def later(n: int) -> int:
         return n
 
-    @app.task(name="hold", attempts=1, limits={"model:big": 1})
+    @app.task(gateway=True, name="hold", attempts=1, limits={"model:big": 1})
     async def hold(seconds: float) -> None:
         await asyncio.sleep(seconds)
 

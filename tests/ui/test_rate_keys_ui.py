@@ -20,6 +20,7 @@ async def test_rate_keys_are_shown_beside_throttle_keys(redis_url: str, namespac
     app = ui_app(namespace, redis_url)
 
     @app.task(
+        gateway=True,
         name="slow",
         rates={"model:slow": Rate(1, per=60.0)},
         limits={"model:slow": Adaptive(6, 1)},

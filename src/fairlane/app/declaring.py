@@ -148,6 +148,7 @@ class Declaring(ABC):
         rates: Mapping[str, Rate] | None = ...,
         tenant_slots: int | None = ...,
         unknown_kwargs: UnknownKwargs = ...,
+        gateway: bool = ...,
     ) -> TaskDecorator: ...
 
     def task(
@@ -169,6 +170,7 @@ class Declaring(ABC):
         rates: Any = UNSET,
         tenant_slots: int | None = None,
         unknown_kwargs: Any = UNSET,
+        gateway: bool = False,
     ) -> Any:
         """Register a function as a task. Every option left out is marked as a default.
 
@@ -181,6 +183,8 @@ class Declaring(ABC):
         run at once. ``unknown_kwargs="drop"`` runs a job whose stored arguments include
         one the function does not take (a newer producer's) without it; by default
         ("refuse") the worker hands such a job back for one whose function takes it.
+        ``gateway=True`` lets tenants call the task over the HTTP gateway; a task is
+        private to the platform's own code unless it says so.
         """
         given: dict[str, Any] = {
             "attempts": attempts,
@@ -197,7 +201,7 @@ class Declaring(ABC):
         }
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
-            options = self.registry.options(func, name, lane, given, tenant_slots)
+            options = self.registry.options(func, name, lane, given, tenant_slots, gateway=gateway)
             self.registry.check_function(func, options)
             task: Task[Any, Any] = Task(self, func, options)
             self.registry.add(task)
@@ -223,6 +227,7 @@ class Declaring(ABC):
         limits: Mapping[str, LimitValue] | None = UNSET,
         rates: Mapping[str, Rate] | None = UNSET,
         unknown_kwargs: UnknownKwargs = UNSET,
+        gateway: bool = False,
     ) -> Callable[[WorkflowFunction[P, R]], Workflow[P, R]]:
         """Register a durable workflow: ``async def fn(ctx: Context, ...)``.
 
@@ -233,6 +238,7 @@ class Declaring(ABC):
         failed or reclaimed slices (a slice that yields or waits does not count);
         ``timeout`` bounds one slice. ``tenant_slots`` caps the runs one tenant has
         running in the lane at once; ``max_children`` caps one run's running children.
+        ``gateway=True`` lets tenants start runs over the HTTP gateway, as for a task.
         """
         shape = WorkflowOptions(slice_seconds, slice_steps, max_children)
         given: dict[str, Any] = {
@@ -260,7 +266,7 @@ class Declaring(ABC):
                     "positional parameter"
                 )
             options = self.registry.options(
-                func, name, lane, given, tenant_slots, decorator="app.workflow("
+                func, name, lane, given, tenant_slots, decorator="app.workflow(", gateway=gateway
             )
             flow: Workflow[P, R] = Workflow(self, func, options, shape)
             self.registry.check_function(func, options)

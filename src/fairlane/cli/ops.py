@@ -123,7 +123,8 @@ def _cell(value: str, default: bool) -> Text:
 @inspect_app.command("tasks")
 def inspect_tasks(app_spec: AppSpec) -> None:
     """One row per task, by the name producers store and workers look up, with its
-    effective options; options left at their default are marked."""
+    effective options (``gateway``: exposed to tenants over HTTP, or private); options
+    left at their default are marked."""
     app = load_app(app_spec)
     concurrency = app.settings.worker.concurrency
     concurrency_default = concurrency == WorkerSettings.model_fields["concurrency"].default
@@ -134,6 +135,7 @@ def inspect_tasks(app_spec: AppSpec) -> None:
     show_drops = any(task.options.unknown_kwargs == "drop" for task in app.tasks.values())
     for column in (
         "name",
+        "gateway",
         "lane",
         "class",
         "slots",
@@ -154,6 +156,8 @@ def inspect_tasks(app_spec: AppSpec) -> None:
         backoff = options.backoff
         table.add_row(
             Text(name),
+            # a private task is the default: only the exposed ones say so
+            Text("exposed") if options.gateway else _cell("private", True),
             _cell(options.lane, "lane" in defaults),
             _cell(options.service_class, "service_class" in defaults),
             _cell(str(options.slots), "slots" in defaults),

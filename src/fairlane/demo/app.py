@@ -200,6 +200,7 @@ def build_app(name: str, mode: Mode, redis_url: str | None = None) -> App:
     ):
         made.task(
             name=task_name,
+            gateway=True,  # the demo's tenants call them over the gateway too
             lane=lane,
             service_class=service_class,
             attempts=_ATTEMPTS,
@@ -209,6 +210,7 @@ def build_app(name: str, mode: Mode, redis_url: str | None = None) -> App:
         )(fn)
     made.workflow(
         name="demo.research",
+        gateway=True,
         lane="heavy",
         slice_seconds=1.0,
         slice_steps=8,

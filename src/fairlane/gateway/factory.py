@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from fairlane.app import App
 from fairlane.gateway import jobs, runs
+from fairlane.gateway.exposure import exposed_tasks, list_in_spec
 from fairlane.gateway.lean import LeanApi
 from fairlane.gateway.limits import BodyLimit
 from fairlane.gateway.metrics import mount_metrics
@@ -31,9 +32,11 @@ def create_app(
 ) -> FastAPI:
     """The HTTP gateway of ``app``; its OpenAPI spec is served at ``/openapi.json``.
 
-    The gateway connects ``app`` on first use unless it is connected already (and then
-    leaves closing it to its owner). ``admin_key`` may read any tenant's jobs. Bodies
-    over ``max_body_bytes`` (default: twice the app's ``max_payload_bytes``) get 413.
+    Only the tasks registered with ``gateway=True`` may be called (``NothingExposed``
+    if there are none). The gateway connects ``app`` on first use unless it is
+    connected already (and then leaves closing it to its owner). ``admin_key`` may read
+    any tenant's jobs. Bodies over ``max_body_bytes`` (default: twice the app's
+    ``max_payload_bytes``) get 413.
     With ``ui``, the operator dashboard is served at ``/ui`` (for the admin key only;
     ``ui_read_only`` refuses its writes): see ``fairlane.gateway.ui``. With ``metrics``,
     Prometheus metrics are served at ``/metrics`` (open, or for the admin key only with
@@ -41,6 +44,7 @@ def create_app(
     """
     if admin_key is not None and len(admin_key) < 16:
         raise ValueError("the admin key must be at least 16 characters")
+    exposed = exposed_tasks(app)  # a gateway with nothing to expose is a mistake
     state = GatewayState(app, admin_key=admin_key or None)
 
     @asynccontextmanager
@@ -58,6 +62,7 @@ def create_app(
         lifespan=lifespan,
     )
     api.state.gateway = state
+    list_in_spec(api, exposed)
     install_handlers(api)
     api.include_router(jobs.router)
     api.include_router(runs.router)

@@ -2,8 +2,9 @@
 
 Every id a tenant names is checked against the job record's ``tenant`` field; a job of
 another tenant is answered exactly like a job that does not exist (404), so ids cannot
-be probed. Only registered tasks are enqueued, by name: nothing a request carries is
-ever run or imported by the gateway.
+be probed. Only tasks registered with ``gateway=True`` are enqueued, by name (any other
+answers as an unknown one): nothing a request carries is ever run or imported by the
+gateway.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ router.add_api_route(
     status_code=202,
     response_model=SubmitReply,
     responses=responses(400, 403, 413, 429),
-    summary="Submit a job of a registered task",
+    summary="Submit a job of an exposed task",
     route_class_override=LeanRoute,
 )
 #: the submit route, which ``LeanDispatch`` serves past the framework's layers
@@ -111,8 +112,9 @@ async def _admit(
     assert tenant is not None  # the admin submits nothing
     app = await state.connected()
     task = app.tasks.get(body.task)
-    if task is None:
-        return error(422, f"no task named {body.task!r} is registered", "unknown_task")
+    if task is None or not task.options.gateway:
+        # a private task and no task at all look the same: names cannot be probed
+        return error(422, f"this gateway has no task named {body.task!r}", "unknown_task")
     try:
         blob = task.encode_args(tuple(body.args), body.kwargs)
         # the options are the body's named fields only: kwargs go to the task's own

@@ -131,6 +131,7 @@ class GatewayMetrics:
         self._store = _StoreSide()
         self.registry.register(self._store)
         self.reader: StoreReader | None = None
+        self._children: dict[tuple[object, ...], Any] = {}
 
     # -- the store side ----------------------------------------------------------------
 
@@ -176,13 +177,22 @@ class GatewayMetrics:
         self, method: str, route: str, status: int, seconds: float, body: bytes | None
     ) -> None:
         method = method if method in _METHODS else OTHER
-        self.requests.labels(method, route, str(status)).inc()
+        self._child(self.requests, method, route, str(status)).inc()
         if route != SUBMIT_PATH or method != "POST":
             return
         verdict, reason = _submit_answer(status, body)
-        self.submit_seconds.labels(verdict).observe(seconds)
+        self._child(self.submit_seconds, verdict).observe(seconds)
         if verdict != "refused":
-            self.admissions.labels(verdict, reason).inc()
+            self._child(self.admissions, verdict, reason).inc()
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        # a metric's ``labels()`` checks and locks on every call: on the submit path, a
+        # dict of the children already made (labels are bounded, so the dict is too)
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
 
 def _submit_answer(status: int, body: bytes | None) -> tuple[str, str]:

@@ -23,11 +23,13 @@ MAX_ESTIMATE_UNITS = 1e9
 
 
 class SubmitRequest(BaseModel):
-    """One call of a registered task. The tenant is the API key's, never the body's."""
+    """One call of an exposed task. The tenant is the API key's, never the body's."""
 
     model_config = ConfigDict(extra="forbid")
 
-    task: str = Field(min_length=1, max_length=200, description="A registered task's name.")
+    task: str = Field(
+        min_length=1, max_length=200, description="The name of a task the gateway exposes."
+    )
     args: list[Any] = Field(default_factory=list, description="Positional arguments (JSON).")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments (JSON).")
     service_class: str | None = Field(default=None, min_length=1, max_length=100)

@@ -160,6 +160,7 @@ class Registry:
         tenant_slots: int | None,
         *,
         decorator: str = "app.task(",
+        gateway: bool = False,
     ) -> TaskOptions:
         """A task's options: those given, the app's defaults for the rest (``UNSET``).
 
@@ -193,6 +194,7 @@ class Registry:
             rates=task_rates,
             tenant_slots=tenant_slots,
             unknown_kwargs=values["unknown_kwargs"],
+            gateway=gateway,
             defaults=frozenset(defaults),
         )
         # a lane declared later is checked by `lane()`; an undeclared one at connect

@@ -97,6 +97,9 @@ class TaskOptions:
     key per lane and tenant, ``lane:<lane>:tenant:<tenant>``); None: no cap."""
     unknown_kwargs: UnknownKwargs = "refuse"
     """What a worker does with a stored argument the function does not take."""
+    gateway: bool = False
+    """Whether tenants may call the task over the HTTP gateway (``POST /v1/jobs``); a
+    task not exposed answers there exactly as one that does not exist."""
     defaults: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
@@ -109,6 +112,10 @@ class TaskOptions:
             check_key_count(self.limits, self.rates)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"task {self.name}: {exc}") from None
+        if not isinstance(self.gateway, bool):
+            raise TypeError(
+                f"task {self.name}: gateway must be True or False, not {self.gateway!r}"
+            )
         if self.attempts < 1:
             raise ValueError(f"task {self.name}: attempts must be >= 1, got {self.attempts}")
         if self.tenant_slots is not None and (
