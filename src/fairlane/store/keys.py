@@ -138,6 +138,10 @@ admission pool only) in a field ``adm:<outcome>:<reason>:<lane>:<class>``: outco
 ``accepted``, ``deferred`` or ``rejected``, reason ``none`` when accepted, else the
 reason admission gave. Lane and class names hold no colon, so the fields split cleanly;
 ``fairlane.metrics.store`` exports them as ``fairlane_admission_decisions_total``.
+Fields ``units:est:<lane>:<class>`` and ``units:used:<lane>:<class>`` (ack, in lanes
+that learn costs) sum, in milli-units, the estimate the store held for each finished
+attempt and what it used; exported as ``fairlane_work_units_estimated_total`` and
+``fairlane_work_units_used_total``.
 
 The tenant sweep (``lua/tenantsweep.lua``, rules in ``fairlane.policy.tenantstate``)
 deletes what tenants leave behind: ``f:<t>`` fields of ``vt`` and the ``seen`` marks,
