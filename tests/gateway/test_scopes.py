@@ -11,17 +11,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+import anyio
 import httpx
 import pytest
+import redis.asyncio as aioredis
 from typer.testing import CliRunner
 
 from fairlane.cli import tenants_cli
 from fairlane.gateway import ApiKeys
 from fairlane.gateway.apikeys import SCOPES, MintedKey
-from fairlane.store.apikeys import KeyOutOfScope, KeyRefused
+from fairlane.store.apikeys import KeyOutOfScope, KeyRecord, KeyRecords, KeyRefused
 from tests.gateway.helpers import Gateway, build_app, gateway
 
 pytestmark = pytest.mark.anyio
@@ -170,7 +172,7 @@ async def test_rotate_keeps_scopes_and_expiry(redis_url: str, namespace: str) ->
         before = await gw.keys.records.get(minted.key_id)
         assert before is not None and before.scopes == ("read", "cancel")
         assert before.expires_ms is not None
-        assert 3_590_000 < before.expires_ms - before.created_ms <= 3_600_000
+        assert before.expires_ms - before.created_ms == 3_600_000  # one clock reading
         await gw.keys.rotate(minted.key_id)
         kept = await gw.keys.records.get(minted.key_id)
         assert kept is not None
@@ -181,6 +183,13 @@ async def test_rotate_keeps_scopes_and_expiry(redis_url: str, namespace: str) ->
         assert (
             await gw.client.get(f"/v1/jobs/{MISSING}", headers=_auth(rotated))
         ).status_code == 403
+        # an expired key is renewed only with a new expiry
+        await gw.keys.records.add("0123456789ab", KeyRecord("acme", "d" * 64, 0, expires_ms=1))
+        with pytest.raises(ValueError, match="new expiry"):
+            await gw.keys.rotate("0123456789ab")
+        renewed = await gw.keys.rotate("0123456789ab", expires=timedelta(minutes=1))
+        r = await gw.client.get(f"/v1/jobs/{MISSING}", headers=_auth(renewed))
+        assert r.status_code == 404, r.text
 
 
 async def test_bad_scopes_and_expiries_are_refused(redis_url: str, namespace: str) -> None:
@@ -235,6 +244,15 @@ def test_every_endpoint_documents_the_scope_refusal(namespace: str) -> None:
         assert "403" in op["responses"] and "401" in op["responses"], op["summary"]
 
 
+async def _add_expired(redis_url: str, namespace: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        expired = KeyRecord("old", "d" * 64, 0, expires_ms=1)
+        assert await KeyRecords(client, namespace).add("0123456789ab", expired)
+    finally:
+        await client.aclose()
+
+
 def test_cli_scopes_and_expiry(
     redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -253,7 +271,12 @@ def test_cli_scopes_and_expiry(
     key_id = out.strip().split("_")[1]
     code, out, _ = invoke("list", "x:app")
     line = next(row for row in out.splitlines() if key_id in row)
-    assert "submit,read" in line and "never" not in line
+    _, tenant, *created, scopes, expires_day, expires_time = line.split()
+    assert (tenant, scopes) == ("acme", "submit,read")
+    lifetime = datetime.fromisoformat(f"{expires_day} {expires_time}") - datetime.fromisoformat(
+        " ".join(created)
+    )
+    assert lifetime == timedelta(days=30)
     code, out, err = invoke("rotate", "x:app", key_id, "--scopes", "read")
     assert code == 0, err
     code, out, _ = invoke("list", "x:app")
@@ -263,6 +286,11 @@ def test_cli_scopes_and_expiry(
     code, out, _ = invoke("list", "x:app")
     line = next(row for row in out.splitlines() if "plain" in row)
     assert " all " in line and "never" in line
+    anyio.run(_add_expired, redis_url, namespace)
+    code, out, _ = invoke("list", "x:app")
+    assert "(expired)" in next(row for row in out.splitlines() if "0123456789ab" in row)
+    code, _, err = invoke("rotate", "x:app", "0123456789ab")
+    assert code == 2 and "new expiry" in err
     for bad in (
         ("--scopes", "read,admin"),
         ("--scopes", ","),

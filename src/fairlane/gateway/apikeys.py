@@ -163,11 +163,16 @@ class ApiKeys:
         expires: timedelta | None = None,
     ) -> MintedKey:
         """A new secret under the same key id; the old key stops working at once. The
-        key keeps its scopes and expiry unless new ones are given (``expires`` from now)."""
+        key keeps its scopes and expiry unless new ones are given (``expires`` from now);
+        an expired key needs a new expiry (``ValueError``), lest its new secret be dead."""
         change, now = await self._changes(scopes, expires)
-        minted = await self.records.replace(
-            key_id, lambda old: _mint(key_id, replace(old, created_ms=now, **change))
-        )
+
+        def renewed(old: KeyRecord) -> tuple[MintedKey, KeyRecord]:
+            if expires is None and old.expired(now):
+                raise ValueError(f"the API key {key_id} has expired: rotate it with a new expiry")
+            return _mint(key_id, replace(old, created_ms=now, **change))
+
+        minted = await self.records.replace(key_id, renewed)
         self._known.pop(key_id, None)
         if minted is None:
             raise KeyNotFound(f"no active API key {key_id!r}")
@@ -219,7 +224,7 @@ class ApiKeys:
         return record
 
     async def list(self) -> dict[str, KeyRecord]:
-        """Every active key id with its record, by key id."""
+        """Every key id with its record, by key id (expired ones too, until revoked)."""
         return await self.records.all()
 
     async def authenticate(self, key: str) -> tuple[str, str] | None:

@@ -3,7 +3,9 @@
 Every id a tenant names is checked against the job record's ``tenant`` field; a job of
 another tenant is answered exactly like a job that does not exist (404), so ids cannot
 be probed. Only registered tasks are enqueued, by name: nothing a request carries is
-ever run or imported by the gateway.
+ever run or imported by the gateway. Each endpoint needs its scope of the caller's key
+(``auth.scoped``; ``auth.submitter`` for the submit): ``submit``, ``read`` (both GETs),
+``cancel``; a key without it is answered 403 before the job is looked at.
 """
 
 from __future__ import annotations

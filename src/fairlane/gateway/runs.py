@@ -1,5 +1,6 @@
 """Signals to workflow runs: ``POST /v1/runs/{run_id}/signals/{name}``, for the run's
-own tenant only (another tenant's run is answered 404, like a missing one)."""
+own tenant only (another tenant's run is answered 404, like a missing one), with a key
+that has the ``signal`` scope (else 403, before the run is looked at)."""
 
 from __future__ import annotations
 
