@@ -110,15 +110,21 @@ async def test_each_endpoint_needs_its_scope(redis_url: str, namespace: str) -> 
                 if scope != "cancel":
                     r = await gw.client.delete(f"/v1/jobs/{job_id}", headers=auth)
                     assert _refused_for(r, "cancel"), r.text
+                if scope != "signal":
+                    sent = f"/v1/runs/{job_id}/signals/approve"
+                    r = await gw.client.post(sent, json={}, headers=auth)
+                    assert _refused_for(r, "signal"), r.text
         # 3 jobs, one to cancel per key, and the submit-scoped key's two
         assert len(await _stored_jobs(gw)) == 3 + len(SCOPES) + 2
 
 
 async def test_an_expired_key_is_refused_like_a_revoked_one(redis_url: str, namespace: str) -> None:
     async with gateway(namespace, redis_url) as gw:
+        job = {"task": "echo"}
+        # connected first, so that the key's second of life is spent on its requests
+        await _submit(gw, _auth(await gw.keys.create("acme")), "echo")
         minted = await gw.keys.create("acme", expires=timedelta(seconds=1))
         auth = _auth(minted)
-        job = {"task": "echo"}
         jid = (await gw.client.post("/v1/jobs", json=job, headers=auth)).json()["id"]
         assert (await gw.client.post("/v1/jobs", json=job, headers=auth)).status_code == 202
         assert (await gw.client.get(f"/v1/jobs/{jid}", headers=auth)).status_code == 200
