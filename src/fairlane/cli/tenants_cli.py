@@ -1,11 +1,14 @@
 """``fairlane tenants``: the HTTP gateway's tenant API keys: create, rotate, revoke, list.
 
 A key is printed once, when it is created or rotated; only its SHA-256 digest is stored.
+``--scopes read,submit`` narrows a key (all scopes unless told) and ``--expires 30d``
+ends it, counted from now by the server's clock; ``rotate`` keeps both unless given.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import typer
@@ -25,7 +28,8 @@ from fairlane.cli._common import (
     run,
     settings_or_fail,
 )
-from fairlane.gateway.apikeys import ApiKeys, KeyNotFound, KeyRecord, MintedKey
+from fairlane.gateway.apikeys import SCOPES, ApiKeys, KeyNotFound, KeyRecord, MintedKey
+from fairlane.policy.retention import parse_duration
 from fairlane.store.apikeys import KeyRecords
 from fairlane.store.connection import AsyncClient, create_client
 
@@ -36,6 +40,38 @@ tenants_app = typer.Typer(
 )
 
 KeyId = Annotated[str, typer.Argument(metavar="KEY_ID", help="A key's public id.")]
+Scopes = Annotated[
+    str | None,
+    typer.Option(
+        "--scopes",
+        metavar="SCOPES",
+        help=f"What the key may do, comma-separated, of {','.join(SCOPES)} (default: all).",
+        show_default=False,
+    ),
+]
+Expires = Annotated[
+    str | None,
+    typer.Option(
+        "--expires",
+        metavar="DURATION",
+        help='When the key stops working, from now: "12h", "30d" (default: never).',
+        show_default=False,
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """A key's scopes and lifetime as given on the command line (None: not given)."""
+
+    scopes: tuple[str, ...] | None = None
+    expires: timedelta | None = None
+
+    @classmethod
+    def parse(cls, scopes: str | None, expires: str | None) -> _Limits:
+        named = None if scopes is None else tuple(s.strip() for s in scopes.split(",") if s.strip())
+        lifetime = None if expires is None else timedelta(seconds=parse_duration(expires))
+        return cls(named, lifetime)
 
 
 def _keys(app: App) -> tuple[ApiKeys, AsyncClient]:
@@ -46,16 +82,17 @@ def _keys(app: App) -> tuple[ApiKeys, AsyncClient]:
     return ApiKeys(KeyRecords(client, app.name, app.shards)), client
 
 
-async def _with_keys(app: App, action: str, key_or_tenant: str) -> object:
+async def _with_keys(app: App, action: str, key_or_tenant: str, limits: _Limits) -> object:
     keys, client = _keys(app)
     try:
         if action == "create":
-            return await keys.create(key_or_tenant)
+            scopes = SCOPES if limits.scopes is None else limits.scopes
+            return await keys.create(key_or_tenant, scopes=scopes, expires=limits.expires)
         if action == "rotate":
-            return await keys.rotate(key_or_tenant)
+            return await keys.rotate(key_or_tenant, scopes=limits.scopes, expires=limits.expires)
         if action == "revoke":
             return await keys.revoke(key_or_tenant)
-        return await keys.list()
+        return await keys.list(), await keys.records.server_ms()
     finally:
         await client.aclose()
 
@@ -68,11 +105,22 @@ def _print_minted(minted: MintedKey, what: str) -> None:
     typer.echo(minted.key)  # alone on stdout, for scripts
 
 
-def _key_action(app_spec: str, redis_url: str | None, action: str, argument: str) -> object:
-    """Run ``action`` on the app's keys; an unknown key or a bad tenant is an error."""
+def _key_action(
+    app_spec: str,
+    redis_url: str | None,
+    action: str,
+    argument: str,
+    limits: tuple[str | None, str | None] = (None, None),
+) -> object:
+    """Run ``action`` on the app's keys; an unknown key, a bad tenant, scope or duration
+    is an error."""
+    try:
+        parsed = _Limits.parse(*limits)
+    except ValueError as exc:
+        fail(str(exc), EXIT_USAGE)
     app = load_app(app_spec, redis_url)
     try:
-        return run(_with_keys(app, action, argument))
+        return run(_with_keys(app, action, argument, parsed))
     except KeyNotFound as exc:
         fail(str(exc))
     except ValueError as exc:
@@ -84,17 +132,26 @@ def create(
     app_spec: AppSpec,
     tenant: Annotated[str, typer.Argument(metavar="TENANT", show_default=False)],
     redis_url: RedisUrl = None,
+    scopes: Scopes = None,
+    expires: Expires = None,
 ) -> None:
     """Create an API key for TENANT and print it (once)."""
-    minted = _key_action(app_spec, redis_url, "create", tenant)
+    minted = _key_action(app_spec, redis_url, "create", tenant, (scopes, expires))
     assert isinstance(minted, MintedKey)
     _print_minted(minted, "created")
 
 
 @tenants_app.command("rotate")
-def rotate(app_spec: AppSpec, key_id: KeyId, redis_url: RedisUrl = None) -> None:
-    """Give KEY_ID a new secret and print the new key (once); the old one stops working."""
-    minted = _key_action(app_spec, redis_url, "rotate", key_id)
+def rotate(
+    app_spec: AppSpec,
+    key_id: KeyId,
+    redis_url: RedisUrl = None,
+    scopes: Scopes = None,
+    expires: Expires = None,
+) -> None:
+    """Give KEY_ID a new secret and print the new key (once); the old one stops working.
+    It keeps its scopes and expiry unless new ones are given."""
+    minted = _key_action(app_spec, redis_url, "rotate", key_id, (scopes, expires))
     assert isinstance(minted, MintedKey)
     _print_minted(minted, "rotated")
 
@@ -109,15 +166,33 @@ def revoke(app_spec: AppSpec, key_id: KeyId, redis_url: RedisUrl = None) -> None
 
 @tenants_app.command("list")
 def list_keys(app_spec: AppSpec, redis_url: RedisUrl = None) -> None:
-    """List the active keys: id, tenant, created (never the keys themselves)."""
+    """List the keys: id, tenant, created, scopes, expiry (never the keys themselves)."""
     app = load_app(app_spec, redis_url)
-    records = run(_with_keys(app, "list", ""))
-    assert isinstance(records, dict)
+    listed = run(_with_keys(app, "list", "", _Limits()))
+    assert isinstance(listed, tuple)
+    records, now_ms = listed
     if not records:
         console().print("no API keys")
         return
-    table = Table("key id", "tenant", "created (UTC)", box=None, pad_edge=False)
+    table = Table(
+        "key id", "tenant", "created (UTC)", "scopes", "expires (UTC)", box=None, pad_edge=False
+    )
     for key_id, record in records.items():
-        created = datetime.fromtimestamp(record.created_ms / 1000, UTC)
-        table.add_row(key_id, escape(record.tenant), created.strftime("%Y-%m-%d %H:%M:%S"))
+        table.add_row(
+            key_id,
+            escape(record.tenant),
+            _when(record.created_ms),
+            "all" if set(record.scopes) >= set(SCOPES) else ",".join(record.scopes),
+            _expiry(record, now_ms),
+        )
     console().print(table)
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _expiry(record: KeyRecord, now_ms: int) -> str:
+    if record.expires_ms is None:
+        return "never"
+    return _when(record.expires_ms) + (" (expired)" if record.expired(now_ms) else "")

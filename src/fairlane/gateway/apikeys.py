@@ -3,8 +3,13 @@
 A key reads ``flk_<key id>_<secret>``: the key id (12 hex characters) is public and
 names the key in logs and on the command line; the secret is
 ``secrets.token_urlsafe(32)`` (256 random bits). Only a SHA-256 digest of the whole
-key is stored, with the tenant it belongs to and when it was made, in the app's key
-records (``fairlane.store.apikeys``).
+key is stored, with the tenant it belongs to, when it was made, its scopes and its
+expiry, in the app's key records (``fairlane.store.apikeys``).
+
+A key may be narrower than its tenant: its scopes are a subset of ``SCOPES``
+(``submit``, ``read``, ``cancel``, ``signal``; every one unless told), and it may expire
+(``expires``, a duration from now, kept as the server's time in ms). An expired key is
+refused like a revoked one; its record stays until it is revoked.
 
 Why a plain SHA-256 and not a password hash (bcrypt, scrypt, argon2): those are slow
 on purpose, to make guessing a *low-entropy* password from its hash expensive. A
@@ -14,20 +19,34 @@ hash loses nothing and keeps authentication to one HGET and one digest per reque
 A submit costs not even the HGET: the gateway keeps the records it has read (up to
 ``KNOWN_KEYS``), checks the digest against the one it holds, and has the enqueue
 script check the record in the same step as the enqueue (``KeyGuard``), so a key
-revoked or rotated elsewhere a moment ago still stores nothing.
+revoked, rotated, narrowed or expired elsewhere a moment ago still stores nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 
-from fairlane.store.apikeys import KeyRecord, KeyRecords
+from msgspec.structs import replace
 
-__all__ = ["ApiKeys", "KeyNotFound", "KeyRecord", "MintedKey", "parse_key"]
+from fairlane.store.apikeys import SCOPES, KeyRecord, KeyRecords
+
+__all__ = [
+    "SCOPES",
+    "ApiKeys",
+    "KeyExpired",
+    "KeyNotFound",
+    "KeyRecord",
+    "MintedKey",
+    "check_expires",
+    "check_scopes",
+    "parse_key",
+]
 
 KEY_PREFIX = "flk_"
 _KEY_ID_HEX = 12
@@ -38,6 +57,10 @@ KNOWN_KEYS = 10_000
 
 class KeyNotFound(LookupError):
     """No active key of that id (never created, or revoked)."""
+
+
+class KeyExpired(LookupError):
+    """A valid key past its expiry (by the server's clock): refused like a revoked one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +88,35 @@ def parse_key(key: str) -> str | None:
     return key_id
 
 
-def _mint(key_id: str, tenant: str) -> tuple[MintedKey, KeyRecord]:
+def _mint(key_id: str, like: KeyRecord) -> tuple[MintedKey, KeyRecord]:
+    """A new key and its record: ``like``'s tenant, times and scopes, a new digest."""
     key = f"{KEY_PREFIX}{key_id}_{secrets.token_urlsafe(32)}"
-    record = KeyRecord(tenant=tenant, sha256=_digest(key), created_ms=int(time.time() * 1000))
-    return MintedKey(key_id, tenant, key), record
+    return MintedKey(key_id, like.tenant, key), replace(like, sha256=_digest(key))
+
+
+def check_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
+    """Scopes as a record keeps them (in ``SCOPES``' order), or ``ValueError``."""
+    if isinstance(scopes, str):
+        raise ValueError(f"scopes are a collection of names, not one string: {scopes!r}")
+    wanted = set(scopes)
+    unknown = sorted(wanted - set(SCOPES))
+    if unknown:
+        raise ValueError(f"unknown scope(s) {', '.join(unknown)}: use {', '.join(SCOPES)}")
+    if not wanted:
+        raise ValueError(f"a key needs at least one scope of {', '.join(SCOPES)}")
+    kept = tuple(scope for scope in SCOPES if scope in wanted)
+    return SCOPES if kept == SCOPES else kept  # the default itself: a record omits it
+
+
+def check_expires(expires: timedelta | None) -> timedelta | None:
+    """A key's lifetime from now (None: it never expires), or ``ValueError``."""
+    if expires is not None and (not isinstance(expires, timedelta) or expires <= timedelta(0)):
+        raise ValueError(f"expires is a positive timedelta (from now), not {expires!r}")
+    return expires
+
+
+def _expiry_ms(expires: timedelta, now_ms: int) -> int:
+    return now_ms + math.ceil(expires.total_seconds() * 1000)
 
 
 def check_tenant(tenant: str) -> str:
@@ -86,21 +134,86 @@ class ApiKeys:
         self.records = records
         self._known: dict[str, KeyRecord] = {}
 
-    async def create(self, tenant: str) -> MintedKey:
-        """A new key for ``tenant`` (a tenant may hold several, e.g. during a rollover)."""
+    async def create(
+        self,
+        tenant: str,
+        *,
+        scopes: Iterable[str] = SCOPES,
+        expires: timedelta | None = None,
+    ) -> MintedKey:
+        """A new key for ``tenant`` (a tenant may hold several, e.g. during a rollover),
+        allowed ``scopes`` (all by default) and refused from ``expires`` from now on
+        (by the server's clock; None: never)."""
         check_tenant(tenant)
+        kept = check_scopes(scopes)
+        lifetime = check_expires(expires)
+        now = await self.records.server_ms()
+        until = None if lifetime is None else _expiry_ms(lifetime, now)
+        like = KeyRecord(tenant, "", now, kept, until)
         while True:
-            minted, record = _mint(secrets.token_hex(_KEY_ID_HEX // 2), tenant)
+            minted, record = _mint(secrets.token_hex(_KEY_ID_HEX // 2), like)
             if await self.records.add(minted.key_id, record):
                 return minted
 
-    async def rotate(self, key_id: str) -> MintedKey:
-        """A new secret under the same key id; the old key stops working at once."""
-        minted = await self.records.replace(key_id, lambda old: _mint(key_id, old.tenant))
+    async def rotate(
+        self,
+        key_id: str,
+        *,
+        scopes: Iterable[str] | None = None,
+        expires: timedelta | None = None,
+    ) -> MintedKey:
+        """A new secret under the same key id; the old key stops working at once. The
+        key keeps its scopes and expiry unless new ones are given (``expires`` from now);
+        an expired key needs a new expiry (``ValueError``), lest its new secret be dead."""
+        change, now = await self._changes(scopes, expires)
+
+        def renewed(old: KeyRecord) -> tuple[MintedKey, KeyRecord]:
+            if expires is None and old.expired(now):
+                raise ValueError(f"the API key {key_id} has expired: rotate it with a new expiry")
+            return _mint(key_id, replace(old, created_ms=now, **change))
+
+        minted = await self.records.replace(key_id, renewed)
         self._known.pop(key_id, None)
         if minted is None:
             raise KeyNotFound(f"no active API key {key_id!r}")
         return minted
+
+    async def update(
+        self,
+        key_id: str,
+        *,
+        scopes: Iterable[str] | None = None,
+        expires: timedelta | None = None,
+    ) -> KeyRecord:
+        """Give a key new scopes or a new expiry (from now), keeping its secret; its
+        requests obey them at once, a submit vouched for from an older record too."""
+        if scopes is None and expires is None:
+            raise ValueError("nothing to update: give scopes or expires")
+        change, _ = await self._changes(scopes, expires)
+
+        def updated(old: KeyRecord) -> tuple[KeyRecord, KeyRecord]:
+            new = replace(old, **change)
+            return new, new
+
+        record = await self.records.replace(key_id, updated)
+        self._known.pop(key_id, None)
+        if record is None:
+            raise KeyNotFound(f"no active API key {key_id!r}")
+        return record
+
+    async def _changes(
+        self, scopes: Iterable[str] | None, expires: timedelta | None
+    ) -> tuple[dict[str, object], int]:
+        """The fields a rotation or update sets, checked before anything is written,
+        and the server's clock (ms) the expiry is counted from."""
+        change: dict[str, object] = {}
+        if scopes is not None:
+            change["scopes"] = check_scopes(scopes)
+        lifetime = check_expires(expires)
+        now = await self.records.server_ms()
+        if lifetime is not None:
+            change["expires_ms"] = _expiry_ms(lifetime, now)
+        return change, now
 
     async def revoke(self, key_id: str) -> KeyRecord:
         """Delete a key; requests bearing it are refused from now on."""
@@ -111,20 +224,32 @@ class ApiKeys:
         return record
 
     async def list(self) -> dict[str, KeyRecord]:
-        """Every active key id with its record, by key id."""
+        """Every key id with its record, by key id (expired ones too, until revoked)."""
         return await self.records.all()
 
     async def authenticate(self, key: str) -> tuple[str, str] | None:
-        """(key id, tenant) of a valid key, else None."""
+        """(key id, tenant) of a valid key that has not expired, else None."""
+        try:
+            found = await self.identify(key)
+        except KeyExpired:
+            return None
+        return None if found is None else (found[0], found[1].tenant)
+
+    async def identify(self, key: str) -> tuple[str, KeyRecord] | None:
+        """(key id, record) of a valid key, None for a key that is not valid, and
+        ``KeyExpired`` for one past its expiry by the server's clock."""
         key_id = parse_key(key)
         if key_id is None:
             return None
-        record = await self.records.get(key_id)
+        record, now = await self.records.get_at(key_id)
         if record is None or not hmac.compare_digest(record.sha256, _digest(key)):
             self._known.pop(key_id, None)
             return None
+        if record.expired(now):
+            self._known.pop(key_id, None)
+            raise KeyExpired(f"the API key {key_id} has expired")
         self._keep(key_id, record)
-        return key_id, record.tenant
+        return key_id, record
 
     def vouched(self, key: str) -> tuple[str, KeyRecord] | None:
         """(key id, record) of a key whose record this gateway has read and whose

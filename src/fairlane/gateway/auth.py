@@ -3,22 +3,37 @@
 ``Authorization: Bearer <key>``. A tenant key names its tenant; the body never does.
 The admin key (``--admin-key`` / ``FAIRLANE_GATEWAY_ADMIN_KEY``) may read any job
 but submits, cancels and signals nothing: it has no tenant.
+
+A tenant key does only what its scopes allow (``scoped(scope)``, ``submitter``): the
+key is checked first (401: missing, not valid or expired), then its scope (403, reason
+``scope``, ``OutOfScope``), and only then is anything about a job looked at.
 """
 
 from __future__ import annotations
 
 import hmac
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from fairlane.gateway.apikeys import parse_key
+from fairlane.gateway.apikeys import SCOPES, KeyExpired, parse_key
 from fairlane.gateway.state import GatewayState
-from fairlane.store.apikeys import KeyGuard
+from fairlane.store.apikeys import KeyGuard, KeyOutOfScope, KeyRecord, KeyRefused
 
-__all__ = ["Caller", "bearer", "caller", "gateway_state", "refused_key", "submitter"]
+__all__ = [
+    "Caller",
+    "OutOfScope",
+    "bearer",
+    "caller",
+    "gateway_state",
+    "refused_key",
+    "scoped",
+    "submitter",
+]
 
 #: the bearer credentials of a request (None when it has none)
 bearer = HTTPBearer(auto_error=False, description="A tenant API key, or the admin key.")
@@ -30,16 +45,32 @@ class Caller:
     key_id: str | None
     #: a key vouched for from the record the gateway holds: the enqueue must check it
     guard: KeyGuard | None = None
+    #: what the key may do (the admin key: what its endpoints let it)
+    scopes: tuple[str, ...] = SCOPES
 
     @property
     def admin(self) -> bool:
         return self.tenant is None
+
+    def require(self, scope: str) -> Caller:
+        """This caller, if its key has ``scope``; else ``OutOfScope``."""
+        if scope not in self.scopes:
+            raise OutOfScope(scope)
+        return self
 
     def may_read(self, owner: str | None) -> bool:
         return owner is not None and (self.admin or owner == self.tenant)
 
     def owns(self, owner: str | None) -> bool:
         return owner is not None and not self.admin and owner == self.tenant
+
+
+class OutOfScope(Exception):
+    """A valid key without the scope an endpoint needs: answered 403, reason ``scope``."""
+
+    def __init__(self, scope: str) -> None:
+        super().__init__(f"the API key lacks the {scope!r} scope this endpoint needs")
+        self.scope = scope
 
 
 def gateway_state(request: Request) -> GatewayState:
@@ -49,6 +80,7 @@ def gateway_state(request: Request) -> GatewayState:
 
 _NO_KEY = "an API key is required: Authorization: Bearer <key>"
 _NOT_VALID = "the API key is not valid (unknown, revoked or rotated)"
+_EXPIRED = "the API key has expired"
 
 
 def _unauthorized(message: str) -> HTTPException:
@@ -64,11 +96,28 @@ async def caller(
     return await _check(state, credentials.credentials)
 
 
+def scoped(scope: str) -> Callable[..., Awaitable[Caller]]:
+    """The dependency of an endpoint that needs ``scope``: the caller (``caller``),
+    refused with ``OutOfScope`` unless its key has that scope."""
+    if scope not in SCOPES:
+        raise ValueError(f"no scope {scope!r}: one of {', '.join(SCOPES)}")
+
+    async def scoped_caller(
+        state: Annotated[GatewayState, Depends(gateway_state)],
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> Caller:
+        return (await caller(state, credentials)).require(scope)
+
+    return scoped_caller
+
+
 async def submitter(state: GatewayState, authorization: str | None) -> Caller:
     """The caller of a submit, from its ``Authorization`` header (read as ``bearer``
     reads it). A key whose record the gateway holds is not looked up again when the
     enqueue can check it in the same step (``Caller.guard``): its tenant lives in the
-    home shard, where the key records are, and the app waits for no durability."""
+    home shard, where the key records are, and the app waits for no durability. The
+    record held must allow ``submit`` and not look expired (by this clock; the script
+    holds it to the server's); else the key is looked up, and its scope checked."""
     scheme, _, key = (authorization or "").partition(" ")
     key = key.strip()
     if not key or scheme.lower() != "bearer":
@@ -76,17 +125,32 @@ async def submitter(state: GatewayState, authorization: str | None) -> Caller:
     keys = state.key_cache  # none yet: not connected, or no key checked so far
     if keys is not None and not _is_admin(state, key):
         vouched = keys.vouched(key)
-        if vouched is not None and state.enqueue_checks_keys(vouched[1].tenant):
+        if vouched is not None and _may_submit(state, vouched[1]):
             key_id, record = vouched
-            return Caller(record.tenant, key_id, keys.records.guard(key_id, record))
-    return await _check(state, key)
+            guard = keys.records.guard(key_id, record)
+            return Caller(record.tenant, key_id, guard, record.scopes)
+    return (await _check(state, key)).require("submit")
 
 
-def refused_key(state: GatewayState, key_id: str | None) -> HTTPException:
-    """The 401 of a key the enqueue found revoked or rotated."""
+def _may_submit(state: GatewayState, record: KeyRecord) -> bool:
+    local_ms = int(time.time() * 1000)
+    return (
+        record.allows("submit")
+        and not record.expired(local_ms)
+        and state.enqueue_checks_keys(record.tenant)
+    )
+
+
+def refused_key(
+    state: GatewayState, key_id: str | None, refusal: KeyRefused | None = None
+) -> HTTPException | OutOfScope:
+    """What to raise for a key the enqueue refused: 401 for one revoked, rotated or
+    expired, ``OutOfScope`` (403) for one that may not submit."""
     if state.key_cache is not None and key_id is not None:
         state.key_cache.forget(key_id)
-    return _unauthorized(_NOT_VALID)
+    if isinstance(refusal, KeyOutOfScope):
+        return OutOfScope(refusal.scope)
+    return _unauthorized(str(refusal) if refusal is not None and str(refusal) else _NOT_VALID)
 
 
 def _is_admin(state: GatewayState, key: str) -> bool:
@@ -99,8 +163,11 @@ async def _check(state: GatewayState, key: str) -> Caller:
     if _is_admin(state, key):
         return Caller(tenant=None, key_id=None)
     # an ill-formed key is refused without a lookup (or a connection to the store)
-    found = await (await state.keys()).authenticate(key) if parse_key(key) else None
+    try:
+        found = await (await state.keys()).identify(key) if parse_key(key) else None
+    except KeyExpired:
+        raise _unauthorized(_EXPIRED) from None
     if found is None:
         raise _unauthorized(_NOT_VALID)
-    key_id, tenant = found
-    return Caller(tenant=tenant, key_id=key_id)
+    key_id, record = found
+    return Caller(tenant=record.tenant, key_id=key_id, scopes=record.scopes)

@@ -4,7 +4,9 @@ Every id a tenant names is checked against the job record's ``tenant`` field; a 
 another tenant is answered exactly like a job that does not exist (404), so ids cannot
 be probed. Only tasks registered with ``gateway=True`` are enqueued, by name (any other
 answers as an unknown one): nothing a request carries is ever run or imported by the
-gateway.
+gateway. Each endpoint needs its scope of the caller's key (``auth.scoped``;
+``auth.submitter`` for the submit): ``submit``, ``read`` (both GETs), ``cancel``; a key
+without it is answered 403 before the job is looked at.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from fairlane.app.admission import Admission
 from fairlane.app.job import TERMINAL, Job
 from fairlane.codec import PayloadTooLarge, decode_error
 from fairlane.errors import JobNotFound
-from fairlane.gateway.auth import Caller, caller, gateway_state, refused_key
+from fairlane.gateway.auth import Caller, caller, gateway_state, refused_key, scoped
 from fairlane.gateway.lean import LeanRoute
 from fairlane.gateway.models import (
     CancelReply,
@@ -47,6 +49,8 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 State = Annotated[GatewayState, Depends(gateway_state)]
 Who = Annotated[Caller, Depends(caller)]
+Reader = Annotated[Caller, Depends(scoped("read"))]
+Canceller = Annotated[Caller, Depends(scoped("cancel"))]
 JobId = Annotated[str, Path(min_length=1, max_length=128, description="A job id.")]
 
 
@@ -138,16 +142,18 @@ async def _admit(
         try:
             # as the app's own submissions: with its durability (WAIT/WAITAOF) if set
             admission: Admission[object] = await task.submit_job(new, guard=who.guard)
-        except KeyRefused:
-            raise refused_key(state, who.key_id) from None
+        except KeyRefused as refusal:
+            raise refused_key(state, who.key_id, refusal) from None
         except ValueError as exc:
             return error(422, str(exc), "refused")
         tracing.admitted(span, admission)
         return admission
 
 
-@router.get("/{job_id}", response_model=JobView, responses=responses(404), summary="A job's status")
-async def read(job_id: JobId, who: Who, state: State) -> JobView | JSONResponse:
+@router.get(
+    "/{job_id}", response_model=JobView, responses=responses(403, 404), summary="A job's status"
+)
+async def read(job_id: JobId, who: Reader, state: State) -> JobView | JSONResponse:
     if not who.may_read(await _owner(state, job_id)):
         return _not_found(job_id)
     app = state.app
@@ -172,13 +178,13 @@ async def read(job_id: JobId, who: Who, state: State) -> JobView | JSONResponse:
     response_model=ResultReply,
     responses={
         202: {"model": ResultReply, "description": "Not finished within the wait."},
-        **responses(404, 410),
+        **responses(403, 404, 410),
     },
     summary="A job's result, waiting up to `wait` seconds for it",
 )
 async def result(
     job_id: JobId,
-    who: Who,
+    who: Reader,
     state: State,
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)] = 0.0,
 ) -> ResultReply | JSONResponse:
@@ -224,7 +230,7 @@ async def _completed(app: App, job_id: str, raw: bytes) -> JSONResponse:
 @router.delete(
     "/{job_id}", response_model=CancelReply, responses=responses(403, 404), summary="Cancel a job"
 )
-async def cancel(job_id: JobId, who: Who, state: State) -> CancelReply | JSONResponse:
+async def cancel(job_id: JobId, who: Canceller, state: State) -> CancelReply | JSONResponse:
     if who.admin:
         return _admin_reads_only()
     if not who.owns(await _owner(state, job_id)):

@@ -1,5 +1,6 @@
 """Error answers: one JSON shape (``ErrorBody``) for every refusal, and the handlers
-that give validation errors and an unreachable store that shape."""
+that give validation errors, a key outside its scope and an unreachable store that
+shape."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from fairlane.app.admission import UNAVAILABLE_RETRY_AFTER
+from fairlane.gateway.auth import OutOfScope
 from fairlane.gateway.models import ErrorBody
 from fairlane.store.wire import StoreUnavailable
 
@@ -46,8 +48,9 @@ def error(
 
 _DESCRIPTIONS = {
     400: "The body is not JSON.",
-    401: "No API key, or one that is unknown, revoked or rotated.",
-    403: "The admin key only reads jobs.",
+    401: "No API key, or one that is unknown, revoked, rotated or expired.",
+    403: "The key lacks the scope this endpoint needs (reason `scope`), or the admin key "
+    "only reads jobs.",
     404: "No such job or run for this tenant.",
     410: "The job's result was kept in the payload store and can no longer be read.",
     413: "The request body, or the encoded arguments, are too large.",
@@ -81,6 +84,11 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body.model_dump(exclude_none=True), status_code=422)
 
 
+async def _out_of_scope(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OutOfScope)
+    return error(403, str(exc), "scope")
+
+
 async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     return error(
         503,
@@ -92,4 +100,5 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
 
 def install_handlers(api: FastAPI) -> None:
     api.add_exception_handler(RequestValidationError, _invalid)
+    api.add_exception_handler(OutOfScope, _out_of_scope)
     api.add_exception_handler(StoreUnavailable, _unavailable)

@@ -1,5 +1,6 @@
 """Signals to workflow runs: ``POST /v1/runs/{run_id}/signals/{name}``, for the run's
-own tenant only (another tenant's run is answered 404, like a missing one)."""
+own tenant only (another tenant's run is answered 404, like a missing one), with a key
+that has the ``signal`` scope (else 403, before the run is looked at)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
 
 from fairlane.app.workflows import RunNotFound, Workflow
-from fairlane.gateway.auth import Caller, caller, gateway_state
+from fairlane.gateway.auth import Caller, gateway_state, scoped
 from fairlane.gateway.models import SignalReply, SignalRequest
 from fairlane.gateway.responses import error, responses
 from fairlane.gateway.state import GatewayState
@@ -30,7 +31,7 @@ async def signal(
     run_id: Annotated[str, Path(min_length=1, max_length=128)],
     name: Annotated[str, Path(min_length=1, max_length=200)],
     body: SignalRequest,
-    who: Annotated[Caller, Depends(caller)],
+    who: Annotated[Caller, Depends(scoped("signal"))],
     state: Annotated[GatewayState, Depends(gateway_state)],
 ) -> SignalReply | JSONResponse:
     if who.admin:

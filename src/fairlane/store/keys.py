@@ -69,7 +69,8 @@ pattern (after the prefix)  type   holds                              written by
 ``trate``                  hash   tenant -> its own rate             configure_rate
                                   'limit,per_ms,burst,units'
 ``gw:keys``                hash   API key id -> its record (tenant,  fairlane tenants (CLI);
-                                  SHA-256 of the key, created ms)    the HTTP gateway reads it
+                                  SHA-256 of the key, created ms,    the HTTP gateway reads it,
+                                  scopes, expires ms: server time)   enqueue_as checks it
 ``payloads``               zset   '<job id>|<payload name>' -> next  producers, workers (they
                                   check (ms): large payloads kept    offload); the payload
                                   outside the server, removed once   sweep (fairlane.payloads

@@ -18,7 +18,13 @@ from redis.exceptions import ResponseError
 
 from fairlane.policy.admission import EstimationSettings, PoolConfig, QueueBounds
 from fairlane.policy.classes import ClassTable
-from fairlane.store.apikeys import KEY_REFUSED_ERROR, KeyGuard, KeyRefused
+from fairlane.store.apikeys import (
+    KEY_REFUSED_ERROR,
+    KEY_SCOPE_ERROR,
+    KeyGuard,
+    KeyOutOfScope,
+    KeyRefused,
+)
 from fairlane.store.base import StoreBase
 from fairlane.store.library import FUNCTION_PREFIX, encode_admission, encode_classes
 from fairlane.store.wire import NewJob, Submitted, as_text, parse_submitted
@@ -44,7 +50,8 @@ class Submission(StoreBase):
 
         With ``guard`` (a gateway caller's key, whose records must be in this shard),
         the same step first checks that the key still stands as the caller holds it:
-        ``KeyRefused``, with nothing stored, if it was revoked or rotated."""
+        ``KeyRefused``, with nothing stored, if it was revoked, rotated or has expired
+        (by the server's clock), ``KeyOutOfScope`` if it may not submit."""
         blob = _PACK.encode(await self.prepare(jobs))
         keys = self._lane_keys([lane])
         if guard is None:
@@ -56,8 +63,11 @@ class Submission(StoreBase):
                 [lane, blob, guard.key_id, guard.sha256, guard.tenant],
             )
         except ResponseError as exc:
-            if str(exc).startswith(KEY_REFUSED_ERROR):
-                raise KeyRefused(str(exc)) from None
+            message = str(exc)
+            if message.startswith(KEY_REFUSED_ERROR):
+                raise KeyRefused(message.removeprefix(KEY_REFUSED_ERROR).strip()) from None
+            if message.startswith(KEY_SCOPE_ERROR):
+                raise KeyOutOfScope(message.removeprefix(KEY_SCOPE_ERROR).strip()) from None
             raise
         return parse_submitted(reply)
 

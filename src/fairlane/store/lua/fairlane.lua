@@ -234,13 +234,27 @@ end
 
 -- enqueue on a gateway caller's key: KEYS as enqueue's, then the app's API key records
 -- (gw:keys, in this shard: the home one); ARGV lane, jobs, key id, SHA-256 of the key,
--- its tenant. The check and the enqueue are one step, so a key revoked or rotated a
--- moment ago stores nothing: an error reply, and nothing is written.
+-- its tenant. The check and the enqueue are one step, so a key revoked, rotated,
+-- expired or narrowed a moment ago stores nothing: an error reply (NOKEY: not valid or
+-- expired; NOSCOPE: no submit scope), and nothing is written. A record without
+-- scopes or expires_ms (written before keys had them) has every scope and no expiry.
 function hot.enqueue_as(keys, args)
   local raw = redis.call('HGET', keys[#keys], args[3])
   local record = raw and cjson.decode(raw)
   if not record or record.sha256 ~= args[4] or record.tenant ~= args[5] then
     return redis.error_reply('NOKEY the API key is not valid (unknown, revoked or rotated)')
+  end
+  if type(record.expires_ms) == 'number' and now_ms() >= record.expires_ms then
+    return redis.error_reply('NOKEY the API key has expired')
+  end
+  if type(record.scopes) == 'table' then
+    local allowed = false
+    for _, scope in ipairs(record.scopes) do
+      allowed = allowed or scope == 'submit'
+    end
+    if not allowed then
+      return redis.error_reply('NOSCOPE the API key lacks the submit scope')
+    end
   end
   keys[#keys] = nil
   return enqueue(keys, {args[1], args[2]})
