@@ -1,13 +1,16 @@
-"""``fairlane tenants``: the HTTP gateway's tenant API keys: create, rotate, revoke, list.
+"""``fairlane tenants``: the HTTP gateway's tenant API keys: create, rotate, revoke, list;
+and ``audit``, the trail of the gateway's decisions that changed state.
 
 A key is printed once, when it is created or rotated; only its SHA-256 digest is stored.
 """
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Annotated
 
+import msgspec
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -27,6 +30,7 @@ from fairlane.cli._common import (
 )
 from fairlane.gateway.apikeys import ApiKeys, KeyNotFound, KeyRecord, MintedKey
 from fairlane.store.apikeys import KeyRecords
+from fairlane.store.audit import ACTIONS, AuditEntry
 from fairlane.store.connection import AsyncClient, create_client
 
 __all__ = ["tenants_app"]
@@ -120,4 +124,69 @@ def list_keys(app_spec: AppSpec, redis_url: RedisUrl = None) -> None:
     for key_id, record in records.items():
         created = datetime.fromtimestamp(record.created_ms / 1000, UTC)
         table.add_row(key_id, escape(record.tenant), created.strftime("%Y-%m-%d %H:%M:%S"))
+    console().print(table)
+
+
+async def _read_audit(
+    app: App, limit: int, tenant: str | None, action: str | None
+) -> list[AuditEntry]:
+    keys, client = _keys(app)
+    try:
+        return await keys.records.audit.read(limit, tenant=tenant, action=action)
+    finally:
+        await client.aclose()
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+@tenants_app.command("audit")
+def audit(
+    app_spec: AppSpec,
+    *,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Only this tenant's entries.")
+    ] = None,
+    action: Annotated[
+        str | None, typer.Option("--action", help=f"Only one action: {', '.join(ACTIONS)}.")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the entries as JSON.")] = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Show the gateway's audit trail, newest first: submits, cancels, signals and key
+    changes, each with its key id, tenant, outcome and the server's time."""
+    if action is not None and action not in ACTIONS:
+        fail(f"--action must be one of {', '.join(ACTIONS)}, not {action!r}", EXIT_USAGE)
+    app = load_app(app_spec, redis_url)
+    entries = run(_read_audit(app, limit, tenant, action))
+    if as_json:
+        rows = [{"at": _utc(e.at_ms), **msgspec.structs.asdict(e)} for e in entries]
+        typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+        return
+    if not entries:
+        console().print("no audit entries")
+        return
+    table = Table(
+        "time (UTC)",
+        "action",
+        "key id",
+        "tenant",
+        "outcome",
+        "detail",
+        "job / run",
+        box=None,
+        pad_edge=False,
+    )
+    for e in entries:
+        table.add_row(
+            _utc(e.at_ms),
+            e.action,
+            escape(e.key_id),
+            escape(e.tenant),
+            escape(e.outcome),
+            escape(e.detail),
+            escape(e.job_id),
+        )
     console().print(table)

@@ -44,7 +44,8 @@ class Submission(StoreBase):
 
         With ``guard`` (a gateway caller's key, whose records must be in this shard),
         the same step first checks that the key still stands as the caller holds it:
-        ``KeyRefused``, with nothing stored, if it was revoked or rotated."""
+        ``KeyRefused``, with nothing stored, if it was revoked or rotated; and records
+        each job's outcome in the app's audit trail (``fairlane.store.audit``)."""
         blob = _PACK.encode(await self.prepare(jobs))
         keys = self._lane_keys([lane])
         if guard is None:
@@ -52,8 +53,8 @@ class Submission(StoreBase):
         try:
             reply = await self.fcall(
                 "enqueue_as",
-                [*keys, guard.records],
-                [lane, blob, guard.key_id, guard.sha256, guard.tenant],
+                [*keys, guard.records, guard.audit],
+                [lane, blob, guard.key_id, guard.sha256, guard.tenant, guard.audit_cap],
             )
         except ResponseError as exc:
             if str(exc).startswith(KEY_REFUSED_ERROR):
