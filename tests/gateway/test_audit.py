@@ -44,10 +44,13 @@ async def test_submits_leave_one_entry_each(redis_url: str, namespace: str) -> N
         auth = await gw.key("acme")
         job = {"task": "echo", "estimate": 1}
         first = await gw.client.post("/v1/jobs", json=job, headers=auth)  # the gateway's write
-        second = await gw.client.post("/v1/jobs", json=job, headers=auth)  # the script's
+        keyed = {**job, "idempotency_key": "k1"}
+        second = await gw.client.post("/v1/jobs", json=keyed, headers=auth)  # the script's
         full = await gw.client.post("/v1/jobs", json=job, headers=auth)
+        again = await gw.client.post("/v1/jobs", json=keyed, headers=auth)
         unknown = await gw.client.post("/v1/jobs", json={"task": "nope"}, headers=auth)
-        assert [r.status_code for r in (first, second, full, unknown)] == [202, 202, 429, 422]
+        answers = [r.status_code for r in (first, second, full, again, unknown)]
+        assert answers == [202, 202, 429, 202, 422]
         await gw.client.post("/v1/jobs", json=job)  # no key: 401, nothing recorded
         entries = await gw.keys.records.audit.read(10, action="submit")
     seen = [(e.outcome, e.detail, e.job_id) for e in reversed(entries)]
@@ -55,6 +58,7 @@ async def test_submits_leave_one_entry_each(redis_url: str, namespace: str) -> N
         ("accepted", "", first.json()["id"]),
         ("accepted", "", second.json()["id"]),
         ("rejected", "class_full", ""),
+        ("accepted", "existing", second.json()["id"]),
         ("refused", "unknown_task", ""),
     ]
     assert {(e.key_id, e.tenant) for e in entries} == {(_key_id(auth), "acme")}
