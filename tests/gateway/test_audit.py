@@ -19,7 +19,7 @@ from fairlane import App
 from fairlane.cli import tenants_cli
 from fairlane.gateway import ApiKeys
 from fairlane.store.apikeys import KeyRecords
-from fairlane.store.audit import AuditEntry, AuditTrail
+from fairlane.store.audit import AuditEntry
 from fairlane.store.connection import create_client
 from fairlane.store.wire import NewJob
 from tests.e2e.helpers import fast_settings
@@ -113,32 +113,29 @@ async def test_key_created_rotated_revoked(redis_url: str, namespace: str) -> No
 
 @pytest.mark.contract  # the key records' transactions and the script, on a cluster too
 async def test_the_trail_is_bounded(redis_url: str, namespace: str) -> None:
-    cap, written = 10, 300
-    client = create_client(redis_url)
-    try:
-        trail = AuditTrail(client, namespace, cap=cap)
+    cap, written = 100, 400
+    app = App(namespace, redis_url=redis_url, settings=fast_settings(audit_entries=cap))
+    echo = app.task(name="echo")(_echo)
+    async with app:
+        records = app.store.key_records
+        trail = records.audit
         for i in range(written):
             await trail.record("cancel", "k" * 12, "acme", "cancelled", job_id=f"j{i}")
         # whole blocks are trimmed: at most one block (<= 100 entries) over the cap
         assert cap <= await trail.length() <= cap + 100
         assert (await trail.read(1))[0].job_id == f"j{written - 1}"
-        # the enqueue script trims with the cap the key records give it
-        records = KeyRecords(client, namespace, audit_entries=cap)
-        await ApiKeys(records).create("acme")
-        key_id, record = next(iter((await records.all()).items()))
-        app = App(namespace, redis_url=redis_url, settings=fast_settings())
-        echo = app.task(name="echo")(_echo)
-        async with app:
-            blob = echo.encode_args((), {})
-            jobs = [_renamed(echo.new_job(blob, tenant="acme"), f"n{i}") for i in range(written)]
-            replies = await app.store.submit("default", jobs, records.guard(key_id, record))
+        # the enqueue script trims with the same cap, given it with the caller's key
+        minted = await ApiKeys(records).create("acme")
+        record = await records.get(minted.key_id)
+        assert record is not None
+        blob = echo.encode_args((), {})
+        jobs = [_renamed(echo.new_job(blob, tenant="acme"), f"n{i}") for i in range(written)]
+        replies = await app.store.submit("default", jobs, records.guard(minted.key_id, record))
         assert {r.code for r in replies} == {1}
         assert cap <= await trail.length() <= cap + 100
         newest = await trail.read(3)
-        assert [e.job_id for e in newest] == ["n299", "n298", "n297"]
-        assert {e.action for e in newest} == {"submit"}
-    finally:
-        await client.aclose()
+    assert [e.job_id for e in newest] == ["n399", "n398", "n397"]
+    assert {e.action for e in newest} == {"submit"}
 
 
 async def _echo(text: str = "") -> str:

@@ -47,7 +47,8 @@ def _keys(app: App) -> tuple[ApiKeys, AsyncClient]:
     if target.url is None:
         fail(f"no server to talk to: {target.source} is not running (give --redis-url)")
     client = create_client(target.url, socket_connect_timeout=5.0)
-    return ApiKeys(KeyRecords(client, app.name, app.shards)), client
+    records = KeyRecords(client, app.name, app.shards, app.settings.audit_entries)
+    return ApiKeys(records), client
 
 
 async def _with_keys(app: App, action: str, key_or_tenant: str) -> object:

@@ -38,6 +38,7 @@ from typing import Any, Final
 
 import msgspec
 
+from fairlane.policy.retention import DEFAULT_AUDIT_ENTRIES
 from fairlane.store.base import unavailable
 from fairlane.store.connection import AsyncClient
 from fairlane.store.fields import field_text
@@ -52,8 +53,8 @@ __all__ = [
     "AuditTrail",
 ]
 
-#: the entries a trail keeps by default (about 10 MB; see the README's gateway section)
-DEFAULT_ENTRIES: Final = 100_000
+#: the entries a trail keeps by default (the ``audit_entries`` setting's default)
+DEFAULT_ENTRIES: Final = DEFAULT_AUDIT_ENTRIES
 ACTIONS: Final = ("submit", "cancel", "signal", "key_created", "key_rotated", "key_revoked")
 SUBMIT_OUTCOMES: Final = ("accepted", "deferred", "rejected", "refused")
 #: every entry's fields, in this order (the enqueue script writes the same)

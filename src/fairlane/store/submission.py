@@ -19,6 +19,7 @@ from redis.exceptions import ResponseError
 from fairlane.policy.admission import EstimationSettings, PoolConfig, QueueBounds
 from fairlane.policy.classes import ClassTable
 from fairlane.store.apikeys import KEY_REFUSED_ERROR, KeyGuard, KeyRefused
+from fairlane.store.audit import DEFAULT_ENTRIES
 from fairlane.store.base import StoreBase
 from fairlane.store.library import FUNCTION_PREFIX, encode_admission, encode_classes
 from fairlane.store.wire import NewJob, Submitted, as_text, parse_submitted
@@ -35,6 +36,8 @@ class Submission(StoreBase):
     #: ``fairlane.payloads``), called with the store and the jobs; None sends them as
     #: they are
     prepare_jobs: Callable[[Any, Sequence[NewJob]], Awaitable[Sequence[NewJob]]] | None = None
+    #: the entries the app's audit trail keeps (the ``audit_entries`` setting)
+    audit_entries: int = DEFAULT_ENTRIES
 
     async def submit(
         self, lane: str, jobs: Sequence[NewJob], guard: KeyGuard | None = None
