@@ -21,6 +21,7 @@ import pytest
 
 from fairlane import App
 from fairlane.app.job import Job
+from fairlane.gateway import ApiKeys
 from tests.e2e.helpers import eventually, running_worker
 from tests.ui.helpers import ADMIN_KEY, served, ui_app
 
@@ -198,6 +199,17 @@ async def redrive_and_cancel(page: Any, base: str, app: App, work: Workload, sho
     assert await parked[2].status() == "queued"
 
 
+async def check_audit(page: Any, base: str, app: App) -> None:
+    """The audit page lists a key's creation, and a tenant name that looks like markup
+    is shown as text."""
+    tenant = "<img src=x onerror=alert(1)>"
+    minted = await ApiKeys(app.store.key_records).create(tenant)
+    await page.goto(f"{base}/ui/#/audit")
+    await page.get_by_role("cell", name=minted.key_id).wait_for()
+    await page.get_by_role("cell", name=tenant).wait_for()
+    assert await page.locator("main img").count() == 0
+
+
 async def test_dashboard_end_to_end(redis_url: str, namespace: str, shots: Path) -> None:
     app = ui_app(namespace, redis_url)
     async with app:
@@ -226,5 +238,6 @@ async def test_dashboard_end_to_end(redis_url: str, namespace: str, shots: Path)
             async with browser_page() as page:
                 await log_in(page, gw.base)
                 await page.locator("#mode").wait_for()
+                await check_audit(page, gw.base, app)
                 await show_job(page, gw.base, waiting)
                 assert await page.locator("button[data-action]").count() == 0

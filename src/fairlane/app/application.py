@@ -165,6 +165,7 @@ class App(Declaring):
             socket_timeout=timeouts.timeout,
             socket_connect_timeout=timeouts.connect_timeout,
             prepare_jobs=None if payloads is None else payloads.offload_jobs,
+            audit_entries=self.settings.audit_entries,
         )
         try:
             await self.registry.declare(self._sharded.stores)

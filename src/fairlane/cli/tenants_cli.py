@@ -1,4 +1,5 @@
-"""``fairlane tenants``: the HTTP gateway's tenant API keys: create, rotate, revoke, list.
+"""``fairlane tenants``: the HTTP gateway's tenant API keys: create, rotate, revoke, list;
+and ``audit``, the trail of the gateway's decisions that changed state.
 
 A key is printed once, when it is created or rotated; only its SHA-256 digest is stored.
 ``--scopes read,submit`` narrows a key (all scopes unless told) and ``--expires 30d``
@@ -7,10 +8,12 @@ ends it, counted from now by the server's clock; ``rotate`` keeps both unless gi
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
+import msgspec
 import typer
 from rich.markup import escape
 from rich.table import Table
@@ -31,6 +34,7 @@ from fairlane.cli._common import (
 from fairlane.gateway.apikeys import SCOPES, ApiKeys, KeyNotFound, KeyRecord, MintedKey
 from fairlane.policy.retention import parse_duration
 from fairlane.store.apikeys import KeyRecords
+from fairlane.store.audit import ACTIONS, AuditEntry
 from fairlane.store.connection import AsyncClient, create_client
 
 __all__ = ["tenants_app"]
@@ -79,7 +83,8 @@ def _keys(app: App) -> tuple[ApiKeys, AsyncClient]:
     if target.url is None:
         fail(f"no server to talk to: {target.source} is not running (give --redis-url)")
     client = create_client(target.url, socket_connect_timeout=5.0)
-    return ApiKeys(KeyRecords(client, app.name, app.shards)), client
+    records = KeyRecords(client, app.name, app.shards, app.settings.audit_entries)
+    return ApiKeys(records), client
 
 
 async def _with_keys(app: App, action: str, key_or_tenant: str, limits: _Limits) -> object:
@@ -196,3 +201,68 @@ def _expiry(record: KeyRecord, now_ms: int) -> str:
     if record.expires_ms is None:
         return "never"
     return _when(record.expires_ms) + (" (expired)" if record.expired(now_ms) else "")
+
+
+async def _read_audit(
+    app: App, limit: int, tenant: str | None, action: str | None
+) -> list[AuditEntry]:
+    keys, client = _keys(app)
+    try:
+        return await keys.records.audit.read(limit, tenant=tenant, action=action)
+    finally:
+        await client.aclose()
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+@tenants_app.command("audit")
+def audit(
+    app_spec: AppSpec,
+    *,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="Only this tenant's entries.")
+    ] = None,
+    action: Annotated[
+        str | None, typer.Option("--action", help=f"Only one action: {', '.join(ACTIONS)}.")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10_000)] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the entries as JSON.")] = False,
+    redis_url: RedisUrl = None,
+) -> None:
+    """Show the gateway's audit trail, newest first: submits, cancels, signals and key
+    changes, each with its key id, tenant, outcome and the server's time."""
+    if action is not None and action not in ACTIONS:
+        fail(f"--action must be one of {', '.join(ACTIONS)}, not {action!r}", EXIT_USAGE)
+    app = load_app(app_spec, redis_url)
+    entries = run(_read_audit(app, limit, tenant, action))
+    if as_json:
+        rows = [{"at": _utc(e.at_ms), **msgspec.structs.asdict(e)} for e in entries]
+        typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+        return
+    if not entries:
+        console().print("no audit entries")
+        return
+    table = Table(
+        "time (UTC)",
+        "action",
+        "key id",
+        "tenant",
+        "outcome",
+        "detail",
+        "job / run",
+        box=None,
+        pad_edge=False,
+    )
+    for e in entries:
+        table.add_row(
+            _utc(e.at_ms),
+            e.action,
+            escape(e.key_id),
+            escape(e.tenant),
+            escape(e.outcome),
+            escape(e.detail),
+            escape(e.job_id),
+        )
+    console().print(table)

@@ -48,6 +48,7 @@ from fairlane.config.sources import (
     loading,
 )
 from fairlane.config.tenants import TenantSettings
+from fairlane.policy.retention import DEFAULT_AUDIT_ENTRIES
 
 # The sections are imported from here by much of the project, as is ConfigError: this
 # module is the settings' one public address.
@@ -108,6 +109,9 @@ class Settings(BaseSettings):
     """What is kept of idle tenants."""
     queues: QueueSettings = Field(default_factory=QueueSettings)
     """Bounds on queued jobs in lanes without an admission pool."""
+    audit_entries: int = Field(default=DEFAULT_AUDIT_ENTRIES, ge=100, le=100_000_000)
+    """Entries the HTTP gateway's audit trail keeps, newest first (trimmed in whole blocks, so
+    up to one block more)."""
 
     @field_validator("lanes_file")
     @classmethod

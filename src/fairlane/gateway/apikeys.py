@@ -195,7 +195,7 @@ class ApiKeys:
             new = replace(old, **change)
             return new, new
 
-        record = await self.records.replace(key_id, updated)
+        record = await self.records.replace(key_id, updated, action="key_updated")
         self._known.pop(key_id, None)
         if record is None:
             raise KeyNotFound(f"no active API key {key_id!r}")

@@ -25,6 +25,7 @@ from fairlane.app.admission import Admission
 from fairlane.app.job import TERMINAL, Job
 from fairlane.codec import PayloadTooLarge, decode_error
 from fairlane.errors import JobNotFound
+from fairlane.gateway import audit
 from fairlane.gateway.auth import Caller, caller, gateway_state, refused_key, scoped
 from fairlane.gateway.lean import LeanRoute
 from fairlane.gateway.models import (
@@ -118,6 +119,7 @@ async def _admit(
     task = app.tasks.get(body.task)
     if task is None or not task.options.gateway:
         # a private task and no task at all look the same: names cannot be probed
+        await audit.record(state, who, "submit", "refused", detail="unknown_task")
         return error(422, f"this gateway has no task named {body.task!r}", "unknown_task")
     try:
         blob = task.encode_args(tuple(body.args), body.kwargs)
@@ -134,8 +136,10 @@ async def _admit(
             fairness_key=body.fairness_key,
         )
     except PayloadTooLarge as exc:
+        await audit.record(state, who, "submit", "refused", detail="too_large")
         return error(413, str(exc), "too_large")
     except (TypeError, ValueError) as exc:
+        await audit.record(state, who, "submit", "refused", detail="bad_arguments")
         return error(422, str(exc), "bad_arguments")
     lane = task.options.lane
     with tracing.continuing(headers), tracing.sending(lane, [new]) as span:
@@ -145,8 +149,11 @@ async def _admit(
         except KeyRefused as refusal:
             raise refused_key(state, who.key_id, refusal) from None
         except ValueError as exc:
+            if who.guard is None:  # a guarded enqueue recorded its refusal itself
+                await audit.record(state, who, "submit", "refused", detail="refused")
             return error(422, str(exc), "refused")
         tracing.admitted(span, admission)
+        await audit.record_admission(state, who, admission)
         return admission
 
 
@@ -238,4 +245,5 @@ async def cancel(job_id: JobId, who: Canceller, state: State) -> CancelReply | J
     status = await state.app.store_for_job(job_id).cancel(job_id)
     if status == "missing":
         return _not_found(job_id)
+    await audit.record(state, who, "cancel", status, job_id=job_id)
     return CancelReply(id=job_id, status=status)

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Path
 from fastapi.responses import JSONResponse
 
 from fairlane.app.workflows import RunNotFound, Workflow
+from fairlane.gateway import audit
 from fairlane.gateway.auth import Caller, gateway_state, scoped
 from fairlane.gateway.models import SignalReply, SignalRequest
 from fairlane.gateway.responses import error, responses
@@ -48,4 +49,5 @@ async def signal(
         return error(404, f"no run {run_id!r}", "not_found")
     except (TypeError, ValueError) as exc:
         return error(422, str(exc), "bad_signal")
+    await audit.record(state, who, "signal", outcome, detail=name, job_id=run_id)
     return SignalReply(result=outcome)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 
-__all__ = ["Keep", "Retention", "parse_duration"]
+__all__ = ["DEFAULT_AUDIT_ENTRIES", "Keep", "Retention", "parse_duration"]
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
@@ -83,6 +83,9 @@ KeepSpec = (
 #: 120 MB of records for small results, more for large ones (then set a lower count).
 DEFAULT_COMPLETED: KeepSpec = (200_000, "1h")
 DEFAULT_FAILED: KeepSpec = (10000, "7d")
+#: The HTTP gateway's audit trail keeps its newest 100,000 entries (about 86 bytes each
+#: with short tenant names: some 9 MB); it is bounded by count only (``store.audit``).
+DEFAULT_AUDIT_ENTRIES = 100_000
 
 
 class Retention:

@@ -51,7 +51,7 @@ class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, K
     def key_records(self) -> KeyRecords:
         """The app's API key records, on this store's connection (they live in the home
         shard whichever shard this store is)."""
-        return KeyRecords(self.client, self.app, self.shards)
+        return KeyRecords(self.client, self.app, self.shards, self.audit_entries)
 
     @classmethod
     def from_url(
@@ -106,5 +106,6 @@ class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, K
             shards=shards,
         )
         sibling.prepare_jobs = self.prepare_jobs
+        sibling.audit_entries = self.audit_entries
         sibling._owns_clients = False
         return sibling

@@ -71,6 +71,12 @@ pattern (after the prefix)  type   holds                              written by
 ``gw:keys``                hash   API key id -> its record (tenant,  fairlane tenants (CLI);
                                   SHA-256 of the key, created ms,    the HTTP gateway reads it,
                                   scopes, expires ms: server time)   enqueue_as checks it
+``gw:audit``               stream the gateway's decisions that      enqueue_as (submits it
+                                  change state: action, key, tenant,  stores); the gateway;
+                                  outcome, detail, id (one field set: the key records, with
+                                  every entry the same), the entry    each key change
+                                  id's ms the server's time; newest   (fairlane.store.audit)
+                                  ~100,000 (XADD MAXLEN ~)
 ``payloads``               zset   '<job id>|<payload name>' -> next  producers, workers (they
                                   check (ms): large payloads kept    offload); the payload
                                   outside the server, removed once   sweep (fairlane.payloads
@@ -329,6 +335,11 @@ class AppKeys:
     def gateway_keys(self) -> str:
         """The HTTP gateway's tenant API keys (``fairlane.gateway.apikeys``)."""
         return self.prefix + "gw:keys"
+
+    @property
+    def audit(self) -> str:
+        """The gateway's audit trail: decisions that change state (``fairlane.store.audit``)."""
+        return self.prefix + "gw:audit"
 
     @property
     def payloads(self) -> str:

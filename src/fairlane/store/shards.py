@@ -100,6 +100,7 @@ class ShardedStores:
         socket_timeout: float,
         socket_connect_timeout: float,
         prepare_jobs: PrepareJobs | None = None,
+        audit_entries: int | None = None,
     ) -> None:
         """Connect to ``url`` and load the function library; the shards' stores share
         the connections. A failure leaves nothing open."""
@@ -111,6 +112,8 @@ class ShardedStores:
             shards=self.count,
         )
         store.prepare_jobs = prepare_jobs
+        if audit_entries is not None:
+            store.audit_entries = audit_entries
         try:
             # the library goes to every primary of a cluster, so one load serves all shards
             await store.connect()

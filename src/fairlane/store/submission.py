@@ -25,6 +25,7 @@ from fairlane.store.apikeys import (
     KeyOutOfScope,
     KeyRefused,
 )
+from fairlane.store.audit import DEFAULT_ENTRIES
 from fairlane.store.base import StoreBase
 from fairlane.store.library import FUNCTION_PREFIX, encode_admission, encode_classes
 from fairlane.store.wire import NewJob, Submitted, as_text, parse_submitted
@@ -41,6 +42,8 @@ class Submission(StoreBase):
     #: ``fairlane.payloads``), called with the store and the jobs; None sends them as
     #: they are
     prepare_jobs: Callable[[Any, Sequence[NewJob]], Awaitable[Sequence[NewJob]]] | None = None
+    #: the entries the app's audit trail keeps (the ``audit_entries`` setting)
+    audit_entries: int = DEFAULT_ENTRIES
 
     async def submit(
         self, lane: str, jobs: Sequence[NewJob], guard: KeyGuard | None = None
@@ -51,7 +54,8 @@ class Submission(StoreBase):
         With ``guard`` (a gateway caller's key, whose records must be in this shard),
         the same step first checks that the key still stands as the caller holds it:
         ``KeyRefused``, with nothing stored, if it was revoked, rotated or has expired
-        (by the server's clock), ``KeyOutOfScope`` if it may not submit."""
+        (by the server's clock), ``KeyOutOfScope`` if it may not submit; and records
+        each job's outcome in the app's audit trail (``fairlane.store.audit``)."""
         blob = _PACK.encode(await self.prepare(jobs))
         keys = self._lane_keys([lane])
         if guard is None:
@@ -59,8 +63,8 @@ class Submission(StoreBase):
         try:
             reply = await self.fcall(
                 "enqueue_as",
-                [*keys, guard.records],
-                [lane, blob, guard.key_id, guard.sha256, guard.tenant],
+                [*keys, guard.records, guard.audit],
+                [lane, blob, guard.key_id, guard.sha256, guard.tenant, guard.audit_cap],
             )
         except ResponseError as exc:
             message = str(exc)

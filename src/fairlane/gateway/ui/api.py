@@ -3,19 +3,22 @@
 
 Reads: ``GET session``, ``overview``, ``jobs`` (filters ``state`` (repeatable or
 comma-separated), ``tenant``, ``class``, ``task``, ``limit``), ``jobs/{id}``, ``dead``,
-``runs``. Writes: ``POST jobs/{id}/{action}`` and ``POST bulk``; each is refused 403 in
-read-only mode, for an action not allowed, or without the CSRF token when the caller
-uses the session cookie (``auth.require_write``).
+``runs``, ``audit`` (the gateway's audit trail, newest first; filters ``tenant``,
+``action``, ``limit``). Writes: ``POST jobs/{id}/{action}`` and ``POST bulk``; each is
+refused 403 in read-only mode, for an action not allowed, or without the CSRF token
+when the caller uses the session cookie (``auth.require_write``).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import msgspec
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from fairlane.app.workflows import Workflow
+from fairlane.gateway.audit import trail
 from fairlane.gateway.state import GatewayState
 from fairlane.gateway.ui import actions
 from fairlane.gateway.ui.auth import (
@@ -30,6 +33,7 @@ from fairlane.gateway.ui.auth import (
 )
 from fairlane.gateway.ui.jobs import STATES, Filter, find_jobs, job_detail
 from fairlane.gateway.ui.queries import overview
+from fairlane.store.audit import ACTIONS
 
 __all__ = ["BulkRequest", "api_router"]
 
@@ -133,6 +137,22 @@ async def runs(
         rows += (await find_jobs(app, Filter(task=name), limit))["jobs"]
     rows.sort(key=lambda r: (r["enqueued_ms"] or 0, r["id"]), reverse=True)
     return {"jobs": rows[:limit], "matched": len(rows), "workflows": flows}
+
+
+@router.get("/audit")
+async def audit(
+    *,
+    who: Who,
+    state: State,
+    tenant: Annotated[str | None, Query(max_length=200)] = None,
+    action: Annotated[str | None, Query(max_length=40)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> dict[str, Any]:
+    if action and action not in ACTIONS:
+        raise HTTPException(422, f"action must be one of {', '.join(ACTIONS)}")
+    await state.connected()
+    entries = await trail(state).read(limit, tenant=tenant or None, action=action or None)
+    return {"entries": [msgspec.structs.asdict(e) for e in entries], "actions": list(ACTIONS)}
 
 
 @router.post("/jobs/{job_id}/{action}")

@@ -233,12 +233,15 @@ end
 -- @include enqueue.lua
 
 -- enqueue on a gateway caller's key: KEYS as enqueue's, then the app's API key records
--- (gw:keys, in this shard: the home one); ARGV lane, jobs, key id, SHA-256 of the key,
--- its tenant. The check and the enqueue are one step, so a key revoked, rotated,
--- expired or narrowed a moment ago stores nothing: an error reply (NOKEY: not valid or
--- expired; NOSCOPE: no submit scope), and nothing is written. A record without
--- scopes or expires_ms (written before keys had them) has every scope and no expiry.
+-- (gw:keys, in this shard: the home one) and its audit trail (gw:audit); ARGV lane,
+-- jobs, key id, SHA-256 of the key, its tenant, the trail's cap. The check, the enqueue
+-- and the audit entry of each job are one step, so a key revoked, rotated, expired or
+-- narrowed a moment ago stores nothing: an error reply (NOKEY: not valid or expired;
+-- NOSCOPE: no submit scope), and nothing is written (not even an entry). A record
+-- without scopes or expires_ms (written before keys had them) has every scope and no
+-- expiry.
 function hot.enqueue_as(keys, args)
+  local trail = table.remove(keys)
   local raw = redis.call('HGET', keys[#keys], args[3])
   local record = raw and cjson.decode(raw)
   if not record or record.sha256 ~= args[4] or record.tenant ~= args[5] then
@@ -257,7 +260,34 @@ function hot.enqueue_as(keys, args)
     end
   end
   keys[#keys] = nil
-  return enqueue(keys, {args[1], args[2]})
+  local out = enqueue(keys, {args[1], args[2]})
+  hot.audit_submits(trail, args[6], args[3], args[5], out)
+  return out
+end
+
+-- One audit entry per job of enqueue's reply (id, code, detail per job), its fields
+-- as fairlane/store/audit.py writes them (same names, same order): the outcome, the
+-- reason the gateway answers, and the job id when a job is stored.
+function hot.audit_submits(trail, cap, key_id, tenant, out)
+  for i = 1, #out, 3 do
+    local id, code, detail = out[i], out[i + 1], out[i + 2]
+    local outcome = 'refused'
+    if code == 1 then
+      outcome, detail = 'accepted', ''
+    elseif code == 2 then
+      outcome = 'deferred'
+    elseif code == 0 then
+      outcome, detail = detail == 'deferred' and 'deferred' or 'accepted', 'existing'
+    elseif code == -1 then
+      outcome, detail, id = 'rejected', 'deadline_unmeetable', ''
+    elseif code == -4 then
+      outcome, detail, id = 'rejected', string.match(detail, '^[^|]*'), ''
+    else
+      detail, id = 'refused', ''
+    end
+    redis.call('XADD', trail, 'MAXLEN', '~', cap, '*', 'action', 'submit', 'key', key_id,
+      'tenant', tenant, 'outcome', outcome, 'detail', detail, 'id', id)
+  end
 end
 
 -- Lane capacity: the live sum of its workers' slots. A worker is counted in each of its

@@ -295,6 +295,34 @@ async function viewRuns(main) {
     jobsTable(found.jobs)));
 }
 
+// -- the audit trail --------------------------------------------------------------------
+
+function auditForm(params, actions) {
+  const form = h("form", { class: "card filters", id: "audit-filters" },
+    h("label", {}, "Tenant ", h("input", { name: "tenant", value: params.get("tenant") || "" })),
+    h("label", {}, "Action ", h("select", { name: "action" }, h("option", { value: "" }, "any"),
+      actions.map((a) => h("option", { value: a, selected: a === params.get("action") }, a)))),
+    h("button", { type: "submit" }, "Filter"));
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const q = new URLSearchParams();
+    for (const [k, v] of new FormData(form).entries()) if (v) q.append(k, v);
+    location.hash = `#/audit?${q}`;
+  });
+  return form;
+}
+
+async function viewAudit(main, params) {
+  const q = new URLSearchParams();
+  for (const k of ["tenant", "action"]) if (params.get(k)) q.set(k, params.get(k));
+  const found = await read(`audit?${q}`);
+  const rows = found.entries.map((e) => [when(e.at_ms), e.action, h("span", { class: "mono" }, e.key_id),
+    e.tenant, e.outcome, e.detail, e.job_id ? jobLink(e.job_id) : ""]);
+  main.replaceChildren(auditForm(params, found.actions), h("section", { class: "card" },
+    h("h2", {}, `Audit trail (newest ${found.entries.length})`),
+    table(["time", "action", "key id", "tenant", "outcome", "detail", "job / run"], rows, "no audit entries")));
+}
+
 // -- routing and refresh ----------------------------------------------------------------
 
 async function render() {
@@ -307,6 +335,7 @@ async function render() {
     else if (path === "/jobs") { await viewJobs(main, params); main.dataset.view = "jobs"; }
     else if (path === "/dead") { await viewDead(main); main.dataset.view = "dead"; }
     else if (path === "/runs") { await viewRuns(main); main.dataset.view = "runs"; }
+    else if (path === "/audit") { await viewAudit(main, params); main.dataset.view = "audit"; }
     else { await viewLive(main); main.dataset.view = "live"; }
     document.body.dataset.updated = String(Date.now());
   } catch (e) {
