@@ -28,12 +28,12 @@ body of ``POST /v1/jobs``), so the endpoints need no hook of their own.
 from __future__ import annotations
 
 import hmac
-import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
@@ -58,6 +58,7 @@ from fairlane.metrics.store import StoreCollector, StoreReader, autoscale_view
 __all__ = ["SUBMIT_BUCKETS", "GatewayMetrics", "mount_metrics"]
 
 SUBMIT_PATH = "/v1/jobs"
+_JSON = msgspec.json.Decoder()
 #: Submit latency: one store round trip when all is well, seconds when it is not.
 SUBMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 UNMATCHED = "unmatched"
@@ -200,8 +201,8 @@ def _submit_answer(status: int, body: bytes | None) -> tuple[str, str]:
     data: Any = None
     if body:
         try:
-            data = json.loads(body)
-        except ValueError:
+            data = _JSON.decode(body)
+        except msgspec.DecodeError:
             data = None
     fields: dict[str, Any] = data if isinstance(data, dict) else {}
     said = fields.get("reason")
