@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 
 from fairlane import tracing
 from fairlane.app import App
-from fairlane.app.admission import Admission
+from fairlane.app.admission import CLASS_NOT_ENTITLED, Admission
 from fairlane.app.job import TERMINAL, Job
 from fairlane.codec import PayloadTooLarge, decode_error
 from fairlane.errors import JobNotFound
@@ -26,6 +26,7 @@ from fairlane.gateway.auth import Caller, caller, gateway_state, refused_key
 from fairlane.gateway.lean import LeanRoute
 from fairlane.gateway.models import (
     CancelReply,
+    ErrorBody,
     JobView,
     ResultReply,
     SubmitReply,
@@ -64,6 +65,14 @@ async def _owner(state: GatewayState, job_id: str) -> str | None:
     return None if record is None else record.tenant
 
 
+_SUBMIT_FORBIDDEN = {
+    "model": ErrorBody,
+    "description": "The admin key submits nothing (reason `admin`), or the job's class is "
+    "restricted and this tenant is not entitled to it (reason `class_not_entitled`); "
+    "nothing is stored.",
+}
+
+
 async def submit(
     body: SubmitRequest, who: Who, state: State, request: Request
 ) -> SubmitReply | JSONResponse:
@@ -79,10 +88,18 @@ async def submit(
         return SubmitReply(
             id=job.id, state=admission.status, created=job.created, status_url=f"/v1/jobs/{job.id}"
         )
+    return _refused(admission, body)
+
+
+def _refused(admission: Admission[object], body: SubmitRequest) -> JSONResponse:
     if admission.status == "unavailable":
         detail = "the store cannot be reached; nothing was enqueued"
         return error(503, detail, admission.reason, admission.retry_after)
     reason = admission.reason or "rejected"
+    if reason == CLASS_NOT_ENTITLED:
+        named = f" {body.service_class!r}" if body.service_class else " (its task's)"
+        detail = f"the job's class{named} is not one this tenant may use; nothing was stored"
+        return error(403, detail, reason)
     detail = f"the job was not admitted ({reason})"
     if admission.retry_after is None:  # deadline_unmeetable: retrying cannot help
         return error(422, detail, reason)
@@ -95,7 +112,7 @@ router.add_api_route(
     methods=["POST"],
     status_code=202,
     response_model=SubmitReply,
-    responses=responses(400, 403, 413, 429),
+    responses={**responses(400, 403, 413, 429), 403: _SUBMIT_FORBIDDEN},
     summary="Submit a job of a registered task",
     route_class_override=LeanRoute,
 )

@@ -28,6 +28,29 @@ local function configure_limits(keys, args)
   return set_tenant_setting(keys[TLIMITS], args[1], args[2])
 end
 
+-- ARGV: tenant, '1' to set its restricted classes (else kept), them as a JSON array,
+-- '1' to set its default class (else kept), it ('' = none). One step, so that setting
+-- one keeps the other; an entitlement left empty is removed (tclasses, enqueue.lua).
+function hot.configure_classes(keys, args)
+  local ek = prefix(keys) .. 'tclasses'
+  local raw = redis.call('HGET', ek, args[1])
+  local ent = raw and cjson.decode(raw) or {}
+  local classes, default = ent.c or {}, ent.d
+  if args[2] == '1' then
+    classes = cjson.decode(args[3])
+  end
+  if args[4] == '1' then
+    default = args[5] ~= '' and args[5] or nil
+  end
+  if #classes == 0 and not default then
+    redis.call('HDEL', ek, args[1])
+    return 1
+  end
+  -- cjson writes an empty table as {}, which the readers take for no classes either
+  redis.call('HSET', ek, args[1], cjson.encode({c = classes, d = default}))
+  return 1
+end
+
 -- ARGV: lane, its class table as JSON (classes.lua), how tenants are charged ('jobs':
 -- one unit per job; 'cost': what each job was learned to cost, corrected when it
 -- ends). Applies from the next decision.
