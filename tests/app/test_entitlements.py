@@ -12,7 +12,7 @@ import pytest
 
 from fairlane import App, Backoff, Rejected, ServiceClass
 from fairlane.errors import TaskFailed
-from fairlane.policy.classes import Entitlement
+from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, Entitlement
 from tests.e2e.helpers import WAIT, app_keys, eventually, make_app, running_worker
 
 pytestmark = pytest.mark.anyio
@@ -156,8 +156,6 @@ async def test_a_retry_after_the_entitlement_was_lifted_is_not_run(
 
 
 def test_a_restricted_class_is_declared_and_guaranteed_is_one_by_default() -> None:
-    from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable
-
     table = ClassTable(DEFAULT_CLASSES)
     assert [c.restricted for c in table] == [True, False, False]
     entitled = Entitlement(frozenset({"guaranteed"}), "guaranteed")
