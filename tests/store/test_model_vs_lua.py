@@ -33,7 +33,8 @@ Lane ``a`` runs the default classes, whose ``guaranteed`` is restricted: only ``
 entitled to it, so the others' jobs there are refused (-5) by both; lane ``b`` a table
 with a reserve and a borrowing cap. Entitlements stay as set, so no retry loses its
 class (``tests/app/test_entitlements.py`` checks that). Tenant limits are static
-(floor == max_concurrency, no burst), so they do not depend on the signals' timing; ``test_ceilings_lua.py`` checks the time-dependent ones.
+(floor == max_concurrency, no burst), so they do not depend on the signals' timing;
+``test_ceilings_lua.py`` checks the time-dependent ones.
 
 Time is exact, not approximate. The scripts read the server clock; the model is told the
 same instant, read back from what the script wrote (an exchange's or renewal's heartbeat,
