@@ -132,7 +132,7 @@ async def test_bad_entitlements_are_refused_at_the_call(redis_url: str, namespac
         assert await app.tenants.entitlement("acme") is None
 
 
-async def test_a_retry_after_the_entitlement_was_lifted_is_not_run(
+async def test_a_retry_after_the_entitlement_was_lifted_is_not_run_nor_redriven(
     redis_url: str, namespace: str
 ) -> None:
     app = _app(namespace, redis_url)
@@ -153,6 +153,10 @@ async def test_a_retry_after_the_entitlement_was_lifted_is_not_run(
         assert failed.value.type_name == "ClassNotEntitled"
         info = await job.info()
         assert (info.status, info.attempts) == ("failed", 1)  # the retry never ran
+        # nor does a re-drive put it back in the class until the tenant is entitled again
+        assert await app.redrive([job.id]) == []
+        await app.tenants.configure("acme", classes=["guaranteed"])
+        assert await app.redrive([job.id]) == [job.id]
 
 
 def test_a_restricted_class_is_declared_and_guaranteed_is_one_by_default() -> None:

@@ -3,7 +3,9 @@
 Every id a tenant names is checked against the job record's ``tenant`` field; a job of
 another tenant is answered exactly like a job that does not exist (404), so ids cannot
 be probed. Only registered tasks are enqueued, by name: nothing a request carries is
-ever run or imported by the gateway.
+ever run or imported by the gateway. A job's class is the server's to allow: one that is
+restricted and not among the tenant's entitled classes answers 403
+``class_not_entitled``, and nothing is stored (the store's enqueue decides).
 """
 
 from __future__ import annotations

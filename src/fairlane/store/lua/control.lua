@@ -156,9 +156,12 @@ local function watch(keys, args)
 end
 
 -- ARGV: limit, ids... (none = the oldest `limit`). Sends dead-lettered jobs back to
--- their queues with a fresh attempt budget. Returns the ids re-driven.
+-- their queues with a fresh attempt budget, but one whose restricted class its tenant
+-- is not entitled to (it stays dead-lettered: entitle the tenant first). Returns the ids
+-- re-driven.
 local function redrive(keys, args)
   local p, now = prefix(keys), now_ms()
+  local fx, seen, lanes = new_effects(), {}, {}
   local ids = {}
   for i = 2, #args do
     ids[#ids + 1] = args[i]
@@ -171,7 +174,12 @@ local function redrive(keys, args)
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'prio', 'seq', 'task', 'cls', 'sl',
       'start', 'wk', 'att', 'fin', 'err', 'qw')
-    if f[1] == 'failed' and redis.call('ZREM', keys[DEAD], id) == 1 then
+    local memo = f[2] and (lanes[f[2]] or {seen = seen})
+    if memo then
+      lanes[f[2]] = memo
+    end
+    if f[1] == 'failed' and not (memo and hot.lost_class(keys, p, f[2], f[7] or DEFAULT_CLASS,
+        f[3] or '', fx, memo)) and redis.call('ZREM', keys[DEAD], id) == 1 then
       local idx = p .. 'kept:' .. (f[6] or '') .. ':failed'
       redis.call('ZREM', idx, id)
       redis.call('SREM', hot.links_key(idx), id)

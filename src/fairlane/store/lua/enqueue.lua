@@ -1,5 +1,6 @@
--- Storing submitted jobs: idempotency keys, deadlines, the admission gate, the job's
--- record, its tenant queue or its lane's delayed set, and the hand-off to an idle worker.
+-- Storing submitted jobs: idempotency keys, deadlines, class entitlements, the admission
+-- gate, the job's record, its tenant queue or its lane's delayed set, and the hand-off to
+-- an idle worker.
 
 -- Tenants' class entitlements (tclasses: tenant -> JSON {c = restricted classes it may
 -- use, d = its default class}; fairlane.policy.classes.Entitlement is the rule).
@@ -56,7 +57,6 @@ function hot.tenant_class(fx, keys, p, seen, tbl, tenant, cls, named)
   end
   return cls, hot.may_use(tbl[i], ent)
 end
-
 
 -- ARGV: lane, msgpack array of jobs, each
 --   [id, tenant, prio, task, args, max, bo, to, rc, rf, idem, delay_ms, at_ms, deadline,
