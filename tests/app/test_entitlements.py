@@ -11,6 +11,9 @@ from __future__ import annotations
 import pytest
 
 from fairlane import App, Backoff, Rejected, ServiceClass
+from fairlane.config.files import ConfigError
+from fairlane.config.lanes import parse_lanes
+from fairlane.config.pools import parse_config
 from fairlane.errors import TaskFailed
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, Entitlement
 from tests.e2e.helpers import WAIT, app_keys, eventually, make_app, running_worker
@@ -170,3 +173,12 @@ def test_a_restricted_class_is_declared_and_guaranteed_is_one_by_default() -> No
     )
     with pytest.raises(TypeError, match="restricted must be True or False"):
         ServiceClass("gold", restricted=1)  # type: ignore[arg-type]
+
+
+def test_a_lane_or_pool_declares_a_restricted_class_in_toml() -> None:
+    lanes = parse_lanes({"lanes": {"x": {"classes": {"gold": {"restricted": True}, "std": {}}}}})
+    assert [c.restricted for c in lanes["x"]] == [True, False]
+    pool = {"capacity_units": 10, "classes": {"gold": {"nominal_share": 1.0, "restricted": True}}}
+    assert parse_config({"pools": {"p": pool}}).lane_tables()["p"]["gold"].restricted
+    with pytest.raises(ConfigError, match=r"lanes\.x\.classes\.gold\.restricted: must be true or"):
+        parse_lanes({"lanes": {"x": {"classes": {"gold": {"restricted": "yes"}}}}})
