@@ -119,6 +119,11 @@ async def test_reset_lifts_the_entitlement_and_the_default_class(
         )
         with pytest.raises(Rejected, match="class_not_entitled"):
             await echo.enqueue("hi", tenant="acme", service_class="guaranteed")
+        # named beside a concurrency setting, both are lifted
+        await app.tenants.configure("acme", floor=2, classes=["guaranteed"])
+        await app.tenants.reset("acme", "floor", "classes")
+        assert await app.tenants.limits("acme") is None
+        assert await app.tenants.entitlement("acme") is None
 
 
 async def test_bad_entitlements_are_refused_at_the_call(redis_url: str, namespace: str) -> None:
