@@ -335,3 +335,5 @@ def test_inspect_lanes_prints_declared_and_default_tables() -> None:
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if "light (default)" in line]
     assert [row.split("│")[2].strip() for row in rows] == ["guaranteed", "standard", "batch"]
+    # guaranteed is the restricted one: only entitled tenants may use it
+    assert [row.split("│")[8].strip() for row in rows] == ["yes", "no", "no"]

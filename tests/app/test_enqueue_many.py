@@ -49,6 +49,8 @@ async def test_each_job_of_a_batch_is_stored_as_its_lone_call_would_be(
         return n * factor
 
     async with app:
+        # guaranteed is restricted: the tenant is entitled to it
+        await app.tenants.configure("acme", classes=["guaranteed"])
         alone = await scale.enqueue(0, **OPTIONS)
         batch = await scale.enqueue_many([(i, i / 2) for i in range(1, 40)], **OPTIONS)
         assert len({alone.id, *(job.id for job in batch)}) == 40

@@ -29,9 +29,12 @@ leases, dead letters, counters) and checked on its own:
 * a drain (a worker of 6 slots on both lanes, every running job acked) finishes every
   job that is not scheduled for later: the ``drain`` rule, and at the end of every run.
 
-Lane ``a`` runs the default classes; lane ``b`` a table with a reserve and a borrowing
-cap. Tenant limits are static (floor == max_concurrency, no burst), so they do not
-depend on the signals' timing; ``test_ceilings_lua.py`` checks the time-dependent ones.
+Lane ``a`` runs the default classes, whose ``guaranteed`` is restricted: only ``t1`` is
+entitled to it, so the others' jobs there are refused (-5) by both; lane ``b`` a table
+with a reserve and a borrowing cap. Entitlements stay as set, so no retry loses its
+class (``tests/app/test_entitlements.py`` checks that). Tenant limits are static
+(floor == max_concurrency, no burst), so they do not depend on the signals' timing;
+``test_ceilings_lua.py`` checks the time-dependent ones.
 
 Time is exact, not approximate. The scripts read the server clock; the model is told the
 same instant, read back from what the script wrote (an exchange's or renewal's heartbeat,
@@ -68,7 +71,7 @@ from hypothesis.stateful import (
 
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.ceilings import TenantLimits
-from fairlane.policy.classes import ClassTable, ServiceClass, next_class
+from fairlane.policy.classes import ClassTable, Entitlement, ServiceClass, next_class
 from fairlane.policy.reference.model import FINISHED, Ack, AckKind, Batch, Grant, QueueModel
 from fairlane.policy.reference.model import NewJob as ModelNewJob
 from fairlane.policy.retry import after_failure
@@ -90,6 +93,7 @@ KEY_WEIGHTS = (None, 0.5, 2.0, 3.0)  # None: back to 1
 WORKERS = {"w1": 1, "w2": 2, "w3": 3}  # worker -> its slots
 DRAINER, DRAIN_SLOTS = "wd", 6
 STATIC = {"t2": TenantLimits(floor=2, max_concurrency=2)}  # floor == max: static
+ENTITLED = Entitlement(frozenset({"guaranteed"}))  # t1's: the others may not use guaranteed
 KEY_LIMITS = {"k1": 1, "k2": 2}  # fixed limits; k3 is given 1 or 2 by each job
 LONG = 600_000  # ms: a lease, renewal or delay that never runs out during a test
 SHORT = 1  # ms: a lease that has run out by the next sweep
@@ -161,6 +165,9 @@ class LuaVsModel(StoreMachine):
         for tenant, limits in STATIC.items():
             self.run(self.store.configure_tenant_limits(tenant, limits))
             self.model.configure_limits(tenant, limits)
+        # lane a's guaranteed class is restricted: t1's jobs may use it, the others' are refused
+        self.run(self.store.configure_tenant_classes("t1", ENTITLED.classes))
+        self.model.configure_classes("t1", ENTITLED)
 
     def teardown(self) -> None:
         try:
@@ -925,6 +932,8 @@ def test_model_classes_widths_and_throttles() -> None:
     """Classes, widths and throttle keys on hand-checked cases."""
     model = QueueModel()
     model.fetch("w", ["a"], 1, 100, now=0, slots=3)  # C = 3: guaranteed and standard a = 1
+    for tenant in ("t", "u"):
+        model.configure_classes(tenant, ENTITLED)
     jobs = [
         ModelNewJob("wide", "t", 0, 1, slots=3),
         ModelNewJob("g1", "t", 0, 1, cls="guaranteed"),
@@ -932,6 +941,9 @@ def test_model_classes_widths_and_throttles() -> None:
     ]
     assert model.enqueue_batch("a", jobs, now=1) == [1, 1, 1]
     assert model.enqueue_batch("a", [ModelNewJob("x", "t", 0, 1, cls="nope")], now=1) == [-2]
+    refused = [ModelNewJob("v1", "v", 0, 1, cls="guaranteed")]
+    assert model.enqueue_batch("a", refused, now=1) == [-5]  # v is not entitled: nothing kept
+    assert "v1" not in model.jobs
     # g1 starts within guaranteed's assured slot; then the wide standard head (ranked
     # first, f/a = 0) is blocked for free slots and holds them: g2 may not borrow
     assert [g.id for g in model.fetch("w", ["a"], 3, 100, now=2).jobs] == ["g1"]
@@ -977,6 +989,9 @@ def test_hand_off_edges(redis_url: str) -> None:
     def jobs(*specs: tuple[str, int, int, int]) -> list[JobSpec]:
         return [(t, p, a, d, plain[1], plain[2], plain[0], "") for t, p, a, d in specs]
 
+    # the steps put t2's jobs in lane a's guaranteed class too: it is entitled here
+    machine.run(machine.store.configure_tenant_classes("t2", ENTITLED.classes))
+    machine.model.configure_classes("t2", ENTITLED)
     try:
         machine.fetch("w1", ("a",), 1, short=False, settle=False, idle_ms=LONG)  # idle on a
         check(machine)

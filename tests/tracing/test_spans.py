@@ -66,6 +66,7 @@ async def test_a_job_yields_a_send_span_and_its_process_span_in_one_trace(
         return text.upper()
 
     async with app, running_worker(app, lanes=["light"]):
+        await app.tenants.configure("acme", classes=["guaranteed"])  # a restricted class
         job = await shout.enqueue("hi", tenant="acme", service_class="guaranteed")
         assert await job.result(timeout=WAIT) == "HI"
         stored = await _stored(app, job.id)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from fairlane.store.wire import Submitted
 
 __all__ = [
+    "CLASS_NOT_ENTITLED",
     "Admission",
     "AdmissionStatus",
     "NotAcknowledged",
@@ -42,16 +43,34 @@ _CODES: dict[int, AdmissionStatus] = {1: "accepted", 0: "accepted", 2: "deferred
 UNAVAILABLE_RETRY_AFTER = 1.0
 
 
+#: The reason of a job refused for its class: restricted, and the tenant not entitled to it.
+CLASS_NOT_ENTITLED = "class_not_entitled"
+
+
 class Rejected(FairlaneError):
-    """Admission refused the job; nothing was stored. Retry after ``retry_after`` seconds."""
+    """Admission refused the job; nothing was stored. Retry after ``retry_after`` seconds;
+    None when retrying cannot help (``class_not_entitled``: the job's class is restricted
+    and its tenant is not entitled to it)."""
 
     # the type name jobs record and users match on (codec.encode_error): as before the move
     __module__ = "fairlane.admission"
 
-    def __init__(self, reason: str, retry_after: float) -> None:
-        super().__init__(f"the job was not admitted ({reason}); retry after {retry_after:.1f} s")
+    def __init__(self, reason: str, retry_after: float | None) -> None:
+        if retry_after is None:
+            why = _FINAL.get(reason, "retrying cannot change the answer")
+            super().__init__(f"the job was not admitted ({reason}): {why}")
+        else:
+            super().__init__(
+                f"the job was not admitted ({reason}); retry after {retry_after:.1f} s"
+            )
         self.reason = reason
         self.retry_after = retry_after
+
+
+_FINAL = {
+    CLASS_NOT_ENTITLED: "the job's class is restricted and this tenant is not entitled "
+    "to it (app.tenants.configure(tenant, classes=[...]))",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +83,11 @@ class Admission(Generic[R]):
     reason: str | None = None
     """Machine-readable: ``class_full``, ``class_queue_full``, ``tenant_queue_full``,
     ``lane_queue_full`` (a lane's default queue bounds), ``too_wide``,
-    ``deadline_unmeetable``, ``store_unavailable``; None when accepted."""
+    ``deadline_unmeetable``, ``class_not_entitled`` (a restricted class the tenant is not
+    entitled to), ``store_unavailable``; None when accepted."""
     retry_after: float | None = None
-    """Seconds to wait before trying again (rejected or unavailable)."""
+    """Seconds to wait before trying again (rejected or unavailable); None when retrying
+    cannot help (``deadline_unmeetable``, ``class_not_entitled``)."""
     acknowledgement: Acknowledgement | None = None
     """With ``durability`` asked for and the job stored: what the replicas and AOF
     confirmed (``acknowledgement.met`` False: the job may not survive a failover)."""
@@ -85,6 +106,8 @@ def answer(reply: Submitted, job: Job[R] | None, pricing: Pricing) -> Admission[
         return Admission(_CODES[reply.code], job, reply.reason if reply.code == 2 else None)
     if reply.code == -1:
         return Admission("rejected", None, "deadline_unmeetable", None)
+    if reply.code == -5:
+        return Admission("rejected", None, CLASS_NOT_ENTITLED, None)
     if reply.code == -4:
         reason = reply.reason or "class_full"
         return Admission("rejected", None, reason, pricing.retry_after(reply.earlier_rejections))

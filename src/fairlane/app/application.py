@@ -267,7 +267,8 @@ class App(Declaring):
 
     async def redrive(self, job_ids: Sequence[str] = (), *, limit: int = 100) -> list[str]:
         """Send dead-lettered jobs back to their queues with a fresh attempt budget:
-        those named, else up to ``limit`` of them, the home shard's first."""
+        those named, else up to ``limit`` of them, the home shard's first. A job in a
+        restricted class its tenant is not entitled to stays where it is."""
         return await admin.redrive(self._sharded, job_ids, limit)
 
     async def stats(self) -> dict[str, int]:

@@ -17,7 +17,7 @@ from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, Unpack
 import msgspec
 
 from fairlane import tracing
-from fairlane.app.admission import Admission, Rejected, answer, unavailable
+from fairlane.app.admission import CLASS_NOT_ENTITLED, Admission, Rejected, answer, unavailable
 from fairlane.app.job import Job, TaskOwner
 from fairlane.config.lanes import LimitValue
 from fairlane.config.settings import DurabilitySettings
@@ -94,7 +94,9 @@ class Task(TaskDefinition[P, R]):
         (``app.tenants.configure_key``); without one, the tenant's jobs run in arrival
         order. ``service_class`` and ``slots`` replace the task's; ``limits`` and ``rates`` are
         added to the task's (a key named by both takes this call's). A deferred job is returned
-        like an accepted one; a rejection raises ``Rejected(reason, retry_after)``.
+        like an accepted one; a rejection raises ``Rejected(reason, retry_after)``; a class
+        the tenant is not entitled to, ``Rejected("class_not_entitled", None)`` (a
+        restricted class, ``app.tenants.configure(tenant, classes=[...])``).
         ``trace=False`` stores no trace context with the job (``fairlane.tracing``).
         ``durability`` (default: the app's) asks replicas or AOF fsyncs to confirm the
         write; a job stored without that confirmation raises ``NotAcknowledged``.
@@ -126,6 +128,8 @@ class Task(TaskDefinition[P, R]):
             raise StoreUnavailable("the store cannot be reached; nothing was enqueued")
         if admission.reason == "deadline_unmeetable":
             raise ValueError("the job's deadline has already passed (server time)")
+        if admission.reason == CLASS_NOT_ENTITLED:
+            raise Rejected(CLASS_NOT_ENTITLED, None)
         raise Rejected(admission.reason or "class_full", admission.retry_after or 1.0)
 
     async def submit(
@@ -269,6 +273,9 @@ class Task(TaskDefinition[P, R]):
                 reason = reply.reason or "class_full"
                 retry = self.app.registry.pricing.retry_after(reply.earlier_rejections)
                 raise Rejected(reason, retry)
+            if reply.code == -5:
+                # a batch shares its tenant and class: none of it was stored
+                raise Rejected(CLASS_NOT_ENTITLED, None)
             if reply.code < 0:
                 raise ValueError(f"job {reply.id}: refused by the store (code {reply.code})")
             handles.append(Job(self, reply.id, created=reply.code in (1, 2)))

@@ -7,15 +7,23 @@ tenant's part the same way (``fairlane.policy.fairkeys``) -- and concurrency set
 a floor it always gets, a hard cap, and burst room on top of what it earns
 (``fairlane.policy.ceilings``). A change applies from the tenant's next dispatch, with
 no redeploy and no restart.
+
+A tenant may also be entitled to restricted service classes (``ServiceClass(...,
+restricted=True)``; the default ``guaranteed`` class is one): only an entitled tenant's
+jobs may be in them, at enqueue and at each retry (``fairlane.policy.classes.Entitlement``),
+and its default class is the class of its jobs that name none. These apply from its
+next enqueue.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from typing import Literal
 
 from fairlane.policy.ceilings import TenantLimits
+from fairlane.policy.classes import Entitlement, check_class_name
 from fairlane.policy.rates import Rate
 from fairlane.registry.jobs import check_fairness_key
 from fairlane.store.shards import ShardedStores
@@ -28,8 +36,19 @@ MAX_WEIGHT = 1_000_000.0
 _MAX_COUNT = 2**31 - 1
 _MAX_BURST_PCT = 1000.0
 
-TenantSetting = Literal["weight", "floor", "max_concurrency", "burst_floor", "burst_pct", "rate"]
+TenantSetting = Literal[
+    "weight",
+    "floor",
+    "max_concurrency",
+    "burst_floor",
+    "burst_pct",
+    "rate",
+    "classes",
+    "default_class",
+]
 _LIMIT_FIELDS: tuple[TenantSetting, ...] = ("floor", "max_concurrency", "burst_floor", "burst_pct")
+_CLASS_FIELDS: tuple[TenantSetting, ...] = ("classes", "default_class")
+_SETTINGS: tuple[TenantSetting, ...] = ("weight", "rate", *_LIMIT_FIELDS, *_CLASS_FIELDS)
 _DEFAULT_LIMITS = TenantLimits()
 
 
@@ -65,6 +84,30 @@ def _check_pct(value: float) -> float:
     return float(value)
 
 
+def _check_classes(classes: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(classes, str) or not isinstance(classes, Iterable):
+        raise TypeError(
+            f"classes must be a list of class names (classes=[{classes!r}] for one), "
+            f"got {classes!r}"
+        )
+    names: list[str] = []
+    for name in classes:
+        try:
+            check_class_name(name)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"classes: {exc}") from None
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _check_default_class(name: str) -> str:
+    try:
+        return check_class_name(name)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"default_class: {exc}") from None
+
+
 def _is_default(limits: TenantLimits) -> bool:
     return all(getattr(limits, f) == getattr(_DEFAULT_LIMITS, f) for f in _LIMIT_FIELDS)
 
@@ -85,17 +128,25 @@ class Tenants:
         burst_floor: int | None = None,
         burst_pct: float | None = None,
         rate: Rate | None = None,
+        classes: Iterable[str] | None = None,
+        default_class: str | None = None,
     ) -> None:
         """Change a tenant's settings; those left as None stay as they are.
 
         ``rate`` limits how fast the tenant's jobs start, on its own key
-        ``tenant:<tenant>`` (a ``Rate`` in jobs or units, as a task's rate keys). Every
-        value is checked before anything is written. To lift a setting (the cap or the
-        rate included) use ``reset(tenant, "max_concurrency")``.
+        ``tenant:<tenant>`` (a ``Rate`` in jobs or units, as a task's rate keys).
+        ``classes`` names the restricted classes the tenant may use (it replaces the
+        list it had; ``[]``: none); ``default_class`` is the class of its jobs when
+        neither the call nor the task names one (where the lane has it and the tenant
+        may use it; else the lane's default, ``standard``). Every value is checked
+        before anything is written. To lift a setting (the cap, the rate or the classes
+        included) use ``reset(tenant, "max_concurrency")``.
         """
         _check_tenant(tenant)
         if rate is not None and not isinstance(rate, Rate):
             raise TypeError(f"rate must be a fairlane.Rate, got {rate!r}")
+        entitled = None if classes is None else _check_classes(classes)
+        default = None if default_class is None else _check_default_class(default_class)
         given: dict[str, int | float] = {}
         if floor is not None:
             given["floor"] = _check_count("floor", floor)
@@ -117,25 +168,27 @@ class Tenants:
             await self._stores.store_for_tenant(tenant).configure_tenant(tenant, new_weight)
         if rate is not None:
             await self._stores.store_for_tenant(tenant).configure_tenant_rate(tenant, rate)
+        if entitled is not None or default is not None:
+            await self._stores.store_for_tenant(tenant).configure_tenant_classes(
+                tenant, entitled, set_default=default is not None, default_class=default
+            )
 
     async def reset(self, tenant: str, *settings: TenantSetting) -> None:
         """Put a tenant's settings back on the defaults: those named, or all of them.
 
-        Defaults: weight 1, floor 1, no cap, no burst room, no rate.
+        Defaults: weight 1, floor 1, no cap, no burst room, no rate, no restricted
+        classes and no default class.
         """
         _check_tenant(tenant)
-        unknown = sorted(set(settings) - {"weight", "rate", *_LIMIT_FIELDS})
+        unknown = sorted(set(settings) - set(_SETTINGS))
         if unknown:
-            raise ValueError(
-                f"unknown tenant settings {unknown}; they are weight, rate, "
-                f"{', '.join(_LIMIT_FIELDS)}"
-            )
-        names = set(settings) or {"weight", "rate", *_LIMIT_FIELDS}
+            raise ValueError(f"unknown tenant settings {unknown}; they are {', '.join(_SETTINGS)}")
+        names = set(settings) or set(_SETTINGS)
         store = self._stores.store_for_tenant(tenant)
         if names >= set(_LIMIT_FIELDS):
             await store.configure_tenant_limits(tenant, None)
         elif names & set(_LIMIT_FIELDS):
-            back = {name: getattr(_DEFAULT_LIMITS, name) for name in names - {"weight"}}
+            back = {name: getattr(_DEFAULT_LIMITS, name) for name in names & set(_LIMIT_FIELDS)}
 
             def restored(current: TenantLimits | None) -> TenantLimits | None:
                 if current is None:
@@ -148,6 +201,12 @@ class Tenants:
             await store.configure_tenant(tenant, None)
         if "rate" in names:
             await store.configure_tenant_rate(tenant, None)
+        if names & set(_CLASS_FIELDS):
+            await store.configure_tenant_classes(
+                tenant,
+                () if "classes" in names else None,
+                set_default="default_class" in names,
+            )
 
     async def configure_key(self, tenant: str, key: str, *, weight: float) -> None:
         """Set the weight of one of the tenant's fairness keys (1 by default; 1 puts it
@@ -177,3 +236,9 @@ class Tenants:
         """The tenant's concurrency settings, or None when it has none (the defaults apply)."""
         _check_tenant(tenant)
         return await self._stores.store_for_tenant(tenant).tenant_limits(tenant)
+
+    async def entitlement(self, tenant: str) -> Entitlement | None:
+        """The restricted classes the tenant may use and its default class, or None when
+        it has neither."""
+        _check_tenant(tenant)
+        return await self._stores.store_for_tenant(tenant).tenant_entitlement(tenant)

@@ -193,11 +193,13 @@ def inspect_tasks(app_spec: AppSpec) -> None:
 
 @inspect_app.command("lanes")
 def inspect_lanes(app_spec: AppSpec) -> None:
-    """The service classes of every lane the app declares or its tasks use."""
+    """The service classes of every lane the app declares or its tasks use; a restricted
+    class takes only the jobs of tenants entitled to it."""
     app = load_app(app_spec)
     lanes = list(dict.fromkeys([*app.lanes, *(t.options.lane for t in app.tasks.values())]))
     table = Table(title=f"lanes of app {app.name!r}", title_justify="left")
-    for column in ("lane", "class", "share", "min slots", "lendable", "borrowable", "batch"):
+    columns = ("lane", "class", "share", "min slots", "lendable", "borrowable", "batch")
+    for column in (*columns, "restricted"):
         table.add_column(column, overflow="fold")
     for lane in sorted(lanes):
         default = lane not in app.lanes
@@ -211,6 +213,8 @@ def inspect_lanes(app_spec: AppSpec) -> None:
                 Text(f"{cls.lendable:g}"),
                 Text(borrowable),
                 Text("yes" if cls.batch else "no"),
+                # only tenants entitled to it may use it (app.tenants.configure(classes=...))
+                Text("yes" if cls.restricted else "no"),
             )
     out = console()
     if lanes:

@@ -16,6 +16,7 @@ tie-break); a pool adds its capacity and the classes' admission bounds::
     [lanes.heavy.classes.bulk]
     batch = true                        # runs on spare only; assured nothing
     max_wait = "12h"                    # aged past it: served as the class above (omit: never)
+    restricted = true                   # only entitled tenants may use it (default false)
 
     [pools.agent-shared]                # a config file: the same lane with its pool
     capacity_units = 100                # required
@@ -37,6 +38,10 @@ one whatever its name. The nominal shares of the non-batch classes sum to at mos
 waiting head, once it has waited that long, be served as the class declared just
 before it (``fairlane.policy.classes`` states the rule); the first class cannot
 declare it. It shapes dispatch only, not admission.
+**Restricted.** ``restricted = true`` lets only the tenants entitled to the class use it
+(``app.tenants.configure(tenant, classes=[...])``); anyone else's job in it is refused
+(``class_not_entitled``). A declared class is unrestricted unless it says so, whatever
+its name.
 
 The array shape of lanes files, ``[[lanes.<lane>.classes]]`` with a ``name`` key, is
 deprecated and read by ``fairlane.config.legacy``. The rules the tables feed are in
@@ -55,7 +60,15 @@ from fairlane.policy.retention import parse_duration
 
 __all__ = ["ADMISSION_KEYS", "CLASS_KEYS", "POOL_KEYS", "SLOT_KEYS", "read_classes", "read_pool"]
 
-SLOT_KEYS = ("nominal_share", "min_slots", "lendable", "borrowable", "batch", "max_wait")
+SLOT_KEYS = (
+    "nominal_share",
+    "min_slots",
+    "lendable",
+    "borrowable",
+    "batch",
+    "max_wait",
+    "restricted",
+)
 """A class's keys that shape the lane's slot table (``ServiceClass``)."""
 ADMISSION_KEYS = (
     "min_units",
@@ -157,6 +170,7 @@ def _service_class(name: str, entry: TableReader, *, pool: bool) -> ServiceClass
         borrowable=borrowable,
         batch=batch,
         max_wait=max_wait,
+        restricted=entry.flag("restricted"),
     )
 
 

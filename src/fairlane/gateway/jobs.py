@@ -6,7 +6,9 @@ be probed. Only tasks registered with ``gateway=True`` are enqueued, by name (an
 answers as an unknown one): nothing a request carries is ever run or imported by the
 gateway. Each endpoint needs its scope of the caller's key (``auth.scoped``;
 ``auth.submitter`` for the submit): ``submit``, ``read`` (both GETs), ``cancel``; a key
-without it is answered 403 before the job is looked at.
+without it is answered 403 before the job is looked at. A job's class is the server's to
+allow: one that is restricted and not among the tenant's entitled classes answers 403
+``class_not_entitled``, and nothing is stored (the store's enqueue decides).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from fastapi.responses import JSONResponse
 
 from fairlane import tracing
 from fairlane.app import App
-from fairlane.app.admission import Admission
+from fairlane.app.admission import CLASS_NOT_ENTITLED, Admission
 from fairlane.app.job import TERMINAL, Job
 from fairlane.codec import PayloadTooLarge, decode_error
 from fairlane.errors import JobNotFound
@@ -30,6 +32,7 @@ from fairlane.gateway.auth import Caller, caller, gateway_state, refused_key, sc
 from fairlane.gateway.lean import LeanRoute
 from fairlane.gateway.models import (
     CancelReply,
+    ErrorBody,
     JobView,
     ResultReply,
     SubmitReply,
@@ -70,6 +73,14 @@ async def _owner(state: GatewayState, job_id: str) -> str | None:
     return None if record is None else record.tenant
 
 
+_SUBMIT_FORBIDDEN = {
+    "model": ErrorBody,
+    "description": "The key lacks the submit scope (reason `scope`), the admin key submits "
+    "nothing (reason `admin`), or the job's class is restricted and this tenant is not "
+    "entitled to it (reason `class_not_entitled`); nothing is stored.",
+}
+
+
 async def submit(
     body: SubmitRequest, who: Who, state: State, request: Request
 ) -> SubmitReply | JSONResponse:
@@ -85,10 +96,18 @@ async def submit(
         return SubmitReply(
             id=job.id, state=admission.status, created=job.created, status_url=f"/v1/jobs/{job.id}"
         )
+    return _refused(admission, body)
+
+
+def _refused(admission: Admission[object], body: SubmitRequest) -> JSONResponse:
     if admission.status == "unavailable":
         detail = "the store cannot be reached; nothing was enqueued"
         return error(503, detail, admission.reason, admission.retry_after)
     reason = admission.reason or "rejected"
+    if reason == CLASS_NOT_ENTITLED:
+        named = f" {body.service_class!r}" if body.service_class else " (its task's)"
+        detail = f"the job's class{named} is not one this tenant may use; nothing was stored"
+        return error(403, detail, reason)
     detail = f"the job was not admitted ({reason})"
     if admission.retry_after is None:  # deadline_unmeetable: retrying cannot help
         return error(422, detail, reason)
@@ -101,11 +120,11 @@ router.add_api_route(
     methods=["POST"],
     status_code=202,
     response_model=SubmitReply,
-    responses=responses(400, 403, 413, 429),
+    responses={**responses(400, 403, 413, 429), 403: _SUBMIT_FORBIDDEN},
     summary="Submit a job of an exposed task",
     route_class_override=LeanRoute,
 )
-#: the submit route, which ``LeanDispatch`` serves past the framework's layers
+#: the submit route, which ``LeanApi`` serves before the framework's layers
 SUBMIT_ROUTE = LeanRoute.last_of(router)
 
 

@@ -76,6 +76,7 @@ _REASONS = frozenset(
         "lane_queue_full",
         "too_wide",
         "deadline_unmeetable",
+        "class_not_entitled",
         "store_unavailable",
     }
 )
@@ -209,7 +210,11 @@ def _submit_answer(status: int, body: bytes | None) -> tuple[str, str]:
     reason = NONE if said is None else (said if said in _REASONS else OTHER)
     if status == 202 and fields.get("state") in ("accepted", "deferred"):
         return str(fields["state"]), reason
-    if status == 429 or (status == 422 and said == "deadline_unmeetable"):
+    if (
+        status == 429
+        or (status == 422 and said == "deadline_unmeetable")
+        or (status == 403 and said == "class_not_entitled")
+    ):
         return "rejected", reason
     if status == 503:
         return "unavailable", reason

@@ -30,8 +30,9 @@ Admission decisions are counted by the server itself, in the stats hash (written
 the enqueue script), so every process that scrapes the store (workers, gateways)
 exports the same totals: ``fairlane_admission_decisions_total{lane,class,outcome,
 reason}``, reasons ``none`` (accepted), ``class_full``, ``class_queue_full``,
-``tenant_queue_full``, ``too_wide`` and ``deadline_unmeetable`` (a deadline already
-past, or before the job's start).
+``tenant_queue_full``, ``too_wide``, ``deadline_unmeetable`` (a deadline already
+past, or before the job's start) and ``class_not_entitled`` (a restricted class the
+tenant is not entitled to).
 
 **Estimated against used.** In lanes that learn costs (an admission pool, or tenants
 charged by cost), the ack script sums, per lane and class, the estimate the store held
@@ -347,7 +348,8 @@ class StoreCollector(Collector):
             "fairlane_admission_decisions",
             "Admission decisions on submitted jobs, counted by the server: outcome "
             "accepted, deferred or rejected; reason none (accepted), class_full, "
-            "class_queue_full, tenant_queue_full, too_wide or deadline_unmeetable.",
+            "class_queue_full, tenant_queue_full, too_wide, deadline_unmeetable or "
+            "class_not_entitled.",
             labels=["lane", "class", "outcome", "reason"],
         )
         for key, n in sorted(snap.decisions.items()):

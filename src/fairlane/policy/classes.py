@@ -128,11 +128,13 @@ __all__ = [
     "Allocation",
     "ClassTable",
     "ClassView",
+    "Entitlement",
     "Reason",
     "ServiceClass",
     "allocate",
     "allocate_observed",
     "assured_slots",
+    "check_class_name",
     "levels",
     "may_start",
     "move_aged",
@@ -159,6 +161,16 @@ def _fraction(label: str, value: float) -> None:
         raise ValueError(f"{label} must be within [0, 1], got {value!r}")
 
 
+def check_class_name(name: object) -> str:
+    """``name`` if it can name a class: a non-empty string without braces, colons, ``|``
+    or spaces (it is part of key names)."""
+    if not isinstance(name, str):
+        raise TypeError(f"a class name must be a string, got {name!r}")
+    if not name or any(c in name for c in _BAD_NAME_CHARS):
+        raise ValueError(f"class name must be non-empty, no braces/colons/|/spaces: {name!r}")
+    return name
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceClass:
     """One class of a lane: its nominal share of ``C``, a floor, and lending bounds."""
@@ -177,12 +189,12 @@ class ServiceClass:
     max_wait: float | str | timedelta | None = None
     """Seconds (or ``"12h"``, a ``timedelta``) after which its waiting head is served as
     the class declared before it (aging); None: never. Read back as seconds."""
+    restricted: bool = False
+    """Only tenants entitled to it may put jobs in it (``Entitlement``); the store refuses
+    anyone else's with ``class_not_entitled``, at enqueue and at each retry."""
 
     def __post_init__(self) -> None:
-        if not self.name or any(c in self.name for c in _BAD_NAME_CHARS):
-            raise ValueError(
-                f"class name must be non-empty, no braces/colons/|/spaces: {self.name!r}"
-            )
+        check_class_name(self.name)
         _fraction("nominal_share", self.nominal_share)
         _fraction("lendable", self.lendable)
         if isinstance(self.min_slots, bool) or not isinstance(self.min_slots, int):
@@ -195,6 +207,8 @@ class ServiceClass:
             raise ValueError(
                 f"batch class {self.name!r} must have nominal_share 0, min_slots 0, borrowable None"
             )
+        if not isinstance(self.restricted, bool):
+            raise TypeError(f"restricted must be True or False, got {self.restricted!r}")
         if self.max_wait is not None:
             if isinstance(self.max_wait, bool):
                 raise TypeError(f"max_wait must be a duration, got {self.max_wait!r}")
@@ -227,7 +241,7 @@ class ServiceClass:
 
 
 DEFAULT_CLASSES: tuple[ServiceClass, ...] = (
-    ServiceClass("guaranteed", nominal_share=0.6, min_slots=1),
+    ServiceClass("guaranteed", nominal_share=0.6, min_slots=1, restricted=True),
     ServiceClass("standard", nominal_share=0.4, min_slots=1),
     ServiceClass("batch", batch=True),
 )
@@ -235,7 +249,33 @@ DEFAULT_CLASSES: tuple[ServiceClass, ...] = (
 share and may borrow up to ``C``, so a fleet running one class uses every slot; batch
 runs on spare only. A class that must start at once even after a batch flood keeps a
 reserve (``lendable < 1``); nothing is preempted, so without one it waits at most for
-one borrowed job to finish."""
+one borrowed job to finish. Guaranteed is restricted: only the tenants entitled to it
+(``app.tenants.configure(tenant, classes=["guaranteed"])``) may use it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entitlement:
+    """Which restricted classes a tenant may use, and the class its jobs take when
+    neither the call nor the task names one. Kept in the store per tenant; the enqueue
+    script is its twin (``lua/enqueue.lua``, ``hot.tenant_class``)."""
+
+    classes: frozenset[str] = frozenset()
+    """The restricted classes it may use (an unrestricted class needs no entitlement)."""
+    default_class: str | None = None
+    """The class of its jobs that name none, where the lane has it and the tenant may
+    use it (else the lane's default class, as for any tenant); None: no default."""
+
+    def may_use(self, service_class: ServiceClass) -> bool:
+        """Whether a job of this tenant may be in ``service_class``."""
+        return not service_class.restricted or service_class.name in self.classes
+
+    def class_for(self, table: ClassTable, named: str, *, by_name: bool) -> str:
+        """The class a job takes: ``named`` (the call's or the task's), unless nobody named
+        it (``by_name`` False) and the default class is one this tenant may use here."""
+        default = self.default_class
+        if by_name or default is None or default not in table:
+            return named
+        return default if self.may_use(table[default]) else named
 
 
 @dataclass(frozen=True, slots=True, init=False)

@@ -130,6 +130,7 @@ class TaskDefinition(Generic[P, R]):
             cost_key=demand.cost_key,
             declared=int(demand.declared),
             fairness_key=when.fairness_key,
+            class_named=int(demand.class_named),
         )
 
 

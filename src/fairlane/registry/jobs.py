@@ -175,6 +175,9 @@ class Demand:
     cost_key: str
     declared: bool
     rates: list[tuple[str, Rate]] = field(default_factory=list)
+    class_named: bool = True
+    """Whether the call or the task named the class; if not, the store gives the job its
+    tenant's default class where it has one (``app.tenants.configure``)."""
 
     @property
     def rate_mu(self) -> int:
@@ -253,6 +256,7 @@ class JobFactory:
             cost_key=cost_key(tenant, options.name, estimate),
             declared=estimate is not None,
             rates=merged_rates,
+            class_named=service_class is not None or "service_class" not in options.defaults,
         )
 
     def shard_of(self, tenant: str) -> int:

@@ -68,6 +68,9 @@ pattern (after the prefix)  type   holds                              written by
                                   when it is due (ms): the timer
 ``trate``                  hash   tenant -> its own rate             configure_rate
                                   'limit,per_ms,burst,units'
+``tclasses``               hash   tenant -> its class entitlement:   configure_classes (read
+                                  JSON ``{"c": [restricted classes]  by enqueue and by the
+                                  it may use, "d": default class}``  promotion of retries)
 ``gw:keys``                hash   API key id -> its record (tenant,  fairlane tenants (CLI);
                                   SHA-256 of the key, created ms,    the HTTP gateway reads it,
                                   scopes, expires ms: server time)   enqueue_as checks it
@@ -330,6 +333,12 @@ class AppKeys:
     def tenant_rates(self) -> str:
         """Tenant -> its own rate ``'limit,per_ms,burst,units'``."""
         return self.prefix + "trate"
+
+    @property
+    def tenant_classes(self) -> str:
+        """Tenant -> the restricted classes it may use and its default class (scripts
+        derive the same name, ``<prefix> .. 'tclasses'``)."""
+        return self.prefix + "tclasses"
 
     @property
     def gateway_keys(self) -> str:

@@ -57,8 +57,9 @@ _INCLUDE = re.compile(r"^-- @include ([\w.]+)$", re.MULTILINE)
 
 def encode_classes(classes: Iterable[ServiceClass]) -> str:
     """A class table as the scripts read it: JSON ``[[name, share, min, lendable,
-    borrowable (-1 = up to C), batch (0/1), max_wait ms (-1 = never ages)], ..]`` in
-    declared order (``max_wait`` trails, so a table stored without it still reads)."""
+    borrowable (-1 = up to C), batch (0/1), max_wait ms (-1 = never ages), restricted
+    (0/1)], ..]`` in declared order (``max_wait`` and ``restricted`` trail, so a table
+    stored without them still reads: unrestricted)."""
     return json.dumps(
         [
             [
@@ -69,6 +70,7 @@ def encode_classes(classes: Iterable[ServiceClass]) -> str:
                 -1 if c.borrowable is None else c.borrowable,
                 int(c.batch),
                 -1 if c.max_wait_ms is None else c.max_wait_ms,
+                int(c.restricted),
             ]
             for c in classes
         ],

@@ -1,19 +1,22 @@
-"""A tenant's settings in the store: its fair-share weight and its concurrency limits;
-and the sweep of what tenants leave behind.
+"""A tenant's settings in the store: its fair-share weight, its concurrency limits and
+its class entitlement; and the sweep of what tenants leave behind.
 
-Each tenant's settings live in the shard its name hashes to (``weights`` and
-``tlimits``, ``fairlane/store/keys.py``); the next dispatch decision uses them. One pass
+Each tenant's settings live in the shard its name hashes to (``weights``, ``tlimits``
+and ``tclasses``, ``fairlane/store/keys.py``); the next dispatch decision (for an
+entitlement, the next enqueue and the next retry) uses them. One pass
 of the tenant sweep (``lua/tenantsweep.lua``; its rules are ``fairlane.policy.tenantstate``)
 is ``sweep_tenants``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fairlane.policy.ceilings import TenantLimits
+from fairlane.policy.classes import Entitlement
 from fairlane.policy.rates import Rate
 from fairlane.store.base import StoreBase
 from fairlane.store.connection import slot_client
@@ -26,7 +29,23 @@ from fairlane.store.wire import (
     encode_rate,
 )
 
-__all__ = ["TenantCalls", "TenantSweep"]
+__all__ = ["TenantCalls", "TenantSweep", "decode_entitlement"]
+
+
+def decode_entitlement(raw: bytes | str | None) -> Entitlement | None:
+    """An entitlement as ``configure_classes`` writes it (None when absent or unreadable;
+    the scripts write an empty list of classes as ``{}``)."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+        names = data.get("c") or []
+        default = data.get("d")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return None
+        return Entitlement(frozenset(names), default if isinstance(default, str) else None)
+    except (ValueError, AttributeError):
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +102,34 @@ class TenantCalls(StoreBase):
 
     async def tenant_limits(self, tenant: str) -> TenantLimits | None:
         return decode_limits(await self._call(self.client.hget, self.keys.tlimits, tenant))
+
+    async def configure_tenant_classes(
+        self,
+        tenant: str,
+        classes: Sequence[str] | None = None,
+        *,
+        set_default: bool = False,
+        default_class: str | None = None,
+    ) -> None:
+        """Set the restricted classes a tenant may use (None: kept as they are; empty:
+        none) and, with ``set_default``, its default class (None: none), in one step;
+        its next enqueue applies them."""
+        await self.fcall(
+            "configure_classes",
+            self._common,
+            [
+                tenant,
+                "0" if classes is None else "1",
+                json.dumps(list(classes or ())),
+                "1" if set_default else "0",
+                default_class or "",
+            ],
+        )
+
+    async def tenant_entitlement(self, tenant: str) -> Entitlement | None:
+        """The tenant's class entitlement, or None when it has none."""
+        raw = await self._call(self.client.hget, self.keys.tenant_classes, tenant)
+        return decode_entitlement(raw)
 
     async def configure_tenant_rate(self, tenant: str, rate: Rate | None) -> None:
         """Set the rate of the tenant's own key ``tenant:<tenant>`` (None: no rate); its

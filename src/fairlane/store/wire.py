@@ -63,6 +63,9 @@ class NewJob(msgspec.Struct, array_like=True):
     # rate keys [(key, limit, per_ms, burst, units 0/1)], sorted; what their units keys take
     rates: list[tuple[str, float, float, float, int]] = msgspec.field(default_factory=list)
     rate_mu: int = 0
+    # 0 when neither the call nor the task named the class: the store then gives the job
+    # its tenant's default class, where the tenant has one it may use (1: as given)
+    class_named: int = 1
 
     def __post_init__(self) -> None:
         args: object = self.args
@@ -99,7 +102,9 @@ class Submitted:
     """One job's answer from the enqueue script."""
 
     id: str
-    code: int  # 1 accepted, 2 deferred, 0 existing, -1 deadline past, -2 bad class, -4 rejected
+    # 1 accepted, 2 deferred, 0 existing, -1 deadline past, -2 bad class, -4 rejected,
+    # -5 a restricted class the tenant is not entitled to
+    code: int
     reason: str | None  # why it was deferred or rejected
     earlier_rejections: int  # the tenant's rejections in the last minute, before this one
 

@@ -135,6 +135,7 @@ from fairlane.policy.ceilings import (
     DurationMean,
     RateWindow,
 )
+from fairlane.policy.classes import Entitlement
 from fairlane.policy.reference.dispatch import (
     DEFAULT_CLASS,
     PRIO_SPAN,
@@ -208,6 +209,15 @@ class QueueModel(LaneDispatch):
         # leaves when its lease ends; the set goes when the worker leaves or is forgotten)
         self.leased: dict[str, set[str]] = {}
         self.handed_back: dict[str, int] = {}  # id -> its first hand-back (field hb)
+        # tenant -> the restricted classes it may use (enqueue's gate; none: no entitlement)
+        self.entitlements: dict[str, Entitlement] = {}
+
+    def configure_classes(self, tenant: str, entitlement: Entitlement | None) -> None:
+        """A tenant's class entitlement (None: none, so no restricted class)."""
+        if entitlement is None:
+            self.entitlements.pop(tenant, None)
+        else:
+            self.entitlements[tenant] = entitlement
 
     # -- producer ---------------------------------------------------------------------
 
@@ -227,7 +237,8 @@ class QueueModel(LaneDispatch):
         self.enqueue_batch(lane, [spec], now=now)
 
     def enqueue_batch(self, lane: str, batch: Sequence[NewJob], *, now: int) -> list[int]:
-        """Enqueue jobs in one call; returns a code per job (1 stored, -2 unknown class)."""
+        """Enqueue jobs in one call; returns a code per job (1 stored, -2 unknown class,
+        -5 a restricted class its tenant is not entitled to). Classes are as named."""
         ids = [spec.id for spec in batch]
         if len(set(ids)) < len(ids) or any(i in self.jobs for i in ids):
             raise ValueError(f"job ids must be new: {ids}")
@@ -239,6 +250,9 @@ class QueueModel(LaneDispatch):
             self.seq += 1
             if spec.cls not in table:
                 codes.append(-2)
+                continue
+            if not self.entitlements.get(spec.tenant, Entitlement()).may_use(table[spec.cls]):
+                codes.append(-5)
                 continue
             run_at = now + spec.delay_ms
             job = ModelJob(

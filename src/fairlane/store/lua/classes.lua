@@ -1,8 +1,9 @@
 -- Service classes: which class of a lane may start its head job now
 -- (fairlane/policy/classes.py states the rules and proves them; this is its twin).
 -- A table is an array of classes, each {name, nominal_share, min_slots, lendable,
--- borrowable (-1 = up to C), batch (0/1), max_wait ms (-1 or absent = never ages)},
--- in declared order (tables written before max_wait have six fields: none ages).
+-- borrowable (-1 = up to C), batch (0/1), max_wait ms (-1 or absent = never ages),
+-- restricted (1: only entitled tenants may use it; absent = 0, enqueue.lua)}, in declared
+-- order (tables written before max_wait have six fields: none ages).
 
 local CLASS_EPS = 1e-9
 local DEFAULT_CLASSES = [=[__DEFAULT_CLASSES__]=]

@@ -28,6 +28,29 @@ local function configure_limits(keys, args)
   return set_tenant_setting(keys[TLIMITS], args[1], args[2])
 end
 
+-- ARGV: tenant, '1' to set its restricted classes (else kept), them as a JSON array,
+-- '1' to set its default class (else kept), it ('' = none). One step, so that setting
+-- one keeps the other; an entitlement left empty is removed (tclasses, enqueue.lua).
+function hot.configure_classes(keys, args)
+  local ek = prefix(keys) .. 'tclasses'
+  local raw = redis.call('HGET', ek, args[1])
+  local ent = raw and cjson.decode(raw) or {}
+  local classes, default = ent.c or {}, ent.d
+  if args[2] == '1' then
+    classes = cjson.decode(args[3])
+  end
+  if args[4] == '1' then
+    default = args[5] ~= '' and args[5] or nil
+  end
+  if #classes == 0 and not default then
+    redis.call('HDEL', ek, args[1])
+    return 1
+  end
+  -- cjson writes an empty table as {}, which the readers take for no classes either
+  redis.call('HSET', ek, args[1], cjson.encode({c = classes, d = default}))
+  return 1
+end
+
 -- ARGV: lane, its class table as JSON (classes.lua), how tenants are charged ('jobs':
 -- one unit per job; 'cost': what each job was learned to cost, corrected when it
 -- ends). Applies from the next decision.
@@ -133,9 +156,12 @@ local function watch(keys, args)
 end
 
 -- ARGV: limit, ids... (none = the oldest `limit`). Sends dead-lettered jobs back to
--- their queues with a fresh attempt budget. Returns the ids re-driven.
+-- their queues with a fresh attempt budget, but one whose restricted class its tenant
+-- is not entitled to (it stays dead-lettered: entitle the tenant first). Returns the ids
+-- re-driven.
 local function redrive(keys, args)
   local p, now = prefix(keys), now_ms()
+  local fx, seen, lanes = new_effects(), {}, {}
   local ids = {}
   for i = 2, #args do
     ids[#ids + 1] = args[i]
@@ -148,7 +174,12 @@ local function redrive(keys, args)
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'prio', 'seq', 'task', 'cls', 'sl',
       'start', 'wk', 'att', 'fin', 'err', 'qw')
-    if f[1] == 'failed' and redis.call('ZREM', keys[DEAD], id) == 1 then
+    local memo = f[2] and (lanes[f[2]] or {seen = seen})
+    if memo then
+      lanes[f[2]] = memo
+    end
+    if f[1] == 'failed' and not (memo and hot.lost_class(keys, p, f[2], f[7] or DEFAULT_CLASS,
+        f[3] or '', fx, memo)) and redis.call('ZREM', keys[DEAD], id) == 1 then
       local idx = p .. 'kept:' .. (f[6] or '') .. ':failed'
       redis.call('ZREM', idx, id)
       redis.call('SREM', hot.links_key(idx), id)

@@ -534,7 +534,7 @@ local function fetch(keys, p, worker, n, lease, promote_limit, lanes, now, tally
     rate_due = rates.thr_next_due(keys)
   end
   for _, lane in ipairs(lanes) do
-    promote_due(keys, p, lane, now, promote_limit)
+    promote_due(keys, p, lane, now, promote_limit, tally)
   end
   -- lanes are served in turn, each round asking for an even share of what is left
   local popped, live, given, busy = {}, {}, 0, {}

@@ -1,5 +1,62 @@
--- Storing submitted jobs: idempotency keys, deadlines, the admission gate, the job's
--- record, its tenant queue or its lane's delayed set, and the hand-off to an idle worker.
+-- Storing submitted jobs: idempotency keys, deadlines, class entitlements, the admission
+-- gate, the job's record, its tenant queue or its lane's delayed set, and the hand-off to
+-- an idle worker.
+
+-- Tenants' class entitlements (tclasses: tenant -> JSON {c = restricted classes it may
+-- use, d = its default class}; fairlane.policy.classes.Entitlement is the rule).
+
+-- Whether any tenant has an entitlement. Asked with tlimits in one EXISTS: enqueue asks
+-- for tlimits anyway, so an app that sets neither pays one command for both.
+function hot.any_entitled(fx, keys, p)
+  local ek = p .. 'tclasses'
+  if fx.any[ek] == nil and fx.any[keys[TLIMITS]] == nil
+      and redis.call('EXISTS', keys[TLIMITS], ek) == 0 then
+    fx.any[ek], fx.any[keys[TLIMITS]] = false, false
+  end
+  return hot.any(fx, ek)
+end
+
+-- The tenant's entitlement (false: none), read once per call into `seen`.
+function hot.entitlement(fx, keys, p, seen, tenant)
+  local ent = seen[tenant]
+  if ent == nil then
+    local raw = hot.any_entitled(fx, keys, p) and redis.call('HGET', p .. 'tclasses', tenant)
+    ent = raw and cjson.decode(raw) or false
+    seen[tenant] = ent
+  end
+  return ent
+end
+
+-- Whether a tenant of entitlement `ent` may use class row `c` (a row of classes.lua's table).
+function hot.may_use(c, ent)
+  if c[8] ~= 1 then
+    return true
+  end
+  for _, name in ipairs(ent and ent.c or {}) do
+    if name == c[1] then
+      return true
+    end
+  end
+  return false
+end
+
+-- The class a job of `tenant` takes in table `tbl`, and whether the tenant may use it:
+-- the given `cls`, unless nobody named it and the tenant's default class is in the
+-- table and usable; a class the table lacks is left to the caller (-2). A named
+-- unrestricted class costs no command.
+function hot.tenant_class(fx, keys, p, seen, tbl, tenant, cls, named)
+  local i = class_index(tbl, cls)
+  if not i or (named and tbl[i][8] ~= 1) then
+    return cls, true
+  end
+  local ent = hot.entitlement(fx, keys, p, seen, tenant)
+  local d = not named and ent and ent.d
+  local di = d and class_index(tbl, d)
+  if di and hot.may_use(tbl[di], ent) then
+    return d, true
+  end
+  return cls, hot.may_use(tbl[i], ent)
+end
 
 -- ARGV: lane, msgpack array of jobs, each
 --   [id, tenant, prio, task, args, max, bo, to, rc, rf, idem, delay_ms, at_ms, deadline,
@@ -7,13 +64,16 @@
 --    parent run id ('' for none), W3C trace context ('' or absent for none: field tp),
 --    fairness key ('' or absent for none: field fk), rate keys ({{key, limit, per_ms,
 --    burst, units}, ..} or absent: field rk), milli-units its units rate keys take
---    (0 or absent for none: field rmu)]
+--    (0 or absent for none: field rmu), 0 when nobody named its class (it then takes its
+--    tenant's default class, hot.tenant_class; 1 or absent: the class is as given)]
 -- with nil for an absent delay/at, '' for an absent idem/deadline; a deadline is '+ms'
 -- (relative) or absolute ms; limits is {{key, limit}, ..} sorted by key.
 -- Returns a flat list: id, code, detail per job. Codes: 1 accepted, 2 deferred (stored,
 -- admitted when room frees), 0 existing via idempotency key, -1 deadline already
 -- past, -2 class unknown in the lane, -4 rejected by admission (detail
--- 'reason|earlier rejections'): nothing written for negative codes.
+-- 'reason|earlier rejections'), -5 the class is restricted and the tenant not entitled
+-- to it (detail 'class_not_entitled'; a default class is taken only where usable, so
+-- the class refused is the one given): nothing written for negative codes.
 local function enqueue(keys, args)
   local p, now = prefix(keys), now_ms()
   local now_s = hot.now_arg(now)
@@ -21,7 +81,7 @@ local function enqueue(keys, args)
   local jobs = cmsgpack.unpack(args[2])
   local out, tally = {}, new_effects()
   local tbl, cost_mode, adm, qb = lane_declarations(p, lane)
-  local learned = {}
+  local learned, seen = {}, {}
   local ready, submitted, pushes = false, {}, hot.new_pushes()
   -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
   local seq = redis.call('HINCRBY', keys[STATS], 'seq', #jobs) - #jobs
@@ -32,12 +92,21 @@ local function enqueue(keys, args)
     local existing = idem ~= '' and redis.call('HGET', keys[IDEM], idem)
     local verdict, reason, mu = 'accepted', nil, nil
     local existing_st = existing and redis.call('HGET', job_key(p, existing), 'st')
+    local entitled = true
+    if not existing_st then
+      cls, entitled = hot.tenant_class(tally, keys, p, seen, tbl, tenant, cls, j[26] ~= 0)
+    end
     if existing_st then
       -- the detail says whether the job the key names still waits for admission
       out[#out + 1], out[#out + 2], out[#out + 3] =
         existing, 0, existing_st == 'deferred' and 'deferred' or ''
     elseif not class_index(tbl, cls) then
       out[#out + 1], out[#out + 2], out[#out + 3] = id, -2, ''
+    elseif not entitled then
+      out[#out + 1], out[#out + 2], out[#out + 3] = id, -5, 'class_not_entitled'
+      if adm then
+        count_decision(tally, lane, cls, 'rejected', 'class_not_entitled')
+      end
     else
       local run_at = now
       if j[13] then

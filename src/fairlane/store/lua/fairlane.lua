@@ -282,6 +282,8 @@ function hot.audit_submits(trail, cap, key_id, tenant, out)
       outcome, detail, id = 'rejected', 'deadline_unmeetable', ''
     elseif code == -4 then
       outcome, detail, id = 'rejected', string.match(detail, '^[^|]*'), ''
+    elseif code == -5 then
+      outcome, detail, id = 'rejected', 'class_not_entitled', ''
     else
       detail, id = 'refused', ''
     end
@@ -601,6 +603,7 @@ redis.register_function('__PREFIX__watch', watch)
 redis.register_function('__PREFIX__redrive', redrive)
 redis.register_function('__PREFIX__configure_tenant', configure_tenant)
 redis.register_function('__PREFIX__configure_limits', configure_limits)
+redis.register_function('__PREFIX__configure_classes', hot.configure_classes)
 redis.register_function('__PREFIX__declare_lane', declare_lane)
 redis.register_function('__PREFIX__declare_admission', declare_admission)
 redis.register_function('__PREFIX__declare_bounds', queue_bounds.declare)

@@ -1,9 +1,25 @@
 -- Handing jobs out: promotion of due scheduled jobs, checks on a popped record,
 -- leases with fencing tokens, and direct hand-off to idle workers.
 
-local function promote_due(keys, p, lane, now, limit)
+-- Whether a due job's class is restricted and its tenant no longer entitled to it (the
+-- entitlement lifted since the job was admitted): a retry, or a job scheduled for later,
+-- passes enqueue's gate again when it enters its queue. The lane's table is read once
+-- per call (`memo`), and only when a job is due.
+function hot.lost_class(keys, p, lane, cls, tenant, fx, memo)
+  memo.tbl = memo.tbl or class_table(lane_key(p, lane, 'state'))
+  local i = class_index(memo.tbl, cls)
+  if not i or memo.tbl[i][8] ~= 1 then
+    return false
+  end
+  return not hot.may_use(memo.tbl[i], hot.entitlement(fx, keys, p, memo.seen, tenant))
+end
+
+hot.NOT_ENTITLED_ERR = '{"type":"ClassNotEntitled","message":"the job\'s class is restricted and its tenant is no longer entitled to it, so it was not run again: entitle the tenant (app.tenants.configure(tenant, classes=[...])) or submit it in another class","traceback":""}'
+
+local function promote_due(keys, p, lane, now, limit, tally)
   local dk = lane_key(p, lane, 'delayed')
   local due = redis.call('ZRANGE', dk, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+  local memo = {seen = {}}
   for _, id in ipairs(due) do
     redis.call('ZREM', dk, id)
     local jk = job_key(p, id)
@@ -12,7 +28,12 @@ local function promote_due(keys, p, lane, now, limit)
       'att', 'fk')
     local cls = f[5] or DEFAULT_CLASS
     local cfg = f[7] and f[1] == 'scheduled' and admission_of(p, lane)
-    if cfg then
+    if f[1] == 'scheduled' and hot.lost_class(keys, p, lane, cls, f[2] or '', tally, memo) then
+      if f[7] then
+        redis.call('HDEL', jk, 'readmit')
+      end
+      dead_letter(keys, p, id, hot.NOT_ENTITLED_ERR, now, tally)
+    elseif cfg then
       -- a retry passes the gate again; it is durable already, so it waits rather than fail
       redis.call('HDEL', jk, 'readmit')
       local mu = tonumber(f[7])
