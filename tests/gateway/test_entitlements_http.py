@@ -36,7 +36,17 @@ async def test_a_restricted_class_without_entitlement_is_403_and_nothing_is_stor
         assert body["reason"] == "class_not_entitled"
         assert "'guaranteed' is not one this tenant may use" in body["detail"]
         assert "retry-after" not in answer.headers
+        # again, now with the key held: the enqueue checks key and class in one step
+        again = await gw.client.post("/v1/jobs", json=GUARANTEED, headers=headers)
+        assert (again.status_code, again.json()["reason"]) == (403, "class_not_entitled")
         assert await _stored(redis_url, namespace) == before
+        # both refusals are in the audit trail (the first by the gateway, the second by
+        # the enqueue script), as the answer said
+        submits = await gw.keys.records.audit.read(10, action="submit")
+        assert [(e.outcome, e.detail) for e in submits] == [
+            ("rejected", "class_not_entitled"),
+            ("rejected", "class_not_entitled"),
+        ]
 
 
 async def test_an_entitled_tenant_is_accepted_in_the_class_and_gets_its_default(
