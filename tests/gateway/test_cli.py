@@ -79,3 +79,18 @@ def test_gateway_refuses_a_short_admin_key(monkeypatch: pytest.MonkeyPatch) -> N
     cli.command()(gateway)
     result = CliRunner().invoke(cli, ["x:app", "--admin-key", "short"])
     assert result.exit_code == 2 and "16 characters" in result.stderr
+
+
+def test_gateway_refuses_an_app_that_exposes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    gateway_cli = importlib.import_module("fairlane.cli.gateway")
+    private = App("t_gw")
+
+    @private.task(name="purge_customer_data")
+    async def purge(customer: str) -> None: ...
+
+    monkeypatch.setattr(gateway_cli, "load_app", lambda spec, url=None: private)
+    cli = typer.Typer()
+    cli.command()(gateway)
+    result = CliRunner().invoke(cli, ["x:app"])
+    assert result.exit_code == 2
+    assert "exposes no task" in result.stderr and "gateway=True" in result.stderr
