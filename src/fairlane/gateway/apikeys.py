@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ __all__ = [
 KEY_PREFIX = "flk_"
 _KEY_ID_HEX = 12
 _MAX_KEY_LENGTH = 200
+#: prefix, key id (lowercase hex), "_", a secret of at least one character
+_WELL_FORMED = re.compile(rf"{KEY_PREFIX}([0-9a-f]{{{_KEY_ID_HEX}}})_(.+)", re.DOTALL)
 #: the key records a gateway keeps, at most (the oldest read goes first)
 KNOWN_KEYS = 10_000
 
@@ -78,14 +81,10 @@ def _digest(key: str) -> str:
 
 def parse_key(key: str) -> str | None:
     """The key id of a well-formed key, else None (nothing is looked up for it)."""
-    if len(key) > _MAX_KEY_LENGTH or not key.startswith(KEY_PREFIX):
+    if len(key) > _MAX_KEY_LENGTH:
         return None
-    key_id, sep, secret = key[len(KEY_PREFIX) :].partition("_")
-    if not sep or not secret or len(key_id) != _KEY_ID_HEX:
-        return None
-    if any(c not in "0123456789abcdef" for c in key_id):
-        return None
-    return key_id
+    well_formed = _WELL_FORMED.fullmatch(key)
+    return None if well_formed is None else well_formed[1]
 
 
 def _mint(key_id: str, like: KeyRecord) -> tuple[MintedKey, KeyRecord]:

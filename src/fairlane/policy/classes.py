@@ -116,7 +116,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from fractions import Fraction
 from typing import Literal
@@ -283,6 +283,8 @@ class ClassTable:
     """The classes of one lane, in declared order (the rank tie-break)."""
 
     classes: tuple[ServiceClass, ...]
+    #: the classes' names, for ``in`` (asked by every enqueue)
+    _names: frozenset[str] = field(repr=False, compare=False)
 
     def __init__(self, classes: Iterable[ServiceClass] = DEFAULT_CLASSES) -> None:
         items = tuple(classes)
@@ -300,6 +302,7 @@ class ClassTable:
                 "its aged jobs as; leave max_wait out"
             )
         object.__setattr__(self, "classes", items)
+        object.__setattr__(self, "_names", frozenset(names))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -312,7 +315,7 @@ class ClassTable:
         return len(self.classes)
 
     def __contains__(self, name: object) -> bool:
-        return name in self.names
+        return name in self._names
 
     def __getitem__(self, name: str) -> ServiceClass:
         for c in self.classes:

@@ -76,6 +76,8 @@ class StoreBase:
         self.shards = shards
         self.keys = AppKeys.for_shard(app, shard, shards)
         self._common = self.keys.common()
+        # the key list of each lane an enqueue names (the app's lanes: a few)
+        self._one_lane: dict[str, list[str]] = {}
         # a sibling shares its parent's clients, which the parent closes
         self._owns_clients = True
 
@@ -172,6 +174,14 @@ class StoreBase:
             return await self._call(self.client.execute_command, *command, **route)
 
     def _lane_keys(self, lanes: Sequence[str]) -> list[str]:
+        if len(lanes) == 1:  # every enqueue: the lane's key list, made once
+            one = self._one_lane.get(lanes[0])
+            if one is None:
+                one = self._one_lane[lanes[0]] = self._lane_keys_of(lanes)
+            return list(one)
+        return self._lane_keys_of(lanes)
+
+    def _lane_keys_of(self, lanes: Sequence[str]) -> list[str]:
         out = list(self._common)
         for lane in lanes:
             out.extend(self.keys.lane(lane).as_list())
