@@ -13,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
@@ -73,6 +74,18 @@ RedisUrl = Annotated[
         show_default=False,
     ),
 ]
+
+
+def utc_ms(ms: int | None, *, millis: bool = True) -> str:
+    """A time in ms since the epoch (the server's, mostly) as UTC text, to the ms (to
+    the second without ``millis``, and no zone letter: for a column headed UTC); "-" for
+    none."""
+    if ms is None:
+        return "-"
+    moment = datetime.fromtimestamp(ms / 1000, UTC)
+    if not millis:
+        return moment.strftime("%Y-%m-%d %H:%M:%S")
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
 
 
 def console() -> Console:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -23,7 +22,16 @@ from rich.table import Table
 
 from fairlane.app import App
 from fairlane.app.workflows import Workflow
-from fairlane.cli._common import EXIT_FAILURE, AppSpec, RedisUrl, console, fail, load_app, run
+from fairlane.cli._common import (
+    EXIT_FAILURE,
+    AppSpec,
+    RedisUrl,
+    console,
+    fail,
+    load_app,
+    run,
+    utc_ms,
+)
 from fairlane.store.records import JobRecord
 from fairlane.store.runs import RunHistory
 from fairlane.store.runview import RunView, SliceView, run_view
@@ -46,13 +54,6 @@ async def _load(app: App, run_id: str) -> tuple[JobRecord | None, RunHistory, in
 # -- printing --------------------------------------------------------------------------
 
 
-def _at(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    moment = datetime.fromtimestamp(ms / 1000, UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
-
-
 def _short(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False) if value is not None else "-"
     return text if len(text) <= _VALUE_WIDTH else text[: _VALUE_WIDTH - 3] + "..."
@@ -60,7 +61,7 @@ def _short(value: Any) -> str:
 
 def _ending(s: SliceView) -> str:
     if s.outcome == "suspended":
-        return f"suspended waiting for {s.wait} until {_at(s.until_ms)}"
+        return f"suspended waiting for {s.wait} until {utc_ms(s.until_ms)}"
     if s.outcome == "yielded":
         return "yielded its slot"
     if s.outcome == "ended":
@@ -83,9 +84,9 @@ def _print(view: RunView) -> None:
         ("lane", view.lane),
         ("status", view.status),
         ("attempts", f"{view.attempts}{of}"),
-        ("enqueued", _at(view.enqueued_ms)),
-        ("started", _at(view.started_ms)),
-        ("finished", _at(view.finished_ms)),
+        ("enqueued", utc_ms(view.enqueued_ms)),
+        ("started", utc_ms(view.started_ms)),
+        ("finished", utc_ms(view.finished_ms)),
         *([("result", _short(view.result))] if view.result is not None else []),
         *([("error", view.error)] if view.error else []),
         ("pending signals", str(view.pending_signals)),
@@ -106,7 +107,7 @@ def _print(view: RunView) -> None:
             s.status,
             str(s.ms),
             escape(s.worker),
-            _at(s.ended_ms),
+            utc_ms(s.ended_ms),
             str(s.slice) if s.slice is not None else "-",
             escape(_short(s.value)),
         )
@@ -120,8 +121,8 @@ def _print(view: RunView) -> None:
             str(part.index),
             escape(part.worker),
             str(part.attempt),
-            _at(part.started_ms),
-            _at(part.ended_ms),
+            utc_ms(part.started_ms),
+            utc_ms(part.ended_ms),
             escape(_ending(part)),
             str(part.checkpoints),
             str(part.idle_ms) if part.idle_ms is not None else "-",
@@ -139,7 +140,7 @@ def _print(view: RunView) -> None:
                 escape(w.name),
                 w.status,
                 str(w.waited_ms),
-                _at(w.until_ms),
+                utc_ms(w.until_ms),
             )
         out.print(waits)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Annotated
 
 import msgspec
@@ -30,6 +30,7 @@ from fairlane.cli._common import (
     locate_server,
     run,
     settings_or_fail,
+    utc_ms,
 )
 from fairlane.gateway.apikeys import SCOPES, ApiKeys, KeyNotFound, KeyRecord, MintedKey
 from fairlane.policy.retention import parse_duration
@@ -186,21 +187,18 @@ def list_keys(app_spec: AppSpec, redis_url: RedisUrl = None) -> None:
         table.add_row(
             key_id,
             escape(record.tenant),
-            _when(record.created_ms),
+            utc_ms(record.created_ms, millis=False),
             "all" if set(record.scopes) >= set(SCOPES) else ",".join(record.scopes),
             _expiry(record, now_ms),
         )
     console().print(table)
 
 
-def _when(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
 def _expiry(record: KeyRecord, now_ms: int) -> str:
     if record.expires_ms is None:
         return "never"
-    return _when(record.expires_ms) + (" (expired)" if record.expired(now_ms) else "")
+    until = utc_ms(record.expires_ms, millis=False)
+    return until + (" (expired)" if record.expired(now_ms) else "")
 
 
 async def _read_audit(
@@ -211,10 +209,6 @@ async def _read_audit(
         return await keys.records.audit.read(limit, tenant=tenant, action=action)
     finally:
         await client.aclose()
-
-
-def _utc(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 @tenants_app.command("audit")
@@ -238,7 +232,7 @@ def audit(
     app = load_app(app_spec, redis_url)
     entries = run(_read_audit(app, limit, tenant, action))
     if as_json:
-        rows = [{"at": _utc(e.at_ms), **msgspec.structs.asdict(e)} for e in entries]
+        rows = [{"at": utc_ms(e.at_ms), **msgspec.structs.asdict(e)} for e in entries]
         typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
         return
     if not entries:
@@ -257,7 +251,7 @@ def audit(
     )
     for e in entries:
         table.add_row(
-            _utc(e.at_ms),
+            utc_ms(e.at_ms),
             e.action,
             escape(e.key_id),
             escape(e.tenant),

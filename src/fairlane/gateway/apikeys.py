@@ -172,7 +172,7 @@ class ApiKeys:
             return _mint(key_id, replace(old, created_ms=now, **change))
 
         minted = await self.records.replace(key_id, renewed)
-        self._known.pop(key_id, None)
+        self.forget(key_id)
         if minted is None:
             raise KeyNotFound(f"no active API key {key_id!r}")
         return minted
@@ -195,7 +195,7 @@ class ApiKeys:
             return new, new
 
         record = await self.records.replace(key_id, updated, action="key_updated")
-        self._known.pop(key_id, None)
+        self.forget(key_id)
         if record is None:
             raise KeyNotFound(f"no active API key {key_id!r}")
         return record
@@ -217,7 +217,7 @@ class ApiKeys:
     async def revoke(self, key_id: str) -> KeyRecord:
         """Delete a key; requests bearing it are refused from now on."""
         record = await self.records.remove(key_id)
-        self._known.pop(key_id, None)
+        self.forget(key_id)
         if record is None:
             raise KeyNotFound(f"no active API key {key_id!r}")
         return record
@@ -242,10 +242,10 @@ class ApiKeys:
             return None
         record, now = await self.records.get_at(key_id)
         if record is None or not hmac.compare_digest(record.sha256, _digest(key)):
-            self._known.pop(key_id, None)
+            self.forget(key_id)
             return None
         if record.expired(now):
-            self._known.pop(key_id, None)
+            self.forget(key_id)
             raise KeyExpired(f"the API key {key_id} has expired")
         self._keep(key_id, record)
         return key_id, record
@@ -263,7 +263,7 @@ class ApiKeys:
         return key_id, record
 
     def forget(self, key_id: str) -> None:
-        """Drop a record kept for ``vouched`` (the store refused the key)."""
+        """Drop a record kept for ``vouched`` (changed here, or refused by the store)."""
         self._known.pop(key_id, None)
 
     def _keep(self, key_id: str, record: KeyRecord) -> None:

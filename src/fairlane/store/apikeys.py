@@ -4,8 +4,8 @@ Field ``<key id>`` -> JSON ``{tenant, sha256, created_ms, scopes?, expires_ms?}`
 (``AppKeys.gateway_keys``), in the app's home shard (shard 0), where app-wide records
 live. ``scopes`` (what the key may do, a subset of ``SCOPES``) and ``expires_ms`` (when
 it stops working, by the server's clock) are left out when they are the defaults (every
-scope, no expiry), so a record written before keys had them reads as it always meant. The gateway
-(``fairlane.gateway.apikeys``) mints, checks and rotates keys; this module only keeps
+scope, no expiry), so a record written before keys had them reads as it always meant.
+The gateway (``fairlane.gateway.apikeys``) mints, checks and rotates keys; this module only keeps
 their records: it never sees a key, only the digest the gateway computed. Each change
 of a record writes its entry in the app's audit trail (``fairlane.store.audit``) in the
 same transaction: a record is never changed without its entry, nor the other way round.
@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 
 from fairlane.store.audit import DEFAULT_ENTRIES, AuditTrail
 from fairlane.store.base import unavailable
-from fairlane.store.connection import AsyncClient, slot_client
+from fairlane.store.connection import AsyncClient, server_time_ms, slot_client
 from fairlane.store.fields import field_text
 from fairlane.store.keys import AppKeys
 
@@ -163,13 +163,8 @@ class KeyRecords:
     async def server_ms(self) -> int:
         """The server's clock in ms; on a cluster, that of the node holding the records
         (a cluster client sends TIME to any node unless told which)."""
-        route: dict[str, Any] = {}
         with unavailable():
-            if isinstance(self.client, aioredis.RedisCluster):
-                await self.client.initialize()
-                route["target_nodes"] = self.client.get_node_from_key(self.hash)
-            seconds, micros = await self.client.time(**route)
-        return int(seconds) * 1000 + int(micros) // 1000
+            return await server_time_ms(self.client, self.hash)
 
     async def replace(
         self,

@@ -23,7 +23,7 @@ from redis.exceptions import ClusterError, ResponseError, SlotNotCoveredError, T
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from fairlane.store.connection import AsyncClient
+from fairlane.store.connection import AsyncClient, server_time_ms
 from fairlane.store.keys import AppKeys
 from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE
 from fairlane.store.reads import Plan, run_async
@@ -156,8 +156,7 @@ class StoreBase:
 
     async def server_time_ms(self) -> int:
         """The server's clock in ms (the clock of the app's slot on a cluster)."""
-        seconds, micros = await self._call(self.client.time, **await self.slot_node())
-        return int(seconds) * 1000 + int(micros) // 1000
+        return int(await self._call(server_time_ms, self.client, self.keys.stats))
 
     async def fcall(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Call a library function, reloading the library once if the server lost it."""

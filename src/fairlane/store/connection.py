@@ -43,6 +43,7 @@ __all__ = [
     "is_cluster",
     "parse_address",
     "sentinel_url",
+    "server_time_ms",
     "slot_client",
     "sync_server_time_ms",
 ]
@@ -377,6 +378,17 @@ async def slot_client(client: AsyncClient, key: str) -> AsyncIterator[aioredis.R
         yield direct
     finally:
         await direct.aclose()
+
+
+async def server_time_ms(client: AsyncClient, key: str) -> int:
+    """The server's clock in ms; on a cluster, the clock of the node holding ``key``'s slot,
+    the one the scripts touching ``key`` read (a cluster client sends TIME to any node)."""
+    route: dict[str, Any] = {}
+    if isinstance(client, aioredis.RedisCluster):
+        await client.initialize()
+        route["target_nodes"] = client.get_node_from_key(key)
+    seconds, micros = await client.time(**route)
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def sync_server_time_ms(client: SyncClient, key: str) -> int:

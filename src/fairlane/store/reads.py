@@ -21,9 +21,12 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
-import redis.asyncio as aioredis
-
-from fairlane.store.connection import AsyncClient, SyncClient, sync_server_time_ms
+from fairlane.store.connection import (
+    AsyncClient,
+    SyncClient,
+    server_time_ms,
+    sync_server_time_ms,
+)
 
 __all__ = ["Cmd", "Plan", "cmd", "run_async", "run_sync", "scan_fields", "server_time"]
 
@@ -97,12 +100,7 @@ async def _special_async(client: AsyncClient, c: Cmd) -> Any:
     if c.name == _HSCAN:
         key, match = c.args
         return {k: v async for k, v in client.hscan_iter(key, match=match, count=500)}
-    route: dict[str, Any] = {}
-    if isinstance(client, aioredis.RedisCluster):  # the key's own node, and its clock
-        await client.initialize()
-        route["target_nodes"] = client.get_node_from_key(c.args[0])
-    seconds, micros = await client.time(**route)
-    return int(seconds) * 1000 + int(micros) // 1000
+    return await server_time_ms(client, c.args[0])  # the key's own node, and its clock
 
 
 def _special_sync(client: SyncClient, c: Cmd) -> Any:
