@@ -35,7 +35,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from fairlane.gateway.auth import Caller, submitter
-from fairlane.gateway.limits import too_large
+from fairlane.gateway.limits import TooLarge, read_within, too_large
 from fairlane.gateway.state import GatewayState
 
 __all__ = ["LeanApi", "LeanEndpoint", "LeanRoute", "Observer", "lean"]
@@ -121,10 +121,6 @@ class LeanRoute(APIRoute):
         return routed
 
 
-class _TooLarge(Exception):
-    """The request's body is over the limit."""
-
-
 class LeanFront:
     """One lean route served from the outside in: the body read within ``limit``
     bytes, the handler, the app's exception handlers and the observation."""
@@ -162,9 +158,11 @@ class LeanFront:
     async def _answer(self, scope: Scope, receive: Receive, send: Send) -> Response:
         request = Request(scope, receive, send)
         try:
-            raw = await self._body(scope, receive)
-        except _TooLarge:
+            raw = await read_within(scope, receive, self.limit)
+        except TooLarge:
             return too_large(self.limit)
+        if not isinstance(raw, bytes):
+            raise ClientDisconnect
         try:
             return await self.handler(request, raw)
         except Exception as exc:
@@ -175,24 +173,6 @@ class LeanFront:
                 raise
             answer: Response = await handler(request, exc)
             return answer
-
-    async def _body(self, scope: Scope, receive: Receive) -> bytes:
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                raise _TooLarge
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                raise ClientDisconnect
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                raise _TooLarge
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _handler_for(self, exc: Exception) -> Any:
         handlers = self.api.exception_handlers
