@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.embedded_only]
 LIMIT = 2000
 
 
-def _scope(key: str, *, length: int | None) -> dict[str, Any]:
+def _scope(key: str, *, length: int | None, path: str = "/v1/jobs") -> dict[str, Any]:
     headers = [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")]
     if length is not None:
         headers.append((b"content-length", str(length).encode()))
@@ -31,8 +31,8 @@ def _scope(key: str, *, length: int | None) -> dict[str, Any]:
         "http_version": "1.1",
         "method": "POST",
         "scheme": "http",
-        "path": "/v1/jobs",
-        "raw_path": b"/v1/jobs",
+        "path": path,
+        "raw_path": path.encode(),
         "root_path": "",
         "query_string": b"",
         "headers": headers,
@@ -42,7 +42,12 @@ def _scope(key: str, *, length: int | None) -> dict[str, Any]:
 
 
 async def _call(
-    api: LeanApi, key: str, messages: Iterable[dict[str, Any]], *, length: int | None = None
+    api: LeanApi,
+    key: str,
+    messages: Iterable[dict[str, Any]],
+    *,
+    length: int | None = None,
+    path: str = "/v1/jobs",
 ) -> list[dict[str, Any]]:
     pending = list(messages)
     sent: list[dict[str, Any]] = []
@@ -53,7 +58,7 @@ async def _call(
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    await api(_scope(key, length=length), receive, send)
+    await api(_scope(key, length=length, path=path), receive, send)
     return sent
 
 
@@ -78,6 +83,18 @@ async def test_chunks_over_the_limit_without_a_length_get_413(
         assert sent[0]["status"] == 202, sent
         big = json.dumps({"task": "echo", "args": ["x" * LIMIT]}).encode()
         sent = await _call(api, key, _chunks(big, 500))
+        assert sent[0]["status"] == 413
+        assert json.loads(sent[1]["body"])["reason"] == "too_large"
+
+
+async def test_other_routes_keep_the_body_limit_middleware(redis_url: str, namespace: str) -> None:
+    # the same limit, read by the same function, on a route the framework serves
+    app = build_app(namespace, redis_url)
+    async with app:
+        api = create_app(app, max_body_bytes=LIMIT)
+        key = (await ApiKeys(app.store.key_records).create("acme")).key
+        big = json.dumps({"payload": "x" * LIMIT}).encode()
+        sent = await _call(api, key, _chunks(big, 500), path="/v1/runs/r1/signals/go")
         assert sent[0]["status"] == 413
         assert json.loads(sent[1]["body"])["reason"] == "too_large"
 
