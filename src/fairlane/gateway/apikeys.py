@@ -14,9 +14,10 @@ refused like a revoked one; its record stays until it is revoked.
 Why a plain SHA-256 and not a password hash (bcrypt, scrypt, argon2): those are slow
 on purpose, to make guessing a *low-entropy* password from its hash expensive. A
 256-bit random secret cannot be guessed whatever the hash costs, so a fast one-way
-hash loses nothing and keeps authentication to one HGET and one digest per request.
+hash loses nothing and keeps authentication to one read (the record, pipelined with the
+server's clock for its expiry) and one digest per request.
 
-A submit costs not even the HGET: the gateway keeps the records it has read (up to
+A submit costs not even the read: the gateway keeps the records it has read (up to
 ``KNOWN_KEYS``), checks the digest against the one it holds, and has the enqueue
 script check the record in the same step as the enqueue (``KeyGuard``), so a key
 revoked, rotated, narrowed or expired elsewhere a moment ago still stores nothing.
