@@ -43,7 +43,8 @@ from fairlane.runtime.context import (
     current_step,
 )
 from fairlane.runtime.usage import JobContext, context, report_usage
-from fairlane.store.wire import StoreUnavailable
+from fairlane.store.gate import StoreBusy
+from fairlane.store.wire import StoreError, StoreUnavailable
 
 __all__ = [
     "DEFAULT_CLASSES",
@@ -72,6 +73,8 @@ __all__ = [
     "RunNotFound",
     "ServiceClass",
     "StepInfo",
+    "StoreBusy",
+    "StoreError",
     "StoreUnavailable",
     "Task",
     "TaskFailed",

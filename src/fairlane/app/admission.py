@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 from fairlane.errors import FairlaneError
 from fairlane.registry.pricing import Pricing, cost_key
 from fairlane.store.durability import NotAcknowledged
+from fairlane.store.gate import StoreBusy
+from fairlane.store.wire import StoreError
 
 if TYPE_CHECKING:
     from fairlane.app.job import Job
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLASS_NOT_ENTITLED",
+    "STORE_BUSY",
+    "STORE_UNAVAILABLE",
     "Admission",
     "AdmissionStatus",
     "NotAcknowledged",
@@ -84,7 +88,9 @@ class Admission(Generic[R]):
     """Machine-readable: ``class_full``, ``class_queue_full``, ``tenant_queue_full``,
     ``lane_queue_full`` (a lane's default queue bounds), ``too_wide``,
     ``deadline_unmeetable``, ``class_not_entitled`` (a restricted class the tenant is not
-    entitled to), ``store_unavailable``; None when accepted."""
+    entitled to), ``store_unavailable`` (the server cannot be reached), ``store_busy``
+    (every connection of this process stayed in use for ``connection.timeout``); None
+    when accepted."""
     retry_after: float | None = None
     """Seconds to wait before trying again (rejected or unavailable); None when retrying
     cannot help (``deadline_unmeetable``, ``class_not_entitled``)."""
@@ -114,5 +120,12 @@ def answer(reply: Submitted, job: Job[R] | None, pricing: Pricing) -> Admission[
     raise ValueError(f"job {reply.id}: refused by the store (code {reply.code})")
 
 
-def unavailable() -> Admission[R]:
-    return Admission("unavailable", None, "store_unavailable", UNAVAILABLE_RETRY_AFTER)
+#: The reasons of an ``unavailable`` answer: the server, or this process's connections.
+STORE_UNAVAILABLE = "store_unavailable"
+STORE_BUSY = "store_busy"
+
+
+def unavailable(error: StoreError) -> Admission[R]:
+    """The answer to a submission the store could not take: nothing was stored."""
+    reason = STORE_BUSY if isinstance(error, StoreBusy) else STORE_UNAVAILABLE
+    return Admission("unavailable", None, reason, UNAVAILABLE_RETRY_AFTER)

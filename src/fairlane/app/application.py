@@ -164,6 +164,7 @@ class App(Declaring):
             self.name,
             socket_timeout=timeouts.timeout,
             socket_connect_timeout=timeouts.connect_timeout,
+            max_connections=timeouts.max_connections,
             prepare_jobs=None if payloads is None else payloads.offload_jobs,
             audit_entries=self.settings.audit_entries,
         )

@@ -17,7 +17,14 @@ from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, Unpack
 import msgspec
 
 from fairlane import tracing
-from fairlane.app.admission import CLASS_NOT_ENTITLED, Admission, Rejected, answer, unavailable
+from fairlane.app.admission import (
+    CLASS_NOT_ENTITLED,
+    STORE_BUSY,
+    Admission,
+    Rejected,
+    answer,
+    unavailable,
+)
 from fairlane.app.job import Job, TaskOwner
 from fairlane.config.lanes import LimitValue
 from fairlane.config.settings import DurabilitySettings
@@ -34,9 +41,10 @@ from fairlane.registry import (
 from fairlane.registry.jobs import Demand
 from fairlane.store.apikeys import KeyGuard
 from fairlane.store.durability import NotAcknowledged
+from fairlane.store.gate import StoreBusy
 from fairlane.store.keys import shard_job_id
 from fairlane.store.shards import submit
-from fairlane.store.wire import NewJob, StoreUnavailable
+from fairlane.store.wire import NewJob, StoreError, StoreUnavailable
 
 __all__ = ["BoundCall", "EnqueueOptions", "Task"]
 
@@ -124,6 +132,11 @@ class Task(TaskDefinition[P, R]):
             if ack is not None and not ack.met:
                 raise NotAcknowledged([admission.job], ack)
             return admission.job
+        if admission.reason == STORE_BUSY:
+            raise StoreBusy(
+                "every connection of this process stayed in use for connection.timeout; "
+                "nothing was enqueued"
+            )
         if admission.status == "unavailable":
             raise StoreUnavailable("the store cannot be reached; nothing was enqueued")
         if admission.reason == "deadline_unmeetable":
@@ -198,8 +211,8 @@ class Task(TaskDefinition[P, R]):
             (reply,), ack = await submit(
                 store, self.options.lane, [job], durability or app.registry.durability, guard
             )
-        except StoreUnavailable:
-            return unavailable()
+        except StoreError as exc:
+            return unavailable(exc)
         handle: Job[R] | None = (
             Job(self, reply.id, created=reply.code in (1, 2)) if reply.code >= 0 else None
         )

@@ -170,7 +170,8 @@ class WorkerSettings(BaseModel):
 
 
 class ConnectionSettings(BaseModel):
-    """How long a call waits for the server before it counts as unreachable."""
+    """How long a call waits for the server before it counts as unreachable, and how
+    many calls of a process use it at once."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -178,7 +179,11 @@ class ConnectionSettings(BaseModel):
     """Time to open a connection to the server."""
     timeout: float = Field(default=5.0, gt=0)
     """Time to wait for a reply; past it the call fails as unavailable (blocking waits get this on
-    top of their block time)."""
+    top of their block time). A call that finds every connection in use waits as long for one,
+    then fails as busy."""
+    max_connections: int = Field(default=64, ge=1)
+    """Calls of one process on the server at once (per kind: quick calls, and blocking waits);
+    more wait their turn, first come first served."""
 
 
 class DurabilitySettings(BaseModel):

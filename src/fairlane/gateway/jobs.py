@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 
 from fairlane import tracing
 from fairlane.app import App
-from fairlane.app.admission import CLASS_NOT_ENTITLED, Admission
+from fairlane.app.admission import CLASS_NOT_ENTITLED, STORE_BUSY, STORE_UNAVAILABLE, Admission
 from fairlane.app.job import TERMINAL, Job
 from fairlane.codec import PayloadTooLarge, decode_error
 from fairlane.errors import JobNotFound
@@ -99,9 +99,16 @@ async def submit(
     return _refused(admission, body)
 
 
+_UNAVAILABLE = {
+    STORE_UNAVAILABLE: "the store cannot be reached; nothing was enqueued",
+    STORE_BUSY: "every connection to the store stayed in use for as long as a call may wait; "
+    "nothing was enqueued",
+}
+
+
 def _refused(admission: Admission[object], body: SubmitRequest) -> JSONResponse:
     if admission.status == "unavailable":
-        detail = "the store cannot be reached; nothing was enqueued"
+        detail = _UNAVAILABLE.get(admission.reason or "", _UNAVAILABLE[STORE_UNAVAILABLE])
         return error(503, detail, admission.reason, admission.retry_after)
     reason = admission.reason or "rejected"
     if reason == CLASS_NOT_ENTITLED:

@@ -78,6 +78,7 @@ _REASONS = frozenset(
         "deadline_unmeetable",
         "class_not_entitled",
         "store_unavailable",
+        "store_busy",
     }
 )
 #: A submit answer's body is small; more than this is not an admission answer.

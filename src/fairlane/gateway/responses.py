@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from fairlane.app.admission import UNAVAILABLE_RETRY_AFTER
 from fairlane.gateway.auth import OutOfScope
 from fairlane.gateway.models import ErrorBody
+from fairlane.store.gate import StoreBusy
 from fairlane.store.wire import StoreUnavailable
 
 __all__ = ["RETRY_AFTER_HEADER", "error", "install_handlers", "responses"]
@@ -56,7 +57,9 @@ _DESCRIPTIONS = {
     413: "The request body, or the encoded arguments, are too large.",
     422: "The request or the task's arguments do not validate.",
     429: "Admission refused the job: retry after Retry-After seconds.",
-    503: "The store cannot be reached: retry after Retry-After seconds.",
+    503: "The store cannot be reached (reason `store_unavailable`), or every connection to it "
+    "stayed in use for as long as a call may wait (`store_busy`): retry after Retry-After "
+    "seconds.",
 }
 
 
@@ -98,7 +101,18 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _busy(request: Request, exc: Exception) -> JSONResponse:
+    return error(
+        503,
+        "every connection to the store stayed in use for as long as a call may wait; "
+        "nothing was done",
+        "store_busy",
+        UNAVAILABLE_RETRY_AFTER,
+    )
+
+
 def install_handlers(api: FastAPI) -> None:
     api.add_exception_handler(RequestValidationError, _invalid)
     api.add_exception_handler(OutOfScope, _out_of_scope)
     api.add_exception_handler(StoreUnavailable, _unavailable)
+    api.add_exception_handler(StoreBusy, _busy)

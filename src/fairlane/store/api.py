@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from fairlane.store.apikeys import KeyRecords
 from fairlane.store.connection import create_client
 from fairlane.store.exchange import WorkerCalls
+from fairlane.store.gate import POOL_HEADROOM, CallGate
 from fairlane.store.keyspace import KeyspaceCalls, unlink_matching
 from fairlane.store.lookup import JobCalls
 from fairlane.store.payloadindex import PayloadIndexCalls
@@ -69,10 +70,12 @@ class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, K
 
         A call that gets no reply within ``socket_timeout`` seconds, or no connection
         within ``socket_connect_timeout``, fails with ``StoreUnavailable`` rather than
-        wait for a server that may never answer."""
+        wait for a server that may never answer. At most ``max_connections`` calls use
+        the server at once (``fairlane.store.gate``); more wait their turn, each for up
+        to ``socket_timeout``, and fail with ``StoreBusy`` only past that."""
         options: dict[str, Any] = dict(
             decode_responses=False,
-            max_connections=max_connections,
+            max_connections=max_connections + POOL_HEADROOM,
             socket_connect_timeout=2.0,
             socket_timeout=5.0,
             health_check_interval=30,
@@ -87,12 +90,14 @@ class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, K
                 pool.connection_class = FAST_CONNECTIONS.get(
                     pool.connection_class, pool.connection_class
                 )
+        wait = options["socket_timeout"]
         return cls(
             client,
             app,
             blocking=blocking,
-            socket_timeout=options["socket_timeout"],
+            socket_timeout=wait,
             shards=shards,
+            gates=(CallGate(max_connections, wait), CallGate(max_connections, wait)),
         )
 
     def shard_store(self, shard: int, shards: int) -> Store:
@@ -104,6 +109,7 @@ class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, K
             socket_timeout=self.socket_timeout,
             shard=shard,
             shards=shards,
+            gates=self.gates,
         )
         sibling.prepare_jobs = self.prepare_jobs
         sibling.audit_entries = self.audit_entries

@@ -19,15 +19,22 @@ from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
-from redis.exceptions import ClusterError, ResponseError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    ClusterError,
+    MaxConnectionsError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairlane.store.connection import AsyncClient, server_time_ms
+from fairlane.store.gate import CallGate, StoreBusy
 from fairlane.store.keys import AppKeys
 from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE
 from fairlane.store.reads import Plan, run_async
-from fairlane.store.wire import StoreUnavailable
+from fairlane.store.wire import StoreError, StoreUnavailable
 
 __all__ = ["StoreBase", "unavailable"]
 
@@ -44,6 +51,11 @@ def unavailable() -> Iterator[None]:
     """A server that cannot be reached, or a slot in transition, as ``StoreUnavailable``."""
     try:
         yield
+    except StoreError:
+        raise
+    except MaxConnectionsError as exc:
+        # a pool with every connection taken: the server was never asked
+        raise StoreBusy(f"every connection of the app's pool is in use: {exc}") from exc
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         raise StoreUnavailable(f"the Redis server is unreachable: {exc}") from exc
     except _CLUSTER_IN_TRANSITION as exc:
@@ -63,12 +75,16 @@ class StoreBase:
         socket_timeout: float | None = None,
         shard: int = 0,
         shards: int = 1,
+        gates: tuple[CallGate, CallGate] | None = None,
     ) -> None:
         self.client = client
         # Calls the server holds on purpose (BLPOP, WAIT) go through a client without a
         # read timeout, each bounded by its own wait plus ``socket_timeout``: the read
         # timeout of ``client`` is shorter than an idle worker's block.
         self.blocking = blocking or client
+        #: how many calls of the app use ``client`` and ``blocking`` at once (each its
+        #: own pool), shared with the sibling shards' stores
+        self.gates = gates or (CallGate(64, socket_timeout), CallGate(64, socket_timeout))
         self.socket_timeout = socket_timeout
         self.app = app
         #: this store's scheduling shard, of ``shards`` (``fairlane.policy.shards``)
@@ -105,14 +121,16 @@ class StoreBase:
             await self.blocking.aclose()
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        with unavailable():
-            return await fn(*args, **kwargs)
+        async with self.gates[0].slot():
+            with unavailable():
+                return await fn(*args, **kwargs)
 
     async def read(self, plan: Plan[T]) -> T:
         """Run a read model's plan (``fairlane.store.views``) on this store's client:
         keys of every shard, as the shards share one client."""
-        with unavailable():
-            return await run_async(self.client, plan)
+        async with self.gates[0].slot():
+            with unavailable():
+                return await run_async(self.client, plan)
 
     async def view(
         self,
@@ -140,8 +158,10 @@ class StoreBase:
         read timeout (a call cut off there drops its connection, which may be dead)."""
         limit = None if self.socket_timeout is None else wait + self.socket_timeout
         try:
-            async with asyncio.timeout(limit):
-                return await self._call(fn, *args, **kwargs)
+            # the wait for a place on the blocking client is bounded by the gate itself
+            async with self.gates[1].slot(), asyncio.timeout(limit):
+                with unavailable():
+                    return await fn(*args, **kwargs)
         except TimeoutError as exc:
             raise StoreUnavailable(f"the Redis server did not answer within {limit}s") from exc
 

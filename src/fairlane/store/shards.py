@@ -99,6 +99,7 @@ class ShardedStores:
         *,
         socket_timeout: float,
         socket_connect_timeout: float,
+        max_connections: int = 64,
         prepare_jobs: PrepareJobs | None = None,
         audit_entries: int | None = None,
     ) -> None:
@@ -109,6 +110,7 @@ class ShardedStores:
             app,
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_connect_timeout,
+            max_connections=max_connections,
             shards=self.count,
         )
         store.prepare_jobs = prepare_jobs

@@ -25,7 +25,12 @@ _PACK: Final = msgspec.msgpack.Encoder()
 # [next_due_ms, ack codes, jobs]; each job as fetch returns it in the Lua library
 
 
-class StoreUnavailable(ConnectionError):
+class StoreError(ConnectionError):
+    """The store could not carry out a call, for a reason that passes (the server down,
+    a slot moving, every connection busy): a caller that retries later may succeed."""
+
+
+class StoreUnavailable(StoreError):
     """The server cannot be reached (or stopped answering within the timeout)."""
 
     # the type name jobs record and users match on (codec.encode_error): as before the move
