@@ -127,7 +127,7 @@ async def test_past_the_deploy_window_the_job_is_dead_lettered_with_the_reason(
 
 
 async def test_a_window_of_zero_dead_letters_at_the_first_hand_back(
-    redis_url: str, namespace: str
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     worker_app = make_app(namespace, redis_url, worker={"deploy_window": 0})
     producer = make_app(namespace, redis_url)
@@ -145,6 +145,9 @@ async def test_a_window_of_zero_dead_letters_at_the_first_hand_back(
     assert failed.value.type_name == "UnknownTask"
     assert "no task named 'deploys.absent' in this worker" in failed.value.message
     assert "handed_back" not in stats and stats["failed"] == 1, stats
+    # the worker's log says what happens, not "handing back ... for up to 0s"
+    said = [r.getMessage() for r in caplog.records if "deploys.absent" in r.getMessage()]
+    assert said and all("dead-lettering jobs of task" in text for text in said), said
 
 
 async def test_an_unknown_task_waits_for_a_worker_that_knows_it(

@@ -341,12 +341,7 @@ class Runner:
             f"no worker ran the job within the deploy window ({window:g}s, "
             f"worker.deploy_window): {back.reason}" + (f"; {back.advice}" if back.advice else "")
         )
-        self._tell(
-            job.task,
-            back.type_name,
-            f"handing back jobs of task {job.task!r} for another worker, for up to "
-            f"{window:g}s each: {back.reason}",
-        )
+        self._tell(job.task, back.type_name, _handback_notice(job.task, window, back.reason))
         text = "\n".join(
             (
                 str(round(window * 1000)),
@@ -449,3 +444,17 @@ def _remote_retryable(task: TaskDefinition[Any, Any], type_name: str) -> bool:
 def _timed_out(timeout: float | None) -> _Failure:
     error = TimeoutError(f"the attempt exceeded its timeout of {timeout}s")
     return _Failure(encode_error(error, type_name="TimeoutError"), retryable=True)
+
+
+def _handback_notice(task: str, window: float, reason: str) -> str:
+    """What the worker logs the first time it meets a job it cannot run: with no deploy
+    window the store dead-letters the job at once, and the log must not say otherwise."""
+    if window <= 0:
+        return (
+            f"dead-lettering jobs of task {task!r} that this worker cannot run "
+            f"(worker.deploy_window is 0): {reason}"
+        )
+    return (
+        f"handing back jobs of task {task!r} for another worker, for up to "
+        f"{window:g}s each: {reason}"
+    )
