@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from fairlane import App
+from fairlane import App, Rejected
 from fairlane.config.pools import parse_config
+from fairlane.policy.admission.reasons import COUNTED_REASONS
 from fairlane.store.views.totals import split_stats as _split_stats
 from tests.e2e.helpers import WAIT, eventually, fast_settings, running_worker
 from tests.metrics.helpers import scrape_store, series, store_reader, value
@@ -111,6 +112,39 @@ async def test_lanes_without_admission_count_no_decisions(redis_url: str, namesp
         await noop.enqueue(1)
         stats = await app.stats()
     assert not [name for name in stats if name.startswith("adm:")]
+
+
+async def test_a_lane_without_a_pool_counts_its_default_bounds_refusals_with_their_reason(
+    redis_url: str, namespace: str
+) -> None:
+    settings = fast_settings(queues={"tenant_max_queued": 2, "lane_max_queued": 3})
+    app = App(namespace, redis_url=redis_url, settings=settings)
+
+    @app.task(lane="plain")
+    async def noop(n: int) -> int:
+        return n
+
+    async with app:
+        await noop.enqueue_many([(1,), (2,)], tenant="a")
+        refused = [(await noop.submit(3, tenant="a")).reason]
+        with pytest.raises(Rejected) as lane_full:  # a batch reads the lane's count
+            await noop.enqueue_many([(4,), (5,)], tenant="b")
+        refused.append(lane_full.value.reason)
+        reader = store_reader(app, redis_url)
+        try:
+            s = await scrape_store(reader)
+        finally:
+            reader.close()
+    assert refused == ["tenant_queue_full", "lane_queue_full"]
+    counted = {
+        (labels["outcome"], labels["reason"]): n
+        for labels, n in s[DECISIONS]
+        if labels["lane"] == "plain"
+    }
+    # the refusals with their reasons; the accepted jobs of a plain lane are not counted
+    # judged job by job: the batch's first job fit, its second did not
+    assert counted == {("rejected", "tenant_queue_full"): 1, ("rejected", "lane_queue_full"): 1}
+    assert {labels["reason"] for labels, _ in s[DECISIONS]} <= set(COUNTED_REASONS)
 
 
 async def test_oldest_waiting_job_age_grows_then_clears(redis_url: str, namespace: str) -> None:

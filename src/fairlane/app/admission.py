@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from fairlane.errors import FairlaneError
+from fairlane.policy.admission.reasons import CLASS_NOT_ENTITLED
 from fairlane.registry.pricing import Pricing, cost_key
 from fairlane.store.durability import NotAcknowledged
 from fairlane.store.gate import StoreBusy
@@ -45,10 +46,6 @@ AdmissionStatus = Literal["accepted", "deferred", "rejected", "unavailable"]
 _CODES: dict[int, AdmissionStatus] = {1: "accepted", 0: "accepted", 2: "deferred"}
 #: seconds an `unavailable` answer suggests waiting: the store is down, not contended
 UNAVAILABLE_RETRY_AFTER = 1.0
-
-
-#: The reason of a job refused for its class: restricted, and the tenant not entitled to it.
-CLASS_NOT_ENTITLED = "class_not_entitled"
 
 
 class Rejected(FairlaneError):

@@ -50,10 +50,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fairlane.app.admission import STORE_BUSY, STORE_UNAVAILABLE
 from fairlane.gateway.responses import error
 from fairlane.gateway.state import GatewayState
 from fairlane.metrics.config import MetricsConfig
 from fairlane.metrics.store import StoreCollector, StoreReader, autoscale_view
+from fairlane.policy.admission.reasons import REJECTION_REASONS
 
 __all__ = ["SUBMIT_BUCKETS", "GatewayMetrics", "mount_metrics"]
 
@@ -66,21 +68,8 @@ OTHER = "other"
 NONE = "none"
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 #: The reasons an admission answer may give (``fairlane.admission.Admission.reason``):
-#: a pool's, a lane's default queue bounds' (``tenant_queue_full``, ``lane_queue_full``)
-#: and the store's; any other is labelled ``other``.
-_REASONS = frozenset(
-    {
-        "class_full",
-        "class_queue_full",
-        "tenant_queue_full",
-        "lane_queue_full",
-        "too_wide",
-        "deadline_unmeetable",
-        "class_not_entitled",
-        "store_unavailable",
-        "store_busy",
-    }
-)
+#: a refusal's and an unavailable store's; any other is labelled ``other``.
+_REASONS = frozenset((*REJECTION_REASONS, STORE_UNAVAILABLE, STORE_BUSY))
 #: A submit answer's body is small; more than this is not an admission answer.
 _MAX_CAPTURED = 4096
 

@@ -29,10 +29,13 @@ still give every class. Which classes are batch is what the reader is given
 Admission decisions are counted by the server itself, in the stats hash (written by
 the enqueue script), so every process that scrapes the store (workers, gateways)
 exports the same totals: ``fairlane_admission_decisions_total{lane,class,outcome,
-reason}``, reasons ``none`` (accepted), ``class_full``, ``class_queue_full``,
-``tenant_queue_full``, ``too_wide``, ``deadline_unmeetable`` (a deadline already
-past, or before the job's start) and ``class_not_entitled`` (a restricted class the
-tenant is not entitled to).
+reason}``, reasons as ``fairlane.policy.admission.reasons.COUNTED_REASONS`` names
+them: ``none`` (accepted), a pool's (``class_full``, ``class_queue_full``,
+``tenant_queue_full``, ``too_wide``), a lane's default queue bounds'
+(``tenant_queue_full``, ``lane_queue_full``), ``deadline_unmeetable`` (a deadline
+already past, or before the job's start) and ``class_not_entitled`` (a restricted
+class the tenant is not entitled to). Refusals are counted in every lane; accepted and
+deferred jobs only in lanes with an admission pool.
 
 **Estimated against used.** In lanes that learn costs (an admission pool, or tenants
 charged by cost), the ack script sums, per lane and class, the estimate the store held
@@ -73,6 +76,7 @@ from redis.exceptions import RedisError
 
 from fairlane.metrics.rates import DEFAULT_KEY_TOP_N, rate_families
 from fairlane.metrics.tenants import OTHER
+from fairlane.policy.admission.reasons import COUNTED_REASONS
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.policy.shards import check_shard_count
 from fairlane.store.connection import SyncClient, create_sync_client
@@ -347,9 +351,8 @@ class StoreCollector(Collector):
         decisions = CounterMetricFamily(
             "fairlane_admission_decisions",
             "Admission decisions on submitted jobs, counted by the server: outcome "
-            "accepted, deferred or rejected; reason none (accepted), class_full, "
-            "class_queue_full, tenant_queue_full, too_wide, deadline_unmeetable or "
-            "class_not_entitled.",
+            "accepted, deferred or rejected; reason " + ", ".join(COUNTED_REASONS) + ". "
+            "Refusals in every lane; accepted and deferred jobs in lanes with a pool.",
             labels=["lane", "class", "outcome", "reason"],
         )
         for key, n in sorted(snap.decisions.items()):

@@ -104,9 +104,9 @@ local function enqueue(keys, args)
       out[#out + 1], out[#out + 2], out[#out + 3] = id, -2, ''
     elseif not entitled then
       out[#out + 1], out[#out + 2], out[#out + 3] = id, -5, 'class_not_entitled'
-      if adm then
-        count_decision(tally, lane, cls, 'rejected', 'class_not_entitled')
-      end
+      -- every refusal is counted with its reason, in every lane (accepted jobs only in
+      -- lanes with a pool: a plain lane's enqueue pays no counter for them)
+      count_decision(tally, lane, cls, 'rejected', 'class_not_entitled')
     else
       local run_at = now
       if j[13] then
@@ -131,13 +131,14 @@ local function enqueue(keys, args)
         -- a lane without a pool: its default queue bounds (bounds.lua)
         verdict, reason =
           queue_bounds.room(p, lane, qb, tbl, cls, tenant, slots, run_at > now, pushes, seq, #jobs)
+        if verdict == 'rejected' then
+          count_decision(tally, lane, cls, verdict, reason)
+        end
       end
       if dl ~= '' and (dl <= now or dl < run_at) then
         out[#out + 1], out[#out + 2], out[#out + 3] = id, -1, ''
-        if adm then
-          -- a refusal like the others, in the same counters (the gate's rule 2)
-          count_decision(tally, lane, cls, 'rejected', 'deadline_unmeetable')
-        end
+        -- a refusal like the others, in the same counters (the gate's rule 2)
+        count_decision(tally, lane, cls, 'rejected', 'deadline_unmeetable')
       elseif verdict == 'rejected' then
         local earlier = note_rejection(p, lane, tenant, now)
         out[#out + 1], out[#out + 2], out[#out + 3] = id, -4, reason .. '|' .. earlier
