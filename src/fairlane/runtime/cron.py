@@ -17,7 +17,7 @@ from cronsim import CronSim
 
 from fairlane.registry import CronEntry
 from fairlane.runtime.lease import wait_or_stop
-from fairlane.store.wire import StoreUnavailable
+from fairlane.store.wire import StoreError
 
 __all__ = ["CRON_TENANT", "Enqueue", "cron_loop", "tick_key"]
 
@@ -71,7 +71,7 @@ async def cron_loop(
         entry = crons[name]
         try:
             await enqueue(entry.task.name, tenant=CRON_TENANT, idempotency_key=tick_key(name, tick))
-        except StoreUnavailable as exc:
+        except StoreError as exc:
             log.warning("cron %s: tick %s not enqueued: %s", name, tick.isoformat(), exc)
         upcoming[name] = next(CronSim(entry.schedule, tick))
 
@@ -84,7 +84,7 @@ async def _server_now(
     while True:
         try:
             return datetime.fromtimestamp(await server_ms() / 1000, UTC)
-        except StoreUnavailable as exc:
+        except StoreError as exc:
             log.warning("cron: cannot read the server's clock: %s", exc)
             if await wait_or_stop(stop, 1.0):
                 return None

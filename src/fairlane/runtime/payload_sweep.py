@@ -18,7 +18,7 @@ from fairlane.payloads.offload import Payloads
 from fairlane.payloads.sweep import sweep_once
 from fairlane.runtime.lease import wait_or_stop
 from fairlane.store.api import Store
-from fairlane.store.wire import StoreUnavailable
+from fairlane.store.wire import StoreError
 
 __all__ = ["payload_sweep_loop"]
 
@@ -36,7 +36,7 @@ async def payload_sweep_loop(
         for _ in range(_MAX_PASSES):
             try:
                 checked, removed = await sweep_once(server, payloads, int(time.time() * 1000))
-            except (StoreUnavailable, PayloadError, OSError) as exc:
+            except (StoreError, PayloadError, OSError) as exc:
                 log.warning("payload sweep failed: %s", exc)
                 break
             except Exception:  # a store's unexpected error must not stop the worker

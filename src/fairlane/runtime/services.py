@@ -30,7 +30,7 @@ from fairlane.runtime.health import HealthServer, LoopMonitor
 from fairlane.runtime.lease import wait_or_stop
 from fairlane.runtime.pressure import PressureGauge, describe_limit
 from fairlane.runtime.slots import SlotPool
-from fairlane.store.wire import FetchedJob, Outcome, StoreUnavailable
+from fairlane.store.wire import FetchedJob, Outcome, StoreError
 
 __all__ = ["JobRecorder", "MetricsSampler", "PressureService", "WorkerServices"]
 
@@ -132,7 +132,7 @@ class MetricsSampler:
         while not closed.is_set():
             recorder.sample(self.running())
             sent = time.time()
-            with contextlib.suppress(StoreUnavailable):  # the offset stays as last read
+            with contextlib.suppress(StoreError):  # the offset stays as last read
                 server_ms = await self.server_time_ms()
                 recorder.sync_clock(server_ms, sent, time.time())
             await wait_or_stop(closed, self.interval)

@@ -21,7 +21,7 @@ from fairlane.runtime.lease import wait_or_stop
 from fairlane.runtime.outage import Outage
 from fairlane.runtime.shardlink import LoopSettings, WorkerLink
 from fairlane.store.api import Store
-from fairlane.store.wire import FetchedJob, Outcome, StoreUnavailable
+from fairlane.store.wire import FetchedJob, Outcome, StoreError
 
 __all__ = ["Settler"]
 
@@ -123,7 +123,7 @@ class Settler:
             outcomes = self.take()
             try:
                 codes = await self.store.ack(self.settings.lanes, outcomes, self.settings.worker_id)
-            except StoreUnavailable as exc:
+            except StoreError as exc:
                 self.put_back(outcomes)
                 delay = self.ack_outage.failed(exc)
                 if self.drop_expired_outcomes():

@@ -21,7 +21,7 @@ from fairlane.config.tenants import TenantSettings
 from fairlane.runtime.lease import wait_or_stop
 from fairlane.runtime.outage import Outage
 from fairlane.store.api import Store
-from fairlane.store.wire import StoreUnavailable
+from fairlane.store.wire import StoreError
 
 __all__ = ["TenantSweeper"]
 
@@ -47,7 +47,7 @@ class TenantSweeper:
 
     async def turn(self) -> int:
         """Up to ``_MAX_PASSES`` passes, ending early where a cycle ends; returns what was
-        removed. Raises ``StoreUnavailable`` when the server cannot be reached."""
+        removed. Raises a ``StoreError`` when the store cannot take the call."""
         removed = 0
         for _ in range(_MAX_PASSES):
             swept = await self.store.sweep_tenants(
@@ -79,7 +79,7 @@ class TenantSweeper:
         ):
             try:
                 await self.turn()
-            except StoreUnavailable as exc:
+            except StoreError as exc:
                 self._outage.failed(exc)
             else:
                 self._outage.recovered()
