@@ -240,6 +240,7 @@ def test_explain_reports_every_leaf_in_model_order(tmp_path: Path) -> None:
         "payloads.sweep_batch",
         "connection.connect_timeout",
         "connection.timeout",
+        "connection.max_connections",
         "durability.replicas",
         "durability.aof",
         "durability.timeout",
