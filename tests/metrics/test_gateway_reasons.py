@@ -16,6 +16,7 @@ from fairlane.gateway import create_app
 from fairlane.gateway.metrics import GatewayMetrics
 from fairlane.policy.admission.bounds import QueueReason
 from fairlane.policy.admission.gate import Reason
+from fairlane.policy.admission.memory import StoreFullReason
 from tests.gateway.helpers import ADMIN_KEY, gateway
 from tests.metrics.helpers import parse, series
 
@@ -25,7 +26,9 @@ STORE_REASONS = ("store_unavailable",)
 
 
 def test_every_reason_an_admission_gives_is_its_own_label() -> None:
-    reasons = sorted({*get_args(Reason), *get_args(QueueReason), *STORE_REASONS})
+    reasons = sorted(
+        {*get_args(Reason), *get_args(QueueReason), *get_args(StoreFullReason), *STORE_REASONS}
+    )
     assert "lane_queue_full" in reasons and "tenant_queue_full" in reasons
     metrics = GatewayMetrics()
     for reason in reasons:

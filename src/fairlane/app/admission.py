@@ -3,7 +3,9 @@
 ``task.submit(...)`` answers with an :class:`Admission`; ``task.enqueue(...)`` raises
 :class:`Rejected` instead of returning a rejection. The decision itself is the
 store's, made atomically with the reservation (``fairlane.policy.admission`` states
-the rules; ``fairlane.registry.pricing`` prices what a caller declares). This module
+the rules; ``fairlane.registry.pricing`` prices what a caller declares), but for
+``store_full``: a server at its memory limit refuses the script itself
+(``StoreFull``, answered here as a rejection). This module
 turns the store's reply into the answer, with a Retry-After that grows with the
 tenant's recent rejections and is jittered on this side, so that callers refused
 together do not return together.
@@ -14,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
-from fairlane.errors import FairlaneError
+from fairlane.errors import FairlaneError, StoreFull
+from fairlane.policy.admission.memory import STORE_FULL
 from fairlane.registry.pricing import Pricing, cost_key
 from fairlane.store.durability import NotAcknowledged
 
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLASS_NOT_ENTITLED",
+    "STORE_FULL",
     "Admission",
     "AdmissionStatus",
     "NotAcknowledged",
@@ -32,6 +36,7 @@ __all__ = [
     "Rejected",
     "answer",
     "cost_key",
+    "store_full",
     "unavailable",
 ]
 
@@ -84,7 +89,8 @@ class Admission(Generic[R]):
     """Machine-readable: ``class_full``, ``class_queue_full``, ``tenant_queue_full``,
     ``lane_queue_full`` (a lane's default queue bounds), ``too_wide``,
     ``deadline_unmeetable``, ``class_not_entitled`` (a restricted class the tenant is not
-    entitled to), ``store_unavailable``; None when accepted."""
+    entitled to), ``store_full`` (the server at its memory limit),
+    ``store_unavailable``; None when accepted."""
     retry_after: float | None = None
     """Seconds to wait before trying again (rejected or unavailable); None when retrying
     cannot help (``deadline_unmeetable``, ``class_not_entitled``)."""
@@ -116,3 +122,9 @@ def answer(reply: Submitted, job: Job[R] | None, pricing: Pricing) -> Admission[
 
 def unavailable() -> Admission[R]:
     return Admission("unavailable", None, "store_unavailable", UNAVAILABLE_RETRY_AFTER)
+
+
+def store_full(full: StoreFull, pricing: Pricing) -> Admission[R]:
+    """The answer to a job the store had no room for: the server refused it at its
+    limit, and nothing was written."""
+    return Admission("rejected", None, STORE_FULL, pricing.full_retry_after(full.depth))

@@ -67,7 +67,8 @@ NONE = "none"
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 #: The reasons an admission answer may give (``fairlane.admission.Admission.reason``):
 #: a pool's, a lane's default queue bounds' (``tenant_queue_full``, ``lane_queue_full``)
-#: and the store's; any other is labelled ``other``.
+#: and the store's (``store_full``: no room under its memory mark, refused before the
+#: enqueue script, so counted here and not by the store); any other is ``other``.
 _REASONS = frozenset(
     {
         "class_full",
@@ -77,6 +78,7 @@ _REASONS = frozenset(
         "too_wide",
         "deadline_unmeetable",
         "class_not_entitled",
+        "store_full",
         "store_unavailable",
     }
 )
