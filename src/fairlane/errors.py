@@ -49,7 +49,8 @@ class JobNotFound(FairlaneError, LookupError):
 
 class StoreFull(FairlaneError):
     """The store is full: the server is at its memory limit (``maxmemory`` with the
-    ``noeviction`` policy) and refused a write. Nothing was written.
+    ``noeviction`` policy) and refused a write, or above the app's memory mark
+    (``queues.memory_high_water``) where new jobs are refused. Nothing was written.
     Retry after ``retry_after`` seconds, once workers have drained the store (or give
     the server more memory); ``depth`` is how far the server was from the mark to the
     limit (0 at the mark, 1 at the limit), which that wait grows with."""

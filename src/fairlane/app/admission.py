@@ -4,8 +4,9 @@
 :class:`Rejected` instead of returning a rejection. The decision itself is the
 store's, made atomically with the reservation (``fairlane.policy.admission`` states
 the rules; ``fairlane.registry.pricing`` prices what a caller declares), but for
-``store_full``: a server at its memory limit refuses the script itself
-(``StoreFull``, answered here as a rejection). This module
+``store_full``: a store above its memory mark refuses before the script runs, and a
+server at its limit refuses the script itself (``StoreFull``, answered here as a
+rejection). This module
 turns the store's reply into the answer, with a Retry-After that grows with the
 tenant's recent rejections and is jittered on this side, so that callers refused
 together do not return together.
@@ -89,7 +90,7 @@ class Admission(Generic[R]):
     """Machine-readable: ``class_full``, ``class_queue_full``, ``tenant_queue_full``,
     ``lane_queue_full`` (a lane's default queue bounds), ``too_wide``,
     ``deadline_unmeetable``, ``class_not_entitled`` (a restricted class the tenant is not
-    entitled to), ``store_full`` (the server at its memory limit),
+    entitled to), ``store_full`` (the server above the memory mark, or at its limit),
     ``store_unavailable``; None when accepted."""
     retry_after: float | None = None
     """Seconds to wait before trying again (rejected or unavailable); None when retrying
@@ -125,6 +126,6 @@ def unavailable() -> Admission[R]:
 
 
 def store_full(full: StoreFull, pricing: Pricing) -> Admission[R]:
-    """The answer to a job the store had no room for: the server refused it at its
-    limit, and nothing was written."""
+    """The answer to a job the store had no room for: nothing was written, whether the
+    memory mark refused it or the server did."""
     return Admission("rejected", None, STORE_FULL, pricing.full_retry_after(full.depth))

@@ -32,7 +32,10 @@ exports the same totals: ``fairlane_admission_decisions_total{lane,class,outcome
 reason}``, reasons ``none`` (accepted), ``class_full``, ``class_queue_full``,
 ``tenant_queue_full``, ``too_wide``, ``deadline_unmeetable`` (a deadline already
 past, or before the job's start) and ``class_not_entitled`` (a restricted class the
-tenant is not entitled to).
+tenant is not entitled to). Not ``store_full``: a store above its memory mark refuses
+in the producer's process before the script runs, and a server at its limit refuses
+the script itself, so nothing is written to count; the gateway counts the refusals it
+answered (``fairlane_gateway_admissions_total{reason="store_full"}``).
 
 **Estimated against used.** In lanes that learn costs (an admission pool, or tenants
 charged by cost), the ack script sums, per lane and class, the estimate the store held
@@ -349,7 +352,8 @@ class StoreCollector(Collector):
             "Admission decisions on submitted jobs, counted by the server: outcome "
             "accepted, deferred or rejected; reason none (accepted), class_full, "
             "class_queue_full, tenant_queue_full, too_wide, deadline_unmeetable or "
-            "class_not_entitled.",
+            "class_not_entitled. Not store_full: those are refused before the script "
+            "runs, with nothing written (the gateway counts its own).",
             labels=["lane", "class", "outcome", "reason"],
         )
         for key, n in sorted(snap.decisions.items()):

@@ -22,6 +22,7 @@ from fairlane.store.connection import create_client
 from fairlane.store.exchange import WorkerCalls
 from fairlane.store.keyspace import KeyspaceCalls, unlink_matching
 from fairlane.store.lookup import JobCalls
+from fairlane.store.memory import MemoryGauge
 from fairlane.store.payloadindex import PayloadIndexCalls
 from fairlane.store.runs import RunStore
 from fairlane.store.sockets import FAST_CONNECTIONS, POOL_CHECKS
@@ -107,5 +108,8 @@ class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, K
         )
         sibling.prepare_jobs = self.prepare_jobs
         sibling.audit_entries = self.audit_entries
+        # one server's memory is one reading; a cluster's shards may live on other nodes
+        cluster = isinstance(self.client, aioredis.RedisCluster)
+        sibling.memory = MemoryGauge(self.memory.mark) if cluster else self.memory
         sibling._owns_clients = False
         return sibling

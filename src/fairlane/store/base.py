@@ -4,7 +4,8 @@
 library on connect unless the server holds this release's already (and again when a
 restarted server has lost it), and runs every call within a bound: a reply slower
 than ``socket_timeout`` fails the call with ``StoreUnavailable``, and a write the
-server refuses at its memory limit fails with ``StoreFull``. The calls the server
+server refuses at its memory limit fails with ``StoreFull``. Its ``memory`` gauge
+(``fairlane.store.memory``) is what submissions pass first. The calls the server
 holds on purpose (an idle worker's BLPOP, WAIT) use a second client without a read
 timeout, each bounded by its own wait plus ``socket_timeout``. The typed calls
 (``fairlane.store.api``) stand on it, and so do the read models
@@ -28,7 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from fairlane.store.connection import AsyncClient, server_time_ms
 from fairlane.store.keys import AppKeys
 from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE, LIBRARY_NAME
-from fairlane.store.memory import out_of_memory, server_full
+from fairlane.store.memory import MemoryGauge, out_of_memory, server_full
 from fairlane.store.reads import Plan, run_async
 from fairlane.store.wire import StoreUnavailable
 
@@ -89,6 +90,8 @@ class StoreBase:
         self._one_lane: dict[str, list[str]] = {}
         # a sibling shares its parent's clients, which the parent closes
         self._owns_clients = True
+        #: the server's memory as submissions read it (shared by the stores of a server)
+        self.memory = MemoryGauge()
 
     @cached_property
     def all_keys(self) -> list[AppKeys]:
@@ -99,13 +102,14 @@ class StoreBase:
         ]
 
     async def connect(self) -> None:
-        """Check the server answers, and load the function library unless the server
-        holds this release's."""
+        """Check the server answers, load the function library unless the server holds
+        this release's, and take a first reading of its memory."""
         await self._call(self.client.ping)
         # a server at its memory limit refuses FUNCTION LOAD, but not the look first:
         # workers start there as long as the library is in place
         if not await self.library_loaded():
             await self.load_library()
+        await self.memory.refresh(self.read_memory)
 
     async def load_library(self) -> None:
         await self._call(self.client.function_load, LIBRARY_CODE, replace=True)
@@ -124,6 +128,10 @@ class StoreBase:
         except ResponseError:
             return False  # a user who may not list functions: load, as before the look
         return True
+
+    async def read_memory(self) -> Any:
+        """``INFO memory`` of the server that holds the app's slot."""
+        return await self._call(self.client.info, "memory", **await self.slot_node())
 
     async def aclose(self) -> None:
         if not self._owns_clients:

@@ -121,9 +121,18 @@ async def submit_acknowledged(
     """``store.submit``, then wait (bounded by ``durability.timeout``) for the write to
     reach what ``durability`` asks; ``StoreUnavailable`` as for any call, and on a
     cluster whose node refused the script because the app's slot is moving;
-    ``StoreFull`` from a server at its memory limit."""
-    jobs = await store.prepare(jobs)  # large arguments go to the payload store first
-    call = store.enqueue_call(lane, jobs)
+    ``StoreFull`` above the memory mark, or from a server at its limit."""
+    reckoned = await store.memory.admit(store.read_memory, jobs)
+    try:
+        sent = await store.prepare(jobs)  # large arguments go to the payload store first
+        return await _send_acknowledged(store, store.enqueue_call(lane, sent), durability)
+    finally:
+        store.memory.settled(reckoned)
+
+
+async def _send_acknowledged(
+    store: Store, call: tuple[Any, ...], durability: DurabilitySettings
+) -> tuple[list[Submitted], Acknowledgement]:
     wait = _wait_command(durability)
     cluster = is_cluster(store.blocking)
 
