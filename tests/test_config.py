@@ -249,6 +249,7 @@ def test_explain_reports_every_leaf_in_model_order(tmp_path: Path) -> None:
         "tenants.sweep_batch",
         "queues.tenant_max_queued",
         "queues.lane_max_queued",
+        "queues.memory_high_water",
         "audit_entries",
     ]
     assert all(row.source == "default" for row in rows)

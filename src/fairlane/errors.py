@@ -13,6 +13,7 @@ __all__ = [
     "JobCancelled",
     "JobExpired",
     "JobNotFound",
+    "StoreFull",
     "TaskFailed",
     "TaskNameWarning",
     "Throttled",
@@ -44,6 +45,20 @@ class UnknownTask(FairlaneError, LookupError):
 
 class JobNotFound(FairlaneError, LookupError):
     """No record of the job exists (never enqueued, or removed by retention)."""
+
+
+class StoreFull(FairlaneError):
+    """The store is full: the server is at its memory limit (``maxmemory`` with the
+    ``noeviction`` policy) and refused a write, or above the app's memory mark
+    (``queues.memory_high_water``) where new jobs are refused. Nothing was written.
+    Retry after ``retry_after`` seconds, once workers have drained the store (or give
+    the server more memory); ``depth`` is how far the server was from the mark to the
+    limit (0 at the mark, 1 at the limit), which that wait grows with."""
+
+    def __init__(self, message: str, retry_after: float, depth: float = 1.0) -> None:
+        super().__init__(f"{message}; retry after {retry_after:.1f} s")
+        self.retry_after = retry_after
+        self.depth = depth
 
 
 class TaskFailed(FairlaneError):

@@ -35,7 +35,7 @@ pytestmark = [
 ]
 
 LIBRARY_FUNCTIONS = frozenset(
-    re.findall(r"register_function\('" + re.escape(FUNCTION_PREFIX) + r"(\w+)'", LIBRARY_CODE)
+    re.findall(r"function_name = '" + re.escape(FUNCTION_PREFIX) + r"(\w+)'", LIBRARY_CODE)
 )
 LIBRARY_NAME = re.search(r"#!lua name=(\w+)", LIBRARY_CODE).group(1)  # type: ignore[union-attr]
 QUICK = Backoff(base=0.05, cap=0.1, jitter="none")

@@ -16,20 +16,30 @@ from fairlane.gateway import create_app
 from fairlane.gateway.metrics import GatewayMetrics
 from fairlane.policy.admission.bounds import QueueReason
 from fairlane.policy.admission.gate import Reason
+from fairlane.policy.admission.memory import StoreFullReason
+from fairlane.policy.admission.reasons import REJECTION_REASONS
 from tests.gateway.helpers import ADMIN_KEY, gateway
 from tests.metrics.helpers import parse, series
 
 ANSWERS = "fairlane_gateway_admissions_total"
 # what the store itself may answer, beside the policy's reasons
-STORE_REASONS = ("store_unavailable",)
+STORE_REASONS = ("store_unavailable", "store_busy")
 
 
 def test_every_reason_an_admission_gives_is_its_own_label() -> None:
-    reasons = sorted({*get_args(Reason), *get_args(QueueReason), *STORE_REASONS})
+    reasons = sorted(
+        {
+            *get_args(Reason),
+            *get_args(QueueReason),
+            *get_args(StoreFullReason),
+            *REJECTION_REASONS,
+            *STORE_REASONS,
+        }
+    )
     assert "lane_queue_full" in reasons and "tenant_queue_full" in reasons
     metrics = GatewayMetrics()
     for reason in reasons:
-        status = 503 if reason == "store_unavailable" else 429
+        status = 503 if reason in STORE_REASONS else 429
         body = json.dumps({"reason": reason, "retry_after_seconds": 1}).encode()
         metrics.observe("POST", "/v1/jobs", status, 0.001, body)
     metrics.observe("POST", "/v1/jobs", 429, 0.001, b'{"reason": "a_reason_nobody_gives"}')

@@ -3,7 +3,10 @@
 ``task.submit(...)`` answers with an :class:`Admission`; ``task.enqueue(...)`` raises
 :class:`Rejected` instead of returning a rejection. The decision itself is the
 store's, made atomically with the reservation (``fairlane.policy.admission`` states
-the rules; ``fairlane.registry.pricing`` prices what a caller declares). This module
+the rules; ``fairlane.registry.pricing`` prices what a caller declares), but for
+``store_full``: a store above its memory mark refuses before the script runs, and a
+server at its limit refuses the script itself (``StoreFull``, answered here as a
+rejection). This module
 turns the store's reply into the answer, with a Retry-After that grows with the
 tenant's recent rejections and is jittered on this side, so that callers refused
 together do not return together.
@@ -14,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
-from fairlane.errors import FairlaneError
+from fairlane.errors import FairlaneError, StoreFull
+from fairlane.policy.admission.memory import STORE_FULL
 from fairlane.policy.admission.reasons import CLASS_NOT_ENTITLED
 from fairlane.registry.pricing import Pricing, cost_key
 from fairlane.store.durability import NotAcknowledged
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CLASS_NOT_ENTITLED",
     "STORE_BUSY",
+    "STORE_FULL",
     "STORE_UNAVAILABLE",
     "Admission",
     "AdmissionStatus",
@@ -37,6 +42,7 @@ __all__ = [
     "Rejected",
     "answer",
     "cost_key",
+    "store_full",
     "unavailable",
 ]
 
@@ -85,9 +91,10 @@ class Admission(Generic[R]):
     """Machine-readable: ``class_full``, ``class_queue_full``, ``tenant_queue_full``,
     ``lane_queue_full`` (a lane's default queue bounds), ``too_wide``,
     ``deadline_unmeetable``, ``class_not_entitled`` (a restricted class the tenant is not
-    entitled to), ``store_unavailable`` (the server cannot be reached), ``store_busy``
-    (every connection of this process stayed in use for ``connection.timeout``); None
-    when accepted."""
+    entitled to), ``store_full`` (the server above the memory mark, or at its limit),
+    ``store_unavailable`` (the server cannot be reached), ``store_busy`` (every
+    connection of this process stayed in use for ``connection.timeout``); None when
+    accepted."""
     retry_after: float | None = None
     """Seconds to wait before trying again (rejected or unavailable); None when retrying
     cannot help (``deadline_unmeetable``, ``class_not_entitled``)."""
@@ -126,3 +133,9 @@ def unavailable(error: StoreError) -> Admission[R]:
     """The answer to a submission the store could not take: nothing was stored."""
     reason = STORE_BUSY if isinstance(error, StoreBusy) else STORE_UNAVAILABLE
     return Admission("unavailable", None, reason, UNAVAILABLE_RETRY_AFTER)
+
+
+def store_full(full: StoreFull, pricing: Pricing) -> Admission[R]:
+    """The answer to a job the store had no room for: nothing was written, whether the
+    memory mark refused it or the server did."""
+    return Admission("rejected", None, STORE_FULL, pricing.full_retry_after(full.depth))

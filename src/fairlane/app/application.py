@@ -167,6 +167,7 @@ class App(Declaring):
             max_connections=timeouts.max_connections,
             prepare_jobs=None if payloads is None else payloads.offload_jobs,
             audit_entries=self.settings.audit_entries,
+            memory_mark=self.settings.queues.memory_high_water,
         )
         try:
             await self.registry.declare(self._sharded.stores)

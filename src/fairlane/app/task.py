@@ -20,14 +20,17 @@ from fairlane import tracing
 from fairlane.app.admission import (
     CLASS_NOT_ENTITLED,
     STORE_BUSY,
+    STORE_FULL,
     Admission,
     Rejected,
     answer,
+    store_full,
     unavailable,
 )
 from fairlane.app.job import Job, TaskOwner
 from fairlane.config.lanes import LimitValue
 from fairlane.config.settings import DurabilitySettings
+from fairlane.errors import StoreFull
 from fairlane.policy.admission import Estimate
 from fairlane.policy.rates import Rate
 from fairlane.registry import (
@@ -213,6 +216,8 @@ class Task(TaskDefinition[P, R]):
             )
         except StoreError as exc:
             return unavailable(exc)
+        except StoreFull as full:
+            return store_full(full, app.registry.pricing)
         handle: Job[R] | None = (
             Job(self, reply.id, created=reply.code in (1, 2)) if reply.code >= 0 else None
         )
@@ -244,7 +249,8 @@ class Task(TaskDefinition[P, R]):
         Every call is checked before anything is sent: one bad call stores no job.
         The batch's jobs share ``tenant`` and ``fairness_key``.
         Admission judges each job on its own: if one is rejected, ``Rejected`` is raised
-        and the batch's other jobs stay stored (``submit`` answers job by job).
+        and the batch's other jobs stay stored (``submit`` answers job by job); but a
+        store with no room (``store_full``) refuses the whole batch, storing none of it.
         ``trace=False`` stores no trace context with the jobs (``fairlane.tracing``).
         """
         when = Placement.of(tenant, delay, at, deadline, priority, fairness_key=fairness_key)
@@ -276,7 +282,12 @@ class Task(TaskDefinition[P, R]):
 
     async def _store(self, jobs: list[NewJob], durability: DurabilitySettings) -> list[Job[R]]:
         store = self.app.sharded.store_for_tenant(jobs[0].tenant)  # a batch is one tenant's
-        replies, ack = await submit(store, self.options.lane, jobs, durability)
+        try:
+            replies, ack = await submit(store, self.options.lane, jobs, durability)
+        except StoreFull as full:
+            # refused whole, before the script wrote any of it
+            wait = self.app.registry.pricing.full_retry_after(full.depth)
+            raise Rejected(STORE_FULL, wait) from full
         handles: list[Job[R]] = []
         for reply in replies:
             if reply.code == -1:

@@ -24,6 +24,7 @@ from rich.markup import escape
 
 from fairlane.app import App
 from fairlane.config.settings import ConfigError, Settings, load_settings
+from fairlane.errors import StoreFull
 from fairlane.runtime.loop import run as run_loop
 from fairlane.store.connection import SyncClient
 from fairlane.store.keys import AppKeys
@@ -204,11 +205,14 @@ def live_workers(
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro``; an unreachable or unstartable server becomes a clear error and exit 1."""
+    """Run ``coro``; an unreachable, full or unstartable server becomes a clear error and
+    exit 1."""
     try:
         return run_loop(coro)
     except StoreUnavailable as exc:
         fail(f"{exc} (check --redis-url / FAIRLANE_REDIS_URL; `fairlane doctor` helps)")
+    except StoreFull as exc:
+        fail(f"{exc} (run workers to drain it, or give the server more memory)")
     except (RedisConnectionError, RedisTimeoutError) as exc:
         fail(f"the Redis server is unreachable: {exc}")
     except (ServerNotFound, ServerStartError) as exc:

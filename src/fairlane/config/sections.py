@@ -24,6 +24,7 @@ from fairlane.policy.admission.bounds import (
     DEFAULT_TENANT_MAX_QUEUED,
     QueueBounds,
 )
+from fairlane.policy.admission.memory import DEFAULT_MEMORY_MARK
 
 __all__ = [
     "ConnectionSettings",
@@ -231,7 +232,9 @@ class QueueSettings(BaseModel):
     """Bounds on the jobs waiting in a lane without an admission pool, the default lane
     included (a lane with a pool keeps its pool's bounds; ``fairlane.policy.admission
     .bounds`` says what counts). A submission past one is refused with
-    ``Rejected("tenant_queue_full" | "lane_queue_full", retry_after)``."""
+    ``Rejected("tenant_queue_full" | "lane_queue_full", retry_after)``. And the store's
+    memory mark, which bounds every lane: above it, ``Rejected("store_full",
+    retry_after)`` (``fairlane.policy.admission.memory``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -243,7 +246,12 @@ class QueueSettings(BaseModel):
     scheduled for a new scheduled job; split over the scheduling shards; None (or
     "none") lifts the bound."""
 
-    @field_validator("tenant_max_queued", "lane_max_queued", mode="before")
+    memory_high_water: float | None = Field(default=DEFAULT_MEMORY_MARK, gt=0, le=1)
+    """The share of the server's ``maxmemory`` above which new jobs are refused
+    ``store_full``; None (or "none") turns the mark off. A server without maxmemory
+    has no mark."""
+
+    @field_validator("tenant_max_queued", "lane_max_queued", "memory_high_water", mode="before")
     @classmethod
     def _none_spelt(cls, value: object) -> object:
         """TOML has no null and the environment only strings: "none" lifts a bound."""

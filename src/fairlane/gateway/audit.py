@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 
-from fairlane.app.admission import Admission
+from fairlane.app.admission import STORE_FULL, Admission
+from fairlane.errors import StoreFull
 from fairlane.gateway.auth import Caller
 from fairlane.gateway.state import GatewayState
 from fairlane.store.audit import AuditTrail
@@ -45,14 +46,17 @@ async def record(
         await trail(state).record(
             action, who.key_id, who.tenant, outcome, detail=detail, job_id=job_id
         )
-    except StoreUnavailable as exc:
+    except (StoreUnavailable, StoreFull) as exc:
         log.warning("audit entry of %s by key %s not written: %s", action, who.key_id, exc)
 
 
 async def record_admission(state: GatewayState, who: Caller, admission: Admission[object]) -> None:
     """The entry of a submit the store answered, unless the enqueue wrote it itself
-    (a guarded one) or nothing was decided (the store was unreachable)."""
-    if who.guard is not None or admission.status == "unavailable":
+    (a guarded one that reached the script: a ``store_full`` refusal did not) or
+    nothing was decided (the store was unreachable)."""
+    if admission.status == "unavailable":
+        return
+    if who.guard is not None and admission.reason != STORE_FULL:
         return
     job = admission.job
     detail = admission.reason or ""

@@ -1,6 +1,6 @@
 """Error answers: one JSON shape (``ErrorBody``) for every refusal, and the handlers
-that give validation errors, a key outside its scope and an unreachable store that
-shape."""
+that give validation errors, a key outside its scope, an unreachable store and a full
+one that shape."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from fairlane.app.admission import UNAVAILABLE_RETRY_AFTER
+from fairlane.app.admission import STORE_FULL, UNAVAILABLE_RETRY_AFTER
+from fairlane.errors import StoreFull
 from fairlane.gateway.auth import OutOfScope
 from fairlane.gateway.models import ErrorBody
 from fairlane.store.gate import StoreBusy
@@ -56,10 +57,11 @@ _DESCRIPTIONS = {
     410: "The job's result was kept in the payload store and can no longer be read.",
     413: "The request body, or the encoded arguments, are too large.",
     422: "The request or the task's arguments do not validate.",
-    429: "Admission refused the job: retry after Retry-After seconds.",
-    503: "The store cannot be reached (reason `store_unavailable`), or every connection to it "
-    "stayed in use for as long as a call may wait (`store_busy`): retry after Retry-After "
-    "seconds.",
+    429: "Admission refused the job (the reason says why: a full class or queue, or "
+    "`store_full`, the store's memory mark): retry after Retry-After seconds.",
+    503: "The store cannot be reached (reason `store_unavailable`), every connection to it "
+    "stayed in use for as long as a call may wait (`store_busy`), or it is full and refused "
+    "the write (`store_full`): retry after Retry-After seconds.",
 }
 
 
@@ -92,6 +94,12 @@ async def _out_of_scope(request: Request, exc: Exception) -> JSONResponse:
     return error(403, str(exc), "scope")
 
 
+async def _full(request: Request, exc: Exception) -> JSONResponse:
+    # a write the full store refused outside a submit (a submit answers 429 store_full)
+    assert isinstance(exc, StoreFull)
+    return error(503, "the store is full; nothing was done", STORE_FULL, exc.retry_after)
+
+
 async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
     return error(
         503,
@@ -116,3 +124,4 @@ def install_handlers(api: FastAPI) -> None:
     api.add_exception_handler(OutOfScope, _out_of_scope)
     api.add_exception_handler(StoreUnavailable, _unavailable)
     api.add_exception_handler(StoreBusy, _busy)
+    api.add_exception_handler(StoreFull, _full)

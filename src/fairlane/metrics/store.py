@@ -36,6 +36,10 @@ them: ``none`` (accepted), a pool's (``class_full``, ``class_queue_full``,
 already past, or before the job's start) and ``class_not_entitled`` (a restricted
 class the tenant is not entitled to). Refusals are counted in every lane; accepted and
 deferred jobs only in lanes with an admission pool.
+Not ``store_full``: a store above its memory mark refuses in the producer's process
+before the script runs, and a server at its limit refuses the script itself, so
+nothing is written to count; the gateway counts the refusals it answered
+(``fairlane_gateway_admissions_total{reason="store_full"}``).
 
 **Estimated against used.** In lanes that learn costs (an admission pool, or tenants
 charged by cost), the ack script sums, per lane and class, the estimate the store held
@@ -352,7 +356,9 @@ class StoreCollector(Collector):
             "fairlane_admission_decisions",
             "Admission decisions on submitted jobs, counted by the server: outcome "
             "accepted, deferred or rejected; reason " + ", ".join(COUNTED_REASONS) + ". "
-            "Refusals in every lane; accepted and deferred jobs in lanes with a pool.",
+            "Refusals in every lane; accepted and deferred jobs in lanes with a pool. Not "
+            "store_full: those are refused before the script runs, with nothing written "
+            "(the gateway counts its own).",
             labels=["lane", "class", "outcome", "reason"],
         )
         for key, n in sorted(snap.decisions.items()):

@@ -18,6 +18,7 @@ from fairlane.policy.admission import (
     EstimationSettings,
     RetryAfterPolicy,
     retry_after,
+    store_full_retry_after,
     to_milli,
 )
 
@@ -49,6 +50,11 @@ class Pricing:
         """Seconds a rejected caller should wait: growing with the tenant's recent
         rejections, jittered here so that callers refused together do not return together."""
         return retry_after(earlier_rejections, random.random(), self.retry)
+
+    def full_retry_after(self, depth: float) -> float:
+        """Seconds a caller refused ``store_full`` should wait, the server being
+        ``depth`` of the way from its memory mark to its limit; jittered here too."""
+        return store_full_retry_after(depth, random.random(), self.retry)
 
 
 def cost_key(tenant: str, task: str, estimate: Estimate | float | None) -> str:

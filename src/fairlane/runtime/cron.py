@@ -15,6 +15,7 @@ from typing import Protocol
 
 from cronsim import CronSim
 
+from fairlane.errors import FairlaneError
 from fairlane.registry import CronEntry
 from fairlane.runtime.lease import wait_or_stop
 from fairlane.store.wire import StoreError
@@ -71,7 +72,9 @@ async def cron_loop(
         entry = crons[name]
         try:
             await enqueue(entry.task.name, tenant=CRON_TENANT, idempotency_key=tick_key(name, tick))
-        except StoreError as exc:
+        except (StoreError, FairlaneError) as exc:
+            # a refusal (a full queue or store: Rejected, StoreFull) loses this tick, not
+            # the worker
             log.warning("cron %s: tick %s not enqueued: %s", name, tick.isoformat(), exc)
         upcoming[name] = next(CronSim(entry.schedule, tick))
 

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Final
 
+from fairlane.errors import StoreFull
 from fairlane.payloads.base import PayloadError
 from fairlane.payloads.offload import Payloads
 from fairlane.payloads.sweep import sweep_once
@@ -36,7 +37,7 @@ async def payload_sweep_loop(
         for _ in range(_MAX_PASSES):
             try:
                 checked, removed = await sweep_once(server, payloads, int(time.time() * 1000))
-            except (StoreError, PayloadError, OSError) as exc:
+            except (StoreError, StoreFull, PayloadError, OSError) as exc:
                 log.warning("payload sweep failed: %s", exc)
                 break
             except Exception:  # a store's unexpected error must not stop the worker

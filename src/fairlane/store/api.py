@@ -23,6 +23,7 @@ from fairlane.store.exchange import WorkerCalls
 from fairlane.store.gate import POOL_HEADROOM, CallGate
 from fairlane.store.keyspace import KeyspaceCalls, unlink_matching
 from fairlane.store.lookup import JobCalls
+from fairlane.store.memory import MemoryGauge
 from fairlane.store.payloadindex import PayloadIndexCalls
 from fairlane.store.runs import RunStore
 from fairlane.store.sockets import FAST_CONNECTIONS, POOL_CHECKS
@@ -113,5 +114,8 @@ class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, K
         )
         sibling.prepare_jobs = self.prepare_jobs
         sibling.audit_entries = self.audit_entries
+        # one server's memory is one reading; a cluster's shards may live on other nodes
+        cluster = isinstance(self.client, aioredis.RedisCluster)
+        sibling.memory = MemoryGauge(self.memory.mark) if cluster else self.memory
         sibling._owns_clients = False
         return sibling

@@ -1,12 +1,15 @@
 """A store's connection to its server: clients, the function library, bounded calls.
 
 ``StoreBase`` owns the client of one server (or one shard), loads the function
-library on connect (and again when a restarted server has lost it), and runs every
-call within a bound: a reply slower than ``socket_timeout`` fails the call with
-``StoreUnavailable``. The calls the server holds on purpose (an idle worker's BLPOP,
-WAIT) use a second client without a read timeout, each bounded by its own wait plus
-``socket_timeout``. The typed calls (``fairlane.store.api``) stand on it, and so do
-the read models (``fairlane.store.views``), which it runs with :meth:`read`.
+library on connect unless the server holds this release's already (and again when a
+restarted server has lost it), and runs every call within a bound: a reply slower
+than ``socket_timeout`` fails the call with ``StoreUnavailable``, and a write the
+server refuses at its memory limit fails with ``StoreFull``. Its ``memory`` gauge
+(``fairlane.store.memory``) is what submissions pass first. The calls the server
+holds on purpose (an idle worker's BLPOP, WAIT) use a second client without a read
+timeout, each bounded by its own wait plus ``socket_timeout``. The typed calls
+(``fairlane.store.api``) stand on it, and so do the read models
+(``fairlane.store.views``), which it runs with :meth:`read`.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from fairlane.store.connection import AsyncClient, server_time_ms
 from fairlane.store.gate import CallGate, StoreBusy
 from fairlane.store.keys import AppKeys
-from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE
+from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE, LIBRARY_NAME
+from fairlane.store.memory import MemoryGauge, out_of_memory, server_full
 from fairlane.store.reads import Plan, run_async
 from fairlane.store.wire import StoreError, StoreUnavailable
 
@@ -48,7 +52,8 @@ _CLUSTER_IN_TRANSITION: Final = (ClusterError, TryAgainError, SlotNotCoveredErro
 
 @contextlib.contextmanager
 def unavailable() -> Iterator[None]:
-    """A server that cannot be reached, or a slot in transition, as ``StoreUnavailable``."""
+    """A server that cannot be reached, or a slot in transition, as ``StoreUnavailable``;
+    a write refused at the server's memory limit as ``StoreFull``."""
     try:
         yield
     except StoreError:
@@ -61,6 +66,11 @@ def unavailable() -> Iterator[None]:
     except _CLUSTER_IN_TRANSITION as exc:
         # a failover or a slot migration under way: the slot answers again shortly
         raise StoreUnavailable(f"the Redis cluster cannot serve the app's slot: {exc}") from exc
+    # -- the store full: not unavailable, and not a raw client error ----------------------
+    except ResponseError as exc:
+        if not out_of_memory(exc):
+            raise
+        raise server_full(exc) from exc
 
 
 class StoreBase:
@@ -96,6 +106,8 @@ class StoreBase:
         self._one_lane: dict[str, list[str]] = {}
         # a sibling shares its parent's clients, which the parent closes
         self._owns_clients = True
+        #: the server's memory as submissions read it (shared by the stores of a server)
+        self.memory = MemoryGauge()
 
     @cached_property
     def all_keys(self) -> list[AppKeys]:
@@ -106,12 +118,36 @@ class StoreBase:
         ]
 
     async def connect(self) -> None:
-        """Check the server answers and load the function library."""
+        """Check the server answers, load the function library unless the server holds
+        this release's, and take a first reading of its memory."""
         await self._call(self.client.ping)
-        await self.load_library()
+        # a server at its memory limit refuses FUNCTION LOAD, but not the look first:
+        # workers start there as long as the library is in place
+        if not await self.library_loaded():
+            await self.load_library()
+        await self.memory.refresh(self.read_memory)
 
     async def load_library(self) -> None:
         await self._call(self.client.function_load, LIBRARY_CODE, replace=True)
+
+    async def library_loaded(self) -> bool:
+        """Whether the server (every primary of a cluster) holds this release's library.
+        Its name carries its content's digest, so a library of that name is this one."""
+        command = ("FUNCTION LIST", "LIBRARYNAME", LIBRARY_NAME)
+        try:
+            if not isinstance(self.client, aioredis.RedisCluster):
+                return bool(await self._call(self.client.execute_command, *command))
+            await self._call(self.client.initialize)
+            for node in self.client.get_primaries():
+                if not await self._call(self.client.execute_command, *command, target_nodes=node):
+                    return False
+        except ResponseError:
+            return False  # a user who may not list functions: load, as before the look
+        return True
+
+    async def read_memory(self) -> Any:
+        """``INFO memory`` of the server that holds the app's slot."""
+        return await self._call(self.client.info, "memory", **await self.slot_node())
 
     async def aclose(self) -> None:
         if not self._owns_clients:

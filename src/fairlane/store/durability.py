@@ -30,6 +30,7 @@ from redis.exceptions import AskError, ClusterDownError, ResponseError, TryAgain
 
 from fairlane.errors import FairlaneError
 from fairlane.store.connection import is_cluster, slot_client
+from fairlane.store.memory import out_of_memory, server_full
 from fairlane.store.wire import NewJob, StoreUnavailable, Submitted, parse_submitted
 
 if TYPE_CHECKING:
@@ -119,9 +120,19 @@ async def submit_acknowledged(
 ) -> tuple[list[Submitted], Acknowledgement]:
     """``store.submit``, then wait (bounded by ``durability.timeout``) for the write to
     reach what ``durability`` asks; ``StoreUnavailable`` as for any call, and on a
-    cluster whose node refused the script because the app's slot is moving."""
-    jobs = await store.prepare(jobs)  # large arguments go to the payload store first
-    call = store.enqueue_call(lane, jobs)
+    cluster whose node refused the script because the app's slot is moving;
+    ``StoreFull`` above the memory mark, or from a server at its limit."""
+    reckoned = await store.memory.admit(store.read_memory, jobs)
+    try:
+        sent = await store.prepare(jobs)  # large arguments go to the payload store first
+        return await _send_acknowledged(store, store.enqueue_call(lane, sent), durability)
+    finally:
+        store.memory.settled(reckoned)
+
+
+async def _send_acknowledged(
+    store: Store, call: tuple[Any, ...], durability: DurabilitySettings
+) -> tuple[list[Submitted], Acknowledgement]:
     wait = _wait_command(durability)
     cluster = is_cluster(store.blocking)
 
@@ -147,6 +158,8 @@ async def submit_acknowledged(
             if attempt == 0 and "Function not found" in str(enqueued):
                 await store.load_library()
                 continue
+            if out_of_memory(enqueued):
+                raise server_full(enqueued) from enqueued
             raise enqueued
         return parse_submitted(enqueued), _acknowledgement(waited, durability)
     raise AssertionError("unreachable")  # pragma: no cover

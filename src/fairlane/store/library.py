@@ -46,6 +46,7 @@ from fairlane.store.keys import AppKeys
 __all__ = [
     "FUNCTION_PREFIX",
     "LIBRARY_CODE",
+    "LIBRARY_NAME",
     "encode_admission",
     "encode_classes",
     "fill_constants",
@@ -142,6 +143,7 @@ def _assemble() -> str:
 _SOURCE: Final = _assemble()
 _VERSION: Final = hashlib.sha256(_SOURCE.encode()).hexdigest()[:10]
 FUNCTION_PREFIX: Final = f"fl{_VERSION}_"
-LIBRARY_CODE: Final = _SOURCE.replace("__LIBRARY__", f"fairlane_{_VERSION}").replace(
+LIBRARY_NAME: Final = f"fairlane_{_VERSION}"
+LIBRARY_CODE: Final = _SOURCE.replace("__LIBRARY__", LIBRARY_NAME).replace(
     "__PREFIX__", FUNCTION_PREFIX
 )

@@ -16,11 +16,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
+from fairlane.policy.admission.memory import DEFAULT_MEMORY_MARK
 from fairlane.policy.shards import shard_of_tenant
 from fairlane.store.api import Store
 from fairlane.store.apikeys import KeyGuard
 from fairlane.store.durability import Acknowledgement, submit_acknowledged
 from fairlane.store.keys import job_shard
+from fairlane.store.memory import MemoryGauge
 from fairlane.store.wire import NewJob, Submitted
 
 if TYPE_CHECKING:
@@ -102,9 +104,11 @@ class ShardedStores:
         max_connections: int = 64,
         prepare_jobs: PrepareJobs | None = None,
         audit_entries: int | None = None,
+        memory_mark: float | None = DEFAULT_MEMORY_MARK,
     ) -> None:
         """Connect to ``url`` and load the function library; the shards' stores share
-        the connections. A failure leaves nothing open."""
+        the connections. Submissions are refused ``StoreFull`` above ``memory_mark`` of
+        the server's maxmemory (None: never). A failure leaves nothing open."""
         store = Store.from_url(
             url,
             app,
@@ -114,6 +118,7 @@ class ShardedStores:
             shards=self.count,
         )
         store.prepare_jobs = prepare_jobs
+        store.memory = MemoryGauge(memory_mark)
         if audit_entries is not None:
             store.audit_entries = audit_entries
         try:

@@ -2,7 +2,8 @@
 
 A submission passes the lane's admission and stores the jobs admitted or deferred in
 one atomic step (the enqueue script); batches travel as one msgpack argument. Before
-they are sent, jobs pass through ``prepare_jobs`` (the app's payload offload,
+they are sent, jobs pass the store's memory mark (``StoreFull`` above it, nothing
+written: ``fairlane.store.memory``), then ``prepare_jobs`` (the app's payload offload,
 ``fairlane.payloads``): arguments over the threshold go to the payload store and
 travel as references. The declarations -- a task's retention, a lane's classes and
 charge mode, its admission pool -- are recorded where the scripts read them.
@@ -55,8 +56,20 @@ class Submission(StoreBase):
         the same step first checks that the key still stands as the caller holds it:
         ``KeyRefused``, with nothing stored, if it was revoked, rotated or has expired
         (by the server's clock), ``KeyOutOfScope`` if it may not submit; and records
-        each job's outcome in the app's audit trail (``fairlane.store.audit``)."""
-        blob = _PACK.encode(await self.prepare(jobs))
+        each job's outcome in the app's audit trail (``fairlane.store.audit``).
+
+        While the server is above the app's memory mark the call is refused whole with
+        ``StoreFull`` before anything is offloaded or sent (``fairlane.store.memory``)."""
+        reckoned = await self.memory.admit(self.read_memory, jobs)
+        try:
+            return await self._send(lane, await self.prepare(jobs), guard)
+        finally:
+            self.memory.settled(reckoned)
+
+    async def _send(
+        self, lane: str, jobs: Sequence[NewJob], guard: KeyGuard | None
+    ) -> list[Submitted]:
+        blob = _PACK.encode(jobs)
         keys = self._lane_keys([lane])
         if guard is None:
             return parse_submitted(await self.fcall("enqueue", keys, [lane, blob]))
@@ -77,7 +90,8 @@ class Submission(StoreBase):
 
     async def prepare(self, jobs: Sequence[NewJob]) -> Sequence[NewJob]:
         """Jobs as they are to be sent: arguments over the payload threshold stored in
-        the app's payload store and replaced by references. Every enqueue path calls it."""
+        the app's payload store and replaced by references. Every enqueue path calls it,
+        once the memory mark has admitted the jobs."""
         hook = self.prepare_jobs
         return jobs if hook is None else await hook(self, jobs)
 

@@ -19,7 +19,8 @@ By concern:
   (per-tenant groups FIFO, tenants by weighted start-time fair tags, no head-of-line
   blocking across tenants, the pinned head's overtake bound, a bounded pass);
 * ``rejections``: the Retry-After a rejected client is told;
-* ``bounds``: the default bounds on queued jobs of a lane without a pool.
+* ``bounds``: the default bounds on queued jobs of a lane without a pool;
+* ``memory``: the store's memory mark, above which new jobs are refused ``store_full``.
 
 Every name is importable from ``fairlane.policy.admission`` itself.
 """
@@ -74,11 +75,22 @@ from fairlane.policy.admission.gate import (
     fits,
     unit_table,
 )
+from fairlane.policy.admission.memory import (
+    DEFAULT_MEMORY_MARK,
+    STORE_FULL,
+    MemoryReading,
+    StoreFullReason,
+    check_mark,
+    reading_due,
+    store_full,
+    store_full_retry_after,
+)
 from fairlane.policy.admission.rejections import RetryAfterPolicy, retry_after
 from fairlane.policy.admission.units import to_milli
 
 __all__ = [
     "DEFAULT_LANE_MAX_QUEUED",
+    "DEFAULT_MEMORY_MARK",
     "DEFAULT_TENANT_MAX_QUEUED",
     "LANE_READ_EVERY",
     "MAX_TOKENS",
@@ -87,6 +99,7 @@ __all__ = [
     "MIN_CHARGE_MILLI",
     "OVERTAKE_LIMIT",
     "PASS_BUDGET",
+    "STORE_FULL",
     "AdmissionClass",
     "Coefficients",
     "Decision",
@@ -96,6 +109,7 @@ __all__ = [
     "EstimationSettings",
     "FullReason",
     "LearnedCost",
+    "MemoryReading",
     "PoolConfig",
     "PoolState",
     "QueueBounds",
@@ -105,18 +119,23 @@ __all__ = [
     "Readmission",
     "Reason",
     "RetryAfterPolicy",
+    "StoreFullReason",
     "Verdict",
     "WhenFull",
     "admit_batch",
     "charge_milli",
     "charge_units",
+    "check_mark",
     "decide",
     "drain",
     "fits",
     "queue_refusal",
+    "reading_due",
     "reads_lane",
     "reservation_units",
     "retry_after",
+    "store_full",
+    "store_full_retry_after",
     "to_milli",
     "too_wide",
     "unit_table",

@@ -11,17 +11,24 @@ from typing import Final, get_args
 
 from fairlane.policy.admission.bounds import QueueReason
 from fairlane.policy.admission.gate import Reason
+from fairlane.policy.admission.memory import STORE_FULL
 
-__all__ = ["CLASS_NOT_ENTITLED", "COUNTED_REASONS", "REJECTION_REASONS"]
+__all__ = ["CLASS_NOT_ENTITLED", "COUNTED_REASONS", "REJECTION_REASONS", "SCRIPT_REASONS"]
 
 #: A restricted class the tenant is not entitled to (``fairlane.policy.classes``).
 CLASS_NOT_ENTITLED: Final = "class_not_entitled"
 
-#: Why a job was refused: a pool's rules, a lane's default queue bounds, entitlement.
-REJECTION_REASONS: Final[tuple[str, ...]] = tuple(
+#: Why the enqueue script refused a job: a pool's rules, a lane's default queue bounds,
+#: entitlement.
+SCRIPT_REASONS: Final[tuple[str, ...]] = tuple(
     dict.fromkeys((*get_args(Reason), *get_args(QueueReason), CLASS_NOT_ENTITLED))
 )
 
+#: Every reason a job is refused for: the script's, and ``store_full`` (the memory mark,
+#: checked in the producer's process before the script runs).
+REJECTION_REASONS: Final[tuple[str, ...]] = (*SCRIPT_REASONS, STORE_FULL)
+
 #: What the store's decision counter carries as ``reason``: ``none`` for an accepted
-#: job, the reason it waits for a deferred one, and every refusal's own.
-COUNTED_REASONS: Final[tuple[str, ...]] = ("none", *REJECTION_REASONS)
+#: job, the reason it waits for a deferred one, and every refusal the script makes
+#: (``store_full`` is never written: the store had no room, or was never asked).
+COUNTED_REASONS: Final[tuple[str, ...]] = ("none", *SCRIPT_REASONS)

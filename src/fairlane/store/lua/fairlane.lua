@@ -589,29 +589,43 @@ end
 
 -- @include control.lua
 
-redis.register_function('__PREFIX__enqueue', enqueue)
-redis.register_function('__PREFIX__enqueue_as', hot.enqueue_as)
-redis.register_function('__PREFIX__exchange', exchange)
-redis.register_function('__PREFIX__ack', ack)
-redis.register_function('__PREFIX__leave', leave)
-redis.register_function('__PREFIX__renew', renew)
-redis.register_function('__PREFIX__sweep', sweep)
-redis.register_function('__PREFIX__beat', hot.beat)
-redis.register_function('__PREFIX__declare_task', declare_task)
-redis.register_function('__PREFIX__cancel', cancel)
-redis.register_function('__PREFIX__watch', watch)
-redis.register_function('__PREFIX__redrive', redrive)
-redis.register_function('__PREFIX__configure_tenant', configure_tenant)
-redis.register_function('__PREFIX__configure_limits', configure_limits)
-redis.register_function('__PREFIX__configure_classes', hot.configure_classes)
-redis.register_function('__PREFIX__declare_lane', declare_lane)
-redis.register_function('__PREFIX__declare_admission', declare_admission)
-redis.register_function('__PREFIX__declare_bounds', queue_bounds.declare)
-redis.register_function('__PREFIX__tenant_limit_now', tenant_limit_now)
-redis.register_function('__PREFIX__wf_load', wf_load)
-redis.register_function('__PREFIX__wf_step', wf_step)
-redis.register_function('__PREFIX__wf_wait', wf_wait)
-redis.register_function('__PREFIX__wf_children', wf_children)
-redis.register_function('__PREFIX__signal', signal)
+-- Functions that free memory, or must run for a full store to be drained -- a worker's
+-- start (its declarations), its exchange, acks, renewals, sweeps, beats and leaving, a
+-- cancel, a watch (one field on the record) -- run on a server at its maxmemory
+-- (hot.ALLOW_OOM); those that add data (enqueue, workflow steps and children, signals,
+-- settings, redrive) do not, and the server refuses them there before they start.
+hot.ALLOW_OOM = {'allow-oom'}
+redis.register_function{function_name = '__PREFIX__enqueue', callback = enqueue}
+redis.register_function{function_name = '__PREFIX__enqueue_as', callback = hot.enqueue_as}
+redis.register_function{function_name = '__PREFIX__exchange', callback = exchange,
+  flags = hot.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__ack', callback = ack, flags = hot.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__leave', callback = leave, flags = hot.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__renew', callback = renew, flags = hot.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__sweep', callback = sweep, flags = hot.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__beat', callback = hot.beat,
+  flags = hot.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__declare_task', callback = declare_task,
+  flags = hot.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__cancel', callback = cancel,
+  flags = hot.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__watch', callback = watch, flags = hot.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__redrive', callback = redrive}
+redis.register_function{function_name = '__PREFIX__configure_tenant', callback = configure_tenant}
+redis.register_function{function_name = '__PREFIX__configure_limits', callback = configure_limits}
+redis.register_function{function_name = '__PREFIX__configure_classes',
+  callback = hot.configure_classes}
+redis.register_function{function_name = '__PREFIX__declare_lane', callback = declare_lane,
+  flags = hot.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__declare_admission', callback = declare_admission,
+  flags = hot.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__declare_bounds', callback = queue_bounds.declare,
+  flags = hot.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__tenant_limit_now', callback = tenant_limit_now}
+redis.register_function{function_name = '__PREFIX__wf_load', callback = wf_load}
+redis.register_function{function_name = '__PREFIX__wf_step', callback = wf_step}
+redis.register_function{function_name = '__PREFIX__wf_wait', callback = wf_wait}
+redis.register_function{function_name = '__PREFIX__wf_children', callback = wf_children}
+redis.register_function{function_name = '__PREFIX__signal', callback = signal}
 
 -- @include tenantsweep.lua

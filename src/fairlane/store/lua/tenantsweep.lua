@@ -13,8 +13,10 @@
 --                  and `field(ctx, view, name, value)` true deletes the field.
 -- A new kind of per-tenant state is one more row. Everything is built inside one
 -- function that returns the entry point, so that this file adds no local to the
--- library's main chunk (Lua allows it 200, and it is close to them).
-redis.register_function('__PREFIX__tenant_sweep', (function()
+-- library's main chunk (Lua allows it 200, and it is close to them). It deletes, so it
+-- runs on a server at its maxmemory (hot.ALLOW_OOM).
+redis.register_function{function_name = '__PREFIX__tenant_sweep', flags = hot.ALLOW_OOM,
+  callback = (function()
   local TENANT_SWEEP = {}
 
   -- How long the key has surely been idle, in ms, by the server's own clock (reads and
@@ -207,4 +209,4 @@ redis.register_function('__PREFIX__tenant_sweep', (function()
   end
 
   return TENANT_SWEEP.run
-end)())
+end)()}
