@@ -93,6 +93,8 @@ class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, K
             blocking=blocking,
             socket_timeout=options["socket_timeout"],
             shards=shards,
+            url=url,
+            connect_timeout=options["socket_connect_timeout"],
         )
 
     def shard_store(self, shard: int, shards: int) -> Store:
@@ -104,6 +106,8 @@ class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, K
             socket_timeout=self.socket_timeout,
             shard=shard,
             shards=shards,
+            url=self.url,
+            connect_timeout=self.connect_timeout,
         )
         sibling.prepare_jobs = self.prepare_jobs
         sibling.audit_entries = self.audit_entries

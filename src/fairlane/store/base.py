@@ -63,6 +63,8 @@ class StoreBase:
         socket_timeout: float | None = None,
         shard: int = 0,
         shards: int = 1,
+        url: str | None = None,
+        connect_timeout: float | None = None,
     ) -> None:
         self.client = client
         # Calls the server holds on purpose (BLPOP, WAIT) go through a client without a
@@ -70,6 +72,10 @@ class StoreBase:
         # timeout of ``client`` is shorter than an idle worker's block.
         self.blocking = blocking or client
         self.socket_timeout = socket_timeout
+        #: the server's URL and connect timeout, when the store was made from a URL: what
+        #: a blocking twin of a call connects with, from a thread (``store/beats.py``)
+        self.url = url
+        self.connect_timeout = connect_timeout
         self.app = app
         #: this store's scheduling shard, of ``shards`` (``fairlane.policy.shards``)
         self.shard = shard
