@@ -35,7 +35,7 @@ from fairlane.policy.fetch import (
     idle_timeout,
 )
 from fairlane.runtime.attempts import Attempts
-from fairlane.runtime.lease import beat_loop, renew_loop, sweep_loop, wait_or_stop
+from fairlane.runtime.lease import renew_loop, sweep_loop, wait_or_stop
 from fairlane.runtime.outage import Outage
 from fairlane.runtime.payload_sweep import payload_sweep_loop
 from fairlane.runtime.settling import Settler
@@ -99,7 +99,6 @@ class ShardLoop:
                 on_renewed=self.settler.renewed,
             )
         )
-        services.create_task(beat_loop(self.store, settings.worker_id, settings.lease, closed))
         services.create_task(sweep_loop(self.store, settings.lease, closed))
         payloads = settings.payloads
         if payloads is not None:  # removes payloads whose records are gone
@@ -111,6 +110,11 @@ class ShardLoop:
 
     def held(self) -> list[tuple[str, str]]:
         return self.attempts.held(self)
+
+    def live_until(self) -> float:
+        """Until when (monotonic) the worker's leases in this shard can be live: a lease
+        after the last renewal or fetch that got through. Read by the beat thread."""
+        return self.settler.leases_end
 
     def settle(self, outcome: Outcome) -> None:
         """Queue a finished attempt's outcome to be settled on this shard."""
