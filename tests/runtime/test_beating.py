@@ -34,6 +34,8 @@ HOUR = 3_600_000
 QUICK = LeaseSettings(duration=3.0, renew_interval=1.0, heartbeat_interval=0.02, worker_timeout=0.2)
 FOREVER: Callable[[], float] = lambda: math.inf  # noqa: E731 - leases that never run out
 SHARDS = 3
+#: how long another worker's beat waits on silence in these tests: many beats of QUICK
+JUDGE_MS = 1000
 
 
 @pytest.fixture
@@ -101,19 +103,28 @@ async def test_a_shard_whose_leases_ran_out_falls_silent_and_its_jobs_come_back(
     until = [math.inf]
     thread = BeatThread(BeatLine.of(store), "stuck", QUICK, [BeatShard(0, lambda: until[0])])
     caplog.set_level(logging.INFO, logger="fairlane.worker")
-    dead_ms = round(QUICK.worker_timeout * 1000)
+
+    def said(words: str) -> int:
+        return sum(words in r.getMessage() for r in list(caplog.records))
+
     thread.start()
     try:
         assert await _beats_again(store, "stuck")
-        # beating, it keeps its job however often another worker judges
+        # beating, it keeps its job however often another worker judges (past the
+        # judge's timeout since its first beat, so only beats since then can save it)
         for _ in range(3):
-            await asyncio.sleep(QUICK.worker_timeout)
-            assert await store.beat("other", dead_ms, 100, 1) == ([], [], [])
+            await asyncio.sleep(JUDGE_MS / 2000)
+            assert await store.beat("other", JUDGE_MS, 100, 1) == ([], [], [])
         until[0] = -math.inf  # its leases have run out
+
+        async def fell_silent() -> bool:  # said before its next beat would be sent
+            return said("stops beating") == 1
+
+        await eventually(fell_silent)
         assert await _silent_through(store, "stuck", 10)
 
         async def taken_back() -> bool:
-            retried, _, gone = await store.beat("other", dead_ms, 100, 1)
+            retried, _, gone = await store.beat("other", JUDGE_MS, 100, 1)
             return retried == ["j0"] and gone == ["stuck"]
 
         await eventually(taken_back)
@@ -121,9 +132,7 @@ async def test_a_shard_whose_leases_ran_out_falls_silent_and_its_jobs_come_back(
         assert await _beats_again(store, "stuck")
     finally:
         await thread.stop()
-    said = [r.getMessage() for r in caplog.records if "stuck" in r.getMessage()]
-    assert sum("stops beating" in m for m in said) == 1
-    assert sum("beating again" in m for m in said) == 1
+    assert (said("stops beating"), said("beating again")) == (1, 1)
 
 
 async def test_an_unreachable_server_is_one_warning_and_stop_stays_bounded(

@@ -8,7 +8,8 @@ event loop does not stop it: a thread, on a blocking connection of its own
 (``store/beats.py``), as ``/health`` is served from its own thread. A task that blocks
 the loop (a sync SDK call, ``time.sleep``) stops neither; a process killed or frozen
 (``kill -9``, SIGSTOP, a host gone) stops both, and loses its jobs within
-``worker_timeout``. The loop proves its own progress as before, by renewing its leases.
+``worker_timeout`` and one beat of another worker. The loop proves its own progress as
+before, by renewing its leases.
 
 The rule, per shard: the thread beats every ``heartbeat_interval`` while the worker's
 leases there can still be live, that is until ``lease.duration`` after the last
