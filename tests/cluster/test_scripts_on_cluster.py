@@ -134,7 +134,7 @@ async def test_every_script_runs_on_a_cluster(redis_url: str, namespace: str) ->
         second = await gated.submit(2, tenant="acme")
         assert (first.status, second.status) == ("accepted", "deferred")
 
-        async with running_worker(app, lanes=["default", "gated"], concurrency=4):
+        async with running_worker(app, lanes=["default", "gated"], concurrency=4) as worker:
             hello = await echo.enqueue("hi", tenant="acme")
             assert await hello.result(timeout=WAIT) == "hi"
             dead = await broken.enqueue(tenant="beta")
@@ -157,6 +157,10 @@ async def test_every_script_runs_on_a_cluster(redis_url: str, namespace: str) ->
             assert [s.kind for s in history.steps][:2] == ["step", "sleep"]
             # the worker's sweep runs every 0.3 s; wait for one to pass
             await eventually(lambda: _swept(called))
+            # its beats go from a thread, by the blocking twin of the call: seen where
+            # the script writes them
+            if await app.store.client.zscore(app.store.keys.beats, worker.id) is not None:
+                called.add("beat")
         await app.tenants.reset("acme")
         assert await app.tenants.limits("acme") is None
         # a worker's tenant sweep runs every minute; one pass by hand covers the script

@@ -47,11 +47,17 @@ async def test_a_job_runs_through_sentinel(
     async def shout(text: str) -> str:
         return text.upper()
 
-    async with app, running_worker(app):
+    async with app, running_worker(app) as worker:
         # the client asks the sentinel for the master, not a fixed address
         assert isinstance(app.store.client.connection_pool, SentinelConnectionPool)
         job = await shout.enqueue("hi", tenant="acme")
         assert await job.result(timeout=WAIT) == "HI"
+        # the worker's beat thread, on a blocking client of its own, found the master too
+        beats = app.store.keys.beats
+        deadline = time.monotonic() + WAIT
+        while await app.store.client.zscore(beats, worker.id) is None:
+            assert time.monotonic() < deadline, "the worker never beat"
+            await asyncio.sleep(0.05)
         # the master the sentinel named is the private server: the record is there
         direct = redis.Redis.from_url(server.url)
         try:

@@ -17,12 +17,16 @@ FLT_CONCURRENCY   jobs run at once                             8
 FLT_PROCESSES     process-pool size; 0 registers no process    0
                   tasks (so no pool is started)
 FLT_SHARDS        the app's scheduling shards                  1
+FLT_HEALTH_PORT   the worker's ``/health`` port (read by       none
+                  ``main`` only; written when given)
 ================  ===========================================  =======
 
 The tasks are registered under fixed names, so the test process (which builds the
 same app with ``build_app`` to enqueue) and the worker agree on them; every task
 retries at once (backoff 0) so reclaims and retries do not wait. Tasks write to the
 ledger before they return: that is the record of what actually ran, and where.
+``armed`` and ``stall`` wait, once started, until the test sets the ledger's ``go``
+key (``go_key``), so the test chooses the moment they hold or block.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ __all__ = [
     "build_app",
     "eventually",
     "fault_settings",
+    "go_key",
     "held_by",
     "main",
     "process_options",
@@ -104,6 +109,44 @@ async def hold(seconds: float, tag: str) -> int:
     return os.getpid()
 
 
+def go_key(ledger: str) -> str:
+    """The key a test sets to release the ``armed`` and ``stall`` tasks."""
+    return ledger + ":go"
+
+
+async def _until_go() -> None:
+    client, key = _ctx["app"].store.client, go_key(_ctx["ledger"])
+    while True:  # polled: the test's process sets it
+        if await client.exists(key):
+            return
+        await asyncio.sleep(0.02)
+
+
+async def armed(seconds: float, tag: str) -> int:
+    """Note the start; once the test says go, note that, and end ``seconds`` after it (a
+    point in time, as ``hold``'s end); returns the pid."""
+    await _ledger(f"{tag}:{os.getpid()}")
+    await _until_go()
+    end = time.monotonic() + seconds
+    await _ledger(f"{tag}-armed:{os.getpid()}")
+    remaining = end - time.monotonic()
+    if remaining > 0:
+        await asyncio.sleep(remaining)
+    return os.getpid()
+
+
+async def stall(seconds: float, tag: str) -> int:
+    """Note the start; once the test says go, block the worker's event loop for
+    ``seconds``, as a blocking call in an async task does (a sync SDK call, a large
+    parse), noting just before and just after; returns the pid."""
+    await _ledger(f"{tag}:{os.getpid()}")
+    await _until_go()
+    await _ledger(f"{tag}-blocking:{os.getpid()}")
+    time.sleep(seconds)  # noqa: ASYNC251 - blocking the loop is the point
+    await _ledger(f"{tag}-free:{os.getpid()}")
+    return os.getpid()
+
+
 async def suicide() -> None:
     """A poison job: it kills the worker that runs it."""
     await _ledger(f"suicide:{os.getpid()}")
@@ -140,6 +183,8 @@ def square(x: int) -> int:
 class FaultTasks:
     record: Task[[int, float], int]
     hold: Task[[float, str], int]
+    armed: Task[[float, str], int]
+    stall: Task[[float, str], int]
     suicide: Task[[], None]
     whoami: Task[[], int]
     segfault: Task[[], None] | None = None
@@ -158,8 +203,10 @@ def build_app(
     concurrency: int = 8,
     processes: int = 0,
     shards: int = 1,
+    health_port: int | None = None,
 ) -> tuple[App, FaultTasks]:
-    """The fault tests' app; with ``processes`` it has process tasks (and a pool of that size)."""
+    """The fault tests' app; with ``processes`` it has process tasks (and a pool of that
+    size); with ``health_port`` its worker serves ``/health`` there."""
     settings = fault_settings(
         url,
         lease={"duration": lease, "renew_interval": renew, "sweep_interval": sweep},
@@ -168,6 +215,7 @@ def build_app(
             "grace_period": 2.0,
             "idle_block": 1.0,
             "process_pool_size": max(processes, 1),
+            "health_port": health_port,
         },
     )
     app = App(name, redis_url=url, settings=settings, shards=shards)
@@ -179,6 +227,8 @@ def build_app(
     tasks = FaultTasks(
         record=task(name="record", attempts=3, backoff=NO_WAIT, timeout=timeout)(record),
         hold=task(name="hold", attempts=3, backoff=NO_WAIT, timeout=timeout)(hold),
+        armed=task(name="armed", attempts=3, backoff=NO_WAIT, timeout=timeout)(armed),
+        stall=task(name="stall", attempts=3, backoff=NO_WAIT, timeout=timeout)(stall),
         suicide=task(name="suicide", attempts=3, backoff=NO_WAIT, timeout=timeout)(suicide),
         whoami=task(name="whoami", attempts=1, timeout=timeout)(whoami),
     )
@@ -187,6 +237,8 @@ def build_app(
         tasks = FaultTasks(
             record=tasks.record,
             hold=tasks.hold,
+            armed=tasks.armed,
+            stall=tasks.stall,
             suicide=tasks.suicide,
             whoami=tasks.whoami,
             segfault=task(name="segfault", timeout=timeout, **proc)(segfault),
@@ -250,7 +302,12 @@ async def serve_with_ledger(app: App, ctx: dict[str, Any]) -> None:
 
 def main() -> None:
     options = process_options()
-    app, _ = build_app(processes=int(os.environ["FLT_PROCESSES"]), **options)
+    health = os.environ.get("FLT_HEALTH_PORT")
+    app, _ = build_app(
+        processes=int(os.environ["FLT_PROCESSES"]),
+        health_port=None if health is None else int(health),
+        **options,
+    )
     _ctx.update(app=app, ledger=os.environ["FLT_LEDGER"])
     asyncio.run(app.run_worker(handle_signals=True))
 
@@ -269,6 +326,7 @@ def worker_env(
     concurrency: int = 8,
     processes: int = 0,
     shards: int = 1,
+    health_port: int | None = None,
 ) -> dict[str, str]:
     """The environment of a worker process (no ``FAIRLANE_`` variables leak in)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRLANE_")}
@@ -285,6 +343,8 @@ def worker_env(
         FLT_SHARDS=str(shards),
         FLT_PROCESSES=str(processes),
     )
+    if health_port is not None:
+        env["FLT_HEALTH_PORT"] = str(health_port)
     return env
 
 

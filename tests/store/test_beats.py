@@ -14,7 +14,9 @@ import asyncio
 import pytest
 
 from fairlane.store.api import Store
+from fairlane.store.beats import BeatLine
 from fairlane.store.wire import NewJob, Outcome
+from fairlane.testing import RedisServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.contract]
 
@@ -94,3 +96,36 @@ async def test_a_pass_is_bounded_and_the_next_one_finishes(store: Store) -> None
     second = await store.beat("other", 10, 100, 1)
     assert len(second[0]) == 3
     assert not await store.client.exists(store.keys.worker_jobs("victim"))
+
+
+async def test_the_blocking_twin_beats_as_the_async_call_does(store: Store) -> None:
+    """``BeatLine`` sends the same keys, function and arguments, from a thread: a worker
+    it beats for is alive, and its beat takes back a silent worker's jobs."""
+    line = BeatLine.of(store)
+    try:
+        await store.enqueue("a", [_job(n) for n in range(3)])
+        got = await store.exchange("victim", ["a"], 3, HOUR, slots=3)
+        await asyncio.to_thread(line.beat, store.shard, "victim", 60_000, 100, 1)
+        assert await store.beat("other", 60_000, 100, 1) == ([], [], [])
+        await asyncio.sleep(0.05)
+        retried, dead, gone = await asyncio.to_thread(line.beat, store.shard, "other", 20, 100, 1)
+    finally:
+        await asyncio.to_thread(line.close)
+    assert (sorted(retried), dead, gone) == (sorted(j.id for j in got.jobs), [], ["victim"])
+    beats = {m.decode() for m in await store.client.zrange(store.keys.beats, 0, -1)}
+    assert beats == {"other"}
+    assert (await store.lane_state("a")).capacity == 0
+
+
+async def test_the_blocking_twin_loads_the_library_a_restarted_server_lost() -> None:
+    with RedisServer() as server:
+        store = Store.from_url(server.url, "relo")
+        await store.connect()
+        line = BeatLine.of(store)
+        try:
+            await store.client.function_flush()
+            assert await asyncio.to_thread(line.beat, 0, "w", 60_000, 10, 1) == ([], [], [])
+            assert await store.client.zscore(store.keys.beats, "w") is not None
+        finally:
+            line.close()
+            await store.aclose()

@@ -54,7 +54,8 @@ class LeaseSettings(BaseModel):
     sweep_batch: int = Field(default=200, ge=1)
     """Most jobs reclaimed in one sweep pass."""
     heartbeat_interval: float = Field(default=1.0, gt=0)
-    """How often a worker beats: one call per worker, however many jobs it runs."""
+    """How often a worker beats, from a thread of its own (a blocked event loop does not stop
+    it): one call per shard, however many jobs it runs."""
     worker_timeout: float = Field(default=3.0, gt=0)
     """A worker that beat and then stays silent this long is dead: the other workers take
     its jobs back at once (at their next beat), not when its leases run out."""

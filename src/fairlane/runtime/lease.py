@@ -1,14 +1,14 @@
 """Keeping leases and taking them back: renewal of held jobs, reclaim sweeps.
 
-A worker beats once per ``heartbeat_interval`` (one call, however many jobs it
-runs); a worker that beat and then stays silent for ``worker_timeout`` is dead, and
-the next beat of another worker takes its jobs back at once. Leases are the second
-line: a worker renews every lease it holds in one call per ``renew_interval``; the
-reply says which leases it has lost (its writes for those would be fenced anyway,
-so it stops them) and which jobs users asked to cancel. Sweeps reclaim expired
-leases (a worker alive but stuck, or one that never beat): jittered so a fleet does
-not sweep in lockstep, bounded in work per pass, and repeated at once while a pass
-comes back full.
+A worker beats once per ``heartbeat_interval`` from a thread of its own
+(``runtime/beating.py``); a worker that beat and then stays silent for
+``worker_timeout`` is dead, and the next beat of another worker takes its jobs back at
+once. Leases are the loop's side: a worker renews every lease it holds in one call
+per ``renew_interval``; the reply says which leases it has lost (its writes for those
+would be fenced anyway, so it stops them) and which jobs users asked to cancel. Sweeps
+reclaim expired leases (a worker alive but stuck, or one that never beat): jittered so
+a fleet does not sweep in lockstep, bounded in work per pass, and repeated at once
+while a pass comes back full.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from fairlane.config.settings import LeaseSettings
 from fairlane.runtime.outage import Outage
 from fairlane.store.api import Store
-from fairlane.store.wire import StoreUnavailable
+from fairlane.store.wire import StoreError
 
-__all__ = ["beat_loop", "renew_loop", "sweep_loop"]
+__all__ = ["renew_loop", "sweep_loop", "wait_or_stop"]
 
 log = logging.getLogger("fairlane.worker")
 # a worker whose heartbeat is older than this many lease lengths is dropped from the registry
@@ -63,7 +63,7 @@ async def renew_loop(
         began = time.monotonic()
         try:
             lost, cancel = await store.renew(worker_id, lease_ms, sent)
-        except StoreUnavailable as exc:
+        except StoreError as exc:
             outage.failed(exc)
         else:
             outage.recovered()
@@ -80,36 +80,6 @@ async def renew_loop(
             return
 
 
-async def beat_loop(
-    store: Store, worker_id: str, lease: LeaseSettings, stop: asyncio.Event
-) -> None:
-    """Beat every ``heartbeat_interval``; each beat also takes back the jobs of workers
-    that fell silent for ``worker_timeout`` (the store finds them)."""
-    dead_ms = round(lease.worker_timeout * 1000)
-    outage = Outage(f"worker {worker_id}: beating", log)
-    while True:
-        try:
-            for _ in range(_MAX_PASSES):
-                retried, dead, gone = await store.beat(
-                    worker_id, dead_ms, lease.sweep_batch, random.getrandbits(31)
-                )
-                if retried or dead:
-                    log.warning(
-                        "worker(s) %s stopped beating: took back %d jobs (%d dead-lettered)",
-                        ", ".join(gone),
-                        len(retried) + len(dead),
-                        len(dead),
-                    )
-                if len(retried) + len(dead) < lease.sweep_batch:
-                    break
-        except StoreUnavailable as exc:
-            outage.failed(exc)
-        else:
-            outage.recovered()
-        if await wait_or_stop(stop, lease.heartbeat_interval):
-            return
-
-
 async def sweep_loop(store: Store, lease: LeaseSettings, stop: asyncio.Event) -> None:
     stale_ms = round(lease.duration * 1000 * _STALE_WORKER_LEASES)
     outage = Outage("reclaim sweep", log)
@@ -122,7 +92,7 @@ async def sweep_loop(store: Store, lease: LeaseSettings, stop: asyncio.Event) ->
                 retried, dead = await store.sweep(
                     lease.sweep_batch, random.getrandbits(31), stale_ms
                 )
-            except StoreUnavailable as exc:
+            except StoreError as exc:
                 outage.failed(exc)
                 break
             outage.recovered()

@@ -35,7 +35,7 @@ from fairlane.policy.fetch import (
     idle_timeout,
 )
 from fairlane.runtime.attempts import Attempts
-from fairlane.runtime.lease import beat_loop, renew_loop, sweep_loop, wait_or_stop
+from fairlane.runtime.lease import renew_loop, sweep_loop, wait_or_stop
 from fairlane.runtime.outage import Outage
 from fairlane.runtime.payload_sweep import payload_sweep_loop
 from fairlane.runtime.settling import Settler
@@ -43,7 +43,7 @@ from fairlane.runtime.shardlink import LoopSettings, WorkerLink
 from fairlane.runtime.slots import SlotPool
 from fairlane.runtime.tenant_sweep import TenantSweeper
 from fairlane.store.api import Store
-from fairlane.store.wire import Fetched, FetchedJob, Outcome, StoreUnavailable
+from fairlane.store.wire import Fetched, FetchedJob, Outcome, StoreError
 
 __all__ = ["ShardLoop"]
 
@@ -99,7 +99,6 @@ class ShardLoop:
                 on_renewed=self.settler.renewed,
             )
         )
-        services.create_task(beat_loop(self.store, settings.worker_id, settings.lease, closed))
         services.create_task(sweep_loop(self.store, settings.lease, closed))
         payloads = settings.payloads
         if payloads is not None:  # removes payloads whose records are gone
@@ -111,6 +110,11 @@ class ShardLoop:
 
     def held(self) -> list[tuple[str, str]]:
         return self.attempts.held(self)
+
+    def live_until(self) -> float:
+        """Until when (monotonic) the worker's leases in this shard can be live: a lease
+        after the last renewal or fetch that got through. Read by the beat thread."""
+        return self.settler.leases_end
 
     def settle(self, outcome: Outcome) -> None:
         """Queue a finished attempt's outcome to be settled on this shard."""
@@ -208,7 +212,7 @@ class ShardLoop:
                     # on it while the jobs run
                     asyncio.get_running_loop().call_soon(self.attempts.launch, jobs, self, leased)
                 fetched = await call
-            except StoreUnavailable as exc:
+            except StoreError as exc:
                 self.fetch_outage.failed(exc)
         if fetched is not None:
             self.attempts.claim(self, fetched.jobs)  # their slots are held from here on
@@ -261,7 +265,7 @@ class ShardLoop:
                 outcomes,
                 slots=settings.concurrency,
             )
-        except StoreUnavailable as exc:
+        except StoreError as exc:
             settler.put_back(outcomes)
             log.debug("leaving the idle set failed (%s); retrying", exc)
         else:
@@ -312,7 +316,7 @@ class ShardLoop:
             # A job handed over is leased to us; if the wait was cut short after the
             # server sent it, its lease expires and it is reclaimed -- never lost.
             return None
-        except StoreUnavailable as exc:
+        except StoreError as exc:
             await wait_or_stop(stopping, self.fetch_outage.failed(exc))
             return None
         finally:
@@ -341,7 +345,7 @@ class ShardLoop:
                 await self.store.ack(
                     settings.lanes, [Outcome(j.id, j.token, "release") for j in handed]
                 )
-        except StoreUnavailable as exc:
+        except StoreError as exc:
             log.warning(
                 "could not hand back jobs given while stopping (they will be "
                 "reclaimed when their leases expire): %s",

@@ -29,8 +29,10 @@ those jobs. A stopping worker stops within its grace period either way.
 The worker composes its parts and starts and stops them; each is its own module: the
 slots (``runtime/slots.py``), the running attempts (``runtime/attempts.py``), one
 shard loop per shard (``runtime/shardloop.py``, settling in ``runtime/settling.py``,
-handed the parts in ``runtime/shardlink.py`` rather than the worker), and the
-pressure sampling, loop monitor and ``/health`` (``runtime/services.py``).
+handed the parts in ``runtime/shardlink.py`` rather than the worker), the beat, sent
+from a thread so that a blocked event loop does not make a live worker look dead
+(``runtime/beating.py``), and the pressure sampling, loop monitor and ``/health``
+(``runtime/services.py``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from dataclasses import dataclass
 from fairlane.config.lanes import check_lane
 from fairlane.registry import Registry
 from fairlane.runtime.attempts import Attempts
+from fairlane.runtime.beating import BeatShard, BeatThread
 from fairlane.runtime.cron import Enqueue, cron_loop
 from fairlane.runtime.executors import ProcessExecutor, ThreadExecutor
 from fairlane.runtime.health import LoopMonitor
@@ -61,8 +64,9 @@ from fairlane.runtime.services import PressureService, WorkerServices
 from fairlane.runtime.shardlink import BurstWatch, LoopSettings, Tally, WorkerLink
 from fairlane.runtime.shardloop import ShardLoop
 from fairlane.runtime.slots import SlotPool
+from fairlane.store.beats import BeatLine
 from fairlane.store.shards import ShardedStores
-from fairlane.store.wire import FetchedJob, StoreUnavailable
+from fairlane.store.wire import FetchedJob, StoreError
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -240,8 +244,11 @@ class Worker:
         self.registry.check_lanes()
         await self._declare(attempts=5)
         side = WorkerServices(monitor, health_port=self.health_port, pressure=self._pressure)
+        beats = self._beat_thread()
         async with AsyncExitStack() as stack:
             side.open(stack)
+            beats.start()
+            stack.push_async_callback(beats.stop)
             plugged = self.hooks.serving(self, stack)
             async with asyncio.TaskGroup() as services:
                 side.start(services, self.closed)
@@ -269,10 +276,21 @@ class Worker:
                 for shard in self._shards:
                     await shard.flush(final=True)
                 self.closed.set()
-            # after the renewals have stopped, so no heartbeat follows the goodbye
+            # after the renewals and the beats have stopped, so none follows the goodbye
+            await beats.stop()
             for shard in self._shards:
                 await shard.leave()
         log.info("worker %s stopped", self.id)
+
+    def _beat_thread(self) -> BeatThread:
+        """The thread that beats in every shard the worker serves, each for as long as
+        its leases there can be live (``runtime/beating.py``)."""
+        return BeatThread(
+            BeatLine.of(self.stores.store),
+            self.id,
+            self.loop_settings.lease,
+            [BeatShard(shard.store.shard, shard.live_until) for shard in self._shards],
+        )
 
     async def _declare(self, attempts: int) -> None:
         """Record tasks and lanes, retrying a call that fails while the server restarts;
@@ -280,7 +298,7 @@ class Worker:
         for attempt in range(1, attempts + 1):
             try:
                 await self.registry.declare(self.stores.stores)
-            except StoreUnavailable as exc:
+            except StoreError as exc:
                 delay = self._declare_outage.failed(exc)
                 if attempt == attempts:
                     raise
@@ -297,5 +315,5 @@ class Worker:
         """After an outage, record tasks and lanes again: a server restarted without
         persistence has lost them (and loads the function library on first use). If
         that fails, the next exchange fails too, and comes back here once it succeeds."""
-        with contextlib.suppress(StoreUnavailable):
+        with contextlib.suppress(StoreError):
             await self._declare(attempts=1)

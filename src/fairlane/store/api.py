@@ -99,6 +99,8 @@ class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, K
             socket_timeout=wait,
             shards=shards,
             gates=(CallGate(max_connections, wait), CallGate(max_connections, wait)),
+            url=url,
+            connect_timeout=options["socket_connect_timeout"],
         )
 
     def shard_store(self, shard: int, shards: int) -> Store:
@@ -111,6 +113,8 @@ class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, K
             shard=shard,
             shards=shards,
             gates=self.gates,
+            url=self.url,
+            connect_timeout=self.connect_timeout,
         )
         sibling.prepare_jobs = self.prepare_jobs
         sibling.audit_entries = self.audit_entries

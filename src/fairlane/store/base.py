@@ -86,6 +86,8 @@ class StoreBase:
         shard: int = 0,
         shards: int = 1,
         gates: tuple[CallGate, CallGate] | None = None,
+        url: str | None = None,
+        connect_timeout: float | None = None,
     ) -> None:
         self.client = client
         # Calls the server holds on purpose (BLPOP, WAIT) go through a client without a
@@ -96,6 +98,10 @@ class StoreBase:
         #: own pool), shared with the sibling shards' stores
         self.gates = gates or (CallGate(64, socket_timeout), CallGate(64, socket_timeout))
         self.socket_timeout = socket_timeout
+        #: the server's URL and connect timeout, when the store was made from a URL: what
+        #: a blocking twin of a call connects with, from a thread (``store/beats.py``)
+        self.url = url
+        self.connect_timeout = connect_timeout
         self.app = app
         #: this store's scheduling shard, of ``shards`` (``fairlane.policy.shards``)
         self.shard = shard

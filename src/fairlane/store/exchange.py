@@ -3,7 +3,9 @@
 Every call is one script and one round trip (``lua/dispatch.lua``, ``lua/lease.lua``):
 ``exchange`` settles a batch of outcomes and fetches the next jobs, ``renew`` extends
 held leases and learns which were lost or are to be cancelled, ``sweep`` reclaims the
-expired ones, ``leave`` deregisters a stopping worker. Outcomes and fetched jobs travel
+expired ones, ``beat`` says the worker is alive and takes back the jobs of workers gone
+silent (a worker sends it from a thread, by its blocking twin in ``store/beats.py``),
+``leave`` deregisters a stopping worker. Outcomes and fetched jobs travel
 as one msgpack buffer each (``fairlane.store.wire``).
 """
 
@@ -27,9 +29,26 @@ from fairlane.store.wire import (
     parse_fetched,
 )
 
-__all__ = ["WorkerCalls"]
+__all__ = ["BEAT", "WorkerCalls", "beat_args", "beat_reply"]
 
 _PACK: Final = msgspec.msgpack.Encoder()
+#: the library function of a beat, sent by the async call here and its blocking twin
+BEAT: Final = "beat"
+
+
+def beat_args(worker: str, dead_ms: int, limit: int, seed: int) -> list[Any]:
+    """The arguments of a beat (``hot.beat`` in ``lua/fairlane.lua``)."""
+    return [worker, dead_ms, limit, seed]
+
+
+def beat_reply(reply: Any) -> tuple[list[str], list[str], list[str]]:
+    """A beat's reply: (ids scheduled for retry, ids dead-lettered, dead workers)."""
+    retried, dead, gone = reply
+    return (
+        [as_text(x) for x in retried],
+        [as_text(x) for x in dead],
+        [as_text(x) for x in gone],
+    )
 
 
 class WorkerCalls(StoreBase):
@@ -101,13 +120,10 @@ class WorkerCalls(StoreBase):
     ) -> tuple[list[str], list[str], list[str]]:
         """The worker's beat; reclaims up to ``limit`` jobs of workers that beat and then
         fell silent for ``dead_ms``. Returns (ids scheduled for retry, ids dead-lettered,
-        the dead workers it looked at)."""
-        retried, dead, gone = await self.fcall("beat", self._common, [worker, dead_ms, limit, seed])
-        return (
-            [as_text(x) for x in retried],
-            [as_text(x) for x in dead],
-            [as_text(x) for x in gone],
-        )
+        the dead workers it looked at). A worker beats with the blocking twin of this
+        call, from a thread (``store/beats.py``)."""
+        reply = await self.fcall(BEAT, self._common, beat_args(worker, dead_ms, limit, seed))
+        return beat_reply(reply)
 
     async def wait_for_work(
         self, lanes: Sequence[str], timeout: float, worker: str | None = None
