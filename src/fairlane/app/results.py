@@ -21,6 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairlane.errors import JobNotFound
 from fairlane.runtime.outage import Outage
+from fairlane.store.connection import close_subscription
 from fairlane.store.shards import ShardedStores
 from fairlane.store.wire import StoreUnavailable
 
@@ -49,7 +50,7 @@ class ResultListener:
                 await self._listener
             self._listener = None
         if self._pubsub is not None:
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+            await close_subscription(self._pubsub)
             self._pubsub = None
 
     async def wait_finished(self, job_id: str) -> tuple[str, bytes, bytes]:
@@ -120,7 +121,7 @@ class ResultListener:
 
     async def _subscribe_again(self, old: PubSub, outage: Outage) -> PubSub:
         with contextlib.suppress(Exception):
-            await old.aclose()  # type: ignore[no-untyped-call]
+            await close_subscription(old)
         while True:
             try:
                 return await self._stores.store.subscribe(*self._done_channels())

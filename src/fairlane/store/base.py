@@ -23,7 +23,7 @@ from redis.exceptions import ClusterError, ResponseError, SlotNotCoveredError, T
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from fairlane.store.connection import AsyncClient, server_time_ms
+from fairlane.store.connection import AsyncClient, close_subscription, server_time_ms
 from fairlane.store.keys import AppKeys
 from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE
 from fairlane.store.reads import Plan, run_async
@@ -131,7 +131,7 @@ class StoreBase:
             with unavailable():
                 await pubsub.subscribe(*channels)
         except BaseException:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await close_subscription(pubsub)
             raise
         return pubsub
 
