@@ -16,11 +16,10 @@ import logging
 import random
 
 from redis.asyncio.client import PubSub
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairlane.errors import JobNotFound
 from fairlane.runtime.outage import Outage
+from fairlane.store.base import unavailable
 from fairlane.store.connection import close_subscription
 from fairlane.store.shards import ShardedStores
 from fairlane.store.wire import StoreUnavailable
@@ -102,8 +101,9 @@ class ResultListener:
         outage = Outage(f"app {self._name}: result listener", log)
         while True:
             try:
-                message = await pubsub.get_message(timeout=30.0)
-            except (RedisConnectionError, RedisTimeoutError, OSError, StoreUnavailable) as exc:
+                with unavailable():
+                    message = await pubsub.get_message(timeout=30.0)
+            except StoreUnavailable as exc:
                 await asyncio.sleep(outage.failed(exc))
                 # a new subscription, confirmed, rather than trusting the old object to
                 # subscribe again on its next read: until it is, notices are lost

@@ -19,7 +19,13 @@ from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
-from redis.exceptions import ClusterError, ResponseError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    ClusterError,
+    RedisClusterException,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -49,6 +55,22 @@ def unavailable() -> Iterator[None]:
     except _CLUSTER_IN_TRANSITION as exc:
         # a failover or a slot migration under way: the slot answers again shortly
         raise StoreUnavailable(f"the Redis cluster cannot serve the app's slot: {exc}") from exc
+    except RedisClusterException as exc:
+        if not _slot_map_lost(exc):
+            raise
+        raise StoreUnavailable(f"the Redis cluster cannot serve the app's slot: {exc}") from exc
+
+
+def _slot_map_lost(exc: RedisClusterException) -> bool:
+    """Whether a cluster client gave up reloading its slot map for an outage: no node could
+    be reached, or (redis-py 8.2 on) the reload that a CLUSTERDOWN answer set off found a
+    slot without a node. redis-py raises the bare ``RedisClusterException`` for both, and
+    for its callers' mistakes too (a command it cannot route, a server not in cluster
+    mode), which are not waited out: the error it was handling tells them apart."""
+    reason = exc.__cause__ or exc.__context__
+    return isinstance(
+        reason, (RedisConnectionError, RedisTimeoutError, OSError, *_CLUSTER_IN_TRANSITION)
+    )
 
 
 class StoreBase:
