@@ -1,9 +1,13 @@
 # The commands the README gives.
-.PHONY: demo test example lint bench
+.PHONY: demo test test-lowest lock example lint bench
 demo:
 	./scripts/demo
 test:
 	./scripts/test
+test-lowest:
+	./scripts/test-lowest
+lock:
+	./scripts/lock
 example:
 	./scripts/example
 lint:

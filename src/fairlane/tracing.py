@@ -51,7 +51,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 from fairlane.codec import decode_error
 from fairlane.runtime.hooks import WorkerHooks
@@ -384,7 +384,10 @@ class TracingHooks(WorkerHooks):
                 "fairlane.max_attempts": job.max_attempts,
             },
         )
-        token = _otel_context.attach(_trace.set_span_in_context(span))
+        # a Token[Context], which opentelemetry-api typed as `object` before 1.31
+        token: Token[OtelContext] = cast(
+            Any, _otel_context.attach(_trace.set_span_in_context(span))
+        )
         return Attempt(span, token)
 
     def step(self, info: StepInfo) -> AbstractContextManager[Span | None]:

@@ -7,10 +7,12 @@ import asyncio
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import RedisClusterException
 
 from fairlane.store.api import Store
+from fairlane.store.connection import cluster_url
 from fairlane.store.wire import StoreUnavailable
-from fairlane.testing import RedisCluster
+from fairlane.testing import RedisCluster, RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -47,4 +49,24 @@ async def test_a_slot_without_a_node_is_unavailable_then_serves_again() -> None:
             assert await store.cancel("nothing") == "missing"
         finally:
             await node.aclose()
+            await store.aclose()
+
+
+async def test_a_cluster_none_of_whose_nodes_answers_is_unavailable() -> None:
+    store = Store.from_url(cluster_url([("127.0.0.1", 1)]), "nodeless")
+    try:
+        with pytest.raises(StoreUnavailable, match="cluster"):
+            await store.connect()
+    finally:
+        await store.aclose()
+
+
+async def test_a_server_not_in_cluster_mode_is_a_mistake_not_an_outage() -> None:
+    # the client says both with the same exception type; only an outage is waited out
+    with RedisServer() as server:
+        store = Store.from_url(cluster_url([(server.host, server.port)]), "not_a_cluster")
+        try:
+            with pytest.raises(RedisClusterException):
+                await store.connect()
+        finally:
             await store.aclose()

@@ -16,11 +16,11 @@ import logging
 import random
 
 from redis.asyncio.client import PubSub
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairlane.errors import JobNotFound
 from fairlane.runtime.outage import Outage
+from fairlane.store.base import unavailable
+from fairlane.store.connection import close_subscription
 from fairlane.store.shards import ShardedStores
 from fairlane.store.wire import StoreUnavailable
 
@@ -49,7 +49,7 @@ class ResultListener:
                 await self._listener
             self._listener = None
         if self._pubsub is not None:
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+            await close_subscription(self._pubsub)
             self._pubsub = None
 
     async def wait_finished(self, job_id: str) -> tuple[str, bytes, bytes]:
@@ -101,8 +101,9 @@ class ResultListener:
         outage = Outage(f"app {self._name}: result listener", log)
         while True:
             try:
-                message = await pubsub.get_message(timeout=30.0)
-            except (RedisConnectionError, RedisTimeoutError, OSError, StoreUnavailable) as exc:
+                with unavailable():
+                    message = await pubsub.get_message(timeout=30.0)
+            except StoreUnavailable as exc:
                 await asyncio.sleep(outage.failed(exc))
                 # a new subscription, confirmed, rather than trusting the old object to
                 # subscribe again on its next read: until it is, notices are lost
@@ -120,7 +121,7 @@ class ResultListener:
 
     async def _subscribe_again(self, old: PubSub, outage: Outage) -> PubSub:
         with contextlib.suppress(Exception):
-            await old.aclose()  # type: ignore[no-untyped-call]
+            await close_subscription(old)
         while True:
             try:
                 return await self._stores.store.subscribe(*self._done_channels())

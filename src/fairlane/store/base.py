@@ -25,6 +25,7 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import (
     ClusterError,
     MaxConnectionsError,
+    RedisClusterException,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
@@ -32,7 +33,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from fairlane.store.connection import AsyncClient, server_time_ms
+from fairlane.store.connection import AsyncClient, close_subscription, server_time_ms
 from fairlane.store.gate import CallGate, StoreBusy
 from fairlane.store.keys import AppKeys
 from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE, LIBRARY_NAME
@@ -66,11 +67,27 @@ def unavailable() -> Iterator[None]:
     except _CLUSTER_IN_TRANSITION as exc:
         # a failover or a slot migration under way: the slot answers again shortly
         raise StoreUnavailable(f"the Redis cluster cannot serve the app's slot: {exc}") from exc
+    except RedisClusterException as exc:
+        if not _slot_map_lost(exc):
+            raise
+        raise StoreUnavailable(f"the Redis cluster cannot serve the app's slot: {exc}") from exc
     # -- the store full: not unavailable, and not a raw client error ----------------------
     except ResponseError as exc:
         if not out_of_memory(exc):
             raise
         raise server_full(exc) from exc
+
+
+def _slot_map_lost(exc: RedisClusterException) -> bool:
+    """Whether a cluster client gave up reloading its slot map for an outage: no node could
+    be reached, or (redis-py 8.2 on) the reload that a CLUSTERDOWN answer set off found a
+    slot without a node. redis-py raises the bare ``RedisClusterException`` for both, and
+    for its callers' mistakes too (a command it cannot route, a server not in cluster
+    mode), which are not waited out: the error it was handling tells them apart."""
+    reason = exc.__cause__ or exc.__context__
+    return isinstance(
+        reason, (RedisConnectionError, RedisTimeoutError, OSError, *_CLUSTER_IN_TRANSITION)
+    )
 
 
 class StoreBase:
@@ -191,7 +208,7 @@ class StoreBase:
             with unavailable():
                 await pubsub.subscribe(*channels)
         except BaseException:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await close_subscription(pubsub)
             raise
         return pubsub
 

@@ -19,7 +19,7 @@ same deployment as the app that enqueued its jobs:
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
@@ -27,6 +27,7 @@ from urllib.parse import quote, unquote
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.sentinel import Sentinel
 from redis.cluster import ClusterNode as SyncClusterNode
@@ -37,6 +38,7 @@ __all__ = [
     "Endpoint",
     "ServerAddress",
     "SyncClient",
+    "close_subscription",
     "cluster_url",
     "create_client",
     "create_sync_client",
@@ -229,6 +231,13 @@ def _login(address: ServerAddress, kwargs: dict[str, Any]) -> dict[str, Any]:
     if address.tls:
         out.setdefault("ssl", True)
     return out
+
+
+async def close_subscription(pubsub: PubSub) -> None:
+    """Close ``pubsub`` and its connection; a typed call whichever redis-py is installed
+    (it annotates ``PubSub.aclose`` from 8.2 on)."""
+    close: Callable[[], Awaitable[None]] = pubsub.aclose
+    await close()
 
 
 def _untyped(factory: Any) -> Any:

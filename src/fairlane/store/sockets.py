@@ -59,14 +59,17 @@ class _TlsConnection(ResetAware, HiredisPacking, SSLConnection):
 def _pool_checks() -> dict[str, Any]:
     """Options that keep the pool's check of idle connections on.
 
-    With maintenance notifications on (redis-py's "auto", from its 7th release), the
-    pool skips that check, so every pooled connection a restarted server closed would
-    fail once before being reconnected. Older releases have no such option.
+    With maintenance notifications on (redis-py's "auto"), the pool skips that check, so
+    every pooled connection a restarted server closed would fail once before being
+    reconnected. The asyncio clients, which these pools serve, take the option from
+    redis-py 8.1 (with their own module of handlers); earlier ones refuse it, though the
+    synchronous clients have had it since the 7th release.
     """
     try:
-        notifications = importlib.import_module("redis.maint_notifications")
+        importlib.import_module("redis.asyncio.maint_notifications")
     except ImportError:
         return {}
+    notifications = importlib.import_module("redis.maint_notifications")
     return {"maint_notifications_config": notifications.MaintNotificationsConfig(enabled=False)}
 
 

@@ -85,7 +85,8 @@ def pack_call(target: str, payload: bytes) -> bytes:
 def unpack_reply(frame: bytes) -> bytes:
     """The result bytes of a reply frame; ``RemoteError`` if the invoker raised."""
     try:
-        reply = _reply_decoder.decode(frame)
+        # msgspec 0.19 types the decoder of a union as a decoder of Any
+        reply: _Ok | _Err = _reply_decoder.decode(frame)
     except msgspec.DecodeError as exc:
         raise ExecutorError(f"malformed reply from executor child: {exc}") from None
     if isinstance(reply, _Err):
