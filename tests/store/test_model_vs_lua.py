@@ -75,6 +75,7 @@ from fairlane.policy.classes import ClassTable, Entitlement, ServiceClass, next_
 from fairlane.policy.reference.model import FINISHED, Ack, AckKind, Batch, Grant, QueueModel
 from fairlane.policy.reference.model import NewJob as ModelNewJob
 from fairlane.policy.retry import after_failure
+from fairlane.store.views.totals import DECISION_PREFIX, split_stats
 from fairlane.store.wire import FetchedJob, NewJob, Outcome
 from tests.store.harness import StoreMachine
 
@@ -713,7 +714,16 @@ class LuaVsModel(StoreMachine):
         assert snap.fleet == fleet
         counters = {c: snap.stats.get(c, 0) for c in COUNTERS}
         assert counters == {c: model.stats[c] for c in COUNTERS}
-        assert not set(snap.stats) - {*COUNTERS, "seq"}, f"unexpected counters: {snap.stats}"
+        # the refusals, with their reasons, are the decision counter's (every lane counts them)
+        _, decisions = split_stats(snap.stats)
+        refused = {
+            (lane, cls, "rejected", why): n for (lane, cls, why), n in model.refusals.items()
+        }
+        assert decisions == refused, "admission decisions"
+        named = {f for f in snap.stats if f.startswith(DECISION_PREFIX)}
+        assert not set(snap.stats) - named - {*COUNTERS, "seq"}, (
+            f"unexpected counters: {snap.stats}"
+        )
         assert snap.stats.get("seq", 0) == model.seq
         self.throttles_match(snap)
 

@@ -129,6 +129,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
+from fairlane.policy.admission.reasons import CLASS_NOT_ENTITLED
 from fairlane.policy.ceilings import (
     RATE_BUCKETS,
     RATE_WIDTH_MS,
@@ -211,6 +212,8 @@ class QueueModel(LaneDispatch):
         self.handed_back: dict[str, int] = {}  # id -> its first hand-back (field hb)
         # tenant -> the restricted classes it may use (enqueue's gate; none: no entitlement)
         self.entitlements: dict[str, Entitlement] = {}
+        # (lane, class, reason) -> jobs refused so: every refusal is counted, in every lane
+        self.refusals: Counter[tuple[str, str, str]] = Counter()
 
     def configure_classes(self, tenant: str, entitlement: Entitlement | None) -> None:
         """A tenant's class entitlement (None: none, so no restricted class)."""
@@ -253,6 +256,7 @@ class QueueModel(LaneDispatch):
                 continue
             if not self.entitlements.get(spec.tenant, Entitlement()).may_use(table[spec.cls]):
                 codes.append(-5)
+                self.refusals[(lane, spec.cls, CLASS_NOT_ENTITLED)] += 1
                 continue
             run_at = now + spec.delay_ms
             job = ModelJob(
