@@ -112,6 +112,9 @@ async def test_a_failover_to_the_replica_keeps_every_acknowledged_job() -> None:
 
             async with app, running_worker(app, concurrency=4):
                 before = await slow_double.enqueue_many([(n,) for n in range(40)])
+                # the worker is serving (declared, fetching) before the primary goes: a
+                # worker that starts during the failover is another case
+                await before[0].result(timeout=WAIT)
                 await asyncio.to_thread(primary.kill)
                 # new submissions answer unavailable until the sentinel has promoted
                 # the replica, then go to it
