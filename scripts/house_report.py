@@ -32,7 +32,7 @@ FLOORS: dict[str, int] = {
     "payloads": 3,
     "registry": 4,
     **dict.fromkeys(("runtime", "usage"), 5),
-    **dict.fromkeys(("metrics", "tracing"), 6),
+    **dict.fromkeys(("metrics", "tracing", "insight", "devserver"), 6),
     **dict.fromkeys(("app", "task", "workflows", "tenants", "admission"), 7),
     "sim": 8,
     **dict.fromkeys(("demo", "gateway", "example", "testing", "charts"), 9),

@@ -32,9 +32,9 @@ import redis.asyncio as aioredis
 from typer.testing import CliRunner, Result
 
 from fairlane.cli import cli
+from fairlane.devserver import stop_dev_server
 from fairlane.store.connection import create_client
 from fairlane.store.keys import AppKeys
-from fairlane.store.server import stop_dev_server
 from fairlane.testing import RedisServer
 
 WAIT = 30.0  # upper bound of any single wait in these tests

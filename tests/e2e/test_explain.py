@@ -5,7 +5,7 @@ job's record and events back (``Store.job_events``) and checks that the explanat
 names the cause: a throttle key, its class's capacity borrowed by another class, fair
 dispatch sharing its class with other tenants, an admission deferral and its reason,
 a retry backoff and its error -- or nothing at all for a plain job, which logs no
-event (its record tells it all). Pure tests of ``fairlane.store.explain`` pin the sentences,
+event (its record tells it all). Pure tests of ``fairlane.insight.explain`` pin the sentences,
 the timeline rebuilt from a record, and events as earlier versions logged them.
 Assertions are about causes and order, never about exact timings.
 """
@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from fairlane import App, Backoff, Retention, ServiceClass
 from fairlane.cli.explain import explain as explain_command
 from fairlane.config.pools import parse_config
-from fairlane.store.explain import Explanation, explain
+from fairlane.insight.explain import Explanation, explain
 from fairlane.store.records import Event, decode_event
 from tests.e2e.helpers import WAIT, app_keys, eventually, fast_settings, make_app, running_worker
 

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 
 from fairlane import App, Throttled
 from fairlane.cli.explain import explain as explain_command
+from fairlane.insight.explain import Explanation, explain, rate_keys_now, rate_text
 from fairlane.policy.rates import Adaptive, Rate
-from fairlane.store.explain import Explanation, explain, rate_keys_now, rate_text
 from fairlane.store.records import Event
 from fairlane.store.views.rates import JobRates, RateKeyView, job_rates, rate_keys
 from tests.e2e.helpers import WAIT, eventually, make_app, running_worker

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from fairlane import App, TaskFailed
-from fairlane.store.explain import explain
+from fairlane.insight.explain import explain
 from fairlane.store.records import JobRecord
 from tests.e2e.helpers import WAIT, children_import_tests, eventually, make_app, running_worker
 

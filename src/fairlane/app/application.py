@@ -25,6 +25,7 @@ from fairlane.app.workflows import SignalResult, send_signal
 from fairlane.config.lanes import LaneClasses
 from fairlane.config.pools import FairlaneConfig, check_pools_used
 from fairlane.config.settings import DurabilitySettings, Settings, load_settings
+from fairlane.devserver import ensure_dev_server
 from fairlane.metrics.config import MetricsConfig
 from fairlane.payloads import PayloadStore
 from fairlane.policy.shards import check_shard_count
@@ -33,7 +34,6 @@ from fairlane.runtime.pressure import PressureConfig, Sensor
 from fairlane.store.api import Store, redact_url
 from fairlane.store.connection import cluster_url, sentinel_url
 from fairlane.store.keys import namespace
-from fairlane.store.server import ensure_dev_server
 from fairlane.store.shards import ShardedStores
 
 __all__ = ["App"]

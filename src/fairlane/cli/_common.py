@@ -24,12 +24,12 @@ from rich.markup import escape
 
 from fairlane.app import App
 from fairlane.config.settings import ConfigError, Settings, load_settings
+from fairlane.devserver import ServerNotFound, ServerStartError, dev_server_status
 from fairlane.errors import StoreFull
 from fairlane.runtime.loop import run as run_loop
 from fairlane.store.connection import SyncClient
 from fairlane.store.keys import AppKeys
 from fairlane.store.reads import run_sync
-from fairlane.store.server import ServerNotFound, ServerStartError, dev_server_status
 from fairlane.store.views.fleet import live_workers as workers_alive
 from fairlane.store.wire import StoreUnavailable
 

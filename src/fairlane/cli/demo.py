@@ -31,7 +31,7 @@ from rich.console import Console
 from fairlane.cli._common import EXIT_FAILURE, EXIT_USAGE, console, err_console, fail
 from fairlane.demo.fleet import DemoError
 from fairlane.demo.runner import DemoOptions, run_demo
-from fairlane.store.server import ServerNotFound, ServerStartError
+from fairlane.devserver import ServerNotFound, ServerStartError
 from fairlane.store.wire import StoreUnavailable
 
 __all__ = ["EXIT_INTERRUPTED", "demo"]

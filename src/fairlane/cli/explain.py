@@ -28,8 +28,8 @@ from rich.table import Table
 
 from fairlane.app import App
 from fairlane.cli._common import AppSpec, JobId, RedisUrl, console, fail, load_app, run
-from fairlane.store.explain import explain as explain_record
-from fairlane.store.explain import format_ms, rate_keys_now
+from fairlane.insight.explain import explain as explain_record
+from fairlane.insight.explain import format_ms, rate_keys_now
 from fairlane.store.records import Event, JobRecord
 from fairlane.store.views.rates import JobRates, job_rates
 

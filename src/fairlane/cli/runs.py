@@ -32,9 +32,9 @@ from fairlane.cli._common import (
     run,
     utc_ms,
 )
+from fairlane.insight.runview import RunView, SliceView, run_view
 from fairlane.store.records import JobRecord
 from fairlane.store.runs import RunHistory
-from fairlane.store.runview import RunView, SliceView, run_view
 
 __all__ = ["runs_app", "runs_show"]
 

@@ -22,16 +22,16 @@ from fairlane.cli._common import (
     settings_or_fail,
 )
 from fairlane.config.settings import ConfigError, explain_settings
-from fairlane.store.api import redact_url
-from fairlane.store.connection import SyncClient, create_sync_client
-from fairlane.store.doctor import CLUSTER_WIDE, Finding, Level, check_server, pools_finding
-from fairlane.store.server import (
+from fairlane.devserver import (
     ServerNotFound,
     ServerStartError,
     dev_server_status,
     ensure_dev_server,
     stop_dev_server,
 )
+from fairlane.store.api import redact_url
+from fairlane.store.connection import SyncClient, create_sync_client
+from fairlane.store.doctor import CLUSTER_WIDE, Finding, Level, check_server, pools_finding
 
 __all__ = ["config_app", "doctor", "server_app"]
 

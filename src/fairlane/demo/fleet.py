@@ -4,7 +4,7 @@ This module owns every process the demo starts and every key it leaves, and make
 none outlives it:
 
 * :class:`PrivateServer` starts a server of the demo's own (the dev-server helper of
-  :mod:`fairlane.store.server`, in a private state directory: it runs in its own session,
+  :mod:`fairlane.devserver`, in a private state directory: it runs in its own session,
   so a Ctrl-C in the terminal reaches the demo, which stops it last) and stops it;
 * :class:`Fleet` runs ``fairlane worker fairlane.demo.app:app --lanes <lane>`` for the
   lanes ``light`` and ``heavy`` as real subprocesses (with ``--metrics-port`` when the
@@ -44,10 +44,10 @@ from typing import Self
 import redis
 
 from fairlane.demo.app import APP_ENV, HEAVY_SLOTS, LIGHT_SLOTS, MODE_ENV, PARENT_ENV, Mode
+from fairlane.devserver import ensure_dev_server, stop_dev_server
 from fairlane.store.connection import create_sync_client
 from fairlane.store.keys import AppKeys
 from fairlane.store.keyspace import unlink_matching_sync
-from fairlane.store.server import ensure_dev_server, stop_dev_server
 from fairlane.testing.process import Managed
 
 __all__ = [

@@ -102,7 +102,7 @@ pattern (after the prefix)  type   holds                              written by
                                   job's life (deferral, schedule,    redrive; deleted with the
                                   throttle, retry, ...), msgpack     record (retention). A plain
                                   [ms, kind, detail], last 64 kept;  job (accepted, started,
-                                  kinds in ``fairlane.store.explain``      completed) has none
+                                  kinds in ``fairlane.insight.explain``    completed) has none
 ``lane:<l>:c:<c>:fair``    zset   active tenant -> start tag         enqueue, fetch, cancel
  (derived)
 ``lane:<l>:c:<c>:vt``      hash   V, in-flight ``run``, ``f:<t>``      enqueue, fetch, ack, sweep
@@ -489,7 +489,7 @@ JOB_FIELDS: dict[str, str] = {
     "wfw": "the wait in progress: '<seq>|<deadline ms>|<since ms>'",
     "wfk": "the children a run waits for (msgpack list of ids)",
     "qw": "why its last attempt waited, as dispatch saw it (JSON, '' = nothing to say; "
-    "fairlane.store.explain)",
+    "fairlane.insight.explain)",
     "tp": "W3C trace context of the enqueue: 'traceparent' or 'traceparent tracestate' "
     "(absent = not traced; fairlane.tracing)",
 }

@@ -125,7 +125,7 @@ class JobRecord:
     """A workflow run that has started (it has ``run:<id>:*`` keys)."""
     waiting_for: str = ""
     queue_wait: str = ""
-    """Dispatch's view of why its last attempt waited (JSON; ``fairlane.store.explain``)."""
+    """Dispatch's view of why its last attempt waited (JSON; ``fairlane.insight.explain``)."""
     trace_context: str = ""
     fairness_key: str = ""
     """Whose share of its tenant's part it takes ('' none)."""

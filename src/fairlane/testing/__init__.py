@@ -4,7 +4,7 @@ This package owns :class:`RedisServer` (``fairlane.testing.server``), a server p
 private to one test run: its own free TCP port on 127.0.0.1 and its own temporary
 directory, restarted on the same port and directory (keeping its AOF data when
 ``appendonly`` is on) or killed with SIGKILL, for fault tests. It never touches the
-shared per-user dev server of :mod:`fairlane.store.server`. Every wait is bounded.
+shared per-user dev server of :mod:`fairlane.devserver`. Every wait is bounded.
 
 It also owns :class:`RedisCluster` (``fairlane.testing.cluster``), a private Redis
 Cluster of several such servers (slots assigned and nodes joined here, no cluster
@@ -21,7 +21,7 @@ Example::
 
 from __future__ import annotations
 
-from fairlane.store.server import ServerStartError
+from fairlane.devserver import ServerStartError
 from fairlane.testing.cluster import RedisCluster
 from fairlane.testing.sentinel import RedisSentinel
 from fairlane.testing.server import RedisServer

@@ -13,8 +13,8 @@ from typing import Self
 
 import redis
 
+from fairlane.devserver import ServerStartError
 from fairlane.store.connection import cluster_url
-from fairlane.store.server import ServerStartError
 from fairlane.testing.process import Managed, command, free_port
 from fairlane.testing.server import RedisServer
 

@@ -16,8 +16,8 @@ from typing import ClassVar, Self
 
 import redis
 
+from fairlane.devserver import ServerStartError, find_server_binary
 from fairlane.store.connection import sentinel_url
-from fairlane.store.server import ServerStartError, find_server_binary
 from fairlane.testing.process import (
     HOST,
     PORT_ATTEMPTS,

@@ -1,6 +1,6 @@
 """``RedisServer``: a private Redis/Valkey server process for one test run.
 
-It never touches the shared per-user dev server of :mod:`fairlane.store.server`: each
+It never touches the shared per-user dev server of :mod:`fairlane.devserver`: each
 instance listens on its own free TCP port on 127.0.0.1 with its own temporary
 directory, and can be restarted on the same port and directory (keeping its AOF data
 when ``appendonly`` is on) or killed with SIGKILL, for fault tests. Every wait is
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 
-from fairlane.store.server import ServerStartError, find_server_binary, ping
+from fairlane.devserver import ServerStartError, find_server_binary, ping
 from fairlane.testing.process import (
     HOST,
     PORT_ATTEMPTS,
@@ -34,7 +34,7 @@ class RedisServer(ServerProcess):
     """A private Redis/Valkey server process for tests.
 
     Use as a context manager, or call :meth:`start` and :meth:`stop`.  ``binary`` defaults to
-    :func:`fairlane.store.server.find_server_binary`; ``port`` defaults to a free port;
+    :func:`fairlane.devserver.find_server_binary`; ``port`` defaults to a free port;
     ``extra_args`` are appended to the command line and override the defaults (for example
     ``["--appendfsync", "always"]``).
     """

@@ -21,10 +21,10 @@ from typing import Any
 from fairlane.app import App
 from fairlane.app.workflows import Workflow
 from fairlane.gateway.ui.queries import lanes_of, task_names
-from fairlane.store.explain import explain, rate_keys_now
+from fairlane.insight.explain import explain, rate_keys_now
+from fairlane.insight.runview import run_view
 from fairlane.store.fields import field_text
 from fairlane.store.records import JobRecord
-from fairlane.store.runview import run_view
 from fairlane.store.views.jobs import PER_INDEX, STATES, Filter, candidates, listing
 from fairlane.store.views.rates import job_rates
 

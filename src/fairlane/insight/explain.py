@@ -1,0 +1,189 @@
+"""Where a job's time went, and why: its record and lifecycle events turned into one answer.
+
+A job's record (``JOB_FIELDS``) already says when it was enqueued (``enq``), when its
+last attempt started, where and which one it was (``start``, ``wk``, ``att``), and how
+and when it ended (``st``, ``fin``, ``err``). The store's scripts log to ``ev:<id>``
+only what the record cannot tell, with the server's clock
+(``fairlane/store/keys.py``), so that a job accepted, dispatched at once and completed
+logs nothing. Each event is ``[ms, kind, detail]``:
+
+==============  =============================================================
+kind            detail
+==============  =============================================================
+``submitted``   only for a deferral: ``v`` deferred, ``why`` the reason,
+                ``cls`` its service class
+``scheduled``   ``at``: it may start at this time (a delay or ``at=``)
+``admitted``    ``at``: a deferred job was admitted; it may start at ``at``
+``due``         a scheduled job became due and joined its tenant's queue (``v``
+                deferred and ``why``: a retry that admission deferred instead)
+``parked``      ``key``: dispatch parked it on this full throttle key, or on this
+                rate key short of tokens or paused, in its tenant's group of the
+                key's waiters
+``granted``     ``key``: this key woke it (the key serves its waiting tenants
+                fairly): it is back in its tenant's queue with an offer on each
+                of its keys, which it takes with its worker slot (logged as
+                ``tok`` by earlier versions, which held the grant while queued)
+``pushback``    the task raised ``Throttled`` for a key it holds (``key``, when
+                logged; else the job's only key), which is paused until ``at``;
+                the job is due again then, its attempt given back; the pushed
+                attempt's ``start``, ``wk``, ``att``, ``qw``. Past the bound it
+                is an ordinary ``retry``
+``retry``       ``delay`` ms, ``err`` error type, ``at`` when it is due again;
+                the failed attempt's ``start``, ``wk``, ``att`` and ``qw``
+``handback``    the worker could not run it (``err`` UnknownTask: the task is not
+                in that worker; MalformedArguments: the arguments do not fit
+                its signature there), as in a rolling deploy: due again at
+                ``at``, its attempt given back; the attempt's ``start``, ``wk``,
+                ``att``, ``qw``
+``suspended``   ``wait`` what a workflow run waits for, ``at`` its wake-up; the
+                slice's ``start``, ``wk``, ``att``, ``qw``
+``reclaimed``   ``wk``, ``att``, ``start``, ``qw``: the lease expired, the worker
+                was lost
+``released``    ``start``, ``wk``: a stopping worker handed it back unstarted
+``redriven``    a dead letter sent back to its queue; its first life's last
+                attempt (``start``, ``wk``, ``att``, ``qw``) and end (``fin``,
+                ``err``), which the record forgets
+==============  =============================================================
+
+``qw`` (a record field, and copied into the events above) is dispatch's view of why a
+job that waited starts only now, JSON: ``by`` maps each other class that held more
+than its assured slots (it was borrowing the capacity the job's class was owed) to
+``[held, assured]``; ``ten`` counts the other tenants fair dispatch was sharing the
+job's class with. It is written with the start of the attempt, so it costs no command.
+
+A job on rate keys is explained with what its record and the keys say now
+(``fairlane.store.views.rates.JobRates``, passed in as ``rates``): a key it parked on
+is named with its rate, and, while it still waits, when the key's next tokens are due
+and a pause with its cause.
+
+Jobs logged by earlier versions of the store carry ``dispatched`` and final events
+(``completed``, ``failed``, ``cancelled``, ``expired``) as well; they are read as they
+are.
+
+:func:`timeline` merges the events with those the record implies (marked
+``derived``); :func:`explain` walks that timeline and returns an :class:`Explanation`:
+segments of time each with what the job was doing, why (a sentence, a ``cause`` and
+what it names), and one summary sentence. Both are pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fairlane.insight.rates import rate_keys_now, rate_now, rate_text
+from fairlane.insight.timeline import FINAL, as_record, timeline
+from fairlane.insight.walk import Segment, Walk
+from fairlane.insight.words import format_ms
+from fairlane.store.records import Event, JobRecord
+from fairlane.store.views.rates import JobRates
+
+__all__ = [
+    "Explanation",
+    "Segment",
+    "as_record",
+    "explain",
+    "format_ms",
+    "rate_keys_now",
+    "rate_now",
+    "rate_text",
+    "timeline",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Where a job's time went: its segments in order, the totals, and one sentence.
+
+    ``causes`` lists the causes of its waiting, first seen first; ``events`` is the
+    timeline the answer was read from (see :func:`timeline`)."""
+
+    status: str
+    segments: tuple[Segment, ...]
+    waited_ms: int
+    ran_ms: int
+    summary: str
+    causes: tuple[str, ...] = ()
+    events: tuple[Event, ...] = ()
+    fairness_key: str = ""
+    """The end user of its tenant it was enqueued for ('' none): its place in the
+    tenant's queue is that key's fair share (``fairlane.policy.fairkeys``)."""
+
+
+def _summary(status: str, segments: Sequence[Segment], max_attempts: int | None) -> str:
+    waits = [s for s in segments if s.what != "running"]
+    runs = [s for s in segments if s.what == "running"]
+    parts: list[str] = []
+    if waits:
+        by_reason: dict[str, int] = {}
+        for s in waits:
+            by_reason[s.why] = by_reason.get(s.why, 0) + s.ms
+        waited = sum(by_reason.values())
+        detail = ", ".join(f"{format_ms(ms)} {why}" for why, ms in by_reason.items())
+        ongoing = " so far" if waits[-1].open else ""
+        parts.append(f"waited {format_ms(waited)}{ongoing}: {detail}")
+    if runs:
+        last = runs[-1]
+        notes = [f"attempt {last.attempt}" + (f" of {max_attempts}" if max_attempts else "")]
+        if last.cause == "pushback":  # the attempt was given back: no number to show
+            notes = ["pushed back by the upstream, its attempt given back"]
+        before = segments[: segments.index(last)]
+        backoffs = [s for s in before if s.what == "backoff" and s.cause == "backoff"]
+        if backoffs:
+            notes.append(f"after a {format_ms(backoffs[-1].ms)} retry backoff")
+        if len(runs) > 1:
+            earlier = sum(s.ms for s in runs[:-1])
+            notes.append(f"earlier attempts ran {format_ms(earlier)}")
+        verb = "running for" if last.open else "ran"
+        so_far = " so far" if last.open else ""
+        parts.append(
+            f"{verb} {format_ms(last.ms)}{so_far} on worker {last.worker} ({', '.join(notes)})"
+        )
+    elif status not in FINAL:
+        parts.append("not started yet")
+    if status in FINAL:
+        parts.append(status)
+    elif not parts:
+        parts.append(f"status {status or 'unknown'}")
+    text = "; ".join(parts)
+    return text[0].upper() + text[1:] + "."
+
+
+def explain(
+    record: JobRecord | Mapping[str, Any],
+    events: Sequence[Event],
+    *,
+    now_ms: int | None = None,
+    rates: JobRates | None = None,
+) -> Explanation:
+    """Explain a job from its record (a ``JobRecord``, or the hash's fields as bytes or
+    text) and its events; ``rates``: its rate keys and their state now
+    (``fairlane.store.views.rates.job_rates``).
+
+    A job not finished yet has its last segment end at ``now_ms`` (server time), or at its
+    last event when ``now_ms`` is not given."""
+    record = as_record(record)
+    status = record.status
+    ordered = timeline(record, events)
+    walk = Walk(record, rates)
+    for ev in ordered:
+        walk.step(ev)
+    if walk.state is not None:
+        walk.live()
+        end = max(now_ms if now_ms is not None else walk.since, walk.since)
+        walk.close(end, still=True)
+    segments = tuple(walk.segments)
+    ran = sum(s.ms for s in segments if s.what == "running")
+    waited = sum(s.ms for s in segments if s.what != "running")
+    causes = tuple(dict.fromkeys(s.cause for s in segments if s.what != "running" and s.cause))
+    return Explanation(
+        status=status,
+        segments=segments,
+        waited_ms=waited,
+        ran_ms=ran,
+        summary=_summary(status, segments, record.max_attempts),
+        causes=causes,
+        events=tuple(ordered),
+        fairness_key=record.fairness_key,
+    )
