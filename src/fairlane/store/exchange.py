@@ -37,7 +37,7 @@ BEAT: Final = "beat"
 
 
 def beat_args(worker: str, dead_ms: int, limit: int, seed: int) -> list[Any]:
-    """The arguments of a beat (``hot.beat`` in ``lua/fairlane.lua``)."""
+    """The arguments of a beat (``workers.beat`` in ``lua/worker.lua``)."""
     return [worker, dead_ms, limit, seed]
 
 

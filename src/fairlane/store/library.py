@@ -1,16 +1,21 @@
 """The Lua library as the server loads it: its source assembled, named and parameterised.
 
-``lua/fairlane.lua`` is the library: its header, helpers and entry points. It pulls
-in the other files of ``lua/`` where it says ``-- @include <file>``, in dependency
-order: ``classes`` (the class rules), ``rates`` (rate keys' buckets, pauses, adaptive
-limits), ``throttle`` (throttle keys, tenant ceilings),
-``fairqueue`` (tenants within a class), ``fairkeys`` (a tenant's fairness
-keys), ``admission`` (reservations and deferral),
-``runs`` and ``records`` (workflow runs' keys, settling records), ``workflows``
-(durable runs), ``acks`` (settling a batch of outcomes), ``lease`` (handing jobs out),
-``dispatch`` (which jobs a worker gets), ``enqueue`` (storing submitted jobs) and
-``control`` (queries and declarations). Which policy module, simulator fast path and
-agreement test stand beside each file is ``docs/contracts/twins.md``.
+``lua/fairlane.lua`` is the library: its header (the keys every function receives), its
+modules and its registered entry points. It pulls in the other files of ``lua/`` where
+it says ``-- @include <file>``, in dependency order: ``core`` (the fixed keys, clock,
+prefix and hot-path helpers), ``classes`` (the class rules), ``rates`` (rate keys'
+buckets, pauses, adaptive limits), ``throttle`` (throttle keys, tenant ceilings),
+``fairqueue`` (tenants within a class), ``fairkeys`` (a tenant's fairness keys),
+``bounds`` (queue bounds), ``admission`` (reservations and deferral), ``runs`` and
+``records`` (workflow runs' keys, settling records), ``workflows`` (durable runs),
+``acks`` (settling a batch of outcomes), ``lease`` (handing jobs out), ``dispatch``
+(which jobs a worker gets), ``enqueue`` (storing submitted jobs), ``worker`` (a worker's
+calls), ``control`` (queries and declarations) and ``tenantsweep``. Each file is one
+module: one table, its only top-level local, whose helpers live in the module's own
+block; its header names the keys it touches, the modules it calls and its entry points
+(``tests/architecture/test_lua_modules.py`` holds the library to that). Which policy
+module, simulator fast path and agreement test stand beside each file is
+``docs/contracts/twins.md``.
 
 Constants the policy core owns (the default service classes, the ceilings' signal
 windows and pressure bounds, the least charge, fair deferral's overtake limit and pass
