@@ -117,15 +117,28 @@ def function_lengths(source: str) -> list[tuple[str, int]]:
     return out
 
 
-def bare_indexes(source: str, arrays: frozenset[str]) -> list[tuple[int, str]]:
-    """(line, text) of each ``a[<number>]`` for an ``a`` in ``arrays``."""
+def bare_indexes(
+    source: str, rows: frozenset[str], tables: frozenset[str]
+) -> list[tuple[int, str]]:
+    """(line, text) of each ``r[<number>]`` for an ``r`` in ``rows`` and each
+    ``t[<anything>][<number>]`` for a ``t`` in ``tables`` (a table of rows)."""
     toks = list(tokens(source))
     found = []
-    for k in range(len(toks) - 3):
-        a, b, c, d = toks[k : k + 4]
-        if a.kind == "name" and a.text in arrays and k > 0 and toks[k - 1].text not in {".", ":"}:
-            if b.text == "[" and c.kind == "number" and d.text == "]":
-                found.append((a.line, f"{a.text}[{c.text}]"))
+    for k, t in enumerate(toks):
+        if t.kind != "name":
+            continue
+        j = k + 1
+        if t.text in tables and toks[j].text == "[":
+            depth = 0
+            while True:
+                depth += {"[": 1, "]": -1}.get(toks[j].text, 0)
+                j += 1
+                if depth == 0:
+                    break
+        elif t.text not in rows or (k > 0 and toks[k - 1].text in {".", ":"}):
+            continue
+        if toks[j].text == "[" and toks[j + 1].kind == "number" and toks[j + 2].text == "]":
+            found.append((t.line, f"{t.text}..[{toks[j + 1].text}]"))
     return found
 
 

@@ -138,45 +138,45 @@ do
   -- durations and its key's learned cost take what it used. Returns the payload (a
   -- pushback's error), whether the pushback applied and its key, and the units used
   -- (milli-units, nil when the lane learns nothing).
-  local function account(keys, p, id, a, f, now, tally, cx)
-    local kind, payload = a[3], a[4]
+  local function account(keys, p, id, ack, f, now, tally, cx)
+    local kind, payload = ack[Ack.KIND], ack[Ack.PAYLOAD]
     add_settled(cx.settled, f[8], f[9] or DEFAULT_CLASS, f[10], work_of(f[14]))
     local ek = f[8] .. '\0' .. (f[9] or DEFAULT_CLASS)
     tally.ended = tally.ended or {}
     tally.ended[ek] = (tally.ended[ek] or 0) + slots_of(f[10])
     cx.freed[f[8]] = true
-    local cost = tonumber(a[6]) or -1
+    local cost = tonumber(ack[Ack.COST]) or -1
     local pushed, pushed_key = false, nil
-    if kind == 'throttle' then
+    if kind == Kind.THROTTLE then
       payload, pushed, pushed_key =
-        settling.push_back_key(keys, id, f[16], payload, tonumber(a[5]) or 0, now)
+        settling.push_back_key(keys, id, f[16], payload, tonumber(ack[Ack.DELAY_MS]) or 0, now)
     end
     if f[16] then
       -- its release may wake waiters back into their queues, and a tenant activated
       -- there starts from its class's in-flight work: settle this batch's ends first
       flush_settled(p, cx.settled)
       -- a job handed back unstarted used nothing of what its rate keys gave it
-      local unstarted = kind == 'release' or kind == 'handback'
+      local unstarted = kind == Kind.RELEASE or kind == Kind.HANDBACK
       local used = unstarted and 0 or (cost >= 0 and cost or nil)
-      release_throttle(keys, p, id, f[16], now, used, kind == 'ok')
+      release_throttle(keys, p, id, f[16], now, used, kind == Kind.OK)
     end
     local tenant, limited = f[11] or '', cx.limited
     if limited[tenant] == nil then
       limited[tenant] = core.any(tally, keys[TLIMITS])
         and redis.call('HEXISTS', keys[TLIMITS], tenant) == 1
     end
-    if kind ~= 'release' and kind ~= 'handback' and limited[tenant] then
+    if kind ~= Kind.RELEASE and kind ~= Kind.HANDBACK and limited[tenant] then
       note_duration(p, f[11], math.max(0, now - (tonumber(f[12]) or now)) / 1000)
     end
     local amu = nil
-    if cost >= 0 and kind ~= 'release' then
+    if cost >= 0 and kind ~= Kind.RELEASE then
       amu = feed_back_cost(p, f[8], f[9] or DEFAULT_CLASS, f[11] or '', f[13], f[14], cost,
         cx.costing)
       -- for the metrics, the estimate the store held for the job (admission's
       -- reservation, else the charge in cost mode) next to what it used; counted with
       -- the call's other counters: one HINCRBY per lane and class per call, and only
       -- in lanes that learn costs (an attempt handed back unrun is no measure)
-      local est = amu and kind ~= 'handback' and (tonumber(f[17]) or tonumber(f[14]))
+      local est = amu and kind ~= Kind.HANDBACK and (tonumber(f[17]) or tonumber(f[14]))
       if est then
         local where = f[8] .. ':' .. (f[9] or DEFAULT_CLASS)
         count(tally, 'units:est:' .. where, math.floor(est + 0.5))
@@ -190,29 +190,29 @@ do
   -- suspended, handed back, or released (handed back unstarted by a stopping worker: the
   -- attempt is not counted). The store holds the attempt budget itself: a retry past it
   -- is a dead letter.
-  local function conclude(keys, p, id, a, f, payload, pushed, pushed_key, meta, now, tally, cx)
-    local kind, delay, jk = a[3], tonumber(a[5]), job_key(p, id)
+  local function conclude(keys, p, id, ack, f, payload, pushed, pushed_key, meta, now, tally, cx)
+    local kind, delay, jk = ack[Ack.KIND], tonumber(ack[Ack.DELAY_MS]), job_key(p, id)
     local spent = (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1)
-    if kind == 'throttle' and pushed then
+    if kind == Kind.THROTTLE and pushed then
       records.push_back(keys, p, id, delay or 0, payload, now, tally, meta, pushed_key)
-    elseif kind == 'throttle' and spent then
+    elseif kind == Kind.THROTTLE and spent then
       dead_letter(keys, p, id, payload, now, tally, meta)
-    elseif kind == 'throttle' then
+    elseif kind == Kind.THROTTLE then
       -- a pushback on a key the job does not hold is an ordinary failure
       schedule_retry(keys, p, id, delay or 0, payload, now, tally)
-    elseif kind == 'ok' then
+    elseif kind == Kind.OK then
       finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
-    elseif kind == 'retry' and spent then
+    elseif kind == Kind.RETRY and spent then
       dead_letter(keys, p, id, payload, now, tally, meta)
-    elseif kind == 'retry' then
+    elseif kind == Kind.RETRY then
       schedule_retry(keys, p, id, delay, payload, now, tally)
-    elseif kind == 'dead' then
+    elseif kind == Kind.DEAD then
       dead_letter(keys, p, id, payload, now, tally, meta)
-    elseif kind == 'cancel' then
+    elseif kind == Kind.CANCEL then
       finish(keys, p, id, 'cancelled', 'err', payload, now, tally, meta)
-    elseif kind == 'suspend' then
+    elseif kind == Kind.SUSPEND then
       suspend_run(keys, p, id, payload, delay or 0, now, tally)
-    elseif kind == 'handback' then
+    elseif kind == Kind.HANDBACK then
       settling.hand_back(keys, p, id, payload, delay or 0, now, tally, meta)
     else
       local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq', 'start', 'wk')
@@ -226,21 +226,21 @@ do
     end
   end
 
-  -- Settle one ack `a` of a running job (`f`: its record, settling.SETTLING): the status
+  -- Settle one `ack` of a running job (`f`: its record, settling.SETTLING): the status
   -- leaves 'running' in its kind's step, which alone fences any later write of its token.
-  local function settle(keys, p, a, f, now, tally, cx)
-    local id, kind = a[1], a[3]
+  local function settle(keys, p, ack, f, now, tally, cx)
+    local id, kind = ack[Ack.ID], ack[Ack.KIND]
     cx.released[#cx.released + 1] = id
-    local payload, pushed, pushed_key, amu = account(keys, p, id, a, f, now, tally, cx)
+    local payload, pushed, pushed_key, amu = account(keys, p, id, ack, f, now, tally, cx)
     local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20]}
-    local ends = kind == 'ok' or kind == 'dead' or kind == 'cancel'
-      or (kind == 'retry' and (core.num(f[6]) or 0) >= (core.num(f[7]) or 1))
+    local ends = kind == Kind.OK or kind == Kind.DEAD or kind == Kind.CANCEL
+      or (kind == Kind.RETRY and (core.num(f[6]) or 0) >= (core.num(f[7]) or 1))
     if ends then
       meta.amu = amu
     elseif amu then
       redis.call('HSET', job_key(p, id), 'amu', amu)
     end
-    conclude(keys, p, id, a, f, payload, pushed, pushed_key, meta, now, tally, cx)
+    conclude(keys, p, id, ack, f, payload, pushed, pushed_key, meta, now, tally, cx)
   end
 
   -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
@@ -256,17 +256,17 @@ do
     local codes = {}
     local cx = {released = {}, freed = {}, limited = {}, settled = {},
       costing = {samples = {}, tags = {}}}
-    for i, a in ipairs(acks) do
-      local f = core.read(job_key(p, a[1]), settling.SETTLING, settling.SETTLING_X)
-      if f[1] ~= 'running' and f[2] == a[2] then
+    for i, ack in ipairs(acks) do
+      local f = core.read(job_key(p, ack[Ack.ID]), settling.SETTLING, settling.SETTLING_X)
+      if f[1] ~= 'running' and f[2] == ack[Ack.TOKEN] then
         count(tally, 'resettled')
-        codes[i] = 2
-      elseif f[1] ~= 'running' or f[2] ~= a[2] then
+        codes[i] = AckCode.RESETTLED
+      elseif f[1] ~= 'running' or f[2] ~= ack[Ack.TOKEN] then
         count(tally, 'fenced')
-        codes[i] = 0
+        codes[i] = AckCode.FENCED
       else
-        settle(keys, p, a, f, now, tally, cx)
-        codes[i] = 1
+        settle(keys, p, ack, f, now, tally, cx)
+        codes[i] = AckCode.APPLIED
       end
     end
     -- dropped before anything is fetched, so a job settled and leased again in one

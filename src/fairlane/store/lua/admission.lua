@@ -164,19 +164,19 @@ do
     local bounds = cfg.classes[cls]
     local sk = lane_key(p, lane, 'state')
     local nt = tonumber(redis.call('HGET', tenant_count_key(p, lane), cls .. '|' .. tenant)) or 0
-    if bounds and nt >= bounds[3] then
+    if bounds and nt >= bounds[Adm.TENANT_MAX_QUEUE] then
       return 'tenant_queue_full'
     end
-    if bounds and (bounds[6] or -1) >= 0 then
+    if bounds and (bounds[Adm.TENANT_MAX_QUEUE_MU] or -1) >= 0 then
       local tu = tonumber(redis.call('HGET', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant)) or 0
-      if tu + mu > bounds[6] then
+      if tu + mu > bounds[Adm.TENANT_MAX_QUEUE_MU] then
         return 'tenant_queue_full'
       end
     end
     local tbl = cfg.utable
     local fields = {'an:' .. cls, 'ao:' .. cls}
     for i, c in ipairs(tbl) do
-      fields[i + 2] = 'ar:' .. c[1]
+      fields[i + 2] = 'ar:' .. c[ClassRow.NAME]
     end
     local v = redis.call('HMGET', sk, unpack(fields))
     local ao = tonumber(v[2])
@@ -185,12 +185,12 @@ do
       reserved[i] = math.max(0, tonumber(v[i + 2]) or 0)
       total = total + reserved[i]
       d[i] = 0
-      if c[1] == cls then
+      if c[ClassRow.NAME] == cls then
         x = i
       end
     end
-    if bounds and ((tonumber(v[1]) or 0) >= bounds[1]
-        or (bounds[2] >= 0 and reserved[x] + mu > bounds[2])) then
+    if bounds and ((tonumber(v[1]) or 0) >= bounds[Adm.MAX_QUEUE]
+        or (bounds[Adm.MAX_QUEUE_MU] >= 0 and reserved[x] + mu > bounds[Adm.MAX_QUEUE_MU])) then
       return 'class_queue_full', ao
     end
     if ao and ao >= deferral.OVERTAKES and not readmitting then
@@ -306,9 +306,9 @@ do
   -- Whether a job of `mu` could fit class `cls` in an empty pool (rules 3-5 with nothing
   -- reserved): a head that never could is not pinned, so it cannot hold its class.
   function deferral.ever_fits(cfg, cls, mu, fresh)
-    local b = cfg.classes[cls]
-    if b and (b[1] < 1 or b[3] < 1 or (b[2] >= 0 and mu > b[2])
-        or ((b[6] or -1) >= 0 and mu > b[6])) then
+    local bounds = cfg.classes[cls]
+    if bounds and (bounds[Adm.MAX_QUEUE] < 1 or bounds[Adm.TENANT_MAX_QUEUE] < 1 or (bounds[Adm.MAX_QUEUE_MU] >= 0 and mu > bounds[Adm.MAX_QUEUE_MU])
+        or ((bounds[Adm.TENANT_MAX_QUEUE_MU] or -1) >= 0 and mu > bounds[Adm.TENANT_MAX_QUEUE_MU])) then
       return false
     end
     if fresh and cfg.C - mu < cfg.R then
@@ -318,7 +318,7 @@ do
     local reserved, w, d, x = {}, {}, {}, nil
     for i, c in ipairs(tbl) do
       reserved[i], d[i] = 0, 0
-      if c[1] == cls then
+      if c[ClassRow.NAME] == cls then
         x = i
       end
     end
@@ -396,11 +396,11 @@ do
 
   local function may_defer(p, lane, cfg, cls)
     local bounds = cfg.classes[cls]
-    if not bounds or bounds[5] ~= 1 then
+    if not bounds or bounds[Adm.DEFER] ~= 1 then
       return false
     end
     local n = tonumber(redis.call('HGET', lane_key(p, lane, 'state'), 'ad:' .. cls)) or 0
-    return n < bounds[4]
+    return n < bounds[Adm.MAX_DEFERRED]
   end
 
   -- Count a rejection of `tenant`'s request; returns its earlier rejections in the window.

@@ -44,7 +44,7 @@ do
   function queue_bounds.ready_slots(p, lane, tbl)
     local fields = {}
     for i, c in ipairs(tbl) do
-      fields[i] = 'd:' .. c[1]
+      fields[i] = 'd:' .. c[ClassRow.NAME]
     end
     local n = 0
     for _, v in ipairs(redis.call('HMGET', lane_key(p, lane, 'state'), unpack(fields))) do

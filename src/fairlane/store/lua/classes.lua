@@ -31,7 +31,7 @@ do
 
   local function class_index(tbl, name)
     for i, c in ipairs(tbl) do
-      if c[1] == name then
+      if c[ClassRow.NAME] == name then
         return i
       end
     end
@@ -45,17 +45,17 @@ do
       max_wait = {}, ages = false, claim = {}, order = {}}
     local sum_a, sum_lend = 0, 0
     for i, c in ipairs(tbl) do
-      local nominal = floor_eps(c[2] * cap)
-      local a = math.max(c[3], nominal)
-      lv.a[i], lv.lend[i], lv.batch[i] = a, floor_eps(c[4] * a), c[6] == 1
+      local nominal = floor_eps(c[ClassRow.SHARE] * cap)
+      local a = math.max(c[ClassRow.MIN_SLOTS], nominal)
+      lv.a[i], lv.lend[i], lv.batch[i] = a, floor_eps(c[ClassRow.LENDABLE] * a), c[ClassRow.BATCH] == 1
       lv.ceiling[i] = cap
       -- a trailing max_wait: older tables have none, and cjson reads JSON null as a value
-      local mw = tonumber(c[7])
+      local mw = tonumber(c[ClassRow.MAX_WAIT])
       if mw and mw >= 0 then
         lv.max_wait[i], lv.ages = mw, true
       end
-      if c[5] >= 0 then
-        lv.ceiling[i] = math.min(cap, a + floor_eps(c[5] * nominal))
+      if c[ClassRow.BORROWABLE] >= 0 then
+        lv.ceiling[i] = math.min(cap, a + floor_eps(c[ClassRow.BORROWABLE] * nominal))
       end
       sum_a, sum_lend = sum_a + a, sum_lend + lv.lend[i]
     end
@@ -239,11 +239,11 @@ do
 
   -- Whether a tenant of entitlement `ent` may use class row `c` (a row of classes.lua's table).
   function classes.may_use(c, ent)
-    if c[8] ~= 1 then
+    if c[ClassRow.RESTRICTED] ~= 1 then
       return true
     end
     for _, name in ipairs(ent and ent.c or {}) do
-      if name == c[1] then
+      if name == c[ClassRow.NAME] then
         return true
       end
     end
@@ -256,7 +256,7 @@ do
   -- unrestricted class costs no command.
   function classes.tenant_class(fx, keys, p, seen, tbl, tenant, cls, named)
     local i = class_index(tbl, cls)
-    if not i or (named and tbl[i][8] ~= 1) then
+    if not i or (named and tbl[i][ClassRow.RESTRICTED] ~= 1) then
       return cls, true
     end
     local ent = classes.entitlement(fx, keys, p, seen, tenant)

@@ -37,8 +37,8 @@ do
     cx.fields, cx.ended_keys = {'C'}, {}
     for i, c in ipairs(cx.tbl) do
       local n = #cx.fields
-      cx.fields[n + 1], cx.fields[n + 2] = 'f:' .. c[1], 'd:' .. c[1]
-      cx.ended_keys[i] = lane .. '\0' .. c[1]
+      cx.fields[n + 1], cx.fields[n + 2] = 'f:' .. c[ClassRow.NAME], 'd:' .. c[ClassRow.NAME]
+      cx.ended_keys[i] = lane .. '\0' .. c[ClassRow.NAME]
     end
     return cx
   end
@@ -230,7 +230,7 @@ do
   -- tag (a job a throttle key woke is back in its tenant's queue). Returns {kind ('q'),
   -- id, width, tenant, tag}, or false when the class has nothing waiting.
   local function class_head(cx, i)
-    local p, lane, cls = cx.p, cx.lane, cx.tbl[i][1]
+    local p, lane, cls = cx.p, cx.lane, cx.tbl[i][ClassRow.NAME]
     local run = cx.runs[cls]
     local tenant, tag, id
     if run and run.sole then
@@ -480,7 +480,7 @@ do
       local held = cx.f[i] + (ended and ended[cx.ended_keys[i]] or 0)
       if i ~= x and held > assured[i] then
         by = by or {}
-        by[cx.tbl[i][1]] = {held, assured[i]}
+        by[cx.tbl[i][ClassRow.NAME]] = {held, assured[i]}
       end
     end
     if not by and (rivals or 0) < 1 then
@@ -512,7 +512,7 @@ do
         flush_dispatch(cx)
         return given, h and true or false
       end
-      local cls = cx.tbl[x][1]
+      local cls = cx.tbl[x][ClassRow.NAME]
       bump(cx, 'd:' .. cls, -h[3])
       cx.d[x] = math.max(0, cx.d[x] - h[3])
       local id, jf, rivals, wakes = take_fair_head(cx, cls, h)

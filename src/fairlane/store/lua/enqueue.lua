@@ -40,12 +40,12 @@ do
   -- deadline that has passed or comes before the job is due.
   local function timing(j, now)
     local run_at = now
-    if j[13] then
-      run_at = tonumber(j[13])
-    elseif j[12] then
-      run_at = now + tonumber(j[12])
+    if j[Job.AT_MS] then
+      run_at = tonumber(j[Job.AT_MS])
+    elseif j[Job.DELAY_MS] then
+      run_at = now + tonumber(j[Job.DELAY_MS])
     end
-    local dl = j[14]
+    local dl = j[Job.DEADLINE]
     if string.sub(dl, 1, 1) == '+' then
       dl = now + tonumber(string.sub(dl, 2))
     elseif dl ~= '' then
@@ -61,28 +61,28 @@ do
   -- only in lanes with a pool: a plain lane's enqueue pays no counter for them).
   local function gate(cx, j, seq, n)
     local keys, p, lane, tally = cx.keys, cx.p, cx.lane, cx.tally
-    local tenant, idem = j[2], j[11]
-    local cls = j[15] or DEFAULT_CLASS
+    local tenant, idem = j[Job.TENANT], j[Job.IDEMPOTENCY_KEY]
+    local cls = j[Job.SERVICE_CLASS] or DEFAULT_CLASS
     local existing = idem ~= '' and redis.call('HGET', keys[IDEM], idem)
     local existing_st = existing and redis.call('HGET', job_key(p, existing), 'st')
     if existing_st then
       -- the detail says whether the job the key names still waits for admission
-      return 0, existing_st == 'deferred' and 'deferred' or '', existing
+      return Reply.EXISTING, existing_st == 'deferred' and 'deferred' or '', existing
     end
     local entitled
-    cls, entitled = classes.tenant_class(tally, keys, p, cx.seen, cx.tbl, tenant, cls, j[26] ~= 0)
+    cls, entitled = classes.tenant_class(tally, keys, p, cx.seen, cx.tbl, tenant, cls, j[Job.CLASS_NAMED] ~= 0)
     if not class_index(cx.tbl, cls) then
-      return -2, ''
+      return Reply.UNKNOWN_CLASS, ''
     elseif not entitled then
       count_decision(tally, lane, cls, 'rejected', 'class_not_entitled')
-      return -5, 'class_not_entitled'
+      return Reply.CLASS_NOT_ENTITLED, 'class_not_entitled'
     end
     local run_at, dl, meetable = timing(j, cx.now)
     local verdict, reason, mu = 'accepted', nil, nil
     local adm, qb = cx.adm, cx.qb
-    local base_mu = tonumber(j[18]) or 1000
+    local base_mu = tonumber(j[Job.DECLARED_MU]) or 1000
     if adm then
-      base_mu = expected_mu(p, base_mu, j[20] == 1, j[19], cx.learned)
+      base_mu = expected_mu(p, base_mu, j[Job.DECLARED] == 1, j[Job.COST_KEY], cx.learned)
     end
     if adm and meetable then
       verdict, reason, mu = admit_new(p, lane, adm, cls, tenant, base_mu)
@@ -90,7 +90,7 @@ do
     elseif qb and meetable then
       -- a lane without a pool: its default queue bounds (bounds.lua)
       verdict, reason = queue_bounds.room(p, lane, qb, cx.tbl, cls, tenant,
-        tonumber(j[16]) or 1, run_at > cx.now, cx.pushes, seq, n)
+        tonumber(j[Job.SLOTS]) or 1, run_at > cx.now, cx.pushes, seq, n)
       if verdict == 'rejected' then
         count_decision(tally, lane, cls, verdict, reason)
       end
@@ -98,11 +98,11 @@ do
     if not meetable then
       -- a refusal like the others, in the same counters (the gate's rule 2)
       count_decision(tally, lane, cls, 'rejected', 'deadline_unmeetable')
-      return -1, ''
+      return Reply.DEADLINE_UNMEETABLE, ''
     elseif verdict == 'rejected' then
       local earlier = note_rejection(p, lane, tenant, cx.now)
       count(tally, 'rejected')
-      return -4, reason .. '|' .. earlier
+      return Reply.REJECTED, reason .. '|' .. earlier
     end
     return nil, cls, verdict, reason, mu, run_at, dl
   end
@@ -111,30 +111,30 @@ do
   -- the events only a deferral or a schedule needs (an accepted job's submission is in its
   -- record: enq, cls).
   local function record(cx, j, cls, st, order, verdict, reason, mu, run_at, dl)
-    local p, now, now_s, id, idem = cx.p, cx.now, cx.now_s, j[1], j[11]
-    local fkey = j[23]
-    local h = {'HSET', job_key(p, id), 'x', '', 'task', j[4], 'tenant', j[2], 'lane', cx.lane,
-      'prio', core.arg(j[3]), 'args', j[5], 'max', core.arg(j[6]),
-      'bo', j[7], 'to', core.arg(j[8]), 'rc', j[9], 'rf', j[10], 'enq', now_s,
+    local p, now, now_s, id, idem = cx.p, cx.now, cx.now_s, j[Job.ID], j[Job.IDEMPOTENCY_KEY]
+    local fkey = j[Job.FAIRNESS_KEY]
+    local h = {'HSET', job_key(p, id), 'x', '', 'task', j[Job.TASK], 'tenant', j[Job.TENANT], 'lane', cx.lane,
+      'prio', core.arg(j[Job.PRIORITY]), 'args', j[Job.ARGS], 'max', core.arg(j[Job.MAX_ATTEMPTS]),
+      'bo', j[Job.BACKOFF], 'to', core.arg(j[Job.TIMEOUT]), 'rc', j[Job.KEEP_COMPLETED], 'rf', j[Job.KEEP_FAILED], 'enq', now_s,
       'run', run_at == now and now_s or run_at, 'seq', order, 'st', st,
-      'att', '0', 'cls', cls, 'sl', core.arg(tonumber(j[16]) or 1)}
+      'att', '0', 'cls', cls, 'sl', core.arg(tonumber(j[Job.SLOTS]) or 1)}
     local n, extra = #h, false
     if fkey and fkey ~= '' then
       h[n + 1], h[n + 2], n, extra = 'fk', fkey, n + 2, true
     end
-    if j[17] and #j[17] > 0 then
-      h[n + 1], h[n + 2], n, extra = 'lim', cmsgpack.pack(j[17]), n + 2, true
+    if j[Job.LIMITS] and #j[Job.LIMITS] > 0 then
+      h[n + 1], h[n + 2], n, extra = 'lim', cmsgpack.pack(j[Job.LIMITS]), n + 2, true
     end
-    if j[24] and #j[24] > 0 then
-      h[n + 1], h[n + 2], n, extra = 'rk', cmsgpack.pack(j[24]), n + 2, true
+    if j[Job.RATES] and #j[Job.RATES] > 0 then
+      h[n + 1], h[n + 2], n, extra = 'rk', cmsgpack.pack(j[Job.RATES]), n + 2, true
     end
-    if (tonumber(j[25]) or 0) > 0 then
+    if (tonumber(j[Job.RATE_MU]) or 0) > 0 then
       -- what the job is expected to cost, at most the least burst of its units keys
       -- (the caller was refused if its own estimate did not fit)
-      local rmu = expected_mu(p, tonumber(j[25]), j[20] == 1, j[19], cx.learned)
-      for _, r in ipairs(j[24]) do
-        if tonumber(r[5]) == 1 then
-          rmu = math.min(rmu, math.floor(tonumber(r[4]) * 1000))
+      local rmu = expected_mu(p, tonumber(j[Job.RATE_MU]), j[Job.DECLARED] == 1, j[Job.COST_KEY], cx.learned)
+      for _, rate in ipairs(j[Job.RATES]) do
+        if tonumber(rate[RateKey.UNITS]) == 1 then
+          rmu = math.min(rmu, math.floor(tonumber(rate[RateKey.BURST]) * 1000))
         end
       end
       h[n + 1], h[n + 2], n, extra = 'rmu', rmu, n + 2, true
@@ -146,19 +146,19 @@ do
       h[n + 1], h[n + 2], n, extra = 'idem', idem, n + 2, true
       redis.call('HSET', cx.keys[IDEM], idem, id)
     end
-    if j[19] and j[19] ~= '' then
-      h[n + 1], h[n + 2], n = 'ck', j[19], n + 2
+    if j[Job.COST_KEY] and j[Job.COST_KEY] ~= '' then
+      h[n + 1], h[n + 2], n = 'ck', j[Job.COST_KEY], n + 2
     end
-    if j[21] and j[21] ~= '' then
-      h[n + 1], h[n + 2], n, extra = 'par', j[21], n + 2, true
+    if j[Job.PARENT] and j[Job.PARENT] ~= '' then
+      h[n + 1], h[n + 2], n, extra = 'par', j[Job.PARENT], n + 2, true
     end
     -- only traced enqueues send a context: an untraced job carries no field for it
-    if j[22] and j[22] ~= '' then
-      h[n + 1], h[n + 2], n, extra = 'tp', j[22], n + 2, true
+    if j[Job.TRACE_CONTEXT] and j[Job.TRACE_CONTEXT] ~= '' then
+      h[n + 1], h[n + 2], n, extra = 'tp', j[Job.TRACE_CONTEXT], n + 2, true
     end
     if cx.cost_mode then
       h[n + 1], h[n + 2], n = 'cu',
-        core.arg(charge_mu(p, tonumber(j[18]) or 0, j[20] == 1, j[19], cx.learned)), n + 2
+        core.arg(charge_mu(p, tonumber(j[Job.DECLARED_MU]) or 0, j[Job.DECLARED] == 1, j[Job.COST_KEY], cx.learned)), n + 2
     end
     if verdict == 'deferred' then
       h[n + 1], h[n + 2], n = 'dmu', mu, n + 2
@@ -180,7 +180,7 @@ do
   -- Where the stored job waits: its class's deferred queue until room frees, its lane's
   -- delayed set, or its tenant queue (ready); an admitted job holds its reservation.
   local function place(cx, j, cls, st, order, seq, verdict, mu, run_at)
-    local p, lane, id, tenant = cx.p, cx.lane, j[1], j[2]
+    local p, lane, id, tenant = cx.p, cx.lane, j[Job.ID], j[Job.TENANT]
     if verdict == 'deferred' then
       defer(p, lane, cls, id, seq)
       count(cx.tally, 'deferred')
@@ -191,7 +191,7 @@ do
     if st == 'scheduled' then
       redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
     else
-      push_ready(p, lane, cls, tenant, id, j[3], order, tonumber(j[16]) or 1, cx.pushes)
+      push_ready(p, lane, cls, tenant, id, j[Job.PRIORITY], order, tonumber(j[Job.SLOTS]) or 1, cx.pushes)
       cx.ready = true
     end
   end
@@ -202,16 +202,17 @@ do
     local out = cx.out
     if code then
       local existing = verdict
-      out[#out + 1], out[#out + 2], out[#out + 3] = code == 0 and existing or j[1], code, detail
+      out[#out + 1], out[#out + 2], out[#out + 3] =
+        code == Reply.EXISTING and existing or j[Job.ID], code, detail
       return
     end
-    local cls, tenant = detail, j[2]
+    local cls, tenant = detail, j[Job.TENANT]
     local st = run_at > cx.now and 'scheduled' or 'queued'
     -- a keyed job entering its tenant's queue now takes its key's fair order number
     -- (fairkeys.lua); a scheduled or deferred one takes it when it first enters the
     -- queue (promote_due in lease.lua, the readmission pass in records.lua), and a
     -- job without a key costs no command here
-    local fkey, order = j[23], seq
+    local fkey, order = j[Job.FAIRNESS_KEY], seq
     if fkey and fkey ~= '' and st == 'queued' and verdict ~= 'deferred' then
       fairqueue.flush_queue(cx.pushes, tenant_queue(cx.p, cx.lane, cls, tenant))
       order = fairkeys.order(cx.p, cx.lane, cls, tenant, fkey, seq)
@@ -220,7 +221,7 @@ do
     place(cx, j, cls, st, order, seq, verdict, mu, run_at)
     cx.submitted[tenant] = (cx.submitted[tenant] or 0) + 1
     out[#out + 1], out[#out + 2], out[#out + 3] =
-      j[1], verdict == 'deferred' and 2 or 1, reason or ''
+      j[Job.ID], verdict == 'deferred' and Reply.DEFERRED or Reply.ACCEPTED, reason or ''
   end
 
   -- The call's end: the ready pushes written, the tenants' submissions noted, the lane's

@@ -119,7 +119,7 @@ do
     local sk = lane_key(p, lane, 'state')
     local fields = {}
     for i, c in ipairs(class_table(sk)) do
-      fields[i] = 'd:' .. c[1]
+      fields[i] = 'd:' .. c[ClassRow.NAME]
     end
     for _, v in ipairs(redis.call('HMGET', sk, unpack(fields))) do
       if (tonumber(v) or 0) > 0 then

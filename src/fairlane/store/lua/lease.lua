@@ -29,7 +29,7 @@ do
   function leasing.lost_class(keys, p, lane, cls, tenant, fx, memo)
     memo.tbl = memo.tbl or class_table(lane_key(p, lane, 'state'))
     local i = class_index(memo.tbl, cls)
-    if not i or memo.tbl[i][8] ~= 1 then
+    if not i or memo.tbl[i][ClassRow.RESTRICTED] ~= 1 then
       return false
     end
     return not classes.may_use(memo.tbl[i], classes.entitlement(fx, keys, p, memo.seen, tenant))

@@ -185,10 +185,10 @@ do
     local t = tonumber(v[2])
     rates.keep(keys, key, t and rate, {t = t or 0, pu = math.max(pu, untl), fresh = fresh}, now)
     local cut = false
-    local bounds = rates.adaptive_bounds(keys, key)
-    if bounds then
-      local a = rates.adaptive_value(keys, key, bounds[1], bounds[2])
-      local limit = rates.set_adaptive(keys, key, a, math.max(bounds[2], a * rates.CUT), now)
+    local range = rates.adaptive_bounds(keys, key)
+    if range then
+      local a = rates.adaptive_value(keys, key, range[1], range[2])
+      local limit = rates.set_adaptive(keys, key, a, math.max(range[2], a * rates.CUT), now)
       redis.call('HSET', keys[THR], 'l:' .. key, limit)
       cut = true
     end
@@ -196,9 +196,9 @@ do
   end
 
   -- Grow an adaptive key after a success; returns whether its limit rose.
-  function rates.grow(keys, key, bounds, now)
-    local a = rates.adaptive_value(keys, key, bounds[1], bounds[2])
-    local limit, before = rates.set_adaptive(keys, key, a, math.min(bounds[1], a + 1 / a), now)
+  function rates.grow(keys, key, range, now)
+    local a = rates.adaptive_value(keys, key, range[1], range[2])
+    local limit, before = rates.set_adaptive(keys, key, a, math.min(range[1], a + 1 / a), now)
     if limit ~= before then
       redis.call('HSET', keys[THR], 'l:' .. key, limit)
     end

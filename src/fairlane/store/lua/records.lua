@@ -370,7 +370,7 @@ do
     end
     local weights = {}
     for _, c in ipairs(cfg.utable) do
-      records.readmit_class(keys, p, lane, cfg, c[1], now, fx, weights)
+      records.readmit_class(keys, p, lane, cfg, c[ClassRow.NAME], now, fx, weights)
     end
   end
 

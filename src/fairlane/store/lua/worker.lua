@@ -65,17 +65,17 @@ do
     for i = 1, #out, 3 do
       local id, code, detail = out[i], out[i + 1], out[i + 2]
       local outcome = 'refused'
-      if code == 1 then
+      if code == Reply.ACCEPTED then
         outcome, detail = 'accepted', ''
-      elseif code == 2 then
+      elseif code == Reply.DEFERRED then
         outcome = 'deferred'
-      elseif code == 0 then
+      elseif code == Reply.EXISTING then
         outcome, detail = detail == 'deferred' and 'deferred' or 'accepted', 'existing'
-      elseif code == -1 then
+      elseif code == Reply.DEADLINE_UNMEETABLE then
         outcome, detail, id = 'rejected', 'deadline_unmeetable', ''
-      elseif code == -4 then
+      elseif code == Reply.REJECTED then
         outcome, detail, id = 'rejected', string.match(detail, '^[^|]*'), ''
-      elseif code == -5 then
+      elseif code == Reply.CLASS_NOT_ENTITLED then
         outcome, detail, id = 'rejected', 'class_not_entitled', ''
       else
         detail, id = 'refused', ''
@@ -140,9 +140,9 @@ do
   local function inbox_rows(raw)
     local rows = {}
     for _, packed in ipairs(raw) do
-      local ok, row = pcall(cmsgpack.unpack, packed)
-      if ok and type(row) == 'table' and type(row[1]) == 'string' then
-        rows[#rows + 1] = row
+      local ok, fetched = pcall(cmsgpack.unpack, packed)
+      if ok and type(fetched) == 'table' and type(fetched[Row.ID]) == 'string' then
+        rows[#rows + 1] = fetched
       end
     end
     return rows
@@ -156,12 +156,13 @@ do
   -- Returns msgpack [next_due_ms, ack codes, jobs].
   local function exchange(keys, args)
     local p, now = prefix(keys), now_ms()
-    local a = cmsgpack.unpack(args[1])
-    local worker, n, lease, lanes, idle_ms = a[2], a[3], a[4], a[6], tonumber(a[7]) or 0
+    local ex = cmsgpack.unpack(args[1])
+    local worker, n, lease = ex[Exchange.WORKER], ex[Exchange.WANT], ex[Exchange.LEASE_MS]
+    local lanes, idle_ms = ex[Exchange.LANES], tonumber(ex[Exchange.IDLE_MS]) or 0
     local tally = new_effects()
-    register_worker(keys, p, worker, tonumber(a[8]) or n, lanes, now)
-    local codes = apply_acks(keys, p, a[1], now, tally)
-    workers.forget_settled(p, worker, a[1], codes)
+    register_worker(keys, p, worker, tonumber(ex[Exchange.SLOTS]) or n, lanes, now)
+    local codes = apply_acks(keys, p, ex[Exchange.OUTCOMES], now, tally)
+    workers.forget_settled(p, worker, ex[Exchange.OUTCOMES], codes)
     local member = worker .. '|' .. lease
     for _, lane in ipairs(lanes) do
       redis.call('ZREM', lane_key(p, lane, 'idle'), member)
@@ -174,10 +175,11 @@ do
     end
     local handed = inbox_rows(raw)
     for i = 1, #handed do
-      left = left - (tonumber(handed[i][12]) or 1)
+      left = left - (tonumber(handed[i][Row.SLOTS]) or 1)
     end
     if left > 0 then
-      jobs, next_due = fetch(keys, p, worker, left, lease, a[5], lanes, now, tally)
+      jobs, next_due =
+        fetch(keys, p, worker, left, lease, ex[Exchange.PROMOTE_LIMIT], lanes, now, tally)
     end
     for i = #handed, 1, -1 do
       table.insert(jobs, 1, handed[i])
@@ -214,9 +216,9 @@ do
   -- in one command.
   function workers.forget_settled(p, worker, acks, codes)
     local ids = {}
-    for i, a in ipairs(acks) do
-      if codes[i] == 1 then
-        ids[#ids + 1] = a[1]
+    for i, ack in ipairs(acks) do
+      if codes[i] == AckCode.APPLIED then
+        ids[#ids + 1] = ack[Ack.ID]
       end
     end
     if #ids > 0 then
