@@ -40,8 +40,8 @@ def _hset(field: str, value: bytes | str) -> Corrupt:
 
 def _hset_optional(field: str, value: bytes | str) -> Corrupt:
     """An optional field (``dl``, ``lim``...) corrupted in a record that holds optional
-    fields: its ``x`` says so, as every writer of one sets it (``hot.read`` in
-    ``store/lua/fairlane.lua``)."""
+    fields: its ``x`` says so, as every writer of one sets it (``core.read`` in
+    ``store/lua/core.lua``)."""
     return lambda client, key: client.hset(key, mapping={field: value, "x": "1"})
 
 

@@ -1,7 +1,8 @@
 """What the store's agreement tests share: a private app on the real server, an event
 loop to drive ``Store`` calls from hypothesis's synchronous rules, a teardown that
-deletes every key the run wrote, and ``lua_parts``, which lifts named helpers out of a
-file of the library so that a test can run them alone as a script."""
+deletes every key the run wrote, ``lua_parts``, which lifts named helpers out of a
+file of the library so that a test can run them alone as a script, and ``lua_modules``,
+which runs whole modules of it on a stand-in for ``core``."""
 
 from __future__ import annotations
 
@@ -54,16 +55,31 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 def lua_parts(file: str, *names: str) -> str:
-    """The top-level ``local`` constants and ``local function``s called ``names`` in
-    ``lua/<file>``, in the order named, with the policy's constants written in: a test
-    appends its driver and runs the helpers as one script."""
+    """The module-level ``local`` constants and ``local function``s called ``names`` in
+    ``lua/<file>`` (those of its module's block), in the order named, with the policy's
+    constants written in: a test appends its driver and runs the helpers as one script."""
     source = _LUA.joinpath(file).read_text()
     parts = []
     for name in names:
         found = re.search(
-            rf"^local function {name}\(.*?^end$|^local {name} = [^\n]*$", source, re.M | re.S
+            rf"^( *)local function {name}\(.*?^\1end$|^( *)local {name} = [^\n]*$",
+            source,
+            re.M | re.S,
         )
         if found is None:
-            raise LookupError(f"lua/{file} has no top-level local {name!r}")
-        parts.append(found.group(0))
+            raise LookupError(f"lua/{file} has no module-level local {name!r}")
+        indent = found.group(1) or found.group(2) or ""
+        lines = found.group(0).splitlines()
+        parts.append("\n".join(line.removeprefix(indent) for line in lines))
     return fill_constants("\n".join(parts)) + "\n"
+
+
+def lua_modules(core: str, *files: str, expose: tuple[str, ...] = ()) -> str:
+    """The modules of ``lua/<files>``, in order, on ``core`` (Lua that declares a stand-in
+    ``core`` table: the fixed keys' indexes and helpers the test needs, a clock of its
+    own say), with the policy's constants written in, then ``expose``'s entry points as
+    locals (``'throttle.thr_acquire'`` as ``thr_acquire``): a test appends its driver."""
+    source = core + "".join(_LUA.joinpath(f).read_text() for f in files)
+    for path in expose:
+        source += f"local {path.rpartition('.')[2]} = {path}\n"
+    return fill_constants(source)

@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairlane.policy.classes import ClassTable, ServiceClass, next_class
-from fairlane.store.library import _LUA, encode_classes, fill_constants
+from fairlane.store.library import encode_classes
+from tests.store.harness import lua_modules
 
 _DRIVER = """
 local tbl = cjson.decode(ARGV[1])
@@ -40,8 +41,8 @@ AGES = [0, 1, 2, 5, 6, 20, 21, 999, 1000, 1001, 5000]
 
 
 def _script() -> str:
-    source = _LUA.joinpath("classes.lua").read_text()
-    return fill_constants(source) + _DRIVER
+    expose = ("classes.choose_class", "classes.class_levels")
+    return lua_modules("local core = {}\n", "classes.lua", expose=expose) + _DRIVER
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ import redis
 
 from fairlane.policy.rates import Adaptive, Rate
 from fairlane.policy.throttle import Acquired, Parked, Throttles, Wake
-from fairlane.store.library import _LUA, fill_constants
+from tests.store.harness import lua_modules
 
 _DRIVER = """
 local op = ARGV[1]
@@ -49,12 +49,12 @@ elseif op == 'cancel' then
   local done, wakes = thr_cancel(KEYS, ARGV[3], now)
   return {done and 1 or 0, wakes, ''}
 elseif op == 'push' then
-  local ok = rates.thr_push_back(KEYS, ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), now, 't')
+  local ok = throttle.thr_push_back(KEYS, ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), now, 't')
   return {ok and 1 or 0, {}, ''}
 elseif op == 'due' then
-  return {0, rates.thr_wake_due(KEYS, now), ''}
+  return {0, throttle.thr_wake_due(KEYS, now), ''}
 end
-return {0, {}, tostring(rates.thr_next_due(KEYS) or '')}
+return {0, {}, tostring(throttle.thr_next_due(KEYS) or '')}
 """
 
 TENANTS = ("x", "y", "z")
@@ -69,15 +69,14 @@ COSTS = (0.0, 0.5, 1.0, 3.0, 12.0, 40.0)  # at most every units key's burst
 
 
 def _script() -> str:
-    source = (
-        "local THR, THRW, WEIGHTS = 1, 2, 3\n"
-        "local function prefix(keys) return string.sub(keys[THR], 1, #keys[THR] - 3) end\n"
+    core = (
+        "local core = {THR = 1, THRW = 2, WEIGHTS = 3}\n"
+        "function core.prefix(keys) return string.sub(keys[1], 1, #keys[1] - 3) end\n"
         "local CLOCK = {now = 0}\n"
-        "local function now_ms() return CLOCK.now end\n"
+        "function core.now_ms() return CLOCK.now end\n"
     )
-    for name in ("classes.lua", "rates.lua", "throttle.lua"):
-        source += _LUA.joinpath(name).read_text()
-    return fill_constants(source) + _DRIVER
+    expose = ("throttle.thr_acquire", "throttle.thr_release", "throttle.thr_cancel")
+    return lua_modules(core, "classes.lua", "rates.lua", "throttle.lua", expose=expose) + _DRIVER
 
 
 @pytest.fixture(scope="module")

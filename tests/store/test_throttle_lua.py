@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairlane.policy.throttle import Acquired, Throttles, Wake
-from fairlane.store.library import _LUA, fill_constants
+from tests.store.harness import lua_modules
 
 _DRIVER = """
 local op, id = ARGV[1], ARGV[2]
@@ -47,13 +47,12 @@ TENANTS = ("t1", "t2", "t3")
 
 def _script() -> str:
     # the keys' prefix is what the throttle hash's name holds before 'thr' (rate state)
-    source = (
-        "local THR, THRW, WEIGHTS = 1, 2, 3\n"
-        "local function prefix(keys) return string.sub(keys[THR], 1, #keys[THR] - 3) end\n"
+    core = (
+        "local core = {THR = 1, THRW = 2, WEIGHTS = 3, now_ms = function() return 0 end}\n"
+        "function core.prefix(keys) return string.sub(keys[1], 1, #keys[1] - 3) end\n"
     )
-    for name in ("classes.lua", "rates.lua", "throttle.lua"):
-        source += _LUA.joinpath(name).read_text()
-    return fill_constants(source) + _DRIVER
+    expose = ("throttle.thr_acquire", "throttle.thr_release", "throttle.thr_cancel")
+    return lua_modules(core, "classes.lua", "rates.lua", "throttle.lua", expose=expose) + _DRIVER
 
 
 @pytest.fixture(scope="module")

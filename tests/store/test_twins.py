@@ -209,7 +209,7 @@ def test_every_policy_module_is_in_one_of_the_tables() -> None:
 # -- the keys every script receives ---------------------------------------------------------
 
 _HEADER_KEY = re.compile(r"^  KEYS\[(\d+)\] +([A-Z]+) +(\S+) ", re.M)
-_CONSTANTS = re.compile(r"^local ([A-Z, ]+) = ([\d, ]+)$", re.M)
+_CONSTANTS = re.compile(r"^ *local ([A-Z, ]+) = ([\d, ]+)$", re.M)
 
 
 def _code(name: str) -> str:
@@ -264,7 +264,7 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
 def test_the_prefix_is_the_apps_whatever_the_fence_key_is_called(
     client: redis.Redis, fence: str
 ) -> None:
-    script = "local FENCE = 1\n" + lua_parts("fairlane.lua", "FENCE_NAME", "prefix")
+    script = "local FENCE = 1\n" + lua_parts("core.lua", "FENCE_NAME", "prefix")
     script = script.replace("local FENCE_NAME = 'fence'", f"local FENCE_NAME = '{fence}'")
     run = client.register_script(script + _PREFIX_DRIVER)
     for keys in (AppKeys.for_app("x"), AppKeys.for_shard("x", 2, 3), AppKeys.for_app("a-b_c")):

@@ -23,7 +23,7 @@ from fairlane.policy.admission.reasons import CLASS_NOT_ENTITLED
 from fairlane.registry.pricing import Pricing, cost_key
 from fairlane.store.durability import NotAcknowledged
 from fairlane.store.gate import StoreBusy
-from fairlane.store.wire import StoreError
+from fairlane.store.wire import Reply, StoreError
 
 if TYPE_CHECKING:
     from fairlane.app.job import Job
@@ -49,7 +49,11 @@ __all__ = [
 R = TypeVar("R")
 AdmissionStatus = Literal["accepted", "deferred", "rejected", "unavailable"]
 
-_CODES: dict[int, AdmissionStatus] = {1: "accepted", 0: "accepted", 2: "deferred"}
+_CODES: dict[int, AdmissionStatus] = {
+    Reply.ACCEPTED: "accepted",
+    Reply.EXISTING: "accepted",
+    Reply.DEFERRED: "deferred",
+}
 #: seconds an `unavailable` answer suggests waiting: the store is down, not contended
 UNAVAILABLE_RETRY_AFTER = 1.0
 
@@ -110,15 +114,17 @@ class Admission(Generic[R]):
 
 def answer(reply: Submitted, job: Job[R] | None, pricing: Pricing) -> Admission[R]:
     """The store's reply to one submitted job, as an :class:`Admission`."""
-    if reply.code == 0 and reply.reason == "deferred":
+    if reply.code == Reply.EXISTING and reply.reason == "deferred":
         return Admission("deferred", job, None)  # the job this idempotency key names
     if reply.code in _CODES:
-        return Admission(_CODES[reply.code], job, reply.reason if reply.code == 2 else None)
-    if reply.code == -1:
+        return Admission(
+            _CODES[reply.code], job, reply.reason if reply.code == Reply.DEFERRED else None
+        )
+    if reply.code == Reply.DEADLINE_UNMEETABLE:
         return Admission("rejected", None, "deadline_unmeetable", None)
-    if reply.code == -5:
+    if reply.code == Reply.CLASS_NOT_ENTITLED:
         return Admission("rejected", None, CLASS_NOT_ENTITLED, None)
-    if reply.code == -4:
+    if reply.code == Reply.REJECTED:
         reason = reply.reason or "class_full"
         return Admission("rejected", None, reason, pricing.retry_after(reply.earlier_rejections))
     raise ValueError(f"job {reply.id}: refused by the store (code {reply.code})")

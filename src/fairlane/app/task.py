@@ -47,7 +47,7 @@ from fairlane.store.durability import NotAcknowledged
 from fairlane.store.gate import StoreBusy
 from fairlane.store.keys import shard_job_id
 from fairlane.store.shards import submit
-from fairlane.store.wire import NewJob, StoreError, StoreUnavailable
+from fairlane.store.wire import NewJob, Reply, StoreError, StoreUnavailable
 
 __all__ = ["BoundCall", "EnqueueOptions", "Task"]
 
@@ -290,14 +290,14 @@ class Task(TaskDefinition[P, R]):
             raise Rejected(STORE_FULL, wait) from full
         handles: list[Job[R]] = []
         for reply in replies:
-            if reply.code == -1:
+            if reply.code == Reply.DEADLINE_UNMEETABLE:
                 raise ValueError(f"job {reply.id}: its deadline has already passed (server time)")
-            if reply.code == -4:
+            if reply.code == Reply.REJECTED:
                 # the others of the batch are stored: admission judges each job on its own
                 reason = reply.reason or "class_full"
                 retry = self.app.registry.pricing.retry_after(reply.earlier_rejections)
                 raise Rejected(reason, retry)
-            if reply.code == -5:
+            if reply.code == Reply.CLASS_NOT_ENTITLED:
                 # a batch shares its tenant and class: none of it was stored
                 raise Rejected(CLASS_NOT_ENTITLED, None)
             if reply.code < 0:

@@ -30,7 +30,7 @@ from fairlane.runtime.hooks import Hooks
 from fairlane.runtime.runner import CancelReason, Runner
 from fairlane.runtime.shardlink import Tally
 from fairlane.runtime.slots import SlotPool
-from fairlane.store.wire import FetchedJob, Outcome
+from fairlane.store.wire import FetchedJob, Outcome, OutcomeKind
 
 __all__ = ["Attempts", "Running", "Shard"]
 
@@ -157,8 +157,8 @@ class Attempts:
             err = encode_error(
                 asyncio.CancelledError("the job was cancelled while running"), type_name="Cancelled"
             )
-            return Outcome(job.id, job.token, "cancel", err.decode())
-        return Outcome(job.id, job.token, "release")
+            return Outcome(job.id, job.token, OutcomeKind.CANCEL, err.decode())
+        return Outcome(job.id, job.token, OutcomeKind.RELEASE)
 
     def _timed_out(self, due: list[tuple[asyncio.Task[None], str]]) -> None:
         for task, job_id in due:

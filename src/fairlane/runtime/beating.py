@@ -2,7 +2,7 @@
 fake or lose.
 
 A worker that beat and then stays silent for ``lease.worker_timeout`` is dead: the next
-beat of another worker takes its jobs back at once (``hot.beat`` in the Lua library).
+beat of another worker takes its jobs back at once (``workers.beat`` in the Lua library).
 So the beat says only that the *process* lives, and it is sent from where a blocked
 event loop does not stop it: a thread, on a blocking connection of its own
 (``store/beats.py``), as ``/health`` is served from its own thread. A task that blocks

@@ -49,7 +49,13 @@ from fairlane.runtime.slices import run_slice
 from fairlane.runtime.usage import JobContext
 from fairlane.store.runs import CorruptRunHistory
 from fairlane.store.shards import ShardedStores
-from fairlane.store.wire import FetchedJob, Outcome
+from fairlane.store.wire import (
+    FetchedJob,
+    Outcome,
+    OutcomeKind,
+    handback_payload,
+    pushback_payload,
+)
 
 __all__ = ["CancelReason", "Runner"]
 
@@ -158,21 +164,24 @@ class Runner:
             kind, text, delay_ms = self._hand_back(job, back)
         except _Pushback as pushback:
             # the store checks the job holds the key; a key it does not is a failure there
-            kind, text = "throttle", f"{pushback.key}\n{pushback.payload.decode()}"
+            kind, text = (
+                OutcomeKind.THROTTLE,
+                pushback_payload(pushback.key, pushback.payload.decode()),
+            )
             delay_ms = pushback.delay_ms
         except Suspend as end:
             # the run gives its slot back until what it waits for comes
-            kind, text, delay_ms = "suspend", end.wait, end.delay_ms
+            kind, text, delay_ms = OutcomeKind.SUSPEND, end.wait, end.delay_ms
         except LeaseLost:
             # another worker may own the run: a release under our token is fenced
-            kind, text = "release", ""
+            kind, text = OutcomeKind.RELEASE, ""
         else:
-            kind, text = "ok", payload.decode()
+            kind, text = OutcomeKind.OK, payload.decode()
         finally:
             usage.current.reset(reset)
         cost = ctx.units(self.registry.pricing.coefficients, time.monotonic() - started)
         self.hooks.used(job, ctx, cost)
-        if kind == "handback":
+        if kind == OutcomeKind.HANDBACK:
             cost = -1.0  # the task never ran: nothing to learn its cost from
         return Outcome(job.id, job.token, kind, text, delay_ms, cost)
 
@@ -342,14 +351,12 @@ class Runner:
             f"worker.deploy_window): {back.reason}" + (f"; {back.advice}" if back.advice else "")
         )
         self._tell(job.task, back.type_name, _handback_notice(job.task, window, back.reason))
-        text = "\n".join(
-            (
-                str(round(window * 1000)),
-                encode_error(now, type_name=back.type_name, tb="").decode(),
-                encode_error(final, type_name=back.type_name, tb="").decode(),
-            )
+        text = handback_payload(
+            round(window * 1000),
+            encode_error(now, type_name=back.type_name, tb="").decode(),
+            encode_error(final, type_name=back.type_name, tb="").decode(),
         )
-        return "handback", text, round(settings.handback_delay * 1000)
+        return OutcomeKind.HANDBACK, text, round(settings.handback_delay * 1000)
 
     def _tell(self, task: str, cause: str, text: str) -> None:
         """Log ``text`` the first time ``task`` meets ``cause`` on this worker."""
@@ -379,8 +386,8 @@ class Runner:
             u=random.random(),
         )
         if decision.kind == "dead":
-            return "dead", failure.payload.decode(), 0
-        return "retry", failure.payload.decode(), round(decision.delay * 1000)
+            return OutcomeKind.DEAD, failure.payload.decode(), 0
+        return OutcomeKind.RETRY, failure.payload.decode(), round(decision.delay * 1000)
 
 
 class _Unserializable(Exception):

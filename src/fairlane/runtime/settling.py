@@ -21,7 +21,7 @@ from fairlane.runtime.lease import wait_or_stop
 from fairlane.runtime.outage import Outage
 from fairlane.runtime.shardlink import LoopSettings, WorkerLink
 from fairlane.store.api import Store
-from fairlane.store.wire import FetchedJob, Outcome, StoreError
+from fairlane.store.wire import FetchedJob, Outcome, OutcomeKind, StoreError
 
 __all__ = ["Settler"]
 
@@ -83,13 +83,15 @@ class Settler:
 
     def hand_back(self, jobs: Sequence[FetchedJob]) -> None:
         if jobs:
-            self.outcomes.extend(Outcome(j.id, j.token, "release") for j in jobs)
+            self.outcomes.extend(Outcome(j.id, j.token, OutcomeKind.RELEASE) for j in jobs)
             self.flush_needed.set()
 
     def set_aside(self, rows: Sequence[tuple[str, str]]) -> None:
         """Dead-letter leased jobs whose rows this worker cannot read, without running them."""
         log.error("dead-lettering %d job(s) this worker cannot read: %s", len(rows), rows[:5])
-        self.outcomes.extend(Outcome(job_id, token, "dead", UNREADABLE) for job_id, token in rows)
+        self.outcomes.extend(
+            Outcome(job_id, token, OutcomeKind.DEAD, UNREADABLE) for job_id, token in rows
+        )
 
     async def ack_loop(self) -> None:
         """Settles outcomes while the fetch loop is idle (otherwise `exchange` carries them)."""

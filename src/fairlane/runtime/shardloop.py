@@ -43,7 +43,7 @@ from fairlane.runtime.shardlink import LoopSettings, WorkerLink
 from fairlane.runtime.slots import SlotPool
 from fairlane.runtime.tenant_sweep import TenantSweeper
 from fairlane.store.api import Store
-from fairlane.store.wire import Fetched, FetchedJob, Outcome, StoreError
+from fairlane.store.wire import Fetched, FetchedJob, Outcome, OutcomeKind, StoreError
 
 __all__ = ["ShardLoop"]
 
@@ -343,7 +343,7 @@ class ShardLoop:
             if handed:
                 log.info("handing back %d job(s) given while stopping", len(handed))
                 await self.store.ack(
-                    settings.lanes, [Outcome(j.id, j.token, "release") for j in handed]
+                    settings.lanes, [Outcome(j.id, j.token, OutcomeKind.RELEASE) for j in handed]
                 )
         except StoreError as exc:
             log.warning(

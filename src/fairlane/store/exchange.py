@@ -26,6 +26,7 @@ from fairlane.store.wire import (
     Outcome,
     as_text,
     decode_rows,
+    exchange_args,
     parse_fetched,
 )
 
@@ -37,7 +38,7 @@ BEAT: Final = "beat"
 
 
 def beat_args(worker: str, dead_ms: int, limit: int, seed: int) -> list[Any]:
-    """The arguments of a beat (``hot.beat`` in ``lua/fairlane.lua``)."""
+    """The arguments of a beat (``workers.beat`` in ``lua/worker.lua``)."""
     return [worker, dead_ms, limit, seed]
 
 
@@ -74,7 +75,16 @@ class WorkerCalls(StoreBase):
         exchange until it leaves or goes stale (default: ``want``).
         """
         size = want if slots is None else slots
-        blob = _PACK.encode((outcomes, worker, want, lease_ms, promote_limit, lanes, idle_ms, size))
+        blob = exchange_args(
+            outcomes,
+            worker=worker,
+            want=want,
+            lease_ms=lease_ms,
+            promote_limit=promote_limit,
+            lanes=lanes,
+            idle_ms=idle_ms,
+            slots=size,
+        )
         reply = await self.fcall("exchange", self._lane_keys(lanes), [blob])
         return parse_fetched(reply)
 

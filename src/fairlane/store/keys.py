@@ -437,7 +437,7 @@ class AppKeys:
 JOB_FIELDS: dict[str, str] = {
     "x": "'1' when the record may hold optional fields (dl, lim, ttok, tp, par, toff, fk, rk, "
     "rmu, w, mu, wfr, idem), '' when it holds none; every writer of one sets it (lua "
-    "fairlane.lua, hot.read)",
+    "core.lua, core.read)",
     "task": "task name",
     "tenant": "tenant the job belongs to",
     "lane": "lane that runs it",

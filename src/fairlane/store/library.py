@@ -1,16 +1,21 @@
 """The Lua library as the server loads it: its source assembled, named and parameterised.
 
-``lua/fairlane.lua`` is the library: its header, helpers and entry points. It pulls
-in the other files of ``lua/`` where it says ``-- @include <file>``, in dependency
-order: ``classes`` (the class rules), ``rates`` (rate keys' buckets, pauses, adaptive
-limits), ``throttle`` (throttle keys, tenant ceilings),
-``fairqueue`` (tenants within a class), ``fairkeys`` (a tenant's fairness
-keys), ``admission`` (reservations and deferral),
-``runs`` and ``records`` (workflow runs' keys, settling records), ``workflows``
-(durable runs), ``acks`` (settling a batch of outcomes), ``lease`` (handing jobs out),
-``dispatch`` (which jobs a worker gets), ``enqueue`` (storing submitted jobs) and
-``control`` (queries and declarations). Which policy module, simulator fast path and
-agreement test stand beside each file is ``docs/contracts/twins.md``.
+``lua/fairlane.lua`` is the library: its header (the keys every function receives), its
+modules and its registered entry points. It pulls in the other files of ``lua/`` where
+it says ``-- @include <file>``, in dependency order: ``core`` (the fixed keys, clock,
+prefix and hot-path helpers), ``classes`` (the class rules), ``rates`` (rate keys'
+buckets, pauses, adaptive limits), ``throttle`` (throttle keys, tenant ceilings),
+``fairqueue`` (tenants within a class), ``fairkeys`` (a tenant's fairness keys),
+``bounds`` (queue bounds), ``admission`` (reservations and deferral), ``runs`` and
+``records`` (workflow runs' keys, settling records), ``workflows`` (durable runs),
+``acks`` (settling a batch of outcomes), ``lease`` (handing jobs out), ``dispatch``
+(which jobs a worker gets), ``enqueue`` (storing submitted jobs), ``worker`` (a worker's
+calls), ``control`` (queries and declarations) and ``tenantsweep``. Each file is one
+module: one table, its only top-level local, whose helpers live in the module's own
+block; its header names the keys it touches, the modules it calls and its entry points
+(``tests/architecture/test_lua_modules.py`` holds the library to that). Which policy
+module, simulator fast path and agreement test stand beside each file is
+``docs/contracts/twins.md``.
 
 Constants the policy core owns (the default service classes, the ceilings' signal
 windows and pressure bounds, the least charge, fair deferral's overtake limit and pass
@@ -42,6 +47,7 @@ from fairlane.policy.admission import (
 )
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.store.keys import AppKeys
+from fairlane.store.wire import AdmissionField, ClassField, lua_names
 
 __all__ = [
     "FUNCTION_PREFIX",
@@ -54,6 +60,10 @@ __all__ = [
 
 _LUA = files("fairlane.store").joinpath("lua")
 _INCLUDE = re.compile(r"^-- @include ([\w.]+)$", re.MULTILINE)
+# what crosses the seam, by name (store/wire.py): written in as literals, so a name costs
+# the server nothing and a misspelt one fails here, when the library is assembled
+_WIRE = re.compile(r"\b(?:Job|Row|Ack|ClassRow|Adm|RateKey|Exchange|Reply|AckCode|Kind)\.[A-Z_]+\b")
+_WIRE_NAMES: Final = lua_names()
 
 
 def encode_classes(classes: Iterable[ServiceClass]) -> str:
@@ -61,22 +71,20 @@ def encode_classes(classes: Iterable[ServiceClass]) -> str:
     borrowable (-1 = up to C), batch (0/1), max_wait ms (-1 = never ages), restricted
     (0/1)], ..]`` in declared order (``max_wait`` and ``restricted`` trail, so a table
     stored without them still reads: unrestricted)."""
-    return json.dumps(
-        [
-            [
-                c.name,
-                c.nominal_share,
-                c.min_slots,
-                c.lendable,
-                -1 if c.borrowable is None else c.borrowable,
-                int(c.batch),
-                -1 if c.max_wait_ms is None else c.max_wait_ms,
-                int(c.restricted),
-            ]
-            for c in classes
-        ],
-        separators=(",", ":"),
-    )
+    rows = []
+    for c in classes:
+        row = {
+            ClassField.NAME: c.name,
+            ClassField.SHARE: c.nominal_share,
+            ClassField.MIN_SLOTS: c.min_slots,
+            ClassField.LENDABLE: c.lendable,
+            ClassField.BORROWABLE: -1 if c.borrowable is None else c.borrowable,
+            ClassField.BATCH: int(c.batch),
+            ClassField.MAX_WAIT: -1 if c.max_wait_ms is None else c.max_wait_ms,
+            ClassField.RESTRICTED: int(c.restricted),
+        }
+        rows.append([row[f] for f in ClassField])
+    return json.dumps(rows, separators=(",", ":"))
 
 
 def encode_admission(
@@ -90,14 +98,17 @@ def encode_admission(
     for c in table:
         adm = pool.admission(c.name)
         queue_mu = adm.max_queue_milli
-        classes[c.name] = [
-            adm.max_queue,
-            -1 if queue_mu is None else queue_mu,
-            adm.tenant_limit,
-            adm.deferred_limit,
-            int(adm.when_full == "defer"),
-            -1 if adm.tenant_queue_milli is None else adm.tenant_queue_milli,
-        ]
+        bounds = {
+            AdmissionField.MAX_QUEUE: adm.max_queue,
+            AdmissionField.MAX_QUEUE_MU: -1 if queue_mu is None else queue_mu,
+            AdmissionField.TENANT_MAX_QUEUE: adm.tenant_limit,
+            AdmissionField.MAX_DEFERRED: adm.deferred_limit,
+            AdmissionField.DEFER: int(adm.when_full == "defer"),
+            AdmissionField.TENANT_MAX_QUEUE_MU: (
+                -1 if adm.tenant_queue_milli is None else adm.tenant_queue_milli
+            ),
+        }
+        classes[c.name] = [bounds[f] for f in AdmissionField]
     config = {
         "C": pool.capacity_milli,
         "R": pool.reserve_milli,
@@ -132,7 +143,7 @@ def fill_constants(source: str) -> str:
     }
     for name, value in constants.items():
         source = source.replace(name, value)
-    return source
+    return _WIRE.sub(lambda m: _WIRE_NAMES[m.group(0)], source)
 
 
 def _assemble() -> str:

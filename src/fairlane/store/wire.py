@@ -8,8 +8,9 @@ fails its whole batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
 from typing import Any, Final
 
 import msgspec
@@ -17,8 +18,130 @@ import msgspec
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.rates import Rate
 
-# "ok" | "retry" | "dead" | "cancel" | "release" | "suspend" | "throttle" | "handback"
+
+class OutcomeKind(StrEnum):
+    """How an attempt ended, as ``Outcome.kind`` carries it (text on the wire, as before)."""
+
+    OK = "ok"
+    RETRY = "retry"
+    DEAD = "dead"
+    CANCEL = "cancel"
+    RELEASE = "release"  # handed back unstarted by a stopping worker
+    SUSPEND = "suspend"  # a workflow run waits
+    THROTTLE = "throttle"  # an upstream pushed back on one of its rate keys
+    HANDBACK = "handback"  # the worker could not run it: another may
+
+
 AckKind = str
+
+
+class Reply(IntEnum):
+    """A job's code in the enqueue script's reply (``Submitted.code``)."""
+
+    EXISTING = 0  # an idempotency key names a job already stored
+    ACCEPTED = 1
+    DEFERRED = 2  # stored, admitted when room frees
+    DEADLINE_UNMEETABLE = -1
+    UNKNOWN_CLASS = -2
+    REJECTED = -4  # by admission: detail 'reason|earlier rejections'
+    CLASS_NOT_ENTITLED = -5
+
+
+class AckCode(IntEnum):
+    """An outcome's code in the ack and exchange replies."""
+
+    FENCED = 0  # stale: another lease holds the job, or none
+    APPLIED = 1
+    RESETTLED = 2  # this lease's settlement again, after its reply was lost: not applied twice
+
+
+class ClassField(IntEnum):
+    """Positions (from 1, as Lua counts) of a class row in a class table as the scripts
+    read it (``encode_classes``); ``max_wait`` and ``restricted`` trail, so a table
+    stored before them still reads."""
+
+    NAME = 1
+    SHARE = 2
+    MIN_SLOTS = 3
+    LENDABLE = 4
+    BORROWABLE = 5  # -1: up to C
+    BATCH = 6  # 0/1
+    MAX_WAIT = 7  # ms; -1: never ages
+    RESTRICTED = 8  # 0/1
+
+
+class AdmissionField(IntEnum):
+    """Positions of a class's bounds in a lane's admission config (``encode_admission``)."""
+
+    MAX_QUEUE = 1
+    MAX_QUEUE_MU = 2  # -1: none
+    TENANT_MAX_QUEUE = 3
+    MAX_DEFERRED = 4
+    DEFER = 5  # 1: defer when full, else reject
+    TENANT_MAX_QUEUE_MU = 6  # -1: none
+
+
+class RateField(IntEnum):
+    """Positions of a rate key in ``NewJob.rates``."""
+
+    KEY = 1
+    LIMIT = 2
+    PER_MS = 3
+    BURST = 4
+    UNITS = 5  # 1: the key counts work units, 0: jobs
+
+
+class ExchangeField(IntEnum):
+    """Positions of the exchange's one msgpack argument (``Exchange.exchange``)."""
+
+    OUTCOMES = 1
+    WORKER = 2
+    WANT = 3
+    LEASE_MS = 4
+    PROMOTE_LIMIT = 5
+    LANES = 6
+    IDLE_MS = 7
+    SLOTS = 8
+
+
+def exchange_args(
+    outcomes: Sequence[Outcome],
+    *,
+    worker: str,
+    want: int,
+    lease_ms: int,
+    promote_limit: int,
+    lanes: Sequence[str],
+    idle_ms: int,
+    slots: int,
+) -> bytes:
+    """The exchange's argument, its fields in ``ExchangeField``'s order."""
+    fields: dict[ExchangeField, object] = {
+        ExchangeField.OUTCOMES: outcomes,
+        ExchangeField.WORKER: worker,
+        ExchangeField.WANT: want,
+        ExchangeField.LEASE_MS: lease_ms,
+        ExchangeField.PROMOTE_LIMIT: promote_limit,
+        ExchangeField.LANES: lanes,
+        ExchangeField.IDLE_MS: idle_ms,
+        ExchangeField.SLOTS: slots,
+    }
+    return _PACK.encode([fields[f] for f in ExchangeField])
+
+
+def pushback_payload(key: str, error: str) -> str:
+    """A ``throttle`` outcome's payload: the rate key pushed back on, then the error JSON
+    (JSON holds no raw newline)."""
+    return f"{key}\n{error}"
+
+
+def handback_payload(window_ms: int, error: str, final: str) -> str:
+    """A ``handback`` outcome's payload: how long after its first hand-back the job may
+    still be handed back (ms; 0: dead-lettered now), the error of this attempt, and the
+    error it is dead-lettered with once the window is over."""
+    return "\n".join((str(window_ms), error, final))
+
+
 # Batches travel as one msgpack argument / reply: one argument to pack instead of
 # five per job, and one buffer to parse instead of eleven reply elements per job.
 _PACK: Final = msgspec.msgpack.Encoder()
@@ -107,9 +230,7 @@ class Submitted:
     """One job's answer from the enqueue script."""
 
     id: str
-    # 1 accepted, 2 deferred, 0 existing, -1 deadline past, -2 bad class, -4 rejected,
-    # -5 a restricted class the tenant is not entitled to
-    code: int
+    code: Reply
     reason: str | None  # why it was deferred or rejected
     earlier_rejections: int  # the tenant's rejections in the last minute, before this one
 
@@ -174,7 +295,9 @@ def parse_submitted(reply: Sequence[Any]) -> list[Submitted]:
     for i in range(0, len(reply), 3):
         reason, _, earlier = as_text(reply[i + 2]).partition("|")
         out.append(
-            Submitted(as_text(reply[i]), int(reply[i + 1]), reason or None, int(earlier or 0))
+            Submitted(
+                as_text(reply[i]), Reply(int(reply[i + 1])), reason or None, int(earlier or 0)
+            )
         )
     return out
 
@@ -234,6 +357,36 @@ def parse_rows(reply: bytes) -> Fetched:
     next_due, codes, rows = _UNPACK_ROWS.decode(reply)
     jobs, malformed = decode_rows(rows)
     return Fetched(jobs, None if next_due < 0 else next_due, codes, malformed)
+
+
+def positions(struct: type[msgspec.Struct]) -> dict[str, int]:
+    """An array-like struct's field positions as Lua counts them (from 1), by field name."""
+    return {name: i for i, name in enumerate(struct.__struct_fields__, 1)}
+
+
+def lua_names() -> Mapping[str, str]:
+    """Every name the Lua library may use for a place or value on the wire, as the
+    library writes it in (``Job.FAIRNESS_KEY`` -> ``23``): the positions of a submitted
+    job, a fetched row, an outcome, a class row, a class's admission bounds, a rate key
+    and the exchange's argument; the reply and ack codes; the outcome kinds (quoted)."""
+    names: dict[str, str] = {}
+    for prefix, struct in (("Job", NewJob), ("Row", FetchedJob), ("Ack", Outcome)):
+        for name, i in positions(struct).items():
+            names[f"{prefix}.{name.upper()}"] = str(i)
+    tables: tuple[tuple[str, type[IntEnum]], ...] = (
+        ("ClassRow", ClassField),
+        ("Adm", AdmissionField),
+        ("RateKey", RateField),
+        ("Exchange", ExchangeField),
+        ("Reply", Reply),
+        ("AckCode", AckCode),
+    )
+    for prefix, enum in tables:
+        for member in enum:
+            names[f"{prefix}.{member.name}"] = str(member.value)
+    for kind in OutcomeKind:
+        names[f"Kind.{kind.name}"] = f"'{kind.value}'"
+    return names
 
 
 def decode_rows(rows: Sequence[msgspec.Raw]) -> tuple[list[FetchedJob], list[tuple[str, str]]]:

@@ -1,243 +1,289 @@
 -- Settling attempts: a batch of outcomes applied, each fenced by its lease token, and
 -- what each attempt used fed back into its key's learned cost and, in 'cost' mode, its
 -- tenant's fair-queue tag.
+--
+-- Keys: job:<id>, lane:<l>:state, KEYS[LEASES], KEYS[TLIMITS], KEYS[WEIGHTS]
+-- Calls: core, throttle, fairqueue, admission, records, workflows
+-- Entry points: settling.{SETTLING, SETTLING_X, apply_acks, hand_back, push_back_key}
 
--- How a lane learns costs: {cost_mode, learn, window}, read once per call and lane.
--- `cache` also gathers a call's cost samples per key and tag corrections per tenant,
--- written once each by `flush_costs`.
-local function lane_costing(p, lane, cache)
-  local c = cache[lane]
-  if not c then
-    local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'charge', 'adm')
-    local window = 500
-    if v[2] then
-      window = cjson.decode(v[2]).window or window
+local settling = {}
+
+do
+  local DEFAULT_CLASS, LEASES, TLIMITS = core.DEFAULT_CLASS, core.LEASES, core.TLIMITS
+  local WEIGHTS, job_key, lane_key, log_event = core.WEIGHTS, core.job_key, core.lane_key, core.log_event
+  local slots_of, wake = core.slots_of, core.wake
+  local note_duration = throttle.note_duration
+  local add_settled, flush_settled = fairqueue.add_settled, fairqueue.flush_settled
+  local lane_waiting, push_ready, release_throttle = fairqueue.lane_waiting, fairqueue.push_ready, fairqueue.release_throttle
+  local work_of = fairqueue.work_of
+  local MIN_CHARGE_MU, adjust_tag, learn_costs = admission.MIN_CHARGE_MU, admission.adjust_tag, admission.learn_costs
+  local count, dead_letter, finish = records.count, records.dead_letter, records.finish
+  local schedule_retry = records.schedule_retry
+  local suspend_run = workflows.suspend_run
+
+  -- How a lane learns costs: {cost_mode, learn, window}, read once per call and lane.
+  -- `cache` also gathers a call's cost samples per key and tag corrections per tenant,
+  -- written once each by `flush_costs`.
+  local function lane_costing(p, lane, cache)
+    local c = cache[lane]
+    if not c then
+      local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'charge', 'adm')
+      local window = 500
+      if v[2] then
+        window = cjson.decode(v[2]).window or window
+      end
+      c = {cost_mode = v[1] == 'cost', learn = v[1] == 'cost' or v[2] ~= false, window = window}
+      cache[lane] = c
     end
-    c = {cost_mode = v[1] == 'cost', learn = v[1] == 'cost' or v[2] ~= false, window = window}
-    cache[lane] = c
+    return c
   end
-  return c
-end
 
--- An attempt ended having used `cost` units: its key's learned cost moves towards it
--- and in 'cost' mode the tenant's tag takes the difference. Returns what the job records
--- next to what it was charged (`amu`, milli-units; the caller writes it with the
--- record's end), or nil when the lane learns nothing.
-local function feed_back_cost(p, lane, cls, tenant, cost_key, charged_mu, cost, cache)
-  local c = lane_costing(p, lane, cache)
-  if not c.learn then
-    return nil
-  end
-  local actual_mu = math.max(MIN_CHARGE_MU, math.floor(cost * 1000 + 0.5))
-  if cost_key then
-    local samples = cache.samples[cost_key]
-    if not samples then
-      samples = {window = c.window}
-      cache.samples[cost_key] = samples
+  -- An attempt ended having used `cost` units: its key's learned cost moves towards it
+  -- and in 'cost' mode the tenant's tag takes the difference. Returns what the job records
+  -- next to what it was charged (`amu`, milli-units; the caller writes it with the
+  -- record's end), or nil when the lane learns nothing.
+  local function feed_back_cost(p, lane, cls, tenant, cost_key, charged_mu, cost, cache)
+    local c = lane_costing(p, lane, cache)
+    if not c.learn then
+      return nil
     end
-    samples[#samples + 1] = actual_mu
+    local actual_mu = math.max(MIN_CHARGE_MU, math.floor(cost * 1000 + 0.5))
+    if cost_key then
+      local samples = cache.samples[cost_key]
+      if not samples then
+        samples = {window = c.window}
+        cache.samples[cost_key] = samples
+      end
+      samples[#samples + 1] = actual_mu
+    end
+    if c.cost_mode then
+      local key = lane .. '\0' .. cls .. '\0' .. tenant
+      local e = cache.tags[key] or {lane, cls, tenant, 0}
+      e[4] = e[4] + (actual_mu - (tonumber(charged_mu) or 1)) / 1000
+      cache.tags[key] = e
+    end
+    return actual_mu
   end
-  if c.cost_mode then
-    local key = lane .. '\0' .. cls .. '\0' .. tenant
-    local e = cache.tags[key] or {lane, cls, tenant, 0}
-    e[4] = e[4] + (actual_mu - (tonumber(charged_mu) or 1)) / 1000
-    cache.tags[key] = e
-  end
-  return actual_mu
-end
 
-local function flush_costs(p, cache, keys, fx)
-  for cost_key, samples in pairs(cache.samples) do
-    learn_costs(p, cost_key, samples, samples.window)
-  end
-  for _, e in pairs(cache.tags) do
-    -- a tenant charged what its jobs used has nothing to correct
-    if e[4] ~= 0 then
-      local weight = hot.any(fx, keys[WEIGHTS])
-        and tonumber(redis.call('HGET', keys[WEIGHTS], e[3])) or 1
-      adjust_tag(p, e[1], e[2], e[3], e[4] / weight)
+  local function flush_costs(p, cache, keys, fx)
+    for cost_key, samples in pairs(cache.samples) do
+      learn_costs(p, cost_key, samples, samples.window)
+    end
+    for _, e in pairs(cache.tags) do
+      -- a tenant charged what its jobs used has nothing to correct
+      if e[4] ~= 0 then
+        local weight = core.any(fx, keys[WEIGHTS])
+          and tonumber(redis.call('HGET', keys[WEIGHTS], e[3])) or 1
+        adjust_tag(p, e[1], e[2], e[3], e[4] / weight)
+      end
     end
   end
-end
 
--- The upstream behind a key pushed back on an attempt (kind 'throttle', payload
--- '<key>\n<error JSON>'): the key is paused `delay` ms for everyone (thr_push_back) if
--- the job holds it. Returns the error, whether the pushback applied, and the key.
-function rates.push_back_key(keys, id, token, payload, delay, now)
-  local key, err = string.match(payload or '', '^([^\n]*)\n(.*)$')
-  if not key then
-    return payload, false
+  -- The upstream behind a key pushed back on an attempt (kind 'throttle', payload
+  -- '<key>\n<error JSON>'): the key is paused `delay` ms for everyone (thr_push_back) if
+  -- the job holds it. Returns the error, whether the pushback applied, and the key.
+  function settling.push_back_key(keys, id, token, payload, delay, now)
+    local key, err = string.match(payload or '', '^([^\n]*)\n(.*)$')
+    if not key then
+      return payload, false
+    end
+    local ok, decoded = pcall(cjson.decode, err)
+    local cause = ok and type(decoded) == 'table' and tostring(decoded.message or '') or ''
+    return err, token ~= nil and throttle.thr_push_back(keys, id, token, key, now + delay, now, cause),
+      key
   end
-  local ok, decoded = pcall(cjson.decode, err)
-  local cause = ok and type(decoded) == 'table' and tostring(decoded.message or '') or ''
-  return err, token ~= nil and rates.thr_push_back(keys, id, token, key, now + delay, now, cause),
-    key
-end
 
--- A worker could not run the job (kind 'handback': the task is unknown to it, or the
--- stored arguments do not fit its signature), as happens while a deploy rolls out, so
--- another worker, perhaps on the other version, may take it: the job is due again in
--- `delay` ms, its attempt given back, until `window` ms after its first hand-back
--- (field hb); then, or at once for a window of 0, it is dead-lettered with the final
--- error. Payload '<window ms>\n<error JSON>\n<final error JSON>' (JSON has no raw
--- newline). Returns what became of the job: 'scheduled', 'expired' or 'failed'.
-function hot.hand_back(keys, p, id, payload, delay, now, tally, meta)
-  local window, err, final = string.match(payload or '', '^(%d+)\n([^\n]*)\n(.*)$')
-  local jk = job_key(p, id)
-  if not window then
-    -- not a hand-back this library can read: no worker sends one, so no retry can help
-    dead_letter(keys, p, id, payload, now, tally, meta)
-    return 'failed'
-  end
-  window = tonumber(window)
-  local first = tonumber(redis.call('HGET', jk, 'hb'))
-  if window == 0 or (first and now - first >= window) then
-    -- a re-driven job starts a window of its own
-    redis.call('HDEL', jk, 'hb')
-    dead_letter(keys, p, id, final, now, tally, meta)
-    return 'failed'
-  end
-  if not first then
-    redis.call('HSET', jk, 'hb', hot.now_arg(now))
-  end
-  -- logged with the attempt it ended, then the attempt is given back
-  local verdict = schedule_retry(keys, p, id, delay, err, now, tally, 'handback')
-  redis.call('HINCRBY', jk, 'att', -1)
-  return verdict
-end
-
--- A running job's record as an ack reads it: f[1..14] st, tok, task, rc, rf, att, max,
--- lane, cls, sl, tenant, start, ck, cu; f[15..20] the optional w, ttok, mu, par, wfr,
--- idem (hot.read).
-hot.SETTLING = {'st', 'tok', 'task', 'rc', 'rf', 'att', 'max', 'lane', 'cls', 'sl', 'tenant',
-  'start', 'ck', 'cu', 'x'}
-hot.SETTLING_X = {'w', 'ttok', 'mu', 'par', 'wfr', 'idem'}
-
--- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
--- [id, token, kind (ok | retry | dead | cancel | release | suspend | throttle | handback),
--- payload, delay_ms, cost] (a workflow run suspends with what it waits for as its
--- payload; a pushback names its key and the pause; a hand-back its window, hot.hand_back).
--- (cost: the work units the attempt used, -1 when it did not run).
--- Returns one code per entry: 1 applied; 2 the settlement this lease made already, sent
--- again after its reply was lost (not applied twice; counted 'resettled'); 0 rejected as
--- stale (counted 'fenced'). A job keeps the token that settled it until its next lease
--- (a reclaim removes it), so the two cannot be confused.
-local function apply_acks(keys, p, acks, now, tally)
-  local codes, released, freed, limited, settled = {}, {}, {}, {}, {}
-  local costing = {samples = {}, tags = {}}
-  for i, a in ipairs(acks) do
-    local id, kind, payload = a[1], a[3], a[4]
+  -- A worker could not run the job (kind 'handback': the task is unknown to it, or the
+  -- stored arguments do not fit its signature), as happens while a deploy rolls out, so
+  -- another worker, perhaps on the other version, may take it: the job is due again in
+  -- `delay` ms, its attempt given back, until `window` ms after its first hand-back
+  -- (field hb); then, or at once for a window of 0, it is dead-lettered with the final
+  -- error. Payload '<window ms>\n<error JSON>\n<final error JSON>' (JSON has no raw
+  -- newline). Returns what became of the job: 'scheduled', 'expired' or 'failed'.
+  function settling.hand_back(keys, p, id, payload, delay, now, tally, meta)
+    local window, err, final = string.match(payload or '', '^(%d+)\n([^\n]*)\n(.*)$')
     local jk = job_key(p, id)
-    local f = hot.read(jk, hot.SETTLING, hot.SETTLING_X)
-    if f[1] ~= 'running' and f[2] == a[2] then
-      count(tally, 'resettled')
-      codes[i] = 2
-    elseif f[1] ~= 'running' or f[2] ~= a[2] then
-      count(tally, 'fenced')
-      codes[i] = 0
+    if not window then
+      -- not a hand-back this library can read: no worker sends one, so no retry can help
+      dead_letter(keys, p, id, payload, now, tally, meta)
+      return 'failed'
+    end
+    window = tonumber(window)
+    local first = tonumber(redis.call('HGET', jk, 'hb'))
+    if window == 0 or (first and now - first >= window) then
+      -- a re-driven job starts a window of its own
+      redis.call('HDEL', jk, 'hb')
+      dead_letter(keys, p, id, final, now, tally, meta)
+      return 'failed'
+    end
+    if not first then
+      redis.call('HSET', jk, 'hb', core.now_arg(now))
+    end
+    -- logged with the attempt it ended, then the attempt is given back
+    local verdict = schedule_retry(keys, p, id, delay, err, now, tally, 'handback')
+    redis.call('HINCRBY', jk, 'att', -1)
+    return verdict
+  end
+
+  -- A running job's record as an ack reads it: f[1..14] st, tok, task, rc, rf, att, max,
+  -- lane, cls, sl, tenant, start, ck, cu; f[15..20] the optional w, ttok, mu, par, wfr,
+  -- idem (core.read).
+  settling.SETTLING = {'st', 'tok', 'task', 'rc', 'rf', 'att', 'max', 'lane', 'cls', 'sl', 'tenant',
+    'start', 'ck', 'cu', 'x'}
+  settling.SETTLING_X = {'w', 'ttok', 'mu', 'par', 'wfr', 'idem'}
+
+  -- What settling an attempt that ran does before its kind's own step: its slots leave its
+  -- class's in-flight count (`settled`, and the call's `tally.ended` that dispatch reads in
+  -- queued_why), a pushback pauses its key, its throttle grant is released, its tenant's
+  -- durations and its key's learned cost take what it used. Returns the payload (a
+  -- pushback's error), whether the pushback applied and its key, and the units used
+  -- (milli-units, nil when the lane learns nothing).
+  local function account(keys, p, id, ack, f, now, tally, cx)
+    local kind, payload = ack[Ack.KIND], ack[Ack.PAYLOAD]
+    add_settled(cx.settled, f[8], f[9] or DEFAULT_CLASS, f[10], work_of(f[14]))
+    local ek = f[8] .. '\0' .. (f[9] or DEFAULT_CLASS)
+    tally.ended = tally.ended or {}
+    tally.ended[ek] = (tally.ended[ek] or 0) + slots_of(f[10])
+    cx.freed[f[8]] = true
+    local cost = tonumber(ack[Ack.COST]) or -1
+    local pushed, pushed_key = false, nil
+    if kind == Kind.THROTTLE then
+      payload, pushed, pushed_key =
+        settling.push_back_key(keys, id, f[16], payload, tonumber(ack[Ack.DELAY_MS]) or 0, now)
+    end
+    if f[16] then
+      -- its release may wake waiters back into their queues, and a tenant activated
+      -- there starts from its class's in-flight work: settle this batch's ends first
+      flush_settled(p, cx.settled)
+      -- a job handed back unstarted used nothing of what its rate keys gave it
+      local unstarted = kind == Kind.RELEASE or kind == Kind.HANDBACK
+      local used = unstarted and 0 or (cost >= 0 and cost or nil)
+      release_throttle(keys, p, id, f[16], now, used, kind == Kind.OK)
+    end
+    local tenant, limited = f[11] or '', cx.limited
+    if limited[tenant] == nil then
+      limited[tenant] = core.any(tally, keys[TLIMITS])
+        and redis.call('HEXISTS', keys[TLIMITS], tenant) == 1
+    end
+    if kind ~= Kind.RELEASE and kind ~= Kind.HANDBACK and limited[tenant] then
+      note_duration(p, f[11], math.max(0, now - (tonumber(f[12]) or now)) / 1000)
+    end
+    local amu = nil
+    if cost >= 0 and kind ~= Kind.RELEASE then
+      amu = feed_back_cost(p, f[8], f[9] or DEFAULT_CLASS, f[11] or '', f[13], f[14], cost,
+        cx.costing)
+      -- for the metrics, the estimate the store held for the job (admission's
+      -- reservation, else the charge in cost mode) next to what it used; counted with
+      -- the call's other counters: one HINCRBY per lane and class per call, and only
+      -- in lanes that learn costs (an attempt handed back unrun is no measure)
+      local est = amu and kind ~= Kind.HANDBACK and (tonumber(f[17]) or tonumber(f[14]))
+      if est then
+        local where = f[8] .. ':' .. (f[9] or DEFAULT_CLASS)
+        count(tally, 'units:est:' .. where, math.floor(est + 0.5))
+        count(tally, 'units:used:' .. where, amu)
+      end
+    end
+    return payload, pushed, pushed_key, amu
+  end
+
+  -- The attempt's end by its kind: completed, retried, dead-lettered, cancelled, a run
+  -- suspended, handed back, or released (handed back unstarted by a stopping worker: the
+  -- attempt is not counted). The store holds the attempt budget itself: a retry past it
+  -- is a dead letter.
+  local function conclude(keys, p, id, ack, f, payload, pushed, pushed_key, meta, now, tally, cx)
+    local kind, delay, jk = ack[Ack.KIND], tonumber(ack[Ack.DELAY_MS]), job_key(p, id)
+    local spent = (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1)
+    if kind == Kind.THROTTLE and pushed then
+      records.push_back(keys, p, id, delay or 0, payload, now, tally, meta, pushed_key)
+    elseif kind == Kind.THROTTLE and spent then
+      dead_letter(keys, p, id, payload, now, tally, meta)
+    elseif kind == Kind.THROTTLE then
+      -- a pushback on a key the job does not hold is an ordinary failure
+      schedule_retry(keys, p, id, delay or 0, payload, now, tally)
+    elseif kind == Kind.OK then
+      finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
+    elseif kind == Kind.RETRY and spent then
+      dead_letter(keys, p, id, payload, now, tally, meta)
+    elseif kind == Kind.RETRY then
+      schedule_retry(keys, p, id, delay, payload, now, tally)
+    elseif kind == Kind.DEAD then
+      dead_letter(keys, p, id, payload, now, tally, meta)
+    elseif kind == Kind.CANCEL then
+      finish(keys, p, id, 'cancelled', 'err', payload, now, tally, meta)
+    elseif kind == Kind.SUSPEND then
+      suspend_run(keys, p, id, payload, delay or 0, now, tally)
+    elseif kind == Kind.HANDBACK then
+      settling.hand_back(keys, p, id, payload, delay or 0, now, tally, meta)
     else
-      -- the status leaves 'running' below, which alone fences any later write of this token
-      released[#released + 1] = id
-      add_settled(settled, f[8], f[9] or DEFAULT_CLASS, f[10], work_of(f[14]))
-      -- slots held until this call still count when dispatch tells a waiting job who
-      -- held its class's capacity (queued_why)
-      local ek = f[8] .. '\0' .. (f[9] or DEFAULT_CLASS)
-      tally.ended = tally.ended or {}
-      tally.ended[ek] = (tally.ended[ek] or 0) + slots_of(f[10])
-      freed[f[8]] = true
-      local cost = tonumber(a[6]) or -1
-      local pushed, pushed_key = false, nil
-      if kind == 'throttle' then
-        payload, pushed, pushed_key =
-          rates.push_back_key(keys, id, f[16], payload, tonumber(a[5]) or 0, now)
-      end
-      if f[16] then
-        -- its release may wake waiters back into their queues, and a tenant activated
-        -- there starts from its class's in-flight work: settle this batch's ends first
-        flush_settled(p, settled)
-        -- a job handed back unstarted used nothing of what its rate keys gave it
-        local unstarted = kind == 'release' or kind == 'handback'
-        local used = unstarted and 0 or (cost >= 0 and cost or nil)
-        release_throttle(keys, p, id, f[16], now, used, kind == 'ok')
-      end
-      local tenant = f[11] or ''
-      if limited[tenant] == nil then
-        limited[tenant] = hot.any(tally, keys[TLIMITS])
-          and redis.call('HEXISTS', keys[TLIMITS], tenant) == 1
-      end
-      if kind ~= 'release' and kind ~= 'handback' and limited[tenant] then
-        note_duration(p, f[11], math.max(0, now - (tonumber(f[12]) or now)) / 1000)
-      end
-      local amu = nil
-      if cost >= 0 and kind ~= 'release' then
-        amu = feed_back_cost(p, f[8], f[9] or DEFAULT_CLASS, f[11] or '', f[13], f[14], cost,
-          costing)
-        -- for the metrics, the estimate the store held for the job (admission's
-        -- reservation, else the charge in cost mode) next to what it used; counted with
-        -- the call's other counters: one HINCRBY per lane and class per call, and only
-        -- in lanes that learn costs (an attempt handed back unrun is no measure)
-        local est = amu and kind ~= 'handback' and (tonumber(f[17]) or tonumber(f[14]))
-        if est then
-          local where = f[8] .. ':' .. (f[9] or DEFAULT_CLASS)
-          count(tally, 'units:est:' .. where, math.floor(est + 0.5))
-          count(tally, 'units:used:' .. where, amu)
-        end
-      end
-      local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20]}
-      local ends = kind == 'ok' or kind == 'dead' or kind == 'cancel'
-        or (kind == 'retry' and (hot.num(f[6]) or 0) >= (hot.num(f[7]) or 1))
-      if ends then
-        meta.amu = amu
-      elseif amu then
-        redis.call('HSET', jk, 'amu', amu)
-      end
-      if kind == 'throttle' and pushed then
-        rates.push_back(keys, p, id, tonumber(a[5]) or 0, payload, now, tally, meta, pushed_key)
-      elseif kind == 'throttle' and (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1) then
-        dead_letter(keys, p, id, payload, now, tally, meta)
-      elseif kind == 'throttle' then
-        -- a pushback on a key the job does not hold is an ordinary failure
-        schedule_retry(keys, p, id, tonumber(a[5]) or 0, payload, now, tally)
-      elseif kind == 'ok' then
-        finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
-      elseif kind == 'retry' and (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1) then
-        -- the store holds the attempt budget itself: a retry past it is a dead letter
-        dead_letter(keys, p, id, payload, now, tally, meta)
-      elseif kind == 'retry' then
-        schedule_retry(keys, p, id, tonumber(a[5]), payload, now, tally)
-      elseif kind == 'dead' then
-        dead_letter(keys, p, id, payload, now, tally, meta)
-      elseif kind == 'cancel' then
-        finish(keys, p, id, 'cancelled', 'err', payload, now, tally, meta)
-      elseif kind == 'suspend' then
-        suspend_run(keys, p, id, payload, tonumber(a[5]) or 0, now, tally)
-      elseif kind == 'handback' then
-        hot.hand_back(keys, p, id, payload, tonumber(a[5]) or 0, now, tally, meta)
-      else -- release: handed back unstarted by a stopping worker; the attempt is not counted
-        local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq', 'start', 'wk')
-        -- written first, so that the job handed back sees the lane's true load
-        flush_settled(p, settled)
-        redis.call('HINCRBY', jk, 'att', -1)
-        redis.call('HSET', jk, 'st', 'queued')
-        log_event(p, id, now, 'released', {start = tonumber(r[5]), wk = r[6] or nil})
-        push_ready(p, r[1], f[9], r[2], id, r[3], r[4], f[10])
-        wake(p, r[1])
-      end
-      codes[i] = 1
+      local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq', 'start', 'wk')
+      -- written first, so that the job handed back sees the lane's true load
+      flush_settled(p, cx.settled)
+      redis.call('HINCRBY', jk, 'att', -1)
+      redis.call('HSET', jk, 'st', 'queued')
+      log_event(p, id, now, 'released', {start = tonumber(r[5]), wk = r[6] or nil})
+      push_ready(p, r[1], f[9], r[2], id, r[3], r[4], f[10])
+      wake(p, r[1])
     end
   end
-  -- dropped before anything is fetched, so a job settled and leased again in one
-  -- exchange keeps its new lease
-  flush_settled(p, settled)
-  flush_costs(p, costing, keys, tally)
-  if #released > 0 then
-    redis.call('ZREM', keys[LEASES], unpack(released))
-  end
-  -- freed slots may let a class start that the rules held back: wake a worker to look
-  for lane in pairs(freed) do
-    if lane_waiting(p, lane) then
-      wake(p, lane)
+
+  -- Settle one `ack` of a running job (`f`: its record, settling.SETTLING): the status
+  -- leaves 'running' in its kind's step, which alone fences any later write of its token.
+  local function settle(keys, p, ack, f, now, tally, cx)
+    local id, kind = ack[Ack.ID], ack[Ack.KIND]
+    cx.released[#cx.released + 1] = id
+    local payload, pushed, pushed_key, amu = account(keys, p, id, ack, f, now, tally, cx)
+    local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20]}
+    local ends = kind == Kind.OK or kind == Kind.DEAD or kind == Kind.CANCEL
+      or (kind == Kind.RETRY and (core.num(f[6]) or 0) >= (core.num(f[7]) or 1))
+    if ends then
+      meta.amu = amu
+    elseif amu then
+      redis.call('HSET', job_key(p, id), 'amu', amu)
     end
+    conclude(keys, p, id, ack, f, payload, pushed, pushed_key, meta, now, tally, cx)
   end
-  return codes
+
+  -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
+  -- [id, token, kind (ok | retry | dead | cancel | release | suspend | throttle | handback),
+  -- payload, delay_ms, cost] (a workflow run suspends with what it waits for as its
+  -- payload; a pushback names its key and the pause; a hand-back its window,
+  -- settling.hand_back). (cost: the work units the attempt used, -1 when it did not run).
+  -- Returns one code per entry: 1 applied; 2 the settlement this lease made already, sent
+  -- again after its reply was lost (not applied twice; counted 'resettled'); 0 rejected as
+  -- stale (counted 'fenced'). A job keeps the token that settled it until its next lease
+  -- (a reclaim removes it), so the two cannot be confused.
+  local function apply_acks(keys, p, acks, now, tally)
+    local codes = {}
+    local cx = {released = {}, freed = {}, limited = {}, settled = {},
+      costing = {samples = {}, tags = {}}}
+    for i, ack in ipairs(acks) do
+      local f = core.read(job_key(p, ack[Ack.ID]), settling.SETTLING, settling.SETTLING_X)
+      if f[1] ~= 'running' and f[2] == ack[Ack.TOKEN] then
+        count(tally, 'resettled')
+        codes[i] = AckCode.RESETTLED
+      elseif f[1] ~= 'running' or f[2] ~= ack[Ack.TOKEN] then
+        count(tally, 'fenced')
+        codes[i] = AckCode.FENCED
+      else
+        settle(keys, p, ack, f, now, tally, cx)
+        codes[i] = AckCode.APPLIED
+      end
+    end
+    -- dropped before anything is fetched, so a job settled and leased again in one
+    -- exchange keeps its new lease
+    flush_settled(p, cx.settled)
+    flush_costs(p, cx.costing, keys, tally)
+    if #cx.released > 0 then
+      redis.call('ZREM', keys[LEASES], unpack(cx.released))
+    end
+    -- freed slots may let a class start that the rules held back: wake a worker to look
+    for lane in pairs(cx.freed) do
+      if lane_waiting(p, lane) then
+        wake(p, lane)
+      end
+    end
+    return codes
+  end
+
+  settling.apply_acks = apply_acks
 end

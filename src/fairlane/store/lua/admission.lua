@@ -21,417 +21,448 @@
 --   lane:<l>:c:<c>:dvt       hash: V, the pinned head `pin` and its tenant `pt`
 --   lane:<l>:adm:rej   hash tenant -> '<count>|<window start ms>': recent rejections
 --   cost:<key>         hash mean, n: a learned cost per (tenant, workflow, model)
+--
+-- Keys: lane:<l>:state (adm, utable, ar:/an:/ad:/ao:<c>), lane:<l>:adm:t|tu|rej,
+--   lane:<l>:c:<c>:deferred|dq:<t>|dfair|didle|dvt|fair|vt, cost:<key>, job:<id>
+-- Calls: core, classes, fairqueue, queue_bounds
+-- Entry points: admission.{MIN_CHARGE_MU, REJECT_WINDOW_MS, adjust_tag, admission_of,
+--   admit_new, charge_mu, count_decision, defer, deferral, expected_mu,
+--   lane_declarations, learn_costs, note_rejection, release_reservation, reserve,
+--   room_for}
 
-local REJECT_WINDOW_MS = 60000
-local COST_RISE = 0.5
-local MIN_CHARGE_MU = __MIN_CHARGE_MILLI__
--- fairlane/policy/admission/deferral.py's OVERTAKE_LIMIT and PASS_BUDGET, written in by
--- the library; fair deferral's helpers and constants live in one table: the library's
--- main chunk is near Lua's limit of 200 locals
-local deferral = {OVERTAKES = __OVERTAKE_LIMIT__, PASS_BUDGET = __PASS_BUDGET__}
--- defined in records.lua: admitting a deferred job may expire it instead
-local admit_deferred
+local admission = {}
 
-local function admission_of(p, lane)
-  local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'adm', 'utable')
-  if not v[1] then
-    return nil
-  end
-  local cfg = cjson.decode(v[1])
-  cfg.utable = cjson.decode(v[2])
-  return cfg
-end
+do
+  local job_key, lane_key = core.job_key, core.lane_key
+  local DEFAULT_CLASSES, choose_class = classes.DEFAULT_CLASSES, classes.choose_class
+  local class_levels = classes.class_levels
+  local class_key = fairqueue.class_key
 
--- Everything a lane declares, in one read: its class table, whether tenants are
--- charged by cost, its admission config (nil: none) and its default queue bounds with
--- the call's counts (bounds.lua; nil: none).
-local function lane_declarations(p, lane)
-  local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'table', 'charge', 'adm', 'utable',
-    'qb')
-  local adm
-  if v[3] then
-    adm = cjson.decode(v[3])
-    adm.utable = cjson.decode(v[4])
-  end
-  return cjson.decode(v[1] or DEFAULT_CLASSES), v[2] == 'cost', adm, queue_bounds.parse(v[5])
-end
+  local REJECT_WINDOW_MS = 60000
+  local COST_RISE = 0.5
+  local MIN_CHARGE_MU = __MIN_CHARGE_MILLI__
+  -- fairlane/policy/admission/deferral.py's OVERTAKE_LIMIT and PASS_BUDGET, written in by
+  -- the library; fair deferral's helpers and constants live in one table of their own
+  local deferral = {OVERTAKES = __OVERTAKE_LIMIT__, PASS_BUDGET = __PASS_BUDGET__}
 
-local function tenant_count_key(p, lane)
-  return lane_key(p, lane, 'adm:t')
-end
-
--- The learned cost of a (tenant, workflow, model) key in milli-units, or nil.
-local function learned_mu(p, cost_key)
-  if not cost_key or cost_key == '' then
-    return nil
-  end
-  return tonumber(redis.call('HGET', p .. 'cost:' .. cost_key, 'mean'))
-end
-
--- The learned cost of a key, read once per call: `cache` keeps false for a key that has
--- none, so that a batch of one key's jobs costs one read.
-local function cached_learned_mu(p, cost_key, cache)
-  local learned = cache[cost_key or '']
-  if learned == nil then
-    learned = learned_mu(p, cost_key) or false
-    cache[cost_key or ''] = learned
-  end
-  return learned
-end
-
--- What a new job is expected to cost, in milli-units: the larger of what the caller
--- declared and what its key was learned to cost; with nothing declared, the learned
--- cost alone (the default cost until something is learned).
-local function expected_mu(p, declared_mu, declared, cost_key, cache)
-  local learned = cached_learned_mu(p, cost_key, cache)
-  if learned == false then
-    return declared_mu
-  end
-  if declared then
-    return math.max(declared_mu, learned)
-  end
-  return learned
-end
-
--- What dispatch charges a new job's tenant in 'cost' mode, in milli-units
--- (fairlane/policy/admission, charge_milli): what the job's key was learned to cost
--- (or what the caller declared, if more); a job nobody knows anything about yet is
--- charged the least, MIN_CHARGE_MU, and corrected when it ends.
-local function charge_mu(p, declared_mu, declared, cost_key, cache)
-  local learned = cached_learned_mu(p, cost_key, cache)
-  local mu = declared and declared_mu or 0
-  if learned then
-    mu = math.max(mu, learned)
-  end
-  return math.max(MIN_CHARGE_MU, mu)
-end
-
--- A job's cost correction when it ends: its tenant's tag in its class moves by the gap
--- between what it used and what it was charged, over the tenant's weight (fairqueue.py
--- rule 4: a charge lands on the present, a refund never puts the tenant ahead of V).
-local function adjust_tag(p, lane, cls, tenant, delta)
-  local vt = class_key(p, lane, cls, 'vt')
-  local fair = class_key(p, lane, cls, 'fair')
-  local v = tonumber(redis.call('HGET', vt, 'V')) or 0
-  local tag = tonumber(redis.call('ZSCORE', fair, tenant))
-  if tag then
-    redis.call('ZADD', fair, math.max(v, math.max(tag, v) + delta), tenant)
-  else
-    local finish = tonumber(redis.call('HGET', vt, 'f:' .. tenant)) or 0
-    redis.call('HSET', vt, 'f:' .. tenant, math.max(v, math.max(finish, v) + delta))
-  end
-end
-
--- Fold jobs' actual costs, in order, into their key's learned cost: quick to rise
--- (half the gap per job), slow to fall (alpha = 2 / (window + 1)), so under-declaring
--- stops paying within a few jobs while one cheap job barely lowers the estimate.
-local function learn_costs(p, cost_key, samples, window)
-  local ck = p .. 'cost:' .. cost_key
-  local v = redis.call('HMGET', ck, 'mean', 'n')
-  local mean, n = tonumber(v[1]), tonumber(v[2]) or 0
-  for _, actual_mu in ipairs(samples) do
-    if not mean or n == 0 then
-      mean = actual_mu
-    elseif actual_mu > mean then
-      mean = mean + COST_RISE * (actual_mu - mean)
-    else
-      mean = mean + 2 / (window + 1) * (actual_mu - mean)
+  local function admission_of(p, lane)
+    local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'adm', 'utable')
+    if not v[1] then
+      return nil
     end
-    n = n + 1
+    local cfg = cjson.decode(v[1])
+    cfg.utable = cjson.decode(v[2])
+    return cfg
   end
-  redis.call('HSET', ck, 'mean', mean, 'n', n)
-  return mean
-end
 
--- Rules 3-5 of the admission contract for one request; returns 'accepted', or the reason
--- it is full, and the overtakes of the class's pinned deferred head (nil: none). A class
--- whose pinned head has been overtaken deferral.OVERTAKES times is held: it has no room for
--- anything but its deferred queue's pass (`readmitting`).
-local function room_for(p, lane, cfg, cls, tenant, mu, fresh, readmitting)
-  local bounds = cfg.classes[cls]
-  local sk = lane_key(p, lane, 'state')
-  local nt = tonumber(redis.call('HGET', tenant_count_key(p, lane), cls .. '|' .. tenant)) or 0
-  if bounds and nt >= bounds[3] then
-    return 'tenant_queue_full'
+  -- Everything a lane declares, in one read: its class table, whether tenants are
+  -- charged by cost, its admission config (nil: none) and its default queue bounds with
+  -- the call's counts (bounds.lua; nil: none).
+  local function lane_declarations(p, lane)
+    local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'table', 'charge', 'adm', 'utable',
+      'qb')
+    local adm
+    if v[3] then
+      adm = cjson.decode(v[3])
+      adm.utable = cjson.decode(v[4])
+    end
+    return cjson.decode(v[1] or DEFAULT_CLASSES), v[2] == 'cost', adm, queue_bounds.parse(v[5])
   end
-  if bounds and (bounds[6] or -1) >= 0 then
-    local tu = tonumber(redis.call('HGET', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant)) or 0
-    if tu + mu > bounds[6] then
+
+  local function tenant_count_key(p, lane)
+    return lane_key(p, lane, 'adm:t')
+  end
+
+  -- The learned cost of a (tenant, workflow, model) key in milli-units, or nil.
+  local function learned_mu(p, cost_key)
+    if not cost_key or cost_key == '' then
+      return nil
+    end
+    return tonumber(redis.call('HGET', p .. 'cost:' .. cost_key, 'mean'))
+  end
+
+  -- The learned cost of a key, read once per call: `cache` keeps false for a key that has
+  -- none, so that a batch of one key's jobs costs one read.
+  local function cached_learned_mu(p, cost_key, cache)
+    local learned = cache[cost_key or '']
+    if learned == nil then
+      learned = learned_mu(p, cost_key) or false
+      cache[cost_key or ''] = learned
+    end
+    return learned
+  end
+
+  -- What a new job is expected to cost, in milli-units: the larger of what the caller
+  -- declared and what its key was learned to cost; with nothing declared, the learned
+  -- cost alone (the default cost until something is learned).
+  local function expected_mu(p, declared_mu, declared, cost_key, cache)
+    local learned = cached_learned_mu(p, cost_key, cache)
+    if learned == false then
+      return declared_mu
+    end
+    if declared then
+      return math.max(declared_mu, learned)
+    end
+    return learned
+  end
+
+  -- What dispatch charges a new job's tenant in 'cost' mode, in milli-units
+  -- (fairlane/policy/admission, charge_milli): what the job's key was learned to cost
+  -- (or what the caller declared, if more); a job nobody knows anything about yet is
+  -- charged the least, MIN_CHARGE_MU, and corrected when it ends.
+  local function charge_mu(p, declared_mu, declared, cost_key, cache)
+    local learned = cached_learned_mu(p, cost_key, cache)
+    local mu = declared and declared_mu or 0
+    if learned then
+      mu = math.max(mu, learned)
+    end
+    return math.max(MIN_CHARGE_MU, mu)
+  end
+
+  -- A job's cost correction when it ends: its tenant's tag in its class moves by the gap
+  -- between what it used and what it was charged, over the tenant's weight (fairqueue.py
+  -- rule 4: a charge lands on the present, a refund never puts the tenant ahead of V).
+  local function adjust_tag(p, lane, cls, tenant, delta)
+    local vt = class_key(p, lane, cls, 'vt')
+    local fair = class_key(p, lane, cls, 'fair')
+    local v = tonumber(redis.call('HGET', vt, 'V')) or 0
+    local tag = tonumber(redis.call('ZSCORE', fair, tenant))
+    if tag then
+      redis.call('ZADD', fair, math.max(v, math.max(tag, v) + delta), tenant)
+    else
+      local finish = tonumber(redis.call('HGET', vt, 'f:' .. tenant)) or 0
+      redis.call('HSET', vt, 'f:' .. tenant, math.max(v, math.max(finish, v) + delta))
+    end
+  end
+
+  -- Fold jobs' actual costs, in order, into their key's learned cost: quick to rise
+  -- (half the gap per job), slow to fall (alpha = 2 / (window + 1)), so under-declaring
+  -- stops paying within a few jobs while one cheap job barely lowers the estimate.
+  local function learn_costs(p, cost_key, samples, window)
+    local ck = p .. 'cost:' .. cost_key
+    local v = redis.call('HMGET', ck, 'mean', 'n')
+    local mean, n = tonumber(v[1]), tonumber(v[2]) or 0
+    for _, actual_mu in ipairs(samples) do
+      if not mean or n == 0 then
+        mean = actual_mu
+      elseif actual_mu > mean then
+        mean = mean + COST_RISE * (actual_mu - mean)
+      else
+        mean = mean + 2 / (window + 1) * (actual_mu - mean)
+      end
+      n = n + 1
+    end
+    redis.call('HSET', ck, 'mean', mean, 'n', n)
+    return mean
+  end
+
+  -- Rules 3-5 of the admission contract for one request; returns 'accepted', or the reason
+  -- it is full, and the overtakes of the class's pinned deferred head (nil: none). A class
+  -- whose pinned head has been overtaken deferral.OVERTAKES times is held: it has no room for
+  -- anything but its deferred queue's pass (`readmitting`).
+  local function room_for(p, lane, cfg, cls, tenant, mu, fresh, readmitting)
+    local bounds = cfg.classes[cls]
+    local sk = lane_key(p, lane, 'state')
+    local nt = tonumber(redis.call('HGET', tenant_count_key(p, lane), cls .. '|' .. tenant)) or 0
+    if bounds and nt >= bounds[Adm.TENANT_MAX_QUEUE] then
       return 'tenant_queue_full'
     end
-  end
-  local tbl = cfg.utable
-  local fields = {'an:' .. cls, 'ao:' .. cls}
-  for i, c in ipairs(tbl) do
-    fields[i + 2] = 'ar:' .. c[1]
-  end
-  local v = redis.call('HMGET', sk, unpack(fields))
-  local ao = tonumber(v[2])
-  local reserved, w, d, total, x = {}, {}, {}, 0, nil
-  for i, c in ipairs(tbl) do
-    reserved[i] = math.max(0, tonumber(v[i + 2]) or 0)
-    total = total + reserved[i]
-    d[i] = 0
-    if c[1] == cls then
-      x = i
+    if bounds and (bounds[Adm.TENANT_MAX_QUEUE_MU] or -1) >= 0 then
+      local tu = tonumber(redis.call('HGET', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant)) or 0
+      if tu + mu > bounds[Adm.TENANT_MAX_QUEUE_MU] then
+        return 'tenant_queue_full'
+      end
     end
-  end
-  if bounds and ((tonumber(v[1]) or 0) >= bounds[1]
-      or (bounds[2] >= 0 and reserved[x] + mu > bounds[2])) then
-    return 'class_queue_full', ao
-  end
-  if ao and ao >= deferral.OVERTAKES and not readmitting then
-    return 'class_full', ao
-  end
-  -- the class rules take widths of at least one; the job still reserves its true mu
-  w[x], d[x] = math.max(mu, 1), math.max(mu, 1)
-  if choose_class(class_levels(tbl, cfg.C), reserved, w, d) ~= x then
-    return 'class_full', ao
-  end
-  if fresh and cfg.C - total - mu < cfg.R then
-    return 'class_full', ao
-  end
-  return 'accepted', ao
-end
-
-local function reserve(p, lane, cls, tenant, id, mu)
-  local sk = lane_key(p, lane, 'state')
-  redis.call('HINCRBY', sk, 'ar:' .. cls, mu)
-  redis.call('HINCRBY', sk, 'an:' .. cls, 1)
-  redis.call('HINCRBY', tenant_count_key(p, lane), cls .. '|' .. tenant, 1)
-  redis.call('HINCRBY', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant, mu)
-  -- `mu` is the live reservation (released once); `emu` keeps what was reserved
-  redis.call('HSET', job_key(p, id), 'mu', mu, 'emu', mu, 'x', '1')
-end
-
--- A job's reservation ends (it finished, or a retry left for its backoff).
-local function release_reservation(p, id, lane, cls, tenant, mu, fx)
-  mu = tonumber(mu)
-  if not mu then
-    return
-  end
-  -- `0 - mu`, not `-mu`: a free job's -0 reaches the server as '-0', which Redis 7.0
-  -- refuses as an integer
-  local back = 0 - mu
-  local sk = lane_key(p, lane, 'state')
-  redis.call('HINCRBY', sk, 'ar:' .. cls, back)
-  redis.call('HINCRBY', sk, 'an:' .. cls, -1)
-  if redis.call('HINCRBY', tenant_count_key(p, lane), cls .. '|' .. tenant, -1) <= 0 then
-    redis.call('HDEL', tenant_count_key(p, lane), cls .. '|' .. tenant)
-  end
-  if redis.call('HINCRBY', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant, back) <= 0 then
-    redis.call('HDEL', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant)
-  end
-  redis.call('HDEL', job_key(p, id), 'mu')
-  fx.readmit[lane] = true
-end
-
--- Fair deferral (fairlane/policy/admission/deferral.py; the contract's Fair deferral):
--- a class's deferred jobs wait in per-tenant groups, FIFO by seq, and are admitted
--- again by the start-time fair rule of the lane's fair queue, charged their reserved
--- units. The class's index `deferred` (every deferred id by seq) is what cancel, the
--- views and the counts read; a job cancelled out of it leaves its group when a pass
--- reaches it.
-function deferral.group(p, lane, cls, tenant)
-  return class_key(p, lane, cls, 'dq:' .. tenant)
-end
-
--- A job waits in its class's deferred queue; its tenant activates at max(V, F_t) when
--- its group was empty. `tenant` is read from the record when the caller has not.
-local function defer(p, lane, cls, id, seq, tenant)
-  tenant = tenant or redis.call('HGET', job_key(p, id), 'tenant') or ''
-  redis.call('ZADD', class_key(p, lane, cls, 'deferred'), seq, id)
-  local group = deferral.group(p, lane, cls, tenant)
-  redis.call('ZADD', group, seq, id)
-  if redis.call('ZCARD', group) == 1 then
-    local idle = class_key(p, lane, cls, 'didle')
-    local v = tonumber(redis.call('HGET', class_key(p, lane, cls, 'dvt'), 'V')) or 0
-    local finish = tonumber(redis.call('ZSCORE', idle, tenant))
-    if finish then
-      redis.call('ZREM', idle, tenant)
+    local tbl = cfg.utable
+    local fields = {'an:' .. cls, 'ao:' .. cls}
+    for i, c in ipairs(tbl) do
+      fields[i + 2] = 'ar:' .. c[ClassRow.NAME]
     end
-    redis.call('ZADD', class_key(p, lane, cls, 'dfair'), math.max(v, finish or 0), tenant)
+    local v = redis.call('HMGET', sk, unpack(fields))
+    local ao = tonumber(v[2])
+    local reserved, w, d, total, x = {}, {}, {}, 0, nil
+    for i, c in ipairs(tbl) do
+      reserved[i] = math.max(0, tonumber(v[i + 2]) or 0)
+      total = total + reserved[i]
+      d[i] = 0
+      if c[ClassRow.NAME] == cls then
+        x = i
+      end
+    end
+    if bounds and ((tonumber(v[1]) or 0) >= bounds[Adm.MAX_QUEUE]
+        or (bounds[Adm.MAX_QUEUE_MU] >= 0 and reserved[x] + mu > bounds[Adm.MAX_QUEUE_MU])) then
+      return 'class_queue_full', ao
+    end
+    if ao and ao >= deferral.OVERTAKES and not readmitting then
+      return 'class_full', ao
+    end
+    -- the class rules take widths of at least one; the job still reserves its true mu
+    w[x], d[x] = math.max(mu, 1), math.max(mu, 1)
+    if choose_class(class_levels(tbl, cfg.C), reserved, w, d) ~= x then
+      return 'class_full', ao
+    end
+    if fresh and cfg.C - total - mu < cfg.R then
+      return 'class_full', ao
+    end
+    return 'accepted', ao
   end
-  redis.call('HINCRBY', lane_key(p, lane, 'state'), 'ad:' .. cls, 1)
-  redis.call('HSET', job_key(p, id), 'st', 'deferred')
-end
 
--- One readmission pass's view of a class's deferred queue: V, the pin, its overtakes,
--- the tenants passed over in this pass and the weights read.
-function deferral.pass(p, lane, cls, weights_key, weights)
-  local d = redis.call('HMGET', class_key(p, lane, cls, 'dvt'), 'V', 'pin', 'pt')
-  local ov = redis.call('HGET', lane_key(p, lane, 'state'), 'ao:' .. cls)
-  return {p = p, lane = lane, cls = cls, v = tonumber(d[1]) or 0, pin = d[2], pt = d[3],
-    ov = tonumber(ov) or 0, passed = {}, npassed = 0, tried = 0,
-    fair = class_key(p, lane, cls, 'dfair'), wk = weights_key, weights = weights}
-end
+  local function reserve(p, lane, cls, tenant, id, mu)
+    local sk = lane_key(p, lane, 'state')
+    redis.call('HINCRBY', sk, 'ar:' .. cls, mu)
+    redis.call('HINCRBY', sk, 'an:' .. cls, 1)
+    redis.call('HINCRBY', tenant_count_key(p, lane), cls .. '|' .. tenant, 1)
+    redis.call('HINCRBY', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant, mu)
+    -- `mu` is the live reservation (released once); `emu` keeps what was reserved
+    redis.call('HSET', job_key(p, id), 'mu', mu, 'emu', mu, 'x', '1')
+  end
 
--- The next head to try, or nil when the pass is over: the pinned head alone when the
--- class is held, else the head of the tenant with the least (tag, tenant) not passed
--- over. Returns its id, tenant and whether it is the held pin.
-function deferral.next(ps)
-  if ps.tried >= deferral.PASS_BUDGET then
+  -- A job's reservation ends (it finished, or a retry left for its backoff).
+  local function release_reservation(p, id, lane, cls, tenant, mu, fx)
+    mu = tonumber(mu)
+    if not mu then
+      return
+    end
+    -- `0 - mu`, not `-mu`: a free job's -0 reaches the server as '-0', which Redis 7.0
+    -- refuses as an integer
+    local back = 0 - mu
+    local sk = lane_key(p, lane, 'state')
+    redis.call('HINCRBY', sk, 'ar:' .. cls, back)
+    redis.call('HINCRBY', sk, 'an:' .. cls, -1)
+    if redis.call('HINCRBY', tenant_count_key(p, lane), cls .. '|' .. tenant, -1) <= 0 then
+      redis.call('HDEL', tenant_count_key(p, lane), cls .. '|' .. tenant)
+    end
+    if redis.call('HINCRBY', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant, back) <= 0 then
+      redis.call('HDEL', lane_key(p, lane, 'adm:tu'), cls .. '|' .. tenant)
+    end
+    redis.call('HDEL', job_key(p, id), 'mu')
+    fx.readmit[lane] = true
+  end
+
+  -- Fair deferral (fairlane/policy/admission/deferral.py; the contract's Fair deferral):
+  -- a class's deferred jobs wait in per-tenant groups, FIFO by seq, and are admitted
+  -- again by the start-time fair rule of the lane's fair queue, charged their reserved
+  -- units. The class's index `deferred` (every deferred id by seq) is what cancel, the
+  -- views and the counts read; a job cancelled out of it leaves its group when a pass
+  -- reaches it.
+  function deferral.group(p, lane, cls, tenant)
+    return class_key(p, lane, cls, 'dq:' .. tenant)
+  end
+
+  -- A job waits in its class's deferred queue; its tenant activates at max(V, F_t) when
+  -- its group was empty. `tenant` is read from the record when the caller has not.
+  local function defer(p, lane, cls, id, seq, tenant)
+    tenant = tenant or redis.call('HGET', job_key(p, id), 'tenant') or ''
+    redis.call('ZADD', class_key(p, lane, cls, 'deferred'), seq, id)
+    local group = deferral.group(p, lane, cls, tenant)
+    redis.call('ZADD', group, seq, id)
+    if redis.call('ZCARD', group) == 1 then
+      local idle = class_key(p, lane, cls, 'didle')
+      local v = tonumber(redis.call('HGET', class_key(p, lane, cls, 'dvt'), 'V')) or 0
+      local finish = tonumber(redis.call('ZSCORE', idle, tenant))
+      if finish then
+        redis.call('ZREM', idle, tenant)
+      end
+      redis.call('ZADD', class_key(p, lane, cls, 'dfair'), math.max(v, finish or 0), tenant)
+    end
+    redis.call('HINCRBY', lane_key(p, lane, 'state'), 'ad:' .. cls, 1)
+    redis.call('HSET', job_key(p, id), 'st', 'deferred')
+  end
+
+  -- One readmission pass's view of a class's deferred queue: V, the pin, its overtakes,
+  -- the tenants passed over in this pass and the weights read.
+  function deferral.pass(p, lane, cls, weights_key, weights)
+    local d = redis.call('HMGET', class_key(p, lane, cls, 'dvt'), 'V', 'pin', 'pt')
+    local ov = redis.call('HGET', lane_key(p, lane, 'state'), 'ao:' .. cls)
+    return {p = p, lane = lane, cls = cls, v = tonumber(d[1]) or 0, pin = d[2], pt = d[3],
+      ov = tonumber(ov) or 0, passed = {}, npassed = 0, tried = 0,
+      fair = class_key(p, lane, cls, 'dfair'), wk = weights_key, weights = weights}
+  end
+
+  -- The next head to try, or nil when the pass is over: the pinned head alone when the
+  -- class is held, else the head of the tenant with the least (tag, tenant) not passed
+  -- over. Returns its id, tenant and whether it is the held pin.
+  function deferral.next(ps)
+    if ps.tried >= deferral.PASS_BUDGET then
+      return nil
+    end
+    if ps.pin and ps.ov >= deferral.OVERTAKES then
+      ps.tried = ps.tried + 1
+      return ps.pin, ps.pt, true
+    end
+    -- at most npassed tenants are passed over, so the first npassed + 1 by tag hold the
+    -- least one that is not
+    local r = redis.call('ZRANGE', ps.fair, 0, ps.npassed)
+    for _, tenant in ipairs(r) do
+      if not ps.passed[tenant] then
+        ps.tried = ps.tried + 1
+        return redis.call('ZRANGE', deferral.group(ps.p, ps.lane, ps.cls, tenant), 0, 0)[1],
+          tenant, false
+      end
+    end
     return nil
   end
-  if ps.pin and ps.ov >= deferral.OVERTAKES then
-    ps.tried = ps.tried + 1
-    return ps.pin, ps.pt, true
+
+  -- Whether a job of `mu` could fit class `cls` in an empty pool (rules 3-5 with nothing
+  -- reserved): a head that never could is not pinned, so it cannot hold its class.
+  function deferral.ever_fits(cfg, cls, mu, fresh)
+    local bounds = cfg.classes[cls]
+    if bounds and (bounds[Adm.MAX_QUEUE] < 1 or bounds[Adm.TENANT_MAX_QUEUE] < 1 or (bounds[Adm.MAX_QUEUE_MU] >= 0 and mu > bounds[Adm.MAX_QUEUE_MU])
+        or ((bounds[Adm.TENANT_MAX_QUEUE_MU] or -1) >= 0 and mu > bounds[Adm.TENANT_MAX_QUEUE_MU])) then
+      return false
+    end
+    if fresh and cfg.C - mu < cfg.R then
+      return false
+    end
+    local tbl = cfg.utable
+    local reserved, w, d, x = {}, {}, {}, nil
+    for i, c in ipairs(tbl) do
+      reserved[i], d[i] = 0, 0
+      if c[ClassRow.NAME] == cls then
+        x = i
+      end
+    end
+    w[x], d[x] = math.max(mu, 1), math.max(mu, 1)
+    return choose_class(class_levels(tbl, cfg.C), reserved, w, d) == x
   end
-  -- at most npassed tenants are passed over, so the first npassed + 1 by tag hold the
-  -- least one that is not
-  local r = redis.call('ZRANGE', ps.fair, 0, ps.npassed)
-  for _, tenant in ipairs(r) do
-    if not ps.passed[tenant] then
-      ps.tried = ps.tried + 1
-      return redis.call('ZRANGE', deferral.group(ps.p, ps.lane, ps.cls, tenant), 0, 0)[1],
-        tenant, false
+
+  -- The head did not fit: its tenant is passed over for the rest of the pass (room only
+  -- shrinks within it), and it is pinned if no head is and it could ever fit.
+  function deferral.pass_over(ps, id, tenant, pinnable)
+    ps.passed[tenant] = true
+    ps.npassed = ps.npassed + 1
+    if not ps.pin and pinnable then
+      ps.pin, ps.pt, ps.ov = id, tenant, 0
     end
   end
-  return nil
-end
 
--- Whether a job of `mu` could fit class `cls` in an empty pool (rules 3-5 with nothing
--- reserved): a head that never could is not pinned, so it cannot hold its class.
-function deferral.ever_fits(cfg, cls, mu, fresh)
-  local b = cfg.classes[cls]
-  if b and (b[1] < 1 or b[3] < 1 or (b[2] >= 0 and mu > b[2])
-      or ((b[6] or -1) >= 0 and mu > b[6])) then
-    return false
-  end
-  if fresh and cfg.C - mu < cfg.R then
-    return false
-  end
-  local tbl = cfg.utable
-  local reserved, w, d, x = {}, {}, {}, nil
-  for i, c in ipairs(tbl) do
-    reserved[i], d[i] = 0, 0
-    if c[1] == cls then
-      x = i
+  -- A head leaves its class's deferred queue, admitted (its tenant charged its units over
+  -- its weight, V moved up to its tag) or dropped (uncharged).
+  function deferral.take(ps, id, tenant, mu, admitted)
+    local p, lane, cls = ps.p, ps.lane, ps.cls
+    local group = deferral.group(p, lane, cls, tenant)
+    redis.call('ZREM', group, id)
+    if redis.call('ZREM', class_key(p, lane, cls, 'deferred'), id) == 1 then
+      redis.call('HINCRBY', lane_key(p, lane, 'state'), 'ad:' .. cls, -1)
+    end
+    local tag = tonumber(redis.call('ZSCORE', ps.fair, tenant)) or ps.v
+    if admitted then
+      local wt = ps.weights[tenant]
+      if not wt then
+        wt = tonumber(redis.call('HGET', ps.wk, tenant)) or 1
+        ps.weights[tenant] = wt
+      end
+      ps.v = math.max(ps.v, tag)
+      tag = tag + math.max(mu, MIN_CHARGE_MU) / 1000 / wt
+      if ps.pin and ps.pin ~= id then
+        ps.ov = ps.ov + 1
+      end
+    end
+    if ps.pin == id then
+      ps.pin, ps.pt, ps.ov = nil, nil, 0
+    end
+    if redis.call('ZCARD', group) == 0 then
+      redis.call('ZREM', ps.fair, tenant)
+      if tag > ps.v then
+        redis.call('ZADD', class_key(p, lane, cls, 'didle'), tag, tenant)
+      end
+    elseif admitted then
+      redis.call('ZADD', ps.fair, tag, tenant)
     end
   end
-  w[x], d[x] = math.max(mu, 1), math.max(mu, 1)
-  return choose_class(class_levels(tbl, cfg.C), reserved, w, d) == x
-end
 
--- The head did not fit: its tenant is passed over for the rest of the pass (room only
--- shrinks within it), and it is pinned if no head is and it could ever fit.
-function deferral.pass_over(ps, id, tenant, pinnable)
-  ps.passed[tenant] = true
-  ps.npassed = ps.npassed + 1
-  if not ps.pin and pinnable then
-    ps.pin, ps.pt, ps.ov = id, tenant, 0
-  end
-end
-
--- A head leaves its class's deferred queue, admitted (its tenant charged its units over
--- its weight, V moved up to its tag) or dropped (uncharged).
-function deferral.take(ps, id, tenant, mu, admitted)
-  local p, lane, cls = ps.p, ps.lane, ps.cls
-  local group = deferral.group(p, lane, cls, tenant)
-  redis.call('ZREM', group, id)
-  if redis.call('ZREM', class_key(p, lane, cls, 'deferred'), id) == 1 then
-    redis.call('HINCRBY', lane_key(p, lane, 'state'), 'ad:' .. cls, -1)
-  end
-  local tag = tonumber(redis.call('ZSCORE', ps.fair, tenant)) or ps.v
-  if admitted then
-    local wt = ps.weights[tenant]
-    if not wt then
-      wt = tonumber(redis.call('HGET', ps.wk, tenant)) or 1
-      ps.weights[tenant] = wt
+  -- The pass ends: finish tags at or below V are deleted; with no group left, V, the finish
+  -- tags and the pin go too. Otherwise V, the pin and its overtakes are written back.
+  function deferral.end_pass(ps)
+    local p, lane, cls = ps.p, ps.lane, ps.cls
+    local idle = class_key(p, lane, cls, 'didle')
+    local dvt = class_key(p, lane, cls, 'dvt')
+    local sk = lane_key(p, lane, 'state')
+    if redis.call('EXISTS', ps.fair) == 0 then
+      redis.call('DEL', dvt, idle)
+      redis.call('HDEL', sk, 'ao:' .. cls)
+      return
     end
-    ps.v = math.max(ps.v, tag)
-    tag = tag + math.max(mu, MIN_CHARGE_MU) / 1000 / wt
-    if ps.pin and ps.pin ~= id then
-      ps.ov = ps.ov + 1
+    redis.call('ZREMRANGEBYSCORE', idle, '-inf', ps.v)
+    if ps.pin then
+      redis.call('HSET', dvt, 'V', ps.v, 'pin', ps.pin, 'pt', ps.pt)
+      redis.call('HSET', sk, 'ao:' .. cls, ps.ov)
+    else
+      redis.call('HSET', dvt, 'V', ps.v)
+      redis.call('HDEL', dvt, 'pin', 'pt')
+      redis.call('HDEL', sk, 'ao:' .. cls)
     end
   end
-  if ps.pin == id then
-    ps.pin, ps.pt, ps.ov = nil, nil, 0
-  end
-  if redis.call('ZCARD', group) == 0 then
-    redis.call('ZREM', ps.fair, tenant)
-    if tag > ps.v then
-      redis.call('ZADD', class_key(p, lane, cls, 'didle'), tag, tenant)
+
+  local function may_defer(p, lane, cfg, cls)
+    local bounds = cfg.classes[cls]
+    if not bounds or bounds[Adm.DEFER] ~= 1 then
+      return false
     end
-  elseif admitted then
-    redis.call('ZADD', ps.fair, tag, tenant)
+    local n = tonumber(redis.call('HGET', lane_key(p, lane, 'state'), 'ad:' .. cls)) or 0
+    return n < bounds[Adm.MAX_DEFERRED]
   end
-end
 
--- The pass ends: finish tags at or below V are deleted; with no group left, V, the finish
--- tags and the pin go too. Otherwise V, the pin and its overtakes are written back.
-function deferral.end_pass(ps)
-  local p, lane, cls = ps.p, ps.lane, ps.cls
-  local idle = class_key(p, lane, cls, 'didle')
-  local dvt = class_key(p, lane, cls, 'dvt')
-  local sk = lane_key(p, lane, 'state')
-  if redis.call('EXISTS', ps.fair) == 0 then
-    redis.call('DEL', dvt, idle)
-    redis.call('HDEL', sk, 'ao:' .. cls)
-    return
-  end
-  redis.call('ZREMRANGEBYSCORE', idle, '-inf', ps.v)
-  if ps.pin then
-    redis.call('HSET', dvt, 'V', ps.v, 'pin', ps.pin, 'pt', ps.pt)
-    redis.call('HSET', sk, 'ao:' .. cls, ps.ov)
-  else
-    redis.call('HSET', dvt, 'V', ps.v)
-    redis.call('HDEL', dvt, 'pin', 'pt')
-    redis.call('HDEL', sk, 'ao:' .. cls)
-  end
-end
-
-local function may_defer(p, lane, cfg, cls)
-  local bounds = cfg.classes[cls]
-  if not bounds or bounds[5] ~= 1 then
-    return false
-  end
-  local n = tonumber(redis.call('HGET', lane_key(p, lane, 'state'), 'ad:' .. cls)) or 0
-  return n < bounds[4]
-end
-
--- Count a rejection of `tenant`'s request; returns its earlier rejections in the window.
-local function note_rejection(p, lane, tenant, now)
-  local rk = lane_key(p, lane, 'adm:rej')
-  local n, start = 0, now
-  local v = redis.call('HGET', rk, tenant)
-  if v then
-    local c, s = string.match(v, '^(%d+)|(%d+)$')
-    if tonumber(s) and now - tonumber(s) < REJECT_WINDOW_MS then
-      n, start = tonumber(c), tonumber(s)
+  -- Count a rejection of `tenant`'s request; returns its earlier rejections in the window.
+  local function note_rejection(p, lane, tenant, now)
+    local rk = lane_key(p, lane, 'adm:rej')
+    local n, start = 0, now
+    local v = redis.call('HGET', rk, tenant)
+    if v then
+      local c, s = string.match(v, '^(%d+)|(%d+)$')
+      if tonumber(s) and now - tonumber(s) < REJECT_WINDOW_MS then
+        n, start = tonumber(c), tonumber(s)
+      end
     end
+    redis.call('HSET', rk, tenant, (n + 1) .. '|' .. start)
+    return n
   end
-  redis.call('HSET', rk, tenant, (n + 1) .. '|' .. start)
-  return n
-end
 
--- The decision for a new job (fresh work). Returns 'accepted', 'deferred' or
--- 'rejected', the reason (nil when accepted) and the reservation in milli-units.
-local function admit_new(p, lane, cfg, cls, tenant, base_mu)
-  local mu = math.floor(base_mu * cfg.safety + 0.5)
-  if mu > cfg.max then
-    return 'rejected', 'too_wide', mu
-  end
-  local why, ao = room_for(p, lane, cfg, cls, tenant, mu, true)
-  if why == 'accepted' then
-    if ao then
-      -- admitted while the class's pinned deferred head waits: one overtake of it
-      redis.call('HINCRBY', lane_key(p, lane, 'state'), 'ao:' .. cls, 1)
+  -- The decision for a new job (fresh work). Returns 'accepted', 'deferred' or
+  -- 'rejected', the reason (nil when accepted) and the reservation in milli-units.
+  local function admit_new(p, lane, cfg, cls, tenant, base_mu)
+    local mu = math.floor(base_mu * cfg.safety + 0.5)
+    if mu > cfg.max then
+      return 'rejected', 'too_wide', mu
     end
-    return 'accepted', nil, mu
+    local why, ao = room_for(p, lane, cfg, cls, tenant, mu, true)
+    if why == 'accepted' then
+      if ao then
+        -- admitted while the class's pinned deferred head waits: one overtake of it
+        redis.call('HINCRBY', lane_key(p, lane, 'state'), 'ao:' .. cls, 1)
+      end
+      return 'accepted', nil, mu
+    end
+    if may_defer(p, lane, cfg, cls) then
+      return 'deferred', why, mu
+    end
+    return 'rejected', why, mu
   end
-  if may_defer(p, lane, cfg, cls) then
-    return 'deferred', why, mu
-  end
-  return 'rejected', why, mu
-end
 
--- Counts one decision of admit_new in the stats hash, field
--- 'adm:<outcome>:<reason>:<lane>:<class>' (reason 'none' when accepted), for the
--- metrics. It joins the call's effects, so a batch costs one HINCRBY per distinct field
--- rather than one per job. Lane and class names hold no ':' and the reasons are a fixed
--- set, so the number of fields stays bounded by the declared lanes and classes.
-local function count_decision(fx, lane, cls, verdict, reason)
-  local name = 'adm:' .. verdict .. ':' .. (reason or 'none') .. ':' .. lane .. ':' .. cls
-  fx.counts[name] = (fx.counts[name] or 0) + 1
+  -- Counts one decision of admit_new in the stats hash, field
+  -- 'adm:<outcome>:<reason>:<lane>:<class>' (reason 'none' when accepted), for the
+  -- metrics. It joins the call's effects, so a batch costs one HINCRBY per distinct field
+  -- rather than one per job. Lane and class names hold no ':' and the reasons are a fixed
+  -- set, so the number of fields stays bounded by the declared lanes and classes.
+  local function count_decision(fx, lane, cls, verdict, reason)
+    local name = 'adm:' .. verdict .. ':' .. (reason or 'none') .. ':' .. lane .. ':' .. cls
+    fx.counts[name] = (fx.counts[name] or 0) + 1
+  end
+
+  admission.MIN_CHARGE_MU = MIN_CHARGE_MU
+  admission.REJECT_WINDOW_MS = REJECT_WINDOW_MS
+  admission.adjust_tag = adjust_tag
+  admission.admission_of = admission_of
+  admission.admit_new = admit_new
+  admission.charge_mu = charge_mu
+  admission.count_decision = count_decision
+  admission.defer = defer
+  admission.deferral = deferral
+  admission.expected_mu = expected_mu
+  admission.lane_declarations = lane_declarations
+  admission.learn_costs = learn_costs
+  admission.note_rejection = note_rejection
+  admission.release_reservation = release_reservation
+  admission.reserve = reserve
+  admission.room_for = room_for
 end

@@ -3,41 +3,49 @@
 -- the rule, its scale against the FIFO numbers and its bound). Dispatch is unchanged.
 -- Called where a keyed job first enters its tenant's queue: enqueue.lua (due and
 -- admitted), lease.lua's promote_due (scheduled, attempt 0) and records.lua's
--- deferral.readmit_class (admitted from the deferred queue); never for a retry.
--- One table of functions: the library's main chunk is near Lua's 200 locals.
+-- readmit_class (admitted from the deferred queue); never for a retry.
+--
+-- Keys: fk:<lane>:<class>:<tenant>, fkw:<tenant>; reads q:<lane>:<class>:<tenant>
+-- Calls: core, fairqueue
+-- Entry points: fairkeys.{order, tags_key, weights_key}
 
 -- Per tenant queue, `fk:<lane>:<class>:<tenant>` (zset key -> start tag of the key's next
 -- job); per tenant, `fkw:<tenant>` (hash key -> weight, absent = 1).
 local fairkeys = {}
 
-function fairkeys.tags_key(p, lane, cls, tenant)
-  return p .. 'fk:' .. lane .. ':' .. cls .. ':' .. tenant
-end
+do
+  local PRIO_SPAN = core.PRIO_SPAN
+  local tenant_queue = fairqueue.tenant_queue
 
-function fairkeys.weights_key(p, tenant)
-  return p .. 'fkw:' .. tenant
-end
+  function fairkeys.tags_key(p, lane, cls, tenant)
+    return p .. 'fk:' .. lane .. ':' .. cls .. ':' .. tenant
+  end
 
--- Rule 1: the present is the head's order number (its score less the priority), or the
--- job's own FIFO number when the queue is empty (every tag is dropped then: a drained
--- queue has nothing left to be fair about); tags at or below the head carry nothing and
--- are dropped too. The job takes max(F_k, present), and F_k moves on by 1 / w_k.
-function fairkeys.order(p, lane, cls, tenant, key, seq)
-  local fk = fairkeys.tags_key(p, lane, cls, tenant)
-  local head = redis.call('ZRANGE', tenant_queue(p, lane, cls, tenant), 0, 0, 'WITHSCORES')
-  local present
-  if #head == 0 then
-    redis.call('DEL', fk)
-    present = seq
-  else
-    present = tonumber(head[2]) % PRIO_SPAN
-    redis.call('ZREMRANGEBYSCORE', fk, '-inf', present)
+  function fairkeys.weights_key(p, tenant)
+    return p .. 'fkw:' .. tenant
   end
-  local tag = tonumber(redis.call('ZSCORE', fk, key))
-  if not tag or tag <= present then
-    tag = present
+
+  -- Rule 1: the present is the head's order number (its score less the priority), or the
+  -- job's own FIFO number when the queue is empty (every tag is dropped then: a drained
+  -- queue has nothing left to be fair about); tags at or below the head carry nothing and
+  -- are dropped too. The job takes max(F_k, present), and F_k moves on by 1 / w_k.
+  function fairkeys.order(p, lane, cls, tenant, key, seq)
+    local fk = fairkeys.tags_key(p, lane, cls, tenant)
+    local head = redis.call('ZRANGE', tenant_queue(p, lane, cls, tenant), 0, 0, 'WITHSCORES')
+    local present
+    if #head == 0 then
+      redis.call('DEL', fk)
+      present = seq
+    else
+      present = tonumber(head[2]) % PRIO_SPAN
+      redis.call('ZREMRANGEBYSCORE', fk, '-inf', present)
+    end
+    local tag = tonumber(redis.call('ZSCORE', fk, key))
+    if not tag or tag <= present then
+      tag = present
+    end
+    local w = tonumber(redis.call('HGET', fairkeys.weights_key(p, tenant), key)) or 1
+    redis.call('ZADD', fk, tag + 1 / w, key)
+    return tag
   end
-  local w = tonumber(redis.call('HGET', fairkeys.weights_key(p, tenant), key)) or 1
-  redis.call('ZADD', fk, tag + 1 / w, key)
-  return tag
 end

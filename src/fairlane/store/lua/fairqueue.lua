@@ -1,187 +1,219 @@
 -- Tenants within a class: their queues, start-time fair queuing's activation and
 -- idling, the classes' in-flight and waiting slots, and jobs a throttle key woke.
+--
+-- Keys: q:<lane>:<class>:<tenant>, lane:<l>:c:<class>:fair|vt, lane:<l>:state, job:<id>
+-- Calls: core, classes, throttle
+-- Entry points: fairqueue.{add_settled, class_key, deactivate, enter_all_woken,
+--   flush_pushes, flush_queue, flush_settled, give_back_offers, lane_waiting, new_pushes,
+--   push_ready, release_throttle, settle_running, take_back_offers, tenant_queue,
+--   work_of}
 
--- Per-class keys of a lane: `fair` (active tenant -> start tag), `vt` (V, in-flight
--- `run`, idle tenants' finish tags `f:<tenant>`).
-local function class_key(p, lane, cls, what)
-  return p .. 'lane:' .. lane .. ':c:' .. cls .. ':' .. what
-end
+local fairqueue = {}
 
-local function tenant_queue(p, lane, cls, tenant)
-  return p .. 'q:' .. lane .. ':' .. cls .. ':' .. tenant
-end
+do
+  local DEFAULT_CLASS, job_key, lane_key = core.DEFAULT_CLASS, core.job_key, core.lane_key
+  local log_event, now_ms, order_score = core.log_event, core.now_ms, core.order_score
+  local slots_of, wake = core.slots_of, core.wake
+  local class_table = classes.class_table
+  local thr_cancel, thr_release = throttle.thr_cancel, throttle.thr_release
 
--- Fair dispatch between a class's tenants: start-time fair queuing by work units
--- (fairlane/policy/fairqueue.py derives it and states its bounds). A tenant that
--- becomes active starts at max(F_t, V - run / active tenants): level with the work
--- the others have *finished*, so a newcomer is not made to wait behind work that was
--- merely dispatched first, and a returning tenant's credit is bounded by the work in
--- flight -- never by how long it was idle.
-local function activate(p, lane, cls, tenant)
-  local vt = class_key(p, lane, cls, 'vt')
-  local fair = class_key(p, lane, cls, 'fair')
-  local f = redis.call('HMGET', vt, 'V', 'run', 'f:' .. tenant)
-  local start = tonumber(f[1]) or 0
-  local active = redis.call('ZCARD', fair)
-  if active > 0 then
-    start = start - (tonumber(f[2]) or 0) / active
+  -- Per-class keys of a lane: `fair` (active tenant -> start tag), `vt` (V, in-flight
+  -- `run`, idle tenants' finish tags `f:<tenant>`).
+  local function class_key(p, lane, cls, what)
+    return p .. 'lane:' .. lane .. ':c:' .. cls .. ':' .. what
   end
-  local finish = tonumber(f[3])
-  if finish then
-    if finish > start then
-      start = finish
+
+  local function tenant_queue(p, lane, cls, tenant)
+    return p .. 'q:' .. lane .. ':' .. cls .. ':' .. tenant
+  end
+
+  -- Fair dispatch between a class's tenants: start-time fair queuing by work units
+  -- (fairlane/policy/fairqueue.py derives it and states its bounds). A tenant that
+  -- becomes active starts at max(F_t, V - run / active tenants): level with the work
+  -- the others have *finished*, so a newcomer is not made to wait behind work that was
+  -- merely dispatched first, and a returning tenant's credit is bounded by the work in
+  -- flight -- never by how long it was idle.
+  local function activate(p, lane, cls, tenant)
+    local vt = class_key(p, lane, cls, 'vt')
+    local fair = class_key(p, lane, cls, 'fair')
+    local f = redis.call('HMGET', vt, 'V', 'run', 'f:' .. tenant)
+    local start = tonumber(f[1]) or 0
+    local active = redis.call('ZCARD', fair)
+    if active > 0 then
+      start = start - (tonumber(f[2]) or 0) / active
     end
-    redis.call('HDEL', vt, 'f:' .. tenant)
+    local finish = tonumber(f[3])
+    if finish then
+      if finish > start then
+        start = finish
+      end
+      redis.call('HDEL', vt, 'f:' .. tenant)
+    end
+    redis.call('ZADD', fair, start, tenant)
   end
-  redis.call('ZADD', fair, start, tenant)
-end
 
--- Put a job in its tenant's queue; the tenant becomes active if it had no work. The
--- class's waiting demand `d:<class>` grows by the job's slots. With `batch` (an
--- enqueue's pushes) the members and the demand are gathered and written by
--- `flush_pushes`, one ZADD per queue, and a queue already pushed to is known to be
--- active.
-local function push_ready(p, lane, cls, tenant, id, prio, seq, slots, batch)
-  local q = tenant_queue(p, lane, cls, tenant)
-  if not (batch and batch.active[q]) then
-    if redis.call('ZCARD', q) == 0 then
-      activate(p, lane, cls, tenant)
+  -- Put a job in its tenant's queue; the tenant becomes active if it had no work. The
+  -- class's waiting demand `d:<class>` grows by the job's slots. With `batch` (an
+  -- enqueue's pushes) the members and the demand are gathered and written by
+  -- `flush_pushes`, one ZADD per queue, and a queue already pushed to is known to be
+  -- active.
+  local function push_ready(p, lane, cls, tenant, id, prio, seq, slots, batch)
+    local q = tenant_queue(p, lane, cls, tenant)
+    if not (batch and batch.active[q]) then
+      if redis.call('ZCARD', q) == 0 then
+        activate(p, lane, cls, tenant)
+      end
+      if batch then
+        batch.active[q] = true
+      end
     end
     if batch then
-      batch.active[q] = true
+      local z = batch.z[q]
+      if not z then
+        z = {}
+        batch.z[q] = z
+        batch.order[#batch.order + 1] = q
+      end
+      z[#z + 1] = order_score(prio, seq)
+      z[#z + 1] = id
+      batch.d[cls] = (batch.d[cls] or 0) + slots_of(slots)
+    else
+      redis.call('ZADD', q, order_score(prio, seq), id)
+      redis.call('HINCRBY', lane_key(p, lane, 'state'), 'd:' .. cls, slots_of(slots))
     end
   end
-  if batch then
+
+  function fairqueue.new_pushes()
+    return {active = {}, d = {}, z = {}, order = {}}
+  end
+
+  -- Write the members gathered for queue `q`, so that a reader sees them (a fairness
+  -- key's order is taken from its queue's head).
+  function fairqueue.flush_queue(batch, q)
     local z = batch.z[q]
-    if not z then
-      z = {}
-      batch.z[q] = z
-      batch.order[#batch.order + 1] = q
-    end
-    z[#z + 1] = order_score(prio, seq)
-    z[#z + 1] = id
-    batch.d[cls] = (batch.d[cls] or 0) + slots_of(slots)
-  else
-    redis.call('ZADD', q, order_score(prio, seq), id)
-    redis.call('HINCRBY', lane_key(p, lane, 'state'), 'd:' .. cls, slots_of(slots))
-  end
-end
-
-function hot.new_pushes()
-  return {active = {}, d = {}, z = {}, order = {}}
-end
-
--- Write the members gathered for queue `q`, so that a reader sees them (a fairness
--- key's order is taken from its queue's head).
-function hot.flush_queue(batch, q)
-  local z = batch.z[q]
-  if z then
-    hot.chunked('ZADD', q, z)
-    batch.z[q] = {}
-  end
-end
-
-local function flush_pushes(p, lane, batch)
-  for _, q in ipairs(batch.order) do
-    hot.flush_queue(batch, q)
-  end
-  batch.z, batch.order = {}, {}
-  for cls, n in pairs(batch.d) do
-    redis.call('HINCRBY', lane_key(p, lane, 'state'), 'd:' .. cls, n)
-  end
-  batch.d = {}
-end
-
--- A tenant whose queue emptied leaves the active set; its tag is kept as its finish tag.
-local function deactivate(p, lane, cls, tenant, tag)
-  redis.call('ZREM', class_key(p, lane, cls, 'fair'), tenant)
-  redis.call('HSET', class_key(p, lane, cls, 'vt'), 'f:' .. tenant, tag)
-end
-
--- Whether any class of a lane has work waiting for a slot.
-local function lane_waiting(p, lane)
-  local sk = lane_key(p, lane, 'state')
-  local fields = {}
-  for i, c in ipairs(class_table(sk)) do
-    fields[i] = 'd:' .. c[1]
-  end
-  for _, v in ipairs(redis.call('HMGET', sk, unpack(fields))) do
-    if (tonumber(v) or 0) > 0 then
-      return true
+    if z then
+      core.chunked('ZADD', q, z)
+      batch.z[q] = {}
     end
   end
-  return false
-end
 
--- The work a job is charged in its tenant's tag: one unit, or in 'cost' mode (where
--- enqueue records `cu`) what it is expected to cost. In-flight work `run` counts the
--- same units, so that a newcomer's credit (`run / active`) is in the tags' own scale.
-local function work_of(charged_mu)
-  return charged_mu and (hot.num(charged_mu) or 0) / 1000 or 1
-end
-
--- A running attempt of a job ended: the class's in-flight slots and work shrink.
-local function settle_running(p, lane, cls, slots, work)
-  redis.call('HINCRBYFLOAT', class_key(p, lane, cls, 'vt'), 'run', -(work or 1))
-  redis.call('HINCRBY', lane_key(p, lane, 'state'), 'f:' .. cls, -slots_of(slots))
-end
-
--- Settlements of one ack batch, added up per lane and class and written at once.
-local function add_settled(settled, lane, cls, slots, work)
-  local key = lane .. '\0' .. cls
-  local e = settled[key]
-  if not e then
-    e = {lane, cls, 0, 0}
-    settled[key] = e
+  local function flush_pushes(p, lane, batch)
+    for _, q in ipairs(batch.order) do
+      fairqueue.flush_queue(batch, q)
+    end
+    batch.z, batch.order = {}, {}
+    for cls, n in pairs(batch.d) do
+      redis.call('HINCRBY', lane_key(p, lane, 'state'), 'd:' .. cls, n)
+    end
+    batch.d = {}
   end
-  e[3], e[4] = e[3] + work, e[4] + slots_of(slots)
-end
 
-local function flush_settled(p, settled)
-  for key, e in pairs(settled) do
-    settle_running(p, e[1], e[2], e[4], e[3])
-    settled[key] = nil
+  -- A tenant whose queue emptied leaves the active set; its tag is kept as its finish tag.
+  local function deactivate(p, lane, cls, tenant, tag)
+    redis.call('ZREM', class_key(p, lane, cls, 'fair'), tenant)
+    redis.call('HSET', class_key(p, lane, cls, 'vt'), 'f:' .. tenant, tag)
   end
-end
 
--- A throttle key woke job `id` with offers on its keys: it goes back into its tenant's
--- queue of its class at its own place (its priority and seq), the tenant active again
--- if it was idle, and its lane is woken. It takes its slots with its lane slot
--- (dispatch converts the offers), so a throttle slot is held only by running work.
-local function enter_woken(p, id, key, now)
-  local jk = job_key(p, id)
-  local f = redis.call('HMGET', jk, 'lane', 'cls', 'tenant', 'prio', 'seq', 'sl')
-  redis.call('HSET', jk, 'st', 'queued', 'toff', '1', 'x', '1')
-  log_event(p, id, now or now_ms(), 'granted', {key = key})
-  push_ready(p, f[1], f[2] or DEFAULT_CLASS, f[3] or '', id, f[4] or 0, f[5] or 0, f[6])
-  wake(p, f[1])
-end
-
-local function enter_all_woken(p, wakes, now)
-  for _, w in ipairs(wakes) do
-    enter_woken(p, w[1], w[2], now)
+  -- Whether any class of a lane has work waiting for a slot.
+  local function lane_waiting(p, lane)
+    local sk = lane_key(p, lane, 'state')
+    local fields = {}
+    for i, c in ipairs(class_table(sk)) do
+      fields[i] = 'd:' .. c[ClassRow.NAME]
+    end
+    for _, v in ipairs(redis.call('HMGET', sk, unpack(fields))) do
+      if (tonumber(v) or 0) > 0 then
+        return true
+      end
+    end
+    return false
   end
-  return #wakes > 0
-end
 
--- Release a job's throttle grant, if it holds one, and wake the keys; `used` (units the
--- attempt used, nil when unknown) corrects its rate keys, `succeeded` grows its adaptive
--- ones (thr_release).
-local function release_throttle(keys, p, id, token, now, used, succeeded)
-  if token then
-    redis.call('HDEL', job_key(p, id), 'ttok')
-    enter_all_woken(p, thr_release(keys, id, token, now, used, succeeded), now)
+  -- The work a job is charged in its tenant's tag: one unit, or in 'cost' mode (where
+  -- enqueue records `cu`) what it is expected to cost. In-flight work `run` counts the
+  -- same units, so that a newcomer's credit (`run / active`) is in the tags' own scale.
+  local function work_of(charged_mu)
+    return charged_mu and (core.num(charged_mu) or 0) / 1000 or 1
   end
-end
 
--- A woken job that will not run (cancelled, expired) gives its offers back. Returns
--- the waiters that wakes (the caller enters them: dispatch only where it is safe).
-local function take_back_offers(keys, p, id, now)
-  redis.call('HDEL', job_key(p, id), 'toff')
-  local _, wakes = thr_cancel(keys, id, now)
-  return wakes
-end
+  -- A running attempt of a job ended: the class's in-flight slots and work shrink.
+  local function settle_running(p, lane, cls, slots, work)
+    redis.call('HINCRBYFLOAT', class_key(p, lane, cls, 'vt'), 'run', -(work or 1))
+    redis.call('HINCRBY', lane_key(p, lane, 'state'), 'f:' .. cls, -slots_of(slots))
+  end
 
-local function give_back_offers(keys, p, id, now)
-  enter_all_woken(p, take_back_offers(keys, p, id, now), now)
+  -- Settlements of one ack batch, added up per lane and class and written at once.
+  local function add_settled(settled, lane, cls, slots, work)
+    local key = lane .. '\0' .. cls
+    local e = settled[key]
+    if not e then
+      e = {lane, cls, 0, 0}
+      settled[key] = e
+    end
+    e[3], e[4] = e[3] + work, e[4] + slots_of(slots)
+  end
+
+  local function flush_settled(p, settled)
+    for key, e in pairs(settled) do
+      settle_running(p, e[1], e[2], e[4], e[3])
+      settled[key] = nil
+    end
+  end
+
+  -- A throttle key woke job `id` with offers on its keys: it goes back into its tenant's
+  -- queue of its class at its own place (its priority and seq), the tenant active again
+  -- if it was idle, and its lane is woken. It takes its slots with its lane slot
+  -- (dispatch converts the offers), so a throttle slot is held only by running work.
+  local function enter_woken(p, id, key, now)
+    local jk = job_key(p, id)
+    local f = redis.call('HMGET', jk, 'lane', 'cls', 'tenant', 'prio', 'seq', 'sl')
+    redis.call('HSET', jk, 'st', 'queued', 'toff', '1', 'x', '1')
+    log_event(p, id, now or now_ms(), 'granted', {key = key})
+    push_ready(p, f[1], f[2] or DEFAULT_CLASS, f[3] or '', id, f[4] or 0, f[5] or 0, f[6])
+    wake(p, f[1])
+  end
+
+  local function enter_all_woken(p, wakes, now)
+    for _, w in ipairs(wakes) do
+      enter_woken(p, w[1], w[2], now)
+    end
+    return #wakes > 0
+  end
+
+  -- Release a job's throttle grant, if it holds one, and wake the keys; `used` (units the
+  -- attempt used, nil when unknown) corrects its rate keys, `succeeded` grows its adaptive
+  -- ones (thr_release).
+  local function release_throttle(keys, p, id, token, now, used, succeeded)
+    if token then
+      redis.call('HDEL', job_key(p, id), 'ttok')
+      enter_all_woken(p, thr_release(keys, id, token, now, used, succeeded), now)
+    end
+  end
+
+  -- A woken job that will not run (cancelled, expired) gives its offers back. Returns
+  -- the waiters that wakes (the caller enters them: dispatch only where it is safe).
+  local function take_back_offers(keys, p, id, now)
+    redis.call('HDEL', job_key(p, id), 'toff')
+    local _, wakes = thr_cancel(keys, id, now)
+    return wakes
+  end
+
+  local function give_back_offers(keys, p, id, now)
+    enter_all_woken(p, take_back_offers(keys, p, id, now), now)
+  end
+
+  fairqueue.add_settled = add_settled
+  fairqueue.class_key = class_key
+  fairqueue.deactivate = deactivate
+  fairqueue.enter_all_woken = enter_all_woken
+  fairqueue.flush_pushes = flush_pushes
+  fairqueue.flush_settled = flush_settled
+  fairqueue.give_back_offers = give_back_offers
+  fairqueue.lane_waiting = lane_waiting
+  fairqueue.push_ready = push_ready
+  fairqueue.release_throttle = release_throttle
+  fairqueue.settle_running = settle_running
+  fairqueue.take_back_offers = take_back_offers
+  fairqueue.tenant_queue = tenant_queue
+  fairqueue.work_of = work_of
 end

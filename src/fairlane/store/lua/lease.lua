@@ -1,348 +1,377 @@
 -- Handing jobs out: promotion of due scheduled jobs, checks on a popped record,
 -- leases with fencing tokens, and direct hand-off to idle workers.
+--
+-- Keys: job:<id>, inbox:<worker>, wj:<worker>, lane:<l>:delayed|idle|state,
+--   lane:<l>:c:<c>:vt, KEYS[FENCE] (tokens), KEYS[LEASES]
+-- Calls: core, classes, fairqueue, fairkeys, admission, records
+-- Entry points: leasing.{NOT_ENTITLED_ERR, RUNNABLE, RUNNABLE_X, backoff_ok, finite_ok,
+--   hand_off, inbox_key, lease_jobs, limits_ok, lost_class, peek_idle_worker,
+--   promote_due, rates_ok, read_runnable, runnable, slots_ok, text_ok, to_ok, whole_ok,
+--   worker_jobs}
 
--- Whether a due job's class is restricted and its tenant no longer entitled to it (the
--- entitlement lifted since the job was admitted): a retry, or a job scheduled for later,
--- passes enqueue's gate again when it enters its queue. The lane's table is read once
--- per call (`memo`), and only when a job is due.
-function hot.lost_class(keys, p, lane, cls, tenant, fx, memo)
-  memo.tbl = memo.tbl or class_table(lane_key(p, lane, 'state'))
-  local i = class_index(memo.tbl, cls)
-  if not i or memo.tbl[i][8] ~= 1 then
-    return false
+local leasing = {}
+
+do
+  local DEFAULT_CLASS, FENCE, LEASES = core.DEFAULT_CLASS, core.FENCE, core.LEASES
+  local job_key, lane_key, log_event = core.job_key, core.lane_key, core.log_event
+  local class_index, class_table = classes.class_index, classes.class_table
+  local class_key, push_ready, release_throttle = fairqueue.class_key, fairqueue.push_ready, fairqueue.release_throttle
+  local take_back_offers, work_of = fairqueue.take_back_offers, fairqueue.work_of
+  local admission_of, defer, reserve = admission.admission_of, admission.defer, admission.reserve
+  local room_for = admission.room_for
+  local EXPIRED_ERR, count, dead_letter = records.EXPIRED_ERR, records.count, records.dead_letter
+  local expire = records.expire
+
+  -- Whether a due job's class is restricted and its tenant no longer entitled to it (the
+  -- entitlement lifted since the job was admitted): a retry, or a job scheduled for later,
+  -- passes enqueue's gate again when it enters its queue. The lane's table is read once
+  -- per call (`memo`), and only when a job is due.
+  function leasing.lost_class(keys, p, lane, cls, tenant, fx, memo)
+    memo.tbl = memo.tbl or class_table(lane_key(p, lane, 'state'))
+    local i = class_index(memo.tbl, cls)
+    if not i or memo.tbl[i][ClassRow.RESTRICTED] ~= 1 then
+      return false
+    end
+    return not classes.may_use(memo.tbl[i], classes.entitlement(fx, keys, p, memo.seen, tenant))
   end
-  return not hot.may_use(memo.tbl[i], hot.entitlement(fx, keys, p, memo.seen, tenant))
-end
 
-hot.NOT_ENTITLED_ERR = '{"type":"ClassNotEntitled","message":"the job\'s class is restricted and its tenant is no longer entitled to it, so it was not run again: entitle the tenant (app.tenants.configure(tenant, classes=[...])) or submit it in another class","traceback":""}'
+  leasing.NOT_ENTITLED_ERR = '{"type":"ClassNotEntitled","message":"the job\'s class is restricted and its tenant is no longer entitled to it, so it was not run again: entitle the tenant (app.tenants.configure(tenant, classes=[...])) or submit it in another class","traceback":""}'
 
-local function promote_due(keys, p, lane, now, limit, tally)
-  local dk = lane_key(p, lane, 'delayed')
-  local due = redis.call('ZRANGE', dk, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
-  local memo = {seen = {}}
-  for _, id in ipairs(due) do
-    redis.call('ZREM', dk, id)
-    local jk = job_key(p, id)
-    -- pcall: a job key of the wrong type reads as no record, so it is only unlisted
-    local f = redis.pcall('HMGET', jk, 'st', 'tenant', 'prio', 'seq', 'cls', 'sl', 'readmit',
-      'att', 'fk')
-    local cls = f[5] or DEFAULT_CLASS
-    local cfg = f[7] and f[1] == 'scheduled' and admission_of(p, lane)
-    if f[1] == 'scheduled' and hot.lost_class(keys, p, lane, cls, f[2] or '', tally, memo) then
-      if f[7] then
+  local function promote_due(keys, p, lane, now, limit, tally)
+    local dk = lane_key(p, lane, 'delayed')
+    local due = redis.call('ZRANGE', dk, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+    local memo = {seen = {}}
+    for _, id in ipairs(due) do
+      redis.call('ZREM', dk, id)
+      local jk = job_key(p, id)
+      -- pcall: a job key of the wrong type reads as no record, so it is only unlisted
+      local f = redis.pcall('HMGET', jk, 'st', 'tenant', 'prio', 'seq', 'cls', 'sl', 'readmit',
+        'att', 'fk')
+      local cls = f[5] or DEFAULT_CLASS
+      local cfg = f[7] and f[1] == 'scheduled' and admission_of(p, lane)
+      if f[1] == 'scheduled' and leasing.lost_class(keys, p, lane, cls, f[2] or '', tally, memo) then
+        if f[7] then
+          redis.call('HDEL', jk, 'readmit')
+        end
+        dead_letter(keys, p, id, leasing.NOT_ENTITLED_ERR, now, tally)
+      elseif cfg then
+        -- a retry passes the gate again; it is durable already, so it waits rather than fail
         redis.call('HDEL', jk, 'readmit')
-      end
-      dead_letter(keys, p, id, hot.NOT_ENTITLED_ERR, now, tally)
-    elseif cfg then
-      -- a retry passes the gate again; it is durable already, so it waits rather than fail
-      redis.call('HDEL', jk, 'readmit')
-      local mu = tonumber(f[7])
-      local why = room_for(p, lane, cfg, cls, f[2], mu, false)
-      if why == 'accepted' then
-        reserve(p, lane, cls, f[2], id, mu)
-        redis.call('HSET', jk, 'st', 'queued')
+        local mu = tonumber(f[7])
+        local why = room_for(p, lane, cfg, cls, f[2], mu, false)
+        if why == 'accepted' then
+          reserve(p, lane, cls, f[2], id, mu)
+          redis.call('HSET', jk, 'st', 'queued')
+          log_event(p, id, now, 'due', {})
+          push_ready(p, lane, cls, f[2], id, f[3], f[4], f[6])
+        else
+          redis.call('HSET', jk, 'dmu', mu, 'retry', '1')
+          log_event(p, id, now, 'due', {v = 'deferred', why = why, cls = cls})
+          defer(p, lane, cls, id, f[4])
+        end
+      elseif f[1] == 'scheduled' then
+        redis.call('HDEL', jk, 'readmit')
+        -- a keyed job entering its tenant's queue for the first time (attempt 0: a retry
+        -- keeps the order it has) takes its key's fair order number now (fairkeys.lua);
+        -- a job without a key costs no command more
+        if f[9] and f[8] == '0' then
+          f[4] = fairkeys.order(p, lane, cls, f[2], f[9], tonumber(f[4]))
+          redis.call('HSET', jk, 'st', 'queued', 'seq', f[4])
+        else
+          redis.call('HSET', jk, 'st', 'queued')
+        end
         log_event(p, id, now, 'due', {})
         push_ready(p, lane, cls, f[2], id, f[3], f[4], f[6])
-      else
-        redis.call('HSET', jk, 'dmu', mu, 'retry', '1')
-        log_event(p, id, now, 'due', {v = 'deferred', why = why, cls = cls})
-        defer(p, lane, cls, id, f[4])
       end
-    elseif f[1] == 'scheduled' then
-      redis.call('HDEL', jk, 'readmit')
-      -- a keyed job entering its tenant's queue for the first time (attempt 0: a retry
-      -- keeps the order it has) takes its key's fair order number now (fairkeys.lua);
-      -- a job without a key costs no command more
-      if f[9] and f[8] == '0' then
-        f[4] = fairkeys.order(p, lane, cls, f[2], f[9], tonumber(f[4]))
-        redis.call('HSET', jk, 'st', 'queued', 'seq', f[4])
-      else
-        redis.call('HSET', jk, 'st', 'queued')
-      end
-      log_event(p, id, now, 'due', {})
-      push_ready(p, lane, cls, f[2], id, f[3], f[4], f[6])
     end
   end
-end
 
--- %s: the first field found unusable (field names are plain ASCII: no JSON escaping)
-local MALFORMED_ERR = '{"type":"MalformedJob","message":"the stored job record is incomplete or corrupt (field %s); it was not executed","traceback":""}'
+  -- %s: the first field found unusable (field names are plain ASCII: no JSON escaping)
+  local MALFORMED_ERR = '{"type":"MalformedJob","message":"the stored job record is incomplete or corrupt (field %s); it was not executed","traceback":""}'
 
--- Well-formed multi-byte UTF-8 sequences (no overlongs, no surrogates, <= U+10FFFF).
-local UTF8_SEQS = {
-  '[\194-\223][\128-\191]',
-  '\224[\160-\191][\128-\191]', '[\225-\236][\128-\191][\128-\191]',
-  '\237[\128-\159][\128-\191]', '[\238-\239][\128-\191][\128-\191]',
-  '\240[\144-\191][\128-\191][\128-\191]',
-  '[\241-\243][\128-\191][\128-\191][\128-\191]',
-  '\244[\128-\143][\128-\191][\128-\191]',
-}
+  -- Well-formed multi-byte UTF-8 sequences (no overlongs, no surrogates, <= U+10FFFF).
+  local UTF8_SEQS = {
+    '[\194-\223][\128-\191]',
+    '\224[\160-\191][\128-\191]', '[\225-\236][\128-\191][\128-\191]',
+    '\237[\128-\159][\128-\191]', '[\238-\239][\128-\191][\128-\191]',
+    '\240[\144-\191][\128-\191][\128-\191]',
+    '[\241-\243][\128-\191][\128-\191][\128-\191]',
+    '\244[\128-\143][\128-\191][\128-\191]',
+  }
 
--- Whether `s` is valid UTF-8: the worker decodes a fetched job's text fields strictly,
--- so one corrupt byte would fail the decoding of its whole batch. Fast for ASCII.
-local function utf8_ok(s)
-  if not s or not string.find(s, '[\128-\255]') then
-    return true
-  end
-  for _, seq in ipairs(UTF8_SEQS) do
-    s = string.gsub(s, seq, '.') -- an ASCII stand-in, so that leftovers cannot join up
-  end
-  return not string.find(s, '[\128-\255]')
-end
-
--- `v` as a number when it is one and finite (tonumber takes 'inf' and 'nan' too; n - n
--- is 0 for a finite n only).
-local function finite(v)
-  local n = tonumber(v)
-  if n and n - n == 0 then
-    return n
-  end
-  return nil
-end
-
-local function whole(v)
-  local n = tonumber(v)
-  return n ~= nil and n - n == 0 and n % 1 == 0
-end
-
-local JITTERS = {full = true, equal = true, none = true}
-
--- 'base,cap,jitter' as Backoff.encode writes it ('' is the default); the cap may be infinite.
-local function backoff_ok(spec)
-  local base, cap, jitter = string.match(spec, '^([^,]+),([^,]+),(%a+)$')
-  base, cap = tonumber(base), tonumber(cap)
-  return base ~= nil and base == base and base >= 0 and cap ~= nil and cap == cap
-    and cap >= 0 and JITTERS[jitter] == true
-end
-
--- A packed {{key, limit}, ..} list, as enqueue stores it; dispatch unpacks it as is.
--- A 'lim' (each entry a key and 1 or 2 numbers) or, with `rate` set, an 'rk' list (a
--- key and 4 numbers, the rate's 3 above 0).
-local function limits_ok(raw, rate)
-  local ok, limits = pcall(cmsgpack.unpack, raw)
-  if not ok or type(limits) ~= 'table' then
-    return false
-  end
-  local n = 0
-  for _ in pairs(limits) do
-    n = n + 1
-  end
-  if n ~= #limits then
-    return false
-  end
-  for _, kl in ipairs(limits) do
-    if type(kl) ~= 'table' or type(kl[1]) ~= 'string' or not utf8_ok(kl[1])
-      or not finite(kl[2]) or (kl[3] ~= nil and not finite(kl[3])) then
-      return false
+  -- Whether `s` is valid UTF-8: the worker decodes a fetched job's text fields strictly,
+  -- so one corrupt byte would fail the decoding of its whole batch. Fast for ASCII.
+  local function utf8_ok(s)
+    if not s or not string.find(s, '[\128-\255]') then
+      return true
     end
-    if rate and not (finite(kl[4]) and finite(kl[5]) and tonumber(kl[2]) > 0
-      and tonumber(kl[3]) > 0 and tonumber(kl[4]) > 0) then
-      return false
+    for _, seq in ipairs(UTF8_SEQS) do
+      s = string.gsub(s, seq, '.') -- an ASCII stand-in, so that leftovers cannot join up
     end
+    return not string.find(s, '[\128-\255]')
   end
-  return true
-end
 
-hot.text_ok = hot.memoised(utf8_ok)
-hot.whole_ok = hot.memoised(whole)
-hot.finite_ok = hot.memoised(function(v) return finite(v) ~= nil end)
-hot.to_ok = hot.memoised(function(v) return finite(v) ~= nil and tonumber(v) >= 0 end)
-hot.slots_ok = hot.memoised(function(v) return whole(v) and tonumber(v) >= 1 end)
-hot.backoff_ok = hot.memoised(function(v) return v == '' or (utf8_ok(v) and backoff_ok(v)) end)
-hot.limits_ok = hot.memoised(function(v) return limits_ok(v) end)
-hot.rates_ok = hot.memoised(function(v) return limits_ok(v, true) end)
-
--- The first field of a queued job's record (as `runnable` reads them) that would fail
--- the worker or the scripts: text the worker decodes strictly, numbers it decodes as
--- integers, specs the scripts parse. nil when the record is sound. Absent optional
--- fields fall back to their defaults where they are read.
-local function malformed_field(f)
-  if not f[2] or not hot.text_ok(f[2]) then
-    return 'task'
-  elseif not f[3] or not utf8_ok(f[3]) then
-    return 'args'
-  elseif not hot.whole_ok(f[4]) then
-    return 'max'
-  elseif f[16] and not whole(f[16]) then
-    return 'dl'
-  elseif f[5] and not hot.to_ok(f[5]) then
-    return 'to'
-  elseif not f[6] or not hot.text_ok(f[6]) then
-    return 'tenant'
-  elseif f[7] and not hot.backoff_ok(f[7]) then
-    return 'bo'
-  elseif f[8] and not whole(f[8]) then
-    return 'enq'
-  elseif f[9] and not hot.whole_ok(f[9]) then
-    return 'att'
-  elseif f[10] and not hot.slots_ok(f[10]) then
-    return 'sl'
-  elseif f[11] and not hot.text_ok(f[11]) then
-    return 'cls'
-  elseif f[17] and not hot.limits_ok(f[17]) then
-    return 'lim'
-  elseif f[12] and not hot.finite_ok(f[12]) then
-    return 'prio'
-  elseif f[13] and not finite(f[13]) then
-    return 'seq'
-  elseif f[14] and not hot.finite_ok(f[14]) then
-    return 'cu'
-  elseif f[23] and not hot.rates_ok(f[23]) then
-    return 'rk'
-  elseif f[24] and not finite(f[24]) then
-    return 'rmu'
-  end
-  return nil
-end
-
--- Lease popped jobs ({id, fields, lane} as `runnable` returns them) to `worker`: one
--- fencing token each, the attempt counted, one ZADD for all the leases; the classes'
--- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns the rows a worker receives: [id, token,
--- attempt, task, args, timeout, deadline, tenant, max, backoff, enqueued, slots, class,
--- trace context ('' for none), parent run ('' for none), fairness key ('' for none; last,
--- so that a reader of the shorter row still decodes it)].
-local function lease_jobs(keys, p, popped, worker, lease, now)
-  local jobs = {}
-  if #popped == 0 then
-    return jobs
-  end
-  local tok = redis.call('INCRBY', keys[FENCE], #popped) - #popped
-  local zargs, running, ids = {}, {}, {}
-  local start, expiry = hot.now_arg(now), hot.int(now + lease)
-  for i, e in ipairs(popped) do
-    local id, f, lane = e[1], e[2], e[3]
-    ids[i] = id
-    local cls = f[11] or DEFAULT_CLASS
-    local rk = lane .. '\0' .. cls
-    local r = running[rk]
-    if not r then
-      r = {lane, cls, 0}
-      running[rk] = r
+  -- `v` as a number when it is one and finite (tonumber takes 'inf' and 'nan' too; n - n
+  -- is 0 for a finite n only).
+  local function finite(v)
+    local n = tonumber(v)
+    if n and n - n == 0 then
+      return n
     end
-    r[3] = r[3] + work_of(f[14])
-    tok = tok + 1
-    local token = string.format('%d', tok)
-    local att = (hot.num(f[9]) or 0) + 1
-    -- no event: start, wk and att say when and where. Why it waited (`qw`, dispatch's
-    -- view) rides on this write, so it costs no command either; a first attempt with
-    -- nothing to say writes none (a later one clears what an earlier one said)
-    if e[4] or att > 1 then
-      redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', token, 'att', hot.arg(att),
-        'wk', worker, 'start', start, 'qw', e[4] or '')
-    else
-      redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', token, 'att', '1',
-        'wk', worker, 'start', start)
-    end
-    zargs[2 * i - 1] = expiry
-    zargs[2 * i] = id
-    -- a trace context that is not valid UTF-8 is dropped: tracing never costs the job
-    jobs[i] = {id, token, att, f[2], f[3], hot.num(f[5]) or 0,
-      tonumber(f[16]) or 0, f[6] or '', hot.num(f[4]) or nil, f[7] or '', tonumber(f[8]) or 0,
-      hot.num(f[10]) or 1, cls, utf8_ok(f[19]) and f[19] or '', utf8_ok(f[20]) and f[20] or '',
-      hot.text_ok(f[22]) and f[22] or ''}
-  end
-  redis.call('ZADD', keys[LEASES], unpack(zargs))
-  redis.call('SADD', hot.worker_jobs(p, worker), unpack(ids))
-  for _, r in pairs(running) do
-    redis.call('HINCRBYFLOAT', class_key(p, r[1], r[2], 'vt'), 'run', r[3])
-  end
-  return jobs
-end
-
--- Idle workers. A worker about to block registers in its lanes' `idle` sets (member
--- 'worker|lease_ms', score = when the registration lapses). An enqueue that finds one
--- leases it a job on the spot and pushes the job into the worker's inbox, which the
--- worker is blocked on: the job starts after one hop instead of a wake-up and a fetch.
--- Jobs in an inbox are leased, so a worker that died meanwhile loses nothing: the
--- lease expires and the job is reclaimed. Its next exchange drains its inbox.
-local function inbox_key(p, worker)
-  return p .. 'inbox:' .. worker
-end
-
--- The ids leased to a worker (`wj:<w>`): when it stops beating they are taken back at
--- once, not when their leases run out. An id stays there after its lease ends by a path
--- that does not know the worker (a lone ack, a sweep): whoever reads the set checks the
--- record's `wk`. The set goes with the worker (leave, death, staleness).
-function hot.worker_jobs(p, worker)
-  return p .. 'wj:' .. worker
-end
-
-local function peek_idle_worker(p, lane, now)
-  local idle = lane_key(p, lane, 'idle')
-  -- lapsed registrations are dropped only when one heads the set: an enqueue that finds
-  -- a live idle worker, or none, costs one command here
-  local head = redis.call('ZRANGE', idle, 0, 0, 'WITHSCORES')
-  if head[2] and tonumber(head[2]) <= now then
-    redis.call('ZREMRANGEBYSCORE', idle, '-inf', now)
-    head = redis.call('ZRANGE', idle, 0, 0, 'WITHSCORES')
-  end
-  local found = head[1]
-  if not found then
     return nil
   end
-  local worker, lease = string.match(found, '^(.*)|(%d+)$')
-  return found, worker, tonumber(lease)
-end
 
-local function hand_off(keys, p, worker, lease, popped, now)
-  local rows = lease_jobs(keys, p, popped, worker, lease, now)
-  local inbox = inbox_key(p, worker)
-  for _, row in ipairs(rows) do
-    redis.call('RPUSH', inbox, cmsgpack.pack(row))
+  local function whole(v)
+    local n = tonumber(v)
+    return n ~= nil and n - n == 0 and n % 1 == 0
   end
-  redis.call('PEXPIRE', inbox, lease)
-end
 
--- A popped job that will not run gives back the offers a throttle key woke it with;
--- the waiters that wakes are kept in `tally.woken` for dispatch to enter once its own
--- view of the lane is written (they may join the very queue it is reading).
-local function drop_offers(keys, p, id, offered, tally, now)
-  if offered then
-    local woken = take_back_offers(keys, p, id, now)
-    if #woken > 0 then
-      tally.woken = tally.woken or {}
-      for _, w in ipairs(woken) do
-        tally.woken[#tally.woken + 1] = w
+  local JITTERS = {full = true, equal = true, none = true}
+
+  -- 'base,cap,jitter' as Backoff.encode writes it ('' is the default); the cap may be infinite.
+  local function backoff_ok(spec)
+    local base, cap, jitter = string.match(spec, '^([^,]+),([^,]+),(%a+)$')
+    base, cap = tonumber(base), tonumber(cap)
+    return base ~= nil and base == base and base >= 0 and cap ~= nil and cap == cap
+      and cap >= 0 and JITTERS[jitter] == true
+  end
+
+  -- A packed {{key, limit}, ..} list, as enqueue stores it; dispatch unpacks it as is.
+  -- A 'lim' (each entry a key and 1 or 2 numbers) or, with `rate` set, an 'rk' list (a
+  -- key and 4 numbers, the rate's 3 above 0).
+  local function limits_ok(raw, rate)
+    local ok, limits = pcall(cmsgpack.unpack, raw)
+    if not ok or type(limits) ~= 'table' then
+      return false
+    end
+    local n = 0
+    for _ in pairs(limits) do
+      n = n + 1
+    end
+    if n ~= #limits then
+      return false
+    end
+    for _, kl in ipairs(limits) do
+      if type(kl) ~= 'table' or type(kl[1]) ~= 'string' or not utf8_ok(kl[1])
+        or not finite(kl[2]) or (kl[3] ~= nil and not finite(kl[3])) then
+        return false
+      end
+      if rate and not (finite(kl[4]) and finite(kl[5]) and tonumber(kl[2]) > 0
+        and tonumber(kl[3]) > 0 and tonumber(kl[4]) > 0) then
+        return false
+      end
+    end
+    return true
+  end
+
+  leasing.text_ok = core.memoised(utf8_ok)
+  leasing.whole_ok = core.memoised(whole)
+  leasing.finite_ok = core.memoised(function(v) return finite(v) ~= nil end)
+  leasing.to_ok = core.memoised(function(v) return finite(v) ~= nil and tonumber(v) >= 0 end)
+  leasing.slots_ok = core.memoised(function(v) return whole(v) and tonumber(v) >= 1 end)
+  leasing.backoff_ok = core.memoised(function(v) return v == '' or (utf8_ok(v) and backoff_ok(v)) end)
+  leasing.limits_ok = core.memoised(function(v) return limits_ok(v) end)
+  leasing.rates_ok = core.memoised(function(v) return limits_ok(v, true) end)
+
+  -- The first field of a queued job's record (as `runnable` reads them) that would fail
+  -- the worker or the scripts: text the worker decodes strictly, numbers it decodes as
+  -- integers, specs the scripts parse. nil when the record is sound. Absent optional
+  -- fields fall back to their defaults where they are read.
+  local function malformed_field(f)
+    if not f[2] or not leasing.text_ok(f[2]) then
+      return 'task'
+    elseif not f[3] or not utf8_ok(f[3]) then
+      return 'args'
+    elseif not leasing.whole_ok(f[4]) then
+      return 'max'
+    elseif f[16] and not whole(f[16]) then
+      return 'dl'
+    elseif f[5] and not leasing.to_ok(f[5]) then
+      return 'to'
+    elseif not f[6] or not leasing.text_ok(f[6]) then
+      return 'tenant'
+    elseif f[7] and not leasing.backoff_ok(f[7]) then
+      return 'bo'
+    elseif f[8] and not whole(f[8]) then
+      return 'enq'
+    elseif f[9] and not leasing.whole_ok(f[9]) then
+      return 'att'
+    elseif f[10] and not leasing.slots_ok(f[10]) then
+      return 'sl'
+    elseif f[11] and not leasing.text_ok(f[11]) then
+      return 'cls'
+    elseif f[17] and not leasing.limits_ok(f[17]) then
+      return 'lim'
+    elseif f[12] and not leasing.finite_ok(f[12]) then
+      return 'prio'
+    elseif f[13] and not finite(f[13]) then
+      return 'seq'
+    elseif f[14] and not leasing.finite_ok(f[14]) then
+      return 'cu'
+    elseif f[23] and not leasing.rates_ok(f[23]) then
+      return 'rk'
+    elseif f[24] and not finite(f[24]) then
+      return 'rmu'
+    end
+    return nil
+  end
+
+  -- Lease popped jobs ({id, fields, lane} as `runnable` returns them) to `worker`: one
+  -- fencing token each, the attempt counted, one ZADD for all the leases; the classes'
+  -- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns the rows a worker receives: [id, token,
+  -- attempt, task, args, timeout, deadline, tenant, max, backoff, enqueued, slots, class,
+  -- trace context ('' for none), parent run ('' for none), fairness key ('' for none; last,
+  -- so that a reader of the shorter row still decodes it)].
+  local function lease_jobs(keys, p, popped, worker, lease, now)
+    local jobs = {}
+    if #popped == 0 then
+      return jobs
+    end
+    local tok = redis.call('INCRBY', keys[FENCE], #popped) - #popped
+    local zargs, running, ids = {}, {}, {}
+    local start, expiry = core.now_arg(now), core.int(now + lease)
+    for i, e in ipairs(popped) do
+      local id, f, lane = e[1], e[2], e[3]
+      ids[i] = id
+      local cls = f[11] or DEFAULT_CLASS
+      local rk = lane .. '\0' .. cls
+      local r = running[rk]
+      if not r then
+        r = {lane, cls, 0}
+        running[rk] = r
+      end
+      r[3] = r[3] + work_of(f[14])
+      tok = tok + 1
+      local token = string.format('%d', tok)
+      local att = (core.num(f[9]) or 0) + 1
+      -- no event: start, wk and att say when and where. Why it waited (`qw`, dispatch's
+      -- view) rides on this write, so it costs no command either; a first attempt with
+      -- nothing to say writes none (a later one clears what an earlier one said)
+      if e[4] or att > 1 then
+        redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', token, 'att', core.arg(att),
+          'wk', worker, 'start', start, 'qw', e[4] or '')
+      else
+        redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', token, 'att', '1',
+          'wk', worker, 'start', start)
+      end
+      zargs[2 * i - 1] = expiry
+      zargs[2 * i] = id
+      -- a trace context that is not valid UTF-8 is dropped: tracing never costs the job
+      jobs[i] = {id, token, att, f[2], f[3], core.num(f[5]) or 0,
+        tonumber(f[16]) or 0, f[6] or '', core.num(f[4]) or nil, f[7] or '', tonumber(f[8]) or 0,
+        core.num(f[10]) or 1, cls, utf8_ok(f[19]) and f[19] or '', utf8_ok(f[20]) and f[20] or '',
+        leasing.text_ok(f[22]) and f[22] or ''}
+    end
+    redis.call('ZADD', keys[LEASES], unpack(zargs))
+    redis.call('SADD', leasing.worker_jobs(p, worker), unpack(ids))
+    for _, r in pairs(running) do
+      redis.call('HINCRBYFLOAT', class_key(p, r[1], r[2], 'vt'), 'run', r[3])
+    end
+    return jobs
+  end
+
+  -- Idle workers. A worker about to block registers in its lanes' `idle` sets (member
+  -- 'worker|lease_ms', score = when the registration lapses). An enqueue that finds one
+  -- leases it a job on the spot and pushes the job into the worker's inbox, which the
+  -- worker is blocked on: the job starts after one hop instead of a wake-up and a fetch.
+  -- Jobs in an inbox are leased, so a worker that died meanwhile loses nothing: the
+  -- lease expires and the job is reclaimed. Its next exchange drains its inbox.
+  local function inbox_key(p, worker)
+    return p .. 'inbox:' .. worker
+  end
+
+  -- The ids leased to a worker (`wj:<w>`): when it stops beating they are taken back at
+  -- once, not when their leases run out. An id stays there after its lease ends by a path
+  -- that does not know the worker (a lone ack, a sweep): whoever reads the set checks the
+  -- record's `wk`. The set goes with the worker (leave, death, staleness).
+  function leasing.worker_jobs(p, worker)
+    return p .. 'wj:' .. worker
+  end
+
+  local function peek_idle_worker(p, lane, now)
+    local idle = lane_key(p, lane, 'idle')
+    -- lapsed registrations are dropped only when one heads the set: an enqueue that finds
+    -- a live idle worker, or none, costs one command here
+    local head = redis.call('ZRANGE', idle, 0, 0, 'WITHSCORES')
+    if head[2] and tonumber(head[2]) <= now then
+      redis.call('ZREMRANGEBYSCORE', idle, '-inf', now)
+      head = redis.call('ZRANGE', idle, 0, 0, 'WITHSCORES')
+    end
+    local found = head[1]
+    if not found then
+      return nil
+    end
+    local worker, lease = string.match(found, '^(.*)|(%d+)$')
+    return found, worker, tonumber(lease)
+  end
+
+  local function hand_off(keys, p, worker, lease, popped, now)
+    local rows = lease_jobs(keys, p, popped, worker, lease, now)
+    local inbox = inbox_key(p, worker)
+    for _, row in ipairs(rows) do
+      redis.call('RPUSH', inbox, cmsgpack.pack(row))
+    end
+    redis.call('PEXPIRE', inbox, lease)
+  end
+
+  -- A popped job that will not run gives back the offers a throttle key woke it with;
+  -- the waiters that wakes are kept in `tally.woken` for dispatch to enter once its own
+  -- view of the lane is written (they may join the very queue it is reading).
+  local function drop_offers(keys, p, id, offered, tally, now)
+    if offered then
+      local woken = take_back_offers(keys, p, id, now)
+      if #woken > 0 then
+        tally.woken = tally.woken or {}
+        for _, w in ipairs(woken) do
+          tally.woken[#tally.woken + 1] = w
+        end
       end
     end
   end
-end
 
--- Check a job popped from a tenant queue. Returns its fields (as hot.read_runnable
--- reads them) when it
--- can run; settles it (and gives back any offers it held) and returns nil when it
--- cannot (expired, malformed, or a stale entry).
--- A record as `runnable` checks it: f[1..15] st, task, args, max, to, tenant, bo, enq,
--- att, sl, cls, prio, seq, cu, run; f[16..24] the optional dl, lim, ttok, tp, par, toff,
--- fk, rk, rmu (hot.read).
-hot.RUNNABLE = {'st', 'task', 'args', 'max', 'to', 'tenant', 'bo', 'enq', 'att', 'sl', 'cls',
-  'prio', 'seq', 'cu', 'run', 'x'}
-hot.RUNNABLE_X = {'dl', 'lim', 'ttok', 'tp', 'par', 'toff', 'fk', 'rk', 'rmu'}
+  -- Check a job popped from a tenant queue. Returns its fields (as leasing.read_runnable
+  -- reads them) when it
+  -- can run; settles it (and gives back any offers it held) and returns nil when it
+  -- cannot (expired, malformed, or a stale entry).
+  -- A record as `runnable` checks it: f[1..15] st, task, args, max, to, tenant, bo, enq,
+  -- att, sl, cls, prio, seq, cu, run; f[16..24] the optional dl, lim, ttok, tp, par, toff,
+  -- fk, rk, rmu (core.read).
+  leasing.RUNNABLE = {'st', 'task', 'args', 'max', 'to', 'tenant', 'bo', 'enq', 'att', 'sl', 'cls',
+    'prio', 'seq', 'cu', 'run', 'x'}
+  leasing.RUNNABLE_X = {'dl', 'lim', 'ttok', 'tp', 'par', 'toff', 'fk', 'rk', 'rmu'}
 
-function hot.read_runnable(p, id)
-  return hot.read(job_key(p, id), hot.RUNNABLE, hot.RUNNABLE_X)
-end
+  function leasing.read_runnable(p, id)
+    return core.read(job_key(p, id), leasing.RUNNABLE, leasing.RUNNABLE_X)
+  end
 
--- `pre`: the record as `read_runnable` read it in this call, when dispatch read it
--- already to see the job at its class's head (one read per job, not two).
-local function runnable(keys, p, id, now, tally, pre)
-  local f = pre or hot.read_runnable(p, id)
-  local bad = f[1] == 'queued' and malformed_field(f)
-  if bad then
-    count(tally, 'malformed')
-    release_throttle(keys, p, id, f[18], now)
-    drop_offers(keys, p, id, f[21], tally, now)
-    dead_letter(keys, p, id, string.format(MALFORMED_ERR, bad), now, tally)
-  elseif f[1] == 'queued' then
-    if f[16] and tonumber(f[16]) < now then
+  -- `pre`: the record as `read_runnable` read it in this call, when dispatch read it
+  -- already to see the job at its class's head (one read per job, not two).
+  local function runnable(keys, p, id, now, tally, pre)
+    local f = pre or leasing.read_runnable(p, id)
+    local bad = f[1] == 'queued' and malformed_field(f)
+    if bad then
+      count(tally, 'malformed')
       release_throttle(keys, p, id, f[18], now)
       drop_offers(keys, p, id, f[21], tally, now)
-      expire(keys, p, id, EXPIRED_ERR, now, tally)
-    else
-      return f
+      dead_letter(keys, p, id, string.format(MALFORMED_ERR, bad), now, tally)
+    elseif f[1] == 'queued' then
+      if f[16] and tonumber(f[16]) < now then
+        release_throttle(keys, p, id, f[18], now)
+        drop_offers(keys, p, id, f[21], tally, now)
+        expire(keys, p, id, EXPIRED_ERR, now, tally)
+      else
+        return f
+      end
+    elseif not f[1] then
+      count(tally, 'missing')
     end
-  elseif not f[1] then
-    count(tally, 'missing')
+    return nil
   end
-  return nil
+
+  leasing.hand_off = hand_off
+  leasing.inbox_key = inbox_key
+  leasing.lease_jobs = lease_jobs
+  leasing.peek_idle_worker = peek_idle_worker
+  leasing.promote_due = promote_due
+  leasing.runnable = runnable
 end

@@ -12,193 +12,203 @@
 -- adaptive key's 'max,min', pz:<key> the end of its pause (any key: it blocks arrivals;
 -- kept past the key's last job while the pause lasts), c:<job> the rate cost (units) of
 -- a job holding rate or adaptive keys.
--- One table, so that the library's main chunk keeps its locals.
+--
+-- Keys: rate:<key>, rates, ratedue; in KEYS[THR]: rp:<key>, ad:<key>, pz:<key>, c:<job>
+-- Calls: core
+-- Entry points: rates.{adaptive_bounds, adaptive_value, correct, cost, due_at, due_key,
+--   encode, fits, fmt, grow, keep, level, note_wake, parse, pause, read, set_adaptive,
+--   state_key, take}
 
 local rates = {UNLIMITED = __UNLIMITED__, IDLE_MS = 3600000, DUE_BATCH = __DUE_BATCH__,
   PARK_BUDGET = __PARK_BUDGET__,
   CUT = __ADAPTIVE_CUT__, MAX_PUSHBACKS = __MAX_PUSHBACKS__}
 
-function rates.fmt(x)
-  return string.format('%.17g', x)
-end
+do
+  local THR, prefix = core.THR, core.prefix
 
-function rates.state_key(keys, key)
-  return prefix(keys) .. 'rate:' .. key
-end
 
-function rates.due_key(keys)
-  return prefix(keys) .. 'ratedue'
-end
-
--- A job's rate entry {key, limit, per_ms, burst, units 0/1} as the rate in force reads.
-function rates.encode(r)
-  return rates.fmt(tonumber(r[2])) .. ',' .. rates.fmt(tonumber(r[3])) .. ',' ..
-    rates.fmt(tonumber(r[4])) .. ',' .. ((tonumber(r[5]) or 0) == 1 and '1' or '0')
-end
-
--- {limit, per (ms), burst, units} or nil (absent, or damaged: then it limits nothing)
-function rates.parse(spec)
-  if not spec then
-    return nil
+  function rates.fmt(x)
+    return string.format('%.17g', x)
   end
-  local l, per, b, u = string.match(spec, '^([^,]+),([^,]+),([^,]+),([01])$')
-  l, per, b = tonumber(l), tonumber(per), tonumber(b)
-  if not (l and per and b and l > 0 and per > 0 and b > 0) then
-    return nil
+
+  function rates.state_key(keys, key)
+    return prefix(keys) .. 'rate:' .. key
   end
-  return {limit = l, per = per, burst = b, units = u == '1'}
-end
 
--- What a job of rate cost `units` takes: 1, or its units at most the burst (a burst
--- lowered under a waiting job's cost would otherwise never let it start).
-function rates.cost(rate, units)
-  if rate.units then
-    return math.min(units, rate.burst)
+  function rates.due_key(keys)
+    return prefix(keys) .. 'ratedue'
   end
-  return 1
-end
 
--- The bucket of `key`: a key without state is full as of now.
-function rates.read(keys, key, rate, now)
-  local v = redis.call('HMGET', rates.state_key(keys, key), 't', 's', 'pu')
-  local b = {t = tonumber(v[1]), s = tonumber(v[2]), pu = tonumber(v[3]) or 0}
-  if not b.t or not b.s then
-    b.t, b.s, b.fresh = rate.burst, now, true
+  -- A job's rate entry {key, limit, per_ms, burst, units 0/1} as the rate in force reads.
+  function rates.encode(r)
+    return rates.fmt(tonumber(r[2])) .. ',' .. rates.fmt(tonumber(r[3])) .. ',' ..
+      rates.fmt(tonumber(r[4])) .. ',' .. ((tonumber(r[5]) or 0) == 1 and '1' or '0')
   end
-  return b
-end
 
-function rates.level(rate, b, now)
-  if now <= b.s then
-    return math.min(rate.burst, b.t)
+  -- {limit, per (ms), burst, units} or nil (absent, or damaged: then it limits nothing)
+  function rates.parse(spec)
+    if not spec then
+      return nil
+    end
+    local l, per, b, u = string.match(spec, '^([^,]+),([^,]+),([^,]+),([01])$')
+    l, per, b = tonumber(l), tonumber(per), tonumber(b)
+    if not (l and per and b and l > 0 and per > 0 and b > 0) then
+      return nil
+    end
+    return {limit = l, per = per, burst = b, units = u == '1'}
   end
-  return math.min(rate.burst, b.t + (now - b.s) * rate.limit / rate.per)
-end
 
-function rates.fits(rate, b, cost, now)
-  return now >= b.pu and rates.level(rate, b, now) >= cost
-end
-
-function rates.due_at(rate, b, cost, now)
-  local short = cost - rates.level(rate, b, now)
-  local due = now + 1
-  if short > 0 then
-    due = math.max(due, now + math.ceil(short * rate.per / rate.limit))
+  -- What a job of rate cost `units` takes: 1, or its units at most the burst (a burst
+  -- lowered under a waiting job's cost would otherwise never let it start).
+  function rates.cost(rate, units)
+    if rate.units then
+      return math.min(units, rate.burst)
+    end
+    return 1
   end
-  return math.max(due, b.pu)
-end
 
--- Keep a key's state while it says more than a fresh key's would, and an hour more.
-function rates.keep(keys, key, rate, b, now)
-  local sk = rates.state_key(keys, key)
-  local ttl = math.max(0, b.pu - now)
-  if rate and b.t < rate.burst then
-    ttl = math.max(ttl, math.ceil((rate.burst - b.t) * rate.per / rate.limit))
+  -- The bucket of `key`: a key without state is full as of now.
+  function rates.read(keys, key, rate, now)
+    local v = redis.call('HMGET', rates.state_key(keys, key), 't', 's', 'pu')
+    local b = {t = tonumber(v[1]), s = tonumber(v[2]), pu = tonumber(v[3]) or 0}
+    if not b.t or not b.s then
+      b.t, b.s, b.fresh = rate.burst, now, true
+    end
+    return b
   end
-  if b.fresh then
-    redis.call('PEXPIRE', sk, ttl + rates.IDLE_MS)
-  else
-    -- never shortened: another fact of the key (a pause, a slow refill) may need longer
-    redis.call('PEXPIRE', sk, ttl + rates.IDLE_MS, 'GT')
+
+  function rates.level(rate, b, now)
+    if now <= b.s then
+      return math.min(rate.burst, b.t)
+    end
+    return math.min(rate.burst, b.t + (now - b.s) * rate.limit / rate.per)
   end
-  if b.fresh then
-    redis.call('ZADD', prefix(keys) .. 'rates', now, key)
-    b.fresh = false
+
+  function rates.fits(rate, b, cost, now)
+    return now >= b.pu and rates.level(rate, b, now) >= cost
   end
-end
 
--- Take `cost` tokens (fits was checked): the level less the cost, as of now.
-function rates.take(keys, key, rate, b, cost, now)
-  b.t = rates.level(rate, b, now) - cost
-  b.s = math.max(now, b.s)
-  local sk = rates.state_key(keys, key)
-  redis.call('HSET', sk, 't', rates.fmt(b.t), 's', b.s)
-  redis.call('HINCRBYFLOAT', sk, 'ta', rates.fmt(cost))
-  rates.keep(keys, key, rate, b, now)
-end
-
--- Give `delta` back (a refund, capped at the burst) or, negative, charge a debt.
-function rates.correct(keys, key, rate, delta, now)
-  local b = rates.read(keys, key, rate, now)
-  local before = rates.level(rate, b, now)
-  local after = before + delta
-  if delta > 0 then
-    after = math.min(rate.burst, after)
+  function rates.due_at(rate, b, cost, now)
+    local short = cost - rates.level(rate, b, now)
+    local due = now + 1
+    if short > 0 then
+      due = math.max(due, now + math.ceil(short * rate.per / rate.limit))
+    end
+    return math.max(due, b.pu)
   end
-  b.t, b.s = after, math.max(now, b.s)
-  local sk = rates.state_key(keys, key)
-  redis.call('HSET', sk, 't', rates.fmt(b.t), 's', b.s)
-  if delta > 0 then
-    redis.call('HINCRBYFLOAT', sk, 'tr', rates.fmt(after - before))
-  elseif delta < 0 then
-    redis.call('HINCRBYFLOAT', sk, 'td', rates.fmt(-delta))
+
+  -- Keep a key's state while it says more than a fresh key's would, and an hour more.
+  function rates.keep(keys, key, rate, b, now)
+    local sk = rates.state_key(keys, key)
+    local ttl = math.max(0, b.pu - now)
+    if rate and b.t < rate.burst then
+      ttl = math.max(ttl, math.ceil((rate.burst - b.t) * rate.per / rate.limit))
+    end
+    if b.fresh then
+      redis.call('PEXPIRE', sk, ttl + rates.IDLE_MS)
+    else
+      -- never shortened: another fact of the key (a pause, a slow refill) may need longer
+      redis.call('PEXPIRE', sk, ttl + rates.IDLE_MS, 'GT')
+    end
+    if b.fresh then
+      redis.call('ZADD', prefix(keys) .. 'rates', now, key)
+      b.fresh = false
+    end
   end
-  rates.keep(keys, key, rate, b, now)
-end
 
--- An adaptive key's bounds in force {max, min}, or nil.
-function rates.adaptive_bounds(keys, key)
-  local raw = redis.call('HGET', keys[THR], 'ad:' .. key)
-  if not raw then
-    return nil
+  -- Take `cost` tokens (fits was checked): the level less the cost, as of now.
+  function rates.take(keys, key, rate, b, cost, now)
+    b.t = rates.level(rate, b, now) - cost
+    b.s = math.max(now, b.s)
+    local sk = rates.state_key(keys, key)
+    redis.call('HSET', sk, 't', rates.fmt(b.t), 's', b.s)
+    redis.call('HINCRBYFLOAT', sk, 'ta', rates.fmt(cost))
+    rates.keep(keys, key, rate, b, now)
   end
-  local hi, lo = string.match(raw, '^(%d+),(%d+)$')
-  return tonumber(hi) and {tonumber(hi), tonumber(lo)} or nil
-end
 
--- An adaptive key's value now, within its bounds (its max when it has none yet).
-function rates.adaptive_value(keys, key, hi, lo)
-  local a = tonumber(redis.call('HGET', rates.state_key(keys, key), 'a')) or hi
-  return math.min(hi, math.max(lo, a))
-end
-
--- Write an adaptive key's value; returns its limit (floor) and the limit it replaced.
-function rates.set_adaptive(keys, key, before, after, now)
-  local sk = rates.state_key(keys, key)
-  local fresh = redis.call('EXISTS', sk) == 0
-  redis.call('HSET', sk, 'a', rates.fmt(after))
-  rates.keep(keys, key, nil, {t = 0, pu = 0, fresh = fresh}, now)
-  return math.floor(after), math.floor(before)
-end
-
--- Pause `key` until `untl` for `cause`; an adaptive key is cut, on each pushback (each
--- is a call the upstream refused). Returns whether it was cut.
-function rates.pause(keys, key, untl, now, cause)
-  local sk = rates.state_key(keys, key)
-  local v = redis.call('HMGET', sk, 'pu', 't')
-  local pu = tonumber(v[1]) or 0
-  local fresh = redis.call('EXISTS', sk) == 0
-  redis.call('HSET', sk, 'pu', math.max(pu, untl), 'pc', string.sub(cause or '', 1, 200))
-  -- what blocks arrivals on the key, rate or not, read with its room
-  redis.call('HSET', keys[THR], 'pz:' .. key, math.max(pu, untl))
-  redis.call('HINCRBY', sk, 'pn', 1)
-  local rate = rates.parse(redis.call('HGET', keys[THR], 'rp:' .. key))
-  local t = tonumber(v[2])
-  rates.keep(keys, key, t and rate, {t = t or 0, pu = math.max(pu, untl), fresh = fresh}, now)
-  local cut = false
-  local bounds = rates.adaptive_bounds(keys, key)
-  if bounds then
-    local a = rates.adaptive_value(keys, key, bounds[1], bounds[2])
-    local limit = rates.set_adaptive(keys, key, a, math.max(bounds[2], a * rates.CUT), now)
-    redis.call('HSET', keys[THR], 'l:' .. key, limit)
-    cut = true
+  -- Give `delta` back (a refund, capped at the burst) or, negative, charge a debt.
+  function rates.correct(keys, key, rate, delta, now)
+    local b = rates.read(keys, key, rate, now)
+    local before = rates.level(rate, b, now)
+    local after = before + delta
+    if delta > 0 then
+      after = math.min(rate.burst, after)
+    end
+    b.t, b.s = after, math.max(now, b.s)
+    local sk = rates.state_key(keys, key)
+    redis.call('HSET', sk, 't', rates.fmt(b.t), 's', b.s)
+    if delta > 0 then
+      redis.call('HINCRBYFLOAT', sk, 'tr', rates.fmt(after - before))
+    elseif delta < 0 then
+      redis.call('HINCRBYFLOAT', sk, 'td', rates.fmt(-delta))
+    end
+    rates.keep(keys, key, rate, b, now)
   end
-  return cut
-end
 
--- Grow an adaptive key after a success; returns whether its limit rose.
-function rates.grow(keys, key, bounds, now)
-  local a = rates.adaptive_value(keys, key, bounds[1], bounds[2])
-  local limit, before = rates.set_adaptive(keys, key, a, math.min(bounds[1], a + 1 / a), now)
-  if limit ~= before then
-    redis.call('HSET', keys[THR], 'l:' .. key, limit)
+  -- An adaptive key's bounds in force {max, min}, or nil.
+  function rates.adaptive_bounds(keys, key)
+    local raw = redis.call('HGET', keys[THR], 'ad:' .. key)
+    if not raw then
+      return nil
+    end
+    local hi, lo = string.match(raw, '^(%d+),(%d+)$')
+    return tonumber(hi) and {tonumber(hi), tonumber(lo)} or nil
   end
-  return limit > before
-end
 
--- A waiter woken on `key` after waiting `waited` ms.
-function rates.note_wake(keys, key, waited)
-  local sk = rates.state_key(keys, key)
-  redis.call('HINCRBY', sk, 'wn', 1)
-  redis.call('HINCRBY', sk, 'wt', math.max(0, waited))
+  -- An adaptive key's value now, within its bounds (its max when it has none yet).
+  function rates.adaptive_value(keys, key, hi, lo)
+    local a = tonumber(redis.call('HGET', rates.state_key(keys, key), 'a')) or hi
+    return math.min(hi, math.max(lo, a))
+  end
+
+  -- Write an adaptive key's value; returns its limit (floor) and the limit it replaced.
+  function rates.set_adaptive(keys, key, before, after, now)
+    local sk = rates.state_key(keys, key)
+    local fresh = redis.call('EXISTS', sk) == 0
+    redis.call('HSET', sk, 'a', rates.fmt(after))
+    rates.keep(keys, key, nil, {t = 0, pu = 0, fresh = fresh}, now)
+    return math.floor(after), math.floor(before)
+  end
+
+  -- Pause `key` until `untl` for `cause`; an adaptive key is cut, on each pushback (each
+  -- is a call the upstream refused). Returns whether it was cut.
+  function rates.pause(keys, key, untl, now, cause)
+    local sk = rates.state_key(keys, key)
+    local v = redis.call('HMGET', sk, 'pu', 't')
+    local pu = tonumber(v[1]) or 0
+    local fresh = redis.call('EXISTS', sk) == 0
+    redis.call('HSET', sk, 'pu', math.max(pu, untl), 'pc', string.sub(cause or '', 1, 200))
+    -- what blocks arrivals on the key, rate or not, read with its room
+    redis.call('HSET', keys[THR], 'pz:' .. key, math.max(pu, untl))
+    redis.call('HINCRBY', sk, 'pn', 1)
+    local rate = rates.parse(redis.call('HGET', keys[THR], 'rp:' .. key))
+    local t = tonumber(v[2])
+    rates.keep(keys, key, t and rate, {t = t or 0, pu = math.max(pu, untl), fresh = fresh}, now)
+    local cut = false
+    local range = rates.adaptive_bounds(keys, key)
+    if range then
+      local a = rates.adaptive_value(keys, key, range[1], range[2])
+      local limit = rates.set_adaptive(keys, key, a, math.max(range[2], a * rates.CUT), now)
+      redis.call('HSET', keys[THR], 'l:' .. key, limit)
+      cut = true
+    end
+    return cut
+  end
+
+  -- Grow an adaptive key after a success; returns whether its limit rose.
+  function rates.grow(keys, key, range, now)
+    local a = rates.adaptive_value(keys, key, range[1], range[2])
+    local limit, before = rates.set_adaptive(keys, key, a, math.min(range[1], a + 1 / a), now)
+    if limit ~= before then
+      redis.call('HSET', keys[THR], 'l:' .. key, limit)
+    end
+    return limit > before
+  end
+
+  -- A waiter woken on `key` after waiting `waited` ms.
+  function rates.note_wake(keys, key, waited)
+    local sk = rates.state_key(keys, key)
+    redis.call('HINCRBY', sk, 'wn', 1)
+    redis.call('HINCRBY', sk, 'wt', math.max(0, waited))
+  end
 end

@@ -1,4 +1,9 @@
 ---------------------------------------------------------------------------- tenant sweep
+--
+-- Keys: every per-tenant key and field its rows name (TENANT_SWEEP.rows), found by SCAN
+--   and HSCAN under the app's prefix
+-- Calls: core, throttle, admission
+-- Entry points: tenant_sweep
 
 -- What tenants leave behind, removed once it carries no information or has been idle
 -- for the app's `tenants.idle_ttl` (fairlane/policy/tenantstate.py states each rule and
@@ -13,10 +18,13 @@
 --                  and `field(ctx, view, name, value)` true deletes the field.
 -- A new kind of per-tenant state is one more row. Everything is built inside one
 -- function that returns the entry point, so that this file adds no local to the
--- library's main chunk (Lua allows it 200, and it is close to them). It deletes, so it
--- runs on a server at its maxmemory (hot.ALLOW_OOM).
-redis.register_function{function_name = '__PREFIX__tenant_sweep', flags = hot.ALLOW_OOM,
+-- library's main chunk. It deletes, so it runs on a server at its maxmemory
+-- (core.ALLOW_OOM).
+redis.register_function{function_name = '__PREFIX__tenant_sweep', flags = core.ALLOW_OOM,
   callback = (function()
+  local now_ms, prefix = core.now_ms, core.prefix
+  local RATE_BUCKETS, RATE_WIDTH_MS = throttle.RATE_BUCKETS, throttle.RATE_WIDTH_MS
+  local REJECT_WINDOW_MS = admission.REJECT_WINDOW_MS
   local TENANT_SWEEP = {}
 
   -- How long the key has surely been idle, in ms, by the server's own clock (reads and

@@ -16,604 +16,632 @@
 -- room(k) = limit - held - offers. Nothing here polls: keys are woken when they gain
 -- room (a release, a raised limit, offers given back), and a key whose head waits for
 -- tokens or a pause's end is woken by fetch when it is due (rates.lua's timer).
+--
+-- Keys: KEYS[THR], KEYS[THRW], <THR>:s:<key>, <THR>:f:<key>, ratedue, sig:<tenant>,
+--   KEYS[TLIMITS], KEYS[WEIGHTS]
+-- Calls: core, classes, rates
+-- Entry points: throttle.{RATE_BUCKETS, RATE_WIDTH_MS, apply_given, note_duration,
+--   note_submissions, rate_per_min, refund_rates, settle_keys, sig_key, take_rates,
+--   tenant_limit, thr_acquire, thr_cancel, thr_cancel_waiter, thr_next_due,
+--   thr_push_back, thr_release, thr_wake_due}
 
-local TAB = '\t'
+local throttle = {}
 
-local function split_tabs(s)
-  local out = {}
-  for part in string.gmatch(s, '[^\t]+') do
-    out[#out + 1] = part
-  end
-  return out
-end
+do
+  local THR, THRW, TLIMITS, WEIGHTS = core.THR, core.THRW, core.TLIMITS, core.WEIGHTS
+  local now_ms = core.now_ms
+  local CLASS_EPS, floor_eps = classes.CLASS_EPS, classes.floor_eps
 
-local function tags_key(keys, key, which)
-  return keys[THR] .. ':' .. which .. ':' .. key
-end
+  local TAB = '\t'
 
--- Waiter order within a tenant group: highest priority first, then lowest seq, then id.
-local function group_prefix(key, tenant)
-  return key .. '\0' .. tenant .. '\0'
-end
-
-local function wait_member(key, tenant, prio, seq, id)
-  return group_prefix(key, tenant) ..
-    string.format('%016d%020d', 1e15 - tonumber(prio), tonumber(seq)) .. '\0' .. id
-end
-
-local function group_head(keys, key, tenant)
-  local m = redis.call('ZRANGEBYLEX', keys[THRW], '[' .. group_prefix(key, tenant),
-    '(' .. key .. '\0' .. tenant .. '\1', 'LIMIT', 0, 1)[1]
-  if not m then
-    return nil
-  end
-  -- Lua 5.1 patterns spell the zero byte %z; key, tenant and order hold none
-  return m, string.match(m, '^[^%z]*%z[^%z]*%z[^%z]*%z(.*)$')
-end
-
--- A parked record: {at, prio, seq, tenant, charge, units, since, names}; the tenant may
--- be empty.
-local function parse_parked(raw)
-  local at, prio, seq, tenant, charge, units, since, rest = string.match(raw,
-    '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
-  return {at = at, prio = prio, seq = seq, tenant = tenant, charge = tonumber(charge) or 1,
-    units = tonumber(units) or 1, since = tonumber(since) or 0, names = split_tabs(rest)}
-end
-
--- A key's room, the rate in force on it (nil: none) and the end of a pause (nil: never
--- paused), in one read.
-local function room(keys, key)
-  local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key, 'o:' .. key, 'rp:' .. key,
-    'pz:' .. key)
-  return (tonumber(v[1]) or 0) - (tonumber(v[2]) or 0) - (tonumber(v[3]) or 0), rates.parse(v[4]),
-    tonumber(v[5])
-end
-
--- The first of `names` that blocks a job of rate cost `units` at `now`: no room; a
--- pause; or a rate it does not fit, or waiters on a rate key other than `waking` (no
--- barging). Returns the key and, when it blocks by a pause or its rate, {rate or false,
--- bucket}. `seen` collects {rate, bucket} of the rate keys read on the way.
-local function first_full(keys, names, units, now, waking, seen)
-  for _, key in ipairs(names) do
-    local r, rate, pz = room(keys, key)
-    if r <= 0 then
-      return key
+  local function split_tabs(s)
+    local out = {}
+    for part in string.gmatch(s, '[^\t]+') do
+      out[#out + 1] = part
     end
-    if pz and now < pz then
-      return key, {false, {pu = pz}}
+    return out
+  end
+
+  local function tags_key(keys, key, which)
+    return keys[THR] .. ':' .. which .. ':' .. key
+  end
+
+  -- Waiter order within a tenant group: highest priority first, then lowest seq, then id.
+  local function group_prefix(key, tenant)
+    return key .. '\0' .. tenant .. '\0'
+  end
+
+  local function wait_member(key, tenant, prio, seq, id)
+    return group_prefix(key, tenant) ..
+      string.format('%016d%020d', 1e15 - tonumber(prio), tonumber(seq)) .. '\0' .. id
+  end
+
+  local function group_head(keys, key, tenant)
+    local m = redis.call('ZRANGEBYLEX', keys[THRW], '[' .. group_prefix(key, tenant),
+      '(' .. key .. '\0' .. tenant .. '\1', 'LIMIT', 0, 1)[1]
+    if not m then
+      return nil
     end
-    if rate then
-      local waiting = key ~= waking and redis.call('ZCARD', tags_key(keys, key, 's')) > 0
-      local b = rates.read(keys, key, rate, now)
-      -- behind waiters (no barging) the key is due no later than this job would fit: a
-      -- group it forms may be the key's next head
-      if waiting or not rates.fits(rate, b, rates.cost(rate, units), now) then
-        return key, {rate, b}
+    -- Lua 5.1 patterns spell the zero byte %z; key, tenant and order hold none
+    return m, string.match(m, '^[^%z]*%z[^%z]*%z[^%z]*%z(.*)$')
+  end
+
+  -- A parked record: {at, prio, seq, tenant, charge, units, since, names}; the tenant may
+  -- be empty.
+  local function parse_parked(raw)
+    local at, prio, seq, tenant, charge, units, since, rest = string.match(raw,
+      '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+    return {at = at, prio = prio, seq = seq, tenant = tenant, charge = tonumber(charge) or 1,
+      units = tonumber(units) or 1, since = tonumber(since) or 0, names = split_tabs(rest)}
+  end
+
+  -- A key's room, the rate in force on it (nil: none) and the end of a pause (nil: never
+  -- paused), in one read.
+  local function room(keys, key)
+    local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key, 'o:' .. key, 'rp:' .. key,
+      'pz:' .. key)
+    return (tonumber(v[1]) or 0) - (tonumber(v[2]) or 0) - (tonumber(v[3]) or 0), rates.parse(v[4]),
+      tonumber(v[5])
+  end
+
+  -- The first of `names` that blocks a job of rate cost `units` at `now`: no room; a
+  -- pause; or a rate it does not fit, or waiters on a rate key other than `waking` (no
+  -- barging). Returns the key and, when it blocks by a pause or its rate, {rate or false,
+  -- bucket}. `seen` collects {rate, bucket} of the rate keys read on the way.
+  local function first_full(keys, names, units, now, waking, seen)
+    for _, key in ipairs(names) do
+      local r, rate, pz = room(keys, key)
+      if r <= 0 then
+        return key
       end
-      if seen then
-        seen[key] = {rate, b}
-      end
-    end
-  end
-  return nil
-end
-
--- Take a job's tokens on each rate key read by `first_full`; remember its rate cost.
-function rates.take_rates(keys, id, names, units, now, seen, adaptive)
-  local any = adaptive
-  for _, key in ipairs(names) do
-    local rb = seen[key]
-    if rb then
-      rates.take(keys, key, rb[1], rb[2], rates.cost(rb[1], units), now)
-      any = true
-    end
-  end
-  if any then
-    redis.call('HSET', keys[THR], 'c:' .. id, rates.fmt(units))
-  end
-end
-
--- Give a job's tokens back on each of its rate keys (offers it will not use); `keep`
--- keeps its rate cost (it parks again).
-function rates.refund_rates(keys, id, names, now, keep)
-  local units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id))
-  if not units then
-    return
-  end
-  if not keep then
-    redis.call('HDEL', keys[THR], 'c:' .. id)
-  end
-  for _, key in ipairs(names) do
-    local rate = rates.parse(redis.call('HGET', keys[THR], 'rp:' .. key))
-    if rate then
-      rates.correct(keys, key, rate, rates.cost(rate, units), now)
-    end
-  end
-end
-
-local function vtime(keys, key)
-  return tonumber(redis.call('HGET', keys[THR], 'v:' .. key)) or 0
-end
-
-local function grant(keys, id, names)
-  local token = redis.call('HINCRBY', keys[THR], 'tok', 1)
-  redis.call('HSET', keys[THR], 'h:' .. id, token .. TAB .. table.concat(names, TAB))
-  return token
-end
-
--- A tenant group left empty: its start tag stays as its finish tag while above V.
-local function idle_group(keys, key, tenant, tag)
-  redis.call('ZREM', tags_key(keys, key, 's'), tenant)
-  if tag > vtime(keys, key) then
-    redis.call('ZADD', tags_key(keys, key, 'f'), tag, tenant)
-  end
-end
-
--- Put a waiter in its tenant's group on w.at; a group that forms starts at max(F, V).
--- `blocked` ({rate, bucket}) when it waits for w.at's tokens or pause: the key is due
--- no later than when this waiter would fit.
-local function enter_group(keys, id, w, blocked, now)
-  local sk = tags_key(keys, w.at, 's')
-  if not redis.call('ZSCORE', sk, w.tenant) then
-    local start = vtime(keys, w.at)
-    local fk = tags_key(keys, w.at, 'f')
-    local finish = tonumber(redis.call('ZSCORE', fk, w.tenant))
-    if finish then
-      redis.call('ZREM', fk, w.tenant)
-      if finish > start then
-        start = finish
-      end
-    end
-    redis.call('ZADD', sk, start, w.tenant)
-  end
-  redis.call('HSET', keys[THR], 'p:' .. id, table.concat(
-    {w.at, w.prio, w.seq, w.tenant, w.charge, rates.fmt(w.units), w.since,
-      table.concat(w.names, TAB)}, TAB))
-  redis.call('ZADD', keys[THRW], 0, wait_member(w.at, w.tenant, w.prio, w.seq, id))
-  if blocked then
-    local rate, b = blocked[1], blocked[2]
-    local due = rate and rates.due_at(rate, b, rates.cost(rate, w.units), now) or b.pu
-    redis.call('ZADD', rates.due_key(keys), 'LT', due, w.at)
-  end
-end
-
--- Hand `key`'s room to its waiters, least start tag first, until it has no room, nobody
--- waits, or (a rate key) its head does not fit the bucket: then the key is due when it
--- would. A waiter blocked by another key moves there (uncharged); one that may take all
--- its keys is woken: an offer on each, its tokens on each rate key, V up to its tag, its
--- tenant's tag charged (its cost on `key` if `key` has a rate, else its charge) / weight.
--- Appends {job, key} for every waiter woken.
-local function wake_key(keys, key, out, now)
-  local sk = tags_key(keys, key, 's')
-  while true do
-    local r, rate, pz = room(keys, key)
-    if r <= 0 then
-      return
-    end
-    if pz and now < pz then
-      redis.call('ZADD', rates.due_key(keys), pz, key)
-      return
-    end
-    local top = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
-    if not top[1] then
-      return
-    end
-    local tenant, tag = top[1], tonumber(top[2])
-    local member, id = group_head(keys, key, tenant)
-    local w = parse_parked(redis.call('HGET', keys[THR], 'p:' .. id))
-    local cost = rate and rates.cost(rate, w.units)
-    if rate then
-      local b = rates.read(keys, key, rate, now)
-      if not rates.fits(rate, b, cost, now) then
-        redis.call('ZADD', rates.due_key(keys), rates.due_at(rate, b, cost, now), key)
-        return
-      end
-    end
-    redis.call('ZREM', keys[THRW], member)
-    redis.call('HDEL', keys[THR], 'p:' .. id)
-    local emptied = not group_head(keys, key, tenant)
-    local seen = {}
-    local blocker, blocked = first_full(keys, w.names, w.units, now, key, seen)
-    if blocker then
-      if emptied then
-        idle_group(keys, key, tenant, tag)
-      end
-      w.at = blocker
-      enter_group(keys, id, w, blocked, now)
-      redis.call('HINCRBY', keys[THR], 'moves', 1)
-    else
-      for _, k in ipairs(w.names) do
-        redis.call('HINCRBY', keys[THR], 'o:' .. k, 1)
-      end
-      rates.take_rates(keys, id, w.names, w.units, now, seen, false)
-      redis.call('HSET', keys[THR], 'w:' .. id, table.concat(w.names, TAB))
-      if tag > vtime(keys, key) then
-        redis.call('HSET', keys[THR], 'v:' .. key, tag)
-        -- finish tags at or below V carry nothing
-        redis.call('ZREMRANGEBYSCORE', tags_key(keys, key, 'f'), '-inf', tag)
-      end
-      local weight = tonumber(redis.call('HGET', keys[WEIGHTS], tenant)) or 1
-      local charged = tag + (rate and cost or w.charge) / weight
-      if emptied then
-        idle_group(keys, key, tenant, charged)
-      else
-        redis.call('ZADD', sk, charged, tenant)
+      if pz and now < pz then
+        return key, {false, {pu = pz}}
       end
       if rate then
-        rates.note_wake(keys, key, now - w.since)
-      end
-      out[#out + 1] = {id, key}
-      redis.call('HINCRBY', keys[THR], 'wakes', 1)
-    end
-  end
-end
-
--- Wake every key of `names` that has room and waiters, in order.
-local function wake_all(keys, names, out, now)
-  for _, key in ipairs(names) do
-    if room(keys, key) > 0 and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
-      wake_key(keys, key, out, now)
-    end
-  end
-end
-
-local function unref(keys, names)
-  for _, key in ipairs(names) do
-    if redis.call('HINCRBY', keys[THR], 'r:' .. key, -1) <= 0 then
-      redis.call('HDEL', keys[THR], 'r:' .. key, 'l:' .. key, 'u:' .. key, 'o:' .. key,
-        'v:' .. key, 'rp:' .. key, 'ad:' .. key)
-      redis.call('DEL', tags_key(keys, key, 's'), tags_key(keys, key, 'f'))
-      -- a pause outlives the key's last job (the one pushed back comes back to it)
-      local pz = tonumber(redis.call('HGET', keys[THR], 'pz:' .. key))
-      if pz and pz <= now_ms() then
-        redis.call('HDEL', keys[THR], 'pz:' .. key)
+        local waiting = key ~= waking and redis.call('ZCARD', tags_key(keys, key, 's')) > 0
+        local b = rates.read(keys, key, rate, now)
+        -- behind waiters (no barging) the key is due no later than this job would fit: a
+        -- group it forms may be the key's next head
+        if waiting or not rates.fits(rate, b, rates.cost(rate, units), now) then
+          return key, {rate, b}
+        end
+        if seen then
+          seen[key] = {rate, b}
+        end
       end
     end
-  end
-end
-
--- A woken job, dispatched with its lane slot: its offers become holds if every key
--- has a slot under its limit (its tokens were taken when it was woken); otherwise (a
--- limit was lowered) it gives them and its tokens back and parks again. Returns as
--- thr_acquire.
-local function convert_offers(keys, id, offered, prio, seq, tenant, charge, units, now)
-  local names = split_tabs(offered)
-  redis.call('HDEL', keys[THR], 'w:' .. id)
-  local ok = true
-  for _, key in ipairs(names) do
-    local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key)
-    if (tonumber(v[2]) or 0) >= (tonumber(v[1]) or 0) then
-      ok = false
-      break
-    end
-  end
-  for _, key in ipairs(names) do
-    redis.call('HINCRBY', keys[THR], 'o:' .. key, -1)
-    if ok then
-      redis.call('HINCRBY', keys[THR], 'u:' .. key, 1)
-    end
-  end
-  if ok then
-    return grant(keys, id, names), {}
-  end
-  units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id)) or units
-  rates.refund_rates(keys, id, names, now, true)
-  local blocker, blocked = first_full(keys, names, units, now)
-  enter_group(keys, id, {at = blocker, prio = prio, seq = seq, tenant = tenant,
-    charge = charge, units = units, since = now or 0, names = names}, blocked, now)
-  local wakes = {}
-  wake_all(keys, names, wakes, now)
-  return nil, wakes, blocker
-end
-
--- Make an arrival's limits and rates the ones in force. `limits` {{key, limit} or
--- {key, max, min} (adaptive), ..} and `rlist` {{key, limit, per_ms, burst, units}, ..};
--- returns the sorted union of their keys, the keys whose limit or rate it raised (with
--- waiters) and whether it names a rate or an adaptive key.
-function rates.apply_given(keys, limits, rlist)
-  local given, names, raised, adaptive = {}, {}, {}, false
-  for _, kl in ipairs(limits) do
-    given[kl[1]] = {lim = kl}
-  end
-  for _, r in ipairs(rlist or {}) do
-    local g = given[r[1]] or {}
-    g.rate = r
-    given[r[1]] = g
-  end
-  for key in pairs(given) do
-    names[#names + 1] = key
-  end
-  table.sort(names)
-  for _, key in ipairs(names) do
-    local g = given[key]
-    local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'rp:' .. key)
-    local cur, limit = tonumber(v[1]), nil
-    if g.lim and g.lim[3] then
-      local hi, lo = tonumber(g.lim[2]), tonumber(g.lim[3])
-      limit = math.floor(rates.adaptive_value(keys, key, hi, lo))
-      redis.call('HSET', keys[THR], 'ad:' .. key, hi .. ',' .. lo)
-      adaptive = true
-    elseif g.lim then
-      limit = tonumber(g.lim[2])
-      -- a fixed limit makes the key fixed again
-      redis.call('HDEL', keys[THR], 'ad:' .. key)
-    elseif not cur then
-      limit = rates.UNLIMITED
-    end
-    local spec = g.rate and rates.encode(g.rate)
-    adaptive = adaptive or spec ~= nil
-    local changed = (limit and cur and limit > cur) or (spec and v[2] and spec ~= v[2])
-    if changed and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
-      raised[#raised + 1] = key
-    end
-    if limit then
-      redis.call('HSET', keys[THR], 'l:' .. key, limit)
-    end
-    if spec then
-      redis.call('HSET', keys[THR], 'rp:' .. key, spec)
-    end
-    redis.call('HINCRBY', keys[THR], 'r:' .. key, 1)
-  end
-  return names, raised, adaptive
-end
-
--- Dispatch of `id` with its lane slot: convert its offers, or admit it on every key of
--- `limits` and `rlist` at once (apply_given), or park it in `tenant`'s group on its
--- first blocking key (`charge`: what a wake charges its tenant; `units`: its rate cost;
--- `now`: the server's ms). Returns the grant token (nil when parked), the waiters woken
--- on the way ({job, key}) and the key it parked on.
-local function thr_acquire(keys, id, limits, prio, seq, tenant, charge, rlist, units, now)
-  units, now = tonumber(units) or 1, tonumber(now) or 0
-  local offered = redis.call('HGET', keys[THR], 'w:' .. id)
-  if offered then
-    return convert_offers(keys, id, offered, prio, seq, tenant, charge, units, now)
-  end
-  local names, raised, adaptive = rates.apply_given(keys, limits, rlist)
-  local wakes = {}
-  for _, key in ipairs(raised) do
-    wake_key(keys, key, wakes, now)
-  end
-  local seen = {}
-  local blocker, blocked = first_full(keys, names, units, now, nil, seen)
-  if not blocker then
-    for _, key in ipairs(names) do
-      redis.call('HINCRBY', keys[THR], 'u:' .. key, 1)
-    end
-    rates.take_rates(keys, id, names, units, now, seen, adaptive)
-    return grant(keys, id, names), wakes
-  end
-  if adaptive then
-    -- its wake and its release read it
-    redis.call('HSET', keys[THR], 'c:' .. id, rates.fmt(units))
-  end
-  enter_group(keys, id, {at = blocker, prio = prio, seq = seq, tenant = tenant,
-    charge = charge, units = units, since = now, names = names}, blocked, now)
-  return nil, wakes, blocker
-end
-
--- What an ended attempt tells its keys, before its slots are freed: each rate key
--- counting units corrected by what it really used (`used`, units; nil when unknown),
--- each adaptive key grown after a success.
-function rates.settle_keys(keys, id, names, now, used, succeeded)
-  local units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id))
-  if not units then
-    return
-  end
-  redis.call('HDEL', keys[THR], 'c:' .. id)
-  for _, key in ipairs(names) do
-    local v = redis.call('HMGET', keys[THR], 'rp:' .. key, 'ad:' .. key)
-    local rate = rates.parse(v[1])
-    local cost = rate and rates.cost(rate, units)
-    if rate and rate.units and used and cost ~= used then
-      rates.correct(keys, key, rate, cost - used, now)
-    end
-    if succeeded and v[2] then
-      rates.grow(keys, key, rates.adaptive_bounds(keys, key), now)
-    end
-  end
-end
-
--- Free the slots of `id`'s grant `token` and wake the keys, after settle_keys. A stale
--- token or a job holding nothing changes nothing. Returns the waiters woken.
-local function thr_release(keys, id, token, now, used, succeeded)
-  local held = redis.call('HGET', keys[THR], 'h:' .. id)
-  local wakes = {}
-  if not held then
-    return wakes
-  end
-  local parts = split_tabs(held)
-  if parts[1] ~= tostring(token) then
-    return wakes
-  end
-  now = tonumber(now) or 0
-  redis.call('HDEL', keys[THR], 'h:' .. id)
-  local names = {unpack(parts, 2)}
-  rates.settle_keys(keys, id, names, now, tonumber(used), succeeded)
-  for _, key in ipairs(names) do
-    redis.call('HINCRBY', keys[THR], 'u:' .. key, -1)
-  end
-  wake_all(keys, names, wakes, now)
-  unref(keys, names)
-  return wakes
-end
-
--- The upstream behind `key` pushed back on `id`'s attempt (grant `token`): the key is
--- paused until `untl` (rates.pause, which may cut an adaptive key), and its waiters are
--- due then. False when the job does not hold the key under that token.
-function rates.thr_push_back(keys, id, token, key, untl, now, cause)
-  local held = redis.call('HGET', keys[THR], 'h:' .. id)
-  local parts = held and split_tabs(held) or {}
-  if parts[1] ~= tostring(token) then
-    return false
-  end
-  local holds = false
-  for i = 2, #parts do
-    holds = holds or parts[i] == key
-  end
-  if not holds then
-    return false
-  end
-  rates.pause(keys, key, untl, now, cause)
-  if redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
-    redis.call('ZADD', rates.due_key(keys), 'GT', untl, key)
-  end
-  return true
-end
-
--- A waiting job leaves (cancelled, expired): out of its tenant group (a rate key whose
--- head it may have been is due at once, to look at its new head), or its offers and
--- tokens given back and their keys woken. Returns whether it waited or held offers,
--- and the waiters woken.
-local function thr_cancel(keys, id, now)
-  now = tonumber(now) or 0
-  local parked = redis.call('HGET', keys[THR], 'p:' .. id)
-  if parked then
-    local w = parse_parked(parked)
-    redis.call('ZREM', keys[THRW], wait_member(w.at, w.tenant, w.prio, w.seq, id))
-    redis.call('HDEL', keys[THR], 'p:' .. id, 'c:' .. id)
-    if not group_head(keys, w.at, w.tenant) then
-      idle_group(keys, w.at, w.tenant,
-        tonumber(redis.call('ZSCORE', tags_key(keys, w.at, 's'), w.tenant)))
-    end
-    if redis.call('HEXISTS', keys[THR], 'rp:' .. w.at) == 1 and
-        redis.call('ZCARD', tags_key(keys, w.at, 's')) > 0 then
-      redis.call('ZADD', rates.due_key(keys), 'LT', now, w.at)
-    end
-    unref(keys, w.names)
-    return true, {}
-  end
-  local offered = redis.call('HGET', keys[THR], 'w:' .. id)
-  if not offered then
-    return false, {}
-  end
-  redis.call('HDEL', keys[THR], 'w:' .. id)
-  local names, wakes = split_tabs(offered), {}
-  for _, key in ipairs(names) do
-    redis.call('HINCRBY', keys[THR], 'o:' .. key, -1)
-  end
-  rates.refund_rates(keys, id, names, now)
-  wake_all(keys, names, wakes, now)
-  unref(keys, names)
-  return true, wakes
-end
-
--- Take a parked job out of its group (a waiter's cancel wakes nobody); false when it
--- was not waiting.
-local function thr_cancel_waiter(keys, id, now)
-  if redis.call('HEXISTS', keys[THR], 'p:' .. id) == 0 then
-    return false
-  end
-  return (thr_cancel(keys, id, now))
-end
-
--- Wake every rate key due by `now` (at most DUE_BATCH, in due order): the rate timer,
--- run by fetch. Returns the waiters woken.
-function rates.thr_wake_due(keys, now)
-  local dk = rates.due_key(keys)
-  local out = {}
-  for _, key in ipairs(redis.call('ZRANGEBYSCORE', dk, '-inf', now, 'LIMIT', 0, rates.DUE_BATCH)) do
-    redis.call('ZREM', dk, key)
-    wake_key(keys, key, out, now)
-  end
-  return out
-end
-
--- When the next rate key is due (server ms), or nil.
-function rates.thr_next_due(keys)
-  local head = redis.call('ZRANGE', rates.due_key(keys), 0, 0, 'WITHSCORES')
-  return tonumber(head[2])
-end
-
----------------------------------------------------------------------------- tenant ceilings
-
--- A tenant's own key and its limit now (fairlane/policy/ceilings.py): Little's law on
--- its recent submission rate R and mean duration D, a burst on top, compressed by the
--- lane's pressure. Settings in KEYS[TLIMITS]: tenant -> 'floor,max,burst_floor,burst_pct'
--- (max -1 = none); signals in sig:<tenant> (a ring of RATE_BUCKETS counters and the
--- duration mean): all fixed-size reads.
-local RATE_BUCKETS, RATE_WIDTH_MS = __RATE_BUCKETS__, __RATE_WIDTH_MS__
-local F_MIN, F_MAX, DURATION_ALPHA = __F_MIN__, __F_MAX__, __DURATION_ALPHA__
-
-local function ceil_eps(x)
-  return math.ceil(x - CLASS_EPS)
-end
-
-local function sig_key(p, tenant)
-  return p .. 'sig:' .. tenant
-end
-
--- Count `n` submissions of a tenant at `now` (only tenants with limits are tracked).
-local function note_submissions(p, tenant, n, now)
-  local index = math.floor(now / RATE_WIDTH_MS)
-  local slot = index % RATE_BUCKETS
-  local sk = sig_key(p, tenant)
-  local stamp = tonumber(redis.call('HGET', sk, 's' .. slot))
-  if stamp and stamp > index then
-    return
-  end
-  if stamp ~= index then
-    redis.call('HSET', sk, 's' .. slot, index, 'c' .. slot, n)
-  else
-    redis.call('HINCRBY', sk, 'c' .. slot, n)
-  end
-end
-
--- Fold one finished attempt's duration (seconds) into the tenant's mean.
-local function note_duration(p, tenant, seconds)
-  local sk = sig_key(p, tenant)
-  local v = redis.call('HMGET', sk, 'dm', 'dn')
-  local mean = tonumber(v[1])
-  if not mean or not tonumber(v[2]) or tonumber(v[2]) == 0 then
-    mean = seconds
-  else
-    mean = mean + DURATION_ALPHA * (seconds - mean)
-  end
-  redis.call('HSET', sk, 'dm', mean)
-  redis.call('HINCRBY', sk, 'dn', 1)
-end
-
-local function rate_per_min(p, tenant, now)
-  local index = math.floor(now / RATE_WIDTH_MS)
-  local fields = {}
-  for slot = 0, RATE_BUCKETS - 1 do
-    fields[#fields + 1] = 's' .. slot
-    fields[#fields + 1] = 'c' .. slot
-  end
-  local v = redis.call('HMGET', sig_key(p, tenant), unpack(fields))
-  local total = 0
-  for slot = 0, RATE_BUCKETS - 1 do
-    local stamp = tonumber(v[2 * slot + 1])
-    if stamp and index - RATE_BUCKETS < stamp and stamp <= index then
-      total = total + (tonumber(v[2 * slot + 2]) or 0)
-    end
-  end
-  local span = (RATE_BUCKETS - 1) * RATE_WIDTH_MS + now % RATE_WIDTH_MS + 1
-  return total * 60000 / span
-end
-
--- The tenant's limit now, or nil when it has no concurrency settings. `target` is the
--- lane's cached capacity, `load` its slots in flight and waiting.
-local function tenant_limit(keys, p, tenant, target, load, now)
-  local spec = redis.call('HGET', keys[TLIMITS], tenant)
-  if not spec then
     return nil
   end
-  local floor, max, burst_floor, burst_pct = string.match(spec, '^(%d+),(-?%d+),(%d+),([%d.e+-]+)$')
-  floor, max, burst_floor, burst_pct = tonumber(floor), tonumber(max), tonumber(burst_floor),
-    tonumber(burst_pct)
-  if not (floor and max and burst_floor and burst_pct) then
-    return nil -- settings that do not parse limit nothing: better than no dispatch at all
+
+  -- Take a job's tokens on each rate key read by `first_full`; remember its rate cost.
+  function throttle.take_rates(keys, id, names, units, now, seen, adaptive)
+    local any = adaptive
+    for _, key in ipairs(names) do
+      local rb = seen[key]
+      if rb then
+        rates.take(keys, key, rb[1], rb[2], rates.cost(rb[1], units), now)
+        any = true
+      end
+    end
+    if any then
+      redis.call('HSET', keys[THR], 'c:' .. id, rates.fmt(units))
+    end
   end
-  local mean = tonumber(redis.call('HGET', sig_key(p, tenant), 'dm')) or 0
-  local base = math.max(floor, ceil_eps(rate_per_min(p, tenant, now) * mean / 60))
-  local top = base + math.max(burst_floor, floor_eps(base * burst_pct))
-  local factor = F_MAX
-  if load > 0 then
-    factor = math.min(F_MAX, math.max(F_MIN, target / load))
+
+  -- Give a job's tokens back on each of its rate keys (offers it will not use); `keep`
+  -- keeps its rate cost (it parks again).
+  function throttle.refund_rates(keys, id, names, now, keep)
+    local units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id))
+    if not units then
+      return
+    end
+    if not keep then
+      redis.call('HDEL', keys[THR], 'c:' .. id)
+    end
+    for _, key in ipairs(names) do
+      local rate = rates.parse(redis.call('HGET', keys[THR], 'rp:' .. key))
+      if rate then
+        rates.correct(keys, key, rate, rates.cost(rate, units), now)
+      end
+    end
   end
-  local limit = math.max(floor, floor_eps(top * factor))
-  if max >= 0 then
-    limit = math.min(limit, max)
+
+  local function vtime(keys, key)
+    return tonumber(redis.call('HGET', keys[THR], 'v:' .. key)) or 0
   end
-  return limit
+
+  local function grant(keys, id, names)
+    local token = redis.call('HINCRBY', keys[THR], 'tok', 1)
+    redis.call('HSET', keys[THR], 'h:' .. id, token .. TAB .. table.concat(names, TAB))
+    return token
+  end
+
+  -- A tenant group left empty: its start tag stays as its finish tag while above V.
+  local function idle_group(keys, key, tenant, tag)
+    redis.call('ZREM', tags_key(keys, key, 's'), tenant)
+    if tag > vtime(keys, key) then
+      redis.call('ZADD', tags_key(keys, key, 'f'), tag, tenant)
+    end
+  end
+
+  -- Put a waiter in its tenant's group on w.at; a group that forms starts at max(F, V).
+  -- `blocked` ({rate, bucket}) when it waits for w.at's tokens or pause: the key is due
+  -- no later than when this waiter would fit.
+  local function enter_group(keys, id, w, blocked, now)
+    local sk = tags_key(keys, w.at, 's')
+    if not redis.call('ZSCORE', sk, w.tenant) then
+      local start = vtime(keys, w.at)
+      local fk = tags_key(keys, w.at, 'f')
+      local finish = tonumber(redis.call('ZSCORE', fk, w.tenant))
+      if finish then
+        redis.call('ZREM', fk, w.tenant)
+        if finish > start then
+          start = finish
+        end
+      end
+      redis.call('ZADD', sk, start, w.tenant)
+    end
+    redis.call('HSET', keys[THR], 'p:' .. id, table.concat(
+      {w.at, w.prio, w.seq, w.tenant, w.charge, rates.fmt(w.units), w.since,
+        table.concat(w.names, TAB)}, TAB))
+    redis.call('ZADD', keys[THRW], 0, wait_member(w.at, w.tenant, w.prio, w.seq, id))
+    if blocked then
+      local rate, b = blocked[1], blocked[2]
+      local due = rate and rates.due_at(rate, b, rates.cost(rate, w.units), now) or b.pu
+      redis.call('ZADD', rates.due_key(keys), 'LT', due, w.at)
+    end
+  end
+
+  -- Hand `key`'s room to its waiters, least start tag first, until it has no room, nobody
+  -- waits, or (a rate key) its head does not fit the bucket: then the key is due when it
+  -- would. A waiter blocked by another key moves there (uncharged); one that may take all
+  -- its keys is woken: an offer on each, its tokens on each rate key, V up to its tag, its
+  -- tenant's tag charged (its cost on `key` if `key` has a rate, else its charge) / weight.
+  -- Appends {job, key} for every waiter woken.
+  local function wake_key(keys, key, out, now)
+    local sk = tags_key(keys, key, 's')
+    while true do
+      local r, rate, pz = room(keys, key)
+      if r <= 0 then
+        return
+      end
+      if pz and now < pz then
+        redis.call('ZADD', rates.due_key(keys), pz, key)
+        return
+      end
+      local top = redis.call('ZRANGE', sk, 0, 0, 'WITHSCORES')
+      if not top[1] then
+        return
+      end
+      local tenant, tag = top[1], tonumber(top[2])
+      local member, id = group_head(keys, key, tenant)
+      local w = parse_parked(redis.call('HGET', keys[THR], 'p:' .. id))
+      local cost = rate and rates.cost(rate, w.units)
+      if rate then
+        local b = rates.read(keys, key, rate, now)
+        if not rates.fits(rate, b, cost, now) then
+          redis.call('ZADD', rates.due_key(keys), rates.due_at(rate, b, cost, now), key)
+          return
+        end
+      end
+      redis.call('ZREM', keys[THRW], member)
+      redis.call('HDEL', keys[THR], 'p:' .. id)
+      local emptied = not group_head(keys, key, tenant)
+      local seen = {}
+      local blocker, blocked = first_full(keys, w.names, w.units, now, key, seen)
+      if blocker then
+        if emptied then
+          idle_group(keys, key, tenant, tag)
+        end
+        w.at = blocker
+        enter_group(keys, id, w, blocked, now)
+        redis.call('HINCRBY', keys[THR], 'moves', 1)
+      else
+        for _, k in ipairs(w.names) do
+          redis.call('HINCRBY', keys[THR], 'o:' .. k, 1)
+        end
+        throttle.take_rates(keys, id, w.names, w.units, now, seen, false)
+        redis.call('HSET', keys[THR], 'w:' .. id, table.concat(w.names, TAB))
+        if tag > vtime(keys, key) then
+          redis.call('HSET', keys[THR], 'v:' .. key, tag)
+          -- finish tags at or below V carry nothing
+          redis.call('ZREMRANGEBYSCORE', tags_key(keys, key, 'f'), '-inf', tag)
+        end
+        local weight = tonumber(redis.call('HGET', keys[WEIGHTS], tenant)) or 1
+        local charged = tag + (rate and cost or w.charge) / weight
+        if emptied then
+          idle_group(keys, key, tenant, charged)
+        else
+          redis.call('ZADD', sk, charged, tenant)
+        end
+        if rate then
+          rates.note_wake(keys, key, now - w.since)
+        end
+        out[#out + 1] = {id, key}
+        redis.call('HINCRBY', keys[THR], 'wakes', 1)
+      end
+    end
+  end
+
+  -- Wake every key of `names` that has room and waiters, in order.
+  local function wake_all(keys, names, out, now)
+    for _, key in ipairs(names) do
+      if room(keys, key) > 0 and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
+        wake_key(keys, key, out, now)
+      end
+    end
+  end
+
+  local function unref(keys, names)
+    for _, key in ipairs(names) do
+      if redis.call('HINCRBY', keys[THR], 'r:' .. key, -1) <= 0 then
+        redis.call('HDEL', keys[THR], 'r:' .. key, 'l:' .. key, 'u:' .. key, 'o:' .. key,
+          'v:' .. key, 'rp:' .. key, 'ad:' .. key)
+        redis.call('DEL', tags_key(keys, key, 's'), tags_key(keys, key, 'f'))
+        -- a pause outlives the key's last job (the one pushed back comes back to it)
+        local pz = tonumber(redis.call('HGET', keys[THR], 'pz:' .. key))
+        if pz and pz <= now_ms() then
+          redis.call('HDEL', keys[THR], 'pz:' .. key)
+        end
+      end
+    end
+  end
+
+  -- A woken job, dispatched with its lane slot: its offers become holds if every key
+  -- has a slot under its limit (its tokens were taken when it was woken); otherwise (a
+  -- limit was lowered) it gives them and its tokens back and parks again. Returns as
+  -- thr_acquire.
+  local function convert_offers(keys, id, offered, prio, seq, tenant, charge, units, now)
+    local names = split_tabs(offered)
+    redis.call('HDEL', keys[THR], 'w:' .. id)
+    local ok = true
+    for _, key in ipairs(names) do
+      local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key)
+      if (tonumber(v[2]) or 0) >= (tonumber(v[1]) or 0) then
+        ok = false
+        break
+      end
+    end
+    for _, key in ipairs(names) do
+      redis.call('HINCRBY', keys[THR], 'o:' .. key, -1)
+      if ok then
+        redis.call('HINCRBY', keys[THR], 'u:' .. key, 1)
+      end
+    end
+    if ok then
+      return grant(keys, id, names), {}
+    end
+    units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id)) or units
+    throttle.refund_rates(keys, id, names, now, true)
+    local blocker, blocked = first_full(keys, names, units, now)
+    enter_group(keys, id, {at = blocker, prio = prio, seq = seq, tenant = tenant,
+      charge = charge, units = units, since = now or 0, names = names}, blocked, now)
+    local wakes = {}
+    wake_all(keys, names, wakes, now)
+    return nil, wakes, blocker
+  end
+
+  -- Make an arrival's limits and rates the ones in force. `limits` {{key, limit} or
+  -- {key, max, min} (adaptive), ..} and `rlist` {{key, limit, per_ms, burst, units}, ..};
+  -- returns the sorted union of their keys, the keys whose limit or rate it raised (with
+  -- waiters) and whether it names a rate or an adaptive key.
+  function throttle.apply_given(keys, limits, rlist)
+    local given, names, raised, adaptive = {}, {}, {}, false
+    for _, kl in ipairs(limits) do
+      given[kl[1]] = {lim = kl}
+    end
+    for _, r in ipairs(rlist or {}) do
+      local g = given[r[1]] or {}
+      g.rate = r
+      given[r[1]] = g
+    end
+    for key in pairs(given) do
+      names[#names + 1] = key
+    end
+    table.sort(names)
+    for _, key in ipairs(names) do
+      local g = given[key]
+      local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'rp:' .. key)
+      local cur, limit = tonumber(v[1]), nil
+      if g.lim and g.lim[3] then
+        local hi, lo = tonumber(g.lim[2]), tonumber(g.lim[3])
+        limit = math.floor(rates.adaptive_value(keys, key, hi, lo))
+        redis.call('HSET', keys[THR], 'ad:' .. key, hi .. ',' .. lo)
+        adaptive = true
+      elseif g.lim then
+        limit = tonumber(g.lim[2])
+        -- a fixed limit makes the key fixed again
+        redis.call('HDEL', keys[THR], 'ad:' .. key)
+      elseif not cur then
+        limit = rates.UNLIMITED
+      end
+      local spec = g.rate and rates.encode(g.rate)
+      adaptive = adaptive or spec ~= nil
+      local changed = (limit and cur and limit > cur) or (spec and v[2] and spec ~= v[2])
+      if changed and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
+        raised[#raised + 1] = key
+      end
+      if limit then
+        redis.call('HSET', keys[THR], 'l:' .. key, limit)
+      end
+      if spec then
+        redis.call('HSET', keys[THR], 'rp:' .. key, spec)
+      end
+      redis.call('HINCRBY', keys[THR], 'r:' .. key, 1)
+    end
+    return names, raised, adaptive
+  end
+
+  -- Dispatch of `id` with its lane slot: convert its offers, or admit it on every key of
+  -- `limits` and `rlist` at once (apply_given), or park it in `tenant`'s group on its
+  -- first blocking key (`charge`: what a wake charges its tenant; `units`: its rate cost;
+  -- `now`: the server's ms). Returns the grant token (nil when parked), the waiters woken
+  -- on the way ({job, key}) and the key it parked on.
+  local function thr_acquire(keys, id, limits, prio, seq, tenant, charge, rlist, units, now)
+    units, now = tonumber(units) or 1, tonumber(now) or 0
+    local offered = redis.call('HGET', keys[THR], 'w:' .. id)
+    if offered then
+      return convert_offers(keys, id, offered, prio, seq, tenant, charge, units, now)
+    end
+    local names, raised, adaptive = throttle.apply_given(keys, limits, rlist)
+    local wakes = {}
+    for _, key in ipairs(raised) do
+      wake_key(keys, key, wakes, now)
+    end
+    local seen = {}
+    local blocker, blocked = first_full(keys, names, units, now, nil, seen)
+    if not blocker then
+      for _, key in ipairs(names) do
+        redis.call('HINCRBY', keys[THR], 'u:' .. key, 1)
+      end
+      throttle.take_rates(keys, id, names, units, now, seen, adaptive)
+      return grant(keys, id, names), wakes
+    end
+    if adaptive then
+      -- its wake and its release read it
+      redis.call('HSET', keys[THR], 'c:' .. id, rates.fmt(units))
+    end
+    enter_group(keys, id, {at = blocker, prio = prio, seq = seq, tenant = tenant,
+      charge = charge, units = units, since = now, names = names}, blocked, now)
+    return nil, wakes, blocker
+  end
+
+  -- What an ended attempt tells its keys, before its slots are freed: each rate key
+  -- counting units corrected by what it really used (`used`, units; nil when unknown),
+  -- each adaptive key grown after a success.
+  function throttle.settle_keys(keys, id, names, now, used, succeeded)
+    local units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id))
+    if not units then
+      return
+    end
+    redis.call('HDEL', keys[THR], 'c:' .. id)
+    for _, key in ipairs(names) do
+      local v = redis.call('HMGET', keys[THR], 'rp:' .. key, 'ad:' .. key)
+      local rate = rates.parse(v[1])
+      local cost = rate and rates.cost(rate, units)
+      if rate and rate.units and used and cost ~= used then
+        rates.correct(keys, key, rate, cost - used, now)
+      end
+      if succeeded and v[2] then
+        rates.grow(keys, key, rates.adaptive_bounds(keys, key), now)
+      end
+    end
+  end
+
+  -- Free the slots of `id`'s grant `token` and wake the keys, after settle_keys. A stale
+  -- token or a job holding nothing changes nothing. Returns the waiters woken.
+  local function thr_release(keys, id, token, now, used, succeeded)
+    local held = redis.call('HGET', keys[THR], 'h:' .. id)
+    local wakes = {}
+    if not held then
+      return wakes
+    end
+    local parts = split_tabs(held)
+    if parts[1] ~= tostring(token) then
+      return wakes
+    end
+    now = tonumber(now) or 0
+    redis.call('HDEL', keys[THR], 'h:' .. id)
+    local names = {unpack(parts, 2)}
+    throttle.settle_keys(keys, id, names, now, tonumber(used), succeeded)
+    for _, key in ipairs(names) do
+      redis.call('HINCRBY', keys[THR], 'u:' .. key, -1)
+    end
+    wake_all(keys, names, wakes, now)
+    unref(keys, names)
+    return wakes
+  end
+
+  -- The upstream behind `key` pushed back on `id`'s attempt (grant `token`): the key is
+  -- paused until `untl` (rates.pause, which may cut an adaptive key), and its waiters are
+  -- due then. False when the job does not hold the key under that token.
+  function throttle.thr_push_back(keys, id, token, key, untl, now, cause)
+    local held = redis.call('HGET', keys[THR], 'h:' .. id)
+    local parts = held and split_tabs(held) or {}
+    if parts[1] ~= tostring(token) then
+      return false
+    end
+    local holds = false
+    for i = 2, #parts do
+      holds = holds or parts[i] == key
+    end
+    if not holds then
+      return false
+    end
+    rates.pause(keys, key, untl, now, cause)
+    if redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
+      redis.call('ZADD', rates.due_key(keys), 'GT', untl, key)
+    end
+    return true
+  end
+
+  -- A waiting job leaves (cancelled, expired): out of its tenant group (a rate key whose
+  -- head it may have been is due at once, to look at its new head), or its offers and
+  -- tokens given back and their keys woken. Returns whether it waited or held offers,
+  -- and the waiters woken.
+  local function thr_cancel(keys, id, now)
+    now = tonumber(now) or 0
+    local parked = redis.call('HGET', keys[THR], 'p:' .. id)
+    if parked then
+      local w = parse_parked(parked)
+      redis.call('ZREM', keys[THRW], wait_member(w.at, w.tenant, w.prio, w.seq, id))
+      redis.call('HDEL', keys[THR], 'p:' .. id, 'c:' .. id)
+      if not group_head(keys, w.at, w.tenant) then
+        idle_group(keys, w.at, w.tenant,
+          tonumber(redis.call('ZSCORE', tags_key(keys, w.at, 's'), w.tenant)))
+      end
+      if redis.call('HEXISTS', keys[THR], 'rp:' .. w.at) == 1 and
+          redis.call('ZCARD', tags_key(keys, w.at, 's')) > 0 then
+        redis.call('ZADD', rates.due_key(keys), 'LT', now, w.at)
+      end
+      unref(keys, w.names)
+      return true, {}
+    end
+    local offered = redis.call('HGET', keys[THR], 'w:' .. id)
+    if not offered then
+      return false, {}
+    end
+    redis.call('HDEL', keys[THR], 'w:' .. id)
+    local names, wakes = split_tabs(offered), {}
+    for _, key in ipairs(names) do
+      redis.call('HINCRBY', keys[THR], 'o:' .. key, -1)
+    end
+    throttle.refund_rates(keys, id, names, now)
+    wake_all(keys, names, wakes, now)
+    unref(keys, names)
+    return true, wakes
+  end
+
+  -- Take a parked job out of its group (a waiter's cancel wakes nobody); false when it
+  -- was not waiting.
+  local function thr_cancel_waiter(keys, id, now)
+    if redis.call('HEXISTS', keys[THR], 'p:' .. id) == 0 then
+      return false
+    end
+    return (thr_cancel(keys, id, now))
+  end
+
+  -- Wake every rate key due by `now` (at most DUE_BATCH, in due order): the rate timer,
+  -- run by fetch. Returns the waiters woken.
+  function throttle.thr_wake_due(keys, now)
+    local dk = rates.due_key(keys)
+    local out = {}
+    for _, key in ipairs(redis.call('ZRANGEBYSCORE', dk, '-inf', now, 'LIMIT', 0, rates.DUE_BATCH)) do
+      redis.call('ZREM', dk, key)
+      wake_key(keys, key, out, now)
+    end
+    return out
+  end
+
+  -- When the next rate key is due (server ms), or nil.
+  function throttle.thr_next_due(keys)
+    local head = redis.call('ZRANGE', rates.due_key(keys), 0, 0, 'WITHSCORES')
+    return tonumber(head[2])
+  end
+
+  ---------------------------------------------------------------------------- tenant ceilings
+
+  -- A tenant's own key and its limit now (fairlane/policy/ceilings.py): Little's law on
+  -- its recent submission rate R and mean duration D, a burst on top, compressed by the
+  -- lane's pressure. Settings in KEYS[TLIMITS]: tenant -> 'floor,max,burst_floor,burst_pct'
+  -- (max -1 = none); signals in sig:<tenant> (a ring of RATE_BUCKETS counters and the
+  -- duration mean): all fixed-size reads.
+  local RATE_BUCKETS, RATE_WIDTH_MS = __RATE_BUCKETS__, __RATE_WIDTH_MS__
+  local F_MIN, F_MAX, DURATION_ALPHA = __F_MIN__, __F_MAX__, __DURATION_ALPHA__
+
+  local function ceil_eps(x)
+    return math.ceil(x - CLASS_EPS)
+  end
+
+  local function sig_key(p, tenant)
+    return p .. 'sig:' .. tenant
+  end
+
+  -- Count `n` submissions of a tenant at `now` (only tenants with limits are tracked).
+  local function note_submissions(p, tenant, n, now)
+    local index = math.floor(now / RATE_WIDTH_MS)
+    local slot = index % RATE_BUCKETS
+    local sk = sig_key(p, tenant)
+    local stamp = tonumber(redis.call('HGET', sk, 's' .. slot))
+    if stamp and stamp > index then
+      return
+    end
+    if stamp ~= index then
+      redis.call('HSET', sk, 's' .. slot, index, 'c' .. slot, n)
+    else
+      redis.call('HINCRBY', sk, 'c' .. slot, n)
+    end
+  end
+
+  -- Fold one finished attempt's duration (seconds) into the tenant's mean.
+  local function note_duration(p, tenant, seconds)
+    local sk = sig_key(p, tenant)
+    local v = redis.call('HMGET', sk, 'dm', 'dn')
+    local mean = tonumber(v[1])
+    if not mean or not tonumber(v[2]) or tonumber(v[2]) == 0 then
+      mean = seconds
+    else
+      mean = mean + DURATION_ALPHA * (seconds - mean)
+    end
+    redis.call('HSET', sk, 'dm', mean)
+    redis.call('HINCRBY', sk, 'dn', 1)
+  end
+
+  local function rate_per_min(p, tenant, now)
+    local index = math.floor(now / RATE_WIDTH_MS)
+    local fields = {}
+    for slot = 0, RATE_BUCKETS - 1 do
+      fields[#fields + 1] = 's' .. slot
+      fields[#fields + 1] = 'c' .. slot
+    end
+    local v = redis.call('HMGET', sig_key(p, tenant), unpack(fields))
+    local total = 0
+    for slot = 0, RATE_BUCKETS - 1 do
+      local stamp = tonumber(v[2 * slot + 1])
+      if stamp and index - RATE_BUCKETS < stamp and stamp <= index then
+        total = total + (tonumber(v[2 * slot + 2]) or 0)
+      end
+    end
+    local span = (RATE_BUCKETS - 1) * RATE_WIDTH_MS + now % RATE_WIDTH_MS + 1
+    return total * 60000 / span
+  end
+
+  -- The tenant's limit now, or nil when it has no concurrency settings. `target` is the
+  -- lane's cached capacity, `load` its slots in flight and waiting.
+  local function tenant_limit(keys, p, tenant, target, load, now)
+    local spec = redis.call('HGET', keys[TLIMITS], tenant)
+    if not spec then
+      return nil
+    end
+    local floor, max, burst_floor, burst_pct = string.match(spec, '^(%d+),(-?%d+),(%d+),([%d.e+-]+)$')
+    floor, max, burst_floor, burst_pct = tonumber(floor), tonumber(max), tonumber(burst_floor),
+      tonumber(burst_pct)
+    if not (floor and max and burst_floor and burst_pct) then
+      return nil -- settings that do not parse limit nothing: better than no dispatch at all
+    end
+    local mean = tonumber(redis.call('HGET', sig_key(p, tenant), 'dm')) or 0
+    local base = math.max(floor, ceil_eps(rate_per_min(p, tenant, now) * mean / 60))
+    local top = base + math.max(burst_floor, floor_eps(base * burst_pct))
+    local factor = F_MAX
+    if load > 0 then
+      factor = math.min(F_MAX, math.max(F_MIN, target / load))
+    end
+    local limit = math.max(floor, floor_eps(top * factor))
+    if max >= 0 then
+      limit = math.min(limit, max)
+    end
+    return limit
+  end
+
+  throttle.RATE_BUCKETS = RATE_BUCKETS
+  throttle.RATE_WIDTH_MS = RATE_WIDTH_MS
+  throttle.note_duration = note_duration
+  throttle.note_submissions = note_submissions
+  throttle.rate_per_min = rate_per_min
+  throttle.sig_key = sig_key
+  throttle.tenant_limit = tenant_limit
+  throttle.thr_acquire = thr_acquire
+  throttle.thr_cancel = thr_cancel
+  throttle.thr_cancel_waiter = thr_cancel_waiter
+  throttle.thr_release = thr_release
 end

@@ -1,0 +1,221 @@
+-- The library's common ground: the app's fixed keys (by the names fairlane.lua's header
+-- gives them), the server's clock, the prefix and the keys derived from it, job events,
+-- and the hot path's helpers (chunked commands, memoised parses, optional fields).
+--
+-- Keys: KEYS[FENCE] (the app's prefix comes from it), ev:<id>, lane:<l>:wake; the KEYS
+--   indexes (FENCE .. THRW) are named here
+-- Calls: none
+-- Entry points: core.{ALLOW_OOM, ARGS, DEAD, DEFAULT_CLASS, FENCE, FLEET, IDEM, LEASES,
+--   MEMO_MAX, PRIO_SPAN, STATS, TASKS, TERMINAL, THR, THRW, TLIMITS, WEIGHTS, WORKERS,
+--   any, arg, chunked, error_type, ev_key, int, job_key, lane_key, log_event, memoised,
+--   now_arg, now_ms, num, order_score, prefix, read, slots_of, wake}
+
+local core = {}
+
+do
+  local FENCE, LEASES, STATS, IDEM, DEAD, WORKERS, TASKS, WEIGHTS = 1, 2, 3, 4, 5, 6, 7, 8
+  local FLEET, TLIMITS, THR, THRW = 9, 10, 11, 12
+  local TERMINAL = {completed = true, failed = true, cancelled = true, expired = true}
+  -- priorities are clamped to +-PRIO_LIMIT so that prio * 2^40 + seq stays exact in a double
+  local PRIO_SPAN = 1099511627776
+  local DEFAULT_CLASS = 'standard'
+
+  local function now_ms()
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+
+  -- The app's prefix: KEYS[FENCE] less the fence key's own name (keys.py's, written in
+  -- by library.py), so that the prefix never hangs on how long that name is.
+  local FENCE_NAME = '__FENCE_NAME__'
+
+  local function prefix(keys)
+    local k = keys[FENCE]
+    return string.sub(k, 1, #k - #FENCE_NAME)
+  end
+
+  local function lane_key(p, lane, what)
+    return p .. 'lane:' .. lane .. ':' .. what
+  end
+
+  local function job_key(p, id)
+    return p .. 'job:' .. id
+  end
+
+  -- A job's lifecycle events (ev:<id>): a list of msgpack [ms, kind, detail], kept to the
+  -- last EVENT_CAP entries and deleted with the record. Only what the record cannot tell
+  -- is logged (fairlane/store/explain.py rebuilds submission, start and end from enq, start,
+  -- wk, att, fin, st and err), so a job accepted, dispatched and completed logs nothing.
+  -- One RPUSH per event; the list is trimmed only when it outgrows the cap.
+  local EVENT_CAP = 64
+
+  local function ev_key(p, id)
+    return p .. 'ev:' .. id
+  end
+
+  local function log_event(p, id, now, kind, detail)
+    local k = ev_key(p, id)
+    if redis.call('RPUSH', k, cmsgpack.pack({now, kind, detail or {}})) > EVENT_CAP then
+      redis.call('LTRIM', k, -EVENT_CAP, -1)
+    end
+  end
+
+  -- The type of an error JSON ('{"type":"X",...}'), for events; '' when it has none.
+  local function error_type(err)
+    return err and string.match(err, '"type"%s*:%s*"([^"]*)"') or ''
+  end
+
+  -- The hot path's helpers (fairqueue.lua, records.lua, lease.lua, dispatch.lua). A command
+  -- takes at most ARGS arguments from one unpack (Lua's own limit is near 8000).
+  core.ARGS = 4000
+
+  -- `cmd` with `key` (nil for none) and the arguments in `list`, in as many commands as
+  -- Lua's unpack needs (ARGS arguments each).
+  function core.chunked(cmd, key, list)
+    for i = 1, #list, core.ARGS do
+      local last = math.min(#list, i + core.ARGS - 1)
+      if key then
+        redis.call(cmd, key, unpack(list, i, last))
+      else
+        redis.call(cmd, unpack(list, i, last))
+      end
+    end
+  end
+
+  -- A whole number as a command argument ('%d'; anything else is passed on as it is, and
+  -- Redis writes it with '%.17g').
+  function core.int(n)
+    if type(n) == 'number' and n == math.floor(n) and n > -9e15 and n < 9e15 then
+      return string.format('%d', n)
+    end
+    return n
+  end
+
+  -- The server time `now` as an argument, formatted once per call.
+  function core.now_arg(now)
+    if core.now ~= now then
+      core.now, core.now_s = now, string.format('%d', now)
+    end
+    return core.now_s
+  end
+
+  -- Memoised checks and parses, by value: most of a record's fields repeat from job to
+  -- job (its task, tenant, class, backoff, budget, timeout, width, keys), so each
+  -- distinct value is parsed once rather than once per job. A memo is emptied when it
+  -- outgrows MEMO_MAX.
+  core.MEMO_MAX = 4096
+
+  function core.memoised(check)
+    local seen, n = {}, 0
+    return function(v)
+      if v == nil or v ~= v then
+        return check(v)
+      end
+      local r = seen[v]
+      if r == nil then
+        r = check(v)
+        if n >= core.MEMO_MAX then
+          seen, n = {}, 0
+        end
+        seen[v], n = r, n + 1
+      end
+      return r
+    end
+  end
+
+  -- a repeating field's number, false when it is none
+  core.num = core.memoised(function(v) return tonumber(v) or false end)
+  -- a repeating number as a command argument (a job's budget, timeout, width, charge...):
+  -- formatting costs about as much as Redis's own, so only a value seen before is a gain
+  core.arg = core.memoised(core.int)
+
+  -- The fields some records have and most do not (a deadline, keys, a trace context, a
+  -- parent, an idempotency key, a reservation, a throttle grant or offers, a waiter, a
+  -- run's keys) are read only from a record that may hold one: a field a listpack hash
+  -- does not hold costs a scan of the whole record, and these were most of what the hot
+  -- path looked for. Whoever writes one of them sets `x` to '1' in the same command;
+  -- enqueue writes '' when there are none, and a record without `x` (written before it
+  -- existed) may hold any. `common` ends with 'x'; the result holds the common fields in
+  -- their places and the optional ones after them (nil when absent). pcall: a key of the
+  -- wrong type reads as no record.
+  function core.read(key, common, optional)
+    local f = redis.pcall('HMGET', key, unpack(common))
+    if f.err then
+      return {}
+    end
+    local n = #common
+    if f[n] == '' then
+      f[n] = nil
+    else
+      local o = redis.pcall('HMGET', key, unpack(optional))
+      for i = 1, #optional do
+        f[n - 1 + i] = not o.err and o[i] or nil
+      end
+    end
+    return f
+  end
+
+  -- Whether a hash of tenant settings (weights, concurrency limits) holds any entry, asked
+  -- once per call (`fx`: the call's effects, records.lua): most apps set none, and asking
+  -- for each tenant would cost a command per job.
+  function core.any(fx, key)
+    local v = fx.any[key]
+    if v == nil then
+      v = redis.call('EXISTS', key) == 1
+      fx.any[key] = v
+    end
+    return v
+  end
+
+  -- A job's width in slots from its record's `sl`: enqueue writes a whole number >= 1,
+  -- so anything else is damage, read as the default width that enqueue counted it at;
+  -- the waiting and in-flight counts then return to where they were before the job.
+  local function slots_of(raw)
+    local n = core.num(raw)
+    if n and n >= 1 and n % 1 == 0 then
+      return n
+    end
+    return 1
+  end
+
+  local function order_score(prio, seq)
+    return -tonumber(prio) * PRIO_SPAN + tonumber(seq)
+  end
+
+  local function wake(p, lane)
+    local wk = lane_key(p, lane, 'wake')
+    if redis.call('LLEN', wk) == 0 then
+      redis.call('LPUSH', wk, '1')
+    end
+  end
+
+  -- Functions that free memory, or must run for a full store to be drained, run on a
+  -- server at its maxmemory (fairlane.lua registers them with these flags).
+  core.ALLOW_OOM = {'allow-oom'}
+
+  core.DEAD = DEAD
+  core.DEFAULT_CLASS = DEFAULT_CLASS
+  core.FENCE = FENCE
+  core.FLEET = FLEET
+  core.IDEM = IDEM
+  core.LEASES = LEASES
+  core.PRIO_SPAN = PRIO_SPAN
+  core.STATS = STATS
+  core.TASKS = TASKS
+  core.TERMINAL = TERMINAL
+  core.THR = THR
+  core.THRW = THRW
+  core.TLIMITS = TLIMITS
+  core.WEIGHTS = WEIGHTS
+  core.WORKERS = WORKERS
+  core.error_type = error_type
+  core.ev_key = ev_key
+  core.job_key = job_key
+  core.lane_key = lane_key
+  core.log_event = log_event
+  core.now_ms = now_ms
+  core.order_score = order_score
+  core.prefix = prefix
+  core.slots_of = slots_of
+  core.wake = wake
+end
