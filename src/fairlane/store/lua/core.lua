@@ -44,7 +44,7 @@ do
 
   -- A job's lifecycle events (ev:<id>): a list of msgpack [ms, kind, detail], kept to the
   -- last EVENT_CAP entries and deleted with the record. Only what the record cannot tell
-  -- is logged (fairlane/store/explain.py rebuilds submission, start and end from enq, start,
+  -- is logged (fairlane/insight/explain.py rebuilds submission, start and end from enq, start,
   -- wk, att, fin, st and err), so a job accepted, dispatched and completed logs nothing.
   -- One RPUSH per event; the list is trimmed only when it outgrows the cap.
   local EVENT_CAP = 64
