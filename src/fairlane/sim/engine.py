@@ -36,7 +36,7 @@ Its life, under ``fair``:
    the gate then admits are queued.
 
 **Rate keys and upstreams.** When a key has a rate or an adaptive limit in force, the
-keys are ``fairlane.sim.rates.RateKeys`` (the same rules, with buckets, pauses and
+keys are ``fairlane.sim.rates.FairRateKeys`` (the same rules, with buckets, pauses and
 due times: a key that must wait for tokens is due at a timer the loop fires, in due
 order, before an arrival at the same time). A job whose tenant names a key with an
 ``upstream`` *calls* it when it starts (``fairlane.sim.rates.Upstream``): served, it
@@ -77,7 +77,7 @@ from fairlane.sim.gate import Admission
 from fairlane.sim.keys import FairKeys, FifoKeys
 from fairlane.sim.limits import Limits
 from fairlane.sim.metrics import Raw
-from fairlane.sim.rates import RateKeys, Upstream
+from fairlane.sim.rates import FairRateKeys, Upstream
 from fairlane.sim.scenario import Scenario
 from fairlane.sim.variants import Settings
 from fairlane.sim.world import (
@@ -143,10 +143,10 @@ class Engine:
         # a tenant is throttled with a static cap, floor/ceiling settings or shared keys
         self.fair_keys = settings.waiters == "fair"
         self.rated = w.rated
-        self.keys: FairKeys | FifoKeys | RateKeys
-        self.rk: RateKeys | None = None
+        self.keys: FairKeys | FifoKeys | FairRateKeys
+        self.rk: FairRateKeys | None = None
         if self.rated:
-            self.keys = self.rk = RateKeys(
+            self.keys = self.rk = FairRateKeys(
                 w.key_limit,
                 w.keys_of,
                 self.raw.handoffs,
@@ -284,7 +284,7 @@ class Engine:
         raw.unfinished = (
             self.queued + len(self.comp) + self.gate.waiting + len(self.retry) + len(self.sched)
         )
-        if isinstance(self.keys, RateKeys):
+        if isinstance(self.keys, FairRateKeys):
             raw.rate_keys = self.keys
         for t, n in enumerate(raw.pending):
             if n:
@@ -607,7 +607,9 @@ class Engine:
         raw.unpend(t, now)
         return rem
 
-    def _end_attempt(self, keys: RateKeys, job: Job, t: int, now: float, out: list[Job]) -> None:
+    def _end_attempt(
+        self, keys: FairRateKeys, job: Job, t: int, now: float, out: list[Job]
+    ) -> None:
         """The attempt's end on its keys: correction, growth, pushback, release."""
         ms = round(now * 1000)
         keys.at(ms)

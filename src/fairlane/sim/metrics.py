@@ -50,7 +50,7 @@ from fairlane.sim.variants import Settings
 from fairlane.sim.world import World
 
 if TYPE_CHECKING:
-    from fairlane.sim.rates import RateKeys
+    from fairlane.sim.rates import FairRateKeys
 
 __all__ = [
     "BACKLOGGED",
@@ -115,7 +115,7 @@ class Raw:
     up_ok: list[int]
     up_tokens: list[float]
     """Per upstream, calls starting in the window: all, answered 429, served (tokens)."""
-    rate_keys: RateKeys | None = None
+    rate_keys: FairRateKeys | None = None
     """The run's rate keys (buckets, ledgers, counters), when it had any."""
     rejections: Counter[str] = field(default_factory=Counter)
     deferrals: Counter[str] = field(default_factory=Counter)
