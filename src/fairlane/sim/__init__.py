@@ -15,7 +15,9 @@ Modules, each owning one thing:
 * ``keys`` -- throttle keys (tenant keys and shared keys; fair or FIFO waiters);
 * ``rates`` -- rate keys (buckets, adaptive limits, pauses, waited on tenant-fair) and
   the upstream behind a key (its 429s and Retry-After);
-* ``engine`` -- the event loop; ``gate`` -- the admission gate's state and retries;
+* ``engine`` -- the event loop; ``lanes`` -- the queues, their throttle keys and the
+  dispatch; ``calls`` -- upstream calls, pushbacks and retries; ``gate`` -- the admission
+  gate's state and retries;
 * ``metrics`` -- what is measured and how;
 * ``runner`` -- running a comparison, the shipped scenarios (``scenarios/*.toml``);
 * ``report`` -- Rich tables and JSON; ``chart`` -- SVG charts with pygal.
