@@ -24,8 +24,8 @@ import random
 from collections.abc import Callable
 
 from fairlane.policy.rates import MAX_PUSHBACKS
-from fairlane.sim.metrics import Raw
 from fairlane.sim.rates import FairRateKeys, Upstream
+from fairlane.sim.raw import Raw
 from fairlane.sim.scenario import Scenario
 from fairlane.sim.world import ANS, ATT, PB, SEQ, USED, Job, World
 

@@ -64,7 +64,7 @@ from fairlane.sim.arrivals import arrivals
 from fairlane.sim.calls import Calls
 from fairlane.sim.gate import Admission
 from fairlane.sim.lanes import Lanes
-from fairlane.sim.metrics import Raw
+from fairlane.sim.raw import Raw
 from fairlane.sim.scenario import Scenario
 from fairlane.sim.variants import Settings
 from fairlane.sim.world import ANS, FIRST, REM, RUN, SEQ, SUB, TEN, Job

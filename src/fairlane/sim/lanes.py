@@ -21,8 +21,8 @@ from collections.abc import Callable
 from fairlane.sim.fastpath import FairClass
 from fairlane.sim.keys import FairKeys, FifoKeys
 from fairlane.sim.limits import Limits
-from fairlane.sim.metrics import Raw
 from fairlane.sim.rates import FairRateKeys
+from fairlane.sim.raw import Raw
 from fairlane.sim.scenario import Scenario
 from fairlane.sim.variants import Settings
 from fairlane.sim.world import REM, SEQ, TEN, Job, build
