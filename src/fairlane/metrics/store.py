@@ -277,6 +277,7 @@ class StoreCollector(Collector):
         age.add_metric([], max(0.0, started - snap.read_at))
         yield age
         yield from _lane_families(snap)
+        yield from _admission_families(snap.lanes)
         yield from _server_counters(snap)
         yield from _queue_and_work(snap)
         yield _shares(snap.shares, self.tenant_top_n)
@@ -284,8 +285,7 @@ class StoreCollector(Collector):
 
 
 def _lane_families(snap: StoreSnapshot) -> Iterator[Metric]:
-    """Each lane's capacity, its slots running and waiting, its backlog, and admission's
-    deferred, admitted and reserved."""
+    """Each lane's capacity, its slots running and waiting, and its backlog."""
     capacity = GaugeMetricFamily(
         "fairlane_lane_capacity_slots",
         "A lane's capacity C: its live workers' slots.",
@@ -332,6 +332,10 @@ def _lane_families(snap: StoreSnapshot) -> Iterator[Metric]:
         batch.add_metric([lane], inside)
     yield backlog
     yield batch
+
+
+def _admission_families(lanes: dict[str, LaneState]) -> Iterator[Metric]:
+    """Admission's deferred and admitted jobs and its reserved units, by lane and class."""
     yield _per_class(
         "fairlane_lane_deferred_jobs", "Jobs admission deferred.", lanes, lambda s: s.deferred
     )
