@@ -1,6 +1,6 @@
 """Rate keys as the rate contract states them, written the slow and obvious way.
 
-``fairlane.sim.rates.RateKeys`` keeps heaps, integer indices and a lazy timer heap; this
+``fairlane.sim.rates.FairRateKeys`` keeps heaps, integer indices and a lazy timer heap; this
 model keeps jobs by id and keys by name in plain dicts and lists and re-derives every
 choice by sorting, straight from ``docs/contracts/rates.md`` ("Blocking and waking",
 "When an attempt ends"), with a pause blocking a key without a rate too. The bucket and

@@ -1,6 +1,6 @@
 """Rate keys in the simulator: the window bound, tenant-fair shares of a key's tokens,
 refunds and debts, pushback, the ``upstream-429`` comparison, and the fast path
-(``fairlane.sim.rates.RateKeys``) against the naive model of the rules in
+(``fairlane.sim.rates.FairRateKeys``) against the naive model of the rules in
 ``tests/sim/naive_rates.py``.
 
 Every bound comes from the key's own parameters (``limit``, ``per``, ``burst``) or the
@@ -23,7 +23,7 @@ from fairlane.policy.rates import MAX_PUSHBACKS, Adaptive, Rate
 from fairlane.sim import find_scenario, parse_scenario, run
 from fairlane.sim.engine import simulate
 from fairlane.sim.metrics import Raw, VariantResult
-from fairlane.sim.rates import RateKeys
+from fairlane.sim.rates import FairRateKeys
 from fairlane.sim.variants import parse_variant, resolve
 from fairlane.sim.world import UNLIMITED
 from tests.sim.naive_rates import NaiveRates, RJob
@@ -34,7 +34,7 @@ def _raw(data: dict[str, Any], variant: str = "fair") -> Raw:
     return simulate(scenario, resolve(parse_variant(variant), scenario))
 
 
-def _keys(raw: Raw) -> RateKeys:
+def _keys(raw: Raw) -> FairRateKeys:
     assert raw.rate_keys is not None
     return raw.rate_keys
 
@@ -307,7 +307,7 @@ rate_ops = st.lists(
 def test_rate_keys_agree_with_the_rules(
     ops: list[tuple[str, int, int]], high: int, burst: float
 ) -> None:
-    """RateKeys against the naive model: the same admissions, wakes in the same order,
+    """FairRateKeys against the naive model: the same admissions, wakes in the same order,
     the same slots, offers, limits, buckets, dues and adaptive values after every
     operation -- arrivals, woken jobs dispatched, attempts ending (used more or less
     than declared, failed, or pushed back on one of their keys) and time passing."""
@@ -338,7 +338,7 @@ def _agree(ops: list[tuple[str, int, int]], high: int, burst: float) -> None:  #
     adaptive = {"model:x": Adaptive(high, 1)}
     limits = {"api:z": UNLIMITED, "db:y": 1, "model:x": high, "tenant:a": 0}
     keys_of = [tuple(index[k] for k in _OF[t]) for t in _TENANTS]
-    fast = RateKeys(
+    fast = FairRateKeys(
         [limits[k] for k in _NAMES], keys_of, [[] for _ in _TENANTS], names=_TENANTS,
         key_names=_NAMES, weights=[_WEIGHT[t] for t in _TENANTS],
         cost_of=lambda job: _CHARGE[_TENANTS[job[1]]],

@@ -72,8 +72,15 @@ from hypothesis.stateful import (
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import ClassTable, Entitlement, ServiceClass, next_class
-from fairlane.policy.reference.model import FINISHED, Ack, AckKind, Batch, Grant, QueueModel
-from fairlane.policy.reference.model import NewJob as ModelNewJob
+from fairlane.policy.reference.model import (
+    FINISHED,
+    Ack,
+    AckKind,
+    Batch,
+    Grant,
+    QueueModel,
+    Submission,
+)
 from fairlane.policy.retry import after_failure
 from fairlane.store.views.totals import DECISION_PREFIX, split_stats
 from fairlane.store.wire import FetchedJob, NewJob, Outcome
@@ -237,7 +244,7 @@ class LuaVsModel(StoreMachine):
         self.ids += stored
         now = self.at(self.field_ms(stored[0], "enq") if stored else None)
         batch = [
-            ModelNewJob(
+            Submission(
                 j.id,
                 j.tenant,
                 j.priority,
@@ -921,9 +928,9 @@ def test_model_hand_off_to_an_idle_worker() -> None:
     assert model.fetch("w", ["a"], 2, 100, now=0, idle_ms=50) == Batch([], None)
     assert model.lane("a").idle == {"w|100": 50} and model.lane("a").capacity == 2
     batch = [
-        ModelNewJob("j0", "t", 0, 1, 10),
-        ModelNewJob("j1", "t", 0, 1),
-        ModelNewJob("j2", "t", 0, 1),
+        Submission("j0", "t", 0, 1, 10),
+        Submission("j1", "t", 0, 1),
+        Submission("j2", "t", 0, 1),
     ]
     model.enqueue_batch("a", batch, now=1)
     # the lane's next job goes to the idle worker, leased; the registration is spent
@@ -945,13 +952,13 @@ def test_model_classes_widths_and_throttles() -> None:
     for tenant in ("t", "u"):
         model.configure_classes(tenant, ENTITLED)
     jobs = [
-        ModelNewJob("wide", "t", 0, 1, slots=3),
-        ModelNewJob("g1", "t", 0, 1, cls="guaranteed"),
-        ModelNewJob("g2", "u", 0, 1, cls="guaranteed"),
+        Submission("wide", "t", 0, 1, slots=3),
+        Submission("g1", "t", 0, 1, cls="guaranteed"),
+        Submission("g2", "u", 0, 1, cls="guaranteed"),
     ]
     assert model.enqueue_batch("a", jobs, now=1) == [1, 1, 1]
-    assert model.enqueue_batch("a", [ModelNewJob("x", "t", 0, 1, cls="nope")], now=1) == [-2]
-    refused = [ModelNewJob("v1", "v", 0, 1, cls="guaranteed")]
+    assert model.enqueue_batch("a", [Submission("x", "t", 0, 1, cls="nope")], now=1) == [-2]
+    refused = [Submission("v1", "v", 0, 1, cls="guaranteed")]
     assert model.enqueue_batch("a", refused, now=1) == [-5]  # v is not entitled: nothing kept
     assert "v1" not in model.jobs
     # g1 starts within guaranteed's assured slot; then the wide standard head (ranked
@@ -969,7 +976,7 @@ def test_model_classes_widths_and_throttles() -> None:
     model.check_invariants()
 
     model = QueueModel()
-    keyed = [ModelNewJob(f"k{n}", "t", 0, 1, limits=(("k", 1),)) for n in range(2)]
+    keyed = [Submission(f"k{n}", "t", 0, 1, limits=(("k", 1),)) for n in range(2)]
     model.enqueue_batch("a", keyed, now=0)
     # k0 takes k's only slot, k1 parks on k (holding nothing); the budget is not spent
     assert [g.id for g in model.fetch("w", ["a"], 2, 100, now=1).jobs] == ["k0"]
@@ -982,7 +989,7 @@ def test_model_classes_widths_and_throttles() -> None:
     assert model.throttles.offered("k1") == ("k",) and model.throttles.in_use("k") == 0
     assert model.queue_ids("a", "t") == ["k1"] and model.lane("a").waiting["standard"] == 1
     # an arrival finds no room (the offer reserves it): it parks behind, not ahead
-    model.enqueue_batch("a", [ModelNewJob("k2", "t", 9, 1, limits=(("k", 1),))], now=3)
+    model.enqueue_batch("a", [Submission("k2", "t", 9, 1, limits=(("k", 1),))], now=3)
     # dispatch takes k2 first (priority 9) and parks it; k1 then converts its offer
     assert [g.id for g in model.fetch("w", ["a"], 2, 100, now=4).jobs] == ["k1"]
     assert model.jobs["k1"].ttok == 2 and model.throttles.in_use("k") == 1

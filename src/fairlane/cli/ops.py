@@ -32,6 +32,7 @@ from fairlane.config.lanes import LimitValue
 from fairlane.config.settings import WorkerSettings
 from fairlane.policy.rates import Adaptive, Rate
 from fairlane.policy.retention import Keep
+from fairlane.registry import TaskOptions
 from fairlane.store.api import redact_url
 from fairlane.store.fields import field_text
 from fairlane.store.records import JobRecord
@@ -150,38 +151,10 @@ def inspect_tasks(app_spec: AppSpec) -> None:
         "concurrency",
     ):
         table.add_column(column, overflow="fold", no_wrap=column == "name")
+    in_use = _cell(f"{concurrency} per worker", concurrency_default)
     for name in sorted(app.tasks):
         options = app.tasks[name].options
-        defaults = options.defaults
-        backoff = options.backoff
-        table.add_row(
-            Text(name),
-            # a private task is the default: only the exposed ones say so
-            Text("exposed") if options.gateway else _cell("private", True),
-            _cell(options.lane, "lane" in defaults),
-            _cell(options.service_class, "service_class" in defaults),
-            _cell(str(options.slots), "slots" in defaults),
-            *(
-                [_limits(options.limits, options.rates, {"limits", "rates"} <= defaults)]
-                if show_limits
-                else []
-            ),
-            _cell(options.executor, "executor" in defaults),
-            _cell(str(options.attempts), "attempts" in defaults),
-            _cell(
-                f"{_duration(backoff.base)}..{_duration(backoff.cap)} {backoff.jitter}",
-                "backoff" in defaults,
-            ),
-            _cell(_duration(options.timeout), "timeout" in defaults),
-            _cell(
-                f"ok: {_keep(options.retention.completed)}; "
-                f"failed: {_keep(options.retention.failed)}",
-                "retention" in defaults,
-            ),
-            _cell(", ".join(cls.__name__ for cls in options.retry_on), "retry_on" in defaults),
-            *([_cell(options.unknown_kwargs, "unknown_kwargs" in defaults)] if show_drops else []),
-            _cell(f"{concurrency} per worker", concurrency_default),
-        )
+        table.add_row(*_task_row(name, options, limits=show_limits, drops=show_drops), in_use)
     out = console()
     if app.tasks:
         out.print(table)
@@ -189,6 +162,39 @@ def inspect_tasks(app_spec: AppSpec) -> None:
         out.print(f"app {app.name!r} has no tasks")
     if app.crons:
         _print_crons(app)
+
+
+def _task_row(name: str, options: TaskOptions, *, limits: bool, drops: bool) -> list[Text]:
+    """A task's cells but the last (the worker's concurrency); ``limits`` and ``drops``:
+    whether those columns are shown."""
+    defaults = options.defaults
+    backoff = options.backoff
+    return [
+        Text(name),
+        # a private task is the default: only the exposed ones say so
+        Text("exposed") if options.gateway else _cell("private", True),
+        _cell(options.lane, "lane" in defaults),
+        _cell(options.service_class, "service_class" in defaults),
+        _cell(str(options.slots), "slots" in defaults),
+        *(
+            [_limits(options.limits, options.rates, {"limits", "rates"} <= defaults)]
+            if limits
+            else []
+        ),
+        _cell(options.executor, "executor" in defaults),
+        _cell(str(options.attempts), "attempts" in defaults),
+        _cell(
+            f"{_duration(backoff.base)}..{_duration(backoff.cap)} {backoff.jitter}",
+            "backoff" in defaults,
+        ),
+        _cell(_duration(options.timeout), "timeout" in defaults),
+        _cell(
+            f"ok: {_keep(options.retention.completed)}; failed: {_keep(options.retention.failed)}",
+            "retention" in defaults,
+        ),
+        _cell(", ".join(cls.__name__ for cls in options.retry_on), "retry_on" in defaults),
+        *([_cell(options.unknown_kwargs, "unknown_kwargs" in defaults)] if drops else []),
+    ]
 
 
 @inspect_app.command("lanes")

@@ -73,6 +73,15 @@ def _ending(s: SliceView) -> str:
 
 def _print(view: RunView) -> None:
     out = console()
+    out.print(_head(view))
+    out.print(_steps(view) if view.steps else "no checkpoints yet")
+    out.print(_slices(view) if view.slices else "no slices yet (the run has not started)")
+    if view.waits:
+        out.print(_waits(view))
+
+
+def _head(view: RunView) -> Table:
+    """The run's identity, status, attempts and times, one per row."""
     head = Table(show_header=False, box=None, pad_edge=False)
     head.add_column(style="bold")
     head.add_column(overflow="fold")
@@ -92,8 +101,11 @@ def _print(view: RunView) -> None:
         ("pending signals", str(view.pending_signals)),
     ):
         head.add_row(label, escape(value))
-    out.print(head)
+    return head
 
+
+def _steps(view: RunView) -> Table:
+    """Its checkpoints: steps, with what each took and where it ended."""
     steps = Table(title=f"steps ({len(view.steps)})", title_justify="left")
     for column in ("#", "kind", "name", "status", "took ms", "worker", "ended", "slice", "value"):
         steps.add_column(
@@ -111,8 +123,11 @@ def _print(view: RunView) -> None:
             str(s.slice) if s.slice is not None else "-",
             escape(_short(s.value)),
         )
-    out.print(steps if view.steps else "no checkpoints yet")
+    return steps
 
+
+def _slices(view: RunView) -> Table:
+    """The slices it ran in: on which worker, which attempt, and how each ended."""
     slices = Table(title=f"slices ({len(view.slices)})", title_justify="left")
     for column in ("#", "worker", "attempt", "started", "ended", "how", "checkpoints", "idle ms"):
         slices.add_column(column, overflow="fold")
@@ -127,22 +142,24 @@ def _print(view: RunView) -> None:
             str(part.checkpoints),
             str(part.idle_ms) if part.idle_ms is not None else "-",
         )
-    out.print(slices if view.slices else "no slices yet (the run has not started)")
+    return slices
 
-    if view.waits:
-        waits = Table(title=f"waits ({len(view.waits)})", title_justify="left")
-        for column in ("step", "kind", "name", "status", "waited ms", "until"):
-            waits.add_column(column, overflow="fold")
-        for w in view.waits:
-            waits.add_row(
-                str(w.step) if w.step is not None else "-",
-                w.kind,
-                escape(w.name),
-                w.status,
-                str(w.waited_ms),
-                utc_ms(w.until_ms),
-            )
-        out.print(waits)
+
+def _waits(view: RunView) -> Table:
+    """Its durable waits, done or in progress: how long each waited, and until when."""
+    waits = Table(title=f"waits ({len(view.waits)})", title_justify="left")
+    for column in ("step", "kind", "name", "status", "waited ms", "until"):
+        waits.add_column(column, overflow="fold")
+    for w in view.waits:
+        waits.add_row(
+            str(w.step) if w.step is not None else "-",
+            w.kind,
+            escape(w.name),
+            w.status,
+            str(w.waited_ms),
+            utc_ms(w.until_ms),
+        )
+    return waits
 
 
 # -- the command -----------------------------------------------------------------------

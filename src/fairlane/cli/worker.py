@@ -4,6 +4,7 @@ health-check one (those modes: ``cli/worker_modes.py``)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
@@ -226,78 +227,147 @@ def worker(
     overrides = {key: value for key, value in given.items() if value is not None}
     # checked now, so that a bad combination is a usage error before anything starts
     pressure = _pressure_config(settings_or_fail(), overrides)
-    pressure_argv = _pressure_argv(overrides)
+    _refuse_combinations(
+        reload=reload,
+        check=check,
+        burst=burst,
+        processes=processes,
+        health_port=health_port,
+        metrics_port=metrics_port,
+    )
+    start = _Start(
+        app_spec,
+        lanes=lanes,
+        concurrency=concurrency,
+        burst=burst,
+        redis_url=redis_url,
+        verbose=verbose,
+        pressure_argv=_pressure_argv(overrides),
+    )
+    if processes is not None and processes > 1:
+        start.supervise(processes, pressure)
+    elif check:
+        health_check(load_app(app_spec, redis_url), health_port)
+    elif reload:
+        start.reload(health_port, _metrics_argv(metrics_port, metrics_tenants, metrics_top_n))
+    else:
+        start.serve(
+            health_port=health_port,
+            metrics_port=metrics_port,
+            metrics_tenants=metrics_tenants,
+            metrics_top_n=metrics_top_n,
+            overrides=overrides,
+        )
+
+
+def _refuse_combinations(
+    *,
+    reload: bool,
+    check: bool,
+    burst: bool,
+    processes: int | None,
+    health_port: int | None,
+    metrics_port: int | None,
+) -> None:
+    """A usage error for options that cannot go together, before anything starts."""
     if reload and (check or burst):
         fail("--reload cannot be combined with --check or --burst", EXIT_USAGE)
     if processes is not None and (reload or check):
         fail("--processes cannot be combined with --reload or --check", EXIT_USAGE)
-    if processes is not None and processes > 1:
-        if health_port is not None:
-            fail(
-                "--processes cannot be combined with --health-port: the worker processes "
-                "would all bind the same port (use `fairlane worker --check` instead)",
-                EXIT_USAGE,
-            )
-        if metrics_port is not None:
-            fail(
-                "--processes cannot be combined with --metrics-port: the worker processes "
-                "would all bind the same port (run one worker per port instead)",
-                EXIT_USAGE,
-            )
+    if processes is None or processes <= 1:
+        return
+    if health_port is not None:
+        fail(
+            "--processes cannot be combined with --health-port: the worker processes "
+            "would all bind the same port (use `fairlane worker --check` instead)",
+            EXIT_USAGE,
+        )
+    if metrics_port is not None:
+        fail(
+            "--processes cannot be combined with --metrics-port: the worker processes "
+            "would all bind the same port (run one worker per port instead)",
+            EXIT_USAGE,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Start:
+    """What every way of starting workers shares: the app, its lanes and slots, the
+    server, and the pressure options a child worker is given."""
+
+    app_spec: str
+    lanes: str | None
+    concurrency: int | None
+    burst: bool
+    redis_url: str | None
+    verbose: bool
+    pressure_argv: list[str]
+
+    def supervise(self, processes: int, pressure: PressureConfig) -> None:
+        """``processes`` child workers under a supervisor."""
+        argv = list(self.pressure_argv)
         if pressure.enabled and pressure.memory_limit is None:
             # the children share the container's memory: each holds back at its share
             share = detect_memory_limit().bytes // processes
-            pressure_argv += ["--memory-limit", str(share)]
+            argv += ["--memory-limit", str(share)]
         supervise(
-            app_spec,
+            self.app_spec,
             processes,
-            lanes=lanes,
-            concurrency=concurrency,
-            burst=burst,
-            redis_url=redis_url,
-            verbose=verbose,
-            pressure=pressure_argv,
+            lanes=self.lanes,
+            concurrency=self.concurrency,
+            burst=self.burst,
+            redis_url=self.redis_url,
+            verbose=self.verbose,
+            pressure=argv,
         )
-        return
-    if check:
-        health_check(load_app(app_spec, redis_url), health_port)
-        return
-    if reload:
+
+    def reload(self, health_port: int | None, metrics: list[str]) -> None:
+        """A child worker, restarted when the code changes."""
         reload_on_changes(
             child_argv(
-                app_spec,
-                lanes=lanes,
-                concurrency=concurrency,
+                self.app_spec,
+                lanes=self.lanes,
+                concurrency=self.concurrency,
                 health_port=health_port,
-                redis_url=redis_url,
-                verbose=verbose,
-                metrics=_metrics_argv(metrics_port, metrics_tenants, metrics_top_n),
-                pressure=pressure_argv,
+                redis_url=self.redis_url,
+                verbose=self.verbose,
+                metrics=metrics,
+                pressure=self.pressure_argv,
             )
         )
-        return
-    configure_logging(verbose)
-    app = load_app(app_spec, redis_url)
-    lane_list = split_lanes(lanes) if lanes is not None else None
-    target = locate_server(app.settings, redis_url, app)
-    if target.url is None:
-        log.info("no Redis URL configured: using %s (starting it if needed)", target.source)
-    else:
-        log.info("using server %s (from %s)", redact_url(target.url), target.source)
-    run(
-        app.run_worker(
-            lanes=lane_list,
-            concurrency=concurrency,
-            burst=burst,
-            handle_signals=True,
-            health_port=health_port,
-            metrics_port=metrics_port,
-            metrics=MetricsConfig(
-                tenants=frozenset(_split_names(metrics_tenants)), top_n=metrics_top_n
-            ),
-            pressure=_pressure_config(app.settings, overrides),
+
+    def serve(
+        self,
+        *,
+        health_port: int | None,
+        metrics_port: int | None,
+        metrics_tenants: str | None,
+        metrics_top_n: int,
+        overrides: dict[str, Any],
+    ) -> None:
+        """This process is the worker."""
+        configure_logging(self.verbose)
+        app = load_app(self.app_spec, self.redis_url)
+        lane_list = split_lanes(self.lanes) if self.lanes is not None else None
+        target = locate_server(app.settings, self.redis_url, app)
+        if target.url is None:
+            log.info("no Redis URL configured: using %s (starting it if needed)", target.source)
+        else:
+            log.info("using server %s (from %s)", redact_url(target.url), target.source)
+        run(
+            app.run_worker(
+                lanes=lane_list,
+                concurrency=self.concurrency,
+                burst=self.burst,
+                handle_signals=True,
+                health_port=health_port,
+                metrics_port=metrics_port,
+                metrics=MetricsConfig(
+                    tenants=frozenset(_split_names(metrics_tenants)), top_n=metrics_top_n
+                ),
+                pressure=_pressure_config(app.settings, overrides),
+            )
         )
-    )
 
 
 def _split_names(text: str | None) -> list[str]:

@@ -54,9 +54,7 @@ worker's hot-path points to the recorder. The worker never imports this package.
 from __future__ import annotations
 
 import logging
-import math
 import time
-from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, Protocol, TypeVar
@@ -65,12 +63,20 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
 
 from fairlane.metrics.config import MetricsConfig
+from fairlane.metrics.histograms import (
+    DURATION_BUCKETS,
+    RETRY_DELAY_BUCKETS,
+    SATURATION_BUCKETS,
+    UNIT_BUCKETS,
+    WAIT_BUCKETS,
+    Histogram,
+    Histograms,
+)
 from fairlane.metrics.pressure import PressureCollector
 from fairlane.metrics.server import MetricsServer
 from fairlane.metrics.store import StoreCollector, StoreReader
@@ -107,17 +113,6 @@ class Declared(Protocol):
     def lanes(self) -> Mapping[str, ClassTable]: ...
 
 
-#: Queue wait: from a few ms (an idle fleet) to an hour (a deep backlog).
-WAIT_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-    120.0, 300.0, 600.0, 1800.0, 3600.0,
-)  # fmt: skip
-DURATION_BUCKETS = (
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0, 300.0, 900.0, 3600.0,
-)  # fmt: skip
-RETRY_DELAY_BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
-UNIT_BUCKETS = (0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 1000.0)
 #: The usage counters, by (lane, class, tenant): family name suffix and help text.
 USAGE = (
     ("input_tokens", "Input tokens attempts reported (fairlane.context().report_usage)."),
@@ -127,53 +122,51 @@ USAGE = (
     ("model_seconds", "Model seconds (time waiting for a model) attempts reported."),
     ("units", "Work units attempts were priced at (wall time counting as tool seconds)."),
 )
-SATURATION_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 
 
-def _le(bound: float) -> str:
-    """A bucket bound as Prometheus writes it (as prometheus_client does: 0.5, 60.0, +Inf)."""
-    return "+Inf" if bound == math.inf else repr(float(bound))
-
-
-class _Hist:
-    """One histogram series: non-cumulative bucket counts and the sum."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound (+Inf)
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.total += value
-
-
-class _Histograms:
-    """A histogram family: label values -> series."""
-
-    def __init__(self, name: str, doc: str, labels: Sequence[str], bounds: Sequence[float]) -> None:
-        self.name, self.doc, self.labels = name, doc, list(labels)
-        self.bounds = tuple(float(b) for b in bounds)
-        self._les = [_le(b) for b in (*self.bounds, math.inf)]
-        self.series: dict[tuple[str, ...], _Hist] = {}
-
-    def child(self, *key: str) -> _Hist:
-        series = self.series.get(key)
-        if series is None:
-            series = self.series[key] = _Hist(self.bounds)
-        return series
-
-    def family(self) -> HistogramMetricFamily:
-        out = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
-        for key, series in list(self.series.items()):
-            counts, running, buckets = list(series.counts), 0, []
-            for le, n in zip(self._les, counts, strict=True):
-                running += n
-                buckets.append((le, float(running)))
-            out.add_metric(list(key), buckets, series.total)
-        return out
+#: The worker's histograms: family name, help, label names and bucket bounds.
+_QUEUE_WAIT = (
+    "fairlane_queue_wait_seconds",
+    "Time from enqueue to the start of a job's first attempt.",
+    ("lane", "class", "tenant"),
+    WAIT_BUCKETS,
+)
+_DURATION = (
+    "fairlane_task_duration_seconds",
+    "Wall time of one attempt, by task.",
+    ("task",),
+    DURATION_BUCKETS,
+)
+_RETRY_DELAY = (
+    "fairlane_retry_delay_seconds",
+    "Backoff delay of attempts that failed and will be retried.",
+    ("task",),
+    RETRY_DELAY_BUCKETS,
+)
+_UNITS = (
+    "fairlane_attempt_units",
+    "Work units an attempt used (its reported usage, wall time as tool seconds).",
+    ("task",),
+    UNIT_BUCKETS,
+)
+_UTILIZATION_SAMPLED = (
+    "fairlane_worker_slot_utilization",
+    "The worker's slots in use / its slots, sampled every sample interval.",
+    (),
+    SATURATION_BUCKETS,
+)
+_MODEL_SECONDS = (
+    "fairlane_model_seconds",
+    "Model seconds one attempt reported, by task (attempts reporting none: not observed).",
+    ("task",),
+    DURATION_BUCKETS,
+)
+_TOOL_SECONDS = (
+    "fairlane_tool_seconds",
+    "Tool seconds one attempt reported, by task (attempts reporting none: not observed).",
+    ("task",),
+    DURATION_BUCKETS,
+)
 
 
 class WorkerMetrics(Collector):
@@ -195,49 +188,14 @@ class WorkerMetrics(Collector):
         self.concurrency = concurrency
         self.config = config
         self.tenants = TenantLabels(config.top_n, config.tenants)
-        self.queue_wait = _Histograms(
-            "fairlane_queue_wait_seconds",
-            "Time from enqueue to the start of a job's first attempt.",
-            ["lane", "class", "tenant"],
-            WAIT_BUCKETS,
-        )
-        self.duration = _Histograms(
-            "fairlane_task_duration_seconds",
-            "Wall time of one attempt, by task.",
-            ["task"],
-            DURATION_BUCKETS,
-        )
-        self.retry_delay = _Histograms(
-            "fairlane_retry_delay_seconds",
-            "Backoff delay of attempts that failed and will be retried.",
-            ["task"],
-            RETRY_DELAY_BUCKETS,
-        )
-        self.units = _Histograms(
-            "fairlane_attempt_units",
-            "Work units an attempt used (its reported usage, wall time as tool seconds).",
-            ["task"],
-            UNIT_BUCKETS,
-        )
-        self.utilization_sampled = _Histograms(
-            "fairlane_worker_slot_utilization",
-            "The worker's slots in use / its slots, sampled every sample interval.",
-            [],
-            SATURATION_BUCKETS,
-        )
+        self.queue_wait = Histograms(*_QUEUE_WAIT)
+        self.duration = Histograms(*_DURATION)
+        self.retry_delay = Histograms(*_RETRY_DELAY)
+        self.units = Histograms(*_UNITS)
+        self.utilization_sampled = Histograms(*_UTILIZATION_SAMPLED)
         self._sampled = self.utilization_sampled.child()
-        self.model_seconds = _Histograms(
-            "fairlane_model_seconds",
-            "Model seconds one attempt reported, by task (attempts reporting none: not observed).",
-            ["task"],
-            DURATION_BUCKETS,
-        )
-        self.tool_seconds = _Histograms(
-            "fairlane_tool_seconds",
-            "Tool seconds one attempt reported, by task (attempts reporting none: not observed).",
-            ["task"],
-            DURATION_BUCKETS,
-        )
+        self.model_seconds = Histograms(*_MODEL_SECONDS)
+        self.tool_seconds = Histograms(*_TOOL_SECONDS)
         #: (lane, class, tenant label) -> attempts started here
         self.dispatched: dict[tuple[str, str, str], int] = {}
         #: (lane, class, tenant label) -> the USAGE counters, in order
@@ -249,7 +207,7 @@ class WorkerMetrics(Collector):
         self.lease_lost = 0
         self.in_use: dict[str, int] = dict.fromkeys(self.lanes, 0)  # lane -> slots, sampled
         self._where: dict[str, tuple[str, str]] = {}  # task -> (lane, class)
-        self._per_task: dict[str, tuple[_Hist, _Hist, _Hist]] = {}
+        self._per_task: dict[str, tuple[Histogram, Histogram, Histogram]] = {}
         self._pending: dict[str, str] = {}  # job id -> task, finished but not yet settled
         self.registry = registry if registry is not None else CollectorRegistry()
         self.registry.register(self)
@@ -394,6 +352,13 @@ class WorkerMetrics(Collector):
         )
         lost.add_metric([], self.lease_lost)
         yield lost
+        yield from self._slots()
+        yield from self._dispatched()
+        yield self.model_seconds.family()
+        yield self.tool_seconds.family()
+
+    def _slots(self) -> Iterator[Metric]:
+        """The worker's slots, those in use by lane, and its oldest attempt's age."""
         slots = GaugeMetricFamily("fairlane_worker_slots", "The worker's slots (its concurrency).")
         slots.add_metric([], self.concurrency)
         yield slots
@@ -420,6 +385,9 @@ class WorkerMetrics(Collector):
         for lane, age in sorted(self.oldest.items()):
             oldest.add_metric([lane], age)
         yield oldest
+
+    def _dispatched(self) -> Iterator[Metric]:
+        """Attempts started here and the usage they reported, by lane, class and tenant."""
         dispatched = CounterMetricFamily(
             "fairlane_dispatched_jobs",
             "Attempts this worker started, by lane, class and tenant (retries included).",
@@ -436,8 +404,6 @@ class WorkerMetrics(Collector):
             for where, counts in usage:
                 family.add_metric(list(where), counts[i])
             yield family
-        yield self.model_seconds.family()
-        yield self.tool_seconds.family()
 
 
 def _fold(

@@ -276,120 +276,140 @@ class StoreCollector(Collector):
         )
         age.add_metric([], max(0.0, started - snap.read_at))
         yield age
-        capacity = GaugeMetricFamily(
-            "fairlane_lane_capacity_slots",
-            "A lane's capacity C: its live workers' slots.",
-            labels=["lane"],
-        )
-        delayed = GaugeMetricFamily(
-            "fairlane_lane_delayed_jobs",
-            "Jobs scheduled to run later (delay, at, retry backoff).",
-            labels=["lane"],
-        )
-        for lane, state in snap.lanes.items():
-            capacity.add_metric([lane], state.capacity)
-            delayed.add_metric([lane], state.delayed)
-        yield capacity
-        yield delayed
-        lanes = snap.lanes
-        yield _per_class(
-            "fairlane_lane_in_flight_slots",
-            "Slots held by running jobs.",
-            lanes,
-            lambda s: s.in_flight,
-        )
-        yield _per_class(
-            "fairlane_lane_waiting_slots",
-            "Slots of jobs queued and ready to run.",
-            lanes,
-            lambda s: s.waiting,
-        )
-        backlog = GaugeMetricFamily(
-            "fairlane_lane_backlog_slots",
-            "Slots of jobs queued and ready to run outside the lane's batch classes: the "
-            "signal to scale on.",
-            labels=["lane"],
-        )
-        batch = GaugeMetricFamily(
-            "fairlane_lane_batch_backlog_slots",
-            "Slots of jobs queued and ready to run in the lane's batch classes (they run on "
-            "spare slots only: no signal to scale on).",
-            labels=["lane"],
-        )
-        for lane in lanes:
-            outside, inside = snap.backlog(lane)
-            backlog.add_metric([lane], outside)
-            batch.add_metric([lane], inside)
-        yield backlog
-        yield batch
-        yield _per_class(
-            "fairlane_lane_deferred_jobs", "Jobs admission deferred.", lanes, lambda s: s.deferred
-        )
-        yield _per_class(
-            "fairlane_lane_admitted_jobs",
-            "Admitted jobs holding an admission reservation.",
-            lanes,
-            lambda s: s.admitted,
-        )
-        yield _per_class(
-            "fairlane_lane_reserved_units",
-            "Work units admission has reserved.",
-            lanes,
-            lambda s: s.reserved_mu,
-            scale=0.001,
-        )
-        waiters = GaugeMetricFamily(
-            "fairlane_throttle_waiters", "Jobs waiting for a throttle key's grant."
-        )
-        waiters.add_metric([], snap.throttle_waiters)
-        yield waiters
-        events = CounterMetricFamily(
-            "fairlane_store_events",
-            "The server's counters of the app (stats hash): completed, failed, rejected, "
-            "deferred, admitted, retried, fenced, expired, suspended, reclaimed, ...",
-            labels=["event"],
-        )
-        for name, n in sorted(snap.stats.items()):
-            events.add_metric([name], n)
-        yield events
-        decisions = CounterMetricFamily(
-            "fairlane_admission_decisions",
-            "Admission decisions on submitted jobs, counted by the server: outcome "
-            "accepted, deferred or rejected; reason " + ", ".join(COUNTED_REASONS) + ". "
-            "Refusals in every lane; accepted and deferred jobs in lanes with a pool. Not "
-            "store_full: those are refused before the script runs, with nothing written "
-            "(the gateway counts its own).",
-            labels=["lane", "class", "outcome", "reason"],
-        )
-        for key, n in sorted(snap.decisions.items()):
-            decisions.add_metric(list(key), n)
-        yield decisions
-        oldest = GaugeMetricFamily(
-            "fairlane_queue_oldest_age_seconds",
-            "Seconds the oldest job ready to run has waited, by lane and class (0: none "
-            "waits; the heads of at most N active tenants' queues are read).",
-            labels=["lane", "class"],
-        )
-        for (lane, cls), waited in sorted(snap.oldest_age.items()):
-            oldest.add_metric([lane, cls], waited)
-        yield oldest
-        estimated = CounterMetricFamily(
-            "fairlane_work_units_estimated",
-            "Work units the store estimated for the attempts settled in lanes that learn "
-            "costs (admission's reservation, else the charge in cost mode).",
-            labels=["lane", "class"],
-        )
-        used = CounterMetricFamily(
-            "fairlane_work_units_used",
-            "Work units those same attempts used, as their workers priced them.",
-            labels=["lane", "class"],
-        )
-        for (lane, cls, kind), units in sorted(snap.units.items()):
-            (estimated if kind == "est" else used).add_metric([lane, cls], units)
-        yield estimated
-        yield used
+        yield from _lane_families(snap)
+        yield from _admission_families(snap.lanes)
+        yield from _server_counters(snap)
+        yield from _queue_and_work(snap)
         yield _shares(snap.shares, self.tenant_top_n)
         yield from rate_families(snap.rates, self.key_top_n)
+
+
+def _lane_families(snap: StoreSnapshot) -> Iterator[Metric]:
+    """Each lane's capacity, its slots running and waiting, and its backlog."""
+    capacity = GaugeMetricFamily(
+        "fairlane_lane_capacity_slots",
+        "A lane's capacity C: its live workers' slots.",
+        labels=["lane"],
+    )
+    delayed = GaugeMetricFamily(
+        "fairlane_lane_delayed_jobs",
+        "Jobs scheduled to run later (delay, at, retry backoff).",
+        labels=["lane"],
+    )
+    for lane, state in snap.lanes.items():
+        capacity.add_metric([lane], state.capacity)
+        delayed.add_metric([lane], state.delayed)
+    yield capacity
+    yield delayed
+    lanes = snap.lanes
+    yield _per_class(
+        "fairlane_lane_in_flight_slots",
+        "Slots held by running jobs.",
+        lanes,
+        lambda s: s.in_flight,
+    )
+    yield _per_class(
+        "fairlane_lane_waiting_slots",
+        "Slots of jobs queued and ready to run.",
+        lanes,
+        lambda s: s.waiting,
+    )
+    backlog = GaugeMetricFamily(
+        "fairlane_lane_backlog_slots",
+        "Slots of jobs queued and ready to run outside the lane's batch classes: the "
+        "signal to scale on.",
+        labels=["lane"],
+    )
+    batch = GaugeMetricFamily(
+        "fairlane_lane_batch_backlog_slots",
+        "Slots of jobs queued and ready to run in the lane's batch classes (they run on "
+        "spare slots only: no signal to scale on).",
+        labels=["lane"],
+    )
+    for lane in lanes:
+        outside, inside = snap.backlog(lane)
+        backlog.add_metric([lane], outside)
+        batch.add_metric([lane], inside)
+    yield backlog
+    yield batch
+
+
+def _admission_families(lanes: dict[str, LaneState]) -> Iterator[Metric]:
+    """Admission's deferred and admitted jobs and its reserved units, by lane and class."""
+    yield _per_class(
+        "fairlane_lane_deferred_jobs", "Jobs admission deferred.", lanes, lambda s: s.deferred
+    )
+    yield _per_class(
+        "fairlane_lane_admitted_jobs",
+        "Admitted jobs holding an admission reservation.",
+        lanes,
+        lambda s: s.admitted,
+    )
+    yield _per_class(
+        "fairlane_lane_reserved_units",
+        "Work units admission has reserved.",
+        lanes,
+        lambda s: s.reserved_mu,
+        scale=0.001,
+    )
+
+
+def _server_counters(snap: StoreSnapshot) -> Iterator[Metric]:
+    """The throttle waiters, the app's event counters and the admission decisions."""
+    waiters = GaugeMetricFamily(
+        "fairlane_throttle_waiters", "Jobs waiting for a throttle key's grant."
+    )
+    waiters.add_metric([], snap.throttle_waiters)
+    yield waiters
+    events = CounterMetricFamily(
+        "fairlane_store_events",
+        "The server's counters of the app (stats hash): completed, failed, rejected, "
+        "deferred, admitted, retried, fenced, expired, suspended, reclaimed, ...",
+        labels=["event"],
+    )
+    for name, n in sorted(snap.stats.items()):
+        events.add_metric([name], n)
+    yield events
+    decisions = CounterMetricFamily(
+        "fairlane_admission_decisions",
+        "Admission decisions on submitted jobs, counted by the server: outcome "
+        "accepted, deferred or rejected; reason " + ", ".join(COUNTED_REASONS) + ". "
+        "Refusals in every lane; accepted and deferred jobs in lanes with a pool. Not "
+        "store_full: those are refused before the script runs, with nothing written "
+        "(the gateway counts its own).",
+        labels=["lane", "class", "outcome", "reason"],
+    )
+    for key, n in sorted(snap.decisions.items()):
+        decisions.add_metric(list(key), n)
+    yield decisions
+
+
+def _queue_and_work(snap: StoreSnapshot) -> Iterator[Metric]:
+    """The oldest ready job's age, and the work units estimated against those used."""
+    oldest = GaugeMetricFamily(
+        "fairlane_queue_oldest_age_seconds",
+        "Seconds the oldest job ready to run has waited, by lane and class (0: none "
+        "waits; the heads of at most N active tenants' queues are read).",
+        labels=["lane", "class"],
+    )
+    for (lane, cls), waited in sorted(snap.oldest_age.items()):
+        oldest.add_metric([lane, cls], waited)
+    yield oldest
+    estimated = CounterMetricFamily(
+        "fairlane_work_units_estimated",
+        "Work units the store estimated for the attempts settled in lanes that learn "
+        "costs (admission's reservation, else the charge in cost mode).",
+        labels=["lane", "class"],
+    )
+    used = CounterMetricFamily(
+        "fairlane_work_units_used",
+        "Work units those same attempts used, as their workers priced them.",
+        labels=["lane", "class"],
+    )
+    for (lane, cls, kind), units in sorted(snap.units.items()):
+        (estimated if kind == "est" else used).add_metric([lane, cls], units)
+    yield estimated
+    yield used
 
 
 def _shares(shares: Mapping[tuple[str, str], Mapping[str, float]], top_n: int) -> Metric:

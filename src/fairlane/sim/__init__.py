@@ -8,15 +8,18 @@ slice sizes) on exactly the same arrivals.
 
 Modules, each owning one thing:
 
-* ``scenario`` -- the typed scenario and its time scaling; ``parse`` -- the TOML format;
+* ``scenario`` -- the typed scenario and its time scaling; ``parse`` -- the TOML format
+  (``parsekeys`` its throttle keys, ``tables`` its typed reads);
 * ``variants`` -- the policies and the ``fair+slice=0.5`` grammar;
 * ``arrivals`` -- seeded arrival streams; ``world`` -- indices for the inner loop;
 * ``fastpath`` -- the policy core's decisions on plain lists (tested against the core);
 * ``keys`` -- throttle keys (tenant keys and shared keys; fair or FIFO waiters);
 * ``rates`` -- rate keys (buckets, adaptive limits, pauses, waited on tenant-fair) and
   the upstream behind a key (its 429s and Retry-After);
-* ``engine`` -- the event loop; ``gate`` -- the admission gate's state and retries;
-* ``metrics`` -- what is measured and how;
+* ``engine`` -- the event loop; ``lanes`` -- the queues, their throttle keys and the
+  dispatch; ``calls`` -- upstream calls, pushbacks and retries; ``gate`` -- the admission
+  gate's state and retries;
+* ``raw`` -- the engine's counters; ``metrics`` -- what is measured and how;
 * ``runner`` -- running a comparison, the shipped scenarios (``scenarios/*.toml``);
 * ``report`` -- Rich tables and JSON; ``chart`` -- SVG charts with pygal.
 """

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 
 from fairlane.policy.admission import DeferredQueue, Verdict, retry_after, to_milli
-from fairlane.sim.metrics import Raw
+from fairlane.sim.raw import Raw
 from fairlane.sim.scenario import Scenario
 from fairlane.sim.world import REJ, SEQ, TEN, Job, World
 

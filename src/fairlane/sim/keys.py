@@ -58,10 +58,14 @@ def _took(job: Any, keys: tuple[int, ...], handoffs: list[int], waited: list[lis
 
 
 class FairKeys:
-    """Keys taken at dispatch; waiters by tenant, woken start-time fairly, with offers."""
+    """Keys taken at dispatch; waiters by tenant, woken start-time fairly, with offers.
+
+    The simulator's one fast path of tenant-fair waiters: :class:`fairlane.sim.rates.
+    FairRateKeys` adds rates, adaptive limits and pauses to it and keeps its groups,
+    tags, offers and wakes."""
 
     __slots__ = ("active", "cost_of", "groups", "handoffs", "in_use", "keys_of", "limit",
-                 "names", "offers", "tags", "vt", "waited", "weights")  # fmt: skip
+                 "offers", "tags", "tenant_names", "vt", "waited", "weights")  # fmt: skip
 
     def __init__(
         self,
@@ -76,7 +80,8 @@ class FairKeys:
         n = len(limits)
         self.limit, self.in_use, self.offers = list(limits), [0] * n, [0] * n
         self.handoffs, self.waited = [0] * n, waited
-        self.keys_of, self.names, self.weights, self.cost_of = keys_of, names, weights, cost_of
+        self.keys_of, self.weights, self.cost_of = keys_of, weights, cost_of
+        self.tenant_names = names
         self.groups: list[dict[int, list[tuple[int, Any]]]] = [{} for _ in range(n)]
         self.active: list[list[tuple[float, str, int]]] = [[] for _ in range(n)]
         self.tags: list[dict[int, float]] = [{} for _ in range(n)]
@@ -95,22 +100,9 @@ class FairKeys:
     def take(self, job: Any, out: list[Any]) -> bool:
         """Admit ``job`` on all its keys (rule 1), or park it at its first full key."""
         keys = self.keys_of[job[_TEN]]
-        limit, in_use, offers = self.limit, self.in_use, self.offers
         if job[_OFF]:
-            job[_OFF] = 0
-            if all(in_use[k] < limit[k] for k in keys):
-                for k in keys:
-                    offers[k] -= 1
-                    in_use[k] += 1
-                _took(job, keys, self.handoffs, self.waited)
-                return True
-            for k in keys:  # a lowered limit: the offers go back, and it waits again
-                offers[k] -= 1
-            self._park(next(k for k in keys if self.room(k) <= 0), job)
-            for k in keys:
-                if self.active[k] and self.room(k) > 0:
-                    self.wake(k, out)
-            return False
+            return self._convert(job, keys, out)
+        limit, in_use, offers = self.limit, self.in_use, self.offers
         for k in keys:
             if limit[k] - in_use[k] - offers[k] <= 0:
                 self._park(k, job)
@@ -132,32 +124,72 @@ class FairKeys:
         """Rule 3: offers to the least-tag groups' heads while ``k`` has room."""
         active, groups = self.active[k], self.groups[k]
         while active and self.room(k) > 0:
-            tag, name, t = active[0]
-            group = groups[t]
-            job = heapq.heappop(group)[1]
+            t = active[0][2]
+            job = heapq.heappop(groups[t])[1]
             keys = self.keys_of[t]
             blocker = next((j for j in keys if self.room(j) <= 0), -1)
-            if blocker >= 0:  # it moves, uncharged; its tenant keeps its tag here
-                if not group:
-                    del groups[t]
-                    heapq.heappop(active)
-                self._park(blocker, job)
+            if blocker >= 0:
+                self._move(k, t, blocker, job)
                 continue
-            self.vt[k] = max(self.vt[k], tag)
-            tag += self.cost_of(job) / self.weights[t]
-            self.tags[k][t] = tag
-            if group:
-                heapq.heapreplace(active, (tag, name, t))
-            else:
-                del groups[t]
-                heapq.heappop(active)
-            for j in keys:
-                self.offers[j] += 1
-            job[_OFF] = 1
-            out.append(job)
+            self._offer(k, t, job, self.cost_of(job), out)
 
     def waiting(self, k: int) -> int:
         return sum(len(g) for g in self.groups[k].values())
+
+    # -- the waiters' pieces, the same with rates ----------------------------------------
+
+    def _blocks(self, k: int, t: int, waking: int) -> bool:
+        """Whether key ``k`` keeps tenant ``t``'s job from taking it (no room)."""
+        return self.limit[k] - self.in_use[k] - self.offers[k] <= 0
+
+    def _give_back(self, k: int, t: int) -> None:
+        """A woken job of tenant ``t`` that cannot start returns its offer on ``k``."""
+        self.offers[k] -= 1
+
+    def _convert(self, job: Any, keys: tuple[int, ...], out: list[Any]) -> bool:
+        """A woken job turns its offers into holds if every key still has a free slot."""
+        job[_OFF] = 0
+        limit, in_use, offers = self.limit, self.in_use, self.offers
+        if all(in_use[k] < limit[k] for k in keys):
+            for k in keys:
+                offers[k] -= 1
+                in_use[k] += 1
+            _took(job, keys, self.handoffs, self.waited)
+            return True
+        t = job[_TEN]
+        for k in keys:  # a lowered limit: the offers go back, and it waits again
+            self._give_back(k, t)
+        self._park(next(k for k in keys if self._blocks(k, t, -1)), job)
+        for k in keys:
+            if self.active[k] and self.room(k) > 0:
+                self.wake(k, out)
+        return False
+
+    def _move(self, k: int, t: int, blocker: int, job: Any) -> None:
+        """The head of ``t``'s group on ``k`` is blocked on ``blocker``: it moves there,
+        uncharged; its tenant keeps its tag on ``k``."""
+        if not self.groups[k][t]:
+            del self.groups[k][t]
+            heapq.heappop(self.active[k])
+        self._park(blocker, job)
+
+    def _offer(self, k: int, t: int, job: Any, charge: float, out: list[Any]) -> None:
+        """The head of ``t``'s group on ``k`` leaves with an offer on each of its keys;
+        ``V`` reaches its tag, and the tag grows by ``charge / weight``."""
+        active, group = self.active[k], self.groups[k][t]
+        tag, name, _ = active[0]
+        self.vt[k] = max(self.vt[k], tag)
+        tag += charge / self.weights[t]
+        self.tags[k][t] = tag
+        if group:
+            heapq.heapreplace(active, (tag, name, t))
+        else:
+            del self.groups[k][t]
+            heapq.heappop(active)
+        for j in self.keys_of[t]:
+            self.offers[j] += 1
+        job[_OFF] = 1
+        out.append(job)
 
     def _park(self, k: int, job: Any) -> None:
         t = job[_TEN]
@@ -171,7 +203,7 @@ class FairKeys:
             if tag < v:  # a finish tag at or below V says nothing more than V
                 tag = v
                 self.tags[k].pop(t, None)
-            heapq.heappush(self.active[k], (tag, self.names[t], t))
+            heapq.heappush(self.active[k], (tag, self.tenant_names[t], t))
         heapq.heappush(group, (job[_SEQ], job))
 
 

@@ -12,7 +12,7 @@ each tenant was held to, overall and per phase, and its peak of slots in use.
 from __future__ import annotations
 
 from fairlane.policy.ceilings import F_MAX, F_MIN, DurationMean, RateWindow, tenant_limit
-from fairlane.sim.metrics import Raw
+from fairlane.sim.raw import Raw
 from fairlane.sim.world import World
 
 __all__ = ["Limits"]

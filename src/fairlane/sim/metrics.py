@@ -1,4 +1,5 @@
-"""What a run measured: the engine's raw counters, and the summaries made from them.
+"""What a run measured: the summaries made from the engine's raw counters (``Raw``, in
+``fairlane.sim.raw``).
 
 This module owns the definitions of every reported number:
 
@@ -40,17 +41,12 @@ This module owns the definitions of every reported number:
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from fairlane.sim.scenario import Phase
+from fairlane.sim.raw import Raw
 from fairlane.sim.variants import Settings
-from fairlane.sim.world import World
-
-if TYPE_CHECKING:
-    from fairlane.sim.rates import RateKeys
 
 __all__ = [
     "BACKLOGGED",
@@ -66,111 +62,6 @@ __all__ = [
 ]
 
 BACKLOGGED = 0.95
-
-
-@dataclass(slots=True)
-class Raw:
-    """The engine's counters, per tenant index unless said otherwise."""
-
-    settings: Settings
-    world: World
-    window: tuple[float, float]
-    phases: tuple[Phase, ...]
-    waits: list[list[float]]
-    served: list[float]
-    backlog: list[float]
-    since: list[float]
-    waiting: list[int]
-    submitted: list[int]
-    completed: list[int]
-    rejected: list[int]
-    lost: list[int]
-    """Rejected with no retries left: never run."""
-    handoffs: list[list[int]]
-    """Per wait on a throttle key: the key's hand-offs until the job took it (itself too)."""
-    resp: list[float]
-    """Sum of completion minus first submission over completed jobs."""
-    phase_waits: list[list[list[float]]]
-    """By report class, then phase."""
-    phase_served: list[list[float]]
-    done: list[list[float]]
-    """Per completed job: completion minus its first submission (recorded in runs with
-    rate keys or upstreams)."""
-    failed: list[int]
-    """Jobs whose attempts ran out (429s retried with backoff)."""
-    retried: list[int]
-    """Attempts failed by a 429 and retried after backoff."""
-    pushed: list[int]
-    """Pushbacks taken without spending an attempt."""
-    pending: list[int]
-    """Jobs calling an upstream that it has not yet served (nor given up on)."""
-    pend_since: list[float]
-    pend_time: list[float]
-    """Time with a job pending on the upstream, clipped to the window."""
-    got_calls: list[int]
-    got_tokens: list[float]
-    """Calls the upstream served in the window, and their tokens, per tenant."""
-    up_calls: list[int]
-    up_429: list[int]
-    up_ok: list[int]
-    up_tokens: list[float]
-    """Per upstream, calls starting in the window: all, answered 429, served (tokens)."""
-    rate_keys: RateKeys | None = None
-    """The run's rate keys (buckets, ledgers, counters), when it had any."""
-    rejections: Counter[str] = field(default_factory=Counter)
-    deferrals: Counter[str] = field(default_factory=Counter)
-    limit_range: dict[int, tuple[int, int]] = field(default_factory=dict)
-    limit_phase: dict[int, list[tuple[int, int] | None]] = field(default_factory=dict)
-    """A throttled tenant's least and greatest limit in force, per phase."""
-    peak: dict[int, int] = field(default_factory=dict)
-    series: list[tuple[float, int, int, int]] = field(default_factory=list)
-    """Samples of (time, queued, running, deferred)."""
-    yields: int = 0
-    parked: int = 0
-    max_queued: int = 0
-    max_deferred: int = 0
-    unfinished: int = 0
-    makespan: float = 0.0
-    wall: float = 0.0
-
-    @classmethod
-    def empty(
-        cls,
-        settings: Settings,
-        world: World,
-        window: tuple[float, float],
-        phases: tuple[Phase, ...],
-    ) -> Raw:
-        """Every counter at zero, for ``world``'s tenants and report classes."""
-        n, k, u = world.tenants, len(phases), len(world.upstreams)
-        return cls(
-            settings=settings, world=world, window=window, phases=phases,
-            waits=[[] for _ in range(n)], served=[0.0] * n, backlog=[0.0] * n,
-            since=[0.0] * n, waiting=[0] * n, submitted=[0] * n, completed=[0] * n,
-            rejected=[0] * n, lost=[0] * n, handoffs=[[] for _ in range(n)], resp=[0.0] * n,
-            phase_waits=[[[] for _ in range(k)] for _ in world.ckeys],
-            phase_served=[[0.0] * k for _ in range(n)] if k else [],
-            done=[[] for _ in range(n)], failed=[0] * n, retried=[0] * n, pushed=[0] * n,
-            pending=[0] * n, pend_since=[0.0] * n, pend_time=[0.0] * n, got_calls=[0] * n,
-            got_tokens=[0.0] * n, up_calls=[0] * u, up_429=[0] * u, up_ok=[0] * u,
-            up_tokens=[0.0] * u,
-        )  # fmt: skip
-
-    def pend(self, t: int, now: float) -> None:
-        """A job of ``t`` waits for its upstream from ``now``."""
-        if not self.pending[t]:
-            self.pend_since[t] = now
-        self.pending[t] += 1
-
-    def unpend(self, t: int, now: float) -> None:
-        """A job of ``t`` was served by its upstream, or gave up, at ``now``."""
-        if not self.pending[t]:
-            return
-        self.pending[t] -= 1
-        if not self.pending[t]:
-            a, b = max(self.pend_since[t], self.window[0]), min(now, self.window[1])
-            if b > a:
-                self.pend_time[t] += b - a
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,31 +208,105 @@ def summarize(raw: Raw) -> VariantResult:
     w0, w1 = raw.window
     end = w1 if math.isfinite(w1) else max(raw.makespan, w0)
     span = end - w0
-    backlogged = [span > 0 and b >= BACKLOGGED * span for b in raw.backlog]
-    by_class: defaultdict[int, list[int]] = defaultdict(list)
-    for t in range(w.tenants):
-        if backlogged[t]:
-            by_class[w.ckey_of[t]].append(t)
-    class_served = {c: sum(raw.served[t] for t in ts) for c, ts in by_class.items()}
-    class_weight = {c: sum(w.weight[t] for t in ts) for c, ts in by_class.items()}
-    k = len(raw.phases)
-    phase_class = [[0.0] * k for _ in w.ckeys]
-    for t in range(w.tenants) if k else ():
-        for i in range(k):
-            phase_class[w.ckey_of[t]][i] += raw.phase_served[t][i]
-
     up_backlogged, got, upstream_share = _upstream_shares(raw, span)
+    basis = _Basis.of(raw, span, upstream_share)
+    members: defaultdict[int, list[int]] = defaultdict(list)
+    for t, g in enumerate(w.group_of):
+        members[g].append(t)
+    groups = tuple(basis.row(w.groups[g], ts) for g, ts in sorted(members.items()))
+    tenants = tuple(basis.row(w.names[t], [t]) for t in range(w.tenants))
+    classes = basis.classes()
+    indices = [c.jain for c in classes if c.jain is not None]
+    busy = [0.0] * len(w.lanes)
+    for t, li in enumerate(w.lane_of):
+        busy[li] += raw.served[t]
+    return VariantResult(
+        settings=raw.settings,
+        submitted=sum(raw.submitted),
+        completed=sum(raw.completed),
+        rejections=dict(sorted(raw.rejections.items())),
+        deferrals=dict(sorted(raw.deferrals.items())),
+        lost=sum(raw.lost),
+        unfinished=raw.unfinished,
+        yields=raw.yields,
+        parked=raw.parked,
+        max_queue=raw.max_queued,
+        max_deferred=raw.max_deferred,
+        utilisation={
+            lane.name: work / (lane.slots * span) if span > 0 else math.nan
+            for lane, work in zip(w.lanes, busy, strict=True)
+        },
+        makespan=raw.makespan,
+        window=(w0, end),
+        wall=raw.wall,
+        jain=min(indices) if indices else None,
+        classes=classes,
+        groups=groups,
+        tenants=tenants,
+        phases=tuple(p.name for p in raw.phases),
+        series=tuple(raw.series),
+        failed=sum(raw.failed),
+        upstreams=tuple(
+            _upstream(raw, u, span, got, up_backlogged) for u in range(len(w.upstreams))
+        ),
+    )
 
-    def row(name: str, members: list[int]) -> Row:
+
+@dataclass(frozen=True, slots=True)
+class _Basis:
+    """What a run's rows are measured against: who was backlogged, and what each report
+    class (and each class in each phase) served."""
+
+    raw: Raw
+    backlogged: list[bool]
+    by_class: dict[int, list[int]]
+    """Per report class, its backlogged tenants."""
+    class_served: dict[int, float]
+    class_weight: dict[int, float]
+    phase_class: list[list[float]]
+    upstream_share: Callable[[list[int]], tuple[float | None, float | None]]
+
+    @classmethod
+    def of(
+        cls,
+        raw: Raw,
+        span: float,
+        upstream_share: Callable[[list[int]], tuple[float | None, float | None]],
+    ) -> _Basis:
+        w = raw.world
+        backlogged = [span > 0 and b >= BACKLOGGED * span for b in raw.backlog]
+        by_class: defaultdict[int, list[int]] = defaultdict(list)
+        for t in range(w.tenants):
+            if backlogged[t]:
+                by_class[w.ckey_of[t]].append(t)
+        k = len(raw.phases)
+        phase_class = [[0.0] * k for _ in w.ckeys]
+        for t in range(w.tenants) if k else ():
+            for i in range(k):
+                phase_class[w.ckey_of[t]][i] += raw.phase_served[t][i]
+        return cls(
+            raw=raw,
+            backlogged=backlogged,
+            by_class=by_class,
+            class_served={c: sum(raw.served[t] for t in ts) for c, ts in by_class.items()},
+            class_weight={c: sum(w.weight[t] for t in ts) for c, ts in by_class.items()},
+            phase_class=phase_class,
+            upstream_share=upstream_share,
+        )
+
+    def row(self, name: str, members: list[int]) -> Row:
+        """A tenant's row, or a group's (``members``: its tenants, of one class)."""
+        raw, w, k = self.raw, self.raw.world, len(self.raw.phases)
         c = w.ckey_of[members[0]]
-        mine = [t for t in members if backlogged[t]]
-        served = class_served.get(c, 0.0)
+        mine = [t for t in members if self.backlogged[t]]
+        served = self.class_served.get(c, 0.0)
         share = sum(raw.served[t] for t in mine) / served if mine and served else None
-        fair = sum(w.weight[t] for t in mine) / class_weight[c] if mine else None
+        fair = sum(w.weight[t] for t in mine) / self.class_weight[c] if mine else None
         limits = [raw.limit_range[t] for t in members if t in raw.limit_range]
         peaks = [raw.peak[t] for t in members if t in raw.peak]
         done = sum(raw.completed[t] for t in members)
-        up_share, up_fair = upstream_share(members)
+        up_share, up_fair = self.upstream_share(members)
+        phase_class = self.phase_class
         phase_shares = tuple(
             sum(raw.phase_served[t][i] for t in members) / phase_class[c][i]
             if phase_class[c][i] else None
@@ -378,52 +343,18 @@ def summarize(raw: Raw) -> VariantResult:
             up_fair=up_fair,
         )
 
-    members: defaultdict[int, list[int]] = defaultdict(list)
-    for t, g in enumerate(w.group_of):
-        members[g].append(t)
-    groups = tuple(row(w.groups[g], ts) for g, ts in sorted(members.items()))
-    tenants = tuple(row(w.names[t], [t]) for t in range(w.tenants))
-    classes = []
-    for c, name in enumerate(w.ckeys):
-        ts = [t for t in range(w.tenants) if w.ckey_of[t] == c]
-        xs = [raw.served[t] / w.weight[t] for t in by_class.get(c, [])]
-        phase_p99 = tuple(percentile(sorted(v), 0.99) for v in raw.phase_waits[c])
-        waits = Waits.of(x for t in ts for x in raw.waits[t])
-        classes.append(ClassRow(name, waits, len(by_class.get(c, [])), jain(xs), phase_p99))
-    indices = [c.jain for c in classes if c.jain is not None]
-    busy = [0.0] * len(w.lanes)
-    for t, li in enumerate(w.lane_of):
-        busy[li] += raw.served[t]
-    return VariantResult(
-        settings=raw.settings,
-        submitted=sum(raw.submitted),
-        completed=sum(raw.completed),
-        rejections=dict(sorted(raw.rejections.items())),
-        deferrals=dict(sorted(raw.deferrals.items())),
-        lost=sum(raw.lost),
-        unfinished=raw.unfinished,
-        yields=raw.yields,
-        parked=raw.parked,
-        max_queue=raw.max_queued,
-        max_deferred=raw.max_deferred,
-        utilisation={
-            lane.name: work / (lane.slots * span) if span > 0 else math.nan
-            for lane, work in zip(w.lanes, busy, strict=True)
-        },
-        makespan=raw.makespan,
-        window=(w0, end),
-        wall=raw.wall,
-        jain=min(indices) if indices else None,
-        classes=tuple(classes),
-        groups=groups,
-        tenants=tenants,
-        phases=tuple(p.name for p in raw.phases),
-        series=tuple(raw.series),
-        failed=sum(raw.failed),
-        upstreams=tuple(
-            _upstream(raw, u, span, got, up_backlogged) for u in range(len(w.upstreams))
-        ),
-    )
+    def classes(self) -> tuple[ClassRow, ...]:
+        """Each report class's row: its waits, and Jain's index over its backlogged."""
+        raw, w = self.raw, self.raw.world
+        classes = []
+        for c, name in enumerate(w.ckeys):
+            ts = [t for t in range(w.tenants) if w.ckey_of[t] == c]
+            xs = [raw.served[t] / w.weight[t] for t in self.by_class.get(c, [])]
+            phase_p99 = tuple(percentile(sorted(v), 0.99) for v in raw.phase_waits[c])
+            waits = Waits.of(x for t in ts for x in raw.waits[t])
+            backlogged = len(self.by_class.get(c, []))
+            classes.append(ClassRow(name, waits, backlogged, jain(xs), phase_p99))
+        return tuple(classes)
 
 
 def _upstream_shares(

@@ -86,7 +86,6 @@ Sizes: ``fixed`` (``mean``), ``exponential`` (``mean``), ``lognormal`` (``mean``
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -94,11 +93,10 @@ from typing import Any, cast
 
 from fairlane.config.lanes import DEFAULT_CLASS, check_lane, parse_lanes, read_toml
 from fairlane.config.pools import parse_config
-from fairlane.config.settings import ConfigError
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import ClassTable
-from fairlane.policy.rates import Adaptive, Rate
 from fairlane.sim.fastpath import ClassChooser
+from fairlane.sim.parsekeys import parse_keys, tenant_keys
 from fairlane.sim.scenario import (
     Burst,
     Charge,
@@ -111,8 +109,8 @@ from fairlane.sim.scenario import (
     SizeDist,
     SizeKind,
     TenantSpec,
-    UpstreamSpec,
 )
+from fairlane.sim.tables import Table
 from fairlane.sim.variants import parse_variant
 
 __all__ = ["load_scenario", "parse_scenario"]
@@ -126,64 +124,7 @@ _TENANT = ("name", "count", "group", "lane", "class", "weight", "rate", "diurnal
 _SIZE = ("dist", "mean", "sigma", "alpha")
 _DISTS = ("fixed", "exponential", "lognormal", "pareto")
 _LIMITS = ("floor", "max_concurrency", "burst_floor", "burst_pct")
-_KEY = ("name", "limit", "adaptive", "rate", "upstream")
-_RATE = ("limit", "per", "burst", "cost")
-_UPSTREAM = ("rps", "rps_burst", "tpm", "tpm_burst", "retry_step", "reject_time")
 _MAX_TENANTS = 1_000_000
-
-
-class _Table:
-    """Typed reads from one TOML table; errors read ``<source>: <key path>: <problem>``."""
-
-    def __init__(self, data: object, path: str, source: str, keys: tuple[str, ...]) -> None:
-        self.path, self.source = path, source
-        if not isinstance(data, Mapping):
-            raise self.error("", f"must be a table, got {data!r}")
-        for key in data:
-            if key not in keys:
-                close = difflib.get_close_matches(str(key), list(keys), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise self.error(str(key), f"unknown key{hint} (keys: {', '.join(keys)})")
-        self.data: Mapping[str, Any] = data
-
-    def at(self, key: str) -> str:
-        if not key:
-            return self.path or "(top level)"
-        return f"{self.path}.{key}" if self.path else key
-
-    def error(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{self.source}: {self.at(key)}: {message}")
-
-    def number(
-        self, key: str, default: float, *, positive: bool = False, infinite: bool = False
-    ) -> float:
-        value = self.data.get(key, default)
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if ok and (math.isnan(value) or value < 0 or (positive and value == 0)):
-            ok = False
-        if not ok or (math.isinf(value) and not infinite):
-            wanted = ("> 0" if positive else ">= 0") + (" (or inf)" if infinite else ", finite")
-            raise self.error(key, f"must be a number {wanted}, got {value!r}")
-        return float(value)
-
-    def integer(self, key: str, default: int, *, low: int = 0, high: int = 2**31 - 1) -> int:
-        value = self.data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise self.error(key, f"must be an integer within [{low}, {high}], got {value!r}")
-        return value
-
-    def string(self, key: str, default: str | None = None) -> str:
-        value = self.data.get(key, default)
-        if not isinstance(value, str) or not value:
-            what = "is required" if value is None else f"must be a non-empty string, got {value!r}"
-            raise self.error(key, what)
-        return value
-
-    def array(self, key: str) -> list[Any]:
-        value = self.data.get(key, [])
-        if not isinstance(value, list):
-            raise self.error(key, f"must be an array, got {value!r}")
-        return value
 
 
 def load_scenario(path: Path | str) -> Scenario:
@@ -196,7 +137,7 @@ def parse_scenario(
     data: Mapping[str, Any], *, source: str = "scenario", default_name: str = "scenario"
 ) -> Scenario:
     """A scenario from parsed TOML (or an equivalent mapping)."""
-    top = _Table(data, "", source, _TOP)
+    top = Table(data, "", source, _TOP)
     lanes, declared = _lanes(top)
     config = parse_config(
         {k: top.data[k] for k in ("pools", "retry", "estimation") if k in top.data},
@@ -210,9 +151,9 @@ def parse_scenario(
                 f"pools.{name}", "the lane declares classes twice: [pools] and [[lanes.classes]]"
             )
         lanes[name] = LaneSpec(name, lanes[name].slots, pool.table, pool.admission)
-    keys = _keys(top)
+    keys = parse_keys(top)
     tenants = [
-        _tenant(_Table(body, f"tenants[{i}]", source, _TENANT), lanes, keys)
+        _tenant(Table(body, f"tenants[{i}]", source, _TENANT), lanes, keys)
         for i, body in enumerate(top.array("tenants"))
     ]
     if not tenants:
@@ -225,7 +166,7 @@ def parse_scenario(
             if name in seen:
                 raise top.error(f"tenants[{i}].name", f"tenant {name!r} is named twice")
             seen.add(name)
-    sim = _sim(_Table(top.data.get("sim", {}), "sim", source, _SIM))
+    sim = _sim(Table(top.data.get("sim", {}), "sim", source, _SIM))
     for i, spec in enumerate(tenants):
         if spec.rate > 0 and math.isinf(spec.stop) and sim.until is None:
             raise top.error(
@@ -257,14 +198,14 @@ def parse_scenario(
     )
 
 
-def _lanes(top: _Table) -> tuple[dict[str, LaneSpec], set[str]]:
+def _lanes(top: Table) -> tuple[dict[str, LaneSpec], set[str]]:
     raw = top.data.get("lanes")
     if not isinstance(raw, Mapping) or not raw:
         raise top.error("lanes", "needs at least one lane: [lanes.<name>] with slots = N")
     lanes: dict[str, LaneSpec] = {}
     declared: set[str] = set()
     for name, body in raw.items():
-        lane = _Table(body, f"lanes.{name}", top.source, ("slots", "classes"))
+        lane = Table(body, f"lanes.{name}", top.source, ("slots", "classes"))
         try:
             check_lane(name)
         except ValueError as exc:
@@ -281,7 +222,7 @@ def _lanes(top: _Table) -> tuple[dict[str, LaneSpec], set[str]]:
     return lanes, declared
 
 
-def _sim(sim: _Table) -> SimSettings:
+def _sim(sim: Table) -> SimSettings:
     charge = sim.data.get("charge", "time")
     if charge not in ("time", "jobs", "units"):
         raise sim.error("charge", f"must be one of time, jobs, units, got {charge!r}")
@@ -302,8 +243,8 @@ def _sim(sim: _Table) -> SimSettings:
     )
 
 
-def _compare(top: _Table) -> tuple[str, ...]:
-    table = _Table(top.data.get("compare", {}), "compare", top.source, ("variants",))
+def _compare(top: Table) -> tuple[str, ...]:
+    table = Table(top.data.get("compare", {}), "compare", top.source, ("variants",))
     if "variants" not in table.data:
         return ("fair", "fifo")
     texts = table.array("variants")
@@ -321,89 +262,10 @@ def _compare(top: _Table) -> tuple[str, ...]:
     return tuple(texts)
 
 
-def _keys(top: _Table) -> dict[str, KeySpec]:
-    keys: dict[str, KeySpec] = {}
-    for i, body in enumerate(top.array("keys")):
-        k = _Table(body, f"keys[{i}]", top.source, _KEY)
-        name = k.string("name")
-        if name.startswith("tenant:"):
-            raise k.error("name", f"{name!r}: tenant:<name> is each tenant's own key")
-        if name in keys:
-            raise k.error("name", f"key {name!r} is declared twice")
-        if not {"limit", "adaptive", "rate"} & set(k.data):
-            raise k.error(
-                "limit",
-                "is required (the most jobs naming the key that run at once), unless the key "
-                "has an adaptive limit or a rate",
-            )
-        if "limit" in k.data and "adaptive" in k.data:
-            raise k.error("adaptive", "a key's concurrency limit is limit or adaptive, not both")
-        limit = k.integer("limit", 1, low=1) if "limit" in k.data else None
-        keys[name] = KeySpec(
-            name,
-            limit,
-            rate=_rate(k) if "rate" in k.data else None,
-            adaptive=_adaptive(k) if "adaptive" in k.data else None,
-            upstream=_upstream(k) if "upstream" in k.data else None,
-        )
-    return keys
-
-
-def _rate(k: _Table) -> Rate:
-    r = _Table(k.data["rate"], k.at("rate"), k.source, _RATE)
-    if "limit" not in r.data:
-        raise r.error("limit", "is required (at most this many per `per` seconds)")
-    cost = r.data.get("cost", "jobs")
-    if cost not in ("jobs", "units"):
-        raise r.error("cost", f"must be jobs or units, got {cost!r}")
-    burst = r.number("burst", 1.0, positive=True) if "burst" in r.data else None
-    try:
-        return Rate(
-            r.number("limit", 1.0, positive=True), r.number("per", 1.0, positive=True), burst,
-            cost,
-        )  # fmt: skip
-    except ValueError as exc:
-        raise r.error("", str(exc)) from None
-
-
-def _adaptive(k: _Table) -> Adaptive:
-    a = _Table(k.data["adaptive"], k.at("adaptive"), k.source, ("max", "min"))
-    if "max" not in a.data:
-        raise a.error("max", "is required (the limit it starts at)")
-    high = a.integer("max", 1, low=1)
-    low = a.integer("min", 1, low=1, high=high)
-    return Adaptive(high, low)
-
-
-def _upstream(k: _Table) -> UpstreamSpec:
-    u = _Table(k.data["upstream"], k.at("upstream"), k.source, _UPSTREAM)
-    if "rps" not in u.data and "tpm" not in u.data:
-        raise u.error("", "needs rps (calls per second) or tpm (tokens per minute), or both")
-    for key in ("rps_burst", "tpm_burst"):
-        if key in u.data and key[:3] not in u.data:
-            raise u.error(key, f"applies with {key[:3]}")
-
-    def bucket(key: str, per: float, jobs: bool) -> Rate | None:
-        if key not in u.data:
-            return None
-        burst = u.number(f"{key}_burst", 1.0, positive=True) if f"{key}_burst" in u.data else None
-        try:
-            return Rate(u.number(key, 1.0, positive=True), per, burst, "jobs" if jobs else "units")
-        except ValueError as exc:
-            raise u.error(key, str(exc)) from None
-
-    return UpstreamSpec(
-        rps=bucket("rps", 1.0, True),
-        tpm=bucket("tpm", 60.0, False),
-        retry_step=u.number("retry_step", 1.0),
-        reject_time=u.number("reject_time", 0.01),
-    )
-
-
-def _phases(top: _Table) -> tuple[Phase, ...]:
+def _phases(top: Table) -> tuple[Phase, ...]:
     phases = []
     for i, body in enumerate(top.array("phases")):
-        p = _Table(body, f"phases[{i}]", top.source, ("name", "start", "end"))
+        p = Table(body, f"phases[{i}]", top.source, ("name", "start", "end"))
         start, end = p.number("start", 0.0), p.number("end", math.inf, infinite=True)
         if end <= start:
             raise p.error("end", f"must be after start ({start:g}), got {end:g}")
@@ -411,11 +273,11 @@ def _phases(top: _Table) -> tuple[Phase, ...]:
     return tuple(phases)
 
 
-def _size(t: _Table, name: str = "size") -> SizeDist:
+def _size(t: Table, name: str = "size") -> SizeDist:
     raw = t.data.get(name, 1.0)
     if isinstance(raw, int | float) and not isinstance(raw, bool):
         return SizeDist("fixed", t.number(name, 1.0, positive=True))
-    s = _Table(raw, t.at(name), t.source, _SIZE)
+    s = Table(raw, t.at(name), t.source, _SIZE)
     kind = s.data.get("dist", "fixed")
     if kind not in _DISTS:
         raise s.error("dist", f"must be one of {', '.join(_DISTS)}, got {kind!r}")
@@ -431,7 +293,7 @@ def _size(t: _Table, name: str = "size") -> SizeDist:
     return SizeDist(cast(SizeKind, kind), s.number("mean", 1.0, positive=True), sigma, alpha)
 
 
-def _bursts(t: _Table) -> tuple[Burst, ...]:
+def _bursts(t: Table) -> tuple[Burst, ...]:
     bursts = []
     for i, item in enumerate(t.array("bursts")):
         ok = isinstance(item, list) and len(item) in (2, 3)
@@ -448,10 +310,10 @@ def _bursts(t: _Table) -> tuple[Burst, ...]:
     return tuple(bursts)
 
 
-def _limits(t: _Table) -> TenantLimits | None:
+def _limits(t: Table) -> TenantLimits | None:
     if "limits" not in t.data:
         return None
-    lim = _Table(t.data["limits"], t.at("limits"), t.source, _LIMITS)
+    lim = Table(t.data["limits"], t.at("limits"), t.source, _LIMITS)
     cap = lim.integer("max_concurrency", 1, low=1) if "max_concurrency" in lim.data else None
     try:
         return TenantLimits(
@@ -464,39 +326,8 @@ def _limits(t: _Table) -> TenantLimits | None:
         raise lim.error("", str(exc)) from None
 
 
-def _tenant_keys(t: _Table, keys: dict[str, KeySpec]) -> tuple[str, ...]:
-    names = t.array("keys")
-    for j, name in enumerate(names):
-        if name not in keys:
-            declared = ", ".join(keys) or "none"
-            raise t.error(f"keys[{j}]", f"no [[keys]] entry named {name!r} (declared: {declared})")
-    if len(set(names)) != len(names):
-        raise t.error("keys", f"names a key twice: {names}")
-    calls = [name for name in names if keys[name].upstream is not None]
-    if len(calls) > 1:
-        raise t.error("keys", f"names two keys with an upstream ({calls}); a job calls one")
-    units = t.number("units", 1.0)
-    for j, name in enumerate(names):
-        rate = keys[name].rate
-        if rate is not None and rate.units and units > rate.capacity:
-            raise t.error(
-                f"keys[{j}]",
-                f"its jobs' units ({units:g}) exceed key {name!r}'s burst ({rate.capacity:g}): "
-                "they could never fit",
-            )
-    return tuple(names)
-
-
-def _tenant(t: _Table, lanes: dict[str, LaneSpec], keys: dict[str, KeySpec]) -> TenantSpec:
-    count = t.integer("count", 1, low=1, high=_MAX_TENANTS)
-    name = t.string("name")
-    if count > 1:
-        try:
-            names = {name.format(i=0), name.format(i=count - 1)}
-        except (KeyError, IndexError, ValueError) as exc:
-            raise t.error("name", f"is not a valid pattern with {{i}}: {exc}") from None
-        if len(names) < 2:
-            raise t.error("name", f"count = {count} needs a pattern such as 't{{i:05d}}'")
+def _place(t: Table, lanes: dict[str, LaneSpec]) -> tuple[str, str, int]:
+    """A tenant's lane, class and job width, checked against the lane's table."""
     if "lane" in t.data or len(lanes) > 1:
         lane_name = t.string("lane")
         if lane_name not in lanes:
@@ -517,18 +348,36 @@ def _tenant(t: _Table, lanes: dict[str, LaneSpec], keys: dict[str, KeySpec]) -> 
             "slots", f"{slots} is wider than class {cls!r} can ever start in lane "
             f"{lane_name!r} ({widest} of {lane.slots} slots)",
         )  # fmt: skip
+    return lane_name, cls, slots
+
+
+def _diurnal(t: Table) -> Diurnal | None:
+    if "diurnal" not in t.data:
+        return None
+    d = Table(t.data["diurnal"], t.at("diurnal"), t.source, ("amplitude", "period", "phase"))
+    amplitude = d.number("amplitude", 0.5)
+    if amplitude > 1:
+        raise d.error("amplitude", f"must be within [0, 1], got {amplitude!r}")
+    return Diurnal(amplitude, d.number("period", 86400.0, positive=True),
+                   d.number("phase", 0.0))  # fmt: skip
+
+
+def _tenant(t: Table, lanes: dict[str, LaneSpec], keys: dict[str, KeySpec]) -> TenantSpec:
+    count = t.integer("count", 1, low=1, high=_MAX_TENANTS)
+    name = t.string("name")
+    if count > 1:
+        try:
+            names = {name.format(i=0), name.format(i=count - 1)}
+        except (KeyError, IndexError, ValueError) as exc:
+            raise t.error("name", f"is not a valid pattern with {{i}}: {exc}") from None
+        if len(names) < 2:
+            raise t.error("name", f"count = {count} needs a pattern such as 't{{i:05d}}'")
+    lane_name, cls, slots = _place(t, lanes)
     start = t.number("start", 0.0)
     stop = t.number("stop", math.inf, infinite=True)
     if stop < start:
         raise t.error("stop", f"must not be before start ({start:g}), got {stop:g}")
-    diurnal = None
-    if "diurnal" in t.data:
-        d = _Table(t.data["diurnal"], t.at("diurnal"), t.source, ("amplitude", "period", "phase"))
-        amplitude = d.number("amplitude", 0.5)
-        if amplitude > 1:
-            raise d.error("amplitude", f"must be within [0, 1], got {amplitude!r}")
-        diurnal = Diurnal(amplitude, d.number("period", 86400.0, positive=True),
-                          d.number("phase", 0.0))  # fmt: skip
+    diurnal = _diurnal(t)
     rate = t.number("rate", 0.0)
     if diurnal and not rate:
         raise t.error("diurnal", "modulates `rate`; give the tenant a rate > 0")
@@ -551,6 +400,6 @@ def _tenant(t: _Table, lanes: dict[str, LaneSpec], keys: dict[str, KeySpec]) -> 
         slots=slots,
         units=t.number("units", 1.0),
         retries=t.integer("retries", 0, high=1000),
-        keys=_tenant_keys(t, keys),
+        keys=tenant_keys(t, keys),
         used=_size(t, "used") if "used" in t.data else None,
     )

@@ -1,16 +1,17 @@
 """Rate keys in the simulator: token buckets, adaptive limits and pauses on throttle keys,
 waited on tenant-fair; and the upstream a key's jobs call.
 
-:class:`RateKeys` is the fast path of the composition the rate contract states
+:class:`FairRateKeys` is the fast path of the composition the rate contract states
 (``docs/contracts/rates.md``, "Blocking and waking", "When an attempt ends"): the
-concurrency keys of :class:`fairlane.sim.keys.FairKeys` (limits, offers, tenant-fair
-waiter groups) with, per key, an optional rate (``fairlane.policy.rates.Rate``, its
-bucket a ``Bucket``), an optional ``Adaptive`` concurrency limit and a pause. Every
-bucket and adaptive step is the policy's own function (``fits``, ``take``, ``correct``,
-``pause``, ``due_at``, ``adaptive_cut`` / ``adaptive_grow``); only the bookkeeping
-around them (lists by key index, heaps of waiter groups) is this module's, held to a
-naive model of the rules by ``tests/sim/test_rates.py``. The clock is the engine's, in
-integer milliseconds, set with :meth:`RateKeys.at` before each call.
+concurrency keys of :class:`fairlane.sim.keys.FairKeys`, which it extends (limits,
+offers, tenant-fair waiter groups), with, per key, an optional rate
+(``fairlane.policy.rates.Rate``, its bucket a ``Bucket``), an optional ``Adaptive``
+concurrency limit and a pause. Every bucket and adaptive step is the policy's own
+function (``fits``, ``take``, ``correct``, ``pause``, ``due_at``, ``adaptive_cut`` /
+``adaptive_grow``); only the bookkeeping around them (lists by key index, heaps of
+waiter groups) is this module's, held to a naive model of the rules by
+``tests/sim/test_rates.py``. The clock is the engine's, in integer milliseconds, set
+with :meth:`FairRateKeys.at` before each call.
 
 * A job's cost on key ``k`` is ``job_cost(rate, units)``: 1, or its tenant's declared
   units on a ``cost="units"`` key.
@@ -29,12 +30,12 @@ integer milliseconds, set with :meth:`RateKeys.at` before each call.
   (uncharged), else it takes one offer on each of its keys and its cost on each rate
   key, ``V = max(V, tag)``, and its tenant's tag grows by ``c / weight`` (``c`` its cost
   on ``k`` if ``k`` has a rate, else the lane's charge, ``cost_of``). A wake that does
-  not stop on a head clears ``k``'s due. Due keys are :attr:`RateKeys.timers` (a heap
+  not stop on a head clears ``k``'s due. Due keys are :attr:`FairRateKeys.timers` (a heap
   of ``(due, name, key)``; stale entries are skipped), which the engine fires in due
   order, then key order.
 * A woken job converts its offers if every key has ``in_use < limit`` (the tokens were
   taken at the wake); else it gives them back (its tokens refunded) and parks again.
-* **End of an attempt** (:meth:`RateKeys.end`), in order: the correction of each
+* **End of an attempt** (:meth:`FairRateKeys.end`), in order: the correction of each
   ``cost="units"`` key by ``units - used`` when the attempt reported ``used``; adaptive
   growth on success (a raised limit wakes the key); the pushback (:meth:`push_back`:
   pause until ``until``, an adaptive cut on each pushback, a key with waiters due at
@@ -67,23 +68,22 @@ from fairlane.policy.rates import (
     pause,
     take,
 )
-from fairlane.sim.keys import _took
+from fairlane.sim.keys import FairKeys, _took
 from fairlane.sim.scenario import UpstreamSpec
 
-__all__ = ["RateKeys", "Upstream"]
+__all__ = ["FairRateKeys", "Upstream"]
 
-_SEQ, _TEN, _OFF, _PARK = 0, 1, 7, 8  # the job fields used here (fairlane.sim.world's)
+_TEN, _OFF = 1, 7  # the job fields used here (fairlane.sim.world's)
 _NONE = -1
 
 
-class RateKeys:
-    """Throttle keys with rates, adaptive limits and pauses; waiters by tenant, fair."""
+class FairRateKeys(FairKeys):
+    """Throttle keys with rates, adaptive limits and pauses; waiters by tenant, fair (the
+    groups, tags and offers of :class:`FairKeys`)."""
 
-    __slots__ = ("active", "adaptive", "bucket", "cost_of", "cuts", "debt", "due", "groups",
-                 "handoffs", "in_use", "keys_of", "ledger", "limit", "low", "names", "now",
-                 "offers", "pauses", "pushbacks", "rate", "refunded", "tags", "taken",
-                 "tenant_names", "timers", "units", "value", "vt", "waited",
-                 "weights")  # fmt: skip
+    __slots__ = ("adaptive", "bucket", "cuts", "debt", "due", "key_names", "ledger", "low",
+                 "now", "pauses", "pushbacks", "rate", "refunded", "taken", "timers",
+                 "units", "value")  # fmt: skip
 
     def __init__(
         self,
@@ -99,16 +99,9 @@ class RateKeys:
         adaptive: Sequence[Adaptive | None],
         units: Sequence[float],
     ) -> None:
+        super().__init__(limits, keys_of, waited, names=names, weights=weights, cost_of=cost_of)
         n = len(limits)
-        self.limit, self.in_use, self.offers = list(limits), [0] * n, [0] * n
-        self.handoffs, self.waited = [0] * n, waited
-        self.keys_of, self.weights, self.cost_of = keys_of, weights, cost_of
-        self.tenant_names, self.names = names, key_names
-        self.units = units
-        self.groups: list[dict[int, list[tuple[int, Any]]]] = [{} for _ in range(n)]
-        self.active: list[list[tuple[float, str, int]]] = [[] for _ in range(n)]
-        self.tags: list[dict[int, float]] = [{} for _ in range(n)]
-        self.vt = [0.0] * n
+        self.key_names, self.units = key_names, units
         self.rate = list(rates)
         # a fresh key's bucket is full; a key without a rate keeps only its pause here
         self.bucket = [Bucket.full(r, 0) if r is not None else Bucket(0.0, 0) for r in rates]
@@ -129,66 +122,33 @@ class RateKeys:
         self.pauses: list[list[tuple[int, int]]] = [[] for _ in range(n)]
         """Per key: each pushback's ``(ms, paused until)``."""
 
-    # -- the engine's interface (as FairKeys') ------------------------------------------
+    # -- the engine's interface (FairKeys' and the rates') -------------------------------
 
     def at(self, now: int) -> None:
         """Set the clock (ms) for the calls that follow."""
         self.now = now
-
-    def room(self, k: int) -> int:
-        return self.limit[k] - self.in_use[k] - self.offers[k]
 
     def cost(self, k: int, t: int) -> float:
         """Tenant ``t``'s jobs' cost on key ``k`` (0 on a key without a rate)."""
         rate = self.rate[k]
         return job_cost(rate, self.units[t]) if rate is not None else 0.0
 
-    def set_limit(self, k: int, limit: int, out: list[Any]) -> None:
-        """The limit given with a dispatch is in force at once; a raise wakes waiters."""
-        raised = limit > self.limit[k]
-        self.limit[k] = limit
-        if raised and self.active[k]:
-            self.wake(k, out)
-
     def take(self, job: Any, out: list[Any]) -> bool:
         """Admit ``job`` on all its keys, or park it at its first blocking key."""
         t = job[_TEN]
         keys = self.keys_of[t]
-        limit, in_use, offers = self.limit, self.in_use, self.offers
-        if job[_OFF]:
-            job[_OFF] = 0
-            if all(in_use[k] < limit[k] for k in keys):  # concurrency only: tokens taken
-                for k in keys:
-                    offers[k] -= 1
-                    in_use[k] += 1
-                _took(job, keys, self.handoffs, self.waited)
-                return True
-            for k in keys:  # a lowered limit: offers and tokens go back, and it waits again
-                offers[k] -= 1
-                if self.rate[k] is not None:
-                    self._refund(k, self.cost(k, t), t)
-            self._park(next(k for k in keys if self._blocks(k, t, _NONE)), job)
-            for k in keys:
-                if self.active[k] and self.room(k) > 0:
-                    self.wake(k, out)
-            return False
+        if job[_OFF]:  # concurrency only: its tokens were taken at the wake
+            return self._convert(job, keys, out)
         for k in keys:
             if self._blocks(k, t, _NONE):
                 self._park(k, job)
                 return False
+        in_use = self.in_use
         for k in keys:
             in_use[k] += 1
         self._take_tokens(keys, t)
         _took(job, keys, self.handoffs, self.waited)
         return True
-
-    def release(self, keys: tuple[int, ...], out: list[Any]) -> None:
-        """Free one slot on each of ``keys``, then wake each key that has room."""
-        for k in keys:
-            self.in_use[k] -= 1
-        for k in keys:
-            if self.active[k] and self.room(k) > 0:
-                self.wake(k, out)
 
     def end(
         self,
@@ -258,8 +218,7 @@ class RateKeys:
         active, groups = self.active[k], self.groups[k]
         rate, now = self.rate[k], self.now
         while active and self.room(k) > 0:
-            tag, name, t = active[0]
-            group = groups[t]
+            t = active[0][2]
             cost = self.cost(k, t)
             bucket = self.bucket[k]
             if rate is not None and not fits(rate, bucket, cost, now):
@@ -268,32 +227,16 @@ class RateKeys:
             if now < bucket.paused_until:
                 self._set_due(k, bucket.paused_until)
                 return
-            job = heapq.heappop(group)[1]
+            job = heapq.heappop(groups[t])[1]
             keys = self.keys_of[t]
             blocker = next((j for j in keys if self._blocks(j, t, k)), _NONE)
-            if blocker != _NONE:  # it moves, uncharged; its tenant keeps its tag here
-                if not group:
-                    del groups[t]
-                    heapq.heappop(active)
-                self._park(blocker, job)
+            if blocker != _NONE:
+                self._move(k, t, blocker, job)
                 continue
-            self.vt[k] = max(self.vt[k], tag)
-            tag += (cost if rate is not None else self.cost_of(job)) / self.weights[t]
-            self.tags[k][t] = tag
-            if group:
-                heapq.heapreplace(active, (tag, name, t))
-            else:
-                del groups[t]
-                heapq.heappop(active)
-            for j in keys:
-                self.offers[j] += 1
+            charge = cost if rate is not None else self.cost_of(job)
             self._take_tokens(keys, t)
-            job[_OFF] = 1
-            out.append(job)
+            self._offer(k, t, job, charge, out)
         self.due[k] = None
-
-    def waiting(self, k: int) -> int:
-        return sum(len(g) for g in self.groups[k].values())
 
     # -- the rules' pieces --------------------------------------------------------------
 
@@ -307,21 +250,15 @@ class RateKeys:
             return True
         return k != waking and bool(self.active[k])
 
+    def _give_back(self, k: int, t: int) -> None:
+        self.offers[k] -= 1
+        if self.rate[k] is not None:
+            self._refund(k, self.cost(k, t), t)
+
     def _park(self, k: int, job: Any) -> None:
-        t = job[_TEN]
-        if job[_PARK] is None:
-            job[_PARK] = (k, self.handoffs[k])
-        group = self.groups[k].get(t)
-        if group is None:
-            group = self.groups[k][t] = []
-            v = self.vt[k]
-            tag = self.tags[k].get(t, v)
-            if tag < v:  # a finish tag at or below V says nothing more than V
-                tag = v
-                self.tags[k].pop(t, None)
-            heapq.heappush(self.active[k], (tag, self.tenant_names[t], t))
-        heapq.heappush(group, (job[_SEQ], job))
+        super()._park(k, job)
         if self.room(k) > 0:  # blocked by its rate or its pause, not by room
+            t = job[_TEN]
             rate, bucket = self.rate[k], self.bucket[k]
             due = (
                 due_at(rate, bucket, self.cost(k, t), self.now)
@@ -334,7 +271,7 @@ class RateKeys:
 
     def _set_due(self, k: int, due: int) -> None:
         self.due[k] = due
-        heapq.heappush(self.timers, (due, self.names[k], k))
+        heapq.heappush(self.timers, (due, self.key_names[k], k))
 
     def _take_tokens(self, keys: tuple[int, ...], t: int) -> None:
         now = self.now

@@ -12,7 +12,8 @@ It is built from the policy modules, which decide; the model only composes them:
 ``fairlane.policy.fairkeys.KeyTags`` gives a keyed job its order number,
 ``fairlane.policy.throttle.Throttles`` admits, parks and wakes jobs on their keys, and
 ``fairlane.policy.ceilings.tenant_limit`` gives a tenant's limit. The lanes' state and
-the steps of one dispatch live in ``fairlane.policy.reference.dispatch``.
+the steps of one dispatch live in ``fairlane.policy.reference.dispatch``, the leases and
+their reclaims in ``fairlane.policy.reference.leases``.
 
 What it covers: enqueue (optionally delayed) with a service class, a width in worker
 slots, throttle keys and a fairness key, fetch (an exchange: worker registration, acks,
@@ -141,12 +142,12 @@ from fairlane.policy.reference.dispatch import (
     DEFAULT_CLASS,
     PRIO_SPAN,
     Grant,
-    LaneDispatch,
     LaneModel,
     ModelJob,
     Status,
 )
 from fairlane.policy.reference.invariants import check_jobs, check_lanes
+from fairlane.policy.reference.leases import Leases
 
 __all__ = [
     "FINISHED",
@@ -157,9 +158,9 @@ __all__ = [
     "Grant",
     "LaneModel",
     "ModelJob",
-    "NewJob",
     "QueueModel",
     "Status",
+    "Submission",
 ]
 
 AckKind = Literal["ok", "retry", "dead", "release", "handback"]
@@ -173,7 +174,9 @@ class Batch(NamedTuple):
     next_due: int | None
 
 
-class NewJob(NamedTuple):
+class Submission(NamedTuple):
+    """A job as an enqueue hands it to the model."""
+
     id: str
     tenant: str
     prio: int
@@ -195,20 +198,12 @@ class Ack(NamedTuple):
     window_ms: int = 0  # a hand-back's deploy window
 
 
-class QueueModel(LaneDispatch):
+class QueueModel(Leases):
     """The state of one app's jobs and the operations of the Lua library on it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seq = 0
-        self.fence = 0
-        self.leases: dict[str, int] = {}  # id -> expiry
-        self.dead: dict[str, int] = {}  # id -> time dead-lettered
-        self.inbox: dict[str, list[Grant]] = {}  # worker -> jobs handed to it, oldest first
-        self.inbox_expiry: dict[str, int] = {}  # worker -> when its inbox vanishes
-        # worker -> the ids leased to it, as the store keeps them for its beats (an id
-        # leaves when its lease ends; the set goes when the worker leaves or is forgotten)
-        self.leased: dict[str, set[str]] = {}
         self.handed_back: dict[str, int] = {}  # id -> its first hand-back (field hb)
         # tenant -> the restricted classes it may use (enqueue's gate; none: no entitlement)
         self.entitlements: dict[str, Entitlement] = {}
@@ -236,10 +231,10 @@ class QueueModel(LaneDispatch):
         delay_ms: int = 0,
         key: str = "",
     ) -> None:
-        spec = NewJob(job_id, tenant, prio, max_attempts, delay_ms, key=key)
+        spec = Submission(job_id, tenant, prio, max_attempts, delay_ms, key=key)
         self.enqueue_batch(lane, [spec], now=now)
 
-    def enqueue_batch(self, lane: str, batch: Sequence[NewJob], *, now: int) -> list[int]:
+    def enqueue_batch(self, lane: str, batch: Sequence[Submission], *, now: int) -> list[int]:
         """Enqueue jobs in one call; returns a code per job (1 stored, -2 unknown class,
         -5 a restricted class its tenant is not entitled to). Classes are as named."""
         ids = [spec.id for spec in batch]
@@ -382,17 +377,6 @@ class QueueModel(LaneDispatch):
         times = [t for lane in lanes for t in self.lane(lane).delayed.values()]
         return max(0, min(times) - now) if times else None
 
-    def renew(self, job_id: str, token: int, lease_ms: int, *, now: int) -> bool:
-        """Extend the lease if it is still held under ``token``; False when it is lost."""
-        if not self._holds(job_id, token):
-            return False
-        self.leases[job_id] = now + lease_ms
-        return True
-
-    def heartbeat(self, worker: str, *, now: int) -> None:
-        """A renewal call's heartbeat (it registers no capacity)."""
-        self.heartbeats[worker] = now
-
     def ack(
         self,
         job_id: str,
@@ -438,72 +422,6 @@ class QueueModel(LaneDispatch):
             self._push_ready(job)
         return 1
 
-    def sweep(
-        self, limit: int, *, now: int, delay_ms: int = 0, stale_ms: int | None = None
-    ) -> tuple[list[str], list[str]]:
-        """Reclaim up to ``limit`` expired leases, then deregister up to ``limit`` workers
-        whose heartbeat is ``stale_ms`` old (None: none); returns (retried, dead-lettered)."""
-        expired = sorted((t, i) for i, t in self.leases.items() if t <= now)[:limit]
-        retried: list[str] = []
-        dead: list[str] = []
-        for _, job_id in expired:
-            self._reclaim(self.jobs[job_id], now, delay_ms, retried, dead)
-        if stale_ms is not None:
-            beats = sorted((t, w) for w, t in self.heartbeats.items() if t <= now - stale_ms)
-            for _, worker in beats[:limit]:
-                self._forget(worker)
-        return retried, dead
-
-    def beat(
-        self, worker: str, dead_ms: int, limit: int, *, now: int, delay_ms: int = 0
-    ) -> tuple[list[str], list[str], list[str]]:
-        """A worker's beat: the jobs of the (at most two first) workers that beat and then
-        fell silent for ``dead_ms`` are reclaimed, in id order, up to ``limit``; a dead
-        worker with none left is deregistered. Returns (retried, dead-lettered, the dead
-        workers looked at)."""
-        self.beats[worker] = now
-        silent = sorted((t, w) for w, t in self.beats.items() if t <= now - dead_ms)[:2]
-        retried: list[str] = []
-        dead: list[str] = []
-        gone: list[str] = []
-        for _, other in silent:
-            if other == worker or len(retried) + len(dead) >= limit:
-                continue
-            gone.append(other)
-            members = sorted(self.leased.get(other, ()))
-            seen = 0
-            for job_id in members:
-                if len(retried) + len(dead) >= limit:
-                    break
-                seen += 1
-                job = self.jobs.get(job_id)
-                if job is not None and job.status == "running" and job.worker == other:
-                    self._reclaim(job, now, delay_ms, retried, dead)
-            if seen == len(members):
-                self._forget(other)
-            else:
-                self.leased[other] -= set(members[:seen])
-        return retried, dead, gone
-
-    def _forget(self, worker: str) -> None:
-        """A worker gone for good (stale, or dead by its beats): its capacity and inbox."""
-        self._deregister(worker)
-        self.leased.pop(worker, None)
-        self.inbox.pop(worker, None)
-        self.inbox_expiry.pop(worker, None)
-
-    def _reclaim(
-        self, job: ModelJob, now: int, delay_ms: int, retried: list[str], dead: list[str]
-    ) -> None:
-        self._end_lease(job, lost=True)
-        self.stats["reclaimed"] += 1
-        if job.attempts >= job.max_attempts:
-            self._dead_letter(job, now)
-            dead.append(job.id)
-        else:
-            self._schedule(job, now + delay_ms)
-            retried.append(job.id)
-
     # -- queries ----------------------------------------------------------------------
 
     def check_invariants(self) -> None:
@@ -514,41 +432,6 @@ class QueueModel(LaneDispatch):
 
     # -- internals --------------------------------------------------------------------
 
-    def _inbox(self, worker: str, now: int) -> list[Grant]:
-        if worker in self.inbox_expiry and now > self.inbox_expiry[worker]:
-            del self.inbox[worker], self.inbox_expiry[worker]
-        return self.inbox.get(worker, [])
-
-    def _lease(self, job: ModelJob, worker: str, lease_ms: int, now: int) -> Grant:
-        self.lane(job.lane).cls(job.cls).run += 1
-        self.fence += 1
-        job.attempts += 1
-        job.status, job.token, job.worker, job.started_at = "running", self.fence, worker, now
-        job.settled = None
-        self.leases[job.id] = now + lease_ms
-        self.leased.setdefault(worker, set()).add(job.id)
-        return Grant(job.id, self.fence, job.attempts)
-
-    def _end_lease(self, job: ModelJob, *, lost: bool) -> None:
-        """A running job's lease ends, settled (``lost=False``) or reclaimed: its slots,
-        its in-flight work and its throttle slots go back."""
-        del self.leases[job.id]
-        if job.worker is not None:
-            self.leased.get(job.worker, set()).discard(job.id)
-        self._settle_running(job)
-        self._release_throttle(job)
-        job.token = job.worker = None
-        job.lease_lost = lost
-
-    def _holds(self, job_id: str, token: int) -> bool:
-        job = self.jobs.get(job_id)
-        return job is not None and job.status == "running" and job.token == token
-
-    def _schedule(self, job: ModelJob, run_at: int, counter: str = "retried") -> None:
-        job.status, job.run_at = "scheduled", run_at
-        self.lane(job.lane).delayed[job.id] = run_at
-        self.stats[counter] += 1
-
     def _hand_back(self, job: ModelJob, now: int, delay_ms: int, window_ms: int) -> None:
         first = self.handed_back.get(job.id)
         if window_ms == 0 or (first is not None and now - first >= window_ms):
@@ -558,11 +441,3 @@ class QueueModel(LaneDispatch):
         self.handed_back.setdefault(job.id, now)
         self._schedule(job, now + delay_ms, "handed_back")
         job.attempts -= 1
-
-    def _finish(self, job: ModelJob, status: Literal["completed", "failed"], now: int) -> None:
-        job.status, job.finished_at = status, now
-        self.stats[status] += 1
-
-    def _dead_letter(self, job: ModelJob, now: int) -> None:
-        self.dead[job.id] = now
-        self._finish(job, "failed", now)
