@@ -282,8 +282,8 @@ class Task(TaskDefinition[P, R]):
             return []
         jobs = self._batch(blobs, when, demand)
         # one span for the batch: every job of it carries the same context
-        with tracing.sending(self.options.lane, jobs, propagate=trace):
-            durable = durability or self.app.registry.durability
+        with tracing.sending(self.options.lane, jobs, propagate=shared.trace):
+            durable = shared.durability or self.app.registry.durability
             return await self._store(jobs, when.shard, durable)
 
     def _batch(self, blobs: list[bytes], when: Placement, demand: Demand) -> list[NewJob]:
