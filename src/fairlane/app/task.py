@@ -291,14 +291,11 @@ class Task(TaskDefinition[P, R]):
         with an id and arguments of their own. What the batch shares (placement, demand,
         the task's settings) is checked and put in wire form once, not once per job."""
         first = self.job(blobs[0], when, demand, "")
-        job_id, shard = self.factory.shards.job_id, when.shard
+        prefix = self.factory.shards.id_prefix(when.shard)
         copy = msgspec.structs.replace
         return [
             first,
-            *(
-                copy(first, id=job_id(new_job_id(), shard), args=blob.decode())
-                for blob in blobs[1:]
-            ),
+            *(copy(first, id=prefix + new_job_id(), args=blob.decode()) for blob in blobs[1:]),
         ]
 
     async def _store(

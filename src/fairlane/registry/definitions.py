@@ -86,7 +86,7 @@ class TaskDefinition(Generic[P, R]):
     def job(self, blob: bytes, when: Placement, demand: Demand, idempotency_key: str) -> NewJob:
         """The ``NewJob`` of a checked placement and demand."""
         return NewJob(
-            self.factory.shards.job_id(new_job_id(), when.shard),
+            self.factory.shards.id_prefix(when.shard) + new_job_id(),
             when.tenant,
             when.priority,
             self.name,

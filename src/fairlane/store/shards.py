@@ -70,9 +70,10 @@ class ShardMap:
         """The shard a job's id names."""
         return job_shard(job_id, self.count)
 
-    def job_id(self, raw_id: str, shard: int) -> str:
-        """A new job's id, naming its shard."""
-        return shard_job_id(raw_id, shard, self.count)
+    def id_prefix(self, shard: int) -> str:
+        """What a new job's id starts with in ``shard`` (its raw id follows): a batch
+        puts it on each of its ids without a call per job."""
+        return shard_job_id("", shard, self.count)
 
 
 class ShardedStores:
