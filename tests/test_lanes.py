@@ -15,18 +15,15 @@ from typer.testing import CliRunner
 
 from fairlane import DEFAULT_CLASSES, App, ClassTable, ServiceClass, load_lanes
 from fairlane.cli import cli
-from fairlane.config.lanes import (
+from fairlane.config.lanes import LaneTables, check_lane, class_table, parse_lanes
+from fairlane.config.settings import ConfigError, load_settings
+from fairlane.registry.calls import (
     MAX_LIMIT_KEYS,
-    LaneTables,
-    check_lane,
     check_limits,
     check_service_class,
     check_slots,
-    class_table,
     merge_limits,
-    parse_lanes,
 )
-from fairlane.config.settings import ConfigError, load_settings
 
 HEAVY = """
 [lanes.heavy.classes.interactive]

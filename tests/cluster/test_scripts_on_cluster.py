@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 
 from fairlane import App, Backoff, Context, TaskFailed
 from fairlane.config.pools import parse_config
+from fairlane.registry import CallOptions
 from fairlane.store.api import Store, unlink_matching
 from fairlane.store.apikeys import KeyRecord
 from fairlane.store.connection import create_client
@@ -171,7 +172,7 @@ async def test_every_script_runs_on_a_cluster(redis_url: str, namespace: str) ->
         records = app.store.key_records
         await records.add("0123456789ab", KeyRecord("acme", "d" * 64, 0))
         guard = records.guard("0123456789ab", KeyRecord("acme", "d" * 64, 0))
-        guarded = echo.new_job(echo.encode_args(("guarded",), {}), tenant="acme")
+        guarded = echo.new_job(echo.encode_args(("guarded",), {}), CallOptions(tenant="acme"))
         assert (await echo.submit_job(guarded, guard=guard)).status == "accepted"
         keys = await app_keys(redis_url, namespace)
         assert keys

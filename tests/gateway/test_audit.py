@@ -18,6 +18,7 @@ from typer.testing import CliRunner, Result
 from fairlane import App
 from fairlane.cli import tenants_cli
 from fairlane.gateway import ApiKeys
+from fairlane.registry import CallOptions
 from fairlane.store.apikeys import KeyRecords
 from fairlane.store.audit import AuditEntry
 from fairlane.store.connection import create_client
@@ -129,7 +130,10 @@ async def test_the_trail_is_bounded(redis_url: str, namespace: str) -> None:
         record = await records.get(minted.key_id)
         assert record is not None
         blob = echo.encode_args((), {})
-        jobs = [_renamed(echo.new_job(blob, tenant="acme"), f"n{i}") for i in range(written)]
+        jobs = [
+            _renamed(echo.new_job(blob, CallOptions(tenant="acme")), f"n{i}")
+            for i in range(written)
+        ]
         replies = await app.store.submit("default", jobs, records.guard(minted.key_id, record))
         assert {r.code for r in replies} == {1}
         assert cap <= await trail.length() <= cap + 100

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from fairlane.cli import tenants_cli
 from fairlane.gateway import ApiKeys
 from fairlane.gateway.apikeys import SCOPES, MintedKey
+from fairlane.registry import CallOptions
 from fairlane.store.apikeys import KeyOutOfScope, KeyRecord, KeyRecords, KeyRefused
 from tests.gateway.helpers import Gateway, build_app, gateway
 
@@ -159,7 +160,7 @@ async def test_the_enqueue_refuses_a_key_changed_since_it_was_held(
         assert await _stored_jobs(gw) == stored
         # the script holds the record to the server's clock, and to its scopes
         task = gw.app.tasks["echo"]
-        new = task.new_job(task.encode_args((), {}), tenant="acme")
+        new = task.new_job(task.encode_args((), {}), CallOptions(tenant="acme"))
         with pytest.raises(KeyOutOfScope):
             await task.submit_job(new, guard=gw.keys.records.guard(minted.key_id, narrowed))
         short = await gw.keys.create("acme", expires=timedelta(seconds=1))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fairlane.app import App
-from fairlane.registry import TaskDefinition
+from fairlane.registry import CallOptions, TaskDefinition
 from fairlane.store.wire import FetchedJob
 
 WORKER = "w1"
@@ -28,7 +28,7 @@ async def lease_one(
     slots: int,
 ) -> FetchedJob:
     """Store one job of ``definition`` for ``tenant`` and lease it as worker ``w1``."""
-    job = definition.new_job(definition.encode_args(args, kwargs), tenant=tenant)
+    job = definition.new_job(definition.encode_args(args, kwargs), CallOptions(tenant=tenant))
     store = app.sharded.store_for_job(job.id)
     assert [s.code for s in await store.submit(lane, [job])] == [1]
     fetched = await store.exchange(WORKER, [lane], 1, LEASE_MS, slots=slots)

@@ -28,13 +28,12 @@ from fairlane.config.settings import DurabilitySettings, Settings, load_settings
 from fairlane.devserver import ensure_dev_server
 from fairlane.metrics.config import MetricsConfig
 from fairlane.payloads import PayloadStore
-from fairlane.policy.shards import check_shard_count
 from fairlane.registry import Registry
 from fairlane.runtime.pressure import PressureConfig, Sensor
 from fairlane.store.api import Store, redact_url
 from fairlane.store.connection import cluster_url, sentinel_url
 from fairlane.store.keys import namespace
-from fairlane.store.shards import ShardedStores
+from fairlane.store.shards import ShardedStores, ShardMap
 
 __all__ = ["App"]
 
@@ -84,7 +83,7 @@ class App(Declaring):
         self.name = name
         settings = settings or load_settings(project_dir=project_dir)
         # every process of an app must use the same count (default: the setting)
-        count = check_shard_count(settings.shards if shards is None else shards)
+        shard_map = ShardMap(settings.shards if shards is None else shards)
         durability = durability or settings.durability
         #: ``cluster_nodes`` ("host:port" of any nodes of a Redis Cluster) and
         #: ``sentinels`` with ``service_name`` are spelt as the URLs that say the same,
@@ -94,7 +93,7 @@ class App(Declaring):
             Registry(
                 name,
                 settings,
-                shards=count,
+                shards=shard_map,
                 durability=durability,
                 lanes=lanes,
                 config=config,
@@ -102,7 +101,7 @@ class App(Declaring):
                 payloads=payloads,
             )
         )
-        self._sharded = ShardedStores(count, repr(self))
+        self._sharded = ShardedStores(shard_map, repr(self))
         self.tenants = Tenants(self._sharded)
         self._results = ResultListener(self._sharded, name)
         # the server URL in use once connected (``redis_url`` is the one asked for)

@@ -34,6 +34,7 @@ from fairlane.errors import StoreFull
 from fairlane.policy.admission import Estimate
 from fairlane.policy.rates import Rate
 from fairlane.registry import (
+    CallOptions,
     Placement,
     Seconds,
     TaskDefinition,
@@ -45,7 +46,6 @@ from fairlane.registry.jobs import Demand
 from fairlane.store.apikeys import KeyGuard
 from fairlane.store.durability import NotAcknowledged
 from fairlane.store.gate import StoreBusy
-from fairlane.store.keys import shard_job_id
 from fairlane.store.shards import submit
 from fairlane.store.wire import NewJob, Reply, StoreError, StoreUnavailable
 
@@ -112,24 +112,23 @@ class Task(TaskDefinition[P, R]):
         ``durability`` (default: the app's) asks replicas or AOF fsyncs to confirm the
         write; a job stored without that confirmation raises ``NotAcknowledged``.
         """
-        admission: Admission[R] = await self.submit(
-            *args,
+        call = CallOptions(
             tenant=tenant,
             fairness_key=fairness_key,
-            service_class=service_class,
-            estimate=estimate,
-            idempotency_key=idempotency_key,
-            deadline=deadline,
             delay=delay,
             at=at,
+            deadline=deadline,
+            idempotency_key=idempotency_key,
             priority=priority,
+            service_class=service_class,
             slots=slots,
             limits=limits,
             rates=rates,
+            estimate=estimate,
             trace=trace,
             durability=durability,
-            **kwargs,
         )
+        admission: Admission[R] = await self._submit(args, kwargs, call)
         if admission.job is not None:
             ack = admission.acknowledgement
             if ack is not None and not ack.met:
@@ -178,10 +177,9 @@ class Task(TaskDefinition[P, R]):
         With ``durability`` (default: the app's), a stored job's ``acknowledgement``
         says what the replicas and AOF confirmed.
         """
-        blob = self.encode_args(args, kwargs)
-        job = self.new_job(
-            blob,
+        call = CallOptions(
             tenant=tenant,
+            fairness_key=fairness_key,
             delay=delay,
             at=at,
             deadline=deadline,
@@ -192,10 +190,19 @@ class Task(TaskDefinition[P, R]):
             limits=limits,
             rates=rates,
             estimate=estimate,
-            fairness_key=fairness_key,
+            trace=trace,
+            durability=durability,
         )
-        with tracing.sending(self.options.lane, [job], propagate=trace) as span:
-            admission = await self.submit_job(job, durability)
+        return await self._submit(args, kwargs, call)
+
+    async def _submit(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], call: CallOptions
+    ) -> Admission[R]:
+        """``submit`` of a call whose options are made already."""
+        blob = self.encode_args(args, kwargs)
+        job = self.new_job(blob, call)
+        with tracing.sending(self.options.lane, [job], propagate=call.trace) as span:
+            admission = await self.submit_job(job, call.durability)
             tracing.admitted(span, admission)
         return admission
 
@@ -210,7 +217,8 @@ class Task(TaskDefinition[P, R]):
         the enqueue checks in the same step (``KeyRefused`` if it no longer stands)."""
         app = self.app
         try:
-            store = app.sharded.store_for_tenant(job.tenant)
+            # the id names the tenant's shard: the tenant is hashed once, when the job is made
+            store = app.sharded.store_for_job(job.id)
             (reply,), ack = await submit(
                 store, self.options.lane, [job], durability or app.registry.durability, guard
             )
@@ -253,35 +261,47 @@ class Task(TaskDefinition[P, R]):
         store with no room (``store_full``) refuses the whole batch, storing none of it.
         ``trace=False`` stores no trace context with the jobs (``fairlane.tracing``).
         """
-        when = Placement.of(tenant, delay, at, deadline, priority, fairness_key=fairness_key)
-        demand = self.factory.demand(
-            self.options, service_class, slots, limits, when.tenant, estimate, rates
+        shared = CallOptions(
+            tenant=tenant,
+            fairness_key=fairness_key,
+            delay=delay,
+            at=at,
+            deadline=deadline,
+            priority=priority,
+            service_class=service_class,
+            slots=slots,
+            limits=limits,
+            rates=rates,
+            estimate=estimate,
+            trace=trace,
+            durability=durability,
         )
+        when, demand = self.factory.plan(self.options, shared)
         blobs = [self.encode_args(tuple(call), {}) for call in calls]
         if not blobs:
             return []
         jobs = self._batch(blobs, when, demand)
         # one span for the batch: every job of it carries the same context
-        with tracing.sending(self.options.lane, jobs, propagate=trace):
-            return await self._store(jobs, durability or self.app.registry.durability)
+        with tracing.sending(self.options.lane, jobs, propagate=shared.trace):
+            durable = shared.durability or self.app.registry.durability
+            return await self._store(jobs, when.shard, durable)
 
     def _batch(self, blobs: list[bytes], when: Placement, demand: Demand) -> list[NewJob]:
         """The jobs of one batch: the first made as every job is, the others copies of it
         with an id and arguments of their own. What the batch shares (placement, demand,
         the task's settings) is checked and put in wire form once, not once per job."""
         first = self.job(blobs[0], when, demand, "")
-        shard, shards = self.factory.shard_of(when.tenant), self.factory.shards
+        prefix = self.factory.shards.id_prefix(when.shard)
         copy = msgspec.structs.replace
         return [
             first,
-            *(
-                copy(first, id=shard_job_id(new_job_id(), shard, shards), args=blob.decode())
-                for blob in blobs[1:]
-            ),
+            *(copy(first, id=prefix + new_job_id(), args=blob.decode()) for blob in blobs[1:]),
         ]
 
-    async def _store(self, jobs: list[NewJob], durability: DurabilitySettings) -> list[Job[R]]:
-        store = self.app.sharded.store_for_tenant(jobs[0].tenant)  # a batch is one tenant's
+    async def _store(
+        self, jobs: list[NewJob], shard: int, durability: DurabilitySettings
+    ) -> list[Job[R]]:
+        store = self.app.sharded.stores[shard]  # a batch is one tenant's
         try:
             replies, ack = await submit(store, self.options.lane, jobs, durability)
         except StoreFull as full:

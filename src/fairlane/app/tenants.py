@@ -25,7 +25,7 @@ from typing import Literal
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import Entitlement, check_class_name
 from fairlane.policy.rates import Rate
-from fairlane.registry.jobs import check_fairness_key
+from fairlane.registry.calls import check_fairness_key
 from fairlane.store.shards import ShardedStores
 
 __all__ = ["MAX_WEIGHT", "TenantSetting", "Tenants"]

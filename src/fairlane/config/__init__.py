@@ -5,7 +5,7 @@ system. ``settings`` is the settings model and its loading (``load_settings``,
 ``explain_settings`` behind ``fairlane config view``); its sections are ``sections``,
 its sources (environment, ``fairlane.toml``, ``pyproject.toml``) ``sources``, and which
 source set each value ``origins``. The declarations: ``lanes`` (lane names, a lanes
-file's tables, the per-job options that spend a lane) and ``pools`` (a config file's
+file's tables, the form of a limit) and ``pools`` (a config file's
 admission pools, retry and estimation), whose lanes' classes are written in the one
 shape that ``classes`` reads (``legacy`` reads a lanes file's deprecated array shape).
 ``files`` is the one TOML reader and ``ConfigError``; ``units`` reads sizes. The

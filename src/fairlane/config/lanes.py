@@ -1,11 +1,12 @@
-"""Lanes as users declare them, and what one job asks of its lane.
+"""Lanes as users declare them.
 
 This module owns the lane side of the public API: the service-class table of each
 lane, declared in Python (``ClassTable`` / ``ServiceClass``) or read from a lanes file
-(``load_lanes``; the ``lanes_file`` setting reads the same), and the checks of the
-per-job options that spend a lane's resources: the service class, the slot width and
-the throttle limits. It is pure -- no Redis, no asyncio; the rules by which classes
-share a lane are in ``fairlane.policy.classes``.
+(``load_lanes``; the ``lanes_file`` setting reads the same), and the form of a
+concurrency limit (``LimitValue``). The checks of what one call asks of its lane --
+its class, width and limits -- are where jobs are built (``fairlane.registry.calls``).
+It is pure -- no Redis, no asyncio; the rules by which classes share a lane are in
+``fairlane.policy.classes``.
 
 A lane that is never declared uses ``DEFAULT_CLASSES`` (guaranteed, standard, batch).
 
@@ -29,31 +30,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from fairlane.config.classes import read_classes
-from fairlane.config.files import MAX_COUNT, ConfigError, join_key, read_toml
+from fairlane.config.files import ConfigError, join_key, read_toml
 from fairlane.config.legacy import array_classes, warn_array_shape
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
-from fairlane.policy.rates import Adaptive, Rate
+from fairlane.policy.rates import Adaptive
 
 __all__ = [
     "DEFAULT_CLASS",
-    "MAX_LIMIT_KEYS",
-    "MAX_LIMIT_KEY_LENGTH",
-    "RESERVED_LIMIT_PREFIX",
     "LaneClasses",
     "LaneTables",
     "LimitValue",
-    "check_key_count",
     "check_lane",
-    "check_limits",
-    "check_rates",
-    "check_service_class",
-    "check_slots",
     "class_table",
     "load_lanes",
-    "merge_limits",
     "parse_lanes",
     "read_toml",  # config.files' reader, still imported from here by the scenario reader
 ]
@@ -62,11 +54,6 @@ LaneClasses = ClassTable | Iterable[ServiceClass]
 """What a lane declaration accepts: a table, or its classes in rank tie-break order."""
 
 DEFAULT_CLASS = "standard"
-MAX_LIMIT_KEYS = 16
-MAX_LIMIT_KEY_LENGTH = 200
-#: ``tenant:<name>`` is the key of the tenant's own concurrency limit, set by
-#: ``app.tenants.configure``; a job naming it could raise or lower another's limit.
-RESERVED_LIMIT_PREFIX = "tenant:"
 _MAX_LANE_LENGTH = 100
 # a colon would make ``q:<lane>:<tenant>`` keys of two lanes collide
 _BAD_LANE_CHARS = "{}:| \t\n\r\0"
@@ -156,111 +143,11 @@ class LaneTables:
         return service_class
 
 
-# -- what a job asks of its lane -------------------------------------------------------------
-
-
-def check_service_class(value: object) -> str:
-    """The form of a class name (whether the lane has it is ``LaneTables.check_class``)."""
-    if not isinstance(value, str) or not value:
-        raise TypeError(f"service_class must be a non-empty string, got {value!r}")
-    return value
-
-
-def check_slots(value: object) -> int:
-    """A job's width: how many of a worker's slots it occupies while it runs."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"slots must be an int, got {value!r}")
-    if not 1 <= value <= MAX_COUNT:
-        raise ValueError(f"slots must be at least 1 (and below 2**31), got {value}")
-    return value
+# -- a job's limits ----------------------------------------------------------------------------
 
 
 #: A concurrency limit: a fixed count, or one that adapts to the upstream's pushback.
 LimitValue = int | Adaptive
-
-
-def check_limits(limits: Mapping[str, LimitValue] | None) -> tuple[tuple[str, LimitValue], ...]:
-    """Throttle keys and their limits, checked, sorted by key (the order the store takes)."""
-    if limits is None:
-        return ()
-    if not isinstance(limits, Mapping):
-        raise TypeError(f"limits must be a mapping of key to limit, got {limits!r}")
-    if len(limits) > MAX_LIMIT_KEYS:
-        raise ValueError(f"a job may name at most {MAX_LIMIT_KEYS} limit keys, got {len(limits)}")
-    for key, limit in limits.items():
-        _check_limit_key(key)
-        if isinstance(limit, Adaptive):
-            continue
-        if not isinstance(limit, int) or isinstance(limit, bool):
-            raise TypeError(f"limit of {key!r} must be an int or an Adaptive, got {limit!r}")
-        if not 0 <= limit <= MAX_COUNT:
-            raise ValueError(f"limit of {key!r} must be >= 0 (and below 2**31), got {limit}")
-    return tuple(sorted(limits.items()))
-
-
-def check_rates(rates: Mapping[str, Rate] | None) -> tuple[tuple[str, Rate], ...]:
-    """Rate keys and their rates, checked, sorted by key."""
-    if rates is None:
-        return ()
-    if not isinstance(rates, Mapping):
-        raise TypeError(f"rates must be a mapping of key to Rate, got {rates!r}")
-    if len(rates) > MAX_LIMIT_KEYS:
-        raise ValueError(f"a job may name at most {MAX_LIMIT_KEYS} keys, got {len(rates)} rates")
-    for key, rate in rates.items():
-        _check_limit_key(key, what="rate")
-        if not isinstance(rate, Rate):
-            raise TypeError(f"rate of {key!r} must be a fairlane.Rate, got {rate!r}")
-    return tuple(sorted(rates.items()))
-
-
-def check_key_count(*named: Iterable[tuple[str, object]]) -> None:
-    """A job's concurrency and rate keys together stay within the bound."""
-    keys = {key for pairs in named for key, _ in pairs}
-    if len(keys) > MAX_LIMIT_KEYS:
-        raise ValueError(
-            f"a job may name at most {MAX_LIMIT_KEYS} keys (limits and rates together), "
-            f"got {len(keys)}"
-        )
-
-
-def _check_limit_key(key: object, what: str = "limit") -> None:
-    if (
-        not isinstance(key, str)
-        or not key
-        or len(key) > MAX_LIMIT_KEY_LENGTH
-        or "\n" in key
-        or "\0" in key
-    ):
-        raise ValueError(
-            f"{what} keys must be non-empty strings of at most {MAX_LIMIT_KEY_LENGTH} "
-            f"characters without newlines or NUL: {key!r}"
-        )
-    if key.startswith(RESERVED_LIMIT_PREFIX):
-        raise ValueError(
-            f"{what} key {key!r}: keys starting with {RESERVED_LIMIT_PREFIX!r} are reserved for "
-            "tenants' own keys; set those with app.tenants.configure(tenant, "
-            "max_concurrency=..., rate=Rate(...))"
-        )
-
-
-_V = TypeVar("_V")
-
-
-def merge_limits(
-    base: tuple[tuple[str, _V], ...], extra: tuple[tuple[str, _V], ...]
-) -> tuple[tuple[str, _V], ...]:
-    """A task's limits (or rates) with a call's added (a key in both takes the call's)."""
-    if not extra:
-        return base
-    if not base:
-        return extra
-    merged = dict(base) | dict(extra)
-    if len(merged) > MAX_LIMIT_KEYS:
-        raise ValueError(
-            f"a job may name at most {MAX_LIMIT_KEYS} keys; the task's and the call's "
-            f"together name {len(merged)}"
-        )
-    return tuple(sorted(merged.items()))
 
 
 # -- lanes files ----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from fairlane.gateway.models import (
 from fairlane.gateway.responses import error, responses
 from fairlane.gateway.state import GatewayState
 from fairlane.payloads import PayloadError
+from fairlane.registry import CallOptions
 from fairlane.store.apikeys import KeyRefused
 from fairlane.store.records import OWNER, STATUS
 
@@ -153,13 +154,15 @@ async def _admit(
         # arguments, so a body can never set the tenant, lane or limits of a job
         new = task.new_job(
             blob,
-            tenant=tenant,
-            deadline=body.deadline_seconds,
-            idempotency_key=body.idempotency_key,
-            priority=body.priority,
-            service_class=body.service_class,
-            estimate=body.estimate,
-            fairness_key=body.fairness_key,
+            CallOptions(
+                tenant=tenant,
+                deadline=body.deadline_seconds,
+                idempotency_key=body.idempotency_key,
+                priority=body.priority,
+                service_class=body.service_class,
+                estimate=body.estimate,
+                fairness_key=body.fairness_key,
+            ),
         )
     except PayloadTooLarge as exc:
         await audit.record(state, who, "submit", "refused", detail="too_large")

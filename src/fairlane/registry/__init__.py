@@ -8,15 +8,19 @@ class tables, pricing), and every enqueue path makes its jobs with a task's
 - ``options``: ``TaskOptions``, ``WorkflowOptions``, the defaults and reserved names;
 - ``naming``: the name of a task declared without one (``__main__`` warned about);
 - ``pricing``: ``Pricing`` of declared estimates, ``cost_key``;
-- ``jobs``: job ids, ``Placement``, ``Demand``, the ``JobFactory`` a task makes jobs with;
+- ``calls``: ``CallOptions``, one enqueue call's options, and the checks of what a call
+  names (``Placement``: where and when its jobs go);
+- ``jobs``: job ids, ``Demand``, the ``JobFactory`` a task makes jobs with (``plan``
+  checks a call's options once);
 - ``definitions``: ``TaskDefinition`` and ``CronEntry``;
 - ``declared``: ``Registry``, which checks and holds the declarations and records them
   on the server.
 """
 
+from fairlane.registry.calls import PRIORITY_LIMIT, CallOptions, Placement, Seconds
 from fairlane.registry.declared import UNSET, Registry
 from fairlane.registry.definitions import CronEntry, TaskDefinition
-from fairlane.registry.jobs import PRIORITY_LIMIT, JobFactory, Placement, Seconds, new_job_id
+from fairlane.registry.jobs import JobFactory, new_job_id
 from fairlane.registry.options import (
     RESERVED_PARAMETERS,
     TASK_DEFAULTS,
@@ -32,6 +36,7 @@ __all__ = [
     "RESERVED_PARAMETERS",
     "TASK_DEFAULTS",
     "UNSET",
+    "CallOptions",
     "CronEntry",
     "Executor",
     "JobFactory",

@@ -16,19 +16,21 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from fairlane.config.lanes import LaneClasses, LaneTables, check_limits, check_rates, load_lanes
+from fairlane.config.lanes import LaneClasses, LaneTables, load_lanes
 from fairlane.config.pools import FairlaneConfig, load_config
 from fairlane.config.settings import DurabilitySettings, Settings
 from fairlane.errors import UnknownTask
 from fairlane.payloads import PayloadStore, open_store
 from fairlane.payloads.offload import Payloads
 from fairlane.policy.classes import ClassTable
+from fairlane.registry.calls import check_limits, check_rates
 from fairlane.registry.definitions import CronEntry, TaskDefinition
 from fairlane.registry.jobs import JobFactory
 from fairlane.registry.naming import default_name
 from fairlane.registry.options import RESERVED_PARAMETERS, TASK_DEFAULTS, TaskOptions
 from fairlane.registry.pricing import Pricing
 from fairlane.store.api import Store
+from fairlane.store.shards import ShardMap
 
 __all__ = ["UNSET", "Registry"]
 
@@ -51,7 +53,7 @@ class Registry:
         name: str,
         settings: Settings,
         *,
-        shards: int,
+        shards: ShardMap,
         durability: DurabilitySettings,
         lanes: Mapping[str, LaneClasses] | None = None,
         config: FairlaneConfig | Path | str | None = None,
@@ -61,8 +63,8 @@ class Registry:
         self.name = name
         self.settings = settings
         #: scheduling shards (``fairlane.policy.shards``): every process of an app uses
-        #: the same count
-        self.shards = shards
+        #: the same count; the app's stores share this map
+        self.shard_map = shards
         #: what every enqueue waits for replicas or AOF fsyncs to confirm, unless the
         #: call says otherwise
         self.durability = durability
@@ -103,6 +105,11 @@ class Registry:
         self.factory = JobFactory(
             self.lane_tables, self.pricing, shards, self.payloads, settings.max_payload_bytes
         )
+
+    @property
+    def shards(self) -> int:
+        """How many scheduling shards the app has."""
+        return self.shard_map.count
 
     # -- lanes -----------------------------------------------------------------------
 

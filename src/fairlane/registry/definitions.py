@@ -2,25 +2,23 @@
 
 A ``TaskDefinition`` is what a worker needs of a task -- its name, function, options,
 argument codec and, for a workflow, its shape -- and what every path that enqueues
-it needs to make its jobs (``encode_args``, ``new_job``). The task handle users hold
-(``fairlane.app.task.Task``) is a definition with the app's enqueue methods on top.
+it needs to make its jobs (``encode_args``, and ``new_job`` of a call's
+``CallOptions``). The task handle users hold (``fairlane.app.task.Task``) is a
+definition with the app's enqueue methods on top.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from cronsim import CronSim, CronSimError
 
 from fairlane.codec import ArgsCodec, PayloadTooLarge
-from fairlane.config.lanes import LimitValue
-from fairlane.policy.admission import Estimate
-from fairlane.policy.rates import Rate
-from fairlane.registry.jobs import Demand, JobFactory, Placement, Seconds, new_job_id
+from fairlane.registry.calls import CallOptions, Placement
+from fairlane.registry.jobs import Demand, JobFactory, new_job_id
 from fairlane.registry.options import TaskOptions, WorkflowOptions
-from fairlane.store.keys import shard_job_id
 from fairlane.store.wire import NewJob
 
 __all__ = ["CronEntry", "TaskDefinition"]
@@ -75,29 +73,11 @@ class TaskDefinition(Generic[P, R]):
             )
         return blob
 
-    def new_job(
-        self,
-        blob: bytes,
-        *,
-        tenant: str,
-        delay: Seconds | None = None,
-        at: datetime | None = None,
-        deadline: datetime | Seconds | None = None,
-        idempotency_key: str | None = None,
-        priority: int = 0,
-        service_class: str | None = None,
-        slots: int | None = None,
-        limits: Mapping[str, LimitValue] | None = None,
-        rates: Mapping[str, Rate] | None = None,
-        estimate: Estimate | float | None = None,
-        fairness_key: str | None = None,
-    ) -> NewJob:
-        """One job of this task, every part checked (``blob`` from ``encode_args``)."""
-        when = Placement.of(tenant, delay, at, deadline, priority, fairness_key=fairness_key)
-        demand = self.factory.demand(
-            self.options, service_class, slots, limits, when.tenant, estimate, rates
-        )
-        return self.job(blob, when, demand, idempotency_key or "")
+    def new_job(self, blob: bytes, call: CallOptions) -> NewJob:
+        """One job of this task, every option of ``call`` checked (``blob`` from
+        ``encode_args``)."""
+        when, demand = self.factory.plan(self.options, call)
+        return self.job(blob, when, demand, call.idempotency_key or "")
 
     def has_class(self, service_class: str) -> bool:
         """Whether this task's lane has ``service_class`` in its class table."""
@@ -105,9 +85,8 @@ class TaskDefinition(Generic[P, R]):
 
     def job(self, blob: bytes, when: Placement, demand: Demand, idempotency_key: str) -> NewJob:
         """The ``NewJob`` of a checked placement and demand."""
-        factory = self.factory
         return NewJob(
-            shard_job_id(new_job_id(), factory.shard_of(when.tenant), factory.shards),
+            self.factory.shards.id_prefix(when.shard) + new_job_id(),
             when.tenant,
             when.priority,
             self.name,

@@ -1,15 +1,14 @@
-"""Making jobs: ids, where and when a job goes, what it asks of its lane, the ``NewJob``.
+"""Making jobs: ids, what a job asks of its lane, the factory every task makes them with.
 
 Every enqueue path -- a producer's ``enqueue`` and ``submit``, the gateway, a workflow
-run starting its children, a cron tick -- builds its jobs here, so that each is checked
-the same way before one byte is written: a bad call never leaves a half-stored job.
+run starting its children, a cron tick -- builds its jobs here, from one
+``CallOptions`` per call (``fairlane.registry.calls``), so that each is checked the
+same way, once, before one byte is written: a bad call never leaves a half-stored job.
 
 - ``new_job_id``: time-ordered ids, unique without coordination;
-- ``Placement``: tenant, fairness key, priority, delay or start time, deadline (a batch
-  shares one);
 - ``Demand``: the service class, width in slots, throttle limits and declared cost;
 - ``JobFactory``: what every task of an app makes its jobs with (its lanes' class
-  tables, pricing, shard count, payload store and size limit).
+  tables, pricing, shard map, payload store and size limit); ``plan`` checks a call.
 """
 
 from __future__ import annotations
@@ -18,13 +17,14 @@ import itertools
 import os
 import random
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 
-from fairlane.config.lanes import (
-    LaneTables,
-    LimitValue,
+from fairlane.config.lanes import LaneTables, LimitValue
+from fairlane.payloads.offload import Payloads
+from fairlane.policy.rates import Adaptive, Rate
+from fairlane.registry.calls import (
+    CallOptions,
+    Placement,
     check_key_count,
     check_limits,
     check_rates,
@@ -32,26 +32,11 @@ from fairlane.config.lanes import (
     check_slots,
     merge_limits,
 )
-from fairlane.payloads.offload import Payloads
-from fairlane.policy.admission import Estimate
-from fairlane.policy.fairkeys import MAX_KEY_LENGTH
-from fairlane.policy.rates import Adaptive, Rate
-from fairlane.policy.shards import shard_of_tenant
 from fairlane.registry.options import TaskOptions
 from fairlane.registry.pricing import Pricing, cost_key
+from fairlane.store.shards import ShardMap
 
-__all__ = [
-    "PRIORITY_LIMIT",
-    "Demand",
-    "JobFactory",
-    "Placement",
-    "Seconds",
-    "check_fairness_key",
-    "new_job_id",
-]
-
-PRIORITY_LIMIT = 1000
-Seconds = float | int | timedelta
+__all__ = ["Demand", "JobFactory", "new_job_id"]
 
 
 class _IdSource:
@@ -75,91 +60,6 @@ def new_job_id() -> str:
     sort in the order they were made (retention breaks ties of finish time by id)."""
     count = next(_ids.counter) & 0xFFFFFFFF
     return f"{time.time_ns() // 1_000_000:011x}{_ids.origin:08x}{count:08x}"
-
-
-def _seconds(value: Seconds, what: str) -> float:
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if seconds < 0:
-        raise ValueError(f"{what} cannot be negative: {value!r}")
-    return seconds
-
-
-def _epoch_ms(moment: datetime, what: str) -> int:
-    if moment.tzinfo is None:
-        raise ValueError(f"{what} must be timezone-aware (e.g. datetime.now(UTC)): {moment!r}")
-    return int(moment.timestamp() * 1000)
-
-
-def _deadline(deadline: datetime | Seconds | None) -> str:
-    if deadline is None:
-        return ""
-    if isinstance(deadline, datetime):
-        ms = _epoch_ms(deadline, "deadline")
-        if ms <= time.time() * 1000:
-            raise ValueError(f"the deadline is in the past: {deadline.isoformat()}")
-        return str(ms)
-    seconds = _seconds(deadline, "deadline")
-    if seconds == 0:
-        raise ValueError("a deadline of 0 seconds has already passed")
-    return f"+{round(seconds * 1000)}"
-
-
-def check_fairness_key(key: object) -> str:
-    """A fairness key as the store takes it: a name of printable characters, at most
-    ``MAX_KEY_LENGTH`` long (the end user a job is fair between, inside its tenant)."""
-    if not isinstance(key, str):
-        raise TypeError(f"fairness_key must be a string, got {key!r}")
-    if not key or len(key) > MAX_KEY_LENGTH or not key.isprintable():
-        raise ValueError(
-            f"fairness_key must be a non-empty string of at most {MAX_KEY_LENGTH} printable "
-            f"characters: {key!r}"
-        )
-    return key
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where and when jobs go, validated once per enqueue call (a batch shares it)."""
-
-    tenant: str
-    priority: int
-    delay_ms: int | None
-    at_ms: int | None
-    deadline: str
-    fairness_key: str = ""
-    """Whose share of the tenant's part the jobs take ('' none: FIFO within the tenant)."""
-
-    @classmethod
-    def of(
-        cls,
-        tenant: str,
-        delay: Seconds | None,
-        at: datetime | None,
-        deadline: datetime | Seconds | None,
-        priority: int,
-        *,
-        fairness_key: str | None = None,
-    ) -> Placement:
-        if not isinstance(tenant, str):
-            raise TypeError(f"tenant must be a string, got {tenant!r}")
-        if not tenant or len(tenant) > 200:
-            raise ValueError(
-                f"tenant must be a non-empty string of at most 200 characters: {tenant!r}"
-            )
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, got {priority!r}")
-        if not -PRIORITY_LIMIT <= priority <= PRIORITY_LIMIT:
-            raise ValueError(f"priority must be within +-{PRIORITY_LIMIT}, got {priority}")
-        if delay is not None and at is not None:
-            raise ValueError("give either delay= or at=, not both")
-        return cls(
-            tenant=tenant,
-            priority=priority,
-            delay_ms=None if delay is None else round(_seconds(delay, "delay") * 1000),
-            at_ms=None if at is None else _epoch_ms(at, "at"),
-            deadline=_deadline(deadline),
-            fairness_key="" if fairness_key is None else check_fairness_key(fairness_key),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,36 +121,34 @@ class JobFactory:
 
     lane_tables: LaneTables
     pricing: Pricing
-    shards: int
+    shards: ShardMap
     """The app's scheduling shards: a new job's id names its tenant's."""
     payloads: Payloads | None
     """Large arguments and results go here; None keeps them in the server."""
     max_payload_bytes: int
 
-    def demand(  # noqa: PLR0917 - the demand's own parts
-        self,
-        options: TaskOptions,
-        service_class: str | None,
-        slots: int | None,
-        limits: Mapping[str, LimitValue] | None,
-        tenant: str,
-        estimate: Estimate | float | None = None,
-        rates: Mapping[str, Rate] | None = None,
-    ) -> Demand:
-        """What a job of ``options``' task asks, with this call's choices on top."""
+    def plan(self, options: TaskOptions, call: CallOptions) -> tuple[Placement, Demand]:
+        """Where ``call``'s jobs of ``options``' task go and what they ask: every option
+        of the call checked, once (a batch's jobs share the answer)."""
+        when = Placement.of(call, self.shards)
+        return when, self.demand(options, call, when.tenant)
+
+    def demand(self, options: TaskOptions, call: CallOptions, tenant: str) -> Demand:
+        """What a job of ``options``' task asks, with ``call``'s choices on top."""
+        service_class, estimate = call.service_class, call.estimate
         name = (
             options.service_class if service_class is None else check_service_class(service_class)
         )
         # checked here, not only by the store: a refused job must leave nothing behind
         self.lane_tables.check_class(options.lane, name)
-        merged_limits = merge_limits(_tenant_cap(options, tenant), check_limits(limits))
-        merged_rates = list(merge_limits(options.rates, check_rates(rates)))
+        merged_limits = merge_limits(_tenant_cap(options, tenant), check_limits(call.limits))
+        merged_rates = list(merge_limits(options.rates, check_rates(call.rates)))
         check_key_count(merged_limits, merged_rates)
         declared_mu = self.pricing.declared_milli(estimate)
         _check_fits(merged_rates, declared_mu)
         return Demand(
             service_class=name,
-            slots=options.slots if slots is None else check_slots(slots),
+            slots=options.slots if call.slots is None else check_slots(call.slots),
             limits=list(merged_limits),
             declared_mu=declared_mu,
             cost_key=cost_key(tenant, options.name, estimate),
@@ -258,6 +156,3 @@ class JobFactory:
             rates=merged_rates,
             class_named=service_class is not None or "service_class" not in options.defaults,
         )
-
-    def shard_of(self, tenant: str) -> int:
-        return shard_of_tenant(tenant, self.shards)

@@ -13,19 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fairlane.config.lanes import (
-    DEFAULT_CLASS,
-    LimitValue,
+from fairlane.config.lanes import DEFAULT_CLASS, LimitValue, check_lane
+from fairlane.policy.backoff import Backoff
+from fairlane.policy.rates import Rate
+from fairlane.policy.retention import Retention
+from fairlane.registry.calls import (
     check_key_count,
-    check_lane,
     check_limits,
     check_rates,
     check_service_class,
     check_slots,
 )
-from fairlane.policy.backoff import Backoff
-from fairlane.policy.rates import Rate
-from fairlane.policy.retention import Retention
 
 __all__ = [
     "RESERVED_PARAMETERS",

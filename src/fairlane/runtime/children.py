@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from fairlane.config.settings import DurabilitySettings
-from fairlane.registry import TaskDefinition
+from fairlane.registry import CallOptions, TaskDefinition
 from fairlane.runtime.hooks import WorkerHooks
 from fairlane.store.api import Store
 from fairlane.store.durability import NotAcknowledged
@@ -52,11 +52,13 @@ def _child_job(
         cls = task.options.service_class
     job = task.new_job(
         task.encode_args(call.args, call.kwargs),
-        tenant=tenant,
-        idempotency_key=child_id,
-        service_class=cls,
-        limits={f"run:{run_id}": cap},
-        fairness_key=(key or None) if call.fairness_key is None else call.fairness_key,
+        CallOptions(
+            tenant=tenant,
+            idempotency_key=child_id,
+            service_class=cls,
+            limits={f"run:{run_id}": cap},
+            fairness_key=(key or None) if call.fairness_key is None else call.fairness_key,
+        ),
     )
     return msgspec.structs.replace(job, id=child_id, parent=run_id)
 

@@ -1,10 +1,12 @@
 """An app's stores, one per scheduling shard, and submitting jobs to one of them.
 
 An app's scheduling state is split over ``count`` shards (``fairlane.policy.shards``),
-each a whole scheduler under its own hash tag. ``ShardedStores`` is the one object
-that knows which shard's store holds what: a tenant's queues, jobs and limits live in
-the shard its name hashes to, and a job's id names its shard. The shards' stores
-share one set of connections, opened by ``open`` and closed by ``aclose``.
+each a whole scheduler under its own hash tag. ``ShardMap`` is the one object that
+holds the count and says which shard holds what: a tenant's queues, jobs and limits
+live in the shard its name hashes to, and a job's id names its shard. The registry's
+job factory and ``ShardedStores`` share it, so the two never disagree.
+``ShardedStores`` holds the shards' stores, which share one set of connections,
+opened by ``open`` and closed by ``aclose``.
 
 ``submit`` stores jobs with the durability an app asks for (WAIT / WAITAOF after the
 enqueue script, ``store/durability.py``, where ``NotAcknowledged`` is what a caller
@@ -14,21 +16,22 @@ raises when that confirmation fell short).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fairlane.policy.admission.memory import DEFAULT_MEMORY_MARK
-from fairlane.policy.shards import shard_of_tenant
+from fairlane.policy.shards import check_shard_count, shard_of_tenant
 from fairlane.store.api import Store
 from fairlane.store.apikeys import KeyGuard
 from fairlane.store.durability import Acknowledgement, submit_acknowledged
-from fairlane.store.keys import job_shard
+from fairlane.store.keys import job_shard, shard_job_id
 from fairlane.store.memory import MemoryGauge
 from fairlane.store.wire import NewJob, Submitted
 
 if TYPE_CHECKING:
     from fairlane.config.settings import DurabilitySettings
 
-__all__ = ["PrepareJobs", "ShardedStores", "submit"]
+__all__ = ["PrepareJobs", "ShardMap", "ShardedStores", "submit"]
 
 PrepareJobs = Callable[[Store, Sequence[NewJob]], Awaitable[Sequence[NewJob]]]
 
@@ -50,14 +53,41 @@ async def submit(
     return await store.submit(lane, jobs, guard), None
 
 
-class ShardedStores:
-    """The stores of an app's ``count`` scheduling shards, in shard order."""
+@dataclass(frozen=True, slots=True)
+class ShardMap:
+    """An app's count of scheduling shards, and the shard of a tenant or a job id."""
 
-    def __init__(self, count: int, owner: str) -> None:
-        self.count = count
+    count: int
+
+    def __post_init__(self) -> None:
+        check_shard_count(self.count)
+
+    def of_tenant(self, tenant: str) -> int:
+        """The shard of ``tenant``'s queues, jobs and limits (a hash of its name)."""
+        return shard_of_tenant(tenant, self.count)
+
+    def of_job(self, job_id: str) -> int:
+        """The shard a job's id names."""
+        return job_shard(job_id, self.count)
+
+    def id_prefix(self, shard: int) -> str:
+        """What a new job's id starts with in ``shard`` (its raw id follows): a batch
+        puts it on each of its ids without a call per job."""
+        return shard_job_id("", shard, self.count)
+
+
+class ShardedStores:
+    """The stores of an app's scheduling shards, in shard order."""
+
+    def __init__(self, shards: ShardMap, owner: str) -> None:
+        self.map = shards
         # named in the error of a lookup before ``open``: the object users connect
         self._owner = owner
         self._stores: list[Store] = []
+
+    @property
+    def count(self) -> int:
+        return self.map.count
 
     @property
     def connected(self) -> bool:
@@ -77,21 +107,22 @@ class ShardedStores:
         return self.stores[0]
 
     def shard_of(self, tenant: str) -> int:
-        return shard_of_tenant(tenant, self.count)
+        return self.map.of_tenant(tenant)
 
     def store_for_tenant(self, tenant: str) -> Store:
         """The store of the shard holding ``tenant``'s queues, jobs and limits."""
-        return self.stores[shard_of_tenant(tenant, self.count)]
+        return self.stores[self.map.of_tenant(tenant)]
 
     def store_for_job(self, job_id: str) -> Store:
         """The store of the shard a job's id names."""
-        return self.stores[job_shard(job_id, self.count)]
+        return self.stores[self.map.of_job(job_id)]
 
     def by_shard(self, job_ids: Sequence[str]) -> dict[int, list[str]]:
         """``job_ids`` grouped by the shard each names, in the order given."""
         grouped: dict[int, list[str]] = {}
+        of_job = self.map.of_job
         for job_id in job_ids:
-            grouped.setdefault(job_shard(job_id, self.count), []).append(job_id)
+            grouped.setdefault(of_job(job_id), []).append(job_id)
         return grouped
 
     async def open(

@@ -29,7 +29,7 @@ from fairlane.store.apikeys import (
 from fairlane.store.audit import DEFAULT_ENTRIES
 from fairlane.store.base import StoreBase
 from fairlane.store.library import FUNCTION_PREFIX, encode_admission, encode_classes
-from fairlane.store.wire import NewJob, Submitted, as_text, parse_submitted
+from fairlane.store.wire import NewJob, Submitted, parse_submitted
 
 __all__ = ["Submission"]
 
@@ -104,20 +104,6 @@ class Submission(StoreBase):
         """Store jobs atomically; returns (id, code) per job: 1 new, 2 deferred, 0 existing,
         negative: refused (nothing written)."""
         return [(s.id, s.code) for s in await self.submit(lane, jobs)]
-
-    async def configure_key_weight(self, tenant: str, key: str, weight: float) -> None:
-        """Set the weight of one of a tenant's fairness keys (1, the default, keeps no
-        field); the key's next enqueued job is tagged with it (``lua/fairkeys.lua``)."""
-        name = self.keys.key_weights(tenant)
-        if weight == 1:
-            await self._call(self.client.hdel, name, key)
-        else:
-            await self._call(self.client.hset, name, key, repr(float(weight)))
-
-    async def key_weights(self, tenant: str) -> dict[str, float]:
-        """The weights set for a tenant's fairness keys (those not named are 1)."""
-        raw = await self._call(self.client.hgetall, self.keys.key_weights(tenant))
-        return {as_text(k): float(v) for k, v in raw.items()}
 
     async def declare_admission(
         self,

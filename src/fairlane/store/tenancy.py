@@ -1,9 +1,11 @@
-"""A tenant's settings in the store: its fair-share weight, its concurrency limits and
-its class entitlement; and the sweep of what tenants leave behind.
+"""A tenant's settings in the store: its fair-share weight, its fairness keys' weights,
+its concurrency limits and its class entitlement; and the sweep of what tenants leave
+behind.
 
-Each tenant's settings live in the shard its name hashes to (``weights``, ``tlimits``
-and ``tclasses``, ``fairlane/store/keys.py``); the next dispatch decision (for an
-entitlement, the next enqueue and the next retry) uses them. One pass
+Each tenant's settings live in the shard its name hashes to (``weights``, ``fkw:<t>``,
+``tlimits`` and ``tclasses``, ``fairlane/store/keys.py``); the next dispatch decision
+(for an entitlement, the next enqueue and the next retry; for a key's weight, the
+key's next enqueued job) uses them. One pass
 of the tenant sweep (``lua/tenantsweep.lua``; its rules are ``fairlane.policy.tenantstate``)
 is ``sweep_tenants``.
 """
@@ -23,6 +25,7 @@ from fairlane.store.connection import slot_client
 from fairlane.store.library import FUNCTION_PREFIX
 from fairlane.store.wire import (
     TenantSignal,
+    as_text,
     decode_limits,
     decode_rate,
     encode_limits,
@@ -61,7 +64,8 @@ class TenantSweep:
 
 
 class TenantCalls(StoreBase):
-    """Setting and reading tenants' weights and limits."""
+    """Setting and reading tenants' weights (their own and their fairness keys') and
+    limits."""
 
     async def configure_tenant(self, tenant: str, weight: float | None) -> None:
         """Set a tenant's fair-share weight (None: back to the default of 1)."""
@@ -145,6 +149,20 @@ class TenantCalls(StoreBase):
     async def tenant_weight(self, tenant: str) -> float:
         raw = await self._call(self.client.hget, self.keys.weights, tenant)
         return float(raw) if raw is not None else 1.0
+
+    async def configure_key_weight(self, tenant: str, key: str, weight: float) -> None:
+        """Set the weight of one of a tenant's fairness keys (1, the default, keeps no
+        field); the key's next enqueued job is tagged with it (``lua/fairkeys.lua``)."""
+        name = self.keys.key_weights(tenant)
+        if weight == 1:
+            await self._call(self.client.hdel, name, key)
+        else:
+            await self._call(self.client.hset, name, key, repr(float(weight)))
+
+    async def key_weights(self, tenant: str) -> dict[str, float]:
+        """The weights set for a tenant's fairness keys (those not named are 1)."""
+        raw = await self._call(self.client.hgetall, self.keys.key_weights(tenant))
+        return {as_text(k): float(v) for k, v in raw.items()}
 
     async def tenant_limit_now(self, lane: str, tenant: str) -> TenantSignal:
         """The tenant's concurrency limit in ``lane`` now, and the signals behind it."""

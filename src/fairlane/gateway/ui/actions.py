@@ -26,6 +26,7 @@ from typing import Any
 from fairlane.app import App
 from fairlane.app.job import TERMINAL
 from fairlane.gateway.ui.jobs import Filter, find_jobs
+from fairlane.registry import CallOptions
 from fairlane.store.records import JobRecord
 from fairlane.store.wire import StoreUnavailable
 
@@ -64,9 +65,9 @@ async def retry(app: App, job_id: str) -> tuple[str, str | None]:
         return "unknown_task", None
     new = task.new_job(
         record.args or b"[[],{}]",
-        tenant=record.tenant,
-        priority=record.priority,
-        service_class=record.service_class,
+        CallOptions(
+            tenant=record.tenant, priority=record.priority, service_class=record.service_class
+        ),
     )
     # through admission and the app's durability, as any submission
     admission = await task.submit_job(new)
