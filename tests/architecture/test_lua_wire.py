@@ -12,19 +12,30 @@ throughout the library, so a bare number after it is a bare position):
   rate     a job's rate key (``RateField``)
   ack      an outcome (``Outcome``), and ``ex``: the exchange's argument (``ExchangeField``)
   fetched  a fetched row (``FetchedJob``), and ``handed``: rows handed to a worker's inbox
+  leaving  ``leave``'s argument (``LeaveField``)
 Not counted: a script's own ``ARGV`` (``args``) and the results of HMGET (``f``, ``v``),
 whose positions are the field lists beside them.
 """
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from fairlane.store.library import _INCLUDE, _LUA, LIBRARY_CODE, fill_constants
-from fairlane.store.wire import Reply, lua_names
+from fairlane.store.wire import (
+    ExchangeField,
+    FetchedJob,
+    LeaveField,
+    Reply,
+    exchange_args,
+    leave_args,
+    lua_names,
+    positions,
+)
 from tests.architecture.luasource import bare_indexes
 
-ROWS = frozenset({"j", "c", "bounds", "rate", "ack", "ex", "fetched"})
+ROWS = frozenset({"j", "c", "bounds", "rate", "ack", "ex", "fetched", "leaving"})
 TABLES = frozenset({"tbl", "handed"})
 
 
@@ -53,3 +64,44 @@ def test_names_are_written_in_and_a_misspelt_one_fails() -> None:
     with pytest.raises(KeyError):
         fill_constants("return j[Job.FAIRNES_KEY]")
     assert lua_names()["Kind.THROTTLE"] == "'throttle'"
+
+
+def test_a_fetched_row_is_filled_place_by_place_by_name() -> None:
+    """The row a worker receives is built by FetchedJob's names, each place once (a
+    positional constructor would escape the scan above)."""
+    source = _LUA.joinpath("lease.lua").read_text()
+    for name in positions(FetchedJob):
+        assert source.count(f"fetched[Row.{name.upper()}] =") == 1, name
+    assert "{__ROW_PLACES__}" in source
+    assert fill_constants("{__ROW_PLACES__}").count("nil") == len(positions(FetchedJob))
+
+
+def test_leave_reads_its_argument_by_name() -> None:
+    source = _LUA.joinpath("worker.lua").read_text()
+    for member in LeaveField:
+        assert f"leaving[Leave.{member.name}]" in source, member.name
+
+
+def test_the_python_builders_place_fields_by_their_names() -> None:
+    left = msgspec.msgpack.decode(leave_args(worker="w", lease_ms=30_000, lanes=["a", "b"]))
+    assert len(left) == len(LeaveField)
+    assert left[LeaveField.WORKER - 1] == "w"
+    assert left[LeaveField.LEASE_MS - 1] == 30_000
+    assert left[LeaveField.LANES - 1] == ["a", "b"]
+    ex = msgspec.msgpack.decode(
+        exchange_args(
+            [], worker="w", want=3, lease_ms=5, promote_limit=7, lanes=["l"], idle_ms=9, slots=4
+        )
+    )
+    assert len(ex) == len(ExchangeField)
+    expected = {
+        ExchangeField.OUTCOMES: [],
+        ExchangeField.WORKER: "w",
+        ExchangeField.WANT: 3,
+        ExchangeField.LEASE_MS: 5,
+        ExchangeField.PROMOTE_LIMIT: 7,
+        ExchangeField.LANES: ["l"],
+        ExchangeField.IDLE_MS: 9,
+        ExchangeField.SLOTS: 4,
+    }
+    assert {f: ex[f - 1] for f in ExchangeField} == expected

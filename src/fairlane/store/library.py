@@ -47,7 +47,7 @@ from fairlane.policy.admission import (
 )
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.store.keys import AppKeys
-from fairlane.store.wire import AdmissionField, ClassField, lua_names
+from fairlane.store.wire import AdmissionField, ClassField, FetchedJob, lua_names
 
 __all__ = [
     "FUNCTION_PREFIX",
@@ -62,7 +62,9 @@ _LUA = files("fairlane.store").joinpath("lua")
 _INCLUDE = re.compile(r"^-- @include ([\w.]+)$", re.MULTILINE)
 # what crosses the seam, by name (store/wire.py): written in as literals, so a name costs
 # the server nothing and a misspelt one fails here, when the library is assembled
-_WIRE = re.compile(r"\b(?:Job|Row|Ack|ClassRow|Adm|RateKey|Exchange|Reply|AckCode|Kind)\.[A-Z_]+\b")
+_WIRE = re.compile(
+    r"\b(?:Job|Row|Ack|ClassRow|Adm|RateKey|Exchange|Leave|Reply|AckCode|Kind)\.[A-Z_]+\b"
+)
 _WIRE_NAMES: Final = lua_names()
 
 
@@ -138,6 +140,8 @@ def fill_constants(source: str) -> str:
         "__DUE_BATCH__": str(ratekeys.DUE_BATCH),
         "__PARK_BUDGET__": str(ratekeys.PARK_BUDGET),
         "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),
+        # a fetched row's places, allocated by one list constructor (lua/lease.lua)
+        "__ROW_PLACES__": ", ".join(["nil"] * len(FetchedJob.__struct_fields__)),
         # an app of no prefix: what is left of its fence key is the key's own name
         "__FENCE_NAME__": AppKeys("").fence,
     }

@@ -129,6 +129,24 @@ def exchange_args(
     return _PACK.encode([fields[f] for f in ExchangeField])
 
 
+class LeaveField(IntEnum):
+    """Positions of ``leave``'s one msgpack argument (``Exchange.leave``)."""
+
+    WORKER = 1
+    LEASE_MS = 2
+    LANES = 3
+
+
+def leave_args(*, worker: str, lease_ms: int, lanes: Sequence[str]) -> bytes:
+    """``leave``'s argument, its fields in ``LeaveField``'s order."""
+    fields: dict[LeaveField, object] = {
+        LeaveField.WORKER: worker,
+        LeaveField.LEASE_MS: lease_ms,
+        LeaveField.LANES: lanes,
+    }
+    return _PACK.encode([fields[f] for f in LeaveField])
+
+
 def pushback_payload(key: str, error: str) -> str:
     """A ``throttle`` outcome's payload: the rate key pushed back on, then the error JSON
     (JSON holds no raw newline)."""
@@ -367,8 +385,8 @@ def positions(struct: type[msgspec.Struct]) -> dict[str, int]:
 def lua_names() -> Mapping[str, str]:
     """Every name the Lua library may use for a place or value on the wire, as the
     library writes it in (``Job.FAIRNESS_KEY`` -> ``23``): the positions of a submitted
-    job, a fetched row, an outcome, a class row, a class's admission bounds, a rate key
-    and the exchange's argument; the reply and ack codes; the outcome kinds (quoted)."""
+    job, a fetched row, an outcome, a class row, a class's admission bounds, a rate key,
+    the exchange's argument and leave's; the reply and ack codes; the outcome kinds (quoted)."""
     names: dict[str, str] = {}
     for prefix, struct in (("Job", NewJob), ("Row", FetchedJob), ("Ack", Outcome)):
         for name, i in positions(struct).items():
@@ -378,6 +396,7 @@ def lua_names() -> Mapping[str, str]:
         ("Adm", AdmissionField),
         ("RateKey", RateField),
         ("Exchange", ExchangeField),
+        ("Leave", LeaveField),
         ("Reply", Reply),
         ("AckCode", AckCode),
     )

@@ -218,10 +218,9 @@ do
 
   -- Lease popped jobs ({id, fields, lane} as `runnable` returns them) to `worker`: one
   -- fencing token each, the attempt counted, one ZADD for all the leases; the classes'
-  -- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns the rows a worker receives: [id, token,
-  -- attempt, task, args, timeout, deadline, tenant, max, backoff, enqueued, slots, class,
-  -- trace context ('' for none), parent run ('' for none), fairness key ('' for none; last,
-  -- so that a reader of the shorter row still decodes it)].
+  -- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns
+  -- the rows a worker receives, in FetchedJob's places (`Row.*`; a place added goes
+  -- last, so that a reader of the shorter row still decodes it).
   local function lease_jobs(keys, p, popped, worker, lease, now)
     local jobs = {}
     if #popped == 0 then
@@ -256,11 +255,27 @@ do
       end
       zargs[2 * i - 1] = expiry
       zargs[2 * i] = id
+      -- every place allocated at once, as a list constructor would, then each filled by
+      -- its name: the same one table per job, its places in the array part
+      local fetched = {__ROW_PLACES__}
+      fetched[Row.ID] = id
+      fetched[Row.TOKEN] = token
+      fetched[Row.ATTEMPT] = att
+      fetched[Row.TASK] = f[2]
+      fetched[Row.ARGS] = f[3]
+      fetched[Row.TIMEOUT] = core.num(f[5]) or 0
+      fetched[Row.DEADLINE_MS] = tonumber(f[16]) or 0
+      fetched[Row.TENANT] = f[6] or ''
+      fetched[Row.MAX_ATTEMPTS] = core.num(f[4]) or nil
+      fetched[Row.BACKOFF] = f[7] or ''
+      fetched[Row.ENQUEUED_MS] = tonumber(f[8]) or 0
+      fetched[Row.SLOTS] = core.num(f[10]) or 1
+      fetched[Row.SERVICE_CLASS] = cls
       -- a trace context that is not valid UTF-8 is dropped: tracing never costs the job
-      jobs[i] = {id, token, att, f[2], f[3], core.num(f[5]) or 0,
-        tonumber(f[16]) or 0, f[6] or '', core.num(f[4]) or nil, f[7] or '', tonumber(f[8]) or 0,
-        core.num(f[10]) or 1, cls, utf8_ok(f[19]) and f[19] or '', utf8_ok(f[20]) and f[20] or '',
-        leasing.text_ok(f[22]) and f[22] or ''}
+      fetched[Row.TRACE_CONTEXT] = utf8_ok(f[19]) and f[19] or ''
+      fetched[Row.PARENT] = utf8_ok(f[20]) and f[20] or ''
+      fetched[Row.FAIRNESS_KEY] = leasing.text_ok(f[22]) and f[22] or ''
+      jobs[i] = fetched
     end
     redis.call('ZADD', keys[LEASES], unpack(zargs))
     redis.call('SADD', leasing.worker_jobs(p, worker), unpack(ids))

@@ -198,9 +198,10 @@ do
   -- leased to it) so that it can hand them back.
   local function leave(keys, args)
     local p = prefix(keys)
-    local a = cmsgpack.unpack(args[1])
-    local worker, member = a[1], a[1] .. '|' .. a[2]
-    for _, lane in ipairs(a[3]) do
+    local leaving = cmsgpack.unpack(args[1])
+    local worker = leaving[Leave.WORKER]
+    local member = worker .. '|' .. leaving[Leave.LEASE_MS]
+    for _, lane in ipairs(leaving[Leave.LANES]) do
       redis.call('ZREM', lane_key(p, lane, 'idle'), member)
     end
     deregister_worker(keys, p, worker)
