@@ -26,11 +26,15 @@ from fairlane.store.library import _INCLUDE, _LUA, LIBRARY_CODE, fill_constants
 from fairlane.store.wire import (
     ExchangeField,
     FetchedJob,
+    FetchReply,
+    FetchRows,
     LeaveField,
     Reply,
+    SubmittedField,
     exchange_args,
     leave_args,
     lua_names,
+    parse_submitted,
     positions,
 )
 from tests.architecture.luasource import bare_indexes
@@ -105,3 +109,19 @@ def test_the_python_builders_place_fields_by_their_names() -> None:
         ExchangeField.SLOTS: 4,
     }
     assert {f: ex[f - 1] for f in ExchangeField} == expected
+
+
+def test_the_fetch_reply_and_its_fallback_share_their_places() -> None:
+    assert positions(FetchRows) == positions(FetchReply)
+    assert lua_names()["Fetch.JOBS"] == str(positions(FetchReply)["jobs"])
+
+
+def test_the_enqueue_reply_is_read_by_its_places() -> None:
+    entries = [{"ID": "a", "CODE": 1, "DETAIL": ""}, {"ID": "b", "CODE": -4, "DETAIL": "full|3"}]
+    flat: list[object] = []
+    for entry in entries:
+        flat.extend(entry[f.name] for f in sorted(SubmittedField))
+    first, second = parse_submitted(flat)
+    assert (first.id, first.code, first.reason) == ("a", Reply.ACCEPTED, None)
+    assert (second.id, second.code, second.reason) == ("b", Reply.REJECTED, "full")
+    assert second.earlier_rejections == 3

@@ -63,7 +63,7 @@ _INCLUDE = re.compile(r"^-- @include ([\w.]+)$", re.MULTILINE)
 # what crosses the seam, by name (store/wire.py): written in as literals, so a name costs
 # the server nothing and a misspelt one fails here, when the library is assembled
 _WIRE = re.compile(
-    r"\b(?:Job|Row|Ack|ClassRow|Adm|RateKey|Exchange|Leave|Reply|AckCode|Kind)\.[A-Z_]+\b"
+    r"\b(?:Job|Row|Ack|ClassRow|Adm|RateKey|Exchange|Leave|Fetch|Submitted|Load|Reply|AckCode|Kind)\.[A-Z_]+\b"
 )
 _WIRE_NAMES: Final = lua_names()
 

@@ -199,10 +199,10 @@ do
   -- One job of the call: gated, then recorded and placed, its reply entry added.
   local function enqueue_one(cx, j, seq, n)
     local code, detail, verdict, reason, mu, run_at, dl = gate(cx, j, seq, n)
-    local out = cx.out
+    local out, n = cx.out, #cx.out
     if code then
       local existing = verdict
-      out[#out + 1], out[#out + 2], out[#out + 3] =
+      out[n + Submitted.ID], out[n + Submitted.CODE], out[n + Submitted.DETAIL] =
         code == Reply.EXISTING and existing or j[Job.ID], code, detail
       return
     end
@@ -220,7 +220,7 @@ do
     record(cx, j, cls, st, order, verdict, reason, mu, run_at, dl)
     place(cx, j, cls, st, order, seq, verdict, mu, run_at)
     cx.submitted[tenant] = (cx.submitted[tenant] or 0) + 1
-    out[#out + 1], out[#out + 2], out[#out + 3] =
+    out[n + Submitted.ID], out[n + Submitted.CODE], out[n + Submitted.DETAIL] =
       j[Job.ID], verdict == 'deferred' and Reply.DEFERRED or Reply.ACCEPTED, reason or ''
   end
 

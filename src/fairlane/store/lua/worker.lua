@@ -153,7 +153,7 @@ do
   -- what was handed to its inbox, then up to n more slots of work. `slots` is the
   -- worker's whole size, counted in its lanes' capacity. With idle_ms > 0 and nothing to give,
   -- the worker is registered idle for idle_ms (it is about to block on its inbox).
-  -- Returns msgpack [next_due_ms, ack codes, jobs].
+  -- Returns msgpack FetchReply [next_due_ms, ack codes, jobs].
   local function exchange(keys, args)
     local p, now = prefix(keys), now_ms()
     local ex = cmsgpack.unpack(args[1])
@@ -190,7 +190,7 @@ do
       end
     end
     apply_effects(keys, p, tally, now)
-    return cmsgpack.pack({next_due, codes, jobs})
+    return cmsgpack.pack({[Fetch.NEXT_DUE_MS] = next_due, [Fetch.ACK_CODES] = codes, [Fetch.JOBS] = jobs})
   end
 
   -- ARGV: msgpack [worker, lease_ms, lanes]. A stopping worker leaves: it is no longer
