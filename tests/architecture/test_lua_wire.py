@@ -23,6 +23,7 @@ import msgspec
 import pytest
 
 from fairlane.store.library import _INCLUDE, _LUA, LIBRARY_CODE, fill_constants
+from fairlane.store.placed import as_lists
 from fairlane.store.wire import (
     ExchangeField,
     FetchedJob,
@@ -75,9 +76,7 @@ def test_a_fetched_row_is_filled_place_by_place_by_name() -> None:
     positional constructor would escape the scan above)."""
     source = _LUA.joinpath("lease.lua").read_text()
     for name in positions(FetchedJob):
-        assert source.count(f"fetched[Row.{name.upper()}] =") == 1, name
-    assert "{__ROW_PLACES__}" in source
-    assert fill_constants("{__ROW_PLACES__}").count("nil") == len(positions(FetchedJob))
+        assert source.count(f"[Row.{name.upper()}] =") == 1, name
 
 
 def test_leave_reads_its_argument_by_name() -> None:
@@ -125,3 +124,16 @@ def test_the_enqueue_reply_is_read_by_its_places() -> None:
     assert (first.id, first.code, first.reason) == ("a", Reply.ACCEPTED, None)
     assert (second.id, second.code, second.reason) == ("b", Reply.REJECTED, "full")
     assert second.earlier_rejections == 3
+
+
+def test_a_constructor_keyed_by_its_places_is_assembled_as_a_list() -> None:
+    keyed = "return {[Fetch.NEXT_DUE_MS] = f(1, {2}), [Fetch.ACK_CODES] = 'a,}', [Fetch.JOBS] = x}"
+    assert fill_constants(keyed) == "return {(f(1, {2})), ('a,}'), (x)}"
+    # places out of order, a gap or a comment inside: left as written
+    for kept in ("{[2] = a, [1] = b}", "{[1] = a, [3] = b}", "{[1] = a, -- why\n [2] = b}"):
+        assert as_lists(kept) == kept
+    assert as_lists("{[1] = a, [2] = {[1] = b}}") == "{(a), ({[1] = b})}"
+    assert as_lists("{[1] = a,\n [2] = b}\nx") == "{(a), (b)}\n\nx"
+    # the library holds no keyed constructor it could have listed
+    assert as_lists(LIBRARY_CODE) == LIBRARY_CODE
+    assert "{[1] =" not in LIBRARY_CODE

@@ -47,7 +47,8 @@ from fairlane.policy.admission import (
 )
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.store.keys import AppKeys
-from fairlane.store.wire import AdmissionField, ClassField, FetchedJob, lua_names
+from fairlane.store.placed import as_lists
+from fairlane.store.wire import AdmissionField, ClassField, lua_names
 
 __all__ = [
     "FUNCTION_PREFIX",
@@ -140,14 +141,12 @@ def fill_constants(source: str) -> str:
         "__DUE_BATCH__": str(ratekeys.DUE_BATCH),
         "__PARK_BUDGET__": str(ratekeys.PARK_BUDGET),
         "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),
-        # a fetched row's places, allocated by one list constructor (lua/lease.lua)
-        "__ROW_PLACES__": ", ".join(["nil"] * len(FetchedJob.__struct_fields__)),
         # an app of no prefix: what is left of its fence key is the key's own name
         "__FENCE_NAME__": AppKeys("").fence,
     }
     for name, value in constants.items():
         source = source.replace(name, value)
-    return _WIRE.sub(lambda m: _WIRE_NAMES[m.group(0)], source)
+    return as_lists(_WIRE.sub(lambda m: _WIRE_NAMES[m.group(0)], source))
 
 
 def _assemble() -> str:

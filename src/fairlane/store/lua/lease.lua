@@ -255,27 +255,15 @@ do
       end
       zargs[2 * i - 1] = expiry
       zargs[2 * i] = id
-      -- every place allocated at once, as a list constructor would, then each filled by
-      -- its name: the same one table per job, its places in the array part
-      local fetched = {__ROW_PLACES__}
-      fetched[Row.ID] = id
-      fetched[Row.TOKEN] = token
-      fetched[Row.ATTEMPT] = att
-      fetched[Row.TASK] = f[2]
-      fetched[Row.ARGS] = f[3]
-      fetched[Row.TIMEOUT] = core.num(f[5]) or 0
-      fetched[Row.DEADLINE_MS] = tonumber(f[16]) or 0
-      fetched[Row.TENANT] = f[6] or ''
-      fetched[Row.MAX_ATTEMPTS] = core.num(f[4]) or nil
-      fetched[Row.BACKOFF] = f[7] or ''
-      fetched[Row.ENQUEUED_MS] = tonumber(f[8]) or 0
-      fetched[Row.SLOTS] = core.num(f[10]) or 1
-      fetched[Row.SERVICE_CLASS] = cls
       -- a trace context that is not valid UTF-8 is dropped: tracing never costs the job
-      fetched[Row.TRACE_CONTEXT] = utf8_ok(f[19]) and f[19] or ''
-      fetched[Row.PARENT] = utf8_ok(f[20]) and f[20] or ''
-      fetched[Row.FAIRNESS_KEY] = leasing.text_ok(f[22]) and f[22] or ''
-      jobs[i] = fetched
+      jobs[i] = {[Row.ID] = id, [Row.TOKEN] = token, [Row.ATTEMPT] = att, [Row.TASK] = f[2],
+        [Row.ARGS] = f[3], [Row.TIMEOUT] = core.num(f[5]) or 0,
+        [Row.DEADLINE_MS] = tonumber(f[16]) or 0, [Row.TENANT] = f[6] or '',
+        [Row.MAX_ATTEMPTS] = core.num(f[4]) or nil, [Row.BACKOFF] = f[7] or '',
+        [Row.ENQUEUED_MS] = tonumber(f[8]) or 0, [Row.SLOTS] = core.num(f[10]) or 1,
+        [Row.SERVICE_CLASS] = cls, [Row.TRACE_CONTEXT] = utf8_ok(f[19]) and f[19] or '',
+        [Row.PARENT] = utf8_ok(f[20]) and f[20] or '',
+        [Row.FAIRNESS_KEY] = leasing.text_ok(f[22]) and f[22] or ''}
     end
     redis.call('ZADD', keys[LEASES], unpack(zargs))
     redis.call('SADD', leasing.worker_jobs(p, worker), unpack(ids))
