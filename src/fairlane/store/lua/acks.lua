@@ -191,18 +191,18 @@ do
   -- attempt is not counted). The store holds the attempt budget itself: a retry past it
   -- is a dead letter.
   local function conclude(keys, p, id, ack, f, payload, pushed, pushed_key, meta, now, tally, cx)
-    local kind, delay, jk = ack[Ack.KIND], tonumber(ack[Ack.DELAY_MS]), job_key(p, id)
-    local spent = (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1)
+    local kind, delay = ack[Ack.KIND], tonumber(ack[Ack.DELAY_MS])
+    -- the attempt budget is read only by the kinds that retry (a number read costs)
     if kind == Kind.THROTTLE and pushed then
       records.push_back(keys, p, id, delay or 0, payload, now, tally, meta, pushed_key)
-    elseif kind == Kind.THROTTLE and spent then
+    elseif kind == Kind.THROTTLE and (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1) then
       dead_letter(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.THROTTLE then
       -- a pushback on a key the job does not hold is an ordinary failure
       schedule_retry(keys, p, id, delay or 0, payload, now, tally)
     elseif kind == Kind.OK then
       finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
-    elseif kind == Kind.RETRY and spent then
+    elseif kind == Kind.RETRY and (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1) then
       dead_letter(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.RETRY then
       schedule_retry(keys, p, id, delay, payload, now, tally)
@@ -215,6 +215,7 @@ do
     elseif kind == Kind.HANDBACK then
       settling.hand_back(keys, p, id, payload, delay or 0, now, tally, meta)
     else
+      local jk = job_key(p, id)
       local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq', 'start', 'wk')
       -- written first, so that the job handed back sees the lane's true load
       flush_settled(p, cx.settled)
@@ -224,23 +225,6 @@ do
       push_ready(p, r[1], f[9], r[2], id, r[3], r[4], f[10])
       wake(p, r[1])
     end
-  end
-
-  -- Settle one `ack` of a running job (`f`: its record, settling.SETTLING): the status
-  -- leaves 'running' in its kind's step, which alone fences any later write of its token.
-  local function settle(keys, p, ack, f, now, tally, cx)
-    local id, kind = ack[Ack.ID], ack[Ack.KIND]
-    cx.released[#cx.released + 1] = id
-    local payload, pushed, pushed_key, amu = account(keys, p, id, ack, f, now, tally, cx)
-    local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20]}
-    local ends = kind == Kind.OK or kind == Kind.DEAD or kind == Kind.CANCEL
-      or (kind == Kind.RETRY and (core.num(f[6]) or 0) >= (core.num(f[7]) or 1))
-    if ends then
-      meta.amu = amu
-    elseif amu then
-      redis.call('HSET', job_key(p, id), 'amu', amu)
-    end
-    conclude(keys, p, id, ack, f, payload, pushed, pushed_key, meta, now, tally, cx)
   end
 
   -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
@@ -253,11 +237,17 @@ do
   -- stale (counted 'fenced'). A job keeps the token that settled it until its next lease
   -- (a reclaim removes it), so the two cannot be confused.
   local function apply_acks(keys, p, acks, now, tally)
-    local codes = {}
-    local cx = {released = {}, freed = {}, limited = {}, settled = {},
+    local codes, released, read = {}, {}, core.read
+    local fields, optional = settling.SETTLING, settling.SETTLING_X
+    local cx = {freed = {}, limited = {}, settled = {},
       costing = {samples = {}, tags = {}}}
-    for i, ack in ipairs(acks) do
-      local f = core.read(job_key(p, ack[Ack.ID]), settling.SETTLING, settling.SETTLING_X)
+    -- numeric loops on the per-job paths: ipairs costs a C call per element
+    for i = 1, #acks do
+      local ack = acks[i]
+      if ack == nil then
+        break -- where ipairs would stop
+      end
+      local f = read(job_key(p, ack[Ack.ID]), fields, optional)
       if f[1] ~= 'running' and f[2] == ack[Ack.TOKEN] then
         count(tally, 'resettled')
         codes[i] = AckCode.RESETTLED
@@ -265,7 +255,21 @@ do
         count(tally, 'fenced')
         codes[i] = AckCode.FENCED
       else
-        settle(keys, p, ack, f, now, tally, cx)
+        -- settled here rather than in a function of its own: a call per job costs the
+        -- server. The status leaves 'running' in its kind's step (conclude), which alone
+        -- fences any later write of its token.
+        local id, kind = ack[Ack.ID], ack[Ack.KIND]
+        released[#released + 1] = id
+        local payload, pushed, pushed_key, amu = account(keys, p, id, ack, f, now, tally, cx)
+        local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20]}
+        local ends = kind == Kind.OK or kind == Kind.DEAD or kind == Kind.CANCEL
+          or (kind == Kind.RETRY and (core.num(f[6]) or 0) >= (core.num(f[7]) or 1))
+        if ends then
+          meta.amu = amu
+        elseif amu then
+          redis.call('HSET', job_key(p, id), 'amu', amu)
+        end
+        conclude(keys, p, id, ack, f, payload, pushed, pushed_key, meta, now, tally, cx)
         codes[i] = AckCode.APPLIED
       end
     end
@@ -273,8 +277,8 @@ do
     -- exchange keeps its new lease
     flush_settled(p, cx.settled)
     flush_costs(p, cx.costing, keys, tally)
-    if #cx.released > 0 then
-      redis.call('ZREM', keys[LEASES], unpack(cx.released))
+    if #released > 0 then
+      redis.call('ZREM', keys[LEASES], unpack(released))
     end
     -- freed slots may let a class start that the rules held back: wake a worker to look
     for lane in pairs(cx.freed) do

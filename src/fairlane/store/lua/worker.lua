@@ -217,7 +217,8 @@ do
   -- in one command.
   function workers.forget_settled(p, worker, acks, codes)
     local ids = {}
-    for i, ack in ipairs(acks) do
+    for i = 1, #codes do -- one code per ack apply_acks read (a numeric loop: no C call each)
+      local ack = acks[i]
       if codes[i] == AckCode.APPLIED then
         ids[#ids + 1] = ack[Ack.ID]
       end
