@@ -26,14 +26,20 @@ do
 
   -- One call's view, shared by its jobs' steps: what it read once (the lane's
   -- declarations, learned costs, entitlements) and what it gathers for its end (the ready
-  -- pushes, the effects, the jobs stored per tenant, the reply).
-  local function new_call(keys, args)
-    local p, now = prefix(keys), now_ms()
-    local cx = {keys = keys, p = p, now = now, now_s = core.now_arg(now), lane = args[1],
-      learned = {}, seen = {}, ready = false, submitted = {}, pushes = fairqueue.new_pushes(),
-      out = {}, tally = new_effects()}
-    cx.tbl, cx.cost_mode, cx.adm, cx.qb = lane_declarations(p, cx.lane)
-    return cx
+  -- pushes, the effects, the jobs stored per tenant). Held in these locals for the call's
+  -- length rather than in a table: a script runs alone, so no two calls overlap, and a
+  -- table costs a hash insertion per field per call and a lookup per read, which in calls
+  -- of a job or two (a call per tenant) cost the server more than the steps saved.
+  local call_keys, call_p, call_now, call_now_s, call_lane
+  local call_tbl, call_cost_mode, call_adm, call_qb
+  local call_learned, call_seen, call_submitted, call_pushes, call_tally
+
+  local function begin_call(keys, lane)
+    call_keys, call_p, call_now, call_lane = keys, prefix(keys), now_ms(), lane
+    call_now_s = core.now_arg(call_now)
+    call_learned, call_seen, call_submitted = {}, {}, {}
+    call_pushes, call_tally = fairqueue.new_pushes(), new_effects()
+    call_tbl, call_cost_mode, call_adm, call_qb = lane_declarations(call_p, lane)
   end
 
   -- The gate: whether job `j` (FIFO number `seq` of a call of `n` jobs) is stored, and how.
@@ -41,8 +47,9 @@ do
   -- and the class it takes, the admission verdict, reason and reservation, when it is due
   -- and its deadline. Every refusal is counted with its reason, in every lane (accepted jobs
   -- only in lanes with a pool: a plain lane's enqueue pays no counter for them).
-  local function gate(cx, p, lane, now, j, tenant, slots, seq, n)
-    local keys, tally, tbl, idem = cx.keys, cx.tally, cx.tbl, j[Job.IDEMPOTENCY_KEY]
+  local function gate(j, tenant, slots, seq, n)
+    local keys, p, lane, now, tally = call_keys, call_p, call_lane, call_now, call_tally
+    local tbl, idem = call_tbl, j[Job.IDEMPOTENCY_KEY]
     local cls = j[Job.SERVICE_CLASS] or DEFAULT_CLASS
     local existing = idem ~= '' and redis.call('HGET', keys[IDEM], idem)
     local existing_st = existing and redis.call('HGET', job_key(p, existing), 'st')
@@ -51,7 +58,7 @@ do
       return Reply.EXISTING, existing_st == 'deferred' and 'deferred' or '', existing
     end
     local entitled, index
-    cls, entitled, index = tenant_class(tally, keys, p, cx.seen, tbl, tenant, cls,
+    cls, entitled, index = tenant_class(tally, keys, p, call_seen, tbl, tenant, cls,
       j[Job.CLASS_NAMED] ~= 0)
     if not index then
       return Reply.UNKNOWN_CLASS, ''
@@ -74,10 +81,10 @@ do
     end
     local meetable = not (dl ~= '' and (dl <= now or dl < run_at))
     local verdict, reason, mu = 'accepted', nil, nil
-    local adm, qb = cx.adm, cx.qb
+    local adm, qb = call_adm, call_qb
     local base_mu = tonumber(j[Job.DECLARED_MU]) or 1000
     if adm then
-      base_mu = expected_mu(p, base_mu, j[Job.DECLARED] == 1, j[Job.COST_KEY], cx.learned)
+      base_mu = expected_mu(p, base_mu, j[Job.DECLARED] == 1, j[Job.COST_KEY], call_learned)
     end
     if adm and meetable then
       verdict, reason, mu = admit_new(p, lane, adm, cls, tenant, base_mu)
@@ -85,7 +92,7 @@ do
     elseif qb and meetable then
       -- a lane without a pool: its default queue bounds (bounds.lua)
       verdict, reason = queue_bounds.room(p, lane, qb, tbl, cls, tenant,
-        slots, run_at > now, cx.pushes, seq, n)
+        slots, run_at > now, call_pushes, seq, n)
       if verdict == 'rejected' then
         count_decision(tally, lane, cls, verdict, reason)
       end
@@ -105,9 +112,9 @@ do
   -- The record: one write of the whole job hash, the optional fields riding on it, and
   -- the events only a deferral or a schedule needs (an accepted job's submission is in its
   -- record: enq, cls).
-  local function record(cx, p, lane, now, j, id, tenant, cls, st, order, verdict, reason, mu,
-      run_at, dl, slots)
-    local now_s, idem = cx.now_s, j[Job.IDEMPOTENCY_KEY]
+  local function record(j, id, tenant, cls, st, order, verdict, reason, mu, run_at, dl, slots)
+    local p, lane, now, now_s = call_p, call_lane, call_now, call_now_s
+    local idem = j[Job.IDEMPOTENCY_KEY]
     local fkey = j[Job.FAIRNESS_KEY]
     -- (a job of one slot, most jobs, writes its width without a call)
     local h = {'HSET', job_key(p, id), 'x', '', 'task', j[Job.TASK], 'tenant', tenant, 'lane', lane,
@@ -128,7 +135,7 @@ do
     if (tonumber(j[Job.RATE_MU]) or 0) > 0 then
       -- what the job is expected to cost, at most the least burst of its units keys
       -- (the caller was refused if its own estimate did not fit)
-      local rmu = expected_mu(p, tonumber(j[Job.RATE_MU]), j[Job.DECLARED] == 1, j[Job.COST_KEY], cx.learned)
+      local rmu = expected_mu(p, tonumber(j[Job.RATE_MU]), j[Job.DECLARED] == 1, j[Job.COST_KEY], call_learned)
       for _, rate in ipairs(j[Job.RATES]) do
         if tonumber(rate[RateKey.UNITS]) == 1 then
           rmu = math.min(rmu, math.floor(tonumber(rate[RateKey.BURST]) * 1000))
@@ -141,7 +148,7 @@ do
     end
     if idem ~= '' then
       h[n + 1], h[n + 2], n, extra = 'idem', idem, n + 2, true
-      redis.call('HSET', cx.keys[IDEM], idem, id)
+      redis.call('HSET', call_keys[IDEM], idem, id)
     end
     if j[Job.COST_KEY] and j[Job.COST_KEY] ~= '' then
       h[n + 1], h[n + 2], n = 'ck', j[Job.COST_KEY], n + 2
@@ -153,9 +160,9 @@ do
     if j[Job.TRACE_CONTEXT] and j[Job.TRACE_CONTEXT] ~= '' then
       h[n + 1], h[n + 2], n, extra = 'tp', j[Job.TRACE_CONTEXT], n + 2, true
     end
-    if cx.cost_mode then
+    if call_cost_mode then
       h[n + 1], h[n + 2], n = 'cu',
-        arg(charge_mu(p, tonumber(j[Job.DECLARED_MU]) or 0, j[Job.DECLARED] == 1, j[Job.COST_KEY], cx.learned)), n + 2
+        arg(charge_mu(p, tonumber(j[Job.DECLARED_MU]) or 0, j[Job.DECLARED] == 1, j[Job.COST_KEY], call_learned)), n + 2
     end
     if verdict == 'deferred' then
       h[n + 1], h[n + 2], n = 'dmu', mu, n + 2
@@ -180,16 +187,16 @@ do
   -- timeout, so one is woken either way, unless the call's one job went to an idle
   -- worker's inbox (a wake would only send that worker round for an exchange that finds
   -- nothing).
-  local function hand_over(cx, n)
-    local keys, p, lane, now, tally = cx.keys, cx.p, cx.lane, cx.now, cx.tally
-    flush_pushes(p, lane, cx.pushes)
-    for tenant, k in pairs(cx.submitted) do
+  local function hand_over(n, ready)
+    local keys, p, lane, now, tally = call_keys, call_p, call_lane, call_now, call_tally
+    flush_pushes(p, lane, call_pushes)
+    for tenant, k in pairs(call_submitted) do
       if core.any(tally, keys[TLIMITS]) and redis.call('HEXISTS', keys[TLIMITS], tenant) == 1 then
         note_submissions(p, tenant, k, now)
       end
     end
     local handed = false
-    if cx.ready then
+    if ready then
       local member, worker, lease = peek_idle_worker(p, lane, now)
       if member then
         local popped = {}
@@ -224,9 +231,9 @@ do
   -- to it (detail 'class_not_entitled'; a default class is taken only where usable, so
   -- the class refused is the one given): nothing written for negative codes.
   local function enqueue(keys, args)
-    local cx = new_call(keys, args)
-    local jobs, out, submitted = cmsgpack.unpack(args[2]), cx.out, cx.submitted
-    local p, lane, now, n, ready = cx.p, cx.lane, cx.now, #jobs, false
+    begin_call(keys, args[1])
+    local jobs, out, submitted = cmsgpack.unpack(args[2]), {}, call_submitted
+    local p, lane, now, n, ready = call_p, call_lane, call_now, #jobs, false
     -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
     local first = redis.call('HINCRBY', keys[STATS], 'seq', n) - n
     -- each job gated, recorded, then placed, its reply entry added: place runs inline, as
@@ -239,7 +246,7 @@ do
       local seq, k, id, tenant = first + i, #out, j[Job.ID], j[Job.TENANT]
       local slots = tonumber(j[Job.SLOTS]) or 1
       local code, detail, verdict, reason, mu, run_at, dl =
-        gate(cx, p, lane, now, j, tenant, slots, seq, n)
+        gate(j, tenant, slots, seq, n)
       if code then
         local existing = verdict
         out[k + Submitted.ID], out[k + Submitted.CODE], out[k + Submitted.DETAIL] =
@@ -253,17 +260,16 @@ do
         -- job without a key costs no command here
         local fkey, order = j[Job.FAIRNESS_KEY], seq
         if fkey and fkey ~= '' and st == 'queued' and verdict ~= 'deferred' then
-          fairqueue.flush_queue(cx.pushes, tenant_queue(p, lane, cls, tenant))
+          fairqueue.flush_queue(call_pushes, tenant_queue(p, lane, cls, tenant))
           order = fairkeys.order(p, lane, cls, tenant, fkey, seq)
         end
-        record(cx, p, lane, now, j, id, tenant, cls, st, order, verdict, reason, mu, run_at, dl,
-          slots)
+        record(j, id, tenant, cls, st, order, verdict, reason, mu, run_at, dl, slots)
         -- place: where the stored job waits: its class's deferred queue until room frees,
         -- its lane's delayed set, or its tenant queue (ready); an admitted job holds its
         -- reservation
         if verdict == 'deferred' then
           defer(p, lane, cls, id, seq)
-          count(cx.tally, 'deferred')
+          count(call_tally, 'deferred')
         else
           if mu then
             reserve(p, lane, cls, tenant, id, mu)
@@ -271,7 +277,7 @@ do
           if st == 'scheduled' then
             redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
           else
-            push_ready(p, lane, cls, tenant, id, j[Job.PRIORITY], order, slots, cx.pushes)
+            push_ready(p, lane, cls, tenant, id, j[Job.PRIORITY], order, slots, call_pushes)
             ready = true
           end
         end
@@ -280,8 +286,7 @@ do
           id, verdict == 'deferred' and Reply.DEFERRED or Reply.ACCEPTED, reason or ''
       end
     end
-    cx.ready = ready
-    hand_over(cx, n)
+    hand_over(n, ready)
     return out
   end
 
