@@ -193,9 +193,9 @@ do
     return cmsgpack.pack({[Fetch.NEXT_DUE_MS] = next_due, [Fetch.ACK_CODES] = codes, [Fetch.JOBS] = jobs})
   end
 
-  -- ARGV: msgpack [worker, lease_ms, lanes]. A stopping worker leaves: it is no longer
-  -- idle nor alive, and the jobs handed to its inbox meanwhile are returned (still
-  -- leased to it) so that it can hand them back.
+  -- ARGV: msgpack LeaveField [worker, lease_ms, lanes]. A stopping worker leaves: it is
+  -- no longer idle nor alive, and the jobs handed to its inbox meanwhile are returned
+  -- (still leased to it) so that it can hand them back.
   local function leave(keys, args)
     local p = prefix(keys)
     local leaving = cmsgpack.unpack(args[1])
