@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from benchmarks import core, keyed, serverprofile, venvs
+from benchmarks import core, instructions, keyed, serverprofile, venvs
 from benchmarks.config import SCENARIOS, Config
 from benchmarks.serverprofile import Attribution, parse_entry
 from rich.console import Console
@@ -306,3 +306,17 @@ async def test_the_keyed_run_puts_every_key_on_every_job_and_times_both_ways(
         assert [k async for k in client.scan_iter(match=f"*{namespace}_*", count=1000)] == []
     finally:
         await client.aclose()
+
+
+def test_the_instruction_count_enqueues_the_shapes_the_readme_names() -> None:
+    one = list(instructions.batches(2_500, 1_000, 0))
+    assert [(t, len(c)) for t, c in one] == [
+        ("default", 1_000),
+        ("default", 1_000),
+        ("default", 500),
+    ]
+    assert [n for _, c in one for (n,) in c] == list(range(2_500))
+    spread = list(instructions.batches(20_000, 1_000, 10_000))
+    assert len(spread) == 10_000
+    assert {len(c) for _, c in spread} == {2}
+    assert len({t for t, _ in spread}) == 10_000

@@ -12,19 +12,35 @@ throughout the library, so a bare number after it is a bare position):
   rate     a job's rate key (``RateField``)
   ack      an outcome (``Outcome``), and ``ex``: the exchange's argument (``ExchangeField``)
   fetched  a fetched row (``FetchedJob``), and ``handed``: rows handed to a worker's inbox
+  leaving  ``leave``'s argument (``LeaveField``)
 Not counted: a script's own ``ARGV`` (``args``) and the results of HMGET (``f``, ``v``),
 whose positions are the field lists beside them.
 """
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from fairlane.store.library import _INCLUDE, _LUA, LIBRARY_CODE, fill_constants
-from fairlane.store.wire import Reply, lua_names
+from fairlane.store.placed import as_lists
+from fairlane.store.wire import (
+    ExchangeField,
+    FetchedJob,
+    FetchReply,
+    FetchRows,
+    LeaveField,
+    Reply,
+    SubmittedField,
+    exchange_args,
+    leave_args,
+    lua_names,
+    parse_submitted,
+    positions,
+)
 from tests.architecture.luasource import bare_indexes
 
-ROWS = frozenset({"j", "c", "bounds", "rate", "ack", "ex", "fetched"})
+ROWS = frozenset({"j", "c", "bounds", "rate", "ack", "ex", "fetched", "leaving"})
 TABLES = frozenset({"tbl", "handed"})
 
 
@@ -53,3 +69,71 @@ def test_names_are_written_in_and_a_misspelt_one_fails() -> None:
     with pytest.raises(KeyError):
         fill_constants("return j[Job.FAIRNES_KEY]")
     assert lua_names()["Kind.THROTTLE"] == "'throttle'"
+
+
+def test_a_fetched_row_is_filled_place_by_place_by_name() -> None:
+    """The row a worker receives is built by FetchedJob's names, each place once (a
+    positional constructor would escape the scan above)."""
+    source = _LUA.joinpath("lease.lua").read_text()
+    for name in positions(FetchedJob):
+        assert source.count(f"[Row.{name.upper()}] =") == 1, name
+
+
+def test_leave_reads_its_argument_by_name() -> None:
+    source = _LUA.joinpath("worker.lua").read_text()
+    for member in LeaveField:
+        assert f"leaving[Leave.{member.name}]" in source, member.name
+
+
+def test_the_python_builders_place_fields_by_their_names() -> None:
+    left = msgspec.msgpack.decode(leave_args(worker="w", lease_ms=30_000, lanes=["a", "b"]))
+    assert len(left) == len(LeaveField)
+    assert left[LeaveField.WORKER - 1] == "w"
+    assert left[LeaveField.LEASE_MS - 1] == 30_000
+    assert left[LeaveField.LANES - 1] == ["a", "b"]
+    ex = msgspec.msgpack.decode(
+        exchange_args(
+            [], worker="w", want=3, lease_ms=5, promote_limit=7, lanes=["l"], idle_ms=9, slots=4
+        )
+    )
+    assert len(ex) == len(ExchangeField)
+    expected = {
+        ExchangeField.OUTCOMES: [],
+        ExchangeField.WORKER: "w",
+        ExchangeField.WANT: 3,
+        ExchangeField.LEASE_MS: 5,
+        ExchangeField.PROMOTE_LIMIT: 7,
+        ExchangeField.LANES: ["l"],
+        ExchangeField.IDLE_MS: 9,
+        ExchangeField.SLOTS: 4,
+    }
+    assert {f: ex[f - 1] for f in ExchangeField} == expected
+
+
+def test_the_fetch_reply_and_its_fallback_share_their_places() -> None:
+    assert positions(FetchRows) == positions(FetchReply)
+    assert lua_names()["Fetch.JOBS"] == str(positions(FetchReply)["jobs"])
+
+
+def test_the_enqueue_reply_is_read_by_its_places() -> None:
+    entries = [{"ID": "a", "CODE": 1, "DETAIL": ""}, {"ID": "b", "CODE": -4, "DETAIL": "full|3"}]
+    flat: list[object] = []
+    for entry in entries:
+        flat.extend(entry[f.name] for f in sorted(SubmittedField))
+    first, second = parse_submitted(flat)
+    assert (first.id, first.code, first.reason) == ("a", Reply.ACCEPTED, None)
+    assert (second.id, second.code, second.reason) == ("b", Reply.REJECTED, "full")
+    assert second.earlier_rejections == 3
+
+
+def test_a_constructor_keyed_by_its_places_is_assembled_as_a_list() -> None:
+    keyed = "return {[Fetch.NEXT_DUE_MS] = f(1, {2}), [Fetch.ACK_CODES] = 'a,}', [Fetch.JOBS] = x}"
+    assert fill_constants(keyed) == "return {(f(1, {2})), ('a,}'), (x)}"
+    # places out of order, a gap or a comment inside: left as written
+    for kept in ("{[2] = a, [1] = b}", "{[1] = a, [3] = b}", "{[1] = a, -- why\n [2] = b}"):
+        assert as_lists(kept) == kept
+    assert as_lists("{[1] = a, [2] = {[1] = b}}") == "{(a), ({[1] = b})}"
+    assert as_lists("{[1] = a,\n [2] = b}\nx") == "{(a), (b)}\n\nx"
+    # the library holds no keyed constructor it could have listed
+    assert as_lists(LIBRARY_CODE) == LIBRARY_CODE
+    assert "{[1] =" not in LIBRARY_CODE

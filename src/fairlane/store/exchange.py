@@ -27,6 +27,7 @@ from fairlane.store.wire import (
     as_text,
     decode_rows,
     exchange_args,
+    leave_args,
     parse_fetched,
 )
 
@@ -90,7 +91,7 @@ class WorkerCalls(StoreBase):
 
     async def leave(self, worker: str, lease_ms: int, lanes: Sequence[str]) -> list[FetchedJob]:
         """Deregister a stopping worker; returns jobs handed to it that it must hand back."""
-        blob = _PACK.encode((worker, lease_ms, lanes))
+        blob = leave_args(worker=worker, lease_ms=lease_ms, lanes=lanes)
         reply = await self.fcall("leave", self._lane_keys(lanes), [blob])
         try:
             return UNPACK_JOBS.decode(reply)

@@ -47,6 +47,7 @@ from fairlane.policy.admission import (
 )
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.store.keys import AppKeys
+from fairlane.store.placed import as_lists
 from fairlane.store.wire import AdmissionField, ClassField, lua_names
 
 __all__ = [
@@ -62,7 +63,9 @@ _LUA = files("fairlane.store").joinpath("lua")
 _INCLUDE = re.compile(r"^-- @include ([\w.]+)$", re.MULTILINE)
 # what crosses the seam, by name (store/wire.py): written in as literals, so a name costs
 # the server nothing and a misspelt one fails here, when the library is assembled
-_WIRE = re.compile(r"\b(?:Job|Row|Ack|ClassRow|Adm|RateKey|Exchange|Reply|AckCode|Kind)\.[A-Z_]+\b")
+_WIRE = re.compile(
+    r"\b(?:Job|Row|Ack|ClassRow|Adm|RateKey|Exchange|Leave|Fetch|Submitted|Load|Reply|AckCode|Kind)\.[A-Z_]+\b"
+)
 _WIRE_NAMES: Final = lua_names()
 
 
@@ -143,7 +146,7 @@ def fill_constants(source: str) -> str:
     }
     for name, value in constants.items():
         source = source.replace(name, value)
-    return _WIRE.sub(lambda m: _WIRE_NAMES[m.group(0)], source)
+    return as_lists(_WIRE.sub(lambda m: _WIRE_NAMES[m.group(0)], source))
 
 
 def _assemble() -> str:

@@ -15,6 +15,7 @@ import msgspec
 from redis.exceptions import ResponseError
 
 from fairlane.store.base import StoreBase
+from fairlane.store.wire import LoadReply, at
 
 __all__ = [
     "Checkpoint",
@@ -113,12 +114,13 @@ class RunStore:
             raise CorruptRunHistory(
                 f"run {run_id}: a key of its history is corrupt: {exc}"
             ) from None
-        if int(reply[0]) != 1:
+        if int(at(reply, LoadReply.HELD)) != 1:
             return None
         try:
-            fails = reply[3]
+            fails = at(reply, LoadReply.FAILURES)
             failures = {_text(fails[i]): int(fails[i + 1]) for i in range(0, len(fails), 2)}
-            return SliceStart(_text(reply[1]), [_checkpoint(r) for r in reply[2]], failures)
+            steps = [_checkpoint(r) for r in at(reply, LoadReply.STEPS)]
+            return SliceStart(_text(at(reply, LoadReply.SERVICE_CLASS)), steps, failures)
         except (msgspec.DecodeError, ValueError, TypeError, IndexError) as exc:
             # anything but what wf_step wrote: replaying it could only go wrong
             raise CorruptRunHistory(f"run {run_id}: its stored history is corrupt: {exc}") from None

@@ -55,6 +55,29 @@ class AckCode(IntEnum):
     RESETTLED = 2  # this lease's settlement again, after its reply was lost: not applied twice
 
 
+class SubmittedField(IntEnum):
+    """Places of a job's entry in the enqueue reply, which is flat: entry ``k`` (from 0)
+    holds place ``p`` at ``k * len(SubmittedField) + p`` as Lua counts."""
+
+    ID = 1
+    CODE = 2  # Reply
+    DETAIL = 3  # 'reason|earlier rejections', or ''
+
+
+class LoadReply(IntEnum):
+    """Places of ``wf_load``'s reply: ``[0]`` when the lease is not the caller's."""
+
+    HELD = 1  # 1: the caller holds the lease
+    SERVICE_CLASS = 2
+    STEPS = 3  # the checkpoints, msgpack each
+    FAILURES = 4  # failed step attempts: name, count, ..
+
+
+def at(reply: Sequence[Any], place: IntEnum) -> Any:
+    """A script reply's element at ``place``, a position as Lua counts it (from 1)."""
+    return reply[place - 1]
+
+
 class ClassField(IntEnum):
     """Positions (from 1, as Lua counts) of a class row in a class table as the scripts
     read it (``encode_classes``); ``max_wait`` and ``restricted`` trail, so a table
@@ -127,6 +150,24 @@ def exchange_args(
         ExchangeField.SLOTS: slots,
     }
     return _PACK.encode([fields[f] for f in ExchangeField])
+
+
+class LeaveField(IntEnum):
+    """Positions of ``leave``'s one msgpack argument (``Exchange.leave``)."""
+
+    WORKER = 1
+    LEASE_MS = 2
+    LANES = 3
+
+
+def leave_args(*, worker: str, lease_ms: int, lanes: Sequence[str]) -> bytes:
+    """``leave``'s argument, its fields in ``LeaveField``'s order."""
+    fields: dict[LeaveField, object] = {
+        LeaveField.WORKER: worker,
+        LeaveField.LEASE_MS: lease_ms,
+        LeaveField.LANES: lanes,
+    }
+    return _PACK.encode([fields[f] for f in LeaveField])
 
 
 def pushback_payload(key: str, error: str) -> str:
@@ -280,11 +321,26 @@ def as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-# [next_due_ms, ack codes, jobs]
-_UNPACK_FETCH: Final = msgspec.msgpack.Decoder(tuple[int, list[int], list[FetchedJob]])
+class FetchReply(msgspec.Struct, array_like=True, frozen=True):
+    """The exchange's reply (``Fetch.*`` in the Lua)."""
+
+    next_due_ms: int  # -1: no scheduled job
+    ack_codes: list[int]
+    jobs: list[FetchedJob]
+
+
+class FetchRows(msgspec.Struct, array_like=True, frozen=True):
+    """``FetchReply`` with its jobs undecoded, read when one of them does not decode."""
+
+    next_due_ms: int
+    ack_codes: list[int]
+    jobs: list[msgspec.Raw]
+
+
+_UNPACK_FETCH: Final = msgspec.msgpack.Decoder(FetchReply)
 UNPACK_JOB: Final = msgspec.msgpack.Decoder(FetchedJob)
 UNPACK_JOBS: Final = msgspec.msgpack.Decoder(list[FetchedJob])
-_UNPACK_ROWS: Final = msgspec.msgpack.Decoder(tuple[int, list[int], list[msgspec.Raw]])
+_UNPACK_ROWS: Final = msgspec.msgpack.Decoder(FetchRows)
 UNPACK_RAWS: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
 _UNPACK_ANY: Final = msgspec.msgpack.Decoder()
 
@@ -292,11 +348,14 @@ _UNPACK_ANY: Final = msgspec.msgpack.Decoder()
 def parse_submitted(reply: Sequence[Any]) -> list[Submitted]:
     """The enqueue script's flat reply, one ``Submitted`` per job."""
     out: list[Submitted] = []
-    for i in range(0, len(reply), 3):
-        reason, _, earlier = as_text(reply[i + 2]).partition("|")
+    width = len(SubmittedField)
+    for i in range(0, len(reply), width):
+        entry = reply[i : i + width]
+        reason, _, earlier = as_text(at(entry, SubmittedField.DETAIL)).partition("|")
+        code = Reply(int(at(entry, SubmittedField.CODE)))
         out.append(
             Submitted(
-                as_text(reply[i]), Reply(int(reply[i + 1])), reason or None, int(earlier or 0)
+                as_text(at(entry, SubmittedField.ID)), code, reason or None, int(earlier or 0)
             )
         )
     return out
@@ -344,19 +403,21 @@ def decode_limits(raw: bytes | str | None) -> TenantLimits | None:
 
 def parse_fetched(reply: bytes) -> Fetched:
     try:
-        next_due, codes, jobs = _UNPACK_FETCH.decode(reply)
+        got = _UNPACK_FETCH.decode(reply)
     except msgspec.ValidationError:
         return parse_rows(reply)
-    return Fetched(jobs, None if next_due < 0 else next_due, codes)
+    next_due = None if got.next_due_ms < 0 else got.next_due_ms
+    return Fetched(got.jobs, next_due, got.ack_codes)
 
 
 def parse_rows(reply: bytes) -> Fetched:
     """The fetch reply row by row, when one row does not decode: the scripts check every
     record before leasing it, so this is a second line, which keeps one bad row from
     failing its whole batch (and the worker with it)."""
-    next_due, codes, rows = _UNPACK_ROWS.decode(reply)
-    jobs, malformed = decode_rows(rows)
-    return Fetched(jobs, None if next_due < 0 else next_due, codes, malformed)
+    got = _UNPACK_ROWS.decode(reply)
+    jobs, malformed = decode_rows(got.jobs)
+    next_due = None if got.next_due_ms < 0 else got.next_due_ms
+    return Fetched(jobs, next_due, got.ack_codes, malformed)
 
 
 def positions(struct: type[msgspec.Struct]) -> dict[str, int]:
@@ -367,10 +428,16 @@ def positions(struct: type[msgspec.Struct]) -> dict[str, int]:
 def lua_names() -> Mapping[str, str]:
     """Every name the Lua library may use for a place or value on the wire, as the
     library writes it in (``Job.FAIRNESS_KEY`` -> ``23``): the positions of a submitted
-    job, a fetched row, an outcome, a class row, a class's admission bounds, a rate key
-    and the exchange's argument; the reply and ack codes; the outcome kinds (quoted)."""
+    job, a fetched row, an outcome, a class row, a class's admission bounds, a rate key,
+    the exchange's argument and leave's; the reply and ack codes; the outcome kinds (quoted)."""
     names: dict[str, str] = {}
-    for prefix, struct in (("Job", NewJob), ("Row", FetchedJob), ("Ack", Outcome)):
+    structs: tuple[tuple[str, type[msgspec.Struct]], ...] = (
+        ("Job", NewJob),
+        ("Row", FetchedJob),
+        ("Ack", Outcome),
+        ("Fetch", FetchReply),
+    )
+    for prefix, struct in structs:
         for name, i in positions(struct).items():
             names[f"{prefix}.{name.upper()}"] = str(i)
     tables: tuple[tuple[str, type[IntEnum]], ...] = (
@@ -378,6 +445,9 @@ def lua_names() -> Mapping[str, str]:
         ("Adm", AdmissionField),
         ("RateKey", RateField),
         ("Exchange", ExchangeField),
+        ("Leave", LeaveField),
+        ("Submitted", SubmittedField),
+        ("Load", LoadReply),
         ("Reply", Reply),
         ("AckCode", AckCode),
     )

@@ -138,13 +138,13 @@ do
   -- durations and its key's learned cost take what it used. Returns the payload (a
   -- pushback's error), whether the pushback applied and its key, and the units used
   -- (milli-units, nil when the lane learns nothing).
-  local function account(keys, p, id, ack, f, now, tally, cx)
-    local kind, payload = ack[Ack.KIND], ack[Ack.PAYLOAD]
-    add_settled(cx.settled, f[8], f[9] or DEFAULT_CLASS, f[10], work_of(f[14]))
+  local function account(keys, p, id, kind, ack, f, now, tally, settled, freed, limited, costing)
+    local payload = ack[Ack.PAYLOAD]
+    add_settled(settled, f[8], f[9] or DEFAULT_CLASS, f[10], work_of(f[14]))
     local ek = f[8] .. '\0' .. (f[9] or DEFAULT_CLASS)
     tally.ended = tally.ended or {}
     tally.ended[ek] = (tally.ended[ek] or 0) + slots_of(f[10])
-    cx.freed[f[8]] = true
+    freed[f[8]] = true
     local cost = tonumber(ack[Ack.COST]) or -1
     local pushed, pushed_key = false, nil
     if kind == Kind.THROTTLE then
@@ -154,13 +154,13 @@ do
     if f[16] then
       -- its release may wake waiters back into their queues, and a tenant activated
       -- there starts from its class's in-flight work: settle this batch's ends first
-      flush_settled(p, cx.settled)
+      flush_settled(p, settled)
       -- a job handed back unstarted used nothing of what its rate keys gave it
       local unstarted = kind == Kind.RELEASE or kind == Kind.HANDBACK
       local used = unstarted and 0 or (cost >= 0 and cost or nil)
       release_throttle(keys, p, id, f[16], now, used, kind == Kind.OK)
     end
-    local tenant, limited = f[11] or '', cx.limited
+    local tenant = f[11] or ''
     if limited[tenant] == nil then
       limited[tenant] = core.any(tally, keys[TLIMITS])
         and redis.call('HEXISTS', keys[TLIMITS], tenant) == 1
@@ -171,7 +171,7 @@ do
     local amu = nil
     if cost >= 0 and kind ~= Kind.RELEASE then
       amu = feed_back_cost(p, f[8], f[9] or DEFAULT_CLASS, f[11] or '', f[13], f[14], cost,
-        cx.costing)
+        costing)
       -- for the metrics, the estimate the store held for the job (admission's
       -- reservation, else the charge in cost mode) next to what it used; counted with
       -- the call's other counters: one HINCRBY per lane and class per call, and only
@@ -190,19 +190,20 @@ do
   -- suspended, handed back, or released (handed back unstarted by a stopping worker: the
   -- attempt is not counted). The store holds the attempt budget itself: a retry past it
   -- is a dead letter.
-  local function conclude(keys, p, id, ack, f, payload, pushed, pushed_key, meta, now, tally, cx)
-    local kind, delay, jk = ack[Ack.KIND], tonumber(ack[Ack.DELAY_MS]), job_key(p, id)
-    local spent = (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1)
+  local function conclude(keys, p, id, kind, ack, f, payload, pushed, pushed_key, meta, now, tally,
+      settled)
+    local delay = tonumber(ack[Ack.DELAY_MS])
+    -- the attempt budget is read only by the kinds that retry (a number read costs)
     if kind == Kind.THROTTLE and pushed then
       records.push_back(keys, p, id, delay or 0, payload, now, tally, meta, pushed_key)
-    elseif kind == Kind.THROTTLE and spent then
+    elseif kind == Kind.THROTTLE and (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1) then
       dead_letter(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.THROTTLE then
       -- a pushback on a key the job does not hold is an ordinary failure
       schedule_retry(keys, p, id, delay or 0, payload, now, tally)
     elseif kind == Kind.OK then
       finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
-    elseif kind == Kind.RETRY and spent then
+    elseif kind == Kind.RETRY and (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1) then
       dead_letter(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.RETRY then
       schedule_retry(keys, p, id, delay, payload, now, tally)
@@ -215,32 +216,16 @@ do
     elseif kind == Kind.HANDBACK then
       settling.hand_back(keys, p, id, payload, delay or 0, now, tally, meta)
     else
+      local jk = job_key(p, id)
       local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq', 'start', 'wk')
       -- written first, so that the job handed back sees the lane's true load
-      flush_settled(p, cx.settled)
+      flush_settled(p, settled)
       redis.call('HINCRBY', jk, 'att', -1)
       redis.call('HSET', jk, 'st', 'queued')
       log_event(p, id, now, 'released', {start = tonumber(r[5]), wk = r[6] or nil})
       push_ready(p, r[1], f[9], r[2], id, r[3], r[4], f[10])
       wake(p, r[1])
     end
-  end
-
-  -- Settle one `ack` of a running job (`f`: its record, settling.SETTLING): the status
-  -- leaves 'running' in its kind's step, which alone fences any later write of its token.
-  local function settle(keys, p, ack, f, now, tally, cx)
-    local id, kind = ack[Ack.ID], ack[Ack.KIND]
-    cx.released[#cx.released + 1] = id
-    local payload, pushed, pushed_key, amu = account(keys, p, id, ack, f, now, tally, cx)
-    local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20]}
-    local ends = kind == Kind.OK or kind == Kind.DEAD or kind == Kind.CANCEL
-      or (kind == Kind.RETRY and (core.num(f[6]) or 0) >= (core.num(f[7]) or 1))
-    if ends then
-      meta.amu = amu
-    elseif amu then
-      redis.call('HSET', job_key(p, id), 'amu', amu)
-    end
-    conclude(keys, p, id, ack, f, payload, pushed, pushed_key, meta, now, tally, cx)
   end
 
   -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
@@ -253,11 +238,17 @@ do
   -- stale (counted 'fenced'). A job keeps the token that settled it until its next lease
   -- (a reclaim removes it), so the two cannot be confused.
   local function apply_acks(keys, p, acks, now, tally)
-    local codes = {}
-    local cx = {released = {}, freed = {}, limited = {}, settled = {},
-      costing = {samples = {}, tags = {}}}
-    for i, ack in ipairs(acks) do
-      local f = core.read(job_key(p, ack[Ack.ID]), settling.SETTLING, settling.SETTLING_X)
+    local codes, released, read = {}, {}, core.read
+    local fields, optional = settling.SETTLING, settling.SETTLING_X
+    -- what the call gathers: lanes freed, tenants' limits read, ends to settle, costs
+    local freed, limited, settled, costing = {}, {}, {}, {samples = {}, tags = {}}
+    -- numeric loops on the per-job paths: ipairs costs a C call per element
+    for i = 1, #acks do
+      local ack = acks[i]
+      if ack == nil then
+        break -- where ipairs would stop
+      end
+      local f = read(job_key(p, ack[Ack.ID]), fields, optional)
       if f[1] ~= 'running' and f[2] == ack[Ack.TOKEN] then
         count(tally, 'resettled')
         codes[i] = AckCode.RESETTLED
@@ -265,19 +256,34 @@ do
         count(tally, 'fenced')
         codes[i] = AckCode.FENCED
       else
-        settle(keys, p, ack, f, now, tally, cx)
+        -- settled here rather than in a function of its own: a call per job costs the
+        -- server. The status leaves 'running' in its kind's step (conclude), which alone
+        -- fences any later write of its token.
+        local id, kind = ack[Ack.ID], ack[Ack.KIND]
+        released[#released + 1] = id
+        local payload, pushed, pushed_key, amu =
+          account(keys, p, id, kind, ack, f, now, tally, settled, freed, limited, costing)
+        local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20]}
+        local ends = kind == Kind.OK or kind == Kind.DEAD or kind == Kind.CANCEL
+          or (kind == Kind.RETRY and (core.num(f[6]) or 0) >= (core.num(f[7]) or 1))
+        if ends then
+          meta.amu = amu
+        elseif amu then
+          redis.call('HSET', job_key(p, id), 'amu', amu)
+        end
+        conclude(keys, p, id, kind, ack, f, payload, pushed, pushed_key, meta, now, tally, settled)
         codes[i] = AckCode.APPLIED
       end
     end
     -- dropped before anything is fetched, so a job settled and leased again in one
     -- exchange keeps its new lease
-    flush_settled(p, cx.settled)
-    flush_costs(p, cx.costing, keys, tally)
-    if #cx.released > 0 then
-      redis.call('ZREM', keys[LEASES], unpack(cx.released))
+    flush_settled(p, settled)
+    flush_costs(p, costing, keys, tally)
+    if #released > 0 then
+      redis.call('ZREM', keys[LEASES], unpack(released))
     end
     -- freed slots may let a class start that the rules held back: wake a worker to look
-    for lane in pairs(cx.freed) do
+    for lane in pairs(freed) do
       if lane_waiting(p, lane) then
         wake(p, lane)
       end

@@ -30,8 +30,9 @@ do
   end
 
   local function class_index(tbl, name)
-    for i, c in ipairs(tbl) do
-      if c[ClassRow.NAME] == name then
+    -- a numeric loop: ipairs costs a C call per row, and this runs for every job
+    for i = 1, #tbl do
+      if tbl[i][ClassRow.NAME] == name then
         return i
       end
     end
@@ -253,19 +254,20 @@ do
   -- The class a job of `tenant` takes in table `tbl`, and whether the tenant may use it:
   -- the given `cls`, unless nobody named it and the tenant's default class is in the
   -- table and usable; a class the table lacks is left to the caller (-2). A named
-  -- unrestricted class costs no command.
+  -- unrestricted class costs no command. Third: the class's index in the table (nil: it
+  -- lacks it), so that the caller need not look again.
   function classes.tenant_class(fx, keys, p, seen, tbl, tenant, cls, named)
     local i = class_index(tbl, cls)
     if not i or (named and tbl[i][ClassRow.RESTRICTED] ~= 1) then
-      return cls, true
+      return cls, true, i
     end
     local ent = classes.entitlement(fx, keys, p, seen, tenant)
     local d = not named and ent and ent.d
     local di = d and class_index(tbl, d)
     if di and classes.may_use(tbl[di], ent) then
-      return d, true
+      return d, true, di
     end
-    return cls, classes.may_use(tbl[i], ent)
+    return cls, classes.may_use(tbl[i], ent), i
   end
 
   classes.CLASS_EPS = CLASS_EPS

@@ -14,7 +14,7 @@ do
   local DEFAULT_CLASS, IDEM, STATS, TLIMITS = core.DEFAULT_CLASS, core.IDEM, core.STATS, core.TLIMITS
   local job_key, lane_key, log_event = core.job_key, core.lane_key, core.log_event
   local now_ms, prefix, wake = core.now_ms, core.prefix, core.wake
-  local class_index = classes.class_index
+  local arg, tenant_class = core.arg, classes.tenant_class
   local note_submissions = throttle.note_submissions
   local flush_pushes, push_ready, tenant_queue = fairqueue.flush_pushes, fairqueue.push_ready, fairqueue.tenant_queue
   local admit_new, charge_mu, count_decision = admission.admit_new, admission.charge_mu, admission.count_decision
@@ -26,32 +26,20 @@ do
 
   -- One call's view, shared by its jobs' steps: what it read once (the lane's
   -- declarations, learned costs, entitlements) and what it gathers for its end (the ready
-  -- pushes, the effects, the jobs stored per tenant, the reply).
-  local function new_call(keys, args)
-    local p, now = prefix(keys), now_ms()
-    local cx = {keys = keys, p = p, now = now, now_s = core.now_arg(now), lane = args[1],
-      learned = {}, seen = {}, ready = false, submitted = {}, pushes = fairqueue.new_pushes(),
-      out = {}, tally = new_effects()}
-    cx.tbl, cx.cost_mode, cx.adm, cx.qb = lane_declarations(p, cx.lane)
-    return cx
-  end
+  -- pushes, the effects, the jobs stored per tenant). Held in these locals for the call's
+  -- length rather than in a table: a script runs alone, so no two calls overlap, and a
+  -- table costs a hash insertion per field per call and a lookup per read, which in calls
+  -- of a job or two (a call per tenant) cost the server more than the steps saved.
+  local call_keys, call_p, call_now, call_now_s, call_lane
+  local call_tbl, call_cost_mode, call_adm, call_qb
+  local call_learned, call_seen, call_submitted, call_pushes, call_tally
 
-  -- When the job is due (run_at) and its deadline as absolute ms ('' none), or false for a
-  -- deadline that has passed or comes before the job is due.
-  local function timing(j, now)
-    local run_at = now
-    if j[Job.AT_MS] then
-      run_at = tonumber(j[Job.AT_MS])
-    elseif j[Job.DELAY_MS] then
-      run_at = now + tonumber(j[Job.DELAY_MS])
-    end
-    local dl = j[Job.DEADLINE]
-    if string.sub(dl, 1, 1) == '+' then
-      dl = now + tonumber(string.sub(dl, 2))
-    elseif dl ~= '' then
-      dl = tonumber(dl)
-    end
-    return run_at, dl, not (dl ~= '' and (dl <= now or dl < run_at))
+  local function begin_call(keys, lane)
+    call_keys, call_p, call_now, call_lane = keys, prefix(keys), now_ms(), lane
+    call_now_s = core.now_arg(call_now)
+    call_learned, call_seen, call_submitted = {}, {}, {}
+    call_pushes, call_tally = fairqueue.new_pushes(), new_effects()
+    call_tbl, call_cost_mode, call_adm, call_qb = lane_declarations(call_p, lane)
   end
 
   -- The gate: whether job `j` (FIFO number `seq` of a call of `n` jobs) is stored, and how.
@@ -59,9 +47,9 @@ do
   -- and the class it takes, the admission verdict, reason and reservation, when it is due
   -- and its deadline. Every refusal is counted with its reason, in every lane (accepted jobs
   -- only in lanes with a pool: a plain lane's enqueue pays no counter for them).
-  local function gate(cx, j, seq, n)
-    local keys, p, lane, tally = cx.keys, cx.p, cx.lane, cx.tally
-    local tenant, idem = j[Job.TENANT], j[Job.IDEMPOTENCY_KEY]
+  local function gate(j, tenant, slots, seq, n)
+    local keys, p, lane, now, tally = call_keys, call_p, call_lane, call_now, call_tally
+    local tbl, idem = call_tbl, j[Job.IDEMPOTENCY_KEY]
     local cls = j[Job.SERVICE_CLASS] or DEFAULT_CLASS
     local existing = idem ~= '' and redis.call('HGET', keys[IDEM], idem)
     local existing_st = existing and redis.call('HGET', job_key(p, existing), 'st')
@@ -69,28 +57,42 @@ do
       -- the detail says whether the job the key names still waits for admission
       return Reply.EXISTING, existing_st == 'deferred' and 'deferred' or '', existing
     end
-    local entitled
-    cls, entitled = classes.tenant_class(tally, keys, p, cx.seen, cx.tbl, tenant, cls, j[Job.CLASS_NAMED] ~= 0)
-    if not class_index(cx.tbl, cls) then
+    local entitled, index
+    cls, entitled, index = tenant_class(tally, keys, p, call_seen, tbl, tenant, cls,
+      j[Job.CLASS_NAMED] ~= 0)
+    if not index then
       return Reply.UNKNOWN_CLASS, ''
     elseif not entitled then
       count_decision(tally, lane, cls, 'rejected', 'class_not_entitled')
       return Reply.CLASS_NOT_ENTITLED, 'class_not_entitled'
     end
-    local run_at, dl, meetable = timing(j, cx.now)
+    -- when the job is due, and its deadline as absolute ms ('' none); one that has passed
+    -- or comes before the job is due cannot be met
+    local run_at, dl = now, j[Job.DEADLINE]
+    if j[Job.AT_MS] then
+      run_at = tonumber(j[Job.AT_MS])
+    elseif j[Job.DELAY_MS] then
+      run_at = now + tonumber(j[Job.DELAY_MS])
+    end
+    if string.sub(dl, 1, 1) == '+' then
+      dl = now + tonumber(string.sub(dl, 2))
+    elseif dl ~= '' then
+      dl = tonumber(dl)
+    end
+    local meetable = not (dl ~= '' and (dl <= now or dl < run_at))
     local verdict, reason, mu = 'accepted', nil, nil
-    local adm, qb = cx.adm, cx.qb
+    local adm, qb = call_adm, call_qb
     local base_mu = tonumber(j[Job.DECLARED_MU]) or 1000
     if adm then
-      base_mu = expected_mu(p, base_mu, j[Job.DECLARED] == 1, j[Job.COST_KEY], cx.learned)
+      base_mu = expected_mu(p, base_mu, j[Job.DECLARED] == 1, j[Job.COST_KEY], call_learned)
     end
     if adm and meetable then
       verdict, reason, mu = admit_new(p, lane, adm, cls, tenant, base_mu)
       count_decision(tally, lane, cls, verdict, reason)
     elseif qb and meetable then
       -- a lane without a pool: its default queue bounds (bounds.lua)
-      verdict, reason = queue_bounds.room(p, lane, qb, cx.tbl, cls, tenant,
-        tonumber(j[Job.SLOTS]) or 1, run_at > cx.now, cx.pushes, seq, n)
+      verdict, reason = queue_bounds.room(p, lane, qb, tbl, cls, tenant,
+        slots, run_at > now, call_pushes, seq, n)
       if verdict == 'rejected' then
         count_decision(tally, lane, cls, verdict, reason)
       end
@@ -100,7 +102,7 @@ do
       count_decision(tally, lane, cls, 'rejected', 'deadline_unmeetable')
       return Reply.DEADLINE_UNMEETABLE, ''
     elseif verdict == 'rejected' then
-      local earlier = note_rejection(p, lane, tenant, cx.now)
+      local earlier = note_rejection(p, lane, tenant, now)
       count(tally, 'rejected')
       return Reply.REJECTED, reason .. '|' .. earlier
     end
@@ -110,14 +112,16 @@ do
   -- The record: one write of the whole job hash, the optional fields riding on it, and
   -- the events only a deferral or a schedule needs (an accepted job's submission is in its
   -- record: enq, cls).
-  local function record(cx, j, cls, st, order, verdict, reason, mu, run_at, dl)
-    local p, now, now_s, id, idem = cx.p, cx.now, cx.now_s, j[Job.ID], j[Job.IDEMPOTENCY_KEY]
+  local function record(j, id, tenant, cls, st, order, verdict, reason, mu, run_at, dl, slots)
+    local p, lane, now, now_s = call_p, call_lane, call_now, call_now_s
+    local idem = j[Job.IDEMPOTENCY_KEY]
     local fkey = j[Job.FAIRNESS_KEY]
-    local h = {'HSET', job_key(p, id), 'x', '', 'task', j[Job.TASK], 'tenant', j[Job.TENANT], 'lane', cx.lane,
-      'prio', core.arg(j[Job.PRIORITY]), 'args', j[Job.ARGS], 'max', core.arg(j[Job.MAX_ATTEMPTS]),
-      'bo', j[Job.BACKOFF], 'to', core.arg(j[Job.TIMEOUT]), 'rc', j[Job.KEEP_COMPLETED], 'rf', j[Job.KEEP_FAILED], 'enq', now_s,
+    -- (a job of one slot, most jobs, writes its width without a call)
+    local h = {'HSET', job_key(p, id), 'x', '', 'task', j[Job.TASK], 'tenant', tenant, 'lane', lane,
+      'prio', arg(j[Job.PRIORITY]), 'args', j[Job.ARGS], 'max', arg(j[Job.MAX_ATTEMPTS]),
+      'bo', j[Job.BACKOFF], 'to', arg(j[Job.TIMEOUT]), 'rc', j[Job.KEEP_COMPLETED], 'rf', j[Job.KEEP_FAILED], 'enq', now_s,
       'run', run_at == now and now_s or run_at, 'seq', order, 'st', st,
-      'att', '0', 'cls', cls, 'sl', core.arg(tonumber(j[Job.SLOTS]) or 1)}
+      'att', '0', 'cls', cls, 'sl', slots == 1 and '1' or arg(slots)}
     local n, extra = #h, false
     if fkey and fkey ~= '' then
       h[n + 1], h[n + 2], n, extra = 'fk', fkey, n + 2, true
@@ -131,7 +135,7 @@ do
     if (tonumber(j[Job.RATE_MU]) or 0) > 0 then
       -- what the job is expected to cost, at most the least burst of its units keys
       -- (the caller was refused if its own estimate did not fit)
-      local rmu = expected_mu(p, tonumber(j[Job.RATE_MU]), j[Job.DECLARED] == 1, j[Job.COST_KEY], cx.learned)
+      local rmu = expected_mu(p, tonumber(j[Job.RATE_MU]), j[Job.DECLARED] == 1, j[Job.COST_KEY], call_learned)
       for _, rate in ipairs(j[Job.RATES]) do
         if tonumber(rate[RateKey.UNITS]) == 1 then
           rmu = math.min(rmu, math.floor(tonumber(rate[RateKey.BURST]) * 1000))
@@ -144,7 +148,7 @@ do
     end
     if idem ~= '' then
       h[n + 1], h[n + 2], n, extra = 'idem', idem, n + 2, true
-      redis.call('HSET', cx.keys[IDEM], idem, id)
+      redis.call('HSET', call_keys[IDEM], idem, id)
     end
     if j[Job.COST_KEY] and j[Job.COST_KEY] ~= '' then
       h[n + 1], h[n + 2], n = 'ck', j[Job.COST_KEY], n + 2
@@ -156,9 +160,9 @@ do
     if j[Job.TRACE_CONTEXT] and j[Job.TRACE_CONTEXT] ~= '' then
       h[n + 1], h[n + 2], n, extra = 'tp', j[Job.TRACE_CONTEXT], n + 2, true
     end
-    if cx.cost_mode then
+    if call_cost_mode then
       h[n + 1], h[n + 2], n = 'cu',
-        core.arg(charge_mu(p, tonumber(j[Job.DECLARED_MU]) or 0, j[Job.DECLARED] == 1, j[Job.COST_KEY], cx.learned)), n + 2
+        arg(charge_mu(p, tonumber(j[Job.DECLARED_MU]) or 0, j[Job.DECLARED] == 1, j[Job.COST_KEY], call_learned)), n + 2
     end
     if verdict == 'deferred' then
       h[n + 1], h[n + 2], n = 'dmu', mu, n + 2
@@ -177,69 +181,22 @@ do
     end
   end
 
-  -- Where the stored job waits: its class's deferred queue until room frees, its lane's
-  -- delayed set, or its tenant queue (ready); an admitted job holds its reservation.
-  local function place(cx, j, cls, st, order, seq, verdict, mu, run_at)
-    local p, lane, id, tenant = cx.p, cx.lane, j[Job.ID], j[Job.TENANT]
-    if verdict == 'deferred' then
-      defer(p, lane, cls, id, seq)
-      count(cx.tally, 'deferred')
-      return
-    elseif mu then
-      reserve(p, lane, cls, tenant, id, mu)
-    end
-    if st == 'scheduled' then
-      redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
-    else
-      push_ready(p, lane, cls, tenant, id, j[Job.PRIORITY], order, tonumber(j[Job.SLOTS]) or 1, cx.pushes)
-      cx.ready = true
-    end
-  end
-
-  -- One job of the call: gated, then recorded and placed, its reply entry added.
-  local function enqueue_one(cx, j, seq, n)
-    local code, detail, verdict, reason, mu, run_at, dl = gate(cx, j, seq, n)
-    local out = cx.out
-    if code then
-      local existing = verdict
-      out[#out + 1], out[#out + 2], out[#out + 3] =
-        code == Reply.EXISTING and existing or j[Job.ID], code, detail
-      return
-    end
-    local cls, tenant = detail, j[Job.TENANT]
-    local st = run_at > cx.now and 'scheduled' or 'queued'
-    -- a keyed job entering its tenant's queue now takes its key's fair order number
-    -- (fairkeys.lua); a scheduled or deferred one takes it when it first enters the
-    -- queue (promote_due in lease.lua, the readmission pass in records.lua), and a
-    -- job without a key costs no command here
-    local fkey, order = j[Job.FAIRNESS_KEY], seq
-    if fkey and fkey ~= '' and st == 'queued' and verdict ~= 'deferred' then
-      fairqueue.flush_queue(cx.pushes, tenant_queue(cx.p, cx.lane, cls, tenant))
-      order = fairkeys.order(cx.p, cx.lane, cls, tenant, fkey, seq)
-    end
-    record(cx, j, cls, st, order, verdict, reason, mu, run_at, dl)
-    place(cx, j, cls, st, order, seq, verdict, mu, run_at)
-    cx.submitted[tenant] = (cx.submitted[tenant] or 0) + 1
-    out[#out + 1], out[#out + 2], out[#out + 3] =
-      j[Job.ID], verdict == 'deferred' and Reply.DEFERRED or Reply.ACCEPTED, reason or ''
-  end
-
   -- The call's end: the ready pushes written, the tenants' submissions noted, the lane's
   -- next job handed to a worker blocked on its inbox (one slot's worth), the effects
   -- applied, and a worker woken: a scheduled job may be due sooner than a blocked worker's
   -- timeout, so one is woken either way, unless the call's one job went to an idle
   -- worker's inbox (a wake would only send that worker round for an exchange that finds
   -- nothing).
-  local function hand_over(cx, n)
-    local keys, p, lane, now, tally = cx.keys, cx.p, cx.lane, cx.now, cx.tally
-    flush_pushes(p, lane, cx.pushes)
-    for tenant, k in pairs(cx.submitted) do
+  local function hand_over(n, ready)
+    local keys, p, lane, now, tally = call_keys, call_p, call_lane, call_now, call_tally
+    flush_pushes(p, lane, call_pushes)
+    for tenant, k in pairs(call_submitted) do
       if core.any(tally, keys[TLIMITS]) and redis.call('HEXISTS', keys[TLIMITS], tenant) == 1 then
         note_submissions(p, tenant, k, now)
       end
     end
     local handed = false
-    if cx.ready then
+    if ready then
       local member, worker, lease = peek_idle_worker(p, lane, now)
       if member then
         local popped = {}
@@ -274,15 +231,63 @@ do
   -- to it (detail 'class_not_entitled'; a default class is taken only where usable, so
   -- the class refused is the one given): nothing written for negative codes.
   local function enqueue(keys, args)
-    local cx = new_call(keys, args)
-    local jobs = cmsgpack.unpack(args[2])
+    begin_call(keys, args[1])
+    local jobs, out, submitted = cmsgpack.unpack(args[2]), {}, call_submitted
+    local p, lane, now, n, ready = call_p, call_lane, call_now, #jobs, false
     -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
-    local seq = redis.call('HINCRBY', keys[STATS], 'seq', #jobs) - #jobs
-    for i, j in ipairs(jobs) do
-      enqueue_one(cx, j, seq + i, #jobs)
+    local first = redis.call('HINCRBY', keys[STATS], 'seq', n) - n
+    -- each job gated, recorded, then placed, its reply entry added: place runs inline, as
+    -- every function called per job costs the server a call per job
+    for i = 1, n do
+      local j = jobs[i]
+      if j == nil then
+        break -- where ipairs would stop
+      end
+      local seq, k, id, tenant = first + i, #out, j[Job.ID], j[Job.TENANT]
+      local slots = tonumber(j[Job.SLOTS]) or 1
+      local code, detail, verdict, reason, mu, run_at, dl =
+        gate(j, tenant, slots, seq, n)
+      if code then
+        local existing = verdict
+        out[k + Submitted.ID], out[k + Submitted.CODE], out[k + Submitted.DETAIL] =
+          code == Reply.EXISTING and existing or id, code, detail
+      else
+        local cls = detail
+        local st = run_at > now and 'scheduled' or 'queued'
+        -- a keyed job entering its tenant's queue now takes its key's fair order number
+        -- (fairkeys.lua); a scheduled or deferred one takes it when it first enters the
+        -- queue (promote_due in lease.lua, the readmission pass in records.lua), and a
+        -- job without a key costs no command here
+        local fkey, order = j[Job.FAIRNESS_KEY], seq
+        if fkey and fkey ~= '' and st == 'queued' and verdict ~= 'deferred' then
+          fairqueue.flush_queue(call_pushes, tenant_queue(p, lane, cls, tenant))
+          order = fairkeys.order(p, lane, cls, tenant, fkey, seq)
+        end
+        record(j, id, tenant, cls, st, order, verdict, reason, mu, run_at, dl, slots)
+        -- place: where the stored job waits: its class's deferred queue until room frees,
+        -- its lane's delayed set, or its tenant queue (ready); an admitted job holds its
+        -- reservation
+        if verdict == 'deferred' then
+          defer(p, lane, cls, id, seq)
+          count(call_tally, 'deferred')
+        else
+          if mu then
+            reserve(p, lane, cls, tenant, id, mu)
+          end
+          if st == 'scheduled' then
+            redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
+          else
+            push_ready(p, lane, cls, tenant, id, j[Job.PRIORITY], order, slots, call_pushes)
+            ready = true
+          end
+        end
+        submitted[tenant] = (submitted[tenant] or 0) + 1
+        out[k + Submitted.ID], out[k + Submitted.CODE], out[k + Submitted.DETAIL] =
+          id, verdict == 'deferred' and Reply.DEFERRED or Reply.ACCEPTED, reason or ''
+      end
     end
-    hand_over(cx, #jobs)
-    return cx.out
+    hand_over(n, ready)
+    return out
   end
 
   enqueuing.enqueue = enqueue

@@ -218,10 +218,9 @@ do
 
   -- Lease popped jobs ({id, fields, lane} as `runnable` returns them) to `worker`: one
   -- fencing token each, the attempt counted, one ZADD for all the leases; the classes'
-  -- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns the rows a worker receives: [id, token,
-  -- attempt, task, args, timeout, deadline, tenant, max, backoff, enqueued, slots, class,
-  -- trace context ('' for none), parent run ('' for none), fairness key ('' for none; last,
-  -- so that a reader of the shorter row still decodes it)].
+  -- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns
+  -- the rows a worker receives, in FetchedJob's places (`Row.*`; a place added goes
+  -- last, so that a reader of the shorter row still decodes it).
   local function lease_jobs(keys, p, popped, worker, lease, now)
     local jobs = {}
     if #popped == 0 then
@@ -230,7 +229,8 @@ do
     local tok = redis.call('INCRBY', keys[FENCE], #popped) - #popped
     local zargs, running, ids = {}, {}, {}
     local start, expiry = core.now_arg(now), core.int(now + lease)
-    for i, e in ipairs(popped) do
+    for i = 1, #popped do -- a numeric loop: ipairs costs a C call per job
+      local e = popped[i]
       local id, f, lane = e[1], e[2], e[3]
       ids[i] = id
       local cls = f[11] or DEFAULT_CLASS
@@ -256,11 +256,16 @@ do
       end
       zargs[2 * i - 1] = expiry
       zargs[2 * i] = id
-      -- a trace context that is not valid UTF-8 is dropped: tracing never costs the job
-      jobs[i] = {id, token, att, f[2], f[3], core.num(f[5]) or 0,
-        tonumber(f[16]) or 0, f[6] or '', core.num(f[4]) or nil, f[7] or '', tonumber(f[8]) or 0,
-        core.num(f[10]) or 1, cls, utf8_ok(f[19]) and f[19] or '', utf8_ok(f[20]) and f[20] or '',
-        leasing.text_ok(f[22]) and f[22] or ''}
+      -- a trace context that is not valid UTF-8 is dropped: tracing never costs the job. An
+      -- absent field is '' without a call: most jobs have none of the three
+      jobs[i] = {[Row.ID] = id, [Row.TOKEN] = token, [Row.ATTEMPT] = att, [Row.TASK] = f[2],
+        [Row.ARGS] = f[3], [Row.TIMEOUT] = core.num(f[5]) or 0,
+        [Row.DEADLINE_MS] = tonumber(f[16]) or 0, [Row.TENANT] = f[6] or '',
+        [Row.MAX_ATTEMPTS] = core.num(f[4]) or nil, [Row.BACKOFF] = f[7] or '',
+        [Row.ENQUEUED_MS] = tonumber(f[8]) or 0, [Row.SLOTS] = core.num(f[10]) or 1,
+        [Row.SERVICE_CLASS] = cls, [Row.TRACE_CONTEXT] = f[19] and utf8_ok(f[19]) and f[19] or '',
+        [Row.PARENT] = f[20] and utf8_ok(f[20]) and f[20] or '',
+        [Row.FAIRNESS_KEY] = f[22] and leasing.text_ok(f[22]) and f[22] or ''}
     end
     redis.call('ZADD', keys[LEASES], unpack(zargs))
     redis.call('SADD', leasing.worker_jobs(p, worker), unpack(ids))

@@ -153,7 +153,7 @@ do
   -- what was handed to its inbox, then up to n more slots of work. `slots` is the
   -- worker's whole size, counted in its lanes' capacity. With idle_ms > 0 and nothing to give,
   -- the worker is registered idle for idle_ms (it is about to block on its inbox).
-  -- Returns msgpack [next_due_ms, ack codes, jobs].
+  -- Returns msgpack FetchReply [next_due_ms, ack codes, jobs].
   local function exchange(keys, args)
     local p, now = prefix(keys), now_ms()
     local ex = cmsgpack.unpack(args[1])
@@ -190,17 +190,18 @@ do
       end
     end
     apply_effects(keys, p, tally, now)
-    return cmsgpack.pack({next_due, codes, jobs})
+    return cmsgpack.pack({[Fetch.NEXT_DUE_MS] = next_due, [Fetch.ACK_CODES] = codes, [Fetch.JOBS] = jobs})
   end
 
-  -- ARGV: msgpack [worker, lease_ms, lanes]. A stopping worker leaves: it is no longer
-  -- idle nor alive, and the jobs handed to its inbox meanwhile are returned (still
-  -- leased to it) so that it can hand them back.
+  -- ARGV: msgpack LeaveField [worker, lease_ms, lanes]. A stopping worker leaves: it is
+  -- no longer idle nor alive, and the jobs handed to its inbox meanwhile are returned
+  -- (still leased to it) so that it can hand them back.
   local function leave(keys, args)
     local p = prefix(keys)
-    local a = cmsgpack.unpack(args[1])
-    local worker, member = a[1], a[1] .. '|' .. a[2]
-    for _, lane in ipairs(a[3]) do
+    local leaving = cmsgpack.unpack(args[1])
+    local worker = leaving[Leave.WORKER]
+    local member = worker .. '|' .. leaving[Leave.LEASE_MS]
+    for _, lane in ipairs(leaving[Leave.LANES]) do
       redis.call('ZREM', lane_key(p, lane, 'idle'), member)
     end
     deregister_worker(keys, p, worker)
@@ -216,7 +217,8 @@ do
   -- in one command.
   function workers.forget_settled(p, worker, acks, codes)
     local ids = {}
-    for i, ack in ipairs(acks) do
+    for i = 1, #codes do -- one code per ack apply_acks read (a numeric loop: no C call each)
+      local ack = acks[i]
       if codes[i] == AckCode.APPLIED then
         ids[#ids + 1] = ack[Ack.ID]
       end

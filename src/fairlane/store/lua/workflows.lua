@@ -43,14 +43,14 @@ do
     redis.call('RPUSH', run_key(p, id, 'steps'), cmsgpack.pack(entry))
   end
 
-  -- ARGV: id, token, worker. Starts a slice: returns {1, class, steps, failed step
-  -- attempts as name, count, ..} or {0} when the lease is not the caller's.
+  -- ARGV: id, token, worker. Starts a slice: returns LoadReply {1, class, steps, failed
+  -- step attempts as name, count, ..}, or {0} when the lease is not the caller's.
   local function wf_load(keys, args)
     local p, now = prefix(keys), now_ms()
     local id, tok = args[1], args[2]
     local jk = job_key(p, id)
     if not holds(jk, tok) then
-      return {0}
+      return {[Load.HELD] = 0}
     end
     local f = redis.call('HMGET', jk, 'cls', 'att')
     redis.call('HSET', jk, 'wfr', 1, 'x', '1')
@@ -65,7 +65,8 @@ do
         fails[#fails + 1] = h[i + 1]
       end
     end
-    return {1, f[1] or DEFAULT_CLASS, redis.call('LRANGE', run_key(p, id, 'steps'), 0, -1), fails}
+    return {[Load.HELD] = 1, [Load.SERVICE_CLASS] = f[1] or DEFAULT_CLASS,
+      [Load.STEPS] = redis.call('LRANGE', run_key(p, id, 'steps'), 0, -1), [Load.FAILURES] = fails}
   end
 
   -- ARGV: id, token, seq, kind, name, status, value, ms, worker. Checkpoints a finished

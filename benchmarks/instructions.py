@@ -1,0 +1,180 @@
+"""Server instructions per job, counted by callgrind: a figure that does not move with
+the machine's neighbours, as timings on a shared machine do.
+
+A private ``redis-server`` runs under ``valgrind --tool=callgrind --instr-atstart=no``;
+``callgrind_control -i on`` starts counting once the library is loaded (a warm-up app
+enqueues and drains one job), and ``-z`` / ``-d`` around each phase count that phase's
+instructions alone. Phases: ``jobs`` no-op jobs enqueued with ``enqueue_many`` in batches
+of ``batch`` (with ``--tenants T``: one call of ``jobs / T`` jobs per tenant instead),
+then drained by one in-process burst worker at ``concurrency``, the app in cost mode.
+
+It needs only Fairlane's public API, so the same module measures another checkout: put
+that checkout's ``src`` first on ``PYTHONPATH``. ``--keep DIR`` keeps the dumps
+(``cg.out.1`` enqueue, ``cg.out.2`` drain) for ``callgrind_annotate``.
+
+Run: ``python -m benchmarks.instructions [--jobs 20000] [--tenants 10000] [--keep DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from fairlane import App, Task
+from fairlane.runtime.loop import run as run_loop
+
+NOOP = "bench.noop"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Callgrind:
+    """A ``redis-server`` under callgrind, counting only between ``-z`` and ``-d``."""
+
+    def __init__(self, server: str, out: Path) -> None:
+        self.port = _free_port()
+        self.out = out
+        self.proc = subprocess.Popen(
+            [
+                "valgrind", "--tool=callgrind", "--instr-atstart=no",
+                f"--callgrind-out-file={out / 'cg.out'}",
+                server, "--port", str(self.port), "--save", "", "--appendonly", "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    async def ready(self, timeout: float = 120.0) -> None:
+        client = aioredis.Redis.from_url(self.url)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                with contextlib.suppress(OSError, aioredis.ConnectionError):
+                    if await client.ping():
+                        return
+                if time.monotonic() > deadline:
+                    raise TimeoutError("redis-server under callgrind did not start")
+                await asyncio.sleep(0.5)
+        finally:
+            await client.aclose()
+
+    def control(self, *flags: str) -> None:
+        subprocess.run(
+            ["callgrind_control", *flags, str(self.proc.pid)],
+            check=True,
+            capture_output=True,
+        )
+
+    def dump(self) -> int:
+        """Dump the counts since the last ``-z``: the instructions executed."""
+        before = set(self.out.glob("cg.out.*"))
+        self.control("-d")
+        deadline = time.monotonic() + 60
+        while not (new := set(self.out.glob("cg.out.*")) - before):
+            if time.monotonic() > deadline:
+                raise TimeoutError("callgrind wrote no dump")
+            time.sleep(0.2)
+        (path,) = new
+        time.sleep(0.5)  # the dump is written in one go, but not atomically
+        for line in path.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+        raise ValueError(f"no totals in {path.name}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _app(name: str, url: str) -> tuple[App, Task[[int], int]]:
+    app = App(name, redis_url=url, charge="cost")
+
+    @app.task(name=NOOP)
+    async def noop(n: int) -> int:
+        return n
+
+    return app, noop
+
+
+def batches(jobs: int, batch: int, tenants: int) -> Iterator[tuple[str, list[tuple[int]]]]:
+    """(tenant, calls) per ``enqueue_many``."""
+    if tenants:
+        per = max(1, jobs // tenants)
+        for t in range(tenants):
+            yield f"t{t}", [(i,) for i in range(per)]
+    else:
+        for start in range(0, jobs, batch):
+            yield "default", [(i,) for i in range(start, min(jobs, start + batch))]
+
+
+async def measure(  # noqa: PLR0917 - the run's own settings
+    server: str, jobs: int, batch: int, tenants: int, concurrency: int, keep: Path | None
+) -> None:
+    out = keep or Path(tempfile.mkdtemp(prefix="fairlane-callgrind-"))
+    grind = Callgrind(server, out)
+    try:
+        await grind.ready()
+        warm, warm_noop = _app("flwarm", grind.url)
+        async with warm:
+            await warm_noop.enqueue(0)
+            await warm.run_worker(concurrency=concurrency, burst=True)
+        grind.control("-i", "on")
+        app, noop = _app("flinstr", grind.url)
+        async with app:
+            grind.control("-z")
+            total = 0
+            for tenant, calls in batches(jobs, batch, tenants):
+                await noop.enqueue_many(calls, tenant=tenant)
+                total += len(calls)
+            enqueue = grind.dump()
+            grind.control("-z")
+            await app.run_worker(concurrency=concurrency, burst=True)
+            drain = grind.dump()
+        shape = f"{tenants} tenants" if tenants else "one tenant"
+        print(f"{total} jobs, {shape}: server instructions per job")
+        print(f"  enqueue {enqueue / total:>12,.0f}")
+        print(f"  drain   {drain / total:>12,.0f}")
+    finally:
+        grind.stop()
+        if keep is None:
+            shutil.rmtree(out, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=1_000)
+    parser.add_argument("--tenants", type=int, default=0, help="0: one tenant")
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--server", default="redis-server")
+    parser.add_argument(
+        "--keep", type=Path, help="a directory to keep the dumps in, for callgrind_annotate"
+    )
+    args = parser.parse_args()
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    run_loop(measure(args.server, args.jobs, args.batch, args.tenants, args.concurrency, args.keep))
+
+
+if __name__ == "__main__":
+    main()
