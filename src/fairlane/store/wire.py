@@ -345,17 +345,27 @@ UNPACK_RAWS: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
 _UNPACK_ANY: Final = msgspec.msgpack.Decoder()
 
 
+# read once per job of every enqueue: plain offsets, and each code's member at hand
+_SUBMITTED_WIDTH: Final = len(SubmittedField)
+_ID_AT: Final = SubmittedField.ID - 1
+_CODE_AT: Final = SubmittedField.CODE - 1
+_DETAIL_AT: Final = SubmittedField.DETAIL - 1
+_REPLIES: Final = {int(r): r for r in Reply}
+
+
 def parse_submitted(reply: Sequence[Any]) -> list[Submitted]:
     """The enqueue script's flat reply, one ``Submitted`` per job."""
     out: list[Submitted] = []
-    width = len(SubmittedField)
-    for i in range(0, len(reply), width):
-        entry = reply[i : i + width]
-        reason, _, earlier = as_text(at(entry, SubmittedField.DETAIL)).partition("|")
-        code = Reply(int(at(entry, SubmittedField.CODE)))
+    for i in range(0, len(reply), _SUBMITTED_WIDTH):
+        reason, _, earlier = as_text(reply[i + _DETAIL_AT]).partition("|")
+        raw = int(reply[i + _CODE_AT])
+        code = _REPLIES.get(raw)
         out.append(
             Submitted(
-                as_text(at(entry, SubmittedField.ID)), code, reason or None, int(earlier or 0)
+                as_text(reply[i + _ID_AT]),
+                Reply(raw) if code is None else code,
+                reason or None,
+                int(earlier or 0),
             )
         )
     return out
