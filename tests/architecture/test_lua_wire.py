@@ -10,6 +10,7 @@ throughout the library, so a bare number after it is a bare position):
   c        a class row (``ClassField``), and ``tbl``: a class table, ``tbl[i]`` its rows
   bounds   a class's bounds in a lane's admission config (``AdmissionField``)
   rate     a job's rate key (``RateField``)
+  kl       a job's key limit (``LimitField``), or a rate key where both are checked
   ack      an outcome (``Outcome``), and ``ex``: the exchange's argument (``ExchangeField``)
   fetched  a fetched row (``FetchedJob``), and ``handed``: rows handed to a worker's inbox
   leaving  ``leave``'s argument (``LeaveField``)
@@ -22,6 +23,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from fairlane.policy.rates import Rate
 from fairlane.store.library import _INCLUDE, _LUA, LIBRARY_CODE, fill_constants
 from fairlane.store.placed import as_lists
 from fairlane.store.wire import (
@@ -30,17 +32,21 @@ from fairlane.store.wire import (
     FetchReply,
     FetchRows,
     LeaveField,
+    LimitField,
+    RateField,
     Reply,
     SubmittedField,
     exchange_args,
     leave_args,
+    limit_entry,
     lua_names,
     parse_submitted,
     positions,
+    rate_entry,
 )
 from tests.architecture.luasource import bare_indexes
 
-ROWS = frozenset({"j", "c", "bounds", "rate", "ack", "ex", "fetched", "leaving"})
+ROWS = frozenset({"j", "c", "bounds", "rate", "kl", "ack", "ex", "fetched", "leaving"})
 TABLES = frozenset({"tbl", "handed"})
 
 
@@ -83,6 +89,22 @@ def test_leave_reads_its_argument_by_name() -> None:
     source = _LUA.joinpath("worker.lua").read_text()
     for member in LeaveField:
         assert f"leaving[Leave.{member.name}]" in source, member.name
+
+
+def test_a_limit_and_a_rate_are_placed_by_their_names() -> None:
+    fixed, adaptive = limit_entry("k", 4), limit_entry("k", 8, 2)
+    assert len(fixed) == LimitField.MIN - 1 and len(adaptive) == len(LimitField)
+    assert fixed[LimitField.KEY - 1] == adaptive[LimitField.KEY - 1] == "k"
+    assert fixed[LimitField.LIMIT - 1] == 4 and adaptive[LimitField.LIMIT - 1] == 8
+    assert adaptive[LimitField.MIN - 1] == 2
+    entry = rate_entry("r", Rate(20, per=2.0, burst=5, cost="units"))
+    assert len(entry) == len(RateField)
+    assert entry[RateField.KEY - 1] == "r" and entry[RateField.LIMIT - 1] == 20
+    assert entry[RateField.PER_MS - 1] == 2000 and entry[RateField.BURST - 1] == 5
+    assert entry[RateField.UNITS - 1] == 1
+    # the lease checks a limit's first three places and a rate's as one shape
+    assert (LimitField.KEY, LimitField.LIMIT) == (RateField.KEY, RateField.LIMIT)
+    assert LimitField.MIN == RateField.PER_MS
 
 
 def test_the_python_builders_place_fields_by_their_names() -> None:

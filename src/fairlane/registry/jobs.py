@@ -35,6 +35,7 @@ from fairlane.registry.calls import (
 from fairlane.registry.options import TaskOptions
 from fairlane.registry.pricing import Pricing, cost_key
 from fairlane.store.shards import ShardMap
+from fairlane.store.wire import limit_entry, rate_entry
 
 __all__ = ["Demand", "JobFactory", "new_job_id"]
 
@@ -88,12 +89,13 @@ class Demand:
         """Limits as the store takes them: ``[key, limit]``, or ``[key, max, min]`` when
         adaptive."""
         return [
-            [key, v.max, v.min] if isinstance(v, Adaptive) else [key, v] for key, v in self.limits
+            limit_entry(key, v.max, v.min) if isinstance(v, Adaptive) else limit_entry(key, v)
+            for key, v in self.limits
         ]
 
     def wire_rates(self) -> list[tuple[str, float, float, float, int]]:
         """Rates as the store takes them: ``(key, limit, per_ms, burst, units 0/1)``."""
-        return [(key, r.limit, r.per_ms, r.capacity, int(r.units)) for key, r in self.rates]
+        return [rate_entry(key, r) for key, r in self.rates]
 
 
 def _tenant_cap(options: TaskOptions, tenant: str) -> tuple[tuple[str, LimitValue], ...]:

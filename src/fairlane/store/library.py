@@ -63,10 +63,9 @@ _LUA = files("fairlane.store").joinpath("lua")
 _INCLUDE = re.compile(r"^-- @include ([\w.]+)$", re.MULTILINE)
 # what crosses the seam, by name (store/wire.py): written in as literals, so a name costs
 # the server nothing and a misspelt one fails here, when the library is assembled
-_WIRE = re.compile(
-    r"\b(?:Job|Row|Ack|ClassRow|Adm|RateKey|Exchange|Leave|Fetch|Submitted|Load|Reply|AckCode|Kind)\.[A-Z_]+\b"
-)
 _WIRE_NAMES: Final = lua_names()
+_WIRE_PREFIXES: Final = "|".join(sorted({name.split(".")[0] for name in _WIRE_NAMES}))
+_WIRE = re.compile(rf"\b(?:{_WIRE_PREFIXES})\.[A-Z_]+\b")
 
 
 def encode_classes(classes: Iterable[ServiceClass]) -> str:

@@ -104,6 +104,16 @@ class AdmissionField(IntEnum):
     TENANT_MAX_QUEUE_MU = 6  # -1: none
 
 
+class LimitField(IntEnum):
+    """Positions of a key limit in ``NewJob.limits`` (and in a job record's ``lim``):
+    ``[key, limit]``, or ``[key, max, min]`` for an adaptive limit. Its first three places
+    are a rate key's too (key, a number, a number), which the lease checks once for both."""
+
+    KEY = 1
+    LIMIT = 2  # the limit, or an adaptive key's max
+    MIN = 3  # an adaptive key's min; absent for a fixed limit
+
+
 class RateField(IntEnum):
     """Positions of a rate key in ``NewJob.rates``."""
 
@@ -371,6 +381,17 @@ def parse_submitted(reply: Sequence[Any]) -> list[Submitted]:
     return out
 
 
+def limit_entry(key: str, limit: int, minimum: int | None = None) -> list[str | int]:
+    """A key limit as ``NewJob.limits`` holds it (``LimitField``): an adaptive one with its
+    ``minimum``."""
+    return [key, limit] if minimum is None else [key, limit, minimum]
+
+
+def rate_entry(key: str, rate: Rate) -> tuple[str, float, float, float, int]:
+    """A rate key as ``NewJob.rates`` holds it (``RateField``)."""
+    return (key, rate.limit, rate.per_ms, rate.capacity, int(rate.units))
+
+
 def encode_rate(rate: Rate) -> str:
     """A rate as the scripts read it: ``'limit,per_ms,burst,units'`` (units 1 or 0)."""
     return f"{rate.limit!r},{rate.per_ms!r},{rate.capacity!r},{int(rate.units)}"
@@ -453,6 +474,7 @@ def lua_names() -> Mapping[str, str]:
     tables: tuple[tuple[str, type[IntEnum]], ...] = (
         ("ClassRow", ClassField),
         ("Adm", AdmissionField),
+        ("Limit", LimitField),
         ("RateKey", RateField),
         ("Exchange", ExchangeField),
         ("Leave", LeaveField),

@@ -152,12 +152,14 @@ do
       return false
     end
     for _, kl in ipairs(limits) do
-      if type(kl) ~= 'table' or type(kl[1]) ~= 'string' or not utf8_ok(kl[1])
-        or not finite(kl[2]) or (kl[3] ~= nil and not finite(kl[3])) then
+      -- a limit's first three places are a rate's too (LimitField): checked once for both
+      if type(kl) ~= 'table' or type(kl[Limit.KEY]) ~= 'string' or not utf8_ok(kl[Limit.KEY])
+        or not finite(kl[Limit.LIMIT]) or (kl[Limit.MIN] ~= nil and not finite(kl[Limit.MIN])) then
         return false
       end
-      if rate and not (finite(kl[4]) and finite(kl[5]) and tonumber(kl[2]) > 0
-        and tonumber(kl[3]) > 0 and tonumber(kl[4]) > 0) then
+      if rate and not (finite(kl[RateKey.BURST]) and finite(kl[RateKey.UNITS])
+        and tonumber(kl[RateKey.LIMIT]) > 0 and tonumber(kl[RateKey.PER_MS]) > 0
+        and tonumber(kl[RateKey.BURST]) > 0) then
         return false
       end
     end

@@ -40,9 +40,11 @@ do
   end
 
   -- A job's rate entry {key, limit, per_ms, burst, units 0/1} as the rate in force reads.
-  function rates.encode(r)
-    return rates.fmt(tonumber(r[2])) .. ',' .. rates.fmt(tonumber(r[3])) .. ',' ..
-      rates.fmt(tonumber(r[4])) .. ',' .. ((tonumber(r[5]) or 0) == 1 and '1' or '0')
+  function rates.encode(rate)
+    return rates.fmt(tonumber(rate[RateKey.LIMIT])) .. ',' ..
+      rates.fmt(tonumber(rate[RateKey.PER_MS])) .. ',' ..
+      rates.fmt(tonumber(rate[RateKey.BURST])) .. ',' ..
+      ((tonumber(rate[RateKey.UNITS]) or 0) == 1 and '1' or '0')
   end
 
   -- {limit, per (ms), burst, units} or nil (absent, or damaged: then it limits nothing)

@@ -328,12 +328,12 @@ do
   function throttle.apply_given(keys, limits, rlist)
     local given, names, raised, adaptive = {}, {}, {}, false
     for _, kl in ipairs(limits) do
-      given[kl[1]] = {lim = kl}
+      given[kl[Limit.KEY]] = {lim = kl}
     end
-    for _, r in ipairs(rlist or {}) do
-      local g = given[r[1]] or {}
-      g.rate = r
-      given[r[1]] = g
+    for _, rate in ipairs(rlist or {}) do
+      local g = given[rate[RateKey.KEY]] or {}
+      g.rate = rate
+      given[rate[RateKey.KEY]] = g
     end
     for key in pairs(given) do
       names[#names + 1] = key
@@ -343,13 +343,13 @@ do
       local g = given[key]
       local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'rp:' .. key)
       local cur, limit = tonumber(v[1]), nil
-      if g.lim and g.lim[3] then
-        local hi, lo = tonumber(g.lim[2]), tonumber(g.lim[3])
+      if g.lim and g.lim[Limit.MIN] then
+        local hi, lo = tonumber(g.lim[Limit.LIMIT]), tonumber(g.lim[Limit.MIN])
         limit = math.floor(rates.adaptive_value(keys, key, hi, lo))
         redis.call('HSET', keys[THR], 'ad:' .. key, hi .. ',' .. lo)
         adaptive = true
       elseif g.lim then
-        limit = tonumber(g.lim[2])
+        limit = tonumber(g.lim[Limit.LIMIT])
         -- a fixed limit makes the key fixed again
         redis.call('HDEL', keys[THR], 'ad:' .. key)
       elseif not cur then
