@@ -78,7 +78,8 @@ do
   local function declare_lane(keys, args)
     cjson.decode(args[DeclareLaneArg.TABLE])
     local charge = args[DeclareLaneArg.CHARGE] == 'cost' and 'cost' or 'jobs'
-    redis.call('HSET', lane_key(prefix(keys), args[DeclareLaneArg.LANE], 'state'), 'table', args[DeclareLaneArg.TABLE], 'charge', charge)
+    redis.call('HSET', lane_key(prefix(keys), args[DeclareLaneArg.LANE], 'state'),
+      'table', args[DeclareLaneArg.TABLE], 'charge', charge)
     return 1
   end
 

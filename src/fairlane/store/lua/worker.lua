@@ -54,7 +54,8 @@ do
     end
     keys[#keys] = nil
     local out = enqueue(keys, {args[EnqueueAsArg.LANE], args[EnqueueAsArg.JOBS]})
-    workers.audit_submits(trail, args[EnqueueAsArg.AUDIT_CAP], args[EnqueueAsArg.KEY_ID], args[EnqueueAsArg.TENANT], out)
+    workers.audit_submits(trail, args[EnqueueAsArg.AUDIT_CAP], args[EnqueueAsArg.KEY_ID],
+      args[EnqueueAsArg.TENANT], out)
     return out
   end
 
@@ -344,7 +345,8 @@ do
   -- {reclaimed ids, dead-lettered ids, the dead workers looked at}.
   function workers.beat(keys, args)
     local p, now = prefix(keys), now_ms()
-    local worker, dead_ms, limit = args[BeatArg.WORKER], tonumber(args[BeatArg.DEAD_MS]), tonumber(args[BeatArg.LIMIT])
+    local worker, dead_ms, limit = args[BeatArg.WORKER], tonumber(args[BeatArg.DEAD_MS]),
+      tonumber(args[BeatArg.LIMIT])
     math.randomseed(tonumber(args[BeatArg.SEED]))
     local bk = p .. 'beats'
     redis.call('ZADD', bk, now, worker)

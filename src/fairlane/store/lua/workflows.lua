@@ -85,7 +85,8 @@ do
     if redis.call('LLEN', run_key(p, id, 'steps')) ~= seq then
       return -1
     end
-    checkpoint(p, id, {args[WfStepArg.KIND], args[WfStepArg.NAME], args[WfStepArg.STATUS], args[WfStepArg.VALUE], tonumber(args[WfStepArg.MS]), args[WfStepArg.WORKER], now})
+    checkpoint(p, id, {args[WfStepArg.KIND], args[WfStepArg.NAME], args[WfStepArg.STATUS],
+      args[WfStepArg.VALUE], tonumber(args[WfStepArg.MS]), args[WfStepArg.WORKER], now})
     return 1
   end
 
@@ -95,7 +96,8 @@ do
   -- {'fenced'}.
   local function wf_wait(keys, args)
     local p, now = prefix(keys), now_ms()
-    local id, tok, seq, kind, name = args[WfWaitArg.RUN], args[WfWaitArg.TOKEN], tonumber(args[WfWaitArg.SEQ]), args[WfWaitArg.KIND], args[WfWaitArg.NAME]
+    local id, tok, seq, kind, name = args[WfWaitArg.RUN], args[WfWaitArg.TOKEN],
+      tonumber(args[WfWaitArg.SEQ]), args[WfWaitArg.KIND], args[WfWaitArg.NAME]
     local jk = job_key(p, id)
     if not holds(jk, tok) then
       return {'fenced'}
@@ -125,7 +127,8 @@ do
   -- {'wait', settled id, ..} (and the run's `wfk` names the children it waits for).
   local function wf_children(keys, args)
     local p, now = prefix(keys), now_ms()
-    local id, tok, seq = args[WfChildrenArg.RUN], args[WfChildrenArg.TOKEN], tonumber(args[WfChildrenArg.SEQ])
+    local id, tok, seq = args[WfChildrenArg.RUN], args[WfChildrenArg.TOKEN],
+      tonumber(args[WfChildrenArg.SEQ])
     local jk = job_key(p, id)
     if not holds(jk, tok) then
       return {'fenced'}
@@ -158,7 +161,8 @@ do
       results[i - 1] = cmsgpack.unpack(out[i])
     end
     -- JSON, as the other checkpoints' values: [[status, result or error JSON], ..]
-    checkpoint(p, id, {'children', args[WfChildrenArg.NAME], 'ok', cjson.encode(results), now - since, args[WfChildrenArg.WORKER], now})
+    checkpoint(p, id, {'children', args[WfChildrenArg.NAME], 'ok', cjson.encode(results), now - since,
+      args[WfChildrenArg.WORKER], now})
     return out
   end
 
