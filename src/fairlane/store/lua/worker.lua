@@ -53,6 +53,7 @@ do
       end
     end
     keys[#keys] = nil
+    -- enqueue's arguments are this call's first, in their places (EnqueueArg)
     local out = enqueue(keys, {args[EnqueueAsArg.LANE], args[EnqueueAsArg.JOBS]})
     workers.audit_submits(trail, args[EnqueueAsArg.AUDIT_CAP], args[EnqueueAsArg.KEY_ID],
       args[EnqueueAsArg.TENANT], out)
