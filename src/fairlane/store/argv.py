@@ -249,14 +249,13 @@ ARGV: Final[tuple[type[IntEnum], ...]] = (
 
 
 @cache
-def _layout(fields: type[IntEnum]) -> tuple[tuple[str, ...], frozenset[str], bool]:
-    """The keywords of ``fields`` in place order, as a set, and whether a tail follows."""
+def _layout(fields: type[IntEnum]) -> tuple[tuple[str, ...], bool]:
+    """The keywords of ``fields`` in place order, and whether a tail follows them."""
     members = list(fields)
     if [int(m) for m in members] != list(range(1, len(members) + 1)):
         raise ValueError(f"{fields.__name__}: places must run 1, 2, .. in declared order")
     tail = members[-1].name.startswith("FIRST_")
-    named = tuple(m.name.lower() for m in (members[:-1] if tail else members))
-    return named, frozenset(named), tail
+    return tuple(m.name.lower() for m in (members[:-1] if tail else members)), tail
 
 
 def argv(fields: type[IntEnum], /, *tail: Any, **values: Any) -> list[Any]:
@@ -265,14 +264,19 @@ def argv(fields: type[IntEnum], /, *tail: Any, **values: Any) -> list[Any]:
 
     A missing or unknown name raises ``TypeError``. Trailing ``None`` values are left
     off (the Lua reads an absent argument as nil; the server takes no None)."""
-    named, expected, has_tail = _layout(fields)
-    if values.keys() != expected:
-        missing, unknown = expected - values.keys(), values.keys() - expected
-        raise TypeError(f"{fields.__name__}: missing {sorted(missing)}, unknown {sorted(unknown)}")
-    if tail and not has_tail:
-        raise TypeError(f"{fields.__name__} takes no tail")
-    out = [values[name] for name in named]
-    while out and out[-1] is None and not tail:
-        out.pop()
-    out.extend(tail)
+    named, has_tail = _layout(fields)
+    try:
+        out = [values[name] for name in named]
+    except KeyError as exc:
+        raise TypeError(f"{fields.__name__}: missing {exc}") from None
+    # every name was found: any further keyword is one the function does not take
+    if len(values) != len(named):
+        raise TypeError(f"{fields.__name__}: unknown {sorted(values.keys() - set(named))}")
+    if tail:
+        if not has_tail:
+            raise TypeError(f"{fields.__name__} takes no tail")
+        out.extend(tail)
+    elif out[-1] is None:
+        while out and out[-1] is None:
+            out.pop()
     return out
