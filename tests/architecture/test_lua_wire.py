@@ -14,16 +14,20 @@ throughout the library, so a bare number after it is a bare position):
   ack      an outcome (``Outcome``), and ``ex``: the exchange's argument (``ExchangeField``)
   fetched  a fetched row (``FetchedJob``), and ``handed``: rows handed to a worker's inbox
   leaving  ``leave``'s argument (``LeaveField``)
-Not counted: a script's own ``ARGV`` (``args``) and the results of HMGET (``f``, ``v``),
-whose positions are the field lists beside them.
+  args     a function's own ``ARGV`` (its ``*Arg`` in ``fairlane.store.argv``)
+Not counted: the results of HMGET (``f``, ``v``), whose positions are the field lists
+beside them.
 """
 
 from __future__ import annotations
+
+from enum import IntEnum
 
 import msgspec
 import pytest
 
 from fairlane.policy.rates import Rate
+from fairlane.store.argv import ARGV, AckArg, EnqueueArg, EnqueueAsArg, RenewArg, WfWaitArg, argv
 from fairlane.store.library import _INCLUDE, _LUA, LIBRARY_CODE, fill_constants
 from fairlane.store.placed import as_lists
 from fairlane.store.wire import (
@@ -46,7 +50,7 @@ from fairlane.store.wire import (
 )
 from tests.architecture.luasource import bare_indexes
 
-ROWS = frozenset({"j", "c", "bounds", "rate", "kl", "ack", "ex", "fetched", "leaving"})
+ROWS = frozenset({"j", "c", "bounds", "rate", "kl", "ack", "ex", "fetched", "leaving", "args"})
 TABLES = frozenset({"tbl", "handed"})
 
 
@@ -89,6 +93,55 @@ def test_leave_reads_its_argument_by_name() -> None:
     source = _LUA.joinpath("worker.lua").read_text()
     for member in LeaveField:
         assert f"leaving[Leave.{member.name}]" in source, member.name
+
+
+def _library_source() -> str:
+    return "".join(_LUA.joinpath(name).read_text() for name in ["fairlane.lua", *_included()])
+
+
+@pytest.mark.parametrize("fields", ARGV, ids=lambda fields: fields.__name__)
+def test_every_argument_of_a_function_is_read_by_its_name(fields: type[IntEnum]) -> None:
+    source = _library_source()
+    for member in fields:
+        name = f"{fields.__name__}.{member.name}"
+        assert name in source, name
+        assert lua_names()[name] == str(member.value)
+
+
+def test_enqueue_as_hands_its_first_arguments_to_enqueue_as_they_are() -> None:
+    """``enqueue_as`` calls ``enqueue`` with its own first two arguments, in place."""
+    assert [(m.name, m.value) for m in EnqueueArg] == [
+        (m.name, m.value) for m in EnqueueAsArg if m.value <= len(EnqueueArg)
+    ]
+
+
+def test_arguments_are_built_in_their_places_by_name() -> None:
+    wait = argv(
+        WfWaitArg,
+        worker="w",
+        absolute="1",
+        ms=5,
+        name="n",
+        kind="sleep",
+        seq=3,
+        token="t",
+        run="r",
+    )
+    assert len(wait) == len(WfWaitArg)
+    assert wait[WfWaitArg.RUN - 1] == "r" and wait[WfWaitArg.WORKER - 1] == "w"
+    assert wait[WfWaitArg.ABSOLUTE - 1] == "1" and wait[WfWaitArg.MS - 1] == 5
+    with pytest.raises(TypeError, match="missing"):
+        argv(EnqueueArg, lane="l")
+    with pytest.raises(TypeError, match="unknown"):
+        argv(EnqueueArg, lane="l", jobs=b"", worker="w")
+    with pytest.raises(TypeError, match="tail"):
+        argv(EnqueueArg, "extra", lane="l", jobs=b"")
+    # a variadic tail starts at its FIRST_ place; an absent trailing argument is left off
+    renew = argv(RenewArg, "id", "tok", worker="w", lease_ms=9)
+    assert renew[RenewArg.FIRST_HELD - 1 :] == ["id", "tok"]
+    assert renew[RenewArg.LEASE_MS - 1] == 9
+    assert argv(AckArg, outcomes=b"o", worker=None) == [b"o"]
+    assert argv(AckArg, outcomes=b"o", worker="w")[AckArg.WORKER - 1] == "w"
 
 
 def test_a_limit_and_a_rate_are_placed_by_their_names() -> None:

@@ -16,6 +16,15 @@ from typing import Any, Final
 
 import msgspec
 
+from fairlane.store.argv import (
+    AckArg,
+    BeatArg,
+    ExchangeArg,
+    LeaveArg,
+    RenewArg,
+    SweepArg,
+    argv,
+)
 from fairlane.store.base import StoreBase
 from fairlane.store.wire import (
     UNPACK_JOB,
@@ -40,7 +49,7 @@ BEAT: Final = "beat"
 
 def beat_args(worker: str, dead_ms: int, limit: int, seed: int) -> list[Any]:
     """The arguments of a beat (``workers.beat`` in ``lua/worker.lua``)."""
-    return [worker, dead_ms, limit, seed]
+    return argv(BeatArg, worker=worker, dead_ms=dead_ms, limit=limit, seed=seed)
 
 
 def beat_reply(reply: Any) -> tuple[list[str], list[str], list[str]]:
@@ -86,13 +95,13 @@ class WorkerCalls(StoreBase):
             idle_ms=idle_ms,
             slots=size,
         )
-        reply = await self.fcall("exchange", self._lane_keys(lanes), [blob])
+        reply = await self.fcall("exchange", self._lane_keys(lanes), argv(ExchangeArg, packed=blob))
         return parse_fetched(reply)
 
     async def leave(self, worker: str, lease_ms: int, lanes: Sequence[str]) -> list[FetchedJob]:
         """Deregister a stopping worker; returns jobs handed to it that it must hand back."""
         blob = leave_args(worker=worker, lease_ms=lease_ms, lanes=lanes)
-        reply = await self.fcall("leave", self._lane_keys(lanes), [blob])
+        reply = await self.fcall("leave", self._lane_keys(lanes), argv(LeaveArg, packed=blob))
         try:
             return UNPACK_JOBS.decode(reply)
         except msgspec.ValidationError:
@@ -104,18 +113,15 @@ class WorkerCalls(StoreBase):
     ) -> list[int]:
         """Settle ``outcomes``; ``worker``, the worker that ran them, keeps its set of
         leased ids exact (a worker's own acks always name it)."""
-        args: list[Any] = [_PACK.encode(outcomes)]
-        if worker is not None:
-            args.append(worker)
+        args = argv(AckArg, outcomes=_PACK.encode(outcomes), worker=worker)
         return [int(c) for c in await self.fcall("ack", self._lane_keys(lanes), args)]
 
     async def renew(
         self, worker: str, lease_ms: int, held: Sequence[tuple[str, str]]
     ) -> tuple[list[str], list[str]]:
         """Extend held leases; returns (ids whose lease is lost, ids asked to cancel)."""
-        args: list[Any] = [worker, lease_ms]
-        for job_id, token in held:
-            args.extend((job_id, token))
+        pairs = [part for pair in held for part in pair]
+        args = argv(RenewArg, *pairs, worker=worker, lease_ms=lease_ms)
         lost, cancel = await self.fcall("renew", self._common, args)
         return [as_text(x) for x in lost], [as_text(x) for x in cancel]
 
@@ -123,7 +129,11 @@ class WorkerCalls(StoreBase):
         self, limit: int, seed: int, stale_worker_ms: int
     ) -> tuple[list[str], list[str]]:
         """Reclaim expired leases; returns (ids scheduled for retry, ids dead-lettered)."""
-        retried, dead = await self.fcall("sweep", self._common, [limit, seed, stale_worker_ms])
+        retried, dead = await self.fcall(
+            "sweep",
+            self._common,
+            argv(SweepArg, limit=limit, seed=seed, stale_worker_ms=stale_worker_ms),
+        )
         return [as_text(x) for x in retried], [as_text(x) for x in dead]
 
     async def beat(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from fairlane.store.argv import CancelArg, RedriveArg, WatchArg, argv
 from fairlane.store.base import StoreBase
 from fairlane.store.records import (
     Event,
@@ -74,13 +75,13 @@ class JobCalls(StoreBase):
         return await self._call(self.client.zscore, self.keys.dead, job_id) is not None
 
     async def cancel(self, job_id: str) -> str:
-        return as_text(await self.fcall("cancel", self._common, [job_id]))
+        return as_text(await self.fcall("cancel", self._common, argv(CancelArg, id=job_id)))
 
     async def watch(self, job_id: str) -> list[bytes]:
-        return list(await self.fcall("watch", self._common, [job_id]))
+        return list(await self.fcall("watch", self._common, argv(WatchArg, id=job_id)))
 
     async def redrive(self, ids: Sequence[str] = (), limit: int = 100) -> list[str]:
-        reply = await self.fcall("redrive", self._common, [limit, *ids])
+        reply = await self.fcall("redrive", self._common, argv(RedriveArg, *ids, limit=limit))
         return [as_text(x) for x in reply]
 
     async def dead_letters(self, limit: int = 100) -> list[tuple[str, float]]:

@@ -14,6 +14,14 @@ from typing import Any, Literal
 import msgspec
 from redis.exceptions import ResponseError
 
+from fairlane.store.argv import (
+    SignalArg,
+    WfChildrenArg,
+    WfLoadArg,
+    WfStepArg,
+    WfWaitArg,
+    argv,
+)
 from fairlane.store.base import StoreBase
 from fairlane.store.wire import LoadReply, at
 
@@ -107,7 +115,9 @@ class RunStore:
     async def load(self, run_id: str, token: str, worker: str) -> SliceStart | None:
         """Begin a slice: the history to replay; None when the lease is not ours."""
         try:
-            reply = await self._call("wf_load", [run_id, token, worker])
+            reply = await self._call(
+                "wf_load", argv(WfLoadArg, run=run_id, token=token, worker=worker)
+            )
         except ResponseError as exc:
             if "WRONGTYPE" not in str(exc):
                 raise
@@ -137,14 +147,35 @@ class RunStore:
         worker: str,
     ) -> int:
         """Checkpoint operation ``seq``: 1 done, 0 the lease is lost, -1 out of order."""
-        args = [run_id, token, seq, kind, name, "ok", value, ms, worker]
+        args = argv(
+            WfStepArg,
+            run=run_id,
+            token=token,
+            seq=seq,
+            kind=kind,
+            name=name,
+            status="ok",
+            value=value,
+            ms=ms,
+            worker=worker,
+        )
         return int(await self._call("wf_step", args))
 
     async def step_failed(self, run_id: str, token: str, name: str) -> int:
         """Count a failed attempt of step ``name`` (its next attempt gets a new key)."""
-        return int(
-            await self._call("wf_step", [run_id, token, 0, "step", name, "failed", "", 0, ""])
+        args = argv(
+            WfStepArg,
+            run=run_id,
+            token=token,
+            seq=0,
+            kind="step",
+            name=name,
+            status="failed",
+            value="",
+            ms=0,
+            worker="",
         )
+        return int(await self._call("wf_step", args))
 
     async def wait(  # noqa: PLR0917 - the wait's own fields
         self,
@@ -158,7 +189,17 @@ class RunStore:
         *,
         absolute: bool = False,
     ) -> WaitAnswer:
-        args = [run_id, token, seq, kind, name, ms, "1" if absolute else "0", worker]
+        args = argv(
+            WfWaitArg,
+            run=run_id,
+            token=token,
+            seq=seq,
+            kind=kind,
+            name=name,
+            ms=ms,
+            absolute="1" if absolute else "0",
+            worker=worker,
+        )
         reply = await self._call("wf_wait", args)
         what = _text(reply[0])
         if what == "signal":
@@ -172,9 +213,16 @@ class RunStore:
     ) -> tuple[str, list[Any]]:
         """Operation ``seq`` waits for ``ids``: ('done', [[status, payload], ..]),
         ('wait', ids already settled) or ('fenced', [])."""
-        reply = await self._call(
-            "wf_children", [run_id, token, seq, name, _PACK.encode(list(ids)), worker]
+        args = argv(
+            WfChildrenArg,
+            run=run_id,
+            token=token,
+            seq=seq,
+            name=name,
+            children=_PACK.encode(list(ids)),
+            worker=worker,
         )
+        reply = await self._call("wf_children", args)
         what = _text(reply[0])
         if what == "done":
             return what, [_UNPACK.decode(r) for r in reply[1:]]
@@ -182,7 +230,8 @@ class RunStore:
 
     async def signal(self, run_id: str, name: str, payload: str, signal_id: str = "") -> int:
         """1 delivered, 2 a duplicate id, 0 the run has finished, -1 no such run."""
-        return int(await self._call("signal", [run_id, name, payload, signal_id]))
+        args = argv(SignalArg, run=run_id, name=name, payload=payload, signal_id=signal_id)
+        return int(await self._call("signal", args))
 
     async def history(self, run_id: str) -> RunHistory:
         client, keys = self.store.client, self.store.keys

@@ -26,6 +26,15 @@ from fairlane.store.apikeys import (
     KeyOutOfScope,
     KeyRefused,
 )
+from fairlane.store.argv import (
+    DeclareAdmissionArg,
+    DeclareBoundsArg,
+    DeclareLaneArg,
+    DeclareTaskArg,
+    EnqueueArg,
+    EnqueueAsArg,
+    argv,
+)
 from fairlane.store.audit import DEFAULT_ENTRIES
 from fairlane.store.base import StoreBase
 from fairlane.store.library import FUNCTION_PREFIX, encode_admission, encode_classes
@@ -72,12 +81,22 @@ class Submission(StoreBase):
         blob = _PACK.encode(jobs)
         keys = self._lane_keys([lane])
         if guard is None:
-            return parse_submitted(await self.fcall("enqueue", keys, [lane, blob]))
+            return parse_submitted(
+                await self.fcall("enqueue", keys, argv(EnqueueArg, lane=lane, jobs=blob))
+            )
         try:
             reply = await self.fcall(
                 "enqueue_as",
                 [*keys, guard.records, guard.audit],
-                [lane, blob, guard.key_id, guard.sha256, guard.tenant, guard.audit_cap],
+                argv(
+                    EnqueueAsArg,
+                    lane=lane,
+                    jobs=blob,
+                    key_id=guard.key_id,
+                    key_hash=guard.sha256,
+                    tenant=guard.tenant,
+                    audit_cap=guard.audit_cap,
+                ),
             )
         except ResponseError as exc:
             message = str(exc)
@@ -98,7 +117,8 @@ class Submission(StoreBase):
     def enqueue_call(self, lane: str, jobs: Sequence[NewJob]) -> tuple[Any, ...]:
         """The enqueue FCALL's arguments, for a caller that sends it in a pipeline."""
         keys = self._lane_keys([lane])
-        return (FUNCTION_PREFIX + "enqueue", len(keys), *keys, lane, _PACK.encode(jobs))
+        args = argv(EnqueueArg, lane=lane, jobs=_PACK.encode(jobs))
+        return (FUNCTION_PREFIX + "enqueue", len(keys), *keys, *args)
 
     async def enqueue(self, lane: str, jobs: Sequence[NewJob]) -> list[tuple[str, int]]:
         """Store jobs atomically; returns (id, code) per job: 1 new, 2 deferred, 0 existing,
@@ -116,7 +136,11 @@ class Submission(StoreBase):
         config, units = "", ""
         if pool is not None:
             config, units = encode_admission(table, pool, estimation or EstimationSettings())
-        await self.fcall("declare_admission", self._lane_keys([lane]), [lane, config, units])
+        await self.fcall(
+            "declare_admission",
+            self._lane_keys([lane]),
+            argv(DeclareAdmissionArg, lane=lane, config=config, units=units),
+        )
 
     async def declare_bounds(self, lane: str, bounds: QueueBounds | None) -> None:
         """Record a lane's default queue bounds (``fairlane.policy.admission.bounds``, as
@@ -127,15 +151,24 @@ class Submission(StoreBase):
             encoded = ",".join(
                 str(-1 if n is None else n) for n in (bounds.tenant_max, bounds.lane_max)
             )
-        await self.fcall("declare_bounds", self._lane_keys([lane]), [lane, encoded])
+        await self.fcall(
+            "declare_bounds",
+            self._lane_keys([lane]),
+            argv(DeclareBoundsArg, lane=lane, bounds=encoded),
+        )
 
     async def declare_task(self, task: str, keep_completed: str, keep_failed: str) -> None:
-        await self.fcall("declare_task", self._common, [task, f"{keep_completed}|{keep_failed}"])
+        retention = f"{keep_completed}|{keep_failed}"
+        await self.fcall(
+            "declare_task", self._common, argv(DeclareTaskArg, task=task, retention=retention)
+        )
 
     async def declare_lane(self, lane: str, classes: ClassTable, charge: str = "jobs") -> None:
         """Record a lane's service classes and how its tenants are charged ("jobs": one
         unit per job; "cost": what each job was learned to cost, corrected as it ends);
         the next decision in the lane uses them."""
         await self.fcall(
-            "declare_lane", self._lane_keys([lane]), [lane, encode_classes(classes), charge]
+            "declare_lane",
+            self._lane_keys([lane]),
+            argv(DeclareLaneArg, lane=lane, table=encode_classes(classes), charge=charge),
         )

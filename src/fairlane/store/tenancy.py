@@ -20,6 +20,14 @@ from typing import Any
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import Entitlement
 from fairlane.policy.rates import Rate
+from fairlane.store.argv import (
+    ConfigureClassesArg,
+    ConfigureLimitsArg,
+    ConfigureTenantArg,
+    TenantLimitNowArg,
+    TenantSweepArg,
+    argv,
+)
 from fairlane.store.base import StoreBase
 from fairlane.store.connection import slot_client
 from fairlane.store.library import FUNCTION_PREFIX
@@ -70,11 +78,13 @@ class TenantCalls(StoreBase):
     async def configure_tenant(self, tenant: str, weight: float | None) -> None:
         """Set a tenant's fair-share weight (None: back to the default of 1)."""
         value = "" if weight is None else repr(float(weight))
-        await self.fcall("configure_tenant", self._common, [tenant, value])
+        args = argv(ConfigureTenantArg, tenant=tenant, weight=value)
+        await self.fcall("configure_tenant", self._common, args)
 
     async def configure_tenant_limits(self, tenant: str, limits: TenantLimits | None) -> None:
         """Set a tenant's concurrency settings (None: no tenant key at all)."""
-        await self.fcall("configure_limits", self._common, [tenant, encode_limits(limits)])
+        args = argv(ConfigureLimitsArg, tenant=tenant, limits=encode_limits(limits))
+        await self.fcall("configure_limits", self._common, args)
 
     async def update_tenant_limits(
         self, tenant: str, change: Callable[[TenantLimits | None], TenantLimits | None]
@@ -93,8 +103,7 @@ class TenantCalls(StoreBase):
                 FUNCTION_PREFIX + "configure_limits",
                 len(self._common),
                 *self._common,
-                tenant,
-                encode_limits(new),
+                *argv(ConfigureLimitsArg, tenant=tenant, limits=encode_limits(new)),
             )
             return new
 
@@ -121,13 +130,14 @@ class TenantCalls(StoreBase):
         await self.fcall(
             "configure_classes",
             self._common,
-            [
-                tenant,
-                "0" if classes is None else "1",
-                json.dumps(list(classes or ())),
-                "1" if set_default else "0",
-                default_class or "",
-            ],
+            argv(
+                ConfigureClassesArg,
+                tenant=tenant,
+                set_classes="0" if classes is None else "1",
+                classes=json.dumps(list(classes or ())),
+                set_default="1" if set_default else "0",
+                default=default_class or "",
+            ),
         )
 
     async def tenant_entitlement(self, tenant: str) -> Entitlement | None:
@@ -167,7 +177,9 @@ class TenantCalls(StoreBase):
     async def tenant_limit_now(self, lane: str, tenant: str) -> TenantSignal:
         """The tenant's concurrency limit in ``lane`` now, and the signals behind it."""
         limit, rate, mean, cap, load = await self.fcall(
-            "tenant_limit_now", self._lane_keys([lane]), [lane, tenant]
+            "tenant_limit_now",
+            self._lane_keys([lane]),
+            argv(TenantLimitNowArg, lane=lane, tenant=tenant),
         )
         return TenantSignal(
             None if int(limit) < 0 else int(limit), float(rate), float(mean), int(cap), int(load)
@@ -177,7 +189,9 @@ class TenantCalls(StoreBase):
         """One pass of at most about ``limit`` keys and fields from ``cursor`` (``"0"``
         starts a cycle) with learned costs and signals kept ``idle_ttl`` seconds."""
         raw = await self.fcall(
-            "tenant_sweep", self._common, [cursor, limit, round(idle_ttl * 1000)]
+            "tenant_sweep",
+            self._common,
+            argv(TenantSweepArg, cursor=cursor, limit=limit, idle_ttl_ms=round(idle_ttl * 1000)),
         )
         cursor_out = raw[0].decode() if isinstance(raw[0], bytes) else str(raw[0])
         return TenantSweep(cursor_out, int(raw[1]), int(raw[2]), bool(int(raw[3])))

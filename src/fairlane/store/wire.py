@@ -17,6 +17,7 @@ import msgspec
 
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.rates import Rate
+from fairlane.store.argv import ARGV
 
 
 class OutcomeKind(StrEnum):
@@ -460,7 +461,8 @@ def lua_names() -> Mapping[str, str]:
     """Every name the Lua library may use for a place or value on the wire, as the
     library writes it in (``Job.FAIRNESS_KEY`` -> ``23``): the positions of a submitted
     job, a fetched row, an outcome, a class row, a class's admission bounds, a rate key,
-    the exchange's argument and leave's; the reply and ack codes; the outcome kinds (quoted)."""
+    the exchange's argument and leave's; each function's ARGV (``fairlane.store.argv``);
+    the reply and ack codes; the outcome kinds (quoted)."""
     names: dict[str, str] = {}
     structs: tuple[tuple[str, type[msgspec.Struct]], ...] = (
         ("Job", NewJob),
@@ -482,6 +484,7 @@ def lua_names() -> Mapping[str, str]:
         ("Load", LoadReply),
         ("Reply", Reply),
         ("AckCode", AckCode),
+        *((args.__name__, args) for args in ARGV),
     )
     for prefix, enum in tables:
         for member in enum:

@@ -123,14 +123,14 @@ do
   -- ARGV: lane, '<tenant max>,<lane max>' (-1: unbounded), or '' for none (a lane with
   -- an admission pool, or both bounds lifted). Applies from the next enqueue.
   function queue_bounds.declare(keys, args)
-    local sk = lane_key(prefix(keys), args[1], 'state')
-    if args[2] == '' then
+    local sk = lane_key(prefix(keys), args[DeclareBoundsArg.LANE], 'state')
+    if args[DeclareBoundsArg.BOUNDS] == '' then
       redis.call('HDEL', sk, 'qb')
     else
-      if not string.match(args[2], '^%-?%d+,%-?%d+$') then
+      if not string.match(args[DeclareBoundsArg.BOUNDS], '^%-?%d+,%-?%d+$') then
         return redis.error_reply('ERR bounds must be "<tenant max>,<lane max>"')
       end
-      redis.call('HSET', sk, 'qb', args[2])
+      redis.call('HSET', sk, 'qb', args[DeclareBoundsArg.BOUNDS])
     end
     return 1
   end

@@ -24,7 +24,7 @@ do
 
   -- ARGV: task, 'rc|rf'. Records a task's retention so sweeps can trim its records by age.
   local function declare_task(keys, args)
-    redis.call('HSET', keys[TASKS], args[1], args[2])
+    redis.call('HSET', keys[TASKS], args[DeclareTaskArg.TASK], args[DeclareTaskArg.RETENTION])
     return 1
   end
 
@@ -41,12 +41,12 @@ do
   -- ARGV: tenant, weight ('' = back to the default, 1). A new weight applies from the
   -- tenant's next dispatch.
   local function configure_tenant(keys, args)
-    return set_tenant_setting(keys[WEIGHTS], args[1], args[2])
+    return set_tenant_setting(keys[WEIGHTS], args[ConfigureTenantArg.TENANT], args[ConfigureTenantArg.WEIGHT])
   end
 
   -- ARGV: tenant, concurrency settings 'floor,max,burst_floor,burst_pct' ('' = none).
   local function configure_limits(keys, args)
-    return set_tenant_setting(keys[TLIMITS], args[1], args[2])
+    return set_tenant_setting(keys[TLIMITS], args[ConfigureLimitsArg.TENANT], args[ConfigureLimitsArg.LIMITS])
   end
 
   -- ARGV: tenant, '1' to set its restricted classes (else kept), them as a JSON array,
@@ -54,21 +54,21 @@ do
   -- one keeps the other; an entitlement left empty is removed (tclasses, enqueue.lua).
   function control.configure_classes(keys, args)
     local ek = prefix(keys) .. 'tclasses'
-    local raw = redis.call('HGET', ek, args[1])
+    local raw = redis.call('HGET', ek, args[ConfigureClassesArg.TENANT])
     local ent = raw and cjson.decode(raw) or {}
     local entitled, default = ent.c or {}, ent.d
-    if args[2] == '1' then
-      entitled = cjson.decode(args[3])
+    if args[ConfigureClassesArg.SET_CLASSES] == '1' then
+      entitled = cjson.decode(args[ConfigureClassesArg.CLASSES])
     end
-    if args[4] == '1' then
-      default = args[5] ~= '' and args[5] or nil
+    if args[ConfigureClassesArg.SET_DEFAULT] == '1' then
+      default = args[ConfigureClassesArg.DEFAULT] ~= '' and args[ConfigureClassesArg.DEFAULT] or nil
     end
     if #entitled == 0 and not default then
-      redis.call('HDEL', ek, args[1])
+      redis.call('HDEL', ek, args[ConfigureClassesArg.TENANT])
       return 1
     end
     -- cjson writes an empty table as {}, which the readers take for no classes either
-    redis.call('HSET', ek, args[1], cjson.encode({c = entitled, d = default}))
+    redis.call('HSET', ek, args[ConfigureClassesArg.TENANT], cjson.encode({c = entitled, d = default}))
     return 1
   end
 
@@ -76,22 +76,23 @@ do
   -- one unit per job; 'cost': what each job was learned to cost, corrected when it
   -- ends). Applies from the next decision.
   local function declare_lane(keys, args)
-    cjson.decode(args[2])
-    local charge = args[3] == 'cost' and 'cost' or 'jobs'
-    redis.call('HSET', lane_key(prefix(keys), args[1], 'state'), 'table', args[2], 'charge', charge)
+    cjson.decode(args[DeclareLaneArg.TABLE])
+    local charge = args[DeclareLaneArg.CHARGE] == 'cost' and 'cost' or 'jobs'
+    redis.call('HSET', lane_key(prefix(keys), args[DeclareLaneArg.LANE], 'state'),
+      'table', args[DeclareLaneArg.TABLE], 'charge', charge)
     return 1
   end
 
   -- ARGV: lane, admission config JSON, unit class table JSON ('' '' = no admission
   -- control). Applies from the next submission; reservations held stay as they are.
   local function declare_admission(keys, args)
-    local sk = lane_key(prefix(keys), args[1], 'state')
-    if args[2] == '' then
+    local sk = lane_key(prefix(keys), args[DeclareAdmissionArg.LANE], 'state')
+    if args[DeclareAdmissionArg.CONFIG] == '' then
       redis.call('HDEL', sk, 'adm', 'utable')
     else
-      cjson.decode(args[2])
-      cjson.decode(args[3])
-      redis.call('HSET', sk, 'adm', args[2], 'utable', args[3])
+      cjson.decode(args[DeclareAdmissionArg.CONFIG])
+      cjson.decode(args[DeclareAdmissionArg.UNITS])
+      redis.call('HSET', sk, 'adm', args[DeclareAdmissionArg.CONFIG], 'utable', args[DeclareAdmissionArg.UNITS])
     end
     return 1
   end
@@ -100,12 +101,12 @@ do
   -- the signals it came from: {limit, rate per minute, mean duration, C, load}.
   local function tenant_limit_now(keys, args)
     local p, now = prefix(keys), now_ms()
-    local cx = new_dispatch(keys, p, args[1], 1, now, new_effects())
+    local cx = new_dispatch(keys, p, args[TenantLimitNowArg.LANE], 1, now, new_effects())
     load_state(cx)
     local cap, load = cx.cap, lane_load(cx.levels, cx.f, cx.d)
-    local limit = tenant_limit(keys, p, args[2], cap, load, now) or -1
-    local mean = tonumber(redis.call('HGET', sig_key(p, args[2]), 'dm')) or 0
-    return {limit, tostring(rate_per_min(p, args[2], now)), tostring(mean), cap, load}
+    local limit = tenant_limit(keys, p, args[TenantLimitNowArg.TENANT], cap, load, now) or -1
+    local mean = tonumber(redis.call('HGET', sig_key(p, args[TenantLimitNowArg.TENANT]), 'dm')) or 0
+    return {limit, tostring(rate_per_min(p, args[TenantLimitNowArg.TENANT], now)), tostring(mean), cap, load}
   end
 
   -- ARGV: id. Cancels a waiting job at once; a running one is asked to stop (its
@@ -114,7 +115,7 @@ do
   -- job that is its class's pinned head gets the lane a readmission pass.
   local function cancel(keys, args)
     local p, now = prefix(keys), now_ms()
-    local id = args[1]
+    local id = args[CancelArg.ID]
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'cls', 'sl')
     local st, cls = f[1], f[4] or DEFAULT_CLASS
@@ -164,7 +165,7 @@ do
   -- sets the waiter flag (so its completion is published) and returns {status}.
   local function watch(keys, args)
     local p = prefix(keys)
-    local jk = job_key(p, args[1])
+    local jk = job_key(p, args[WatchArg.ID])
     local f = redis.call('HMGET', jk, 'st', 'res', 'err')
     if not f[1] then
       return {'missing'}
@@ -184,11 +185,11 @@ do
     local p, now = prefix(keys), now_ms()
     local fx, seen, lanes = new_effects(), {}, {}
     local ids = {}
-    for i = 2, #args do
+    for i = RedriveArg.FIRST_ID, #args do
       ids[#ids + 1] = args[i]
     end
     if #ids == 0 then
-      ids = redis.call('ZRANGE', keys[DEAD], 0, tonumber(args[1]) - 1)
+      ids = redis.call('ZRANGE', keys[DEAD], 0, tonumber(args[RedriveArg.LIMIT]) - 1)
     end
     local done = {}
     for _, id in ipairs(ids) do

@@ -231,8 +231,8 @@ do
   -- to it (detail 'class_not_entitled'; a default class is taken only where usable, so
   -- the class refused is the one given): nothing written for negative codes.
   local function enqueue(keys, args)
-    begin_call(keys, args[1])
-    local jobs, out, submitted = cmsgpack.unpack(args[2]), {}, call_submitted
+    begin_call(keys, args[EnqueueArg.LANE])
+    local jobs, out, submitted = cmsgpack.unpack(args[EnqueueArg.JOBS]), {}, call_submitted
     local p, lane, now, n, ready = call_p, call_lane, call_now, #jobs, false
     -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
     local first = redis.call('HINCRBY', keys[STATS], 'seq', n) - n

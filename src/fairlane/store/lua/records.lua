@@ -93,12 +93,12 @@ do
     if #names == 1 then
       redis.call('HINCRBY', key, names[1], counts[names[1]])
     elseif #names > 1 then
-      local now, args = redis.call('HMGET', key, unpack(names)), {}
+      local now, hargs = redis.call('HMGET', key, unpack(names)), {}
       for i, name in ipairs(names) do
-        args[2 * i - 1] = name
-        args[2 * i] = core.int((tonumber(now[i]) or 0) + counts[name])
+        hargs[2 * i - 1] = name
+        hargs[2 * i] = core.int((tonumber(now[i]) or 0) + counts[name])
       end
-      redis.call('HSET', key, unpack(args))
+      redis.call('HSET', key, unpack(hargs))
     end
   end
 

@@ -165,11 +165,11 @@ redis.register_function{function_name = '__PREFIX__tenant_sweep', flags = core.A
   -- keeps key idle times (0: an LFU policy; learned costs and signals then stay)}.
   function TENANT_SWEEP.run(keys, args)
     local p = prefix(keys)
-    local ctx = {now = now_ms(), ttl = tonumber(args[3]), left = tonumber(args[2]),
+    local ctx = {now = now_ms(), ttl = tonumber(args[TenantSweepArg.IDLE_TTL_MS]), left = tonumber(args[TenantSweepArg.LIMIT]),
       examined = 0, removed = 0, clock = true}
     local state = {s = '0', h = {}}
-    if args[1] ~= '0' then
-      state = cjson.decode(args[1])
+    if args[TenantSweepArg.CURSOR] ~= '0' then
+      state = cjson.decode(args[TenantSweepArg.CURSOR])
     end
     -- hashes whose field scan an earlier pass left unfinished come first
     local open = {}

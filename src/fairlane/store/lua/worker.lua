@@ -35,9 +35,9 @@ do
   -- expiry.
   function workers.enqueue_as(keys, args)
     local trail = table.remove(keys)
-    local raw = redis.call('HGET', keys[#keys], args[3])
+    local raw = redis.call('HGET', keys[#keys], args[EnqueueAsArg.KEY_ID])
     local record = raw and cjson.decode(raw)
-    if not record or record.sha256 ~= args[4] or record.tenant ~= args[5] then
+    if not record or record.sha256 ~= args[EnqueueAsArg.KEY_HASH] or record.tenant ~= args[EnqueueAsArg.TENANT] then
       return redis.error_reply('NOKEY the API key is not valid (unknown, revoked or rotated)')
     end
     if type(record.expires_ms) == 'number' and now_ms() >= record.expires_ms then
@@ -53,8 +53,10 @@ do
       end
     end
     keys[#keys] = nil
-    local out = enqueue(keys, {args[1], args[2]})
-    workers.audit_submits(trail, args[6], args[3], args[5], out)
+    -- enqueue's arguments are this call's first, in their places (EnqueueArg)
+    local out = enqueue(keys, {args[EnqueueAsArg.LANE], args[EnqueueAsArg.JOBS]})
+    workers.audit_submits(trail, args[EnqueueAsArg.AUDIT_CAP], args[EnqueueAsArg.KEY_ID],
+      args[EnqueueAsArg.TENANT], out)
     return out
   end
 
@@ -156,7 +158,7 @@ do
   -- Returns msgpack FetchReply [next_due_ms, ack codes, jobs].
   local function exchange(keys, args)
     local p, now = prefix(keys), now_ms()
-    local ex = cmsgpack.unpack(args[1])
+    local ex = cmsgpack.unpack(args[ExchangeArg.PACKED])
     local worker, n, lease = ex[Exchange.WORKER], ex[Exchange.WANT], ex[Exchange.LEASE_MS]
     local lanes, idle_ms = ex[Exchange.LANES], tonumber(ex[Exchange.IDLE_MS]) or 0
     local tally = new_effects()
@@ -198,7 +200,7 @@ do
   -- (still leased to it) so that it can hand them back.
   local function leave(keys, args)
     local p = prefix(keys)
-    local leaving = cmsgpack.unpack(args[1])
+    local leaving = cmsgpack.unpack(args[LeaveArg.PACKED])
     local worker = leaving[Leave.WORKER]
     local member = worker .. '|' .. leaving[Leave.LEASE_MS]
     for _, lane in ipairs(leaving[Leave.LANES]) do
@@ -232,10 +234,10 @@ do
   -- leased ids is kept up to date when given). Returns the codes as a plain array.
   local function ack(keys, args)
     local p, now, tally = prefix(keys), now_ms(), new_effects()
-    local acks = cmsgpack.unpack(args[1])
+    local acks = cmsgpack.unpack(args[AckArg.OUTCOMES])
     local codes = apply_acks(keys, p, acks, now, tally)
-    if args[2] then
-      workers.forget_settled(p, args[2], acks, codes)
+    if args[AckArg.WORKER] then
+      workers.forget_settled(p, args[AckArg.WORKER], acks, codes)
     end
     apply_effects(keys, p, tally, now)
     return codes
@@ -247,10 +249,10 @@ do
   -- and records the worker's heartbeat. Returns {lost ids, ids whose cancellation was requested}.
   local function renew(keys, args)
     local p, now = prefix(keys), now_ms()
-    local worker, lease = args[1], tonumber(args[2])
+    local worker, lease = args[RenewArg.WORKER], tonumber(args[RenewArg.LEASE_MS])
     redis.call('ZADD', keys[WORKERS], now, worker)
     local lost, cancel = {}, {}
-    for i = 3, #args, 2 do
+    for i = RenewArg.FIRST_HELD, #args, 2 do
       local id = args[i]
       local f = redis.call('HMGET', job_key(p, id), 'st', 'tok', 'cx')
       if f[1] == 'running' and f[2] == args[i + 1] then
@@ -307,8 +309,8 @@ do
   -- Returns {reclaimed ids, dead-lettered ids}.
   local function sweep(keys, args)
     local p, now = prefix(keys), now_ms()
-    local limit = tonumber(args[1])
-    math.randomseed(tonumber(args[2]))
+    local limit = tonumber(args[SweepArg.LIMIT])
+    math.randomseed(tonumber(args[SweepArg.SEED]))
     local expired = redis.call('ZRANGE', keys[LEASES], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
     local retried, dead, tally = {}, {}, new_effects()
     for _, id in ipairs(expired) do
@@ -322,7 +324,7 @@ do
       end
     end
     apply_effects(keys, p, tally, now)
-    local stale = redis.call('ZRANGE', keys[WORKERS], '-inf', now - tonumber(args[3]), 'BYSCORE',
+    local stale = redis.call('ZRANGE', keys[WORKERS], '-inf', now - tonumber(args[SweepArg.STALE_WORKER_MS]), 'BYSCORE',
       'LIMIT', 0, limit)
     for _, worker in ipairs(stale) do
       workers.forget_worker(keys, p, worker)
@@ -344,8 +346,9 @@ do
   -- {reclaimed ids, dead-lettered ids, the dead workers looked at}.
   function workers.beat(keys, args)
     local p, now = prefix(keys), now_ms()
-    local worker, dead_ms, limit = args[1], tonumber(args[2]), tonumber(args[3])
-    math.randomseed(tonumber(args[4]))
+    local worker, dead_ms, limit = args[BeatArg.WORKER], tonumber(args[BeatArg.DEAD_MS]),
+      tonumber(args[BeatArg.LIMIT])
+    math.randomseed(tonumber(args[BeatArg.SEED]))
     local bk = p .. 'beats'
     redis.call('ZADD', bk, now, worker)
     local silent = redis.call('ZRANGE', bk, '-inf', now - dead_ms, 'BYSCORE', 'LIMIT', 0, 2)

@@ -47,7 +47,7 @@ do
   -- step attempts as name, count, ..}, or {0} when the lease is not the caller's.
   local function wf_load(keys, args)
     local p, now = prefix(keys), now_ms()
-    local id, tok = args[1], args[2]
+    local id, tok = args[WfLoadArg.RUN], args[WfLoadArg.TOKEN]
     local jk = job_key(p, id)
     if not holds(jk, tok) then
       return {[Load.HELD] = 0}
@@ -56,7 +56,7 @@ do
     redis.call('HSET', jk, 'wfr', 1, 'x', '1')
     redis.call('HDEL', jk, 'wf')
     redis.call('RPUSH', run_key(p, id, 'log'),
-      cmsgpack.pack({'slice', args[3], now, tonumber(f[2]) or 0}))
+      cmsgpack.pack({'slice', args[WfLoadArg.WORKER], now, tonumber(f[2]) or 0}))
     local fails = {}
     local h = redis.call('HGETALL', run_key(p, id, 'h'))
     for i = 1, #h, 2 do
@@ -74,18 +74,19 @@ do
   -- step instead. Returns 1, 0 (lease lost: nothing written) or -1 (seq is not next).
   local function wf_step(keys, args)
     local p, now = prefix(keys), now_ms()
-    local id, tok, seq = args[1], args[2], tonumber(args[3])
+    local id, tok, seq = args[WfStepArg.RUN], args[WfStepArg.TOKEN], tonumber(args[WfStepArg.SEQ])
     if not holds(job_key(p, id), tok) then
       return 0
     end
-    if args[6] == 'failed' then
-      redis.call('HINCRBY', run_key(p, id, 'h'), 'a:' .. args[5], 1)
+    if args[WfStepArg.STATUS] == 'failed' then
+      redis.call('HINCRBY', run_key(p, id, 'h'), 'a:' .. args[WfStepArg.NAME], 1)
       return 1
     end
     if redis.call('LLEN', run_key(p, id, 'steps')) ~= seq then
       return -1
     end
-    checkpoint(p, id, {args[4], args[5], args[6], args[7], tonumber(args[8]), args[9], now})
+    checkpoint(p, id, {args[WfStepArg.KIND], args[WfStepArg.NAME], args[WfStepArg.STATUS],
+      args[WfStepArg.VALUE], tonumber(args[WfStepArg.MS]), args[WfStepArg.WORKER], now})
     return 1
   end
 
@@ -95,26 +96,27 @@ do
   -- {'fenced'}.
   local function wf_wait(keys, args)
     local p, now = prefix(keys), now_ms()
-    local id, tok, seq, kind, name = args[1], args[2], tonumber(args[3]), args[4], args[5]
+    local id, tok, seq, kind, name = args[WfWaitArg.RUN], args[WfWaitArg.TOKEN],
+      tonumber(args[WfWaitArg.SEQ]), args[WfWaitArg.KIND], args[WfWaitArg.NAME]
     local jk = job_key(p, id)
     if not holds(jk, tok) then
       return {'fenced'}
     end
-    local ms = tonumber(args[6])
-    local deadline, since = pending_wait(jk, seq, args[7] == '1' and ms or now + ms, now)
+    local ms = tonumber(args[WfWaitArg.MS])
+    local deadline, since = pending_wait(jk, seq, args[WfWaitArg.ABSOLUTE] == '1' and ms or now + ms, now)
     if kind == 'signal' then
       local i, raw, e = find_signal(p, id, name)
       if i then
         redis.call('LREM', run_key(p, id, 'sig'), 1, raw)
         redis.call('HDEL', jk, 'wfw')
-        checkpoint(p, id, {'signal', name, 'ok', e[2], now - since, args[8], now})
+        checkpoint(p, id, {'signal', name, 'ok', e[2], now - since, args[WfWaitArg.WORKER], now})
         return {'signal', e[2]}
       end
     end
     if now >= deadline then
       redis.call('HDEL', jk, 'wfw')
       checkpoint(p, id, {kind, name, kind == 'signal' and 'timeout' or 'ok', '', now - since,
-        args[8], now})
+        args[WfWaitArg.WORKER], now})
       return {'done'}
     end
     return {'wait', deadline - now}
@@ -125,13 +127,14 @@ do
   -- {'wait', settled id, ..} (and the run's `wfk` names the children it waits for).
   local function wf_children(keys, args)
     local p, now = prefix(keys), now_ms()
-    local id, tok, seq = args[1], args[2], tonumber(args[3])
+    local id, tok, seq = args[WfChildrenArg.RUN], args[WfChildrenArg.TOKEN],
+      tonumber(args[WfChildrenArg.SEQ])
     local jk = job_key(p, id)
     if not holds(jk, tok) then
       return {'fenced'}
     end
     local _, since = pending_wait(jk, seq, 0, now)
-    local ids = cmsgpack.unpack(args[5])
+    local ids = cmsgpack.unpack(args[WfChildrenArg.CHILDREN])
     local out, settled, missing = {'done'}, {'wait'}, false
     if #ids > 0 then
       local fields = {}
@@ -149,7 +152,7 @@ do
       end
     end
     if missing then
-      redis.call('HSET', jk, 'wfk', args[5])
+      redis.call('HSET', jk, 'wfk', args[WfChildrenArg.CHILDREN])
       return settled
     end
     redis.call('HDEL', jk, 'wfw', 'wfk')
@@ -158,7 +161,8 @@ do
       results[i - 1] = cmsgpack.unpack(out[i])
     end
     -- JSON, as the other checkpoints' values: [[status, result or error JSON], ..]
-    checkpoint(p, id, {'children', args[4], 'ok', cjson.encode(results), now - since, args[6], now})
+    checkpoint(p, id, {'children', args[WfChildrenArg.NAME], 'ok', cjson.encode(results), now - since,
+      args[WfChildrenArg.WORKER], now})
     return out
   end
 
@@ -167,7 +171,7 @@ do
   -- 0 the run has finished, -1 no such run.
   local function signal(keys, args)
     local p, now = prefix(keys), now_ms()
-    local id, name, sid = args[1], args[2], args[4]
+    local id, name, sid = args[SignalArg.RUN], args[SignalArg.NAME], args[SignalArg.SIGNAL_ID]
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'st', 'wf', 'lane')
     if not f[1] then
@@ -179,7 +183,7 @@ do
     if sid ~= '' and redis.call('HSETNX', run_key(p, id, 'h'), 's:' .. sid, now) == 0 then
       return 2
     end
-    redis.call('RPUSH', run_key(p, id, 'sig'), cmsgpack.pack({name, args[3], now}))
+    redis.call('RPUSH', run_key(p, id, 'sig'), cmsgpack.pack({name, args[SignalArg.PAYLOAD], now}))
     if f[1] == 'scheduled' and f[2] == 'signal:' .. name then
       wake_run(p, id, f[3], now)
     end
