@@ -257,7 +257,7 @@ one borrowed job to finish. Guaranteed is restricted: only the tenants entitled 
 class Entitlement:
     """Which restricted classes a tenant may use, and the class its jobs take when
     neither the call nor the task names one. Kept in the store per tenant; the enqueue
-    script is its twin (``lua/enqueue.lua``, ``hot.tenant_class``)."""
+    script is its twin (``lua/classes.lua``, ``classes.tenant_class``, called by the enqueue)."""
 
     classes: frozenset[str] = frozenset()
     """The restricted classes it may use (an unrestricted class needs no entitlement)."""

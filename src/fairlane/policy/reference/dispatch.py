@@ -2,11 +2,11 @@
 
 ``fairlane.policy.reference.model`` states the rules; this module holds the per-lane
 state and the steps the scripts run inside one call (``dispatch_lane`` and the fetch's
-rounds, ``push_ready``, ``enter_woken``, the throttle release, worker registration and
-promotion in ``fairlane.lua``), and the declarations a lane and its tenants take (class
-table, weights, fairness keys' weights, concurrency settings). The decisions are the
-policy modules' own: ``fairlane.policy.classes.next_class`` picks the class,
-``fairlane.policy.fairkeys.KeyTags`` gives a keyed job its order number in its tenant's
+rounds, ``push_ready``, ``enter_woken``, the throttle release, worker registration
+(``worker.lua``) and promotion (``lease.lua``)), and the declarations a lane and its
+tenants take (class table, weights, fairness keys' weights, concurrency settings). The
+decisions are the policy modules' own: ``fairlane.policy.classes.next_class`` picks the
+class, ``fairlane.policy.fairkeys.KeyTags`` gives a keyed job its order number in its tenant's
 queue, ``fairlane.policy.throttle.Throttles`` admits, parks and wakes,
 ``fairlane.policy.ceilings`` gives a tenant's limit. This module only composes them.
 """
