@@ -52,7 +52,10 @@ def _script() -> str:
         "function core.prefix(keys) return string.sub(keys[1], 1, #keys[1] - 3) end\n"
     )
     expose = ("throttle.thr_acquire", "throttle.thr_release", "throttle.thr_cancel")
-    return lua_modules(core, "classes.lua", "rates.lua", "throttle.lua", expose=expose) + _DRIVER
+    return (
+        lua_modules(core, "classes.lua", "rates.lua", "keyparts.lua", "throttle.lua", expose=expose)
+        + _DRIVER
+    )
 
 
 @pytest.fixture(scope="module")

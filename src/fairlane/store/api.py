@@ -21,6 +21,7 @@ from fairlane.store.apikeys import KeyRecords
 from fairlane.store.connection import create_client
 from fairlane.store.exchange import WorkerCalls
 from fairlane.store.gate import POOL_HEADROOM, CallGate
+from fairlane.store.globalkeys import GlobalKeyCalls
 from fairlane.store.keyspace import KeyspaceCalls, unlink_matching
 from fairlane.store.lookup import JobCalls
 from fairlane.store.memory import MemoryGauge
@@ -41,7 +42,15 @@ def redact_url(url: str) -> str:
     return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
 
 
-class Store(Submission, TenantCalls, JobCalls, WorkerCalls, PayloadIndexCalls, KeyspaceCalls):
+class Store(
+    Submission,
+    TenantCalls,
+    JobCalls,
+    WorkerCalls,
+    PayloadIndexCalls,
+    KeyspaceCalls,
+    GlobalKeyCalls,
+):
     """The typed face of one server (or shard) for one app."""
 
     @cached_property

@@ -218,8 +218,31 @@ class SignalArg(IntEnum):
     SIGNAL_ID = 4  # '': none
 
 
+class GkEnableArg(IntEnum):
+    """``gk_enable``."""
+
+    SHARDS = 1  # the app's shard count
+
+
+class GkReportArg(IntEnum):
+    """``gk_report``."""
+
+    EPOCH = 1  # the balancer pass's epoch
+    LIMIT = 2  # at most this many keys
+
+
+class GkOrderArg(IntEnum):
+    """``gk_order``."""
+
+    EPOCH = 1
+    ORDERS = 2  # msgpack [GkOrderField entry, ..]
+
+
 #: every function's arguments; the Lua names each by its class name (``WfStepArg.RUN``)
 ARGV: Final[tuple[type[IntEnum], ...]] = (
+    GkEnableArg,
+    GkReportArg,
+    GkOrderArg,
     EnqueueArg,
     EnqueueAsArg,
     ExchangeArg,

@@ -64,6 +64,12 @@ pattern (after the prefix)  type   holds                              written by
                                   pushbacks, ``wn``/``wt`` woken and
                                   ms waited
 ``rates``                  zset   rate key -> last written (ms)      fetch, ack (views trim)
+``gkeys``                  zset   global key this shard has used     fetch (first use), the
+                                  (score 0); ``thr`` holds ``gs``    balancer (gk_report,
+                                  the app's shard count, ``ge`` the  gk_order); gk_enable
+                                  highest epoch seen, ``gf:<key>``   writes ``gs``
+                                  this shard's part of a key
+``gk:epoch``               str    balancer epoch counter (shard 0)   the balancer (INCR)
 ``ratedue``                zset   rate-blocked key with waiters ->   fetch, ack, cancel
                                   when it is due (ms): the timer
 ``trate``                  hash   tenant -> its own rate             configure_rate
@@ -328,6 +334,17 @@ class AppKeys:
     def rate_due(self) -> str:
         """Rate-blocked keys with waiters -> when they are due (ms): the rate timer."""
         return self.prefix + "ratedue"
+
+    @property
+    def global_keys(self) -> str:
+        """The global keys this shard has used (scripts derive the same name,
+        ``<prefix> .. 'gkeys'``): what the balancer's report reads."""
+        return self.prefix + "gkeys"
+
+    @property
+    def balancer_epoch(self) -> str:
+        """The global-key balancer's epoch counter (used in the home shard, 0)."""
+        return self.prefix + "gk:epoch"
 
     @property
     def tenant_rates(self) -> str:

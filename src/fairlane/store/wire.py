@@ -125,6 +125,35 @@ class RateField(IntEnum):
     UNITS = 5  # 1: the key counts work units, 0: jobs
 
 
+class GkReportField(IntEnum):
+    """Places of one key's entry in a shard's report to the global-key balancer
+    (``gk_report``, ``store/globalkeys.py``)."""
+
+    KEY = 1
+    PART = 2  # the part in force, '%.17g'
+    USED = 3  # slots held and offered
+    LIMIT = 4  # the concurrency limit in force; -1: none (a key of rates only, or idle)
+    WAITING = 5  # jobs parked on the key
+    WEIGHT = 6  # the sum of the weights of the tenants waiting, '%.17g'
+    ACTIVE = 7  # 1 while a job of the shard names the key
+    PAUSED_UNTIL = 8  # server ms; 0: not paused
+
+
+class GkOrderField(IntEnum):
+    """Places of one order of the global-key balancer (``gk_order``)."""
+
+    KEY = 1
+    PART = 2
+    PAUSED_UNTIL = 3  # lengthens the key's pause to it; 0: no pause
+
+
+class GkHeldField(IntEnum):
+    """Places of one key's entry in ``gk_order``'s reply."""
+
+    KEY = 1
+    HELD = 2  # what the shard holds of the key now, '%.17g'
+
+
 class ExchangeField(IntEnum):
     """Positions of the exchange's one msgpack argument (``Exchange.exchange``)."""
 
@@ -484,6 +513,9 @@ def lua_names() -> Mapping[str, str]:
         ("Load", LoadReply),
         ("Reply", Reply),
         ("AckCode", AckCode),
+        ("GkReport", GkReportField),
+        ("GkOrder", GkOrderField),
+        ("GkHeld", GkHeldField),
         *((args.__name__, args) for args in ARGV),
     )
     for prefix, enum in tables:

@@ -33,10 +33,12 @@ leases set (running), or none (finished).
 -- @include core.lua
 -- @include classes.lua
 -- @include rates.lua
+-- @include keyparts.lua
 -- @include throttle.lua
 
 -- @include fairqueue.lua
 -- @include fairkeys.lua
+-- @include globalkeys.lua
 -- @include bounds.lua
 -- @include admission.lua
 -- @include runs.lua
@@ -98,5 +100,11 @@ redis.register_function{function_name = '__PREFIX__wf_step', callback = workflow
 redis.register_function{function_name = '__PREFIX__wf_wait', callback = workflows.wf_wait}
 redis.register_function{function_name = '__PREFIX__wf_children', callback = workflows.wf_children}
 redis.register_function{function_name = '__PREFIX__signal', callback = workflows.signal}
+redis.register_function{function_name = '__PREFIX__gk_enable', callback = globalkeys.enable,
+  flags = core.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__gk_report', callback = globalkeys.report,
+  flags = core.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__gk_order', callback = globalkeys.order,
+  flags = core.ALLOW_OOM}
 
 -- @include tenantsweep.lua

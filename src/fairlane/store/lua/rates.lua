@@ -61,10 +61,11 @@ do
   end
 
   -- What a job of rate cost `units` takes: 1, or its units at most the burst (a burst
-  -- lowered under a waiting job's cost would otherwise never let it start).
+  -- lowered under a waiting job's cost would otherwise never let it start); a shard's
+  -- part of a global key caps it at the whole key's burst (`cap`, keyparts.rate).
   function rates.cost(rate, units)
     if rate.units then
-      return math.min(units, rate.burst)
+      return math.min(units, rate.cap or rate.burst)
     end
     return 1
   end

@@ -19,9 +19,10 @@
 --
 -- Keys: KEYS[THR], KEYS[THRW], <THR>:s:<key>, <THR>:f:<key>, ratedue, sig:<tenant>,
 --   KEYS[TLIMITS], KEYS[WEIGHTS]
--- Calls: core, classes, rates
+-- Calls: core, classes, rates, keyparts
 -- Entry points: throttle.{RATE_BUCKETS, RATE_WIDTH_MS, apply_given, note_duration,
---   note_submissions, rate_per_min, refund_rates, settle_keys, sig_key, take_rates,
+--   note_submissions, rate_in_force, rate_per_min, refund_rates, settle_keys, sig_key,
+--   take_rates, wake_keys,
 --   tenant_limit, thr_acquire, thr_cancel, thr_cancel_waiter, thr_next_due,
 --   thr_push_back, thr_release, thr_wake_due}
 
@@ -76,13 +77,21 @@ do
   end
 
   -- A key's room, the rate in force on it (nil: none) and the end of a pause (nil: never
-  -- paused), in one read.
+  -- paused), in one read; a global key's, of this shard's part (keyparts.lua).
   local function room(keys, key)
     local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key, 'o:' .. key, 'rp:' .. key,
-      'pz:' .. key)
-    return (tonumber(v[1]) or 0) - (tonumber(v[2]) or 0) - (tonumber(v[3]) or 0), rates.parse(v[4]),
-      tonumber(v[5])
+      'pz:' .. key, 'gs', 'gf:' .. key)
+    local part = keyparts.of(v[6], v[7], key)
+    return keyparts.limit(tonumber(v[1]) or 0, part) - (tonumber(v[2]) or 0) - (tonumber(v[3]) or 0),
+      keyparts.rate(rates.parse(v[4]), part), tonumber(v[5])
   end
+
+  -- The rate in force on a key (nil: none), of this shard's part when it is global.
+  local function rate_in_force(keys, key)
+    local v = redis.call('HMGET', keys[THR], 'rp:' .. key, 'gs', 'gf:' .. key)
+    return keyparts.rate(rates.parse(v[1]), keyparts.of(v[2], v[3], key))
+  end
+  throttle.rate_in_force = rate_in_force
 
   -- The first of `names` that blocks a job of rate cost `units` at `now`: no room; a
   -- pause; or a rate it does not fit, or waiters on a rate key other than `waking` (no
@@ -139,7 +148,7 @@ do
       redis.call('HDEL', keys[THR], 'c:' .. id)
     end
     for _, key in ipairs(names) do
-      local rate = rates.parse(redis.call('HGET', keys[THR], 'rp:' .. key))
+      local rate = rate_in_force(keys, key)
       if rate then
         rates.correct(keys, key, rate, rates.cost(rate, units), now)
       end
@@ -272,6 +281,14 @@ do
     end
   end
 
+  -- Wake every key of `names` that has room and waiters (a part raised); returns the
+  -- waiters woken, which the caller enters.
+  function throttle.wake_keys(keys, names, now)
+    local out = {}
+    wake_all(keys, names, out, now)
+    return out
+  end
+
   local function unref(keys, names)
     for _, key in ipairs(names) do
       if redis.call('HINCRBY', keys[THR], 'r:' .. key, -1) <= 0 then
@@ -296,8 +313,8 @@ do
     redis.call('HDEL', keys[THR], 'w:' .. id)
     local ok = true
     for _, key in ipairs(names) do
-      local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key)
-      if (tonumber(v[2]) or 0) >= (tonumber(v[1]) or 0) then
+      local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key, 'gs', 'gf:' .. key)
+      if (tonumber(v[2]) or 0) >= keyparts.limit(tonumber(v[1]) or 0, keyparts.of(v[3], v[4], key)) then
         ok = false
         break
       end
@@ -341,7 +358,7 @@ do
     table.sort(names)
     for _, key in ipairs(names) do
       local g = given[key]
-      local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'rp:' .. key)
+      local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'rp:' .. key, 'gs')
       local cur, limit = tonumber(v[1]), nil
       if g.lim and g.lim[Limit.MIN] then
         local hi, lo = tonumber(g.lim[Limit.LIMIT]), tonumber(g.lim[Limit.MIN])
@@ -367,7 +384,9 @@ do
       if spec then
         redis.call('HSET', keys[THR], 'rp:' .. key, spec)
       end
-      redis.call('HINCRBY', keys[THR], 'r:' .. key, 1)
+      if redis.call('HINCRBY', keys[THR], 'r:' .. key, 1) == 1 and v[3] then
+        keyparts.first_use(keys, key)
+      end
     end
     return names, raised, adaptive
   end
@@ -416,8 +435,8 @@ do
     end
     redis.call('HDEL', keys[THR], 'c:' .. id)
     for _, key in ipairs(names) do
-      local v = redis.call('HMGET', keys[THR], 'rp:' .. key, 'ad:' .. key)
-      local rate = rates.parse(v[1])
+      local v = redis.call('HMGET', keys[THR], 'rp:' .. key, 'ad:' .. key, 'gs', 'gf:' .. key)
+      local rate = keyparts.rate(rates.parse(v[1]), keyparts.of(v[3], v[4], key))
       local cost = rate and rates.cost(rate, units)
       if rate and rate.units and used and cost ~= used then
         rates.correct(keys, key, rate, cost - used, now)

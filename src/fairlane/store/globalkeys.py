@@ -1,0 +1,102 @@
+"""A shard's calls for the global-key balancer (``store/lua/globalkeys.lua``).
+
+The balancer (``runtime/balancer.py``) reads each shard's report of its global keys and
+sends it orders, each call stamped with the pass's epoch (``fairlane.policy.globalkeys``
+states the protocol). Epochs come from a counter in the app's home shard, so that two
+balancers never share one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+from fairlane.policy.globalkeys import KeyReport, Order
+from fairlane.store.argv import GkEnableArg, GkOrderArg, GkReportArg, argv
+from fairlane.store.base import StoreBase
+from fairlane.store.wire import GkHeldField, GkOrderField, GkReportField
+
+__all__ = ["GlobalKeyCalls", "ShardReport"]
+
+_PACK: Final = msgspec.msgpack.Encoder()
+_UNPACK: Final = msgspec.msgpack.Decoder(list[list[Any]])
+
+#: at most this many keys in one report
+REPORT_LIMIT: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ShardReport:
+    """A shard's global keys as one pass read them."""
+
+    keys: dict[str, KeyReport]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _report(entry: list[Any]) -> tuple[str, KeyReport]:
+    def at(field: GkReportField) -> Any:
+        return entry[field - 1]
+
+    limit = int(at(GkReportField.LIMIT))
+    return _text(at(GkReportField.KEY)), KeyReport(
+        part=float(_text(at(GkReportField.PART))),
+        used=int(at(GkReportField.USED)),
+        limit=limit if limit > 0 else None,
+        waiting=int(at(GkReportField.WAITING)),
+        weight=float(_text(at(GkReportField.WEIGHT))),
+        active=bool(int(at(GkReportField.ACTIVE))),
+        paused_until=int(at(GkReportField.PAUSED_UNTIL)),
+    )
+
+
+def _order(order: Order) -> list[Any]:
+    fields = {
+        GkOrderField.KEY: order.key,
+        GkOrderField.PART: float(order.part),
+        GkOrderField.PAUSED_UNTIL: int(order.paused_until),
+    }
+    return [fields[f] for f in GkOrderField]
+
+
+class GlobalKeyCalls(StoreBase):
+    """One shard's side of the balancer's passes."""
+
+    async def enable_global_keys(self) -> None:
+        """Make this shard's keys global: one part of each, given by the balancer (an
+        app of many shards, before its workers dispatch)."""
+        await self.fcall("gk_enable", self._common, argv(GkEnableArg, shards=self.shards))
+
+    async def next_epoch(self) -> int:
+        """A balancer epoch no pass had (the home shard's counter)."""
+        return int(await self._call(self.client.incr, self.keys.balancer_epoch))
+
+    async def report_keys(self, epoch: int) -> ShardReport | None:
+        """The shard's global keys, for a pass of ``epoch``; None when a newer pass has
+        read the shard."""
+        raw = await self.fcall(
+            "gk_report", self._common, argv(GkReportArg, epoch=epoch, limit=REPORT_LIMIT)
+        )
+        if int(raw[0]) == 0:
+            return None
+        return ShardReport(dict(_report(e) for e in _UNPACK.decode(raw[1])))
+
+    async def order_keys(self, epoch: int, orders: Sequence[Order]) -> dict[str, float] | None:
+        """Apply a pass's orders; what the shard holds of each key now, or None when a
+        newer pass has read the shard."""
+        raw = await self.fcall(
+            "gk_order",
+            self._common,
+            argv(GkOrderArg, epoch=epoch, orders=_PACK.encode([_order(o) for o in orders])),
+        )
+        if int(raw[0]) == 0:
+            return None
+        return {
+            _text(e[GkHeldField.KEY - 1]): float(_text(e[GkHeldField.HELD - 1]))
+            for e in _UNPACK.decode(raw[1])
+        }
