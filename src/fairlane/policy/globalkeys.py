@@ -83,9 +83,11 @@ __all__ = [
     "EPSILON",
     "KeyReport",
     "Order",
+    "PassPlan",
     "ShardParts",
     "held",
     "is_tenant_key",
+    "plan_pass",
     "raises",
     "slots_of",
     "targets",
@@ -268,3 +270,52 @@ class ShardParts:
             return None
         self.part = part
         return held(KeyReport(self.part, self.used, self.limit, 0, 0.0, False))
+
+
+_IDLE = KeyReport(0.0, 0, None, 0, 0.0, False)
+
+
+@dataclass(frozen=True, slots=True)
+class PassPlan:
+    """A pass's first step, from every shard's report: the orders that lower parts (and
+    lengthen pauses), by shard; what each key's shards hold before them; and the parts
+    each key's shards want above what they hold."""
+
+    lowers: list[list[Order]]
+    holding: dict[str, list[float]]
+    wanted: dict[str, dict[int, float]]
+
+    def raise_orders(self, answers: Sequence[Mapping[str, float]]) -> list[list[Order]]:
+        """The second step, once the lowers answered (``answers``: each shard's held
+        parts after its lowers): the orders that raise parts within what is free."""
+        out: list[list[Order]] = [[] for _ in self.lowers]
+        for key, wanted in self.wanted.items():
+            holding = list(self.holding[key])
+            for shard, answer in enumerate(answers):
+                if key in answer:
+                    holding[shard] = answer[key]
+            for shard, part in raises(wanted, holding).items():
+                out[shard].append(Order(key, part))
+        return out
+
+
+def plan_pass(reports: Sequence[Mapping[str, KeyReport]]) -> PassPlan:
+    """What a pass does with its reports (one mapping of key -> report per shard)."""
+    lowers: list[list[Order]] = [[] for _ in reports]
+    holding: dict[str, list[float]] = {}
+    wanted: dict[str, dict[int, float]] = {}
+    for key in sorted({k for r in reports for k in r}):
+        rows = [r.get(key, _IDLE) for r in reports]
+        goal = targets(rows)
+        holding[key] = [held(r) for r in rows]
+        pause = max(r.paused_until for r in rows)
+        up: dict[int, float] = {}
+        for shard, (row, part) in enumerate(zip(rows, goal, strict=True)):
+            behind = row.paused_until < pause
+            if part < row.part - EPSILON or behind:
+                lowers[shard].append(Order(key, min(part, row.part), pause if behind else 0))
+            if part > holding[key][shard] + EPSILON:
+                up[shard] = part
+        if up:
+            wanted[key] = up
+    return PassPlan(lowers, holding, wanted)

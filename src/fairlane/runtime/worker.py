@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from fairlane.config.lanes import check_lane
 from fairlane.registry import Registry
 from fairlane.runtime.attempts import Attempts
+from fairlane.runtime.balancer import KeyBalancer
 from fairlane.runtime.beating import BeatShard, BeatThread
 from fairlane.runtime.cron import Enqueue, cron_loop
 from fairlane.runtime.executors import ProcessExecutor, ThreadExecutor
@@ -151,6 +152,8 @@ class Worker:
             None if self.pressure is None else PressureService(self.pressure, self.slots, self.id)
         )
         self._declare_outage = Outage(f"worker {self.id}: declaring", log)
+        #: the passes that share global keys between shards (an app of many shards)
+        self.balancer = KeyBalancer(stores.stores, self.id) if stores.count > 1 else None
         self._stop_at: float | None = None
         self._shards: list[ShardLoop] = []
 
@@ -252,6 +255,8 @@ class Worker:
             plugged = self.hooks.serving(self, stack)
             async with asyncio.TaskGroup() as services:
                 side.start(services, self.closed)
+                if self.balancer is not None:
+                    services.create_task(self.balancer.run(self.closed))
                 for shard in self._shards:
                     shard.start_services(services)
                 if self._enqueue is not None:
@@ -298,6 +303,8 @@ class Worker:
         for attempt in range(1, attempts + 1):
             try:
                 await self.registry.declare(self.stores.stores)
+                if self.balancer is not None:
+                    await self.balancer.enable()
             except StoreError as exc:
                 delay = self._declare_outage.failed(exc)
                 if attempt == attempts:

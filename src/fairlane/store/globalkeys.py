@@ -25,7 +25,7 @@ _PACK: Final = msgspec.msgpack.Encoder()
 _UNPACK: Final = msgspec.msgpack.Decoder(list[list[Any]])
 
 #: at most this many keys in one report
-REPORT_LIMIT: Final = 1000
+REPORT_LIMIT: Final = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +72,19 @@ class GlobalKeyCalls(StoreBase):
         app of many shards, before its workers dispatch)."""
         await self.fcall("gk_enable", self._common, argv(GkEnableArg, shards=self.shards))
 
+    async def lead_balancer(self, worker: str, ttl_ms: int) -> bool:
+        """Whether ``worker`` runs the balancer's passes for the next ``ttl_ms``: it takes
+        the lead when nobody holds it, or keeps its own. (Two balancers at once would be
+        safe, the epochs fence them; the lead only saves the work.)"""
+        key = self.keys.balancer_lead
+        if await self._call(self.client.set, key, worker, nx=True, px=ttl_ms):
+            return True
+        holder = await self._call(self.client.get, key)
+        if holder is not None and _text(holder) == worker:
+            await self._call(self.client.pexpire, key, ttl_ms)
+            return True
+        return False
+
     async def next_epoch(self) -> int:
         """A balancer epoch no pass had (the home shard's counter)."""
         return int(await self._call(self.client.incr, self.keys.balancer_epoch))
@@ -84,6 +97,11 @@ class GlobalKeyCalls(StoreBase):
         )
         if int(raw[0]) == 0:
             return None
+        if int(raw[0]) == 2:
+            raise ValueError(
+                f"shard {self.shard} uses more than {REPORT_LIMIT} global keys; the balancer "
+                "reads them all in one report"
+            )
         return ShardReport(dict(_report(e) for e in _UNPACK.decode(raw[1])))
 
     async def order_keys(self, epoch: int, orders: Sequence[Order]) -> dict[str, float] | None:

@@ -70,6 +70,8 @@ pattern (after the prefix)  type   holds                              written by
                                   highest epoch seen, ``gf:<key>``   writes ``gs``
                                   this shard's part of a key
 ``gk:epoch``               str    balancer epoch counter (shard 0)   the balancer (INCR)
+``gk:lead``                str    the worker running the balancer's  the balancer (SET NX PX)
+                                  passes, with an expiry (shard 0)
 ``ratedue``                zset   rate-blocked key with waiters ->   fetch, ack, cancel
                                   when it is due (ms): the timer
 ``trate``                  hash   tenant -> its own rate             configure_rate
@@ -345,6 +347,11 @@ class AppKeys:
     def balancer_epoch(self) -> str:
         """The global-key balancer's epoch counter (used in the home shard, 0)."""
         return self.prefix + "gk:epoch"
+
+    @property
+    def balancer_lead(self) -> str:
+        """The worker that runs the global-key balancer's passes, with an expiry (shard 0)."""
+        return self.prefix + "gk:lead"
 
     @property
     def tenant_rates(self) -> str:

@@ -84,14 +84,19 @@ do
     return 1
   end
 
-  -- ARGV: the pass's epoch, at most how many keys. Replies {0} to a stale epoch, else
+  -- ARGV: the pass's epoch, at most how many keys. Replies {0} to a stale epoch, {2}
+  -- when the shard has more keys than that (a pass must see every part), else
   -- {1, msgpack [GkReport entry, ..]}.
   function globalkeys.report(keys, args)
     if not fence(keys, tonumber(args[GkReportArg.EPOCH])) then
       return {0}
     end
     local out = {}
-    local names = redis.call('ZRANGE', keyparts.keys_key(keys), 0, tonumber(args[GkReportArg.LIMIT]) - 1)
+    local limit = tonumber(args[GkReportArg.LIMIT])
+    local names = redis.call('ZRANGE', keyparts.keys_key(keys), 0, limit)
+    if #names > limit then
+      return {2}
+    end
     for _, key in ipairs(names) do
       out[#out + 1] = key_report(keys, key)
     end

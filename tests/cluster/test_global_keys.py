@@ -1,0 +1,146 @@
+"""Global keys on a private 3-primary cluster: one limit for an app of three shards.
+
+Tenants of every shard share a concurrency key and a rate key; two workers of 16 slots
+serve all three shards, and the balancer (``runtime/balancer.py``) moves the keys'
+parts between shards. Each job records when it started and ended (one clock: the
+workers run in this process), so the jobs running on a key at once are counted at
+every start, not averaged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from fairlane import App, Rate
+from fairlane.runtime.worker import Worker
+from tests.e2e.helpers import WAIT, fast_settings, running_workers
+from tests.shards.test_sharding import tenants_of
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.contract,
+    pytest.mark.parametrize("redis_url", ["cluster"], indirect=True),
+]
+
+SHARDS = 3
+
+
+def _app(namespace: str, redis_url: str) -> App:
+    return App(namespace, redis_url=redis_url, settings=fast_settings(), shards=SHARDS)
+
+
+def peak_overlap(spans: Sequence[tuple[float, float]]) -> int:
+    """The most spans open at once, counted at every start."""
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    peak = running = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def running_at(spans: Sequence[tuple[float, float]], moment: float) -> int:
+    return sum(1 for s, e in spans if s <= moment < e)
+
+
+async def test_a_shared_limit_holds_across_shards(redis_url: str, namespace: str) -> None:
+    app = _app(namespace, redis_url)
+    spans: list[tuple[float, float]] = []
+
+    @app.task(limits={"model:big": 4})
+    async def call_model() -> None:
+        start = time.monotonic()
+        await asyncio.sleep(0.04)
+        spans.append((start, time.monotonic()))
+
+    tenants = tenants_of(app, range(SHARDS), per_shard=2)
+    async with app:
+        jobs = []
+        for names in tenants.values():
+            for tenant in names:
+                jobs += await call_model.enqueue_many([()] * 20, tenant=tenant)
+        async with running_workers(app, count=2, concurrency=16):
+            await asyncio.gather(*(job.result(timeout=WAIT) for job in jobs))
+    assert len(spans) == 120
+    assert peak_overlap(spans) <= 4
+    # the key was used, not starved: most of the time all four ran
+    busy = spans[-1][1] - min(s for s, _ in spans)
+    assert busy < 120 * 0.04 / 4 * 3, f"120 jobs of 40 ms on 4 slots took {busy:.2f} s"
+
+
+async def test_demand_on_one_shard_then_another_gets_the_whole_key(
+    redis_url: str, namespace: str
+) -> None:
+    """With the demand on one shard only, that shard runs the whole limit within a few
+    balancer passes; when the demand moves to another shard, the same."""
+    app = _app(namespace, redis_url)
+    spans: dict[str, list[tuple[float, float]]] = {}
+
+    @app.task(limits={"model:big": 4})
+    async def call_model(who: str) -> None:
+        start = time.monotonic()
+        await asyncio.sleep(0.1)
+        spans.setdefault(who, []).append((start, time.monotonic()))
+
+    tenants = tenants_of(app, range(SHARDS))
+    first, second = tenants[1][0], tenants[2][0]
+    async with app:
+        async with running_workers(app, count=2, concurrency=16) as workers:
+            reached = []
+            for tenant in (first, second):
+                passes = _passes(workers)
+                asked = time.monotonic()
+                jobs = await call_model.enqueue_many([(tenant,)] * 60, tenant=tenant)
+                done = [job.result(timeout=WAIT) for job in jobs]
+                full = await _until_full(spans, tenant, 4)
+                reached.append((full - asked, _passes(workers) - passes))
+                await asyncio.gather(*done)
+    for who in (first, second):
+        assert peak_overlap(spans[who]) <= 4
+    for seconds, passes in reached:
+        # the balancer runs a pass every 0.2 s: a lower, then a raise
+        assert passes <= 6, f"full after {seconds:.2f} s and {passes} passes"
+
+
+def _passes(workers: Sequence[Worker]) -> int:
+    return sum(w.balancer.passes for w in workers if w.balancer is not None)
+
+
+async def _until_full(spans: dict[str, list[tuple[float, float]]], who: str, limit: int) -> float:
+    """When ``limit`` of ``who``'s jobs first ran at once (polled on their records)."""
+    async with asyncio.timeout(WAIT):
+        while True:
+            got = spans.get(who, [])
+            ends = [e for _, e in got]
+            if got and any(running_at(got, s) >= limit for s, _ in got):
+                return min(s for s, _ in got if running_at(got, s) >= limit)
+            if len(ends) >= 40:
+                raise AssertionError(f"{who} never ran {limit} at once")
+            await asyncio.sleep(0.05)
+
+
+async def test_a_shared_rate_holds_across_shards(redis_url: str, namespace: str) -> None:
+    app = _app(namespace, redis_url)
+    starts: list[float] = []
+
+    @app.task(rates={"model:rpm": Rate(20, per=1.0)})
+    async def call_model() -> None:
+        starts.append(time.monotonic())
+
+    tenants = tenants_of(app, range(SHARDS))
+    async with app:
+        jobs = []
+        for (tenant,) in tenants.values():
+            jobs += await call_model.enqueue_many([()] * 30, tenant=tenant)
+        async with running_workers(app, count=2, concurrency=16):
+            await asyncio.gather(*(job.result(timeout=WAIT) for job in jobs))
+    starts.sort()
+    # limit + burst in any window of `per`
+    worst = max(sum(1 for t in starts if s <= t < s + 1.0) for s in starts)
+    assert worst <= 40, f"{worst} starts in one second"
+    span = starts[-1] - starts[0]
+    assert len(starts) / max(span, 1e-9) <= 20 * 1.25
