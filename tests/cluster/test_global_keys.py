@@ -88,17 +88,16 @@ async def test_demand_on_one_shard_then_another_gets_the_whole_key(
 
     tenants = tenants_of(app, range(SHARDS))
     first, second = tenants[1][0], tenants[2][0]
-    async with app:
-        async with running_workers(app, count=2, concurrency=16) as workers:
-            reached = []
-            for tenant in (first, second):
-                passes = _passes(workers)
-                asked = time.monotonic()
-                jobs = await call_model.enqueue_many([(tenant,)] * 60, tenant=tenant)
-                done = [job.result(timeout=WAIT) for job in jobs]
-                full = await _until_full(spans, tenant, 4)
-                reached.append((full - asked, _passes(workers) - passes))
-                await asyncio.gather(*done)
+    async with app, running_workers(app, count=2, concurrency=16) as workers:
+        reached = []
+        for tenant in (first, second):
+            passes = _passes(workers)
+            asked = time.monotonic()
+            jobs = await call_model.enqueue_many([(tenant,)] * 60, tenant=tenant)
+            done = [job.result(timeout=WAIT) for job in jobs]
+            full = await _until_full(spans, tenant, 4)
+            reached.append((full - asked, _passes(workers) - passes))
+            await asyncio.gather(*done)
     for who in (first, second):
         assert peak_overlap(spans[who]) <= 4
     for seconds, passes in reached:

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 
 from fairlane import App, Backoff, Context, TaskFailed
 from fairlane.config.pools import parse_config
+from fairlane.policy.globalkeys import Order
 from fairlane.registry import CallOptions
 from fairlane.store.api import Store, unlink_matching
 from fairlane.store.apikeys import KeyRecord
@@ -174,6 +175,12 @@ async def test_every_script_runs_on_a_cluster(redis_url: str, namespace: str) ->
         guard = records.guard("0123456789ab", KeyRecord("acme", "d" * 64, 0))
         guarded = echo.new_job(echo.encode_args(("guarded",), {}), CallOptions(tenant="acme"))
         assert (await echo.submit_job(guarded, guard=guard)).status == "accepted"
+        # a shard's side of global keys (an app of many shards runs them from its
+        # balancer; tests/cluster/test_global_keys.py runs that)
+        await app.store.enable_global_keys()
+        assert await app.store.order_keys(1, [Order("model:x", 0.5)]) == {"model:x": 0.5}
+        report = await app.store.report_keys(2)
+        assert report is not None and report.keys["model:x"].part == 0.5
         keys = await app_keys(redis_url, namespace)
         assert keys
         assert await app.purge() == len(keys)
