@@ -12,7 +12,7 @@
 -- Calls: core, rates
 -- Entry points: keyparts.{first_use, keys_key, limit, of, rate, rescale, tenant_key}
 
-local keyparts = {EPSILON = 1e-9}
+local keyparts = {EPSILON = __PART_EPSILON__}
 
 do
   local THR = core.THR
