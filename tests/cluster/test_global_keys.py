@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from fairlane import App, Rate
+from fairlane import Adaptive, App, Rate, Throttled
 from fairlane.runtime.worker import Worker
 from tests.e2e.helpers import WAIT, fast_settings, running_workers
 from tests.shards.test_sharding import tenants_of
@@ -143,3 +143,64 @@ async def test_a_shared_rate_holds_across_shards(redis_url: str, namespace: str)
     assert worst <= 40, f"{worst} starts in one second"
     span = starts[-1] - starts[0]
     assert len(starts) / max(span, 1e-9) <= 20 * 1.25
+
+
+async def test_a_pause_on_one_shard_stops_the_key_on_every_shard(
+    redis_url: str, namespace: str
+) -> None:
+    """An upstream's pushback on one shard pauses the key there at once, and on the
+    other shards by the balancer's next pass: after that, nothing starts on the key
+    anywhere until the pause ends."""
+    app = _app(namespace, redis_url)
+    starts: list[tuple[float, str]] = []
+    pushed: list[float] = []
+    tenants = tenants_of(app, range(SHARDS))
+    loud = tenants[0][0]
+
+    @app.task(limits={"model:big": 6})
+    async def call_model(who: str) -> None:
+        now = time.monotonic()
+        if who == loud and not pushed:
+            pushed.append(now)
+            raise Throttled("model:big", retry_after=2.0)
+        starts.append((now, who))
+        await asyncio.sleep(0.05)
+
+    async with app:
+        async with running_workers(app, count=2, concurrency=16):
+            warm = await call_model.enqueue_many([("warm",)], tenant=tenants[1][0])
+            await warm[0].result(timeout=WAIT)
+            jobs = []
+            for (tenant,) in tenants.values():
+                jobs += await call_model.enqueue_many([(tenant,)] * 100, tenant=tenant)
+            await asyncio.gather(*(job.result(timeout=WAIT) for job in jobs))
+    assert pushed
+    at = pushed[0]
+    late = [(round(t - at, 2), who) for t, who in starts if at + PAUSE_BOUND <= t < at + 1.8]
+    assert any(t > at + 2.0 for t, _ in starts), "the key was idle by the end of the pause"
+    assert not late, f"started during the pause: {late[:5]}"
+
+
+#: how long after a pushback another shard may still start a job on the paused key:
+#: two balancer passes (0.2 s each) and the calls of a pass, with room for a slow machine
+PAUSE_BOUND = 1.0
+
+
+async def test_an_adaptive_limit_holds_across_shards(redis_url: str, namespace: str) -> None:
+    app = _app(namespace, redis_url)
+    spans: list[tuple[float, float]] = []
+
+    @app.task(limits={"model:big": Adaptive(max=5, min=1)})
+    async def call_model() -> None:
+        start = time.monotonic()
+        await asyncio.sleep(0.03)
+        spans.append((start, time.monotonic()))
+
+    tenants = tenants_of(app, range(SHARDS))
+    async with app:
+        jobs = []
+        for (tenant,) in tenants.values():
+            jobs += await call_model.enqueue_many([()] * 30, tenant=tenant)
+        async with running_workers(app, count=2, concurrency=16):
+            await asyncio.gather(*(job.result(timeout=WAIT) for job in jobs))
+    assert peak_overlap(spans) <= 5
