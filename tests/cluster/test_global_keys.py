@@ -166,14 +166,13 @@ async def test_a_pause_on_one_shard_stops_the_key_on_every_shard(
         starts.append((now, who))
         await asyncio.sleep(0.05)
 
-    async with app:
-        async with running_workers(app, count=2, concurrency=16):
-            warm = await call_model.enqueue_many([("warm",)], tenant=tenants[1][0])
-            await warm[0].result(timeout=WAIT)
-            jobs = []
-            for (tenant,) in tenants.values():
-                jobs += await call_model.enqueue_many([(tenant,)] * 100, tenant=tenant)
-            await asyncio.gather(*(job.result(timeout=WAIT) for job in jobs))
+    async with app, running_workers(app, count=2, concurrency=16):
+        warm = await call_model.enqueue_many([("warm",)], tenant=tenants[1][0])
+        await warm[0].result(timeout=WAIT)
+        jobs = []
+        for (tenant,) in tenants.values():
+            jobs += await call_model.enqueue_many([(tenant,)] * 100, tenant=tenant)
+        await asyncio.gather(*(job.result(timeout=WAIT) for job in jobs))
     assert pushed
     at = pushed[0]
     late = [(round(t - at, 2), who) for t, who in starts if at + PAUSE_BOUND <= t < at + 1.8]

@@ -26,6 +26,7 @@ from fairlane.registry import CallOptions
 from fairlane.store.api import Store, unlink_matching
 from fairlane.store.apikeys import KeyRecord
 from fairlane.store.connection import create_client
+from fairlane.store.globalkeys import ShardReport
 from fairlane.store.keys import AppKeys
 from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE
 from tests.e2e.helpers import WAIT, app_keys, eventually, fast_settings, running_worker
@@ -180,7 +181,7 @@ async def test_every_script_runs_on_a_cluster(redis_url: str, namespace: str) ->
         await app.store.enable_global_keys()
         assert await app.store.order_keys(1, [Order("model:x", 0.5)]) == {"model:x": 0.5}
         report = await app.store.report_keys(2)
-        assert report is not None and report.keys["model:x"].part == 0.5
+        assert isinstance(report, ShardReport) and report.keys["model:x"].part == 0.5
         keys = await app_keys(redis_url, namespace)
         assert keys
         assert await app.purge() == len(keys)

@@ -16,6 +16,7 @@ import pytest
 from fairlane.policy.globalkeys import Order, ShardParts, slots_of
 from fairlane.policy.rates import Rate
 from fairlane.store.api import Store
+from fairlane.store.globalkeys import Refused, ShardReport
 from fairlane.store.wire import NewJob, Outcome, rate_entry
 
 pytestmark = pytest.mark.anyio
@@ -84,8 +85,8 @@ async def test_a_shards_part_agrees_with_its_model(store: Store) -> None:
                 epoch += rng.choice([0, 1, 1])
                 got = await store.report_keys(epoch)
                 want = model.report(epoch)
-                assert (got is None) == (want is None)
-                if got is not None and KEY in got.keys:
+                assert isinstance(got, Refused) == (want is None)
+                if isinstance(got, ShardReport) and KEY in got.keys:
                     assert got.keys[KEY].part == model.part
                     assert got.keys[KEY].waiting == waiting
             else:
@@ -94,8 +95,8 @@ async def test_a_shards_part_agrees_with_its_model(store: Store) -> None:
                 part = rng.choice([0.0, 0.25, 0.5, 0.75, 1.0])
                 held = await store.order_keys(e, [Order(KEY, part)])
                 want = model.order(e, part)
-                assert (held is None) == (want is None)
-                if held is not None:
+                assert isinstance(held, Refused) == (want is None)
+                if not isinstance(held, Refused):
                     assert held[KEY] == pytest.approx(want)
                 await shard.lease_woken()
             # a raise or an end woke waiters up to the room the part gives
@@ -113,7 +114,7 @@ async def test_without_a_part_a_global_key_runs_nothing(store: Store) -> None:
     got = await store.exchange("w", [LANE], 10, 60_000)
     assert got.jobs == []
     report = await store.report_keys(1)
-    assert report is not None
+    assert isinstance(report, ShardReport)
     entry = report.keys[KEY]
     assert (entry.part, entry.waiting, entry.limit, entry.active) == (0.0, 2, LIMIT, True)
     assert await store.order_keys(1, [Order(KEY, 0.25)]) == {KEY: 0.25}
@@ -128,7 +129,7 @@ async def test_tenant_keys_stay_local(store: Store) -> None:
     got = await store.exchange("w", [LANE], 10, 60_000)
     assert sorted(j.id for j in got.jobs) == ["a", "b"]
     report = await store.report_keys(1)
-    assert report is not None and report.keys == {}
+    assert isinstance(report, ShardReport) and report.keys == {}
 
 
 async def test_a_rate_part_scales_the_bucket_and_starts_empty(store: Store) -> None:
@@ -141,3 +142,13 @@ async def test_a_rate_part_scales_the_bucket_and_starts_empty(store: Store) -> N
     # a global key's bucket starts empty: what its part refills (5 a second), no burst
     started = len((await store.exchange("w", [LANE], 20, 60_000)).jobs)
     assert started <= 1
+
+
+async def test_a_refusal_names_the_epoch_seen_and_the_counter_moves_past_it(
+    store: Store,
+) -> None:
+    assert isinstance(await store.report_keys(7), ShardReport)
+    assert await store.report_keys(3) == Refused(7)
+    assert await store.order_keys(5, [Order(KEY, 0.5)]) == Refused(7)
+    await store.epoch_past(7)
+    assert await store.next_epoch() > 7

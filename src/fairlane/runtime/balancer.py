@@ -12,8 +12,10 @@ loop; one of them at a time holds the lead (``gk:lead`` in the home shard, kept 
 4. the orders that raise parts within what the lowers freed, all at once.
 
 A shard that refuses a call (a newer epoch read it) ends the pass: another balancer
-is running. A pass that fails on an outage is logged once and the next one starts
-afresh; parts lowered and not yet raised only leave capacity idle until then.
+is running, or a failover of the home shard lost the counter's last increments, so the
+counter is moved past the epoch the shard has seen before the next pass. A pass that
+fails on an outage is logged once and the next one starts afresh; parts lowered and
+not yet raised only leave capacity idle until then.
 The traffic is a fixed number of calls a pass, whatever the job rate: one lead, one
 epoch, one report per shard and at most two orders per shard.
 """
@@ -30,6 +32,7 @@ from fairlane.policy.globalkeys import Order, plan_pass
 from fairlane.runtime.lease import wait_or_stop
 from fairlane.runtime.outage import Outage
 from fairlane.store.api import Store
+from fairlane.store.globalkeys import Refused, ShardReport
 from fairlane.store.wire import StoreError
 
 __all__ = ["DEFAULT_INTERVAL", "KeyBalancer", "PassResult"]
@@ -81,9 +84,11 @@ class KeyBalancer:
         """One pass (the module docstring's four steps)."""
         epoch = await self.home.next_epoch()
         reports = await asyncio.gather(*(s.report_keys(epoch) for s in self.stores))
-        if any(r is None for r in reports):
+        read = [r for r in reports if isinstance(r, ShardReport)]
+        if len(read) < len(reports):
+            await self._refused(reports)
             return PassResult(epoch, 0, 0, 0, refused=True)
-        plan = plan_pass([r.keys for r in reports if r is not None])
+        plan = plan_pass([r.keys for r in read])
         answers = await self._send(epoch, plan.lowers)
         if answers is None:
             return PassResult(epoch, len(plan.holding), 0, 0, refused=True)
@@ -103,15 +108,21 @@ class KeyBalancer:
         """Each shard's orders, all at once; each shard's held parts, or None when a
         shard refused the epoch."""
 
-        async def one(store: Store, batch: Sequence[Order]) -> dict[str, float] | None:
+        async def one(store: Store, batch: Sequence[Order]) -> dict[str, float] | Refused:
             return await store.order_keys(epoch, batch) if batch else {}
 
         answers = await asyncio.gather(
             *(one(s, o) for s, o in zip(self.stores, orders, strict=True))
         )
-        if any(a is None for a in answers):
+        held = [a for a in answers if not isinstance(a, Refused)]
+        if len(held) < len(answers):
+            await self._refused(answers)
             return None
-        return [a for a in answers if a is not None]
+        return held
+
+    async def _refused(self, answers: Sequence[object]) -> None:
+        seen = max(a.seen for a in answers if isinstance(a, Refused))
+        await self.home.epoch_past(seen)
 
     async def lead(self) -> bool:
         ttl_ms = round(self.interval * _LEAD_PASSES * 1000)

@@ -19,13 +19,20 @@ from fairlane.store.argv import GkEnableArg, GkOrderArg, GkReportArg, argv
 from fairlane.store.base import StoreBase
 from fairlane.store.wire import GkHeldField, GkOrderField, GkReportField
 
-__all__ = ["GlobalKeyCalls", "ShardReport"]
+__all__ = ["GlobalKeyCalls", "Refused", "ShardReport"]
 
 _PACK: Final = msgspec.msgpack.Encoder()
 _UNPACK: Final = msgspec.msgpack.Decoder(list[list[Any]])
 
 #: at most this many keys in one report
 REPORT_LIMIT: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A shard refused a call: it has seen the newer epoch ``seen``."""
+
+    seen: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +96,22 @@ class GlobalKeyCalls(StoreBase):
         """A balancer epoch no pass had (the home shard's counter)."""
         return int(await self._call(self.client.incr, self.keys.balancer_epoch))
 
-    async def report_keys(self, epoch: int) -> ShardReport | None:
-        """The shard's global keys, for a pass of ``epoch``; None when a newer pass has
-        read the shard."""
+    async def epoch_past(self, seen: int) -> None:
+        """Move the epoch counter past ``seen``, an epoch a shard has seen: a failover of
+        the home shard may have lost the counter's last increments. An increment, never
+        a write, so that it cannot move the counter back under another balancer."""
+        now = int(await self._call(self.client.get, self.keys.balancer_epoch) or 0)
+        if now <= seen:
+            await self._call(self.client.incrby, self.keys.balancer_epoch, seen - now + 1)
+
+    async def report_keys(self, epoch: int) -> ShardReport | Refused:
+        """The shard's global keys, for a pass of ``epoch``; ``Refused`` when a newer
+        pass has read the shard."""
         raw = await self.fcall(
             "gk_report", self._common, argv(GkReportArg, epoch=epoch, limit=REPORT_LIMIT)
         )
         if int(raw[0]) == 0:
-            return None
+            return Refused(int(raw[1]))
         if int(raw[0]) == 2:
             raise ValueError(
                 f"shard {self.shard} uses more than {REPORT_LIMIT} global keys; the balancer "
@@ -104,16 +119,16 @@ class GlobalKeyCalls(StoreBase):
             )
         return ShardReport(dict(_report(e) for e in _UNPACK.decode(raw[1])))
 
-    async def order_keys(self, epoch: int, orders: Sequence[Order]) -> dict[str, float] | None:
-        """Apply a pass's orders; what the shard holds of each key now, or None when a
-        newer pass has read the shard."""
+    async def order_keys(self, epoch: int, orders: Sequence[Order]) -> dict[str, float] | Refused:
+        """Apply a pass's orders; what the shard holds of each key now, or ``Refused``
+        when a newer pass has read the shard."""
         raw = await self.fcall(
             "gk_order",
             self._common,
             argv(GkOrderArg, epoch=epoch, orders=_PACK.encode([_order(o) for o in orders])),
         )
         if int(raw[0]) == 0:
-            return None
+            return Refused(int(raw[1]))
         return {
             _text(e[GkHeldField.KEY - 1]): float(_text(e[GkHeldField.HELD - 1]))
             for e in _UNPACK.decode(raw[1])

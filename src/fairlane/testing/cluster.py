@@ -32,13 +32,18 @@ def _cluster_info(client: redis.Redis) -> dict[str, str]:
 
 
 class RedisCluster(Managed):
-    """A private Redis Cluster of ``masters`` primaries (no replicas) for tests.
+    """A private Redis Cluster of ``masters`` primaries, each with ``replicas`` replicas
+    (none by default), for tests.
 
     Each primary is a :class:`RedisServer` of the same binary, with ``cluster-enabled yes``
     on its own port, cluster-bus port and directory. The slots are split evenly with
     ``CLUSTER ADDSLOTSRANGE`` and the nodes joined with ``CLUSTER MEET``, so no cluster CLI
     is needed; :meth:`start` returns once every node reports ``cluster_state:ok`` and
     knows every other. ``url`` is a ``redis+cluster://`` URL naming all the nodes.
+
+    With replicas, each replica follows its primary (``CLUSTER REPLICATE``) and
+    :meth:`start` also waits for every replica's link; killing a primary
+    (``servers[i].kill()``) then promotes its replica after ``node_timeout_ms``.
     """
 
     def __init__(
@@ -46,12 +51,17 @@ class RedisCluster(Managed):
         binary: str | None = None,
         *,
         masters: int = 3,
+        replicas: int = 0,
         extra_args: Sequence[str] = (),
         start_timeout: float = 30.0,
         node_timeout_ms: int = 5000,
     ) -> None:
         if masters < 1:
             raise ValueError("a cluster needs at least one master")
+        if replicas < 0:
+            raise ValueError("replicas must be >= 0")
+        self._replicas = replicas
+        self._followers: list[RedisServer] = []
         self._binary_name = binary
         self._masters = masters
         self._extra_args = tuple(extra_args)
@@ -68,6 +78,11 @@ class RedisCluster(Managed):
         return list(self._servers)
 
     @property
+    def followers(self) -> list[RedisServer]:
+        """The replicas: ``replicas`` per primary, in the primaries' order."""
+        return list(self._followers)
+
+    @property
     def startup_nodes(self) -> list[tuple[str, int]]:
         """``(host, port)`` of every primary."""
         return [(s.host, s.port) for s in self.servers]
@@ -82,9 +97,15 @@ class RedisCluster(Managed):
             raise RuntimeError("RedisCluster is already running")
         deadline = time.monotonic() + self._start_timeout
         try:
-            for _ in range(self._masters):
+            for _ in range(self._masters * (1 + self._replicas)):
                 self._start_node(deadline)
+            self._servers, self._followers = (
+                self._servers[: self._masters],
+                self._servers[self._masters :],
+            )
             self._form(deadline)
+            if self._followers:
+                self._follow(deadline)
         except BaseException:
             self.stop()
             raise
@@ -92,7 +113,8 @@ class RedisCluster(Managed):
 
     def stop(self) -> None:
         """Stop every node and delete their directories."""
-        servers, self._servers, self._bus_ports = self._servers, [], []
+        servers, self._servers, self._bus_ports = self._servers + self._followers, [], []
+        self._followers = []
         for server in servers:
             server.stop()
 
@@ -128,15 +150,16 @@ class RedisCluster(Managed):
             return
 
     def _form(self, deadline: float) -> None:
-        clients = [redis.Redis(host=s.host, port=s.port, socket_timeout=5.0) for s in self._servers]
+        nodes = self._servers + self._followers
+        clients = [redis.Redis(host=s.host, port=s.port, socket_timeout=5.0) for s in nodes]
         try:
-            n = len(clients)
-            for i, client in enumerate(clients):
+            n = self._masters
+            for i, client in enumerate(clients[:n]):
                 first, last = i * _CLUSTER_SLOTS // n, (i + 1) * _CLUSTER_SLOTS // n - 1
                 command(client, "CLUSTER", "ADDSLOTSRANGE", first, last)
                 # distinct epochs spare the nodes a round of collision handling
                 command(client, "CLUSTER", "SET-CONFIG-EPOCH", i + 1)
-            for server, bus in zip(self._servers[1:], self._bus_ports[1:], strict=True):
+            for server, bus in zip(nodes[1:], self._bus_ports[1:], strict=True):
                 command(clients[0], "CLUSTER", "MEET", server.host, server.port, bus)
             self._wait_formed(clients, deadline)
         finally:
@@ -158,3 +181,36 @@ class RedisCluster(Managed):
                 raise ServerStartError(f"the cluster did not form in time: {infos}")
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
+
+    def _follow(self, deadline: float) -> None:
+        """Each replica follows its primary; returns once every link is up."""
+        primaries = [
+            redis.Redis(host=s.host, port=s.port, socket_timeout=5.0) for s in self._servers
+        ]
+        followers = [
+            redis.Redis(host=s.host, port=s.port, socket_timeout=5.0) for s in self._followers
+        ]
+        try:
+            ids = [command(c, "CLUSTER", "MYID") for c in primaries]
+            for i, client in enumerate(followers):
+                master = ids[i // self._replicas]
+                command(
+                    client,
+                    "CLUSTER",
+                    "REPLICATE",
+                    master.decode() if isinstance(master, bytes) else master,
+                )
+            delay = 0.02
+            while True:
+                links = [
+                    client.info("replication").get("master_link_status") for client in followers
+                ]
+                if all(link == "up" for link in links):
+                    return
+                if time.monotonic() >= deadline:
+                    raise ServerStartError(f"the replicas did not follow in time: {links}")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+        finally:
+            for client in primaries + followers:
+                client.close()

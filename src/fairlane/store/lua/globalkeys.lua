@@ -15,16 +15,16 @@ local globalkeys = {WEIGHT_SAMPLE = 100}
 do
   local THR, THRW, WEIGHTS, prefix = core.THR, core.THRW, core.WEIGHTS, core.prefix
 
-  -- Whether a call of `epoch` may act; it raises the epoch seen.
+  -- Whether a call of `epoch` may act (it raises the epoch seen), and the epoch seen.
   local function fence(keys, epoch)
     local seen = tonumber(redis.call('HGET', keys[THR], 'ge')) or 0
     if epoch < seen then
-      return false
+      return false, seen
     end
     if epoch > seen then
       redis.call('HSET', keys[THR], 'ge', epoch)
     end
-    return true
+    return true, epoch
   end
 
   -- The sum of the weights of the tenants waiting on `key`: the first WEIGHT_SAMPLE of
@@ -84,12 +84,14 @@ do
     return 1
   end
 
-  -- ARGV: the pass's epoch, at most how many keys. Replies {0} to a stale epoch, {2}
+  -- ARGV: the pass's epoch, at most how many keys. Replies {0, the epoch seen} to a
+  -- stale epoch, {2}
   -- when the shard has more keys than that (a pass must see every part), else
   -- {1, msgpack [GkReport entry, ..]}.
   function globalkeys.report(keys, args)
-    if not fence(keys, tonumber(args[GkReportArg.EPOCH])) then
-      return {0}
+    local ok, seen = fence(keys, tonumber(args[GkReportArg.EPOCH]))
+    if not ok then
+      return {0, seen}
     end
     local out = {}
     local limit = tonumber(args[GkReportArg.LIMIT])
@@ -122,11 +124,12 @@ do
     return held(part, tonumber(v[2]), used), part > old
   end
 
-  -- ARGV: the pass's epoch, msgpack [GkOrder entry, ..]. Replies {0} to a stale epoch,
-  -- else {1, msgpack [GkHeld entry, ..]}; the waiters of a key whose part rose are woken.
+  -- ARGV: the pass's epoch, msgpack [GkOrder entry, ..]. Replies {0, the epoch seen} to
+  -- a stale epoch, else {1, msgpack [GkHeld entry, ..]}; the waiters of a key whose part rose are woken.
   function globalkeys.order(keys, args)
-    if not fence(keys, tonumber(args[GkOrderArg.EPOCH])) then
-      return {0}
+    local ok, seen = fence(keys, tonumber(args[GkOrderArg.EPOCH]))
+    if not ok then
+      return {0, seen}
     end
     local now = core.now_ms()
     local out, raised = {}, {}
