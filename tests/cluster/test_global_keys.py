@@ -203,3 +203,34 @@ async def test_an_adaptive_limit_holds_across_shards(redis_url: str, namespace: 
         async with running_workers(app, count=2, concurrency=16):
             await asyncio.gather(*(job.result(timeout=WAIT) for job in jobs))
     assert peak_overlap(spans) <= 5
+
+
+async def test_a_busy_key_is_shared_between_shards_by_their_waiting_weight(
+    redis_url: str, namespace: str
+) -> None:
+    """One tenant alone in shard 0 against four in shard 1, equal weights, all waiting on
+    one key: each tenant gets about a fifth of the key's starts, the lone one too
+    (between shards by waiting weight, within a shard by weight)."""
+    app = _app(namespace, redis_url)
+    starts: list[tuple[float, str]] = []
+
+    @app.task(limits={"model:big": 10})
+    async def call_model(who: str) -> None:
+        starts.append((time.monotonic(), who))
+        await asyncio.sleep(0.04)
+
+    tenants = tenants_of(app, range(2), per_shard=4)
+    lone, crowd = tenants[0][0], tenants[1]
+    async with app:
+        jobs = await call_model.enqueue_many([(lone,)] * 150, tenant=lone)
+        for tenant in crowd:
+            jobs += await call_model.enqueue_many([(tenant,)] * 150, tenant=tenant)
+        async with running_workers(app, count=2, concurrency=16):
+            await asyncio.gather(*(job.result(timeout=WAIT) for job in jobs))
+    # while every tenant was backlogged: up to the first tenant to run out
+    order = [who for _, who in sorted(starts)]
+    end = min(len(order) - order[::-1].index(t) for t in [lone, *crowd])
+    window = order[len(order) // 10 : end]
+    share = window.count(lone) / len(window)
+    print(f"lone tenant's share of the key's starts: {share:.3f} (fair 0.200)")
+    assert abs(share - 0.2) <= 0.03, f"lone tenant's share {share:.3f} (fair 0.200)"
