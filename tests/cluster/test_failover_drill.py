@@ -22,7 +22,7 @@ import redis
 from fairlane import App
 from fairlane.testing import RedisCluster
 from tests.cluster.test_global_keys import peak_overlap
-from tests.e2e.helpers import fast_settings, running_workers
+from tests.e2e.helpers import eventually, fast_settings, running_workers
 from tests.shards.test_sharding import tenants_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -38,6 +38,10 @@ def _promoted(cluster: RedisCluster, shard: int) -> bool:
         return client.info("replication").get("role") == "master"
     finally:
         client.close()
+
+
+async def _count_at_least(spans: list[tuple[float, float, str]], count: int) -> bool:
+    return len(spans) >= count
 
 
 async def test_a_primary_dies_and_the_app_serves_on() -> None:
@@ -57,14 +61,12 @@ async def test_a_primary_dies_and_the_app_serves_on() -> None:
             for tenant in tenants.values():
                 jobs += await call_model.enqueue_many([(tenant,)] * JOBS, tenant=tenant)
             async with running_workers(app, count=2, concurrency=16):
-                async with asyncio.timeout(DRILL_WAIT):
-                    while len(spans) < 30:
-                        await asyncio.sleep(0.02)
+                await eventually(lambda: _count_at_least(spans, 30), timeout=DRILL_WAIT)
                 killed = time.monotonic()
                 await asyncio.to_thread(cluster.servers[1].kill)
-                async with asyncio.timeout(DRILL_WAIT):
-                    while not await asyncio.to_thread(_promoted, cluster, 1):
-                        await asyncio.sleep(0.1)
+                await eventually(
+                    lambda: asyncio.to_thread(_promoted, cluster, 1), timeout=DRILL_WAIT, every=0.1
+                )
                 promoted = time.monotonic()
                 await asyncio.gather(*(job.result(timeout=DRILL_WAIT) for job in jobs))
     served = {who for start, _, who in spans if killed <= start < promoted}
