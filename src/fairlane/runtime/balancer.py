@@ -33,6 +33,7 @@ from fairlane.runtime.lease import wait_or_stop
 from fairlane.runtime.outage import Outage
 from fairlane.store.api import Store
 from fairlane.store.globalkeys import Refused, ShardReport
+from fairlane.store.shards import ShardedStores
 from fairlane.store.wire import StoreError
 
 __all__ = ["DEFAULT_INTERVAL", "KeyBalancer", "PassResult"]
@@ -58,19 +59,29 @@ class PassResult:
 
 
 class KeyBalancer:
-    """The balancer loop of one worker over its app's shards (``stores``, in order)."""
+    """The balancer loop of one worker over its app's shards (``stores``: their stores
+    in order, or the app's sharded stores, read once connected)."""
 
     def __init__(
-        self, stores: Sequence[Store], worker: str, *, interval: float = DEFAULT_INTERVAL
+        self,
+        stores: Sequence[Store] | ShardedStores,
+        worker: str,
+        *,
+        interval: float = DEFAULT_INTERVAL,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be > 0, got {interval}")
-        self.stores = list(stores)
+        self._stores = stores
         self.worker = worker
         self.interval = interval
         self.passes = 0
         self.last: PassResult | None = None
         self._outage = Outage("global-key balancer", log)
+
+    @property
+    def stores(self) -> list[Store]:
+        stores = self._stores
+        return stores.stores if isinstance(stores, ShardedStores) else list(stores)
 
     @property
     def home(self) -> Store:

@@ -153,7 +153,7 @@ class Worker:
         )
         self._declare_outage = Outage(f"worker {self.id}: declaring", log)
         #: the passes that share global keys between shards (an app of many shards)
-        self.balancer = KeyBalancer(stores.stores, self.id) if stores.count > 1 else None
+        self.balancer = KeyBalancer(stores, self.id) if stores.count > 1 else None
         self._stop_at: float | None = None
         self._shards: list[ShardLoop] = []
 
