@@ -229,6 +229,7 @@ class GkReportArg(IntEnum):
 
     EPOCH = 1  # the balancer pass's epoch
     LIMIT = 2  # at most this many keys
+    SHARDS = 3  # the app's shard count: the report marks the shard's keys global again
 
 
 class GkOrderArg(IntEnum):

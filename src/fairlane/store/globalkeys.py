@@ -108,7 +108,9 @@ class GlobalKeyCalls(StoreBase):
         """The shard's global keys, for a pass of ``epoch``; ``Refused`` when a newer
         pass has read the shard."""
         raw = await self.fcall(
-            "gk_report", self._common, argv(GkReportArg, epoch=epoch, limit=REPORT_LIMIT)
+            "gk_report",
+            self._common,
+            argv(GkReportArg, epoch=epoch, limit=REPORT_LIMIT, shards=self.shards),
         )
         if int(raw[0]) == 0:
             return Refused(int(raw[1]))

@@ -84,7 +84,8 @@ do
     return 1
   end
 
-  -- ARGV: the pass's epoch, at most how many keys. Replies {0, the epoch seen} to a
+  -- ARGV: the pass's epoch, at most how many keys, the app's shard count (a shard
+  -- restarted without its data is marked global again by the next pass). Replies {0, the epoch seen} to a
   -- stale epoch, {2}
   -- when the shard has more keys than that (a pass must see every part), else
   -- {1, msgpack [GkReport entry, ..]}.
@@ -93,6 +94,7 @@ do
     if not ok then
       return {0, seen}
     end
+    redis.call('HSETNX', keys[THR], 'gs', args[GkReportArg.SHARDS])
     local out = {}
     local limit = tonumber(args[GkReportArg.LIMIT])
     local names = redis.call('ZRANGE', keyparts.keys_key(keys), 0, limit)
