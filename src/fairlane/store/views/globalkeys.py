@@ -83,8 +83,9 @@ class GlobalKeyView:
 
 @dataclass(frozen=True, slots=True)
 class GlobalKeys:
-    """The global keys read (``known``: how many the shards list, a key counted once per
-    shard that lists it; more than were read when some shard lists more than the limit)."""
+    """The global keys read; ``known``: how many keys the shards list, the keys read
+    unless some shard lists more than the read's limit (then the most one shard lists, a
+    lower bound)."""
 
     enabled: bool = False
     keys: list[GlobalKeyView] = field(default_factory=list)
@@ -190,7 +191,7 @@ def global_keys(keys: Sequence[AppKeys], limit: int) -> Plan[GlobalKeys]:
     names = sorted({field_text(n) for listed in reply[1::3] for n in listed})
     names = [n for n in names if not is_tenant_key(n)]
     views = (yield from _views(keys, names)) if names else []
-    return GlobalKeys(True, views, sum(int(n) for n in reply[2::3]))
+    return GlobalKeys(True, views, max(len(names), *(int(n) for n in reply[2::3])))
 
 
 def job_global_keys(
