@@ -9,10 +9,13 @@ back in its queue with an offer), a deferral by admission (and its reason), a re
 backoff (and the error), a scheduled start, a suspended workflow, a rate key (named
 with its rate; while the job still waits on it, when its next tokens are due and a
 pause with its cause), a pushback (``Throttled``: the key paused for everyone, the
-attempt given back), or just a free worker slot. The job's rate keys are listed with
+attempt given back), or just a free worker slot. A job still parked on a key its app's
+shards share (a global key) is told the part of the key its shard holds, its use and
+waiters there, and what the other shards hold. The job's rate keys are listed with
 their state now. ``--json`` prints
 the same as JSON, with the timeline it was read from: the events the store logged and
-those rebuilt from the record (``"derived": true``).
+those rebuilt from the record (``"derived": true``), and the job's global keys with
+each shard's part.
 """
 
 from __future__ import annotations
@@ -30,19 +33,25 @@ from fairlane.app import App
 from fairlane.cli._common import AppSpec, JobId, RedisUrl, console, fail, load_app, run
 from fairlane.insight.explain import explain as explain_record
 from fairlane.insight.explain import format_ms, rate_keys_now
+from fairlane.insight.globalkeys import global_key_row
 from fairlane.store.records import Event, JobRecord
+from fairlane.store.views.globalkeys import JobGlobalKeys, job_global_keys
 from fairlane.store.views.rates import JobRates, job_rates
 
 __all__ = ["explain"]
 
 
-async def _load(app: App, job_id: str) -> tuple[JobRecord | None, list[Event], int, JobRates]:
+async def _load(
+    app: App, job_id: str
+) -> tuple[JobRecord | None, list[Event], int, JobRates, JobGlobalKeys]:
     async with app:
         store = app.store_for_job(job_id)
         record = await store.read_job(job_id)
         events = await store.job_events(job_id)
         rates = await store.read(job_rates(store.keys, job_id))
-        return record, events, await store.server_time_ms(), rates
+        names = [*(record.limits if record else ()), *rates.rates, *rates.adaptive]
+        shared = await store.view(job_global_keys, store.shard, names)
+        return record, events, await store.server_time_ms(), rates, shared
 
 
 def _at(ms: int) -> str:
@@ -68,13 +77,15 @@ def explain(
 ) -> None:
     """Explain a job: where its time went (waiting, and why; running, and where) in one answer."""
     app = load_app(app_spec, redis_url)
-    record, events, now_ms, rates = run(_load(app, job_id))
+    record, events, now_ms, rates, shared = run(_load(app, job_id))
     if record is None and not events:
         fail(
             f"no record of job {job_id} in app {app.name!r} (never enqueued, or removed by "
             "retention)"
         )
-    answer = explain_record(record or JobRecord(job_id), events, now_ms=now_ms, rates=rates)
+    answer = explain_record(
+        record or JobRecord(job_id), events, now_ms=now_ms, rates=rates, global_keys=shared
+    )
     if as_json:
         out = {
             "id": job_id,
@@ -90,6 +101,7 @@ def explain(
             ],
             "rate_keys": rate_keys_now(rates),
             "pushbacks": rates.pushbacks,
+            "global_keys": [global_key_row(v) for v in shared.keys.values()],
         }
         typer.echo(json.dumps(out, indent=2, ensure_ascii=False))
         return

@@ -54,7 +54,10 @@ job's class with. It is written with the start of the attempt, so it costs no co
 A job on rate keys is explained with what its record and the keys say now
 (``fairlane.store.views.rates.JobRates``, passed in as ``rates``): a key it parked on
 is named with its rate, and, while it still waits, when the key's next tokens are due
-and a pause with its cause.
+and a pause with its cause. A job parked on a key its app's shards share
+(``fairlane.store.views.globalkeys.JobGlobalKeys``, passed in as ``global_keys``) is
+told, while it still waits, what part of the key its shard holds, how much of it is in
+use and how many wait there, and what the other shards hold.
 
 Jobs logged by earlier versions of the store carry ``dispatched`` and final events
 (``completed``, ``failed``, ``cancelled``, ``expired``) as well; they are read as they
@@ -77,6 +80,7 @@ from fairlane.insight.timeline import FINAL, as_record, timeline
 from fairlane.insight.walk import Segment, Walk
 from fairlane.insight.words import format_ms
 from fairlane.store.records import Event, JobRecord
+from fairlane.store.views.globalkeys import JobGlobalKeys
 from fairlane.store.views.rates import JobRates
 
 __all__ = [
@@ -156,17 +160,19 @@ def explain(
     *,
     now_ms: int | None = None,
     rates: JobRates | None = None,
+    global_keys: JobGlobalKeys | None = None,
 ) -> Explanation:
     """Explain a job from its record (a ``JobRecord``, or the hash's fields as bytes or
     text) and its events; ``rates``: its rate keys and their state now
-    (``fairlane.store.views.rates.job_rates``).
+    (``fairlane.store.views.rates.job_rates``); ``global_keys``: the keys it names that
+    its app's shards share (``fairlane.store.views.globalkeys.job_global_keys``).
 
     A job not finished yet has its last segment end at ``now_ms`` (server time), or at its
     last event when ``now_ms`` is not given."""
     record = as_record(record)
     status = record.status
     ordered = timeline(record, events)
-    walk = Walk(record, rates)
+    walk = Walk(record, rates, global_keys)
     for ev in ordered:
         walk.step(ev)
     if walk.state is not None:

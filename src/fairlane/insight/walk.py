@@ -8,11 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fairlane.insight.globalkeys import global_key_text
 from fairlane.insight.rates import rate_now, rate_text
 from fairlane.insight.timeline import FINAL
 from fairlane.insight.words import Why, format_ms, queued_why
 from fairlane.store.fields import field_int, field_text
 from fairlane.store.records import Event, JobRecord
+from fairlane.store.views.globalkeys import JobGlobalKeys
 from fairlane.store.views.rates import JobRates
 
 __all__ = ["Segment", "Walk"]
@@ -53,10 +55,16 @@ class Segment:
 class Walk:
     """The state of a walk through the timeline: the segment open and what is known."""
 
-    def __init__(self, record: JobRecord, rates: JobRates | None = None) -> None:
+    def __init__(
+        self,
+        record: JobRecord,
+        rates: JobRates | None = None,
+        global_keys: JobGlobalKeys | None = None,
+    ) -> None:
         self.cls = record.service_class
         self.record = record
         self.rates = rates or JobRates()
+        self.global_keys = global_keys or JobGlobalKeys()
         self.segments: list[Segment] = []
         self.state: tuple[str, Why] | None = None
         self.since = 0
@@ -192,17 +200,24 @@ class Walk:
             self.segments[-1] = dataclasses.replace(last, cause="pushback", about=about)
 
     def live(self) -> None:
-        """The segment still open, told what its rate key says now."""
+        """The segment still open, told what its rate key says now, and, for a key
+        shared by the app's shards, what part of it the job's shard holds."""
         if self.state is None or self.state[0] not in ("parked", "paused"):
             return
         what, reason = self.state
-        if reason.cause not in ("rate", "pushback") or not reason.about:
+        if not reason.about:
             return
         key = reason.about[0]
-        view = self.rates.keys.get(key)
-        told = rate_now(view, self.rates.cost(key)) if view is not None else ""
-        if told:
-            self.state = (what, Why(f"{reason.why}; {told}", reason.cause, reason.about))
+        told: list[str] = []
+        if reason.cause in ("rate", "pushback"):
+            view = self.rates.keys.get(key)
+            told.append(rate_now(view, self.rates.cost(key)) if view is not None else "")
+        shared = self.global_keys.keys.get(key)
+        if what == "parked" and shared is not None:
+            told.append(global_key_text(shared, self.global_keys.shard))
+        said = "; ".join(t for t in told if t)
+        if said:
+            self.state = (what, Why(f"{reason.why}; {said}", reason.cause, reason.about))
 
     def dispatched(self, ms: int, d: Mapping[str, Any]) -> None:
         if self.state and self.state[0] == "queued":

@@ -68,6 +68,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from fairlane.metrics.config import MetricsConfig
+from fairlane.metrics.globalkeys import BalancerCollector
 from fairlane.metrics.histograms import (
     DURATION_BUCKETS,
     RETRY_DELAY_BUCKETS,
@@ -458,6 +459,8 @@ class MetricsHooks(WorkerHooks):
         metrics.registry.register(StoreCollector(reader, config.key_top_n, config.top_n))
         if worker.pressure is not None:
             metrics.registry.register(PressureCollector(worker.pressure))
+        if worker.balancer is not None:
+            metrics.registry.register(BalancerCollector(worker.balancer))
         server = MetricsServer(self.port, metrics.registry, reader, config.host)
         server.start()
         stack.callback(server.stop)

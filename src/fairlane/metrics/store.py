@@ -13,7 +13,9 @@ oldest-job ages in up to three more, and only for classes with jobs waiting
 ``rate_key_limit`` written most recently per shard) in one, or two when some key is
 known (``fairlane.store.views.rates``; ``fairlane.metrics.rates`` says what is
 exported and how the ``key`` label is bounded), then the active tenants of the classes
-with jobs waiting and their weights in two more (``fairlane.store.views.shares``).
+with jobs waiting and their weights in two more (``fairlane.store.views.shares``), and,
+for an app of many shards, its global keys and each shard's part of them in up to three
+(``fairlane.store.views.globalkeys``; ``fairlane.metrics.globalkeys``).
 ``StoreCollector`` turns
 the snapshot into metric families; ``autoscale_view`` into the ``/autoscale`` JSON.
 
@@ -78,6 +80,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
+from fairlane.metrics.globalkeys import global_key_families
 from fairlane.metrics.rates import DEFAULT_KEY_TOP_N, rate_families
 from fairlane.metrics.tenants import OTHER
 from fairlane.policy.admission.reasons import COUNTED_REASONS
@@ -86,6 +89,7 @@ from fairlane.policy.shards import check_shard_count
 from fairlane.store.connection import SyncClient, create_sync_client
 from fairlane.store.keys import AppKeys
 from fairlane.store.reads import run_sync
+from fairlane.store.views.globalkeys import GlobalKeys, global_keys
 from fairlane.store.views.lanes import LaneState, merge_lanes
 from fairlane.store.views.rates import RateKeys, rate_keys
 from fairlane.store.views.shares import entitled_shares
@@ -105,6 +109,8 @@ log = logging.getLogger("fairlane.metrics")
 RATE_KEYS_READ = 500
 #: Active tenants whose weights are read per class and shard for the entitled shares
 SHARE_TENANTS_READ = 1000
+#: Global keys read per shard at a scrape
+GLOBAL_KEYS_READ = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +130,8 @@ class StoreSnapshot:
     units: dict[UnitsKey, float] = field(default_factory=dict)
     #: per (lane, class) with work waiting, each waiting tenant's entitled share
     shares: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
+    #: an app of many shards: its global keys and each shard's part of them
+    global_keys: GlobalKeys = field(default_factory=GlobalKeys)
 
     def batch_classes(self, lane: str) -> frozenset[str]:
         return self.batch.get(lane, _DEFAULT_BATCH)
@@ -221,6 +229,9 @@ class StoreReader:
         shares = run_sync(
             self._client, entitled_shares(self.shard_keys, per_shard, self.share_tenants)
         )
+        shared = GlobalKeys()
+        if len(self.shard_keys) > 1:
+            shared = run_sync(self._client, global_keys(self.shard_keys, GLOBAL_KEYS_READ))
         return StoreSnapshot(
             lanes,
             totals.stats,
@@ -231,6 +242,7 @@ class StoreReader:
             rates=rates,
             units=totals.units,
             shares=shares,
+            global_keys=shared,
         )
 
     def close(self) -> None:
@@ -249,7 +261,8 @@ def _per_class(
 
 class StoreCollector(Collector):
     """Store-side metric families, from a ``StoreReader`` at each scrape; ``key_top_n``
-    rate keys get a ``key`` label of their own (``fairlane.metrics.rates``), and the
+    rate keys and as many global keys get a ``key`` label of their own
+    (``fairlane.metrics.rates``, ``fairlane.metrics.globalkeys``), and the
     ``tenant_top_n`` largest entitled shares of each class a ``tenant`` label."""
 
     def __init__(
@@ -282,6 +295,7 @@ class StoreCollector(Collector):
         yield from _queue_and_work(snap)
         yield _shares(snap.shares, self.tenant_top_n)
         yield from rate_families(snap.rates, self.key_top_n)
+        yield from global_key_families(snap.global_keys, self.key_top_n)
 
 
 def _lane_families(snap: StoreSnapshot) -> Iterator[Metric]:

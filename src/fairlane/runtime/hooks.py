@@ -30,6 +30,7 @@ from collections.abc import Coroutine, Iterable, Sequence
 from contextlib import AbstractContextManager, AsyncExitStack, ExitStack, nullcontext
 from typing import Any, Protocol
 
+from fairlane.runtime.balancer import KeyBalancer
 from fairlane.runtime.pressure import PressureGauge
 from fairlane.runtime.steps import StepInfo
 from fairlane.runtime.usage import JobContext
@@ -63,6 +64,11 @@ class WorkerView(Protocol):
 
     @property
     def closed(self) -> asyncio.Event: ...
+
+    @property
+    def balancer(self) -> KeyBalancer | None:
+        """The global-key balancer of a worker of an app of many shards."""
+        ...
 
     def running_jobs(self) -> list[FetchedJob]: ...
 

@@ -8,7 +8,11 @@ an app, its live workers and whether each of its admission pools names a lane th
 uses (a pool on no such lane bounds nothing; the app refuses to connect with one). On
 a Redis Cluster every primary is checked as a server of its own (each holds the jobs
 of the apps whose slots it serves), a primary that does not answer is an ERROR of its
-own, and every slot must be assigned.
+own, and every slot must be assigned. An app on a cluster is checked for how its
+scheduling shards (``App(shards=n)``) fall on the primaries: a primary with none of
+them does none of the app's scheduling, and primaries with more shards than others
+carry more of it (a WARN, with the shard count to use: as many as the primaries, or a
+multiple).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ __all__ = [
     "diagnose",
     "diagnose_cluster",
     "pools_finding",
+    "shards_finding",
     "workers_finding",
 ]
 
@@ -261,6 +266,41 @@ def pools_finding(config: FairlaneConfig, lanes_used: Sequence[str]) -> Finding:
     return Finding("OK", "pools", f"pool(s) {named} on lanes the app uses ({lanes})")
 
 
+def shards_finding(client: redis.RedisCluster, app_name: str, shards: int) -> Finding:
+    """How the app's shards fall on the cluster's primaries (by the slot of each
+    shard's keys): a WARN when some primary holds none or the counts are uneven."""
+    # unannotated in redis-py
+    get_primaries: Any = client.get_primaries
+    node_of: Any = client.get_node_from_key
+    primaries = sorted(_node_name(n) for n in get_primaries())
+    held = dict.fromkeys(primaries, 0)
+    for shard in range(shards):
+        node = _node_name(node_of(AppKeys.for_shard(app_name, shard, shards).stats))
+        held[node] = held.get(node, 0) + 1
+    spread = ", ".join(f"{name} {n}" for name, n in held.items())
+    where = f"app {app_name!r}: {shards} shard(s) on {len(primaries)} primaries ({spread})"
+    advice = (
+        f"when one primary's CPU is the limit, give the app shards={len(primaries)} (as many "
+        "as primaries) or a multiple of it, the same in every process of the app"
+    )
+    idle = [name for name, n in held.items() if n == 0]
+    if idle:
+        return Finding(
+            "WARN",
+            "shards",
+            f"{where}: {len(idle)} primar{'y does' if len(idle) == 1 else 'ies do'} none of "
+            f"its scheduling; {advice}",
+        )
+    if max(held.values()) != min(held.values()):
+        return Finding(
+            "WARN",
+            "shards",
+            f"{where}: uneven, the primaries with more shards carry more of its scheduling; "
+            f"{advice}",
+        )
+    return Finding("OK", "shards", f"{where}: even")
+
+
 def check_server(
     client: SyncClient,
     app: str | None = None,
@@ -280,5 +320,7 @@ def check_server(
         rows = [(None, finding) for finding in diagnose(client)]
     if app is not None:
         rows.append((wide, workers_finding(client, app, max_age, shards)))
+        if isinstance(client, redis.RedisCluster):
+            rows.append((wide, shards_finding(client, app, shards)))
     rows.extend((wide, finding) for finding in app_findings)
     return rows

@@ -22,9 +22,11 @@ from fairlane.app import App
 from fairlane.app.workflows import Workflow
 from fairlane.gateway.ui.queries import lanes_of, task_names
 from fairlane.insight.explain import explain, rate_keys_now
+from fairlane.insight.globalkeys import global_key_row
 from fairlane.insight.runview import run_view
 from fairlane.store.fields import field_text
 from fairlane.store.records import JobRecord
+from fairlane.store.views.globalkeys import job_global_keys
 from fairlane.store.views.jobs import PER_INDEX, STATES, Filter, candidates, listing
 from fairlane.store.views.rates import job_rates
 
@@ -110,7 +112,9 @@ async def job_detail(app: App, job_id: str) -> dict[str, Any] | None:
     events = await store.job_events(job_id)
     now = await store.server_time_ms()
     rates = await store.read(job_rates(store.keys, job_id))
-    why = explain(record, events, now_ms=now, rates=rates)
+    names = [*record.limits, *rates.rates, *rates.adaptive]
+    shared = await store.view(job_global_keys, store.shard, names)
+    why = explain(record, events, now_ms=now, rates=rates, global_keys=shared)
     row = _row(record, await store.is_dead_letter(job_id))
     detail: dict[str, Any] = {
         **row,
@@ -130,6 +134,7 @@ async def job_detail(app: App, job_id: str) -> dict[str, Any] | None:
         },
         "rate_keys": rate_keys_now(rates),
         "pushbacks": rates.pushbacks,
+        "global_keys": [global_key_row(v) for v in shared.keys.values()],
         "run": None,
     }
     if isinstance(app.tasks.get(record.task), Workflow) or record.run_started:

@@ -18,7 +18,11 @@ restarts of the gateway and of workers:
   the ``RATE_LIMIT`` keys written most recently (``fairlane.store.views.rates``);
 - start delays: percentiles of the time from a job's last attempt becoming eligible to
   its start, over the ``WAIT_SAMPLE`` most recent completed jobs per task that
-  retention keeps (the store keeps no histogram).
+  retention keeps (the store keeps no histogram);
+- global keys, for an app of many shards: each key its shards share, its limit, and
+  each shard's part of it, the slots it holds and uses, and the jobs and tenants'
+  weight waiting on it there (``fairlane.store.views.globalkeys``), at most
+  ``GLOBAL_KEY_LIMIT`` keys per shard.
 
 An app split into scheduling shards (``App(shards=n)``) is shown as one: every read
 covers every shard (the read models merge them: counts of jobs and slots summed,
@@ -31,8 +35,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from fairlane.app import App
+from fairlane.insight.globalkeys import global_key_row
 from fairlane.policy.classes import ClassView, allocate_observed
 from fairlane.store.views.fleet import declared_tasks, fleet_counts, running_slots
+from fairlane.store.views.globalkeys import global_keys
 from fairlane.store.views.lanes import LaneState
 from fairlane.store.views.rates import UNLIMITED, RateKeys, RateKeyView, rate_keys
 from fairlane.store.views.tenants import lane_tenants
@@ -55,6 +61,7 @@ LEASE_LIMIT = 5000  # running jobs read to attribute running slots to tenants
 WAITER_LIMIT = 5000  # throttle waiters read
 HEAD = 5  # waiter ids shown per throttle key
 RATE_LIMIT = 500  # rate keys read (the most recently written)
+GLOBAL_KEY_LIMIT = 500  # global keys read per shard
 
 #: running slots by (lane, class, tenant)
 Running = dict[tuple[str, str, str], int]
@@ -163,6 +170,13 @@ def _rate_row(view: RateKeyView) -> dict[str, Any]:
     }
 
 
+async def _global_keys(app: App) -> dict[str, Any]:
+    if app.shards < 2:
+        return {"known": 0, "keys": []}
+    shared = await app.store.view(global_keys, GLOBAL_KEY_LIMIT)
+    return {"known": shared.known, "keys": [global_key_row(v) for v in shared.keys]}
+
+
 def _rates(rates: RateKeys) -> dict[str, Any]:
     return {"known": rates.known, "keys": [_rate_row(v) for v in rates.keys]}
 
@@ -226,7 +240,7 @@ def _class_row(
 
 async def overview(app: App) -> dict[str, Any]:
     """The live view: counters, lanes with classes and tenants, throttle and rate keys,
-    waits."""
+    global keys, waits."""
     counts = await app.store.view(fleet_counts)
     running = await app.store.view(running_slots, LEASE_LIMIT)
     # admission decisions per lane, class and reason are the metrics' business, not a card's
@@ -240,5 +254,6 @@ async def overview(app: App) -> dict[str, Any]:
         "lanes": [await _lane(app, lane, running, counts.weights) for lane in lanes_of(app)],
         "throttles": await _throttles(app, rates),
         "rates": _rates(rates),
+        "global_keys": await _global_keys(app),
         "waits": await _waits(app, await task_names(app)),
     }

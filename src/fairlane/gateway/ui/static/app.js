@@ -130,6 +130,15 @@ function rateSection(rates, now) {
       "woken / mean wait", "waiters", "first waiters"], rows, "no rate keys in use"));
 }
 
+function globalKeySection(shared) {
+  const rows = shared.keys.flatMap((k) => k.shards.map((s, i) => [
+    i === 0 ? h("span", { class: "mono" }, k.key) : "", i === 0 ? (k.limit ?? "none (rate key)") : "",
+    s.shard, num(s.part), s.held ?? "-", s.used, s.waiting, num(s.weight)]));
+  return h("section", { class: "card", id: "global-keys" }, h("h2", {}, "Global keys"),
+    h("p", { class: "note" }, "keys the app's shards share: each shard holds a part of the key, moved toward the shards whose tenants wait"),
+    table(["key", "limit", "shard", "part", "held", "used", "waiting", "waiting weight"], rows, ""));
+}
+
 async function viewLive(main) {
   const o = await read("overview");
   const counters = [["running", o.counts.running], ["dead letters", o.counts.dead], ["workers", o.counts.workers],
@@ -145,6 +154,7 @@ async function viewLive(main) {
           t.in_use, t.offers, t.jobs, t.waiters,
           h("span", {}, t.head.map((id) => [jobLink(id), " "]))]), "no throttle keys in use")),
     rateSection(o.rates, o.now_ms),
+    ...(o.global_keys.keys.length ? [globalKeySection(o.global_keys)] : []),
     h("section", { class: "card" }, h("h2", {}, "Start delays"), h("p", { class: "note" }, o.waits.note),
       table(["lane / class", "jobs", "p50", "p95", "p99", ""], o.waits.by_class.map((w) => dist(`${w.lane} / ${w.class}`, w)),
         "no completed jobs kept yet"),
