@@ -265,6 +265,7 @@ def test_limits_are_checked_and_sorted() -> None:
         ({"k" * 201: 1}, ValueError, "at most 200"),
         ({3: 1}, ValueError, "limit keys"),
         ({"tenant:acme": 5}, ValueError, "reserved for tenants"),
+        ({"pool:default": 5}, ValueError, "reserved for admission pools"),
         ({"doc:1": -1}, ValueError, ">= 0"),
         ({"doc:1": True}, TypeError, "must be an int"),
         ({"doc:1": 1.5}, TypeError, "must be an int"),

@@ -86,8 +86,12 @@ __all__ = [
     "PassPlan",
     "ShardParts",
     "held",
+    "is_pool_key",
     "is_tenant_key",
     "plan_pass",
+    "pool_key",
+    "pool_part",
+    "pool_scaled",
     "raises",
     "slots_of",
     "targets",
@@ -319,3 +323,43 @@ def plan_pass(reports: Sequence[Mapping[str, KeyReport]]) -> PassPlan:
         if up:
             wanted[key] = up
     return PassPlan(lowers, holding, wanted)
+
+
+# -- admission pools -------------------------------------------------------------------
+
+#: an admission pool of lane ``L`` is the global key ``pool:<L>``; limit and rate keys
+#: of users may not start with it (``registry.calls``), so no user key can name a pool
+POOL_PREFIX = "pool:"
+
+
+def pool_key(lane: str) -> str:
+    """The global key of lane ``lane``'s admission pool."""
+    return POOL_PREFIX + lane
+
+
+def is_pool_key(key: str) -> bool:
+    return key.startswith(POOL_PREFIX)
+
+
+def pool_part(part: float | None, shards: int) -> float:
+    """A shard's part of an admission pool: the part in force, or ``1 / shards`` while no
+    pass has set one (``part`` None).
+
+    A throttle key's absent part is none: only dispatch uses it, and every worker runs a
+    balancer before it dispatches. A pool is used by producers, which submit before any
+    worker (and so any balancer) runs; an equal share each sums to 1 over the shards, so
+    the pool's bound holds from the first submission. For the same reason a pool's part
+    is never cleaned up when idle (it would come back as ``1 / shards`` beside parts
+    that already sum to 1), and a shard reports it as this share while it is absent, so
+    that the balancer's view of the parts is the one the shards admit by (the Lua twin:
+    ``keyparts.pool_part``)."""
+    if part is None:
+        return 1.0 / shards
+    return part
+
+
+def pool_scaled(value: int, part: float) -> int:
+    """What a bound of the pool (its capacity, a class's floor or queue bounds, the
+    recovery reserve, in milli-units or jobs) is on a shard of ``part``: rounded down,
+    so that the shards' bounds sum to at most the pool's (``keyparts.scaled``)."""
+    return max(0, math.floor(part * value + EPSILON))

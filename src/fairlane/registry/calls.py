@@ -27,6 +27,7 @@ from fairlane.config.lanes import LimitValue
 from fairlane.config.settings import DurabilitySettings
 from fairlane.policy.admission import Estimate
 from fairlane.policy.fairkeys import MAX_KEY_LENGTH
+from fairlane.policy.globalkeys import POOL_PREFIX
 from fairlane.policy.rates import Adaptive, Rate
 from fairlane.store.shards import ShardMap
 
@@ -35,6 +36,7 @@ __all__ = [
     "MAX_LIMIT_KEY_LENGTH",
     "PRIORITY_LIMIT",
     "RESERVED_LIMIT_PREFIX",
+    "RESERVED_POOL_PREFIX",
     "CallOptions",
     "Placement",
     "Seconds",
@@ -53,6 +55,9 @@ MAX_LIMIT_KEY_LENGTH = 200
 #: ``tenant:<name>`` is the key of the tenant's own concurrency limit, set by
 #: ``app.tenants.configure``; a job naming it could raise or lower another's limit.
 RESERVED_LIMIT_PREFIX = "tenant:"
+#: ``pool:<lane>`` is the key of a lane's admission pool among an app's global keys
+#: (``fairlane.policy.globalkeys``); a job naming it would share the pool's part.
+RESERVED_POOL_PREFIX = POOL_PREFIX
 Seconds = float | int | timedelta
 
 
@@ -243,6 +248,11 @@ def _check_limit_key(key: object, what: str = "limit") -> None:
             f"{what} key {key!r}: keys starting with {RESERVED_LIMIT_PREFIX!r} are reserved for "
             "tenants' own keys; set those with app.tenants.configure(tenant, "
             "max_concurrency=..., rate=Rate(...))"
+        )
+    if key.startswith(RESERVED_POOL_PREFIX):
+        raise ValueError(
+            f"{what} key {key!r}: keys starting with {RESERVED_POOL_PREFIX!r} are reserved for "
+            "admission pools; declare a pool in the pools config ([pools.<lane>])"
         )
 
 

@@ -67,8 +67,9 @@ pattern (after the prefix)  type   holds                              written by
 ``gkeys``                  zset   global key this shard has used     fetch (first use), the
                                   (score 0); ``thr`` holds ``gs``    balancer (gk_report,
                                   the app's shard count, ``ge`` the  gk_order); gk_enable
-                                  highest epoch seen, ``gf:<key>``   writes ``gs``
-                                  this shard's part of a key
+                                  highest epoch seen, ``gf:<key>``   writes ``gs``;
+                                  this shard's part of a key; a      declare_admission
+                                  pool is ``pool:<lane>``            adds a pool
 ``gk:epoch``               str    balancer epoch counter (shard 0)   the balancer (INCR)
 ``gk:lead``                str    the worker running the balancer's  the balancer (SET NX PX)
                                   passes, with an expiry (shard 0)
@@ -95,7 +96,9 @@ pattern (after the prefix)  type   holds                              written by
 ``lane:<l>:state``         hash   C, ``f:<c>``/``d:<c>`` in-flight/     exchange, enqueue, fetch,
                                   waiting slots, class ``table``,    ack, sweep, declare_lane,
                                   ``charge`` mode; admission: ``adm``, declare_admission,
-                                  ``utable``, ``ar:``/``an:``/``ad:<c>``
+                                  ``utable``, ``ar:``/``an:``/``ad:<c>``,
+                                  ``gr``/``gn`` refused m-units/jobs
+                                  since the balancer's last report
                                   default queue bounds ``qb``        declare_bounds
 ``lane:<l>:cap``           hash   worker -> slots (its capacity)     exchange, leave, sweep
 ``lane:<l>:delayed``       zset   job id -> run-at time (ms)         enqueue, ack, sweep

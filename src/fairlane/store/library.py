@@ -90,12 +90,13 @@ def encode_classes(classes: Iterable[ServiceClass]) -> str:
 
 
 def encode_admission(
-    table: ClassTable, pool: PoolConfig, estimation: EstimationSettings
+    table: ClassTable, pool: PoolConfig, estimation: EstimationSettings, shards: int = 1
 ) -> tuple[str, str]:
     """A lane's admission config and its class table in milli-units, as the scripts
     read them (``lua/admission.lua``): JSON ``{C, R, max, safety, window, classes: {name:
     [max_queue, max_queue_mu (-1 none), tenant_max_queue, max_deferred, defer,
-    tenant_max_queue_mu (-1 none)]}}``."""
+    tenant_max_queue_mu (-1 none)]}}``, and ``n``, the app's shard count, when it has
+    more than one: its pool is then global, shared by the shards in parts."""
     classes = {}
     for c in table:
         adm = pool.admission(c.name)
@@ -119,6 +120,8 @@ def encode_admission(
         "window": estimation.update_window,
         "classes": classes,
     }
+    if shards > 1:
+        config["n"] = shards
     return json.dumps(config, separators=(",", ":")), encode_classes(unit_table(table, pool))
 
 

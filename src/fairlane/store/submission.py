@@ -135,7 +135,9 @@ class Submission(StoreBase):
         """Record a lane's admission config (None: no admission control in the lane)."""
         config, units = "", ""
         if pool is not None:
-            config, units = encode_admission(table, pool, estimation or EstimationSettings())
+            config, units = encode_admission(
+                table, pool, estimation or EstimationSettings(), self.shards
+            )
         await self.fcall(
             "declare_admission",
             self._lane_keys([lane]),

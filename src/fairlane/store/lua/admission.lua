@@ -2,7 +2,10 @@
 -- and deferral (docs/contracts/admission.md states the rules, fairlane/policy/admission
 -- is their Python twin; this is the store's).
 -- Everything is counted in integer milli-units. A lane without an admission config
--- (`adm` in its state hash) admits everything and reserves nothing.
+-- (`adm` in its state hash) admits everything and reserves nothing. A pool of an app of
+-- many shards (`n` > 1 in its config) holds for the whole app: each shard admits against
+-- its part of it (at_part), and counts what it refuses for want of room for the
+-- balancer's report (globalkeys.lua): `gr` milli-units and `gn` submissions.
 --   state `adm`        JSON {C, R, max, safety, window, classes = {name: [max_queue,
 --                      max_queue_mu (-1 none), tenant_max_queue, max_deferred, defer,
 --                      tenant_max_queue_mu (-1 none)]}}
@@ -21,12 +24,14 @@
 --   lane:<l>:c:<c>:dvt       hash: V, the pinned head `pin` and its tenant `pt`
 --   lane:<l>:adm:rej   hash tenant -> '<count>|<window start ms>': recent rejections
 --   cost:<key>         hash mean, n: a learned cost per (tenant, workflow, model)
+--   KEYS[THR] `gs`, `gf:pool:<l>`  the app's shard count, this shard's part of the pool
 --
--- Keys: lane:<l>:state (adm, utable, ar:/an:/ad:/ao:<c>), lane:<l>:adm:t|tu|rej,
+-- Keys: lane:<l>:state (adm, utable, ar:/an:/ad:/ao:<c>, gr, gn), lane:<l>:adm:t|tu|rej,
+--   KEYS[THR] (gs, gf:pool:<l>),
 --   lane:<l>:c:<c>:deferred|dq:<t>|dfair|didle|dvt|fair|vt, cost:<key>, job:<id>
--- Calls: core, classes, fairqueue, queue_bounds
+-- Calls: core, classes, fairqueue, queue_bounds, keyparts
 -- Entry points: admission.{MIN_CHARGE_MU, REJECT_WINDOW_MS, adjust_tag, admission_of,
---   admit_new, charge_mu, count_decision, defer, deferral, expected_mu,
+--   admit_new, at_part, charge_mu, count_decision, defer, deferral, expected_mu,
 --   lane_declarations, learn_costs, note_rejection, release_reservation, reserve,
 --   room_for}
 
@@ -45,26 +50,54 @@ do
   -- the library; fair deferral's helpers and constants live in one table of their own
   local deferral = {OVERTAKES = __OVERTAKE_LIMIT__, PASS_BUDGET = __PASS_BUDGET__}
 
-  local function admission_of(p, lane)
+  -- A pool of an app of many shards holds for the whole app (policy/globalkeys.py,
+  -- pool_part and pool_scaled): this shard admits against its part, every bound of the
+  -- pool (capacity, recovery reserve, class floors, max_queue, max_queue_units,
+  -- max_deferred) rounded down to it, so that the shards' bounds sum to at most the
+  -- pool's; a tenant's bounds stay whole (a tenant lives in one shard). One HMGET, made
+  -- only for such a pool; `whole` keeps the pool's capacity, for the balancer's report.
+  local function at_part(keys, lane, cfg)
+    if not cfg.n or cfg.n <= 1 then
+      return cfg
+    end
+    local v = redis.call('HMGET', keys[core.THR], 'gs', 'gf:' .. keyparts.POOL_PREFIX .. lane)
+    local part, scaled = keyparts.pool_part(v[2], tonumber(v[1]) or cfg.n), keyparts.scaled
+    cfg.part, cfg.whole = part, cfg.C
+    cfg.C, cfg.R = scaled(cfg.C, part), scaled(cfg.R, part)
+    for _, b in pairs(cfg.classes) do
+      b[Adm.MAX_QUEUE] = scaled(b[Adm.MAX_QUEUE], part)
+      b[Adm.MAX_DEFERRED] = scaled(b[Adm.MAX_DEFERRED], part)
+      if b[Adm.MAX_QUEUE_MU] >= 0 then
+        b[Adm.MAX_QUEUE_MU] = scaled(b[Adm.MAX_QUEUE_MU], part)
+      end
+    end
+    for _, c in ipairs(cfg.utable) do
+      c[ClassRow.MIN_SLOTS] = scaled(c[ClassRow.MIN_SLOTS], part)
+    end
+    return cfg
+  end
+
+  local function admission_of(keys, p, lane)
     local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'adm', 'utable')
     if not v[1] then
       return nil
     end
     local cfg = cjson.decode(v[1])
     cfg.utable = cjson.decode(v[2])
-    return cfg
+    return at_part(keys, lane, cfg)
   end
 
   -- Everything a lane declares, in one read: its class table, whether tenants are
   -- charged by cost, its admission config (nil: none) and its default queue bounds with
   -- the call's counts (bounds.lua; nil: none).
-  local function lane_declarations(p, lane)
+  local function lane_declarations(keys, p, lane)
     local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'table', 'charge', 'adm', 'utable',
       'qb')
     local adm
     if v[3] then
       adm = cjson.decode(v[3])
       adm.utable = cjson.decode(v[4])
+      adm = at_part(keys, lane, adm)
     end
     return cjson.decode(v[1] or DEFAULT_CLASSES), v[2] == 'cost', adm, queue_bounds.parse(v[5])
   end
@@ -436,6 +469,12 @@ do
     if may_defer(p, lane, cfg, cls) then
       return 'deferred', why, mu
     end
+    if cfg.part and why ~= 'tenant_queue_full' then
+      -- refused for want of the pool's room: demand the balancer's report reads
+      local sk = lane_key(p, lane, 'state')
+      redis.call('HINCRBY', sk, 'gr', mu)
+      redis.call('HINCRBY', sk, 'gn', 1)
+    end
     return 'rejected', why, mu
   end
 
@@ -454,6 +493,7 @@ do
   admission.adjust_tag = adjust_tag
   admission.admission_of = admission_of
   admission.admit_new = admit_new
+  admission.at_part = at_part
   admission.charge_mu = charge_mu
   admission.count_decision = count_decision
   admission.defer = defer

@@ -3,8 +3,8 @@
 --
 -- Keys: tclasses, sig:<tenant>, job:<id>, kept:<task>:<outcome>, lane:<l>:state|delayed,
 --   lane:<l>:c:<c>:fair|deferred|dvt, q:<lane>:<class>:<tenant>, KEYS[TASKS],
---   KEYS[TLIMITS], KEYS[WEIGHTS], KEYS[DEAD]
--- Calls: core, throttle, fairqueue, records, leasing, dispatch
+--   KEYS[TLIMITS], KEYS[WEIGHTS], KEYS[DEAD], gkeys (a global pool joins it)
+-- Calls: core, throttle, keyparts, fairqueue, records, leasing, dispatch
 -- Entry points: control.{cancel, configure_classes, configure_limits, configure_tenant,
 --   declare_admission, declare_lane, declare_task, redrive, tenant_limit_now, watch}
 
@@ -84,13 +84,18 @@ do
   end
 
   -- ARGV: lane, admission config JSON, unit class table JSON ('' '' = no admission
-  -- control). Applies from the next submission; reservations held stay as they are.
+  -- control). Applies from the next submission; reservations held stay as they are. The
+  -- pool of an app of many shards (`n` > 1) joins the balancer's report at once, before
+  -- any submission (its part is kept when the pool is lifted: globalkeys.lua).
   local function declare_admission(keys, args)
     local sk = lane_key(prefix(keys), args[DeclareAdmissionArg.LANE], 'state')
     if args[DeclareAdmissionArg.CONFIG] == '' then
       redis.call('HDEL', sk, 'adm', 'utable')
     else
-      cjson.decode(args[DeclareAdmissionArg.CONFIG])
+      local n = cjson.decode(args[DeclareAdmissionArg.CONFIG]).n
+      if n and n > 1 then
+        redis.call('ZADD', keyparts.keys_key(keys), 0, keyparts.POOL_PREFIX .. args[DeclareAdmissionArg.LANE])
+      end
       cjson.decode(args[DeclareAdmissionArg.UNITS])
       redis.call('HSET', sk, 'adm', args[DeclareAdmissionArg.CONFIG], 'utable', args[DeclareAdmissionArg.UNITS])
     end

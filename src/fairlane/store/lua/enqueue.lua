@@ -39,7 +39,7 @@ do
     call_now_s = core.now_arg(call_now)
     call_learned, call_seen, call_submitted = {}, {}, {}
     call_pushes, call_tally = fairqueue.new_pushes(), new_effects()
-    call_tbl, call_cost_mode, call_adm, call_qb = lane_declarations(call_p, lane)
+    call_tbl, call_cost_mode, call_adm, call_qb = lane_declarations(keys, call_p, lane)
   end
 
   -- The gate: whether job `j` (FIFO number `seq` of a call of `n` jobs) is stored, and how.

@@ -38,11 +38,11 @@ leases set (running), or none (finished).
 
 -- @include fairqueue.lua
 -- @include fairkeys.lua
--- @include globalkeys.lua
 -- @include bounds.lua
 -- @include admission.lua
 -- @include runs.lua
 -- @include records.lua
+-- @include globalkeys.lua
 -- @include workflows.lua
 
 ---------------------------------------------------------------------------- ack

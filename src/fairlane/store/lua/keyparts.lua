@@ -7,12 +7,15 @@
 -- the part in force (absent: none yet), ge the highest balancer epoch seen; and
 --   <p>gkeys  zset  global key this shard has used, at score 0: what the balancer's
 --                   report reads (a key leaves it once idle with no part)
+-- An admission pool of lane L is the key pool:<L> (admission.lua scales the pool's
+-- bounds to its part): its absent part is 1/n, and it never leaves gkeys (pool_part).
 --
 -- Keys: KEYS[THR] (gs, gf:<key>, ge), gkeys; rate:<key> (through rates)
 -- Calls: core, rates
--- Entry points: keyparts.{first_use, keys_key, limit, of, rate, rescale, tenant_key}
+-- Entry points: keyparts.{first_use, keys_key, limit, of, pool_part, rate, rescale, scaled,
+--   tenant_key}
 
-local keyparts = {EPSILON = __PART_EPSILON__}
+local keyparts = {EPSILON = __PART_EPSILON__, POOL_PREFIX = 'pool:'}
 
 do
   local THR = core.THR
@@ -91,5 +94,18 @@ do
     b.s = now
     redis.call('HSET', rates.state_key(keys, key), 't', rates.fmt(b.t), 's', b.s)
     rates.keep(keys, key, after, b, now)
+  end
+
+  -- A shard's part of an admission pool from the fields gf:pool:<lane> and the shard
+  -- count `n` (policy.globalkeys.pool_part): absent, an equal share, since producers
+  -- submit before any balancer runs and 1/n each sums to 1.
+  function keyparts.pool_part(gf, n)
+    return tonumber(gf) or 1 / n
+  end
+
+  -- A pool's bound on a shard of `part`, rounded down so that the shards' bounds sum to
+  -- at most the pool's (policy.globalkeys.pool_scaled).
+  function keyparts.scaled(value, part)
+    return math.max(0, math.floor(part * value + keyparts.EPSILON))
   end
 end

@@ -48,7 +48,7 @@ do
       local f = redis.pcall('HMGET', jk, 'st', 'tenant', 'prio', 'seq', 'cls', 'sl', 'readmit',
         'att', 'fk')
       local cls = f[5] or DEFAULT_CLASS
-      local cfg = f[7] and f[1] == 'scheduled' and admission_of(p, lane)
+      local cfg = f[7] and f[1] == 'scheduled' and admission_of(keys, p, lane)
       if f[1] == 'scheduled' and leasing.lost_class(keys, p, lane, cls, f[2] or '', tally, memo) then
         if f[7] then
           redis.call('HDEL', jk, 'readmit')

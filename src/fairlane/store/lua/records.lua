@@ -366,7 +366,7 @@ do
   -- Admit a lane's deferred jobs that fit, classes in declared order, each class by fair
   -- deferral (readmit_class).
   admit_deferred = function(keys, p, lane, now, fx)
-    local cfg = admission_of(p, lane)
+    local cfg = admission_of(keys, p, lane)
     if not cfg then
       return
     end
