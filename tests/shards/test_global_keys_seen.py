@@ -23,6 +23,7 @@ from fairlane.gateway import create_app
 from fairlane.metrics.globalkeys import BalancerCollector, global_key_families
 from fairlane.policy.globalkeys import Order
 from fairlane.runtime.balancer import KeyBalancer, PassResult
+from fairlane.store.globalkeys import Refused
 from fairlane.store.views.globalkeys import GlobalKeys, GlobalKeyView, ShardPart, global_keys
 from tests.e2e.helpers import WAIT, eventually, fast_settings
 from tests.e2e.test_explain_global_keys import _worker_without_passes
@@ -49,7 +50,9 @@ async def parked_on_a_global_key(namespace: str, redis_url: str) -> AsyncIterato
             await store.enable_global_keys()
         epoch = await app.stores[0].next_epoch()
         for store, part in zip(app.stores, (0.25, 0.75), strict=True):
-            assert await store.order_keys(epoch, [Order("model:big", part)]) is not None
+            assert not isinstance(
+                await store.order_keys(epoch, [Order("model:big", part)]), Refused
+            )
         jobs = await call_model.enqueue_many([()] * 4, tenant=tenants[0][0])
         jobs += await call_model.enqueue_many([()] * 2, tenant=tenants[1][0])
         async with _worker_without_passes(app):

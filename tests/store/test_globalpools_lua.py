@@ -19,6 +19,7 @@ from fairlane.policy.admission import AdmissionClass, EstimationSettings, PoolCo
 from fairlane.policy.classes import ClassTable, ServiceClass
 from fairlane.policy.globalkeys import Order, pool_key, pool_part, pool_scaled
 from fairlane.store.api import Store
+from fairlane.store.globalkeys import Refused, ShardReport
 from fairlane.store.wire import NewJob, Outcome, Reply
 
 pytestmark = pytest.mark.anyio
@@ -83,14 +84,14 @@ async def test_without_a_part_a_shard_admits_its_equal_share(shard: Store) -> No
     assert [r.code for r in replies] == [Reply.ACCEPTED, Reply.REJECTED, Reply.REJECTED]
     assert [r.reason for r in replies[1:]] == ["class_full", "class_full"]
     report = await shard.report_keys(1)
-    assert report is not None
+    assert isinstance(report, ShardReport)
     entry = report.keys[KEY]
     assert entry.part == pytest.approx(1 / SHARDS)
     assert (entry.limit, entry.used, entry.waiting, entry.active) == (4000, 1000, 2000, True)
     assert entry.weight == pytest.approx(2.0)
     # the refusals were read: the next report has none
     again = await shard.report_keys(2)
-    assert again is not None
+    assert isinstance(again, ShardReport)
     assert (again.keys[KEY].waiting, again.keys[KEY].active) == (0, True)
 
 
@@ -99,7 +100,7 @@ async def test_a_raised_part_admits_deferred_jobs_in_the_orders_call(shard: Stor
     replies = await shard.submit(LANE, [job("a"), job("b", "u"), job("c", "v")])
     assert [r.code for r in replies] == [Reply.ACCEPTED, Reply.DEFERRED, Reply.DEFERRED]
     report = await shard.report_keys(1)
-    assert report is not None
+    assert isinstance(report, ShardReport)
     # two deferred jobs, each at the admitted jobs' mean reservation, of two tenants
     assert (report.keys[KEY].waiting, report.keys[KEY].weight) == (2000, pytest.approx(2.0))
     assert await shard.order_keys(1, [Order(KEY, 0.75)]) == {KEY: pytest.approx(0.75)}
@@ -109,7 +110,7 @@ async def test_a_raised_part_admits_deferred_jobs_in_the_orders_call(shard: Stor
     assert await shard.order_keys(2, [Order(KEY, 0.25)]) == {KEY: pytest.approx(0.75)}
     assert (await shard.submit(LANE, [job("d")]))[0].code == Reply.DEFERRED
     # an order of an older pass is refused
-    assert await shard.order_keys(1, [Order(KEY, 1.0)]) is None
+    assert await shard.order_keys(1, [Order(KEY, 1.0)]) == Refused(2)
 
 
 async def test_queue_bounds_scale_to_the_part_and_a_tenants_stay_whole(shard: Store) -> None:
