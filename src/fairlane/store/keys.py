@@ -88,7 +88,9 @@ pattern (after the prefix)  type   holds                              written by
                                   waiting slots, class ``table``,    ack, sweep, declare_lane,
                                   ``charge`` mode; admission: ``adm``, declare_admission,
                                   ``utable``, ``ar:``/``an:``/``ad:<c>``
-                                  default queue bounds ``qb``        declare_bounds
+                                  default queue bounds ``qb``        declare_bounds,
+                                  ``W:<c>`` waiting weight (active   cancel
+                                  tenants' weights, shardshare.py)
 ``lane:<l>:cap``           hash   worker -> slots (its capacity)     exchange, leave, sweep
 ``lane:<l>:delayed``       zset   job id -> run-at time (ms)         enqueue, ack, sweep
 ``lane:<l>:wake``          list   wake tokens; workers BLPOP it      enqueue, fetch, ack
