@@ -138,8 +138,8 @@ class ShardLoop:
         # leased by the last exchange, slots held: launched once the next one is sent
         leased: list[FetchedJob] = []
         while not stopping.is_set():
-            async with self.slots.turn():
-                plan = self.slots.plan(widen=widen)
+            async with self.slots.turn(self):
+                plan = self.slots.plan(widen=widen, shard=self)
                 if plan.wait is Wait.NONE:
                     fetched = await self._exchange(plan.want, jobs, leased)
                     leased = []
@@ -161,18 +161,22 @@ class ShardLoop:
                 continue
             self.attempts.launch(jobs, self, fetched.jobs)
             if step is Next.DRAINED and await self.link.burst.drained(self):
+                self.slots.rest(self)
                 return
             if step is not Next.IDLE:
                 continue
+            self.slots.rest(self)  # waiting on the wake lists: its part is the others'
             handed = await self._idle_wait(fetched.next_due_ms)
             if handed is not None and self._take_handed(jobs, handed):
                 await asyncio.sleep(0)  # it starts before the next exchange is sent
+        self.slots.rest(self)
         self.settler.carrier_active = False
         self.settler.flush_needed.set()
 
     def _after(self, plan: FetchPlan, fetched: Fetched) -> Next:
         """Take in an answered exchange; what the loop does next (``policy.fetch``)."""
         self.maybe_idle = not fetched.jobs and self.idle_ms() > 0
+        self.slots.weigh(self, fetched.waiting)
         if fetched.malformed:
             self.settler.set_aside(fetched.malformed)
         return after_reply(
