@@ -321,6 +321,28 @@ async def test_a_loop_granted_the_turn_then_cancelled_passes_it_on() -> None:
     assert pool.turn_free()
 
 
+async def test_a_loop_cancelled_while_the_turn_is_released_is_passed_over() -> None:
+    pool = SlotPool(4, batch=100)
+    release = asyncio.Event()
+    entered: list[str] = []
+
+    async def loop(name: str) -> None:
+        async with pool.turn(name):
+            entered.append(name)
+            await release.wait()
+
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(loop("holder"))
+        await asyncio.sleep(0)
+        gone = tasks.create_task(loop("gone"))
+        await asyncio.sleep(0)
+        tasks.create_task(loop("next"))
+        await asyncio.sleep(0)
+        release.set()  # the holder lets go first, then
+        gone.cancel()  # the wait is cancelled before its task runs again
+    assert entered == ["holder", "next"]
+
+
 # -- hand-offs and waking --------------------------------------------------------------------
 
 

@@ -253,6 +253,9 @@ class SlotPool:
 
     def _release(self) -> None:
         """Hand the turn to the waiting loop whose shard is furthest below its part."""
+        # a loop cancelled while it waited is gone already, though its task has not yet
+        # run to take itself out of the queue
+        self._queue = [w for w in self._queue if not w.granted.done()]
         if not self._queue:
             self._held = False
             return
