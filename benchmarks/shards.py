@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import secrets
 import sys
@@ -33,6 +32,7 @@ from dataclasses import asdict, dataclass
 import redis
 
 from fairlane import App
+from fairlane.app.worker import Worker
 from fairlane.config.settings import load_settings
 from fairlane.policy.shards import shard_of_tenant
 from fairlane.testing import RedisCluster
@@ -154,24 +154,31 @@ async def backlogged_shares(
     for shard, weight in weights:
         taken = {t for t, _ in tenants}
         tenants.append(
-            (next(n for n in pool if shard_of_tenant(n, shards) == shard and n not in taken), weight)
+            (
+                next(n for n in pool if shard_of_tenant(n, shards) == shard and n not in taken),
+                weight,
+            )
         )
     async with app:
         for tenant, weight in tenants:
             await app.tenants.configure(tenant, weight=weight)
             await plain.enqueue_many([(tenant,)] * (skip + window), tenant=tenant)
-        worker = asyncio.create_task(app.run_worker(concurrency=10))
+        worker = Worker(app, lanes=[app.settings.default_lane], concurrency=10)
+        running = asyncio.create_task(worker.run())
         async with asyncio.timeout(120):
             await counted.wait()
-        worker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await worker
+        worker.stop()
+        await running
         await app.purge()
     seen = starts[skip : skip + window]
     total = sum(w for _, w in tenants)
     return [
-        {"tenant": t, "shard": shard_of_tenant(t, shards), "share": seen.count(t) / len(seen),
-         "fair_share": w / total}
+        {
+            "tenant": t,
+            "shard": shard_of_tenant(t, shards),
+            "share": seen.count(t) / len(seen),
+            "fair_share": w / total,
+        }
         for t, w in tenants
     ]
 
@@ -195,9 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     with RedisCluster(masters=3) as cluster:
-        runs = [] if args.share_only else [
-            spread(cluster, count, args.jobs, args.tenants) for count in args.shards
-        ]
+        runs = (
+            []
+            if args.share_only
+            else [spread(cluster, count, args.jobs, args.tenants) for count in args.shards]
+        )
         shares = _shares(cluster.url)
     if args.json:
         json.dump({"runs": [asdict(r) for r in runs], "cross_shard": shares}, sys.stdout, indent=2)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,10 +10,13 @@ from hypothesis import strategies as st
 from fairlane.policy.shardshare import ShardShare, cap, entitlements, turn_key
 
 
-def shares(weights: list[float], used: list[int], idle: frozenset[int] = frozenset()) -> dict[
-    Hashable, ShardShare
-]:
-    return {i: ShardShare(w, u, i not in idle) for i, (w, u) in enumerate(zip(weights, used))}
+def shares(
+    weights: list[float], used: list[int], idle: frozenset[int] = frozenset()
+) -> dict[object, ShardShare]:
+    return {
+        i: ShardShare(w, u, i not in idle)
+        for i, (w, u) in enumerate(zip(weights, used, strict=True))
+    }
 
 
 def serve(concurrency: int, weights: list[float], used: list[int]) -> None:

@@ -2,7 +2,8 @@
 
 Each tenant's work lives in its shard, under that shard's hash tag; a job is found
 from its id; one worker serves every shard within its own slots, sharing them by the
-weight waiting in each shard, so that a flood in one shard leaves the others their part. The tests marked
+weight waiting in each shard, so that a flood in one shard leaves the others their
+part. The tests marked
 ``contract`` also run on the local 3-master cluster, where the shards must land on
 different primaries.
 """

@@ -71,7 +71,7 @@ Everything here is pure: the pool (``runtime/slots.py``) passes what it knows.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["ShardShare", "cap", "entitlements", "turn_key"]
@@ -89,13 +89,13 @@ class ShardShare:
     contending: bool  # its loop is fetching; False: it waits on its wake lists
 
 
-def _weighted(shares: Mapping[Hashable, ShardShare]) -> dict[Hashable, float]:
+def _weighted(shares: Mapping[object, ShardShare]) -> dict[object, float]:
     return {k: s.weight for k, s in shares.items() if s.contending and s.weight > 0}
 
 
 def _parts(
-    concurrency: int, shares: Mapping[Hashable, ShardShare]
-) -> tuple[dict[Hashable, float], int]:
+    concurrency: int, shares: Mapping[object, ShardShare]
+) -> tuple[dict[object, float], int]:
     weighted = _weighted(shares)
     total = sum(weighted.values())
     held_elsewhere = sum(s.used for k, s in shares.items() if k not in weighted)
@@ -103,13 +103,13 @@ def _parts(
     return {k: base * weighted.get(k, 0.0) / total if total else 0.0 for k in shares}, base
 
 
-def entitlements(concurrency: int, shares: Mapping[Hashable, ShardShare]) -> dict[Hashable, float]:
+def entitlements(concurrency: int, shares: Mapping[object, ShardShare]) -> dict[object, float]:
     """Each contending shard's entitled slots ``e_i`` (see the module docstring); shards
     with no waiting weight, or not contending, are entitled to none."""
     return _parts(concurrency, shares)[0]
 
 
-def cap(concurrency: int, shares: Mapping[Hashable, ShardShare], shard: Hashable) -> int | None:
+def cap(concurrency: int, shares: Mapping[object, ShardShare], shard: object) -> int | None:
     """The most ``shard``'s turn may ask for; None: no cap (no other shard with waiting
     weight contends), the ask is what the fetch policy gives.
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Hashable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 from fairlane.policy.backpressure import Decision
@@ -73,7 +73,7 @@ class _Standing:
 
 @dataclass(slots=True)
 class _Waiter:
-    shard: Hashable | None
+    shard: object | None
     order: int
     granted: asyncio.Future[None] = field(repr=False)
 
@@ -100,7 +100,7 @@ class SlotPool:
         self._held = False  # a loop holds the turn, or is woken to take it
         self._queue: list[_Waiter] = []
         self._arrivals = itertools.count()
-        self._shards: dict[Hashable, _Standing] = {}
+        self._shards: dict[object, _Standing] = {}
         self._waiting = 0
         self._turns = 0
 
@@ -126,7 +126,7 @@ class SlotPool:
         """Slots the next call may fill: the free ones, fewer under resource pressure."""
         return room(self.count(), self._decision())
 
-    def plan(self, *, widen: bool, shard: Hashable | None = None) -> FetchPlan:
+    def plan(self, *, widen: bool, shard: object | None = None) -> FetchPlan:
         """What this turn asks for (``policy.fetch.plan_fetch``), held to ``shard``'s part
         while other shards wait for theirs (``policy.shardshare.cap``)."""
         plan = plan_fetch(self.count(), self._decision(), batch=self.batch, widen=widen)
@@ -137,19 +137,19 @@ class SlotPool:
 
     # -- the shards' standing --------------------------------------------------------
 
-    def _standing(self, shard: Hashable) -> _Standing:
+    def _standing(self, shard: object) -> _Standing:
         standing = self._shards.get(shard)
         if standing is None:
             standing = self._shards[shard] = _Standing()
         return standing
 
-    def weigh(self, shard: Hashable, waiting: float | None) -> None:
+    def weigh(self, shard: object, waiting: float | None) -> None:
         """``shard``'s waiting weight, as its last exchange's reply gave it (None: that
         exchange made no fetch, the weight known before stands)."""
         if waiting is not None:
             self._standing(shard).weight = waiting
 
-    def rest(self, shard: Hashable) -> None:
+    def rest(self, shard: object) -> None:
         """``shard``'s loop waits on its wake lists (or has stopped): it leaves its part
         to the others, and the loops held to theirs look again."""
         standing = self._shards.get(shard)
@@ -179,13 +179,13 @@ class SlotPool:
         finally:
             self._reserved -= slots
 
-    def occupy(self, width: int, shard: Hashable | None = None) -> None:
+    def occupy(self, width: int, shard: object | None = None) -> None:
         """A job of ``width`` slots (leased from ``shard``) starts."""
         self._used += width
         if shard is not None:
             self._standing(shard).used += width
 
-    def vacate(self, width: int, shard: Hashable | None = None) -> None:
+    def vacate(self, width: int, shard: object | None = None) -> None:
         """A job of ``width`` slots (leased from ``shard``) has ended (each attempt gives
         back what it took)."""
         self._used -= width
@@ -219,7 +219,7 @@ class SlotPool:
     # -- the turn --------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def turn(self, shard: Hashable | None = None) -> AsyncIterator[None]:
+    async def turn(self, shard: object | None = None) -> AsyncIterator[None]:
         """This loop's turn at the pool. Waiting loops are served lowest ``used / weight``
         of their shards first (``policy.shardshare.turn_key``), in order of arrival
         among equals (and among loops that name no shard)."""
@@ -236,7 +236,7 @@ class SlotPool:
         finally:
             self._release()
 
-    async def _acquire(self, shard: Hashable | None) -> None:
+    async def _acquire(self, shard: object | None) -> None:
         if not self._held and not self._queue:
             self._held = True
             return
