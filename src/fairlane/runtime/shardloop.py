@@ -4,10 +4,12 @@ A worker serves every shard of its app (``App(shards=n)``), one ``ShardLoop`` ea
 Every shard is a whole scheduler that counts the worker's full slots in its lanes'
 capacity; the worker's own slots are the one pool the loops share, so the worker
 never runs more than its slots however the shards' work arrives. The loops take
-turns at that pool in order of arrival (``SlotPool.turn``, ``runtime/slots.py``): when
-every shard has work each gets an equal part of the worker's slots, and a shard
-with no work leaves its part to the others. What each turn asks for, and what the
-loop does after the reply, is decided by ``policy/fetch.py``.
+turns at that pool (``SlotPool.turn``, ``runtime/slots.py``), each recording the waiting
+weight its shard's replies carry: when several shards have work each gets the part of
+the worker's slots its waiting weight gives it (``policy/shardshare.py``), and a shard
+with no work, or whose loop waits on its wake lists, leaves its part to the others.
+What each turn asks for, and what the loop does after the reply, is decided by
+``policy/fetch.py``.
 
 Within a loop the hot path is the worker's: ``exchange`` settles the attempts that
 finished since the last call and leases the next batch in one atomic step; when the
