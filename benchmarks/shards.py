@@ -6,9 +6,13 @@ tenants and drains them with one worker (50 slots, in this process) serving ever
 It reports the jobs per second of the drain and, from each primary's ``INFO
 commandstats``, the share of the server's commands that primary ran: with one shard
 every command of the app goes to one primary; with one shard per primary they spread.
-Then it runs two shards on one worker with a flood in one shard and a steady tenant in
-the other, and reports the steady shard's share of the starts while both have work,
-against its computed fair share across shards (one half).
+Then it measures how one worker shares its slots between shards (by the weight waiting
+in each, ``fairlane.policy.shardshare``), each tenant's share of the starts against its
+computed fair share (its weight over all the weight waiting): two shards with a flood in
+one and a steady tenant in the other (fair: one half each, while both have work); one
+tenant alone in one shard against four in the other, all backlogged, equal weights
+(fair: 0.20 for the lone tenant); one tenant in each of three shards, weights 5:3:2
+(fair: 0.5, 0.3, 0.2). ``--share-only`` skips the drains.
 
 The figures are ratios within one run (shares, and jobs/s of one count against the
 other); on a 2-core machine the three server processes and the workers share the same
@@ -28,6 +32,7 @@ from dataclasses import asdict, dataclass
 import redis
 
 from fairlane import App
+from fairlane.app.worker import Worker
 from fairlane.config.settings import load_settings
 from fairlane.policy.shards import shard_of_tenant
 from fairlane.testing import RedisCluster
@@ -127,30 +132,109 @@ async def cross_shard_share(url: str, flood_jobs: int, steady_jobs: int) -> dict
     return {"steady_share": overlap.count(1) / len(overlap), "fair_share": 0.5}
 
 
+async def backlogged_shares(
+    url: str, shards: int, weights: list[tuple[int, float]], *, skip: int = 100, window: int = 600
+) -> list[dict[str, float]]:
+    """Tenants (a shard and a weight each) all backlogged on one 10-slot worker: each
+    one's share of ``window`` starts after the first ``skip``, and its fair share."""
+    name = f"bench_{secrets.token_hex(3)}"
+    app = App(name, redis_url=url, settings=load_settings(), shards=shards)
+    starts: list[str] = []
+    counted = asyncio.Event()
+
+    @app.task(name="bench.plain")
+    async def plain(who: str) -> None:
+        starts.append(who)
+        if len(starts) >= skip + window:
+            counted.set()
+        await asyncio.sleep(0.01)
+
+    pool = (f"tenant-{i}" for i in range(10_000))
+    tenants: list[tuple[str, float]] = []
+    for shard, weight in weights:
+        taken = {t for t, _ in tenants}
+        tenants.append(
+            (
+                next(n for n in pool if shard_of_tenant(n, shards) == shard and n not in taken),
+                weight,
+            )
+        )
+    async with app:
+        for tenant, weight in tenants:
+            await app.tenants.configure(tenant, weight=weight)
+            await plain.enqueue_many([(tenant,)] * (skip + window), tenant=tenant)
+        worker = Worker(app, lanes=[app.settings.default_lane], concurrency=10)
+        running = asyncio.create_task(worker.run())
+        async with asyncio.timeout(120):
+            await counted.wait()
+        worker.stop()
+        await running
+        await app.purge()
+    seen = starts[skip : skip + window]
+    total = sum(w for _, w in tenants)
+    return [
+        {
+            "tenant": t,
+            "shard": shard_of_tenant(t, shards),
+            "share": seen.count(t) / len(seen),
+            "fair_share": w / total,
+        }
+        for t, w in tenants
+    ]
+
+
+def _shares(url: str) -> dict[str, object]:
+    return {
+        "flood": asyncio.run(cross_shard_share(url, 1_500, 300)),
+        "lone_vs_four": asyncio.run(
+            backlogged_shares(url, 2, [(0, 1.0), (1, 1.0), (1, 1.0), (1, 1.0), (1, 1.0)])
+        ),
+        "weights_5_3_2": asyncio.run(backlogged_shares(url, 3, [(0, 5.0), (1, 3.0), (2, 2.0)])),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.shards", description=__doc__)
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--tenants", type=int, default=100)
+    parser.add_argument("--share-only", action="store_true", help="only the share scenarios")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     with RedisCluster(masters=3) as cluster:
-        runs = [spread(cluster, count, args.jobs, args.tenants) for count in args.shards]
-        share = asyncio.run(cross_shard_share(cluster.url, 1_500, 300))
+        runs = (
+            []
+            if args.share_only
+            else [spread(cluster, count, args.jobs, args.tenants) for count in args.shards]
+        )
+        shares = _shares(cluster.url)
     if args.json:
-        json.dump({"runs": [asdict(r) for r in runs], "cross_shard": share}, sys.stdout, indent=2)
+        json.dump({"runs": [asdict(r) for r in runs], "cross_shard": shares}, sys.stdout, indent=2)
         print()
         return 0
     for run in runs:
-        shares = ", ".join(f"{s:.0%}" for s in run.command_shares)
+        spread_ = ", ".join(f"{s:.0%}" for s in run.command_shares)
         print(
             f"shards={run.shards}: {run.jobs} jobs in {run.seconds:.1f} s "
-            f"({run.jobs_per_second:,.0f} jobs/s); commands per primary: {shares}"
+            f"({run.jobs_per_second:,.0f} jobs/s); commands per primary: {spread_}"
         )
+    flood = shares["flood"]
+    assert isinstance(flood, dict)
     print(
         f"two shards, a flood in one: the other's share of the starts while both had "
-        f"work {share['steady_share']:.2f} (fair: {share['fair_share']:.2f})"
+        f"work {flood['steady_share']:.2f} (fair: {flood['fair_share']:.2f})"
     )
+    for label, key in (
+        ("one tenant alone in shard 0, four in shard 1, equal weights", "lone_vs_four"),
+        ("one tenant per shard over three shards, weights 5:3:2", "weights_5_3_2"),
+    ):
+        rows = shares[key]
+        assert isinstance(rows, list)
+        figures = "; ".join(
+            f"{r['tenant']} (shard {r['shard']}) {r['share']:.3f} (fair {r['fair_share']:.3f})"
+            for r in rows
+        )
+        print(f"{label}: shares of the starts while all are backlogged: {figures}")
     return 0
 
 

@@ -2,8 +2,10 @@
 
 Its rules, each on a real event loop: reserved slots are counted once and given back
 whatever the call did, a turn's ask never takes the pool over its capacity, loops get
-the turn in order of arrival, a job handed back unstarted leaves the pool as it was,
-and resource pressure narrows what a turn may ask for.
+the turn by their shards' standing (lowest used/weight, then in order of arrival) and
+ask no more than their shard's part while others wait for theirs, a job handed back
+unstarted leaves the pool as it was, and resource pressure narrows what a turn may ask
+for.
 """
 
 from __future__ import annotations
@@ -246,6 +248,99 @@ async def test_a_loop_cancelled_in_the_queue_leaves_it() -> None:
         assert pool.statistics().waiting == 0
         release.set()
     assert entered == ["holder"]
+
+
+async def test_the_turn_goes_to_the_shard_furthest_below_its_part() -> None:
+    pool = SlotPool(10, batch=100)
+    order: list[str] = []
+    release = asyncio.Event()
+    for shard, weight, used in (("a", 1.0, 2), ("b", 4.0, 4), ("c", 1.0, 0)):
+        pool.weigh(shard, weight)
+        pool.occupy(used, shard)
+
+    async def loop(name: str, hold: bool) -> None:
+        async with pool.turn(None if hold else name):
+            order.append(name)
+            if hold:
+                await release.wait()
+
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(loop("holder", hold=True))
+        await asyncio.sleep(0)
+        for name in ("a", "b", "c"):
+            tasks.create_task(loop(name, hold=False))
+            await asyncio.sleep(0)
+        release.set()
+    # used/weight: c 0, b 1, a 2
+    assert order == ["holder", "c", "b", "a"]
+
+
+async def test_a_turn_asks_no_more_than_its_shards_part_while_others_wait() -> None:
+    pool = SlotPool(10, batch=100)
+    pool.weigh("lone", 1.0)
+    pool.weigh("crowd", 4.0)
+    async with pool.turn("crowd"):
+        pass
+    async with pool.turn("lone"):
+        plan = pool.plan(widen=True, shard="lone")
+    assert (plan.want, plan.wait) == (2, Wait.NONE)
+    pool.occupy(2, "lone")
+    async with pool.turn("lone"):
+        assert pool.plan(widen=True, shard="lone").wait is Wait.SHARE
+    async with pool.turn("crowd"):
+        assert pool.plan(widen=True, shard="crowd").want == 8
+    # the crowd's loop waits on its wake lists: its part is the lone shard's at once
+    pool.rest("crowd")
+    assert pool.freed.is_set()
+    async with pool.turn("lone"):
+        assert pool.plan(widen=True, shard="lone").want == 8
+    assert [s.used for s in pool.statistics().shares] == [2, 0]
+
+
+async def test_a_loop_granted_the_turn_then_cancelled_passes_it_on() -> None:
+    pool = SlotPool(4, batch=100)
+    release = asyncio.Event()
+    entered: list[str] = []
+
+    async def loop(name: str) -> None:
+        async with pool.turn(name):
+            entered.append(name)
+            await release.wait()
+
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(loop("holder"))
+        await asyncio.sleep(0)
+        granted = tasks.create_task(loop("granted"))
+        await asyncio.sleep(0)
+        tasks.create_task(loop("next"))
+        await asyncio.sleep(0)
+        release.set()
+        await asyncio.sleep(0)  # the holder lets go: "granted" is chosen, not yet running
+        granted.cancel()
+    assert entered == ["holder", "next"]
+    assert pool.turn_free()
+
+
+async def test_a_loop_cancelled_while_the_turn_is_released_is_passed_over() -> None:
+    pool = SlotPool(4, batch=100)
+    release = asyncio.Event()
+    entered: list[str] = []
+
+    async def loop(name: str) -> None:
+        async with pool.turn(name):
+            entered.append(name)
+            await release.wait()
+
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(loop("holder"))
+        await asyncio.sleep(0)
+        gone = tasks.create_task(loop("gone"))
+        await asyncio.sleep(0)
+        tasks.create_task(loop("next"))
+        await asyncio.sleep(0)
+        release.set()  # the holder lets go first, then
+        gone.cancel()  # the wait is cancelled before its task runs again
+    assert entered == ["holder", "next"]
 
 
 # -- hand-offs and waking --------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """An app split into scheduling shards (``App(shards=n)``), against a real server.
 
 Each tenant's work lives in its shard, under that shard's hash tag; a job is found
-from its id; one worker serves every shard within its own slots, taking turns at
-them so that a flood in one shard leaves the others their part. The tests marked
+from its id; one worker serves every shard within its own slots, sharing them by the
+weight waiting in each shard, so that a flood in one shard leaves the others their
+part. The tests marked
 ``contract`` also run on the local 3-master cluster, where the shards must land on
 different primaries.
 """
@@ -126,8 +127,9 @@ async def test_one_worker_serves_every_shard_within_its_slots(
 async def test_a_flood_in_one_shard_leaves_the_other_shard_its_part(
     redis_url: str, namespace: str
 ) -> None:
-    """Both shards busy: the worker's slots go round them in turn, so each gets half of
-    the starts, whatever the flood's backlog -- the computed fair share across shards."""
+    """Both shards busy: the worker's slots go to them by the weight waiting in each (one
+    tenant each, of equal weight), so each gets half of the starts, whatever the flood's
+    backlog -- the computed fair share across shards."""
     app = sharded_app(namespace, redis_url, shards=2)
     starts: list[str] = []
     flood_running = asyncio.Event()

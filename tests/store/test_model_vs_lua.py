@@ -597,7 +597,11 @@ class LuaVsModel(StoreMachine):
             state = {_s(f): _s(v) for f, v in next(replies).items()}
             # the declarations (classes, charge mode) are inputs, not state the model keeps
             declared = ("table", "charge", "adm", "utable")
-            snap.state[lane] = {f: int(v) for f, v in state.items() if f not in declared}
+            snap.state[lane] = {
+                f: int(v) for f, v in state.items() if f not in declared and f[:2] != "W:"
+            }
+            # each class's waiting weight (policy/shardshare.py), which the model does not keep
+            snap.waiting_weight[lane] = {f[2:]: float(v) for f, v in state.items() if f[:2] == "W:"}
             snap.cap[lane] = {_s(w): int(v) for w, v in next(replies).items()}
             snap.delayed[lane] = [(_s(i), _ms(s)) for i, s in next(replies)]
             snap.idle[lane] = {_s(m): _ms(s) for m, s in next(replies)}
@@ -702,6 +706,9 @@ class LuaVsModel(StoreMachine):
                 assert vt.get("run", 0.0) == cq.run, f"in-flight work of {lane}/{cls}"
                 finish = {f[2:]: v for f, v in vt.items() if f.startswith("f:")}
                 assert finish == cq.finish, f"finish tags of {lane}/{cls}"
+                if not cq.fair:  # an empty fair set's waiting weight starts again from 0
+                    weight = snap.waiting_weight[lane].get(cls, 0.0)
+                    assert weight == 0.0, f"waiting weight of {lane}/{cls}: {weight}"
             state = {f: v for f, v in snap.state[lane].items() if v}
             expected = {f"f:{c}": v for c, v in lm.in_flight.items() if v}
             expected.update({f"d:{c}": v for c, v in lm.waiting.items() if v})
@@ -840,6 +847,7 @@ class Snapshot:
     fair: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     vt: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     state: dict[str, dict[str, int]] = field(default_factory=dict)
+    waiting_weight: dict[str, dict[str, float]] = field(default_factory=dict)
     cap: dict[str, dict[str, int]] = field(default_factory=dict)
     delayed: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     idle: dict[str, dict[str, int]] = field(default_factory=dict)

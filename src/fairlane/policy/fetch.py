@@ -24,6 +24,10 @@ the whole room (``widen``), and a job of any width that fits the free slots is l
 free), or, when slots are free but pressure allows none, it holds -- leasing nothing,
 re-checking at the pressure interval, while running jobs go on and settle.
 
+**Between shards.** A worker serving several shards holds each turn's ask to that
+shard's part of the slots while other shards wait for theirs (``within_share``, the part
+from ``policy/shardshare.py``); a shard at its part waits for a slot to be freed.
+
 **After a reply.** Jobs in the reply: ask again at once, capped. An empty reply while
 the shard has nothing running or unsettled in burst mode means the shard may be done,
 but only a wide ask proves it: an empty capped reply says nothing of wider jobs, so
@@ -53,6 +57,7 @@ __all__ = [
     "idle_timeout",
     "plan_fetch",
     "room",
+    "within_share",
 ]
 
 
@@ -80,6 +85,9 @@ class Wait(enum.Enum):
     NONE = "none"  # the turn asks the server for ``want`` slots
     FULL = "full"  # no slot is free: until a running job frees one
     PRESSURE = "pressure"  # slots are free but pressure allows none: hold a pressure interval
+    # slots are free but this shard holds its part while other shards wait for theirs
+    # (policy/shardshare.py): until a slot is freed
+    SHARE = "share"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +147,16 @@ def plan_fetch(
         return FetchPlan(0, wait, free, allowed)
     want = allowed if widen else budget(allowed, batch=batch, concurrency=slots.concurrency)
     return FetchPlan(want, Wait.NONE, free, allowed)
+
+
+def within_share(plan: FetchPlan, limit: int | None) -> FetchPlan:
+    """``plan`` held to the shard's ``limit`` (``policy.shardshare.cap``; None: none). The
+    room shrinks with the ask, so that an empty reply to it says what a wide one would."""
+    if limit is None or plan.wait is not Wait.NONE or limit >= plan.room:
+        return plan
+    if limit <= 0:
+        return FetchPlan(0, Wait.SHARE, plan.free, 0)
+    return FetchPlan(min(plan.want, limit), Wait.NONE, plan.free, limit)
 
 
 def after_reply(plan: FetchPlan, *, got_jobs: bool, burst: bool, shard_busy: bool) -> Next:

@@ -84,7 +84,7 @@ class Attempts:
         must follow, in the same turn of the loop or the next."""
         slots = self.slots
         for job in fetched:
-            slots.occupy(job.slots)
+            slots.occupy(job.slots, shard)
         shard.running += len(fetched)
         self.tally.fetched += len(fetched)
 
@@ -111,7 +111,7 @@ class Attempts:
             # gives its slots back, and its lease expires and it is reclaimed
             unstarted = fetched[started:]
             for job in unstarted:
-                self.slots.vacate(job.slots)
+                self.slots.vacate(job.slots, shard)
             shard.running -= len(unstarted)
             log.warning("%d leased job(s) not started: the worker is stopping", len(unstarted))
             if started:
@@ -138,7 +138,7 @@ class Attempts:
                 self._deadlines.discard(id(job), due)
             # each attempt gives back what it took, even if a newer lease of the same job
             # (lost, then leased to us again) has taken its entry meanwhile
-            self.slots.vacate(job.slots)
+            self.slots.vacate(job.slots, shard)
             shard.running -= 1
             running = self.running.get(job.id)
             if running is not None and running.job is job:

@@ -4,10 +4,12 @@ A worker serves every shard of its app (``App(shards=n)``), one ``ShardLoop`` ea
 Every shard is a whole scheduler that counts the worker's full slots in its lanes'
 capacity; the worker's own slots are the one pool the loops share, so the worker
 never runs more than its slots however the shards' work arrives. The loops take
-turns at that pool in order of arrival (``SlotPool.turn``, ``runtime/slots.py``): when
-every shard has work each gets an equal part of the worker's slots, and a shard
-with no work leaves its part to the others. What each turn asks for, and what the
-loop does after the reply, is decided by ``policy/fetch.py``.
+turns at that pool (``SlotPool.turn``, ``runtime/slots.py``), each recording the waiting
+weight its shard's replies carry: when several shards have work each gets the part of
+the worker's slots its waiting weight gives it (``policy/shardshare.py``), and a shard
+with no work, or whose loop waits on its wake lists, leaves its part to the others.
+What each turn asks for, and what the loop does after the reply, is decided by
+``policy/fetch.py``.
 
 Within a loop the hot path is the worker's: ``exchange`` settles the attempts that
 finished since the last call and leases the next batch in one atomic step; when the
@@ -138,8 +140,8 @@ class ShardLoop:
         # leased by the last exchange, slots held: launched once the next one is sent
         leased: list[FetchedJob] = []
         while not stopping.is_set():
-            async with self.slots.turn():
-                plan = self.slots.plan(widen=widen)
+            async with self.slots.turn(self):
+                plan = self.slots.plan(widen=widen, shard=self)
                 if plan.wait is Wait.NONE:
                     fetched = await self._exchange(plan.want, jobs, leased)
                     leased = []
@@ -161,18 +163,22 @@ class ShardLoop:
                 continue
             self.attempts.launch(jobs, self, fetched.jobs)
             if step is Next.DRAINED and await self.link.burst.drained(self):
+                self.slots.rest(self)
                 return
             if step is not Next.IDLE:
                 continue
+            self.slots.rest(self)  # waiting on the wake lists: its part is the others'
             handed = await self._idle_wait(fetched.next_due_ms)
             if handed is not None and self._take_handed(jobs, handed):
                 await asyncio.sleep(0)  # it starts before the next exchange is sent
+        self.slots.rest(self)
         self.settler.carrier_active = False
         self.settler.flush_needed.set()
 
     def _after(self, plan: FetchPlan, fetched: Fetched) -> Next:
         """Take in an answered exchange; what the loop does next (``policy.fetch``)."""
         self.maybe_idle = not fetched.jobs and self.idle_ms() > 0
+        self.slots.weigh(self, fetched.waiting)
         if fetched.malformed:
             self.settler.set_aside(fetched.malformed)
         return after_reply(

@@ -99,7 +99,9 @@ pattern (after the prefix)  type   holds                              written by
                                   ``utable``, ``ar:``/``an:``/``ad:<c>``,
                                   ``gr``/``gn`` refused m-units/jobs
                                   since the balancer's last report
-                                  default queue bounds ``qb``        declare_bounds
+                                  default queue bounds ``qb``        declare_bounds,
+                                  ``W:<c>`` waiting weight (active   cancel
+                                  tenants' weights, shardshare.py)
 ``lane:<l>:cap``           hash   worker -> slots (its capacity)     exchange, leave, sweep
 ``lane:<l>:delayed``       zset   job id -> run-at time (ms)         enqueue, ack, sweep
 ``lane:<l>:wake``          list   wake tokens; workers BLPOP it      enqueue, fetch, ack

@@ -334,6 +334,8 @@ class Fetched:
     ack_codes: list[int]
     # (id, token) of leased rows the worker cannot read: to settle as dead, never to run
     malformed: list[tuple[str, str]] = field(default_factory=list)
+    # the lanes' waiting weight as the exchange left it (None: it made no fetch)
+    waiting: float | None = None
 
 
 class Outcome(msgspec.Struct, array_like=True, frozen=True):
@@ -367,6 +369,9 @@ class FetchReply(msgspec.Struct, array_like=True, frozen=True):
     next_due_ms: int  # -1: no scheduled job
     ack_codes: list[int]
     jobs: list[FetchedJob]
+    # the weights of the tenants with jobs waiting, summed over the lanes asked for and
+    # their classes (policy/shardshare.py); -1: no fetch was made
+    waiting: float = -1.0
 
 
 class FetchRows(msgspec.Struct, array_like=True, frozen=True):
@@ -375,6 +380,7 @@ class FetchRows(msgspec.Struct, array_like=True, frozen=True):
     next_due_ms: int
     ack_codes: list[int]
     jobs: list[msgspec.Raw]
+    waiting: float = -1.0
 
 
 _UNPACK_FETCH: Final = msgspec.msgpack.Decoder(FetchReply)
@@ -468,7 +474,11 @@ def parse_fetched(reply: bytes) -> Fetched:
     except msgspec.ValidationError:
         return parse_rows(reply)
     next_due = None if got.next_due_ms < 0 else got.next_due_ms
-    return Fetched(got.jobs, next_due, got.ack_codes)
+    return Fetched(got.jobs, next_due, got.ack_codes, waiting=_waiting(got.waiting))
+
+
+def _waiting(raw: float) -> float | None:
+    return None if raw < 0 else raw
 
 
 def parse_rows(reply: bytes) -> Fetched:
@@ -478,7 +488,7 @@ def parse_rows(reply: bytes) -> Fetched:
     got = _UNPACK_ROWS.decode(reply)
     jobs, malformed = decode_rows(got.jobs)
     next_due = None if got.next_due_ms < 0 else got.next_due_ms
-    return Fetched(jobs, next_due, got.ack_codes, malformed)
+    return Fetched(jobs, next_due, got.ack_codes, malformed, _waiting(got.waiting))
 
 
 def positions(struct: type[msgspec.Struct]) -> dict[str, int]:

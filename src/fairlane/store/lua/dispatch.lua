@@ -6,7 +6,7 @@
 -- Calls: core, classes, rates, throttle, fairqueue, records, leasing
 -- Entry points: dispatch.{FAIR_WINDOW, bytes_before, dispatch_lane, fair_head, fair_idle,
 --   fair_moved, fair_tag, fetch, flush_fair, job_rates, lane_load, load_state,
---   new_dispatch, pending, rate_units}
+--   new_dispatch, pending, rate_units, weight_of}
 
 local dispatch = {}
 
@@ -30,7 +30,8 @@ do
     local cx = {keys = keys, p = p, lane = lane, now = now, tally = tally, sk = sk,
       weights = {}, tlimits = {}, trates = {}, vt = {}, delta = {}, runs = {},
       f = {}, d = {}, heads = {}, w = {}, age = {}, cap = 0, batch = math.min(budget, 100),
-      parks = 0, recs = {}, peeks = {}, active = {}, wins = {}, pend = {}}
+      parks = 0, recs = {}, peeks = {}, active = {}, wins = {}, pend = {}, wsum = {},
+      wgone = {}}
     local declared = redis.call('HMGET', sk, 'table', 'charge')
     cx.tbl = cjson.decode(declared[1] or DEFAULT_CLASSES)
     cx.cost_mode = declared[2] == 'cost'
@@ -39,6 +40,10 @@ do
       local n = #cx.fields
       cx.fields[n + 1], cx.fields[n + 2] = 'f:' .. c[ClassRow.NAME], 'd:' .. c[ClassRow.NAME]
       cx.ended_keys[i] = lane .. '\0' .. c[ClassRow.NAME]
+    end
+    -- after every class's f: and d:, each class's waiting weight (fairqueue.lua's activate)
+    for _, c in ipairs(cx.tbl) do
+      cx.fields[#cx.fields + 1] = 'W:' .. c[ClassRow.NAME]
     end
     return cx
   end
@@ -86,7 +91,7 @@ do
   function dispatch.pending(cx, cls)
     local pend = cx.pend[cls]
     if not pend then
-      pend = {tags = {}, idle = {}, finish = {}}
+      pend = {tags = {}, idle = {}, finish = {}, wdrop = 0}
       cx.pend[cls] = pend
     end
     return pend
@@ -105,6 +110,9 @@ do
     pend.idle[#pend.idle + 1] = tenant
     pend.finish[#pend.finish + 1] = 'f:' .. tenant
     pend.finish[#pend.finish + 1] = tag
+    local w = dispatch.weight_of(cx, tenant)
+    pend.wdrop = pend.wdrop + w
+    cx.wgone[cls] = (cx.wgone[cls] or 0) + w
   end
 
   function dispatch.flush_fair(cx, cls)
@@ -119,6 +127,42 @@ do
     core.chunked('ZREM', fair, pend.idle)
     local vt = class_key(cx.p, cx.lane, cls, 'vt')
     core.chunked('HSET', vt, pend.finish)
+    if #pend.idle > 0 then
+      -- the tenants that left take their weight with them; the set known empty starts
+      -- its sum again from nought
+      fairqueue.unweigh(cx.p, cx.lane, cls, nil, pend.wdrop, cx.active[cls] == 0)
+    end
+  end
+
+  -- The waiting weight of the lane as this view leaves it: over its classes with slots
+  -- still waiting, the weight read less what tenants took away since.
+  local function lane_weight(cx)
+    local sum = 0
+    for i, c in ipairs(cx.tbl) do
+      local cls = c[ClassRow.NAME]
+      if cx.d[i] > 0 and cx.active[cls] ~= 0 then
+        sum = sum + math.max(0, (cx.wsum[i] or 0) - (cx.wgone[cls] or 0))
+      end
+    end
+    return sum
+  end
+
+  -- The waiting weight of a lane this call did not dispatch from (its budget was spent
+  -- on the lanes before it): read as it is stored.
+  local function stored_weight(p, lane)
+    local sk = lane_key(p, lane, 'state')
+    local fields = {}
+    for _, c in ipairs(classes.class_table(sk)) do
+      fields[#fields + 1] = 'd:' .. c[ClassRow.NAME]
+      fields[#fields + 1] = 'W:' .. c[ClassRow.NAME]
+    end
+    local v, sum = redis.call('HMGET', sk, unpack(fields)), 0
+    for i = 1, #v, 2 do
+      if (tonumber(v[i]) or 0) > 0 then
+        sum = sum + math.max(0, tonumber(v[i + 1]) or 0)
+      end
+    end
+    return sum
   end
 
   -- Whether `a` sorts before `b` byte by byte, as a sorted set orders members of equal
@@ -216,7 +260,7 @@ do
     end
   end
 
-  local function weight_of(cx, tenant)
+  function dispatch.weight_of(cx, tenant)
     local wt = cx.weights[tenant]
     if not wt then
       wt = core.any(cx.tally, cx.keys[WEIGHTS])
@@ -266,8 +310,13 @@ do
   local function load_state(cx)
     flush_dispatch(cx)
     cx.runs, cx.recs, cx.peeks, cx.active, cx.wins, cx.pend = {}, {}, {}, {}, {}, {}
+    cx.wgone = {}
     local v = redis.call('HMGET', cx.sk, unpack(cx.fields))
     cx.cap = tonumber(v[1]) or 0
+    local n = #cx.tbl
+    for i = 1, n do
+      cx.wsum[i] = tonumber(v[1 + 2 * n + i]) or 0
+    end
     if not cx.levels or cx.levels.cap ~= cx.cap then
       cx.levels = class_levels(cx.tbl, cx.cap)
     end
@@ -437,7 +486,7 @@ do
       end
       -- one unit per job, or in 'cost' mode what the job is expected to cost
       local units = cx.cost_mode and (core.num(f[14]) or 1) / 1000 or 1
-      tag = tag + units / weight_of(cx, tenant)
+      tag = tag + units / dispatch.weight_of(cx, tenant)
     end
     if not run.ids[run.pos] then
       flush_run(cx, cls)
@@ -498,7 +547,8 @@ do
   -- nothing, its tenant not charged) and the next head is tried. Waiters the keys woke
   -- go back into their tenants' queues, and the lane's state is read again.
   -- Appends {id, fields, lane, why it waited (queued_why)} to `popped`. Returns the slots
-  -- given and whether the lane stopped for want of budget (so it might give more).
+  -- given, whether the lane stopped for want of budget (so it might give more) and the
+  -- lane's waiting weight it leaves (lane_weight).
   local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
     local cx = new_dispatch(keys, p, lane, budget, now, tally)
     load_state(cx)
@@ -509,8 +559,9 @@ do
       -- a backlog parking on its keys parks a bounded part per call: the rest is left for
       -- the next fetch, which the lane's wake signal brings
       if not h or h[3] > budget - given or cx.parks >= rates.PARK_BUDGET then
+        local waiting = lane_weight(cx)
         flush_dispatch(cx)
-        return given, h and true or false
+        return given, h and true or false, waiting
       end
       local cls = cx.tbl[x][ClassRow.NAME]
       bump(cx, 'd:' .. cls, -h[3])
@@ -544,8 +595,9 @@ do
 
   -- Lease up to `n` slots of work from `lanes` (taken in turn) to `worker`. Returns the
   -- jobs, each [id, token, attempt, task, args, timeout, deadline, tenant, max, backoff,
-  -- enqueued, slots, class, trace context], and the ms until the lanes' next scheduled job
-  -- (-1 when none).
+  -- enqueued, slots, class, trace context], the ms until the lanes' next scheduled job
+  -- (-1 when none) and the lanes' waiting weight (the sum of the weights of the tenants
+  -- with jobs waiting, over the lanes and their classes: fairlane/policy/shardshare.py).
   local function fetch(keys, p, worker, n, lease, promote_limit, lanes, now, tally)
     -- rate keys whose waiters' tokens or pause's end have come (the only timer they have)
     local rate_due = throttle.thr_next_due(keys)
@@ -557,7 +609,7 @@ do
       promote_due(keys, p, lane, now, promote_limit, tally)
     end
     -- lanes are served in turn, each round asking for an even share of what is left
-    local popped, live, given, busy = {}, {}, 0, {}
+    local popped, live, given, busy, weight = {}, {}, 0, {}, {}
     for i, lane in ipairs(lanes) do
       live[i] = lane
     end
@@ -566,7 +618,8 @@ do
       for _, lane in ipairs(live) do
         local want = math.ceil((n - given) / #live)
         if want > 0 then
-          local got, more = dispatch_lane(keys, p, lane, want, now, tally, popped)
+          local got, more, waiting = dispatch_lane(keys, p, lane, want, now, tally, popped)
+          weight[lane] = waiting
           given = given + got
           busy[lane] = more
           if more and got > 0 then
@@ -578,7 +631,9 @@ do
     end
     local jobs = lease_jobs(keys, p, popped, worker, lease, now)
     local next_due = rate_due and math.max(0, rate_due - now) or -1
+    local waiting = 0
     for _, lane in ipairs(lanes) do
+      waiting = waiting + (weight[lane] or stored_weight(p, lane))
       if busy[lane] then
         -- work may be left that another worker could take
         wake(p, lane)
@@ -591,7 +646,7 @@ do
         end
       end
     end
-    return jobs, next_due
+    return jobs, next_due, waiting
   end
 
   dispatch.dispatch_lane = dispatch_lane

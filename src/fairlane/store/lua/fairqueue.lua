@@ -1,12 +1,13 @@
 -- Tenants within a class: their queues, start-time fair queuing's activation and
 -- idling, the classes' in-flight and waiting slots, and jobs a throttle key woke.
 --
--- Keys: q:<lane>:<class>:<tenant>, lane:<l>:c:<class>:fair|vt, lane:<l>:state, job:<id>
+-- Keys: q:<lane>:<class>:<tenant>, lane:<l>:c:<class>:fair|vt, lane:<l>:state, job:<id>,
+--   weights
 -- Calls: core, classes, throttle
 -- Entry points: fairqueue.{add_settled, class_key, deactivate, enter_all_woken,
 --   flush_pushes, flush_queue, flush_settled, give_back_offers, lane_waiting, new_pushes,
 --   push_ready, release_throttle, settle_running, take_back_offers, tenant_queue,
---   work_of}
+--   unweigh, work_of}
 
 local fairqueue = {}
 
@@ -50,6 +51,26 @@ do
       redis.call('HDEL', vt, 'f:' .. tenant)
     end
     redis.call('ZADD', fair, start, tenant)
+    -- the class's waiting weight `W:<class>`, the sum of its active tenants' weights: a
+    -- worker shares its slots between shards by it (fairlane/policy/shardshare.py)
+    local w = tonumber(redis.call('HGET', p .. 'weights', tenant)) or 1
+    redis.call('HINCRBYFLOAT', lane_key(p, lane, 'state'), 'W:' .. cls, w)
+  end
+
+  -- A tenant left class `cls`'s fair set: the class's waiting weight loses `w` (its weight
+  -- now, read when not given), or starts again from nought once the set is empty (a weight
+  -- changed while its tenant waited is then forgotten).
+  function fairqueue.unweigh(p, lane, cls, tenant, w, empty)
+    local sk = lane_key(p, lane, 'state')
+    if empty == nil then
+      empty = redis.call('ZCARD', class_key(p, lane, cls, 'fair')) == 0
+    end
+    if empty then
+      redis.call('HSET', sk, 'W:' .. cls, 0)
+      return
+    end
+    w = w or tonumber(redis.call('HGET', p .. 'weights', tenant)) or 1
+    redis.call('HINCRBYFLOAT', sk, 'W:' .. cls, -w)
   end
 
   -- Put a job in its tenant's queue; the tenant becomes active if it had no work. The
@@ -112,6 +133,7 @@ do
   local function deactivate(p, lane, cls, tenant, tag)
     redis.call('ZREM', class_key(p, lane, cls, 'fair'), tenant)
     redis.call('HSET', class_key(p, lane, cls, 'vt'), 'f:' .. tenant, tag)
+    fairqueue.unweigh(p, lane, cls, tenant)
   end
 
   -- Whether any class of a lane has work waiting for a slot.

@@ -155,7 +155,8 @@ do
   -- what was handed to its inbox, then up to n more slots of work. `slots` is the
   -- worker's whole size, counted in its lanes' capacity. With idle_ms > 0 and nothing to give,
   -- the worker is registered idle for idle_ms (it is about to block on its inbox).
-  -- Returns msgpack FetchReply [next_due_ms, ack codes, jobs].
+  -- Returns msgpack FetchReply [next_due_ms, ack codes, jobs, waiting weight (-1: no
+  -- fetch was made, the inbox filled the ask)].
   local function exchange(keys, args)
     local p, now = prefix(keys), now_ms()
     local ex = cmsgpack.unpack(args[ExchangeArg.PACKED])
@@ -171,7 +172,7 @@ do
     end
     local inbox = inbox_key(p, worker)
     local raw = redis.call('LRANGE', inbox, 0, -1)
-    local jobs, next_due, left = {}, -1, n
+    local jobs, next_due, left, waiting = {}, -1, n, -1
     if #raw > 0 then
       redis.call('DEL', inbox)
     end
@@ -180,7 +181,7 @@ do
       left = left - (tonumber(handed[i][Row.SLOTS]) or 1)
     end
     if left > 0 then
-      jobs, next_due =
+      jobs, next_due, waiting =
         fetch(keys, p, worker, left, lease, ex[Exchange.PROMOTE_LIMIT], lanes, now, tally)
     end
     for i = #handed, 1, -1 do
@@ -192,7 +193,8 @@ do
       end
     end
     apply_effects(keys, p, tally, now)
-    return cmsgpack.pack({[Fetch.NEXT_DUE_MS] = next_due, [Fetch.ACK_CODES] = codes, [Fetch.JOBS] = jobs})
+    return cmsgpack.pack({[Fetch.NEXT_DUE_MS] = next_due, [Fetch.ACK_CODES] = codes, [Fetch.JOBS] = jobs,
+      [Fetch.WAITING] = waiting})
   end
 
   -- ARGV: msgpack LeaveField [worker, lease_ms, lanes]. A stopping worker leaves: it is
