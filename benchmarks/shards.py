@@ -14,6 +14,11 @@ tenant alone in one shard against four in the other, all backlogged, equal weigh
 (fair: 0.20 for the lone tenant); one tenant in each of three shards, weights 5:3:2
 (fair: 0.5, 0.3, 0.2). ``--share-only`` skips the drains.
 
+``--keyed`` drains each shard count twice, without a key and with a global key on
+every job (``limits={"bench:global": 100000}``, a limit the worker never reaches, so
+the figure is what the key costs, parts and balancer included), and prints the keyed
+drain's jobs per second against the unkeyed one's.
+
 The figures are ratios within one run (shares, and jobs/s of one count against the
 other); on a 2-core machine the three server processes and the workers share the same
 cores, so absolute throughput says little about a real cluster.
@@ -43,6 +48,7 @@ __all__ = ["main"]
 @dataclass(frozen=True, slots=True)
 class SpreadRun:
     shards: int
+    keyed: bool
     jobs: int
     seconds: float
     jobs_per_second: float
@@ -56,6 +62,10 @@ def _app(url: str, name: str, shards: int) -> App:
 
     @app.task(name="bench.noop")
     async def noop() -> None:
+        return None
+
+    @app.task(name="bench.keyed", limits={"bench:global": 100_000})
+    async def keyed() -> None:
         return None
 
     @app.task(name="bench.sleep")
@@ -77,8 +87,10 @@ def _commands(cluster: RedisCluster) -> list[int]:
     return counts
 
 
-async def _drain(cluster: RedisCluster, app: App, jobs: int, tenants: int) -> SpreadRun:
-    task = app.get_task("bench.noop")
+async def _drain(
+    cluster: RedisCluster, app: App, jobs: int, tenants: int, *, keyed: bool
+) -> SpreadRun:
+    task = app.get_task("bench.keyed" if keyed else "bench.noop")
     per_tenant = jobs // tenants
     async with app:
         for t in range(tenants):
@@ -92,12 +104,14 @@ async def _drain(cluster: RedisCluster, app: App, jobs: int, tenants: int) -> Sp
     sent = [a - b for a, b in zip(after, before, strict=True)]
     total = sum(sent) or 1
     shares = [round(n / total, 3) for n in sent]
-    return SpreadRun(app.shards, jobs, seconds, jobs / seconds, shares)
+    return SpreadRun(app.shards, keyed, jobs, seconds, jobs / seconds, shares)
 
 
-def spread(cluster: RedisCluster, shards: int, jobs: int, tenants: int) -> SpreadRun:
+def spread(
+    cluster: RedisCluster, shards: int, jobs: int, tenants: int, *, keyed: bool = False
+) -> SpreadRun:
     app = _app(cluster.url, f"bench_{secrets.token_hex(3)}", shards)
-    return asyncio.run(_drain(cluster, app, jobs, tenants))
+    return asyncio.run(_drain(cluster, app, jobs, tenants, keyed=keyed))
 
 
 async def cross_shard_share(url: str, flood_jobs: int, steady_jobs: int) -> dict[str, float]:
@@ -199,15 +213,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--tenants", type=int, default=100)
     parser.add_argument("--share-only", action="store_true", help="only the share scenarios")
+    parser.add_argument(
+        "--keyed", action="store_true", help="each drain also with a global key on every job"
+    )
+    parser.add_argument(
+        "--no-shares", action="store_true", help="skip the share scenarios (drains only)"
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     with RedisCluster(masters=3) as cluster:
+        variants = (False, True) if args.keyed else (False,)
         runs = (
             []
             if args.share_only
-            else [spread(cluster, count, args.jobs, args.tenants) for count in args.shards]
+            else [
+                spread(cluster, count, args.jobs, args.tenants, keyed=keyed)
+                for count in args.shards
+                for keyed in variants
+            ]
         )
-        shares = _shares(cluster.url)
+        shares = {} if args.no_shares else _shares(cluster.url)
     if args.json:
         json.dump({"runs": [asdict(r) for r in runs], "cross_shard": shares}, sys.stdout, indent=2)
         print()
@@ -215,9 +240,19 @@ def main(argv: list[str] | None = None) -> int:
     for run in runs:
         spread_ = ", ".join(f"{s:.0%}" for s in run.command_shares)
         print(
-            f"shards={run.shards}: {run.jobs} jobs in {run.seconds:.1f} s "
+            f"shards={run.shards}{', a global key on every job' if run.keyed else ''}: "
+            f"{run.jobs} jobs in {run.seconds:.1f} s "
             f"({run.jobs_per_second:,.0f} jobs/s); commands per primary: {spread_}"
         )
+    plain = {r.shards: r.jobs_per_second for r in runs if not r.keyed}
+    for run in runs:
+        if run.keyed and run.shards in plain:
+            print(
+                f"shards={run.shards}: keyed {run.jobs_per_second / plain[run.shards]:.2f}x "
+                "the unkeyed drain"
+            )
+    if not shares:
+        return 0
     flood = shares["flood"]
     assert isinstance(flood, dict)
     print(
