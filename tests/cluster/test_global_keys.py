@@ -234,3 +234,21 @@ async def test_a_busy_key_is_shared_between_shards_by_their_waiting_weight(
     share = window.count(lone) / len(window)
     print(f"lone tenant's share of the key's starts: {share:.3f} (fair 0.200)")
     assert abs(share - 0.2) <= 0.03, f"lone tenant's share {share:.3f} (fair 0.200)"
+
+
+async def test_a_burst_worker_runs_what_waits_for_a_part(redis_url: str, namespace: str) -> None:
+    """Every job's first dispatch parks it (its shard has no part of the key yet): a
+    burst worker does not take that for the end of the work."""
+    app = _app(namespace, redis_url)
+
+    @app.task(limits={"model:big": 100})
+    async def call_model() -> None:
+        return None
+
+    tenants = tenants_of(app, range(SHARDS))
+    async with app:
+        jobs = []
+        for (tenant,) in tenants.values():
+            jobs += await call_model.enqueue_many([()] * 20, tenant=tenant)
+        await app.run_worker(concurrency=8, burst=True)
+        assert [await job.status() for job in jobs] == ["completed"] * len(jobs)

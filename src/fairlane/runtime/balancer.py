@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from fairlane.policy.globalkeys import Order, plan_pass
+from fairlane.policy.globalkeys import Order, is_pool_key, plan_pass
 from fairlane.runtime.lease import wait_or_stop
 from fairlane.runtime.outage import Outage
 from fairlane.store.api import Store
@@ -56,6 +56,7 @@ class PassResult:
     lowered: int  # orders that lowered a part or carried a pause
     raised: int  # orders that raised a part
     refused: bool  # a newer pass read a shard: this one stopped
+    waiting: int = 0  # jobs parked on global keys (not pools), summed over the shards
 
 
 class KeyBalancer:
@@ -100,6 +101,9 @@ class KeyBalancer:
             await self._refused(reports)
             return PassResult(epoch, 0, 0, 0, refused=True)
         plan = plan_pass([r.keys for r in read])
+        waiting = sum(
+            r.waiting for shard in read for key, r in shard.keys.items() if not is_pool_key(key)
+        )
         answers = await self._send(epoch, plan.lowers)
         if answers is None:
             return PassResult(epoch, len(plan.holding), 0, 0, refused=True)
@@ -111,6 +115,7 @@ class KeyBalancer:
             sum(len(o) for o in plan.lowers),
             sum(len(o) for o in raises),
             refused,
+            waiting,
         )
 
     async def _send(
@@ -134,6 +139,16 @@ class KeyBalancer:
     async def _refused(self, answers: Sequence[object]) -> None:
         seen = max(a.seen for a in answers if isinstance(a, Refused))
         await self.home.epoch_past(seen)
+
+    async def quiet(self) -> bool:
+        """A pass now (a burst worker about to end: fenced like any other); whether it
+        found no job parked on a global key. One that did has had its parts given."""
+        try:
+            result = await self.run_pass()
+        except StoreError as exc:
+            self._outage.failed(exc)
+            return False
+        return not result.refused and result.waiting == 0
 
     async def lead(self) -> bool:
         ttl_ms = round(self.interval * _LEAD_PASSES * 1000)

@@ -75,10 +75,13 @@ class Tally:
 
 class BurstWatch:
     """In burst mode the worker is done once every one of its ``loops`` has found its
-    shard empty at the same time."""
+    shard empty at the same time, and ``settle`` (when given) answers that nothing is
+    left elsewhere: jobs parked on a global key wait for their shard's part, which only
+    the balancer's next pass gives (``KeyBalancer.quiet``)."""
 
-    def __init__(self, loops: int) -> None:
+    def __init__(self, loops: int, settle: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.loops = loops
+        self.settle = settle
         self._empty: set[object] = set()
         self._over = asyncio.Event()
 
@@ -87,7 +90,7 @@ class BurstWatch:
         else after a short wait, so that the loop looks again -- work may still come to
         an empty shard from the others' retries or workflows."""
         self._empty.add(loop)
-        if len(self._empty) == self.loops:
+        if len(self._empty) == self.loops and (self.settle is None or await self.settle()):
             self._over.set()
         over = await wait_or_stop(self._over, _BURST_RECHECK)
         self._empty.discard(loop)

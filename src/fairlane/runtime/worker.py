@@ -233,7 +233,7 @@ class Worker:
             stopping=self.stopping,
             closed=self.closed,
             tally=self.tally,
-            burst=BurstWatch(len(stores)),
+            burst=BurstWatch(len(stores), self.balancer.quiet if self.balancer else None),
             on_settled=self.hooks.settled,
             redeclare=self.redeclare,
             grace_left=self.grace_left,
