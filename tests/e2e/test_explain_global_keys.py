@@ -62,11 +62,11 @@ def test_the_sentence_names_the_part_its_use_and_the_other_shards() -> None:
 
 @asynccontextmanager
 async def _worker_without_passes(app: App) -> AsyncIterator[Worker]:
-    """A worker whose balancer makes the keys global but runs no pass while the test
-    lasts, so that the parts stay as the test gave them."""
+    """A worker of an app of many shards that runs no balancer, so that the parts stay
+    as the test gave them (the test marks the keys global itself)."""
     worker = Worker(app, lanes=[app.settings.default_lane], concurrency=8)
     assert worker.balancer is not None
-    worker.balancer.interval = 3600.0
+    worker.balancer = None
     task = asyncio.create_task(worker.run())
     try:
         yield worker

@@ -155,14 +155,16 @@ class KeyBalancer:
         return await self.home.lead_balancer(self.worker, ttl_ms)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """A pass every ``interval`` while this worker holds the lead, until ``stop``."""
-        while not await wait_or_stop(stop, self.interval):
+        """A pass every ``interval`` while this worker holds the lead, until ``stop``;
+        the first at once, for the parts a restarted fleet's waiting jobs need."""
+        while not stop.is_set():
             try:
-                if not await self.lead():
-                    continue
-                self.last = await self.run_pass()
-                self.passes += 1
+                if await self.lead():
+                    self.last = await self.run_pass()
+                    self.passes += 1
             except StoreError as exc:
                 self._outage.failed(exc)
             else:
                 self._outage.recovered()
+            if await wait_or_stop(stop, self.interval):
+                return
