@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from fairlane.config.settings import LeaseSettings
 from fairlane.runtime.outage import Outage
 from fairlane.store.api import Store
+from fairlane.store.gate import raise_if_cancelling
 from fairlane.store.wire import StoreError
 
 __all__ = ["renew_loop", "sweep_loop", "wait_or_stop"]
@@ -38,6 +39,8 @@ async def wait_or_stop(stop: asyncio.Event, seconds: float) -> bool:
         async with asyncio.timeout(seconds):
             await stop.wait()
     except TimeoutError:
+        # the deadline and a cancel in one turn of the loop: the cancel wins
+        raise_if_cancelling()
         return False
     return True
 

@@ -317,7 +317,12 @@ class ShardLoop:
         try:
             woken = await waiter
         except asyncio.CancelledError:
-            if not (stopping.is_set() and waiter.cancelled()):
+            # only `stop()` cutting the wait short ends it quietly; the task's own
+            # cancellation (its worker cancelled, even while stopping) goes on up
+            task = asyncio.current_task()
+            if (task is not None and task.cancelling()) or not (
+                stopping.is_set() and waiter.cancelled()
+            ):
                 raise
             # A job handed over is leased to us; if the wait was cut short after the
             # server sent it, its lease expires and it is reclaimed -- never lost.

@@ -34,7 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from fairlane.store.connection import AsyncClient, close_subscription, server_time_ms
-from fairlane.store.gate import CallGate, StoreBusy
+from fairlane.store.gate import CallGate, StoreBusy, raise_if_cancelling
 from fairlane.store.keys import AppKeys
 from fairlane.store.library import FUNCTION_PREFIX, LIBRARY_CODE, LIBRARY_NAME
 from fairlane.store.memory import MemoryGauge, out_of_memory, server_full
@@ -61,13 +61,17 @@ def unavailable() -> Iterator[None]:
         raise
     except MaxConnectionsError as exc:
         # a pool with every connection taken: the server was never asked
+        raise_if_cancelling()
         raise StoreBusy(f"every connection of the app's pool is in use: {exc}") from exc
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise_if_cancelling()
         raise StoreUnavailable(f"the Redis server is unreachable: {exc}") from exc
     except _CLUSTER_IN_TRANSITION as exc:
         # a failover or a slot migration under way: the slot answers again shortly
+        raise_if_cancelling()
         raise StoreUnavailable(f"the Redis cluster cannot serve the app's slot: {exc}") from exc
     except RedisClusterException as exc:
+        raise_if_cancelling()
         if not _slot_map_lost(exc):
             raise
         raise StoreUnavailable(f"the Redis cluster cannot serve the app's slot: {exc}") from exc
@@ -182,14 +186,21 @@ class StoreBase:
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         async with self.gates[0].slot():
             with unavailable():
-                return await fn(*args, **kwargs)
+                reply = await fn(*args, **kwargs)
+        # on Python 3.11 the client's own `asyncio.wait_for` (writing a command) returns
+        # the result of a write that finished as the task was cancelled, dropping the
+        # cancel: the loop that called would then outlive its worker's cancellation
+        raise_if_cancelling()
+        return reply
 
     async def read(self, plan: Plan[T]) -> T:
         """Run a read model's plan (``fairlane.store.views``) on this store's client:
         keys of every shard, as the shards share one client."""
         async with self.gates[0].slot():
             with unavailable():
-                return await run_async(self.client, plan)
+                reply = await run_async(self.client, plan)
+        raise_if_cancelling()  # as in `_call`
+        return reply
 
     async def view(
         self,
@@ -220,9 +231,12 @@ class StoreBase:
             # the wait for a place on the blocking client is bounded by the gate itself
             async with self.gates[1].slot(), asyncio.timeout(limit):
                 with unavailable():
-                    return await fn(*args, **kwargs)
+                    reply = await fn(*args, **kwargs)
         except TimeoutError as exc:
+            raise_if_cancelling()
             raise StoreUnavailable(f"the Redis server did not answer within {limit}s") from exc
+        raise_if_cancelling()  # as in `_call`
+        return reply
 
     async def slot_node(self) -> dict[str, Any]:
         """On a cluster, ``{"target_nodes": node}`` for the node holding the app's slot

@@ -40,6 +40,17 @@ class StoreBusy(StoreError):
     """
 
 
+def raise_if_cancelling() -> None:
+    """Raise ``CancelledError`` when the current task is being cancelled. A timeout or a
+    client error that comes with a cancellation (a deadline that fell in the same turn
+    of the loop as the cancel, a client that converts what interrupted its read) must
+    not turn it into an error the caller would catch and go on from: the task would
+    then outlive its cancellation, and whoever awaits it wait for ever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class CallGate:
     """Admits at most ``limit`` calls at once; others wait up to ``wait`` seconds."""
 
@@ -58,6 +69,7 @@ class CallGate:
                 async with asyncio.timeout(self.wait):
                     await self._free.acquire()
             except TimeoutError:
+                raise_if_cancelling()
                 raise StoreBusy(
                     f"all {self.limit} of the app's connections stayed in use for "
                     f"{self.wait}s (connection.max_connections); nothing was done"
