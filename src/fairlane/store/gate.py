@@ -46,7 +46,10 @@ def raise_if_cancelling() -> None:
     of the loop as the cancel, a client that converts what interrupted its read) must
     not turn it into an error the caller would catch and go on from: the task would
     then outlive its cancellation, and whoever awaits it wait for ever."""
-    task = asyncio.current_task()
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # a thread of its own (the worker's beat): no task to cancel
+        return
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
 
