@@ -25,13 +25,16 @@ app = App({name!r}, redis_url={url!r}, shards={shards})
 """
 
 
+# A shard's keys fall somewhere in its own part of the slots, which of 2 or 4 parts
+# straddles two primaries' ranges: which primary it lands on depends on the app's name.
+# Any 2 shards leave a primary idle; 4 leave one idle or load one twice.
+IDLE = ("primary does none of its scheduling", "primaries do none of its scheduling")
+UNEVEN = ("uneven, the primaries with more shards carry more of its scheduling",)
+
+
 @pytest.mark.parametrize(
     ("shards", "level", "said"),
-    [
-        (2, "WARN", "1 primary does none of its scheduling"),
-        (3, "OK", "even"),
-        (4, "WARN", "uneven, the primaries with more shards carry more of its scheduling"),
-    ],
+    [(2, "WARN", IDLE), (3, "OK", ("even",)), (4, "WARN", IDLE + UNEVEN)],
 )
 def test_doctor_says_how_the_apps_shards_fall_on_the_primaries(  # noqa: PLR0917 - fixtures and parameters
     tmp_path: Path,
@@ -40,7 +43,7 @@ def test_doctor_says_how_the_apps_shards_fall_on_the_primaries(  # noqa: PLR0917
     monkeypatch: pytest.MonkeyPatch,
     shards: int,
     level: str,
-    said: str,
+    said: tuple[str, ...],
 ) -> None:
     module = f"doc_{namespace}_{shards}"
     source = APP_SOURCE.format(name=namespace, url=redis_url, shards=shards)
@@ -55,6 +58,7 @@ def test_doctor_says_how_the_apps_shards_fall_on_the_primaries(  # noqa: PLR0917
     (row,) = [line for line in result.output.splitlines() if line.split()[1:2] == ["shards"]]
     assert row.split()[0] == level, row
     text = " ".join(result.output.split())  # a long finding folds over lines
-    assert f"{shards} shard(s) on 3 primaries" in row and said in text, row
+    assert f"{shards} shard(s) on 3 primaries" in row, row
+    assert any(phrase in text for phrase in said), row
     if level == "WARN":
         assert "give the app shards=3 (as many as primaries) or a multiple of it" in text
