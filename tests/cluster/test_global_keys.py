@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import pytest
 
 from fairlane import Adaptive, App, Rate, Throttled
+from fairlane.app.task import Task
 from fairlane.runtime.worker import Worker
 from tests.e2e.helpers import WAIT, fast_settings, running_workers
 from tests.shards.test_sharding import tenants_of
@@ -31,6 +32,17 @@ SHARDS = 3
 
 def _app(namespace: str, redis_url: str) -> App:
     return App(namespace, redis_url=redis_url, settings=fast_settings(), shards=SHARDS)
+
+
+async def drain_from_every_shard(app: App, task: Task[..., None], per_tenant: int) -> None:
+    """``per_tenant`` jobs of ``task`` from one tenant of each shard, run to their end by
+    two workers of 16 slots."""
+    async with app:
+        jobs = []
+        for (tenant,) in tenants_of(app, range(SHARDS)).values():
+            jobs += await task.enqueue_many([()] * per_tenant, tenant=tenant)
+        async with running_workers(app, count=2, concurrency=16):
+            await asyncio.gather(*(job.result(timeout=WAIT) for job in jobs))
 
 
 def peak_overlap(spans: Sequence[tuple[float, float]]) -> int:
@@ -130,13 +142,7 @@ async def test_a_shared_rate_holds_across_shards(redis_url: str, namespace: str)
     async def call_model() -> None:
         starts.append(time.monotonic())
 
-    tenants = tenants_of(app, range(SHARDS))
-    async with app:
-        jobs = []
-        for (tenant,) in tenants.values():
-            jobs += await call_model.enqueue_many([()] * 30, tenant=tenant)
-        async with running_workers(app, count=2, concurrency=16):
-            await asyncio.gather(*(job.result(timeout=WAIT) for job in jobs))
+    await drain_from_every_shard(app, call_model, 30)
     starts.sort()
     # limit + burst in any window of `per`
     worst = max(sum(1 for t in starts if s <= t < s + 1.0) for s in starts)
@@ -195,13 +201,7 @@ async def test_an_adaptive_limit_holds_across_shards(redis_url: str, namespace: 
         await asyncio.sleep(0.03)
         spans.append((start, time.monotonic()))
 
-    tenants = tenants_of(app, range(SHARDS))
-    async with app:
-        jobs = []
-        for (tenant,) in tenants.values():
-            jobs += await call_model.enqueue_many([()] * 30, tenant=tenant)
-        async with running_workers(app, count=2, concurrency=16):
-            await asyncio.gather(*(job.result(timeout=WAIT) for job in jobs))
+    await drain_from_every_shard(app, call_model, 30)
     assert peak_overlap(spans) <= 5
 
 

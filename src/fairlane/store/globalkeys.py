@@ -84,13 +84,13 @@ class GlobalKeyCalls(StoreBase):
         the lead when nobody holds it, or keeps its own. (Two balancers at once would be
         safe, the epochs fence them; the lead only saves the work.)"""
         key = self.keys.balancer_lead
-        if await self._call(self.client.set, key, worker, nx=True, px=ttl_ms):
-            return True
+        # the leader asks most often: a GET and a renewal, where a failed SET NX came first
         holder = await self._call(self.client.get, key)
         if holder is not None and _text(holder) == worker:
-            await self._call(self.client.pexpire, key, ttl_ms)
-            return True
-        return False
+            return bool(await self._call(self.client.pexpire, key, ttl_ms))
+        if holder is not None:
+            return False
+        return bool(await self._call(self.client.set, key, worker, nx=True, px=ttl_ms))
 
     async def next_epoch(self) -> int:
         """A balancer epoch no pass had (the home shard's counter)."""

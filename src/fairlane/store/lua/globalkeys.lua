@@ -199,7 +199,8 @@ do
   end
 
   -- ARGV: the pass's epoch, msgpack [GkOrder entry, ..]. Replies {0, the epoch seen} to
-  -- a stale epoch, else {1, msgpack [GkHeld entry, ..]}; the waiters of a key whose part rose are woken.
+  -- a stale epoch, else {1, msgpack [GkHeld entry, ..]}; the waiters of a key whose part
+  -- rose are woken.
   function globalkeys.order(keys, args)
     local ok, seen = fence(keys, tonumber(args[GkOrderArg.EPOCH]))
     if not ok then
