@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from fairlane.errors import FairlaneError, StoreFull
 from fairlane.policy.admission.memory import STORE_FULL
-from fairlane.policy.admission.reasons import CLASS_NOT_ENTITLED
+from fairlane.policy.admission.reasons import CLASS_NOT_ENTITLED, TENANT_PAUSED
+from fairlane.policy.pauses import refusal_retry_after
 from fairlane.registry.pricing import Pricing, cost_key
 from fairlane.store.durability import NotAcknowledged
 from fairlane.store.gate import StoreBusy
@@ -35,6 +36,7 @@ __all__ = [
     "STORE_BUSY",
     "STORE_FULL",
     "STORE_UNAVAILABLE",
+    "TENANT_PAUSED",
     "Admission",
     "AdmissionStatus",
     "NotAcknowledged",
@@ -95,7 +97,8 @@ class Admission(Generic[R]):
     """Machine-readable: ``class_full``, ``class_queue_full``, ``tenant_queue_full``,
     ``lane_queue_full`` (a lane's default queue bounds), ``too_wide``,
     ``deadline_unmeetable``, ``class_not_entitled`` (a restricted class the tenant is not
-    entitled to), ``store_full`` (the server above the memory mark, or at its limit),
+    entitled to), ``tenant_paused`` (an operator quarantined the tenant: Retry-After runs
+    to the quarantine's end), ``store_full`` (the server above the memory mark, or at its limit),
     ``store_unavailable`` (the server cannot be reached), ``store_busy`` (every
     connection of this process stayed in use for ``connection.timeout``); None when
     accepted."""
@@ -124,6 +127,9 @@ def answer(reply: Submitted, job: Job[R] | None, pricing: Pricing) -> Admission[
         return Admission("rejected", None, "deadline_unmeetable", None)
     if reply.code == Reply.CLASS_NOT_ENTITLED:
         return Admission("rejected", None, CLASS_NOT_ENTITLED, None)
+    if reply.code == Reply.TENANT_PAUSED:
+        left = reply.paused_ms or 0
+        return Admission("rejected", None, TENANT_PAUSED, refusal_retry_after(left, 0))
     if reply.code == Reply.REJECTED:
         reason = reply.reason or "class_full"
         return Admission("rejected", None, reason, pricing.retry_after(reply.earlier_rejections))

@@ -22,6 +22,7 @@ from fairlane.store.connection import create_client
 from fairlane.store.exchange import WorkerCalls
 from fairlane.store.gate import POOL_HEADROOM, CallGate
 from fairlane.store.globalkeys import GlobalKeyCalls
+from fairlane.store.pausing import PauseCalls
 from fairlane.store.keyspace import KeyspaceCalls, unlink_matching
 from fairlane.store.lookup import JobCalls
 from fairlane.store.memory import MemoryGauge
@@ -50,6 +51,7 @@ class Store(
     PayloadIndexCalls,
     KeyspaceCalls,
     GlobalKeyCalls,
+    PauseCalls,
 ):
     """The typed face of one server (or shard) for one app."""
 

@@ -239,8 +239,27 @@ class GkOrderArg(IntEnum):
     ORDERS = 2  # msgpack [GkOrderField entry, ..]
 
 
+class PauseArg(IntEnum):
+    """``pause``."""
+
+    FIELD = 1  # the scope's field (fairlane.store.pausing.scope_field)
+    FOR_MS = 2  # 0: until resumed
+    WHY = 3  # JSON {reason, by, ...}
+    CANCEL_RUNNING = 4  # 0/1
+    FIRST_LANE = 5  # the app's lanes, flagged as having pauses
+
+
+class ResumeArg(IntEnum):
+    """``resume``."""
+
+    FIELD = 1
+    BUDGET = 2  # parked jobs moved back by this call
+
+
 #: every function's arguments; the Lua names each by its class name (``WfStepArg.RUN``)
 ARGV: Final[tuple[type[IntEnum], ...]] = (
+    PauseArg,
+    ResumeArg,
     GkEnableArg,
     GkReportArg,
     GkOrderArg,

@@ -75,6 +75,18 @@ pattern (after the prefix)  type   holds                              written by
                                   passes, with an expiry (shard 0)
 ``ratedue``                zset   rate-blocked key with waiters ->   fetch, ack, cancel
                                   when it is due (ms): the timer
+``pause``                  hash   an operator's pauses: scope field   pause, resume, fetch
+                                  (``store/pausing.py``) -> end ms    (lifts ended ones)
+                                  (0: none; 1: ended, being lifted)
+``pause:why``              hash   scope field -> JSON reason, by,     pause, resume
+                                  at, until
+``pause:lanes``            set    lanes flagged ``P`` in their state  pause, resume
+                                  while the shard has any pause
+``parked:<field>`` (der.)  zset   a paused task's or key's jobs that  fetch (parks), resume,
+                                  came to their class's head -> their cancel
+                                  order score (record: ``pz``)
+``lane:<l>:c:<c>:held``    set    paused tenants dispatch took out    fetch, resume
+                                  of the class's fair set
 ``trate``                  hash   tenant -> its own rate             configure_rate
                                   'limit,per_ms,burst,units'
 ``tclasses``               hash   tenant -> its class entitlement:   configure_classes (read
@@ -359,6 +371,20 @@ class AppKeys:
         return self.prefix + "gk:lead"
 
     @property
+    def pauses(self) -> str:
+        """An operator's pauses: scope field -> end ms (scripts derive ``p .. 'pause'``)."""
+        return self.prefix + "pause"
+
+    @property
+    def pause_reasons(self) -> str:
+        """Scope field -> JSON reason, by, at, until (``p .. 'pause:why'``)."""
+        return self.prefix + "pause:why"
+
+    def parked(self, field: str) -> str:
+        """The jobs a pause of ``field`` parked (``p .. 'parked:' .. field``)."""
+        return f"{self.prefix}parked:{field}"
+
+    @property
     def tenant_rates(self) -> str:
         """Tenant -> its own rate ``'limit,per_ms,burst,units'``."""
         return self.prefix + "trate"
@@ -430,7 +456,7 @@ class AppKeys:
         return f"{self.prefix}fkw:{tenant}"
 
     def class_key(self, lane: str, service_class: str, what: str) -> str:
-        """A class's ``fair`` or ``vt`` key (scripts derive the same name)."""
+        """A class's ``fair``, ``vt`` or ``held`` key (scripts derive the same name)."""
         return f"{self.prefix}lane:{lane}:c:{service_class}:{what}"
 
     def run(self, run_id: str, what: str) -> str:

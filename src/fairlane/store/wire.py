@@ -46,6 +46,17 @@ class Reply(IntEnum):
     UNKNOWN_CLASS = -2
     REJECTED = -4  # by admission: detail 'reason|earlier rejections'
     CLASS_NOT_ENTITLED = -5
+    TENANT_PAUSED = -6  # a quarantine refused it: detail 'tenant_paused|ms to its end (0: none)'
+
+
+class PauseField(StrEnum):
+    """The kind that opens a pause's field in the store's pause table (``kind:names``)."""
+
+    TENANT = "t"
+    KEY = "k"  # 'k:<tenant>\0<key>'
+    TASK = "j"
+    LANE = "l"  # 'l:<lane>\0<class>', '' = every class
+    REFUSE = "r"  # a tenant's quarantine
 
 
 class AckCode(IntEnum):
@@ -314,6 +325,7 @@ class Submitted:
     code: Reply
     reason: str | None  # why it was deferred or rejected
     earlier_rejections: int  # the tenant's rejections in the last minute, before this one
+    paused_ms: int | None = None  # TENANT_PAUSED: ms to the quarantine's end (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,6 +418,11 @@ def parse_submitted(reply: Sequence[Any]) -> list[Submitted]:
         reason, _, earlier = as_text(reply[i + _DETAIL_AT]).partition("|")
         raw = int(reply[i + _CODE_AT])
         code = _REPLIES.get(raw)
+        if code == Reply.TENANT_PAUSED:
+            out.append(
+                Submitted(as_text(reply[i + _ID_AT]), code, reason, 0, int(earlier or 0))
+            )
+            continue
         out.append(
             Submitted(
                 as_text(reply[i + _ID_AT]),
@@ -533,6 +550,8 @@ def lua_names() -> Mapping[str, str]:
             names[f"{prefix}.{member.name}"] = str(member.value)
     for kind in OutcomeKind:
         names[f"Kind.{kind.name}"] = f"'{kind.value}'"
+    for scope in PauseField:
+        names[f"PauseField.{scope.name}"] = f"'{scope.value}'"
     return names
 
 

@@ -13,15 +13,25 @@ from fairlane.policy.admission.bounds import QueueReason
 from fairlane.policy.admission.gate import Reason
 from fairlane.policy.admission.memory import STORE_FULL
 
-__all__ = ["CLASS_NOT_ENTITLED", "COUNTED_REASONS", "REJECTION_REASONS", "SCRIPT_REASONS"]
+__all__ = [
+    "CLASS_NOT_ENTITLED",
+    "COUNTED_REASONS",
+    "REJECTION_REASONS",
+    "SCRIPT_REASONS",
+    "TENANT_PAUSED",
+]
 
 #: A restricted class the tenant is not entitled to (``fairlane.policy.classes``).
 CLASS_NOT_ENTITLED: Final = "class_not_entitled"
+#: An operator quarantined the tenant (``fairlane.policy.pauses``).
+TENANT_PAUSED: Final = "tenant_paused"
 
 #: Why the enqueue script refused a job: a pool's rules, a lane's default queue bounds,
 #: entitlement.
 SCRIPT_REASONS: Final[tuple[str, ...]] = tuple(
-    dict.fromkeys((*get_args(Reason), *get_args(QueueReason), CLASS_NOT_ENTITLED))
+    dict.fromkeys(
+        (*get_args(Reason), *get_args(QueueReason), CLASS_NOT_ENTITLED, TENANT_PAUSED)
+    )
 )
 
 #: Every reason a job is refused for: the script's, and ``store_full`` (the memory mark,

@@ -88,18 +88,19 @@ do
   end
 
   -- Everything a lane declares, in one read: its class table, whether tenants are
-  -- charged by cost, its admission config (nil: none) and its default queue bounds with
-  -- the call's counts (bounds.lua; nil: none).
+  -- charged by cost, its admission config (nil: none), its default queue bounds with
+  -- the call's counts (bounds.lua; nil: none) and whether the shard has pauses.
   local function lane_declarations(keys, p, lane)
     local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'table', 'charge', 'adm', 'utable',
-      'qb')
+      'qb', 'P')
     local adm
     if v[3] then
       adm = cjson.decode(v[3])
       adm.utable = cjson.decode(v[4])
       adm = at_part(keys, lane, adm)
     end
-    return cjson.decode(v[1] or DEFAULT_CLASSES), v[2] == 'cost', adm, queue_bounds.parse(v[5])
+    return cjson.decode(v[1] or DEFAULT_CLASSES), v[2] == 'cost', adm, queue_bounds.parse(v[5]),
+      v[6] ~= false
   end
 
   local function tenant_count_key(p, lane)

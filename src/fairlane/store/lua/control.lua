@@ -122,13 +122,16 @@ do
     local p, now = prefix(keys), now_ms()
     local id = args[CancelArg.ID]
     local jk = job_key(p, id)
-    local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'cls', 'sl')
+    local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'cls', 'sl', 'pz')
     local st, cls = f[1], f[4] or DEFAULT_CLASS
     if not st then
       return 'missing'
     end
     local tally = new_effects()
-    if st == 'queued' then
+    if st == 'queued' and f[6] then
+      -- parked by a pause (pauses.lua): out of its queue, its slots out of the demand
+      redis.call('ZREM', p .. 'parked:' .. f[6], id)
+    elseif st == 'queued' then
       local q = tenant_queue(p, f[2], cls, f[3])
       if redis.call('ZREM', q, id) == 1 then
         redis.call('HINCRBY', lane_key(p, f[2], 'state'), 'd:' .. cls, -slots_of(f[5]))

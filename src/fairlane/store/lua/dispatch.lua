@@ -3,7 +3,7 @@
 --
 -- Keys: lane:<l>:state|delayed, lane:<l>:c:<c>:fair|vt, q:<lane>:<class>:<tenant>,
 --   job:<id>, trate, KEYS[TLIMITS], KEYS[WEIGHTS]
--- Calls: core, classes, rates, throttle, fairqueue, records, leasing
+-- Calls: core, classes, rates, throttle, pausetable, fairqueue, pauses, records, leasing
 -- Entry points: dispatch.{FAIR_WINDOW, bytes_before, dispatch_lane, fair_head, fair_idle,
 --   fair_moved, fair_tag, fetch, flush_fair, job_rates, lane_load, load_state,
 --   new_dispatch, pending, rate_units, weight_of}
@@ -32,9 +32,10 @@ do
       f = {}, d = {}, heads = {}, w = {}, age = {}, cap = 0, batch = math.min(budget, 100),
       parks = 0, recs = {}, peeks = {}, active = {}, wins = {}, pend = {}, wsum = {},
       wgone = {}}
-    local declared = redis.call('HMGET', sk, 'table', 'charge')
+    local declared = redis.call('HMGET', sk, 'table', 'charge', 'P')
     cx.tbl = cjson.decode(declared[1] or DEFAULT_CLASSES)
     cx.cost_mode = declared[2] == 'cost'
+    cx.has_pauses = declared[3] ~= false
     cx.fields, cx.ended_keys = {'C'}, {}
     for i, c in ipairs(cx.tbl) do
       local n = #cx.fields
@@ -270,6 +271,17 @@ do
     return wt
   end
 
+  -- A paused tenant at the head of class `cls` leaves its fair set as if its queue had
+  -- emptied, and is held there until resumed (fairlane/policy/pauses.py, P2). Returns
+  -- the new head.
+  local function hold_head(cx, cls, tenant, tag)
+    dispatch.fair_idle(cx, cls, tenant, tag)
+    dispatch.fair_moved(cx, cls, tenant, nil)
+    cx.active[cls] = active_tenants(cx, cls) - 1
+    pauses.hold(cx.p, cx.lane, cls, tenant)
+    return dispatch.fair_head(cx, cls)
+  end
+
   -- The head job of class i: the queue head of the active tenant with the smallest start
   -- tag (a job a throttle key woke is back in its tenant's queue). Returns {kind ('q'),
   -- id, width, tenant, tag}, or false when the class has nothing waiting.
@@ -277,10 +289,16 @@ do
     local p, lane, cls = cx.p, cx.lane, cx.tbl[i][ClassRow.NAME]
     local run = cx.runs[cls]
     local tenant, tag, id
+    if cx.pz and pausetable.class_held(cx.pz, lane, cls) then
+      return false
+    end
     if run and run.sole then
       tenant, tag, id = run.tenant, run.tag, run.ids[run.pos]
     else
       tenant, tag = dispatch.fair_head(cx, cls)
+      while tenant and cx.pz and pausetable.tenant_held(cx.pz, tenant) do
+        tenant, tag = hold_head(cx, cls, tenant, tag)
+      end
       if not tenant then
         return false
       end
@@ -468,6 +486,13 @@ do
       cx.recs[id] = nil
     end
     local wakes = NO_WAKES
+    -- a job of a paused task or key parks, uncharged (P3)
+    local fld = f and cx.pz and pausetable.job_field(cx.pz, f[2], f[6] or '', f[22])
+    if fld then
+      wakes = pauses.park(cx.keys, p, id, f, fld, cx.now)
+      cx.parks = cx.parks + 1
+      f = nil
+    end
     if f then
       local admitted
       admitted, wakes = admit(cx, id, f)
@@ -538,6 +563,19 @@ do
     return cjson.encode({by = by, ten = rivals and rivals > 0 and rivals or nil})
   end
 
+  -- The pauses in force for this call (nil: none), read once per call; pauses that ended
+  -- are lifted first (pauses.lua), a bounded part of them.
+  local function pause_view(p, now, tally)
+    if tally.pz == nil then
+      local t = pausetable.load(p, now)
+      if #t.ended > 0 then
+        pauses.lift_ended(p, t)
+      end
+      tally.pz = next(t.on) and t or false
+    end
+    return tally.pz or nil
+  end
+
   -- Dispatch up to `budget` slots of a lane's work to a worker. Each step asks the
   -- class rules (classes.lua) which class's head job may start given the lane's cached
   -- capacity C, its classes' in-flight and waiting slots; a head wider than what is
@@ -551,6 +589,12 @@ do
   -- lane's waiting weight it leaves (lane_weight).
   local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
     local cx = new_dispatch(keys, p, lane, budget, now, tally)
+    if cx.has_pauses then
+      cx.pz = pause_view(p, now, tally)
+      if cx.pz and pausetable.class_held(cx.pz, lane, '') then
+        return 0, false, 0
+      end
+    end
     load_state(cx)
     local given = 0
     while true do
@@ -571,9 +615,9 @@ do
       local dirty = #wakes > 0 or tally.woken ~= nil
       if dirty then
         flush_dispatch(cx)
-        enter_all_woken(p, wakes, now)
+        enter_all_woken(p, wakes, now, keys)
         if tally.woken then
-          enter_all_woken(p, tally.woken, now)
+          enter_all_woken(p, tally.woken, now, keys)
           tally.woken = nil
         end
       end
@@ -602,7 +646,7 @@ do
     -- rate keys whose waiters' tokens or pause's end have come (the only timer they have)
     local rate_due = throttle.thr_next_due(keys)
     if rate_due and rate_due <= now then
-      enter_all_woken(p, throttle.thr_wake_due(keys, now), now)
+      enter_all_woken(p, throttle.thr_wake_due(keys, now), now, keys)
       rate_due = throttle.thr_next_due(keys)
     end
     for _, lane in ipairs(lanes) do

@@ -4,8 +4,8 @@
 --
 -- Keys: job:<id>, q:<lane>:<class>:<tenant>, lane:<l>:delayed|idle, KEYS[IDEM],
 --   KEYS[STATS] (seq), KEYS[TLIMITS]
--- Calls: core, classes, throttle, fairqueue, fairkeys, queue_bounds, admission, records,
---   leasing, dispatch
+-- Calls: core, classes, throttle, pausetable, fairqueue, fairkeys, queue_bounds, admission,
+--   records, leasing, dispatch
 -- Entry points: enqueuing.{enqueue}
 
 local enqueuing = {}
@@ -32,14 +32,16 @@ do
   -- of a job or two (a call per tenant) cost the server more than the steps saved.
   local call_keys, call_p, call_now, call_now_s, call_lane
   local call_tbl, call_cost_mode, call_adm, call_qb
-  local call_learned, call_seen, call_submitted, call_pushes, call_tally
+  local call_learned, call_seen, call_submitted, call_pushes, call_tally, call_pauses
 
   local function begin_call(keys, lane)
     call_keys, call_p, call_now, call_lane = keys, prefix(keys), now_ms(), lane
     call_now_s = core.now_arg(call_now)
     call_learned, call_seen, call_submitted = {}, {}, {}
     call_pushes, call_tally = fairqueue.new_pushes(), new_effects()
-    call_tbl, call_cost_mode, call_adm, call_qb = lane_declarations(keys, call_p, lane)
+    local paused
+    call_tbl, call_cost_mode, call_adm, call_qb, paused = lane_declarations(keys, call_p, lane)
+    call_pauses = paused and pausetable.load(call_p, call_now) or nil
   end
 
   -- The gate: whether job `j` (FIFO number `seq` of a call of `n` jobs) is stored, and how.
@@ -56,6 +58,12 @@ do
     if existing_st then
       -- the detail says whether the job the key names still waits for admission
       return Reply.EXISTING, existing_st == 'deferred' and 'deferred' or '', existing
+    end
+    -- a quarantined tenant's submission is refused before anything is stored
+    local refused_until = call_pauses and pausetable.refusal(call_pauses, tenant)
+    if refused_until then
+      count_decision(tally, lane, cls, 'rejected', 'tenant_paused')
+      return Reply.TENANT_PAUSED, 'tenant_paused|' .. (refused_until > 0 and refused_until - now or 0)
     end
     local entitled, index
     cls, entitled, index = tenant_class(tally, keys, p, call_seen, tbl, tenant, cls,

@@ -35,9 +35,11 @@ leases set (running), or none (finished).
 -- @include rates.lua
 -- @include keyparts.lua
 -- @include throttle.lua
+-- @include pausetable.lua
 
 -- @include fairqueue.lua
 -- @include fairkeys.lua
+-- @include pauses.lua
 -- @include bounds.lua
 -- @include admission.lua
 -- @include runs.lua
@@ -84,6 +86,8 @@ redis.register_function{function_name = '__PREFIX__cancel', callback = control.c
   flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__watch', callback = control.watch, flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__redrive', callback = control.redrive}
+redis.register_function{function_name = '__PREFIX__pause', callback = pauses.pause, flags = core.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__resume', callback = pauses.resume, flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__configure_tenant', callback = control.configure_tenant}
 redis.register_function{function_name = '__PREFIX__configure_limits', callback = control.configure_limits}
 redis.register_function{function_name = '__PREFIX__configure_classes',

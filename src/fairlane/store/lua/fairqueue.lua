@@ -3,8 +3,8 @@
 --
 -- Keys: q:<lane>:<class>:<tenant>, lane:<l>:c:<class>:fair|vt, lane:<l>:state, job:<id>,
 --   weights
--- Calls: core, classes, throttle
--- Entry points: fairqueue.{add_settled, class_key, deactivate, enter_all_woken,
+-- Calls: core, classes, throttle, pausetable
+-- Entry points: fairqueue.{activate, add_settled, class_key, deactivate, enter_all_woken,
 --   flush_pushes, flush_queue, flush_settled, give_back_offers, lane_waiting, new_pushes,
 --   push_ready, release_throttle, settle_running, take_back_offers, tenant_queue,
 --   unweigh, work_of}
@@ -186,20 +186,40 @@ do
   -- queue of its class at its own place (its priority and seq), the tenant active again
   -- if it was idle, and its lane is woken. It takes its slots with its lane slot
   -- (dispatch converts the offers), so a throttle slot is held only by running work.
-  local function enter_woken(p, id, key, now)
+  -- A job whose scope an operator paused gives its offers back at once and waits in its
+  -- queue holding none (fairlane/policy/pauses.py, P4): the waiters its offers wake are
+  -- added to `wakes`, to enter in turn. A pause table is read only on a shard that has
+  -- pauses, at most once per call of enter_all_woken.
+  local function enter_woken(keys, p, id, key, now, wakes, pz)
     local jk = job_key(p, id)
-    local f = redis.call('HMGET', jk, 'lane', 'cls', 'tenant', 'prio', 'seq', 'sl')
-    redis.call('HSET', jk, 'st', 'queued', 'toff', '1', 'x', '1')
-    log_event(p, id, now or now_ms(), 'granted', {key = key})
-    push_ready(p, f[1], f[2] or DEFAULT_CLASS, f[3] or '', id, f[4] or 0, f[5] or 0, f[6])
+    local f = redis.call('HMGET', jk, 'lane', 'cls', 'tenant', 'prio', 'seq', 'sl', 'task', 'fk')
+    local cls, tenant = f[2] or DEFAULT_CLASS, f[3] or ''
+    now = now or now_ms()
+    if pz.t == nil then
+      pz.t = pausetable.lane_has_pauses(p, f[1]) and pausetable.load(p, now) or false
+    end
+    if pz.t and pausetable.blocks(pz.t, f[1], cls, f[7], tenant, f[8]) then
+      redis.call('HSET', jk, 'st', 'queued', 'x', '1')
+      local _, more = thr_cancel(keys, id, now)
+      for _, w in ipairs(more) do
+        wakes[#wakes + 1] = w
+      end
+    else
+      redis.call('HSET', jk, 'st', 'queued', 'toff', '1', 'x', '1')
+      log_event(p, id, now, 'granted', {key = key})
+    end
+    push_ready(p, f[1], cls, tenant, id, f[4] or 0, f[5] or 0, f[6])
     wake(p, f[1])
   end
 
-  local function enter_all_woken(p, wakes, now)
-    for _, w in ipairs(wakes) do
-      enter_woken(p, w[1], w[2], now)
+  local function enter_all_woken(p, wakes, now, keys)
+    local n, pz = #wakes, {}
+    local i = 1
+    while i <= #wakes do
+      enter_woken(keys, p, wakes[i][1], wakes[i][2], now, wakes, pz)
+      i = i + 1
     end
-    return #wakes > 0
+    return n > 0
   end
 
   -- Release a job's throttle grant, if it holds one, and wake the keys; `used` (units the
@@ -208,7 +228,7 @@ do
   local function release_throttle(keys, p, id, token, now, used, succeeded)
     if token then
       redis.call('HDEL', job_key(p, id), 'ttok')
-      enter_all_woken(p, thr_release(keys, id, token, now, used, succeeded), now)
+      enter_all_woken(p, thr_release(keys, id, token, now, used, succeeded), now, keys)
     end
   end
 
@@ -221,9 +241,10 @@ do
   end
 
   local function give_back_offers(keys, p, id, now)
-    enter_all_woken(p, take_back_offers(keys, p, id, now), now)
+    enter_all_woken(p, take_back_offers(keys, p, id, now), now, keys)
   end
 
+  fairqueue.activate = activate
   fairqueue.add_settled = add_settled
   fairqueue.class_key = class_key
   fairqueue.deactivate = deactivate

@@ -227,7 +227,7 @@ do
       out[#out + 1] = e
     end
     if #raised > 0 then
-      fairqueue.enter_all_woken(prefix(keys), throttle.wake_keys(keys, raised, now), now)
+      fairqueue.enter_all_woken(prefix(keys), throttle.wake_keys(keys, raised, now), now, keys)
     end
     if next(fx.readmit) then
       records.apply_effects(keys, prefix(keys), fx, now)
