@@ -7,7 +7,9 @@ workers of 1, 2 and 3 slots, settling the worker's jobs in the same call or not,
 registering the worker idle when it gets nothing), the blocking wait that takes a job
 handed to an idle worker, a stopping worker's leave, renew, acks of every kind, acks
 with stale tokens, tenant weights, fairness keys' weights and concurrency settings,
-worker crashes, reclaim sweeps (with or without the stale-worker sweep), and a drain --
+worker crashes, reclaim sweeps (with or without the stale-worker sweep), an operator's
+pauses and resumes (of a tenant, a fairness key, the task, a lane or one class of it, and
+a tenant's quarantine), and a drain (every pause resumed first) --
 and requires the same replies: the same jobs in the same order with the same tokens,
 attempt numbers and widths, the same fenced acks, the same reclaims. After every step
 the whole store is compared with the model (every job's status, attempts, token,
@@ -16,16 +18,18 @@ virtual times per class; lane capacity, registrations and in-flight/waiting slot
 class; throttle keys with their limits, use, offers, references, holders, virtual times,
 tenant waiter groups in order and their start and finish tags; every tenant queue's
 fairness-key tags ``fk:``; delayed sets, idle registrations, inboxes, heartbeats,
-leases, dead letters, counters) and checked on its own:
+leases, dead letters, counters; the pauses in force, the tenants each class holds and
+the jobs each pause parked, in order) and checked on its own:
 
-* every job is in exactly one place, none over its attempt budget;
+* every job is in exactly one place (a parked job is queued, in its pause's parked set),
+  none over its attempt budget;
 * a class's in-flight slots are its running jobs' widths, its waiting slots its queued
-  jobs' widths, ``C`` the sum of its registered workers' slots;
+  jobs' widths but the parked ones', ``C`` the sum of its registered workers' slots;
 * no throttle key is over its limit, and a key with waiters has no room (held + offers
   >= limit); a throttle grant is held only by a running job, offers only by a queued one;
 * no slot idles while an eligible job waits: when ``next_class`` (on the store's own
   state) names a class, the lane's next dispatch starts that class's head job, unless
-  its throttle keys park it;
+  its throttle keys park it (while nothing is paused: a pause holds heads back);
 * a drain (a worker of 6 slots on both lanes, every running job acked) finishes every
   job that is not scheduled for later: the ``drain`` rule, and at the end of every run.
 
@@ -60,7 +64,7 @@ from typing import Any, ClassVar, TypeVar
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     invariant,
@@ -72,6 +76,7 @@ from hypothesis.stateful import (
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import ClassTable, Entitlement, ServiceClass, next_class
+from fairlane.policy.pauses import Scope, ScopeKind
 from fairlane.policy.reference.model import (
     FINISHED,
     Ack,
@@ -82,6 +87,7 @@ from fairlane.policy.reference.model import (
     Submission,
 )
 from fairlane.policy.retry import after_failure
+from fairlane.store.pausing import field_scope, scope_field
 from fairlane.store.views.totals import DECISION_PREFIX, split_stats
 from fairlane.store.wire import FetchedJob, NewJob, Outcome
 from tests.store.harness import StoreMachine
@@ -117,6 +123,17 @@ COUNTERS = (
     "failed",
     "throttled",
     "handed_back",
+)
+
+# every scope the pause rules name
+SCOPES = (
+    *(Scope(ScopeKind.TENANT, tenant=t) for t in TENANTS),
+    Scope(ScopeKind.KEY, tenant="t1", key="u1"),
+    Scope(ScopeKind.KEY, tenant="t2", key="u2"),
+    Scope(ScopeKind.TASK, task=TASK),
+    Scope(ScopeKind.LANE, lane="a"),
+    Scope(ScopeKind.LANE, lane="b", cls="gold"),
+    Scope(ScopeKind.REFUSE, tenant="t3"),
 )
 
 lane_orders = st.sampled_from([("a",), ("b",), ("a", "b"), ("b", "a")])
@@ -444,6 +461,23 @@ class LuaVsModel(StoreMachine):
         self.run(self.store.configure_tenant_limits("t3", limits))
         self.model.configure_limits("t3", limits)
 
+    @rule(scope=st.sampled_from(SCOPES))
+    def pause(self, scope: Scope) -> None:
+        self.run(self.store.pause(scope, lanes=list(LANES)))
+        self.model.pause(scope)
+
+    @rule(scope=st.sampled_from(SCOPES))
+    def resume(self, scope: Scope) -> None:
+        was = self._resume(scope)
+        assert was == self.model.resume(scope), f"resume of {scope}"
+
+    def _resume(self, scope: Scope) -> bool:
+        """Resume on the store, chunk by chunk (two parked jobs a call)."""
+        was, left = self.run(self.store.resume_step(scope, budget=2))
+        while left:
+            _, left = self.run(self.store.resume_step(scope, budget=2))
+        return was
+
     @rule(worker=st.sampled_from(sorted(WORKERS)))
     def renew(self, worker: str) -> None:
         self.clean = False
@@ -510,8 +544,10 @@ class LuaVsModel(StoreMachine):
         self.drain_all()
 
     def drain_all(self) -> None:
-        """With capacity (a worker of 6 slots on both lanes) and every running job acked,
-        every job that is not scheduled for later finishes."""
+        """With capacity (a worker of 6 slots on both lanes), every pause resumed and every
+        running job acked, every job that is not scheduled for later finishes."""
+        for scope in list(self.model.pauses.entries):
+            assert self._resume(scope) and self.model.resume(scope)
         for _ in range(100):
             running = sorted(
                 (j.id, j.token) for j in self.model.jobs.values() if j.token is not None
@@ -572,11 +608,8 @@ class LuaVsModel(StoreMachine):
         pipe.get(k.fence)
         pipe.zrange(k.workers, 0, -1, withscores=True)
         pipe.hgetall(k.fleet)
-        pipe.hgetall(k.throttles)
-        pipe.zrange(k.throttle_waiters, 0, -1)
-        for key in self.throttle_keys:
-            pipe.zrange(k.throttle_tags(key, "s"), 0, -1, withscores=True)
-            pipe.zrange(k.throttle_tags(key, "f"), 0, -1, withscores=True)
+        self._ask_throttles(pipe)
+        self._ask_pauses(pipe, units)
         replies = iter(pipe.execute())
         snap = Snapshot()
         for job_id in self.ids:
@@ -595,8 +628,9 @@ class LuaVsModel(StoreMachine):
             snap.vt[(lane, cls)] = {_s(f): float(v) for f, v in next(replies).items()}
         for lane in LANES:
             state = {_s(f): _s(v) for f, v in next(replies).items()}
-            # the declarations (classes, charge mode) are inputs, not state the model keeps
-            declared = ("table", "charge", "adm", "utable")
+            # the declarations (classes, charge mode) are inputs, not state the model keeps;
+            # `P` flags a shard with pauses (pauses_match)
+            declared, snap.flagged[lane] = ("table", "charge", "adm", "utable", "P"), "P" in state
             snap.state[lane] = {
                 f: int(v) for f, v in state.items() if f not in declared and f[:2] != "W:"
             }
@@ -615,7 +649,35 @@ class LuaVsModel(StoreMachine):
         snap.workers = {_s(w): _ms(s) for w, s in next(replies)}
         snap.fleet = {_s(w): _s(v) for w, v in next(replies).items()}
         self._read_throttles(snap, replies)
+        self._read_pauses(snap, replies, units)
         return snap
+
+    def _ask_throttles(self, pipe: Any) -> None:
+        pipe.hgetall(self.keys.throttles)
+        pipe.zrange(self.keys.throttle_waiters, 0, -1)
+        for key in self.throttle_keys:
+            pipe.zrange(self.keys.throttle_tags(key, "s"), 0, -1, withscores=True)
+            pipe.zrange(self.keys.throttle_tags(key, "f"), 0, -1, withscores=True)
+
+    def _ask_pauses(self, pipe: Any, units: list[tuple[str, str]]) -> None:
+        pipe.hgetall(self.keys.pauses)
+        for scope in SCOPES:
+            pipe.zrange(self.keys.parked(scope_field(scope)), 0, -1, withscores=True)
+        for lane, cls in units:
+            pipe.smembers(self.keys.class_key(lane, cls, "held"))
+
+    def _read_pauses(
+        self, snap: Snapshot, replies: Iterator[Any], units: list[tuple[str, str]]
+    ) -> None:
+        snap.pauses = {field_scope(_s(f)): int(v) for f, v in next(replies).items()}
+        for scope in SCOPES:
+            parked = {_s(i): float(score) for i, score in next(replies)}
+            if parked:
+                snap.parked[scope] = parked
+        for lane, cls in units:
+            held = {_s(t) for t in next(replies)}
+            if held:
+                snap.held[(lane, cls)] = held
 
     def _read_throttles(self, snap: Snapshot, replies: Iterator[Any]) -> None:
         snap.thr = {_s(f): _s(v) for f, v in next(replies).items()}
@@ -633,6 +695,7 @@ class LuaVsModel(StoreMachine):
         snap = self.snapshot()
         self.every_job_in_one_place(snap)
         self.store_matches_model(snap)
+        self.pauses_match(snap)
         self.no_slot_idles(snap)
         self.clean = True
 
@@ -641,6 +704,8 @@ class LuaVsModel(StoreMachine):
         none over its attempt budget, the lanes' slots and the throttle keys consistent
         (whatever the model says)."""
         queued = Counter(i for q in snap.queues.values() for i in q)
+        parked_ids = Counter(i for p in snap.parked.values() for i in p)
+        queued.update(parked_ids)
         parked = Counter(i for w in snap.waiters.values() for g in w.values() for i in g)
         scheduled = Counter(i for d in snap.delayed.values() for i, _ in d)
         for job_id, row in snap.jobs.items():
@@ -664,7 +729,10 @@ class LuaVsModel(StoreMachine):
             for cls in TABLES[lane].names:
                 mine = [r for r in snap.jobs.values() if (r.lane, r.cls) == (lane, cls)]
                 f = sum(r.slots for r in mine if r.status == "running")
-                d = sum(r.slots for r in mine if r.status == "queued")
+                d = sum(
+                    r.slots for i, r in snap.jobs.items()
+                    if (r.lane, r.cls) == (lane, cls) and r.status == "queued" and not parked_ids[i]
+                )  # fmt: skip
                 assert state.get(f"f:{cls}", 0) == f, f"in-flight slots of {lane}/{cls}"
                 assert state.get(f"d:{cls}", 0) == d, f"waiting slots of {lane}/{cls}"
         for key, use in snap.throttle_use().items():
@@ -741,6 +809,23 @@ class LuaVsModel(StoreMachine):
         assert snap.stats.get("seq", 0) == model.seq
         self.throttles_match(snap)
 
+    def pauses_match(self, snap: Snapshot) -> None:
+        """The pauses in force, the tenants each class holds, the jobs each pause parked
+        (with their order scores), and the lanes flagged while any pause is in force."""
+        model = self.model
+        assert snap.pauses == model.pauses.entries, f"pauses: {snap.pauses}"
+        held = {unit: tenants for unit, tenants in model.held.items() if tenants}
+        assert snap.held == held, f"held tenants: lua {snap.held}, model {held}"
+        parked = {scope: jobs for scope, jobs in model.parked.items() if jobs}
+        assert snap.parked == parked, f"parked jobs: lua {snap.parked}, model {parked}"
+        for lane in LANES:
+            assert snap.flagged[lane] == bool(model.pauses.entries), f"{lane}'s pause flag"
+        # how often the runs reach the states that matter (--hypothesis-show-statistics)
+        if held:
+            event("a paused tenant held out of a fair set")
+        if parked:
+            event("a paused task's or key's job parked")
+
     def throttles_match(self, snap: Snapshot) -> None:
         """Keys, references, holders, offers, tenant groups, tags and counters."""
         thr, stats = self.model.throttles, self.model.throttles.statistics()
@@ -791,6 +876,8 @@ class LuaVsModel(StoreMachine):
         let a class start, the lane's next dispatch starts that class's head job (and
         so gives something) -- unless its throttle keys park it. So no slot idles while
         an eligible job waits for anything but a fetch."""
+        if self.model.pauses.entries:
+            return
         for lane in LANES:
             table, state = TABLES[lane], snap.state[lane]
             heads: dict[str, str | None] = {}
@@ -862,6 +949,10 @@ class Snapshot:
     waiters: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # key -> groups
     tags: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     key_tags: dict[tuple[str, str, str], dict[str, float]] = field(default_factory=dict)
+    pauses: dict[Scope, int] = field(default_factory=dict)
+    parked: dict[Scope, dict[str, float]] = field(default_factory=dict)
+    held: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    flagged: dict[str, bool] = field(default_factory=dict)
 
     def throttle_use(self) -> dict[str, int]:
         """Every live throttle key's slots in use."""

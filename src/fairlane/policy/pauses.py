@@ -37,7 +37,7 @@ Nothing here reads a clock: ``now`` is the server's, passed in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Final
 
 __all__ = [
@@ -53,7 +53,7 @@ __all__ = [
 DEFAULT_REFUSAL_RETRY_S: Final = 60.0
 
 
-class ScopeKind(str, Enum):
+class ScopeKind(StrEnum):
     TENANT = "tenant"
     KEY = "key"  # one fairness key of a tenant
     TASK = "task"
@@ -134,7 +134,7 @@ class PauseTable:
         by_task = Scope(ScopeKind.TASK, task=task)
         return by_task if self._holds(by_task, now_ms) else None
 
-    def blocks(self, lane: str, cls: str, task: str, tenant: str, key: str, now_ms: int) -> bool:
+    def blocks(self, lane: str, cls: str, *, task: str, tenant: str, key: str, now_ms: int) -> bool:
         """Whether anything holds a job of these names back (P4 asks it of a woken job)."""
         return (
             self.class_held(lane, cls, now_ms)

@@ -22,10 +22,10 @@ from fairlane.store.connection import create_client
 from fairlane.store.exchange import WorkerCalls
 from fairlane.store.gate import POOL_HEADROOM, CallGate
 from fairlane.store.globalkeys import GlobalKeyCalls
-from fairlane.store.pausing import PauseCalls
 from fairlane.store.keyspace import KeyspaceCalls, unlink_matching
 from fairlane.store.lookup import JobCalls
 from fairlane.store.memory import MemoryGauge
+from fairlane.store.pausing import PauseCalls
 from fairlane.store.payloadindex import PayloadIndexCalls
 from fairlane.store.runs import RunStore
 from fairlane.store.sockets import FAST_CONNECTIONS, POOL_CHECKS

@@ -419,9 +419,7 @@ def parse_submitted(reply: Sequence[Any]) -> list[Submitted]:
         raw = int(reply[i + _CODE_AT])
         code = _REPLIES.get(raw)
         if code == Reply.TENANT_PAUSED:
-            out.append(
-                Submitted(as_text(reply[i + _ID_AT]), code, reason, 0, int(earlier or 0))
-            )
+            out.append(Submitted(as_text(reply[i + _ID_AT]), code, reason, 0, int(earlier or 0)))
             continue
         out.append(
             Submitted(

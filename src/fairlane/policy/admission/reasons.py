@@ -29,9 +29,7 @@ TENANT_PAUSED: Final = "tenant_paused"
 #: Why the enqueue script refused a job: a pool's rules, a lane's default queue bounds,
 #: entitlement.
 SCRIPT_REASONS: Final[tuple[str, ...]] = tuple(
-    dict.fromkeys(
-        (*get_args(Reason), *get_args(QueueReason), CLASS_NOT_ENTITLED, TENANT_PAUSED)
-    )
+    dict.fromkeys((*get_args(Reason), *get_args(QueueReason), CLASS_NOT_ENTITLED, TENANT_PAUSED))
 )
 
 #: Every reason a job is refused for: the script's, and ``store_full`` (the memory mark,

@@ -22,6 +22,7 @@ from fairlane.policy import ceilings
 from fairlane.policy.ceilings import DurationMean, RateWindow, TenantLimits
 from fairlane.policy.classes import ClassTable, next_class
 from fairlane.policy.fairkeys import KeyTags, head_order, order_score
+from fairlane.policy.pauses import PauseTable, Scope
 from fairlane.policy.throttle import Acquired, Throttles, Wake
 
 __all__ = [
@@ -41,6 +42,8 @@ Status = Literal["queued", "throttled", "scheduled", "running", "completed", "fa
 #: The order score of a queued job is ``-prio * PRIO_SPAN + seq`` (``order_score`` in Lua).
 PRIO_SPAN: int = 1 << 40
 DEFAULT_CLASS = "standard"
+#: the one task of the model's jobs (a task pause names it)
+TASK = "model.job"
 T = TypeVar("T")
 
 
@@ -145,9 +148,18 @@ class LaneDispatch:
         self.heartbeats: dict[str, int] = {}  # worker -> last heartbeat
         self.beats: dict[str, int] = {}  # worker -> last beat, for the workers that beat
         self.fleet: dict[str, tuple[int, list[str]]] = {}  # worker -> (slots, its lanes)
+        # an operator's pauses (fairlane.policy.pauses): the tenants dispatch held out of
+        # a class's fair set (P2), the jobs it parked by scope, id -> order score (P3)
+        self.pauses = PauseTable()
+        self.held: dict[tuple[str, str], set[str]] = {}
+        self.parked: dict[Scope, dict[str, float]] = {}
+        self.now = 0  # the instant of the call being carried out (pauses end by it)
 
     def lane(self, name: str) -> LaneModel:
         return self.lanes.setdefault(name, LaneModel())
+
+    def lane_name(self, lane: LaneModel) -> str:
+        return next(name for name, model in self.lanes.items() if model is lane)
 
     # -- declarations -----------------------------------------------------------------
 
@@ -210,11 +222,19 @@ class LaneDispatch:
             start = finish
         cq.fair[tenant] = start
 
-    def _head(self, lane: LaneModel, cls: str) -> Head | None:
+    def _head(self, lane: LaneModel, cls: str, name: str) -> Head | None:
+        """The class's head; a paused tenant that comes to it is held (P2) first."""
         cq = lane.cls(cls)
+        if self.pauses.class_held(name, cls, self.now):
+            return None
+        while cq.fair:
+            tenant = min(cq.fair, key=lambda t: (cq.fair[t], t))
+            if not self.pauses.tenant_held(tenant, self.now):
+                break
+            cq.finish[tenant] = cq.fair.pop(tenant)
+            self.held.setdefault((name, cls), set()).add(tenant)
         if not cq.fair:
             return None
-        tenant = min(cq.fair, key=lambda t: (cq.fair[t], t))
         job = self.jobs[cq.queues[tenant][0][1]]
         return Head(job.id, job.slots, tenant, cq.fair[tenant])
 
@@ -272,10 +292,17 @@ class LaneDispatch:
         return False, result.wakes
 
     def _enter_woken(self, wakes: tuple[Wake, ...] | list[Wake]) -> None:
-        """Woken waiters go back into their tenants' queues, holding offers."""
-        for wake in wakes:
+        """Woken waiters go back into their tenants' queues, holding offers; one whose
+        scope is paused gives them back at once, and the waiters that wakes enter in
+        turn (P4)."""
+        todo = list(wakes)
+        for wake in todo:
             job = self.jobs[wake.job_id]
             job.status = "queued"
+            if self.pauses.blocks(
+                job.lane, job.cls, task=TASK, tenant=job.tenant, key=job.fkey, now_ms=self.now
+            ):
+                todo.extend(self.throttles.cancel(job.id))
             self._push_ready(job)
 
     def _release_throttle(self, job: ModelJob) -> None:
@@ -287,7 +314,7 @@ class LaneDispatch:
 
     def choose(self, lane: LaneModel) -> tuple[str | None, dict[str, Head | None]]:
         """The class ``next_class`` lets start now in ``lane``, and every class's head."""
-        heads = {name: self._head(lane, name) for name in lane.table.names}
+        heads = {c: self._head(lane, c, self.lane_name(lane)) for c in lane.table.names}
         widths = {name: (h.width if h else None) for name, h in heads.items()}
         chosen = next_class(
             lane.table,
@@ -304,6 +331,9 @@ class LaneDispatch:
         lane = self.lane(name)
         taken: list[ModelJob] = []
         given = 0
+        self.now = now
+        if self.pauses.class_held(name, "", now):
+            return taken, given, False
         while True:
             chosen, heads = self.choose(lane)
             if chosen is None:
@@ -314,6 +344,13 @@ class LaneDispatch:
                 return taken, given, True
             lane.waiting[chosen] -= head.width
             job, cq = self.jobs[head.id], lane.cls(chosen)
+            scope = self.pauses.job_scope(TASK, job.tenant, job.fkey, now)
+            if scope is not None:  # P3: parked, uncharged, its offers given back
+                self.parked.setdefault(scope, {})[job.id] = order_score(job.prio, job.seq)
+                wakes = tuple(self.throttles.cancel(job.id))
+                self._take_fair_head(cq, head, charged=False)
+                self._enter_woken(wakes)
+                continue
             # the job is tried on its keys before its tenant is charged; the waiters
             # woken on the way enter their queues once the pop is settled
             admitted, wakes = self._acquire(job, lane, now)

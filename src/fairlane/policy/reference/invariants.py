@@ -10,7 +10,7 @@ the store's own state is held to the same ones, read back from the server, by
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from fairlane.policy.reference.dispatch import LaneModel, ModelJob
 from fairlane.policy.throttle import Throttles
@@ -26,11 +26,15 @@ def check_jobs(
     leases: Mapping[str, int],
     dead: Mapping[str, int],
     fence: int,
+    parked: Iterable[Mapping[str, float]] = (),
 ) -> None:
-    """Invariants 1, 3, 4 and 5 for every job: one place matching its status, its
-    attempts within budget, distinct tokens none above the counter, its throttle grant
-    (only while running) and offers (only while queued)."""
+    """Invariants 1, 3, 4 and 5 for every job: one place matching its status (a job a
+    pause parked is queued, in its parked set), its attempts within budget, distinct
+    tokens none above the counter, its throttle grant (only while running) and offers
+    (only while queued)."""
     queued: Counter[str] = Counter()
+    for ids in parked:
+        queued.update(ids.keys())
     scheduled: Counter[str] = Counter()
     for lane in lanes.values():
         scheduled.update(lane.delayed.keys())
@@ -62,18 +66,31 @@ def check_jobs(
 
 
 def check_lanes(
-    jobs: Mapping[str, ModelJob], lanes: Mapping[str, LaneModel], throttles: Throttles
+    jobs: Mapping[str, ModelJob],
+    lanes: Mapping[str, LaneModel],
+    throttles: Throttles,
+    *,
+    held: Mapping[tuple[str, str], set[str]] | None = None,
+    parked: Iterable[Mapping[str, float]] = (),
 ) -> None:
     """Invariants 2 and 5 for every lane and throttle key: a tenant is active exactly
-    while it waits, in-flight and waiting slots are the jobs' widths, a key with waiters
-    has no room (``Throttles``' I3)."""
+    while it waits (or inactive, held by a pause), in-flight and waiting slots are the
+    jobs' widths (a parked job's are not waiting), a key with waiters has no room
+    (``Throttles``' I3)."""
+    held = held or {}
+    out = {i for ids in parked for i in ids}
     for name, lane in lanes.items():
         running = [j for j in jobs.values() if j.lane == name and j.status == "running"]
-        waiting = [j for j in jobs.values() if j.lane == name and j.status == "queued"]
+        waiting = [
+            j for j in jobs.values() if j.lane == name and j.status == "queued" and j.id not in out
+        ]
         for cls, cq in lane.classes.items():
             for tenant, queue in cq.queues.items():
                 active = tenant in cq.fair
-                assert active == bool(queue), f"tenant {tenant} of {name}/{cls}: {active}"
+                was_held = tenant in held.get((name, cls), ())
+                assert active == bool(queue) or (was_held and not active), (
+                    f"tenant {tenant} of {name}/{cls}: {active}"
+                )
             mine = [j for j in running if j.cls == cls]
             assert cq.run == len(mine), f"in-flight work of {name}/{cls}"
         for cls in set(lane.in_flight) | set(lane.waiting) | {j.cls for j in running}:

@@ -130,7 +130,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
-from fairlane.policy.admission.reasons import CLASS_NOT_ENTITLED
+from fairlane.policy.admission.reasons import CLASS_NOT_ENTITLED, TENANT_PAUSED
 from fairlane.policy.ceilings import (
     RATE_BUCKETS,
     RATE_WIDTH_MS,
@@ -148,6 +148,7 @@ from fairlane.policy.reference.dispatch import (
 )
 from fairlane.policy.reference.invariants import check_jobs, check_lanes
 from fairlane.policy.reference.leases import Leases
+from fairlane.policy.reference.pausing import PauseOps
 
 __all__ = [
     "FINISHED",
@@ -198,7 +199,7 @@ class Ack(NamedTuple):
     window_ms: int = 0  # a hand-back's deploy window
 
 
-class QueueModel(Leases):
+class QueueModel(Leases, PauseOps):
     """The state of one app's jobs and the operations of the Lua library on it."""
 
     def __init__(self) -> None:
@@ -236,7 +237,8 @@ class QueueModel(Leases):
 
     def enqueue_batch(self, lane: str, batch: Sequence[Submission], *, now: int) -> list[int]:
         """Enqueue jobs in one call; returns a code per job (1 stored, -2 unknown class,
-        -5 a restricted class its tenant is not entitled to). Classes are as named."""
+        -5 a restricted class its tenant is not entitled to, -6 its tenant quarantined).
+        Classes are as named."""
         ids = [spec.id for spec in batch]
         if len(set(ids)) < len(ids) or any(i in self.jobs for i in ids):
             raise ValueError(f"job ids must be new: {ids}")
@@ -246,6 +248,10 @@ class QueueModel(Leases):
         ready = False
         for spec in batch:
             self.seq += 1
+            if self.pauses.refuses(spec.tenant, now) is not None:
+                codes.append(-6)
+                self.refusals[(lane, spec.cls, TENANT_PAUSED)] += 1
+                continue
             if spec.cls not in table:
                 codes.append(-2)
                 continue
@@ -427,8 +433,12 @@ class QueueModel(Leases):
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant (the five above)."""
         jobs, lanes, throttles = self.jobs, self.lanes, self.throttles
-        check_jobs(jobs, lanes, throttles, leases=self.leases, dead=self.dead, fence=self.fence)
-        check_lanes(jobs, lanes, throttles)
+        parked = list(self.parked.values())
+        check_jobs(
+            jobs, lanes, throttles, leases=self.leases, dead=self.dead, fence=self.fence,
+            parked=parked,
+        )  # fmt: skip
+        check_lanes(jobs, lanes, throttles, held=self.held, parked=parked)
 
     # -- internals --------------------------------------------------------------------
 
