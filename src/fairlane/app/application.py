@@ -18,6 +18,7 @@ from typing import Any, Literal
 from fairlane.app import admin
 from fairlane.app.declaring import Declaring
 from fairlane.app.job import Job
+from fairlane.app.pauses import Pauses
 from fairlane.app.results import ResultListener
 from fairlane.app.tenants import Tenants
 from fairlane.app.worker import Worker
@@ -102,7 +103,9 @@ class App(Declaring):
             )
         )
         self._sharded = ShardedStores(shard_map, repr(self))
-        self.tenants = Tenants(self._sharded)
+        #: pause and resume dispatch of a tenant, fairness key, task or lane
+        self.pauses = Pauses(self._sharded, self.registry)
+        self.tenants = Tenants(self._sharded, self.pauses)
         self._results = ResultListener(self._sharded, name)
         # the server URL in use once connected (``redis_url`` is the one asked for)
         self.url: str | None = None

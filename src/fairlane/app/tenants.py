@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterable
 from typing import Literal
 
+from fairlane.app.pauses import Pauses, TenantPauses
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import Entitlement, check_class_name
 from fairlane.policy.rates import Rate
@@ -112,10 +113,11 @@ def _is_default(limits: TenantLimits) -> bool:
     return all(getattr(limits, f) == getattr(_DEFAULT_LIMITS, f) for f in _LIMIT_FIELDS)
 
 
-class Tenants:
-    """``app.tenants``: configure tenants while the system runs."""
+class Tenants(TenantPauses):
+    """``app.tenants``: configure, pause and quarantine tenants while the system runs."""
 
-    def __init__(self, stores: ShardedStores) -> None:
+    def __init__(self, stores: ShardedStores, pauses: Pauses) -> None:
+        super().__init__(pauses)
         self._stores = stores
 
     async def configure(

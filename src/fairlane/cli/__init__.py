@@ -5,7 +5,9 @@ operate an app; ``doctor``, ``config`` and ``server`` look after the environment
 ``example`` runs the quickstart, ``demo`` shows a noisy neighbor tamed (fair against
 FIFO), ``simulate`` runs policies on a virtual clock, ``runs`` inspects workflow runs,
 ``explain`` says where a job's time went;
-``bench`` measures; ``gateway`` serves the HTTP API and ``tenants`` manages its keys.
+``bench`` measures; ``gateway`` serves the HTTP API and ``tenants`` manages its keys and
+pauses or quarantines a tenant; ``pause``, ``resume`` and ``pauses`` hold a task's, a
+lane's or a fairness key's dispatch.
 Each command lives in a submodule of this package.
 """
 
@@ -20,6 +22,14 @@ from fairlane.cli.explain import explain
 from fairlane.cli.gateway import gateway
 from fairlane.cli.load import inspect_load
 from fairlane.cli.ops import dead_app, inspect_app, job_app, purge
+from fairlane.cli.pausing import (
+    pause,
+    pauses,
+    resume,
+    tenants_pause,
+    tenants_quarantine,
+    tenants_resume,
+)
 from fairlane.cli.runs import runs_app
 from fairlane.cli.simulate import simulate
 from fairlane.cli.system import config_app, doctor, server_app
@@ -51,7 +61,13 @@ cli.command()(simulate)
 cli.command()(example)
 cli.command()(bench)
 cli.command(no_args_is_help=True)(gateway)
+tenants_app.command("pause", no_args_is_help=True)(tenants_pause)
+tenants_app.command("resume", no_args_is_help=True)(tenants_resume)
+tenants_app.command("quarantine", no_args_is_help=True)(tenants_quarantine)
 cli.add_typer(tenants_app, name="tenants")
+cli.command(no_args_is_help=True)(pause)
+cli.command(no_args_is_help=True)(resume)
+cli.command(no_args_is_help=True)(pauses)
 
 
 def main() -> None:

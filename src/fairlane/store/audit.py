@@ -21,6 +21,11 @@ key_created    ok                                 the key acted on is the entry'
 key_rotated    ok
 key_updated    ok                                 scopes or expiry changed, same secret
 key_revoked    ok
+pause          paused, quarantined                the scope and the reason; the entry's key
+                                                  is who acted (an operator's name, ``cli``,
+                                                  or the admin key)
+resume         resumed                            the scope, the parked jobs put back
+drain          drained, dry_run, stopped          the filter and the jobs cancelled
 =============  =================================  ==========================================
 
 A request refused before its key is known (401) changes nothing and is not recorded.
@@ -64,6 +69,9 @@ ACTIONS: Final = (
     "key_rotated",
     "key_updated",
     "key_revoked",
+    "pause",
+    "resume",
+    "drain",
 )
 SUBMIT_OUTCOMES: Final = ("accepted", "deferred", "rejected", "refused")
 #: every entry's fields, in this order (the enqueue script writes the same)

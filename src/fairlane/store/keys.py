@@ -380,6 +380,10 @@ class AppKeys:
         """Scope field -> JSON reason, by, at, until (``p .. 'pause:why'``)."""
         return self.prefix + "pause:why"
 
+    def signals(self, tenant: str) -> str:
+        """A tenant's submission rate ring and mean duration (``p .. 'sig:' .. tenant``)."""
+        return f"{self.prefix}sig:{tenant}"
+
     def parked(self, field: str) -> str:
         """The jobs a pause of ``field`` parked (``p .. 'parked:' .. field``)."""
         return f"{self.prefix}parked:{field}"

@@ -162,3 +162,27 @@ class PauseCalls(StoreBase):
                 )
             )
         return out
+
+    async def tenant_seen(self, tenant: str, lanes: dict[str, tuple[str, ...]]) -> bool:
+        """Whether this shard holds anything of ``tenant``: a setting, work waiting in a
+        class of ``lanes`` (lane -> its classes), a deferral, a hold, a finish tag (it
+        had work lately), its signals, or a running job."""
+        k, pipe = self.keys, self.client.pipeline(transaction=False)
+        for settings in (k.weights, k.tlimits, k.tenant_rates, k.tenant_classes):
+            pipe.hexists(settings, tenant)
+        names = [k.signals(tenant)]
+        for lane, classes in lanes.items():
+            for cls in classes:
+                names += [k.tenant_queue(lane, cls, tenant), k.class_key(lane, cls, f"dq:{tenant}")]
+                pipe.sismember(k.class_key(lane, cls, "held"), tenant)
+                pipe.hexists(k.class_key(lane, cls, "vt"), f"f:{tenant}")
+        pipe.exists(*names)
+        if any(bool(x) for x in await self._call(pipe.execute)):
+            return True
+        running = await self._call(self.client.zrange, k.leases, 0, -1)
+        if not running:
+            return False
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in running:
+            pipe.hget(k.job(_text(job_id)), "tenant")
+        return any(_text(t) == tenant for t in await self._call(pipe.execute) if t is not None)
