@@ -8,7 +8,7 @@ import pytest
 
 from fairlane.policy.pauses import Scope, ScopeKind
 from fairlane.store.api import Store
-from fairlane.store.wire import NewJob, Outcome, Reply
+from fairlane.store.wire import NewJob, Outcome, Reply, limit_entry
 
 pytestmark = [pytest.mark.anyio, pytest.mark.contract]
 
@@ -122,3 +122,46 @@ async def test_a_quarantined_tenant_is_refused_and_nothing_is_stored(store: Stor
     assert not await store.client.exists(store.keys.job("x-w.job-000"))
     [ok] = await store.submit("a", [_job("y", 0)])
     assert ok.code == Reply.ACCEPTED
+
+
+def _keyed(tenant: str, n: int) -> NewJob:
+    job = _job(tenant, n)
+    job.limits = [limit_entry("k", 1)]
+    return job
+
+
+async def _offered(store: Store) -> list[str]:
+    thr = await store.client.hgetall(store.keys.throttles)
+    return sorted(f.decode()[2:] for f in thr if f.startswith(b"w:"))
+
+
+async def test_a_paused_tenants_waiters_hold_no_offers(store: Store) -> None:
+    """P4: the key's one slot is released while x's next job is the key's next waiter;
+    x is paused, so the offer goes on to y at once, and y's jobs use the key."""
+    await store.enqueue("a", [_keyed("x", 0)])
+    [running] = (await store.exchange("w", LANES, 1, 60_000, slots=100)).jobs
+    await store.enqueue("a", [_keyed("x", 1), _keyed("y", 0), _keyed("y", 1)])
+    assert await _fetch(store, 10) == []  # all three park on the key
+    await store.pause(tenant("x"), lanes=LANES)
+    await store.ack(LANES, [Outcome(running.id, running.token, "ok", "1")], "w")
+    assert await _offered(store) == ["y-w.job-000"]
+    assert await _fetch(store, 10) == ["y-w.job-000"]
+    assert await _fetch(store, 10) == ["y-w.job-001"]
+    # x's job waits in its queue holding nothing, and passes the key again on resume
+    assert await _offered(store) == []
+    await store.resume_step(tenant("x"))
+    assert await _fetch(store, 10) == ["x-w.job-001"]
+
+
+async def test_a_pause_takes_back_offers_given_before_it(store: Store) -> None:
+    """An offer made before the pause (x's job woken, not yet fetched) is swept back by
+    the pause, so the key's slot is not stranded behind a held tenant."""
+    await store.enqueue("a", [_keyed("x", 0)])
+    [running] = (await store.exchange("w", LANES, 1, 60_000, slots=100)).jobs
+    await store.enqueue("a", [_keyed("x", 1), _keyed("y", 0)])
+    assert await _fetch(store, 10) == []
+    await store.ack(LANES, [Outcome(running.id, running.token, "ok", "1")], "w")
+    assert await _offered(store) == ["x-w.job-001"]  # x's turn on the key
+    await store.pause(tenant("x"), lanes=LANES)
+    assert await _offered(store) == ["y-w.job-000"]
+    assert await _fetch(store, 10) == ["y-w.job-000"]

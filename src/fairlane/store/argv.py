@@ -256,10 +256,17 @@ class ResumeArg(IntEnum):
     BUDGET = 2  # parked jobs moved back by this call
 
 
+class UnofferArg(IntEnum):
+    """``unoffer``."""
+
+    FIRST_ID = 1  # jobs a throttle key woke (``w:<job>`` in the throttle hash)
+
+
 #: every function's arguments; the Lua names each by its class name (``WfStepArg.RUN``)
 ARGV: Final[tuple[type[IntEnum], ...]] = (
     PauseArg,
     ResumeArg,
+    UnofferArg,
     GkEnableArg,
     GkReportArg,
     GkOrderArg,

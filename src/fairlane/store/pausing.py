@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from fairlane.policy.pauses import Scope, ScopeKind
-from fairlane.store.argv import PauseArg, ResumeArg, argv
+from fairlane.store.argv import PauseArg, ResumeArg, UnofferArg, argv
 from fairlane.store.base import StoreBase
 from fairlane.store.wire import PauseField
 
@@ -28,6 +28,8 @@ __all__ = [
 
 #: parked jobs one resume call moves back (pauses.lua's LIFT_BUDGET for a dispatch)
 LIFT_BUDGET: Final = 500
+#: throttle-hash fields a pause's offer sweep reads per call
+SCAN_PAGE: Final = 1000
 
 _KINDS: Final = {
     ScopeKind.TENANT: PauseField.TENANT,
@@ -123,7 +125,28 @@ class PauseCalls(StoreBase):
                 cancel_running=int(cancel_running),
             ),
         )
+        if scope.kind != ScopeKind.REFUSE:
+            await self._take_back_offers()
         return PauseSet(bool(int(raw[0])), int(raw[1]), int(raw[2]))
+
+    async def _take_back_offers(self) -> None:
+        """Jobs a throttle key woke before the pause, and that wait with its offers, give
+        them back if the pause holds them (P4), in the order of their ids (the order
+        decides which waiters the offers go to next). The throttle hash is scanned a page
+        at a time; the woken jobs are few (at most the keys' limits), so they are sent in
+        calls of a page each."""
+        woken: set[str] = set()
+        cursor: int | bytes = 0
+        while True:
+            cursor, fields = await self._call(
+                self.client.hscan, self.keys.throttles, cursor, match="w:*", count=SCAN_PAGE
+            )
+            woken.update(_text(f)[2:] for f in fields)
+            if not int(cursor):
+                break
+        ids = sorted(woken)
+        for i in range(0, len(ids), SCAN_PAGE):
+            await self.fcall("unoffer", self._common, argv(UnofferArg, *ids[i : i + SCAN_PAGE]))
 
     async def resume_step(self, scope: Scope, budget: int = LIFT_BUDGET) -> tuple[bool, int]:
         """End ``scope``'s pause and move back up to ``budget`` of its parked jobs: whether

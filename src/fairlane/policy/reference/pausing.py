@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from fairlane.policy.fairkeys import order_score
 from fairlane.policy.pauses import Scope, ScopeKind
-from fairlane.policy.reference.dispatch import LaneDispatch
+from fairlane.policy.reference.dispatch import TASK, LaneDispatch, ModelJob
 
 __all__ = ["PauseOps"]
 
@@ -15,9 +15,18 @@ __all__ = ["PauseOps"]
 class PauseOps(LaneDispatch):
     """Pause and resume, on the model's lanes."""
 
-    def pause(self, scope: Scope, until_ms: int = 0) -> None:
-        """The scope's pause in force (its end replaced when it was paused already)."""
+    def pause(self, scope: Scope, until_ms: int = 0, *, now: int = 0) -> None:
+        """The scope's pause in force (its end replaced when it was paused already); the
+        jobs it holds that wait with a throttle key's offers give them back, in the order
+        of their ids (P4)."""
         self.pauses.pause(scope, until_ms)
+        if scope.kind == ScopeKind.REFUSE:
+            return
+        for job_id in sorted(self.jobs):
+            job = self.jobs[job_id]
+            offered = self.throttles.offered(job_id) is not None
+            if offered and job.status == "queued" and self._held_back(job, now):
+                self._enter_woken(self.throttles.cancel(job_id))
 
     def resume(self, scope: Scope) -> bool:
         """End the scope's pause and give back what it held; whether it was paused."""
@@ -33,6 +42,11 @@ class PauseOps(LaneDispatch):
                 if job.status == "queued":
                     self._push_ready(job)
         return True
+
+    def _held_back(self, job: ModelJob, now: int) -> bool:
+        return self.pauses.blocks(
+            job.lane, job.cls, task=TASK, tenant=job.tenant, key=job.fkey, now_ms=now
+        )
 
     def _lift_tenant(self, tenant: str) -> None:
         """P2: each class that held the tenant activates it again, if it has work there."""

@@ -88,6 +88,7 @@ redis.register_function{function_name = '__PREFIX__watch', callback = control.wa
 redis.register_function{function_name = '__PREFIX__redrive', callback = control.redrive}
 redis.register_function{function_name = '__PREFIX__pause', callback = pauses.pause, flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__resume', callback = pauses.resume, flags = core.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__unoffer', callback = pauses.unoffer, flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__configure_tenant', callback = control.configure_tenant}
 redis.register_function{function_name = '__PREFIX__configure_limits', callback = control.configure_limits}
 redis.register_function{function_name = '__PREFIX__configure_classes',

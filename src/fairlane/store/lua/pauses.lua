@@ -6,7 +6,7 @@
 --   parked:<field> (zset job id -> order score), job:<id> (`pz`: the field it is parked
 --   under), lane:<l>:state, q:<lane>:<class>:<tenant>, KEYS[LEASES]
 -- Calls: core, classes, pausetable, fairqueue
--- Entry points: pauses.{LIFT_BUDGET, hold, lift, lift_ended, park, pause, resume}
+-- Entry points: pauses.{LIFT_BUDGET, hold, lift, lift_ended, park, pause, resume, unoffer}
 
 local pauses = {}
 
@@ -169,6 +169,26 @@ do
       asked = cancel_running(keys, p, fld)
     end
     return {new, asked, untl}
+  end
+
+  -- ARGV: ids... Each job of a paused scope that a throttle key woke before the pause,
+  -- and that still waits in its queue with offers, gives them back (P4); the waiters they
+  -- wake enter their queues. Returns how many gave offers back. (A pause's caller finds
+  -- the woken jobs, `w:<job>` in the throttle hash, a bounded scan at a time.)
+  function pauses.unoffer(keys, args)
+    local p, now = prefix(keys), now_ms()
+    local t = pausetable.load(p, now)
+    local n = 0
+    for i = UnofferArg.FIRST_ID, #args do
+      local id = args[i]
+      local f = redis.call('HMGET', job_key(p, id), 'st', 'toff', 'lane', 'cls', 'task', 'tenant', 'fk')
+      if f[1] == 'queued' and f[2] and pausetable.blocks(t, f[3], f[4] or core.DEFAULT_CLASS, f[5],
+          f[6] or '', f[7]) then
+        fairqueue.give_back_offers(keys, p, id, now)
+        n = n + 1
+      end
+    end
+    return n
   end
 
   -- ARGV: field, budget. Ends the pause now and lifts up to `budget` of its parked jobs
