@@ -42,6 +42,7 @@ from typing import Final
 
 __all__ = [
     "DEFAULT_REFUSAL_RETRY_S",
+    "LIFT_BUDGET",
     "PauseTable",
     "Scope",
     "ScopeKind",
@@ -51,6 +52,9 @@ __all__ = [
 
 #: Retry-After (s) of a refused submission when the quarantine names no end
 DEFAULT_REFUSAL_RETRY_S: Final = 60.0
+#: parked jobs one server call puts back (a resume's, or a dispatch lifting a pause that
+#: ended): each is a few commands, so that no call holds the server for milliseconds
+LIFT_BUDGET: Final = 50
 
 
 class ScopeKind(StrEnum):

@@ -12,13 +12,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from fairlane.policy.pauses import Scope, ScopeKind
+from fairlane.policy.pauses import LIFT_BUDGET, Scope, ScopeKind
 from fairlane.store.argv import PauseArg, ResumeArg, UnofferArg, argv
 from fairlane.store.base import StoreBase
 from fairlane.store.wire import PauseField
 
 __all__ = [
-    "LIFT_BUDGET",
     "PauseCalls",
     "PauseEntry",
     "PauseSet",
@@ -26,8 +25,6 @@ __all__ = [
     "scope_field",
 ]
 
-#: parked jobs one resume call moves back (pauses.lua's LIFT_BUDGET for a dispatch)
-LIFT_BUDGET: Final = 500
 #: throttle-hash fields a pause's offer sweep reads per call
 SCAN_PAGE: Final = 1000
 

@@ -16,9 +16,9 @@ do
   local class_key, tenant_queue = fairqueue.class_key, fairqueue.tenant_queue
   local field = pausetable.field
 
-  -- parked jobs a lift moves back per call (a dispatch lifting an ended pause, or one
-  -- resume call): each is a few commands, so a call stays well under a millisecond
-  pauses.LIFT_BUDGET = 200
+  -- parked jobs a dispatch lifting an ended pause moves back per call
+  -- (fairlane/policy/pauses.py's LIFT_BUDGET, written in by the library)
+  pauses.LIFT_BUDGET = __LIFT_BUDGET__
 
   local function why_key(p)
     return p .. 'pause:why'
