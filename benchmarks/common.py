@@ -296,3 +296,21 @@ async def wait_until(
 async def delete_matching(client: aioredis.Redis, pattern: str) -> int:
     """Delete every key matching ``pattern`` (the benchmark cleans up its namespaces)."""
     return await unlink_matching(client, pattern)
+
+
+async def serving(
+    app: Any, body: Callable[[], Awaitable[Any]], *, workers: int = 2, concurrency: int = 16
+) -> Any:
+    """Run ``body`` while ``workers`` in-process workers of ``app`` (connected) serve the
+    default lane; they stop when it ends."""
+    from fairlane.app.worker import Worker  # noqa: PLC0415 - only the in-process benches
+
+    running = [Worker(app, lanes=["default"], concurrency=concurrency) for _ in range(workers)]
+    async with asyncio.TaskGroup() as group:
+        for w in running:
+            group.create_task(w.run())
+        try:
+            return await body()
+        finally:
+            for w in running:
+                w.stop()

@@ -29,11 +29,11 @@ import json
 import secrets
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
 
+from benchmarks.common import serving
 from fairlane import App, Rate, Throttled
 from fairlane.app.worker import Worker
 from fairlane.config.settings import load_settings
@@ -72,19 +72,6 @@ def peak(spans: Spans) -> int:
     return most
 
 
-async def _serve(app: App, body: Callable[[], Awaitable[Any]]) -> Any:
-    """Run ``body`` with two workers of the app serving every shard."""
-    workers = [Worker(app, lanes=["default"], concurrency=16) for _ in range(2)]
-    async with asyncio.TaskGroup() as group:
-        for w in workers:
-            group.create_task(w.run())
-        try:
-            return await body()
-        finally:
-            for w in workers:
-                w.stop()
-
-
 async def limit_run(url: str) -> dict[str, Any]:
     app = _app(url)
     spans: Spans = []
@@ -100,7 +87,7 @@ async def limit_run(url: str) -> dict[str, Any]:
         for names in _tenants(2).values():
             for t in names:
                 jobs += await call.enqueue_many([(t,)] * 50, tenant=t)
-        await _serve(app, lambda: asyncio.gather(*(j.result(timeout=120) for j in jobs)))
+        await serving(app, lambda: asyncio.gather(*(j.result(timeout=120) for j in jobs)))
         await app.purge()
     busy = max(e for _, e, _ in spans) - min(s for s, _, _ in spans)
     return {
@@ -123,7 +110,7 @@ async def rate_run(url: str) -> dict[str, Any]:
         jobs = []
         for (t,) in _tenants(1).values():
             jobs += await call.enqueue_many([()] * 60, tenant=t)
-        await _serve(app, lambda: asyncio.gather(*(j.result(timeout=120) for j in jobs)))
+        await serving(app, lambda: asyncio.gather(*(j.result(timeout=120) for j in jobs)))
         await app.purge()
     starts.sort()
     worst = max(sum(1 for t in starts if s <= t < s + 1.0) for s in starts)
@@ -155,7 +142,7 @@ async def moves_run(url: str) -> dict[str, Any]:
             reached.append(full - asked)
 
     async with app:
-        await _serve(app, body)
+        await serving(app, body)
         await app.purge()
     return {"seconds_to_full": reached, "peak": peak(spans)}
 
@@ -175,7 +162,7 @@ async def shares_run(url: str) -> dict[str, Any]:
         jobs = await call.enqueue_many([(lone,)] * 200, tenant=lone)
         for t in crowd:
             jobs += await call.enqueue_many([(t,)] * 200, tenant=t)
-        await _serve(app, lambda: asyncio.gather(*(j.result(timeout=120) for j in jobs)))
+        await serving(app, lambda: asyncio.gather(*(j.result(timeout=120) for j in jobs)))
         await app.purge()
     order = [w for _, w in sorted(starts)]
     end = min(len(order) - order[::-1].index(t) for t in [lone, *crowd])
@@ -203,7 +190,7 @@ async def pause_run(url: str) -> dict[str, Any]:
         jobs = []
         for (t,) in tenants.values():
             jobs += await call.enqueue_many([(t,)] * 100, tenant=t)
-        await _serve(app, lambda: asyncio.gather(*(j.result(timeout=120) for j in jobs)))
+        await serving(app, lambda: asyncio.gather(*(j.result(timeout=120) for j in jobs)))
         await app.purge()
     at = pushed[0]
     others = [t - at for t, who in starts if who != loud and at <= t < at + 1.9]

@@ -28,13 +28,13 @@ import json
 import secrets
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import redis
 
+from benchmarks.common import serving
 from fairlane import App
-from fairlane.app.worker import Worker
 from fairlane.config.settings import load_settings
 from fairlane.policy.pauses import Scope, ScopeKind
 from fairlane.testing import RedisServer
@@ -47,18 +47,6 @@ WORKERS, SLOTS = 3, 8
 def _app(url: str) -> App:
     settings = load_settings(worker={"concurrency": SLOTS, "idle_block": 0.2})
     return App(f"pz_{secrets.token_hex(3)}", redis_url=url, settings=settings)
-
-
-async def _serve(app: App, body: Callable[[], Awaitable[Any]]) -> Any:
-    workers = [Worker(app, lanes=["default"], concurrency=SLOTS) for _ in range(WORKERS)]
-    async with asyncio.TaskGroup() as group:
-        for w in workers:
-            group.create_task(w.run())
-        try:
-            return await body()
-        finally:
-            for w in workers:
-                w.stop()
 
 
 async def _until(check: Callable[[], bool], timeout: float = 300.0) -> None:
@@ -100,7 +88,7 @@ async def shares_run(url: str, per_tenant: int = 2000, held_for: int = 1200) -> 
             await _until(lambda: len(starts) >= at + 600)
             return at
 
-        resumed_at = await _serve(app, body)
+        resumed_at = await serving(app, body, workers=WORKERS, concurrency=SLOTS)
         await app.purge()
     held = starts[:resumed_at]
     after = starts[resumed_at : resumed_at + 600]
@@ -149,7 +137,7 @@ async def task_run(url: str, parked: int = 50_000) -> dict[str, Any]:
             await _until(lambda: bool(first))
             return took, first[0] - began
 
-        took, to_first = await _serve(app, park_all)
+        took, to_first = await serving(app, park_all, workers=WORKERS, concurrency=SLOTS)
         client.config_set("slowlog-log-slower-than", 10_000)
         log = client.slowlog_get(1_000_000)
         fcalls = [e["duration"] for e in log if _function(e) == b"resume"]
@@ -195,7 +183,7 @@ async def _drain_rate(url: str, jobs: int, *, paused: bool) -> float:
             unrelated = Scope(ScopeKind.TENANT, tenant="someone-else")
             await app.pauses.pause(unrelated, check_tenant=False)
         began = time.monotonic()
-        await _serve(app, lambda: _until(lambda: done >= jobs))
+        await serving(app, lambda: _until(lambda: done >= jobs), workers=WORKERS, concurrency=SLOTS)
         rate = jobs / (time.monotonic() - began)
         await app.purge()
     return rate
