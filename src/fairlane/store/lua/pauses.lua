@@ -126,7 +126,7 @@ do
 
   -- Whether a running job of these fields is in the scope `fld` names.
   local function in_scope(fld, lane, cls, tenant, task, fk)
-    local t = {on = {[fld] = 0}}
+    local t = pausetable.single(fld)
     return pausetable.blocks(t, lane, cls, task, tenant, fk) or pausetable.refusal(t, tenant) ~= nil
   end
 
