@@ -1,8 +1,11 @@
 """An exchange tells the worker its lanes' waiting weight: the sum of the weights of the
 tenants with jobs waiting (``policy/shardshare.py``), kept as tenants enter and leave a
-class's fair set, never by a scan."""
+class's fair set, never by a scan -- by a shard of an app of several shards, whose
+workers share their slots by it; an app of one shard keeps none and pays nothing for it."""
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -12,13 +15,25 @@ from fairlane.store.wire import NewJob
 pytestmark = [pytest.mark.anyio, pytest.mark.contract]
 
 
+@pytest.fixture
+async def sharded(redis_url: str, namespace: str) -> AsyncIterator[Store]:
+    """Shard 0 of an app of two shards."""
+    store = Store.from_url(redis_url, namespace, shards=2)
+    await store.connect()
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
 def _job(tenant: str, n: int, cls: str = "standard") -> NewJob:
     return NewJob(
         f"{tenant}-{n:03d}", tenant, 0, "w.job", "[]", 1, "", 0, "0,0", "0,0", service_class=cls
     )
 
 
-async def test_the_reply_carries_the_weight_waiting(store: Store) -> None:
+async def test_the_reply_carries_the_weight_waiting(sharded: Store) -> None:
+    store = sharded
     await store.configure_tenant("heavy", 3.0)
     await store.enqueue("a", [_job("heavy", n) for n in range(6)])
     await store.enqueue("a", [_job("light", n) for n in range(2)])
@@ -44,8 +59,9 @@ async def test_the_reply_carries_the_weight_waiting(store: Store) -> None:
 
 
 async def test_the_weight_read_back_from_the_store_follows_enqueues_and_cancels(
-    store: Store,
+    sharded: Store,
 ) -> None:
+    store = sharded
     await store.configure_tenant("heavy", 2.5)
     await store.enqueue("a", [_job("heavy", 0), _job("light", 0), _job("light", 1)])
     state = store.keys.lane("a").state
@@ -55,3 +71,12 @@ async def test_the_weight_read_back_from_the_store_follows_enqueues_and_cancels(
     await store.cancel("light-000")
     await store.cancel("light-001")  # the set empties: the sum starts again from nought
     assert float(await store.client.hget(state, "W:standard")) == 0.0
+
+
+async def test_an_app_of_one_shard_keeps_no_waiting_weight(store: Store) -> None:
+    await store.configure_tenant("heavy", 2.5)
+    await store.enqueue("a", [_job("heavy", 0), _job("light", 0)])
+    state = await store.client.hgetall(store.keys.lane("a").state)
+    assert not [f for f in state if f.startswith(b"W:")]
+    got = await store.exchange("w", ["a", "b"], 1, 60_000, slots=10)
+    assert len(got.jobs) == 1 and got.waiting == 0.0

@@ -189,13 +189,17 @@ is waiting on (only jobs whose ``w`` flag is set are published).
 
 from __future__ import annotations
 
+from typing import Final
+
 import itertools
 from dataclasses import dataclass
+from typing import Final
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 __all__ = [
     "JOB_FIELDS",
+    "SHARDED_PREFIX_PATTERN",
     "AppKeys",
     "LaneKeys",
     "job_shard",
@@ -212,6 +216,13 @@ def namespace(app: str) -> str:
             f"app name must be non-empty and free of braces, colons and spaces: {app!r}"
         )
     return f"{{fl:{app}}}:"
+
+
+#: A Lua pattern that a shard's prefix of an app of several shards matches and the prefix
+#: of an app of one shard does not (``{fl:<app>:<i>:<k>}:`` against ``{fl:<app>}:``; an
+#: app's name holds no colon or brace): the scripts keep what only sharded workers read
+#: (a class's waiting weight) where it matches.
+SHARDED_PREFIX_PATTERN: Final = "^{fl:[^:}]*:"
 
 
 def shard_namespace(app: str, shard: int, count: int) -> str:

@@ -46,7 +46,7 @@ from fairlane.policy.admission import (
     unit_table,
 )
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
-from fairlane.store.keys import AppKeys
+from fairlane.store.keys import SHARDED_PREFIX_PATTERN, AppKeys
 from fairlane.store.placed import as_lists
 from fairlane.store.wire import AdmissionField, ClassField, lua_names
 
@@ -147,6 +147,7 @@ def fill_constants(source: str) -> str:
         "__PART_EPSILON__": repr(globalkeys.EPSILON),
         # an app of no prefix: what is left of its fence key is the key's own name
         "__FENCE_NAME__": AppKeys("").fence,
+        "__SHARDED_PREFIX__": SHARDED_PREFIX_PATTERN,
     }
     for name, value in constants.items():
         source = source.replace(name, value)

@@ -34,6 +34,12 @@ do
     return string.sub(k, 1, #k - #FENCE_NAME)
   end
 
+  -- Whether `p` is the prefix of one shard of an app of several (fairlane/store/keys.py,
+  -- SHARDED_PREFIX_PATTERN, written in by the library).
+  function core.sharded(p)
+    return string.find(p, '__SHARDED_PREFIX__') ~= nil
+  end
+
   local function lane_key(p, lane, what)
     return p .. 'lane:' .. lane .. ':' .. what
   end

@@ -676,8 +676,9 @@ do
     local jobs = lease_jobs(keys, p, popped, worker, lease, now)
     local next_due = rate_due and math.max(0, rate_due - now) or -1
     local waiting = 0
+    local sharded = core.sharded(p)
     for _, lane in ipairs(lanes) do
-      waiting = waiting + (weight[lane] or stored_weight(p, lane))
+      waiting = waiting + (weight[lane] or sharded and stored_weight(p, lane) or 0)
       if busy[lane] then
         -- work may be left that another worker could take
         wake(p, lane)

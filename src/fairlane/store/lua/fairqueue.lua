@@ -52,15 +52,21 @@ do
     end
     redis.call('ZADD', fair, start, tenant)
     -- the class's waiting weight `W:<class>`, the sum of its active tenants' weights: a
-    -- worker shares its slots between shards by it (fairlane/policy/shardshare.py)
-    local w = tonumber(redis.call('HGET', p .. 'weights', tenant)) or 1
-    redis.call('HINCRBYFLOAT', lane_key(p, lane, 'state'), 'W:' .. cls, w)
+    -- worker shares its slots between shards by it (fairlane/policy/shardshare.py), so
+    -- only a shard of an app of several keeps it
+    if core.sharded(p) then
+      local w = tonumber(redis.call('HGET', p .. 'weights', tenant)) or 1
+      redis.call('HINCRBYFLOAT', lane_key(p, lane, 'state'), 'W:' .. cls, w)
+    end
   end
 
   -- A tenant left class `cls`'s fair set: the class's waiting weight loses `w` (its weight
   -- now, read when not given), or starts again from nought once the set is empty (a weight
-  -- changed while its tenant waited is then forgotten).
+  -- changed while its tenant waited is then forgotten). Only where it is kept (activate).
   function fairqueue.unweigh(p, lane, cls, tenant, w, empty)
+    if not core.sharded(p) then
+      return
+    end
     local sk = lane_key(p, lane, 'state')
     if empty == nil then
       empty = redis.call('ZCARD', class_key(p, lane, cls, 'fair')) == 0
