@@ -17,7 +17,7 @@ def test_the_defaults_are_far_above_one_client(tmp_path: Path) -> None:
     door = load_settings(project_dir=tmp_path, environ={}).front_door
     assert door.default_bounds() == DoorBounds(100, Rate(1000.0, 1.0, 1000.0))
     assert door.bounds_of("anyone") == door.default_bounds()
-    assert (door.seats, door.waiting, door.seat_wait) == (None, None, 2.0)
+    assert (door.seats, door.waiting, door.seat_wait, door.refusal_hold) == (8, 1000, 2.0, 1.0)
 
 
 def test_a_tenant_overrides_what_it_names(tmp_path: Path) -> None:
@@ -56,6 +56,7 @@ def test_the_environment_gives_tenants_as_json(tmp_path: Path) -> None:
         ({"FAIRLANE_FRONT_DOOR__TENANT_RATE": "0"}, "front_door.tenant_rate"),
         ({"FAIRLANE_FRONT_DOOR__SEATS": "0"}, "front_door.seats"),
         ({"FAIRLANE_FRONT_DOOR__SEAT_WAIT": "0"}, "front_door.seat_wait"),
+        ({"FAIRLANE_FRONT_DOOR__REFUSAL_HOLD": "-1"}, "front_door.refusal_hold"),
         ({"FAIRLANE_FRONT_DOOR__TENANTS": '{"a": {"rate": -1}}'}, "front_door.tenants"),
         ({"FAIRLANE_FRONT_DOOR__TENANTS": '{"a": {"burst": 0.5}}'}, "front_door.tenants"),
         ({"FAIRLANE_FRONT_DOOR__TENANTS": '{"a": {"rte": 1}}'}, "front_door.tenants"),

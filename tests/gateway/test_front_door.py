@@ -42,7 +42,7 @@ async def _known(gw: Gateway, tenant: str) -> dict[str, str]:
 async def test_a_submit_over_its_tenants_rate_is_429_and_the_store_is_not_asked(
     redis_url: str, namespace: str
 ) -> None:
-    one_in_five_seconds = {"tenants": {"acme": {"rate": 0.2, "burst": 1}}}
+    one_in_five_seconds = {"tenants": {"acme": {"rate": 0.2, "burst": 1}}, "refusal_hold": 0.3}
     async with gateway(namespace, redis_url, front_door=one_in_five_seconds) as gw:
         acme, globex = await _known(gw, "acme"), await _known(gw, "globex")
         assert (await gw.client.post("/v1/jobs", json=JOB, headers=acme)).status_code == 202
@@ -57,6 +57,15 @@ async def test_a_submit_over_its_tenants_rate_is_429_and_the_store_is_not_asked(
         assert refused.headers["Retry-After"] == "5"
         assert refused.headers["Cache-Control"] == "no-store"
         assert not sent, sent  # not one command
+        # again before its Retry-After: refused too, but only once the hold runs out
+        again = asyncio.create_task(gw.client.post("/v1/jobs", json=JOB, headers=acme))
+
+        async def held() -> bool:
+            return _door(gw).holds.held == 1
+
+        await eventually(held, "the answer held", timeout=10)
+        assert (await again).json()["reason"] == "tenant_rate"
+        assert _door(gw).holds.held == 0
         assert await stored_keys(redis_url, namespace) == before
         # acme's reads are not submits, and globex has a bucket of its own
         assert (await gw.client.get("/v1/jobs/x", headers=acme)).status_code == 404
@@ -106,9 +115,10 @@ async def _flood(
 async def test_a_flood_beyond_the_connections_is_429_for_the_flooder_only(
     redis_url: str, namespace: str
 ) -> None:
-    # four connections, so four seats and a waiting room of four; A keeps 16 requests
+    # four connections, so four seats, and a waiting room of four; A keeps 16 requests
     # going, B sends one at a time; only the seats bound A (no rate, in flight 100)
-    settings = {"connection": {"max_connections": 4}, "front_door": {"tenant_rate": "none"}}
+    door = {"tenant_rate": "none", "waiting": 4}
+    settings = {"connection": {"max_connections": 4}, "front_door": door}
     async with gateway(namespace, redis_url, **settings) as gw:
         a, b = await _known(gw, "a"), await _known(gw, "b")
         a_seen: Counter[str] = Counter()
@@ -135,8 +145,8 @@ async def test_a_flood_beyond_the_connections_is_429_for_the_flooder_only(
 async def test_a_store_whose_connections_stay_busy_is_429_not_503(
     redis_url: str, namespace: str
 ) -> None:
-    # more seats than connections, and the connections held: the store's own gate runs out
-    settings = {"connection": {"max_connections": 1, "timeout": 0.5}, "front_door": {"seats": 4}}
+    # the one connection held outside the gateway's seats: the store's own gate runs out
+    settings = {"connection": {"max_connections": 1, "timeout": 0.5}}
     async with gateway(namespace, redis_url, **settings) as gw:
         acme = await _known(gw, "acme")
         async with gw.app.store.gates[0].slot():

@@ -3,10 +3,11 @@
 Each gateway process holds these bounds in its own memory and checks them before a
 request touches the store (``fairlane.gateway.frontdoor``): a tenant's requests in
 flight, its submissions per second (a token bucket), and the seats (the calls on the
-store at once) its requests share fairly with other tenants'. The defaults are far
-above what one well-behaved client asks of one process; ``tenants`` narrows (or lifts)
-them for a tenant by name. With ``fairlane gateway --workers N``, each of the N
-processes holds its own buckets and seats, so a tenant may get N times the rate.
+store at once) its requests share fairly with other tenants'; and how long the answer
+to a refusal ignored is held back. The defaults are far above what one well-behaved
+client asks of one process; ``tenants`` narrows (or lifts) them for a tenant by name.
+With ``fairlane gateway --workers N``, each of the N processes holds its own buckets
+and seats, so a tenant may get N times the rate.
 
 ``"none"`` lifts a bound (TOML has no null). In a file::
 
@@ -87,16 +88,22 @@ class FrontDoorSettings(BaseModel):
     """Submits a tenant's bucket holds; None: one second's worth (at least one)."""
     tenants: dict[str, TenantBounds] = Field(default_factory=dict)
     """Bounds of named tenants, each field overriding the default above."""
-    seats: int | None = Field(default=None, ge=1)
-    """Tenants' requests on the store at once, shared fairly between tenants (a free seat
-    goes to the waiting tenant that holds the fewest); None: connection.max_connections,
-    so the store's own call gate never makes the gateway's requests wait."""
-    waiting: int | None = Field(default=None, ge=0)
+    seats: int = Field(default=8, ge=1)
+    """Tenants' requests using the store at once (at most connection.max_connections, so the
+    store's own call gate never makes them wait), shared fairly between tenants: a seat
+    given back goes to the waiting tenant that holds the fewest. A gateway process is
+    bound by its CPU; more requests in progress only make each take longer. Raise it for
+    a store far away or acknowledged writes (durability), whose calls take longer."""
+    waiting: int = Field(default=1000, ge=0)
     """Requests that may wait for a seat; when one more comes, a waiting request of the
-    tenant that holds and waits for the most is answered 429 gateway_busy. None: as many
-    as there are seats."""
+    tenant that holds and waits for the most is answered 429 gateway_busy."""
     seat_wait: float = Field(default=2.0, gt=0)
     """Longest wait for a seat; past it, 429 gateway_busy."""
+    refusal_hold: float = Field(default=1.0, ge=0)
+    """A tenant refused again before the Retry-After it was given has run out gets its
+    429 when it runs out, after at most this long; 0 answers at once. A client that
+    ignores Retry-After then costs the gateway one refusal per Retry-After and
+    connection, not one per round trip."""
 
     _none = field_validator("tenant_max_in_flight", "tenant_rate", mode="before")(_none_spelt)
 

@@ -16,6 +16,10 @@ refuses it without asking the store. Then, in this order (``FrontDoorSettings``)
 3. **Seat.** The request waits for a seat (``seats``: tenant-fair, bounded); refused
    one, it gets 429 ``gateway_busy``, Retry-After 1 s, and its token back.
 
+A flow refused again before its last Retry-After has run out gets its 429 when that
+runs out (``holds``), so a client that ignores Retry-After cannot fill the event loop
+with refusals.
+
 The seat is held while the request uses the store and given back before its answer is
 sent; a long poll (``GET /v1/jobs/{id}/result?wait=``) gives it back before it waits
 (``give_back_seat``). The answer of a request refused here was decided without the store:
@@ -40,6 +44,7 @@ from fairlane.config.frontdoor import DoorBounds, FrontDoorSettings
 from fairlane.gateway.apikeys import parse_key
 from fairlane.gateway.auth import bearer_key, is_admin_key
 from fairlane.gateway.buckets import TenantBuckets
+from fairlane.gateway.holds import Holds
 from fairlane.gateway.responses import error
 from fairlane.gateway.seats import FairSeats, Seat
 from fairlane.gateway.state import GatewayState
@@ -95,21 +100,23 @@ class Refused(Exception):
 
 
 class FrontDoor:
-    """One gateway process's bounds per tenant, buckets and seats."""
+    """One gateway process's bounds per tenant, buckets, seats (``settings.seats``, at
+    most ``connections``) and held refusals."""
 
     def __init__(
         self,
         state: GatewayState,
         settings: FrontDoorSettings,
-        seats: int,
+        connections: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state = state
         self.settings = settings
-        count = settings.seats or seats
-        room = count if settings.waiting is None else settings.waiting
-        self.seats = FairSeats(count, room, settings.seat_wait)
+        # no more seats than connections: the store's call gate never makes a seat wait
+        count = min(settings.seats, connections)
+        self.seats = FairSeats(count, settings.waiting, settings.seat_wait)
         self.buckets = TenantBuckets()
+        self.holds = Holds(settings.refusal_hold, clock)
         self.in_flight: dict[Flow, int] = {}
         self.clock = clock
         self._named = {tenant: settings.bounds_of(tenant) for tenant in settings.tenants}
@@ -136,12 +143,26 @@ class FrontDoor:
         self, authorization: str | None, *, submit: bool
     ) -> AsyncIterator[Seat | None]:
         """Hold a request's place (in flight, its token, a seat) for the block, or raise
-        ``Refused`` before it runs. A request without a bearer key holds nothing (None):
+        ``Refused`` before it runs (held back first if its flow ignored its last
+        Retry-After: ``holds``). A request without a bearer key holds nothing (None):
         authentication refuses it without the store."""
         flow = self.flow_of(authorization)
         if flow is None:
             yield None
             return
+        try:
+            seat = await self._pass(flow, submit)
+        except Refused as refusal:
+            await self.holds.hold(flow, refusal.retry_after)
+            raise
+        try:
+            yield seat
+        finally:
+            seat.give_back()
+            self._leave(flow)
+
+    async def _pass(self, flow: Flow, submit: bool) -> Seat:
+        """The seat of a request of ``flow``, counted in flight; or ``Refused``."""
         tenant = flow if isinstance(flow, str) else None
         bounds = self.bounds_of(tenant) if tenant is not None else None
         self._enter(flow, bounds)
@@ -157,12 +178,10 @@ class FrontDoor:
                     "than this one; nothing was done",
                     SHORT_RETRY_AFTER,
                 )
-            try:
-                yield seat
-            finally:
-                seat.give_back()
-        finally:
+        except BaseException:
             self._leave(flow)
+            raise
+        return seat
 
     def _enter(self, flow: Flow, bounds: DoorBounds | None) -> None:
         now = self.in_flight.get(flow, 0)
