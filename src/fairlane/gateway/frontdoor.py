@@ -174,8 +174,8 @@ class FrontDoor:
                     self.buckets.give_back(tenant, self._now_ms())
                 raise Refused(
                     GATEWAY_BUSY,
-                    "every seat on the store stayed taken, by tenants holding no more "
-                    "than this one; nothing was done",
+                    "no seat on the store came free for this request (its tenant held and "
+                    "waited for the most, or the wait ran out); nothing was done",
                     SHORT_RETRY_AFTER,
                 )
         except BaseException:
