@@ -101,8 +101,8 @@ class FrontDoorSettings(BaseModel):
     """Longest wait for a seat; past it, 429 gateway_busy."""
     refusal_hold: float = Field(default=1.0, ge=0)
     """A tenant refused again before the Retry-After it was given has run out gets its
-    429 when it runs out, after at most this long; 0 answers at once. A client that
-    ignores Retry-After then costs the gateway one refusal per Retry-After and
+    429 after this long (half to all of it, spread); 0 answers at once. A client that
+    ignores Retry-After then costs the gateway about one refusal per hold and
     connection, not one per round trip."""
 
     _none = field_validator("tenant_max_in_flight", "tenant_rate", mode="before")(_none_spelt)

@@ -16,9 +16,9 @@ refuses it without asking the store. Then, in this order (``FrontDoorSettings``)
 3. **Seat.** The request waits for a seat (``seats``: tenant-fair, bounded); refused
    one, it gets 429 ``gateway_busy``, Retry-After 1 s, and its token back.
 
-A flow refused again before its last Retry-After has run out gets its 429 when that
-runs out (``holds``), so a client that ignores Retry-After cannot fill the event loop
-with refusals.
+A flow refused again before its last Retry-After has run out gets its 429 only after a
+hold (``holds``: ``refusal_hold``, 1 s), so a client that ignores Retry-After cannot
+fill the event loop with refusals.
 
 The seat is held while the request uses the store and given back before its answer is
 sent; a long poll (``GET /v1/jobs/{id}/result?wait=``) gives it back before it waits

@@ -67,7 +67,7 @@ _DESCRIPTIONS = {
     "`store_busy` (every connection to the store stayed in use for as long as a call may "
     "wait). Admission, for a submit: a full class or queue, or `store_full` (the store's "
     "memory mark). A tenant refused again by the front door before its last Retry-After "
-    "ran out gets this answer only when it runs out.",
+    "ran out gets this answer only after a hold (`front_door.refusal_hold`, 1 s).",
     503: "The store cannot be reached (reason `store_unavailable`), or it is full and "
     "refused the write (`store_full`): retry after Retry-After seconds. A busy gateway or "
     "store answers 429, never 503.",
