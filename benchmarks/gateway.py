@@ -23,6 +23,9 @@ shares one machine: server, target and load generator compete for its cores.
 
 Run: ``python -m benchmarks.gateway [--generator hey|wrk|python] [--connections 16]
 [--seconds 10] [--rounds 2] [--workers 1 --workers 2] [--redis-url URL]``.
+
+``--flood`` runs the front door's phases instead (``benchmarks.gateway_flood``): tenant
+B's paced submits alone and beside tenant A's flood of the same gateway process.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,8 +125,17 @@ def _python_env(*paths: str) -> dict[str, str]:
 
 
 @contextmanager
-def serving(kind: str, workers: int, redis_url: str, name: str, workdir: str) -> Iterator[Target]:
-    """A target in a subprocess: the gateway of app ``name`` or the bare app."""
+def serving(
+    kind: str,
+    workers: int,
+    redis_url: str,
+    name: str,
+    workdir: str,
+    *,
+    settings: Mapping[str, str] | None = None,
+) -> Iterator[Target]:
+    """A target in a subprocess: the gateway of app ``name`` or the bare app
+    (``settings``: ``FAIRLANE_...`` variables for the gateway)."""
     port = _free_port()
     common = ["--port", str(port), "--redis-url", redis_url]
     if workers > 1:  # a gateway from before ``--workers`` is measured with one
@@ -133,7 +145,7 @@ def serving(kind: str, workers: int, redis_url: str, name: str, workdir: str) ->
         command += ["--log-level", "warning"]
     else:
         command = [sys.executable, "-m", "benchmarks.bare_asgi", *common, "--prefix", name]
-    env = _python_env(workdir, str(REPO_ROOT))
+    env = {**_python_env(workdir, str(REPO_ROOT)), **(settings or {})}
     proc = subprocess.Popen(command, cwd=workdir, env=env)
     try:
         yield Target(kind, workers, f"http://127.0.0.1:{port}", proc)
@@ -209,12 +221,20 @@ def generator_command(
 _SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
 
 
+def _hey_ms(out: str, percent: int) -> float:
+    # hey leaves out a percentile its few answers do not reach: then the slowest is it
+    at = re.search(rf"{percent}%+ in ([\d.]+) secs", out)
+    found = at or re.search(r"Slowest:\s+([\d.]+)", out)
+    if found is None:
+        raise ValueError(f"not a hey summary: {out!r}")
+    return float(found[1]) * 1000
+
+
 def parse_hey(out: str) -> tuple[float, float, float, float, dict[str, int]]:
     """(elapsed s, requests/s, p50 ms, p99 ms, statuses) from hey's summary."""
     total = float(re.search(r"Total:\s+([\d.]+) secs", out)[1])  # type: ignore[index]
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
-    p50 = float(re.search(r"50%+ in ([\d.]+) secs", out)[1]) * 1000  # type: ignore[index]
-    p99 = float(re.search(r"99%+ in ([\d.]+) secs", out)[1]) * 1000  # type: ignore[index]
+    p50, p99 = _hey_ms(out, 50), _hey_ms(out, 99)
     statuses = {m[1]: int(m[2]) for m in re.finditer(r"\[(\d+)\]\s+(\d+) responses", out)}
     errors = sum(int(m[1]) for m in re.finditer(r"^\s+\[(\d+)\]\s+(?!\d+ responses)", out, re.M))
     if errors:
@@ -381,10 +401,10 @@ def _quoted(arg: str) -> str:
     return arg if re.fullmatch(r"[\w./:=%+-]+", arg) else "'" + arg.replace("'", "'\\''") + "'"
 
 
-async def mint(redis_url: str, name: str) -> str:
+async def mint(redis_url: str, name: str, tenant: str = "bench") -> str:
     redis = aioredis.Redis.from_url(redis_url)
     try:
-        return (await ApiKeys(KeyRecords(redis, name)).create("bench")).key
+        return (await ApiKeys(KeyRecords(redis, name)).create(tenant)).key
     finally:
         await redis.aclose()
 
@@ -484,7 +504,29 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, action="append", help="worker counts to run (default 1 and 2)"
     )
+    flood = parser.add_argument_group(
+        "flood", "--flood: tenant B paced, alone and beside tenant A flooding (gateway_flood)"
+    )
+    flood.add_argument("--flood", action="store_true", help="run the flood phases instead")
+    flood.add_argument("--rate", type=float, default=50.0, help="B's submits per second")
+    flood.add_argument(
+        "--flood-connections",
+        type=int,
+        action="append",
+        help="A's hey -c, one phase each (default 128 and 256)",
+    )
+    flood.add_argument(
+        "--door",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a front_door setting of the gateway (FAIRLANE_FRONT_DOOR__NAME), e.g. "
+        "TENANT_RATE=none",
+    )
     args = parser.parse_args()
+    if args.flood:
+        _flood(args)
+        return
     workers = args.workers or [1, 2]
     options: dict[str, Any] = {
         "connections": args.connections,
@@ -516,6 +558,26 @@ def main() -> None:
             f"{ratio['p99']:.2f}x p99"
         )
     print(json.dumps(result))
+
+
+def _flood(args: argparse.Namespace) -> None:
+    from benchmarks import gateway_flood  # noqa: PLC0415 - it imports this module
+
+    if shutil.which("hey") is None:
+        raise SystemExit("hey is not installed (it comes with the system's packages)")
+    door = dict(item.split("=", 1) for item in args.door)
+    options: dict[str, Any] = {
+        "seconds": args.seconds,
+        "rate": args.rate,
+        "floods": args.flood_connections or [128, 256],
+        "door": door,
+    }
+    if args.redis_url:
+        result = gateway_flood.run(args.redis_url, **options)
+    else:
+        with RedisServer() as server:
+            result = gateway_flood.run(server.url, **options)
+    gateway_flood.report(result)
 
 
 if __name__ == "__main__":

@@ -251,6 +251,14 @@ def test_explain_reports_every_leaf_in_model_order(tmp_path: Path) -> None:
         "queues.lane_max_queued",
         "queues.memory_high_water",
         "audit_entries",
+        "front_door.tenant_max_in_flight",
+        "front_door.tenant_rate",
+        "front_door.tenant_burst",
+        "front_door.tenants",
+        "front_door.seats",
+        "front_door.waiting",
+        "front_door.seat_wait",
+        "front_door.refusal_hold",
     ]
     assert all(row.source == "default" for row in rows)
     assert rows[5] == SettingOrigin("lease.duration", 30.0, "default")

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from fastapi import FastAPI
 
 from fairlane import App
 from fairlane.config.pools import parse_config
 from fairlane.gateway import ApiKeys, create_app
 from fairlane.runtime.context import Context
-from tests.e2e.helpers import fast_settings
+from tests.e2e.helpers import app_keys, fast_settings
 
 ADMIN_KEY = "admin-" + "x" * 32
 
@@ -57,6 +58,7 @@ class Gateway:
     app: App
     client: httpx.AsyncClient
     keys: ApiKeys
+    api: FastAPI
 
     async def key(self, tenant: str) -> dict[str, str]:
         minted = await self.keys.create(tenant)
@@ -72,7 +74,13 @@ async def gateway(
         api = create_app(app, admin_key=ADMIN_KEY)
         transport = httpx.ASGITransport(app=api)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-            yield Gateway(app, client, ApiKeys(app.store.key_records))
+            yield Gateway(app, client, ApiKeys(app.store.key_records), api)
+
+
+async def stored_keys(redis_url: str, namespace: str) -> set[bytes]:
+    """The app's keys but its counters and wake tokens, which every enqueue call touches."""
+    keys = await app_keys(redis_url, namespace)
+    return {k for k in keys if not k.endswith((b":stats", b":wake"))}
 
 
 def pool(capacity: float, response_when_full: str) -> dict[str, Any]:

@@ -10,18 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.helpers import app_keys
-from tests.gateway.helpers import gateway
+from tests.gateway.helpers import gateway, stored_keys
 
 pytestmark = pytest.mark.anyio
 
 GUARANTEED = {"task": "echo", "kwargs": {"text": "hi"}, "service_class": "guaranteed"}
-
-
-async def _stored(redis_url: str, namespace: str) -> set[bytes]:
-    """The app's keys but its counters and wake tokens, which every enqueue call touches."""
-    keys = await app_keys(redis_url, namespace)
-    return {k for k in keys if not k.endswith((b":stats", b":wake"))}
 
 
 async def test_a_restricted_class_without_entitlement_is_403_and_nothing_is_stored(
@@ -29,7 +22,7 @@ async def test_a_restricted_class_without_entitlement_is_403_and_nothing_is_stor
 ) -> None:
     async with gateway(namespace, redis_url) as gw:
         headers = await gw.key("acme")
-        before = await _stored(redis_url, namespace)
+        before = await stored_keys(redis_url, namespace)
         answer = await gw.client.post("/v1/jobs", json=GUARANTEED, headers=headers)
         assert answer.status_code == 403, answer.text
         body = answer.json()
@@ -39,7 +32,7 @@ async def test_a_restricted_class_without_entitlement_is_403_and_nothing_is_stor
         # again, now with the key held: the enqueue checks key and class in one step
         again = await gw.client.post("/v1/jobs", json=GUARANTEED, headers=headers)
         assert (again.status_code, again.json()["reason"]) == (403, "class_not_entitled")
-        assert await _stored(redis_url, namespace) == before
+        assert await stored_keys(redis_url, namespace) == before
         # both refusals are in the audit trail (the first by the gateway, the second by
         # the enqueue script), as the answer said
         submits = await gw.keys.records.audit.read(10, action="submit")

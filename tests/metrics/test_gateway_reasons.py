@@ -1,6 +1,7 @@
 """The gateway's admission answers keep the reason the caller was told, for every reason
-an admission can give: a pool's, a lane's default queue bounds' and the store's. A reason
-missing from the gateway's list would be labelled ``other`` and lost to dashboards.
+an admission can give: a pool's, a lane's default queue bounds', the store's and the
+front door's. A reason missing from the gateway's list would be labelled ``other`` and
+lost to dashboards.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 
 from fairlane import Rejected
 from fairlane.gateway import create_app
+from fairlane.gateway.frontdoor import REASONS as FRONT_DOOR_REASONS
 from fairlane.gateway.metrics import GatewayMetrics
 from fairlane.policy.admission.bounds import QueueReason
 from fairlane.policy.admission.gate import Reason
@@ -22,7 +24,8 @@ from tests.gateway.helpers import ADMIN_KEY, gateway
 from tests.metrics.helpers import parse, series
 
 ANSWERS = "fairlane_gateway_admissions_total"
-# what the store itself may answer, beside the policy's reasons
+# what the store itself may answer, beside the policy's reasons (only an unreachable
+# store is a 503; a busy one is backpressure)
 STORE_REASONS = ("store_unavailable", "store_busy")
 
 
@@ -34,12 +37,13 @@ def test_every_reason_an_admission_gives_is_its_own_label() -> None:
             *get_args(StoreFullReason),
             *REJECTION_REASONS,
             *STORE_REASONS,
+            *FRONT_DOOR_REASONS,
         }
     )
     assert "lane_queue_full" in reasons and "tenant_queue_full" in reasons
     metrics = GatewayMetrics()
     for reason in reasons:
-        status = 503 if reason in STORE_REASONS else 429
+        status = 503 if reason == "store_unavailable" else 429
         body = json.dumps({"reason": reason, "retry_after_seconds": 1}).encode()
         metrics.observe("POST", "/v1/jobs", status, 0.001, body)
     metrics.observe("POST", "/v1/jobs", 429, 0.001, b'{"reason": "a_reason_nobody_gives"}')

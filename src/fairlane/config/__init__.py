@@ -8,6 +8,7 @@ source set each value ``origins``. The declarations: ``lanes`` (lane names, a la
 file's tables, the form of a limit) and ``pools`` (a config file's
 admission pools, retry and estimation), whose lanes' classes are written in the one
 shape that ``classes`` reads (``legacy`` reads a lanes file's deprecated array shape).
-``files`` is the one TOML reader and ``ConfigError``; ``units`` reads sizes. The
-package imports only the policy core, which gives the tables their meaning.
+``frontdoor`` is the HTTP gateway's section, its bounds per tenant. ``files`` is the
+one TOML reader and ``ConfigError``; ``units`` reads sizes. The package imports only
+the policy core, which gives the tables their meaning.
 """

@@ -26,6 +26,7 @@ from pydantic_settings import (
 )
 
 from fairlane.config.files import ConfigError
+from fairlane.config.frontdoor import FrontDoorSettings
 from fairlane.config.origins import SettingOrigin, describe, layers, source_of
 from fairlane.config.sections import (
     ConnectionSettings,
@@ -56,6 +57,7 @@ __all__ = [
     "ConfigError",
     "ConnectionSettings",
     "DurabilitySettings",
+    "FrontDoorSettings",
     "LeaseSettings",
     "PayloadSettings",
     "PressureSettings",
@@ -112,6 +114,8 @@ class Settings(BaseSettings):
     audit_entries: int = Field(default=DEFAULT_AUDIT_ENTRIES, ge=100, le=100_000_000)
     """Entries the HTTP gateway's audit trail keeps, newest first (trimmed in whole blocks, so
     up to one block more)."""
+    front_door: FrontDoorSettings = Field(default_factory=FrontDoorSettings)
+    """The HTTP gateway's bounds per tenant, in each gateway process."""
 
     @field_validator("lanes_file")
     @classmethod

@@ -3,8 +3,10 @@
 ``create_app(app)`` builds the FastAPI app (``factory``); ``apikeys`` mints and checks
 keys; ``auth`` turns a bearer key into a caller; ``jobs`` and ``runs`` are the
 endpoints; ``models`` the bodies; ``responses`` the error shape; ``limits`` the body
-size limit; ``state`` the connection the gateway holds; ``audit`` the audit trail's
-entries the gateway writes.
+size limit; ``frontdoor`` the bounds per tenant every request of the tenants' API
+passes first (``buckets`` its submission rates, ``seats`` its fair share of the
+store's connections, ``holds`` the answers to refusals ignored); ``state`` the
+connection the gateway holds; ``audit`` the audit trail's entries the gateway writes.
 """
 
 from __future__ import annotations

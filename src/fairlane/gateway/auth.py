@@ -28,8 +28,10 @@ __all__ = [
     "Caller",
     "OutOfScope",
     "bearer",
+    "bearer_key",
     "caller",
     "gateway_state",
+    "is_admin_key",
     "refused_key",
     "scoped",
     "submitter",
@@ -111,6 +113,14 @@ def scoped(scope: str) -> Callable[..., Awaitable[Caller]]:
     return scoped_caller
 
 
+def bearer_key(authorization: str | None) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header (read as ``bearer`` reads
+    it), or None."""
+    scheme, _, key = (authorization or "").partition(" ")
+    key = key.strip()
+    return key if key and scheme.lower() == "bearer" else None
+
+
 async def submitter(state: GatewayState, authorization: str | None) -> Caller:
     """The caller of a submit, from its ``Authorization`` header (read as ``bearer``
     reads it). A key whose record the gateway holds is not looked up again when the
@@ -118,12 +128,11 @@ async def submitter(state: GatewayState, authorization: str | None) -> Caller:
     home shard, where the key records are, and the app waits for no durability. The
     record held must allow ``submit`` and not look expired (by this clock; the script
     holds it to the server's); else the key is looked up, and its scope checked."""
-    scheme, _, key = (authorization or "").partition(" ")
-    key = key.strip()
-    if not key or scheme.lower() != "bearer":
+    key = bearer_key(authorization)
+    if key is None:
         raise _unauthorized(_NO_KEY)
     keys = state.key_cache  # none yet: not connected, or no key checked so far
-    if keys is not None and not _is_admin(state, key):
+    if keys is not None and not is_admin_key(state, key):
         vouched = keys.vouched(key)
         if vouched is not None and _may_submit(state, vouched[1]):
             key_id, record = vouched
@@ -153,14 +162,14 @@ def refused_key(
     return _unauthorized(str(refusal) if refusal is not None and str(refusal) else _NOT_VALID)
 
 
-def _is_admin(state: GatewayState, key: str) -> bool:
+def is_admin_key(state: GatewayState, key: str) -> bool:
     return bool(state.admin_key) and hmac.compare_digest(
         key.encode(), (state.admin_key or "").encode()
     )
 
 
 async def _check(state: GatewayState, key: str) -> Caller:
-    if _is_admin(state, key):
+    if is_admin_key(state, key):
         return Caller(tenant=None, key_id=None)
     # an ill-formed key is refused without a lookup (or a connection to the store)
     try:

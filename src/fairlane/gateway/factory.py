@@ -8,8 +8,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from fairlane.app import App
+from fairlane.config.frontdoor import FrontDoorSettings
 from fairlane.gateway import jobs, runs
 from fairlane.gateway.exposure import exposed_tasks, list_in_spec
+from fairlane.gateway.frontdoor import FrontDoor, FrontDoorGate
 from fairlane.gateway.lean import LeanApi
 from fairlane.gateway.limits import BodyLimit
 from fairlane.gateway.metrics import mount_metrics
@@ -29,6 +31,7 @@ def create_app(
     ui_read_only: bool = False,
     metrics: bool = True,
     metrics_require_admin: bool = False,
+    front_door: FrontDoorSettings | None = None,
 ) -> FastAPI:
     """The HTTP gateway of ``app``; its OpenAPI spec is served at ``/openapi.json``.
 
@@ -41,6 +44,9 @@ def create_app(
     ``ui_read_only`` refuses its writes): see ``fairlane.gateway.ui``. With ``metrics``,
     Prometheus metrics are served at ``/metrics`` (open, or for the admin key only with
     ``metrics_require_admin``): see ``fairlane.gateway.metrics``.
+    Every request of the tenants' API passes the front door first, with the bounds per
+    tenant of ``front_door`` (default: the app's ``front_door`` settings) and as many
+    seats on the store as the app has connections: see ``fairlane.gateway.frontdoor``.
     """
     if admin_key is not None and len(admin_key) < 16:
         raise ValueError("the admin key must be at least 16 characters")
@@ -62,6 +68,10 @@ def create_app(
         lifespan=lifespan,
     )
     api.state.gateway = state
+    door = FrontDoor(
+        state, front_door or app.settings.front_door, app.settings.connection.max_connections
+    )
+    api.state.front_door = door
     list_in_spec(api, exposed)
     install_handlers(api)
     api.include_router(jobs.router)
@@ -71,7 +81,10 @@ def create_app(
     limit = max_body_bytes or 2 * app.settings.max_payload_bytes
     # submits are answered before the middlewares, doing the body limit's and metrics' part
     front = api.serve_lean(jobs.SUBMIT_ROUTE, limit)
+    front.door = door
     api.add_middleware(BodyLimit, limit=limit)
+    # outside the body limit (a refused request's body is never read), inside the metrics
+    api.add_middleware(FrontDoorGate, door=door, submit_path=jobs.SUBMIT_ROUTE.path)
     if metrics:  # after BodyLimit, so the counting middleware is outermost and sees its 413s
         api.state.metrics = mount_metrics(api, require_admin=metrics_require_admin)
         front.observe = api.state.metrics.observe

@@ -29,6 +29,7 @@ from fairlane.codec import PayloadTooLarge, decode_error
 from fairlane.errors import JobNotFound
 from fairlane.gateway import audit
 from fairlane.gateway.auth import Caller, caller, gateway_state, refused_key, scoped
+from fairlane.gateway.frontdoor import give_back_seat
 from fairlane.gateway.lean import LeanRoute
 from fairlane.gateway.models import (
     CancelReply,
@@ -110,7 +111,9 @@ _UNAVAILABLE = {
 def _refused(admission: Admission[object], body: SubmitRequest) -> JSONResponse:
     if admission.status == "unavailable":
         detail = _UNAVAILABLE.get(admission.reason or "", _UNAVAILABLE[STORE_UNAVAILABLE])
-        return error(503, detail, admission.reason, admission.retry_after)
+        # a busy pool is backpressure (429); only a store out of reach is an outage
+        status = 429 if admission.reason == STORE_BUSY else 503
+        return error(status, detail, admission.reason, admission.retry_after)
     reason = admission.reason or "rejected"
     if reason == CLASS_NOT_ENTITLED:
         named = f" {body.service_class!r}" if body.service_class else " (its task's)"
@@ -222,6 +225,7 @@ async def result(
     job_id: JobId,
     who: Reader,
     state: State,
+    request: Request,
     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)] = 0.0,
 ) -> ResultReply | JSONResponse:
     if not who.may_read(await _owner(state, job_id)):
@@ -232,6 +236,7 @@ async def result(
     if status == "missing":
         return _not_found(job_id)
     if status not in TERMINAL and wait > 0:
+        give_back_seat(request)  # the wait holds a subscription, not a call slot
         try:
             async with asyncio.timeout(wait):
                 status, res, err = await app.wait_finished(job_id)

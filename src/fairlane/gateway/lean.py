@@ -16,8 +16,9 @@ does not validate gets the 422 of ``responses._invalid``, a bad key the 401 of
 The framework's layers around the router (its error and telemetry middlewares, the
 gateway's body limit and request metrics) cost as much again as the handler, so a
 ``LeanApi`` answers its lean route before any of them, doing their part itself: the
-body limit's 413, the app's exception handlers, a 500 for anything else, and one
-observation for the request metrics.
+front door's 429 (``fairlane.gateway.frontdoor``), the body limit's 413, the app's
+exception handlers, a 500 for anything else, and one observation for the request
+metrics.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from fairlane.gateway.auth import Caller, submitter
+from fairlane.gateway.frontdoor import FrontDoor, Refused
 from fairlane.gateway.limits import TooLarge, read_within, too_large
 from fairlane.gateway.state import GatewayState
 
@@ -122,8 +124,9 @@ class LeanRoute(APIRoute):
 
 
 class LeanFront:
-    """One lean route served from the outside in: the body read within ``limit``
-    bytes, the handler, the app's exception handlers and the observation."""
+    """One lean route served from the outside in: the front door (``door``, if set), the
+    body read within ``limit`` bytes, the handler, the app's exception handlers and the
+    observation."""
 
     def __init__(self, api: FastAPI, route: LeanRoute, limit: int) -> None:
         self.api = api
@@ -132,6 +135,7 @@ class LeanFront:
         self.handler = route.lean_handler()
         self.methods = frozenset(route.methods or ())
         self.observe: Observer | None = None
+        self.door: FrontDoor | None = None
 
     def takes(self, scope: Scope) -> bool:
         return (
@@ -157,6 +161,19 @@ class LeanFront:
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send) -> Response:
         request = Request(scope, receive, send)
+        door = self.door
+        if door is None:
+            return await self._serve(request, scope, receive, send)
+        try:
+            # before the body is read: a tenant past its bounds costs nothing more
+            async with door.admitted(request.headers.get("authorization"), submit=True):
+                return await self._serve(request, scope, receive, send)
+        except Refused as refusal:
+            return refusal.response()
+
+    async def _serve(
+        self, request: Request, scope: Scope, receive: Receive, send: Send
+    ) -> Response:
         try:
             raw = await read_within(scope, receive, self.limit)
         except TooLarge:

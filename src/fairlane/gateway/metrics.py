@@ -51,6 +51,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fairlane.app.admission import STORE_BUSY, STORE_UNAVAILABLE
+from fairlane.gateway.frontdoor import REASONS as FRONT_DOOR_REASONS
 from fairlane.gateway.responses import error
 from fairlane.gateway.state import GatewayState
 from fairlane.metrics.config import MetricsConfig
@@ -67,9 +68,10 @@ UNMATCHED = "unmatched"
 OTHER = "other"
 NONE = "none"
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-#: The reasons an admission answer may give (``fairlane.admission.Admission.reason``):
-#: a refusal's and an unavailable store's; any other is labelled ``other``.
-_REASONS = frozenset((*REJECTION_REASONS, STORE_UNAVAILABLE, STORE_BUSY))
+#: The reasons a submit's answer may give: admission's (``fairlane.admission.Admission
+#: .reason``: a refusal's, an unavailable or busy store's) and the front door's; any
+#: other is labelled ``other``.
+_REASONS = frozenset((*REJECTION_REASONS, STORE_UNAVAILABLE, STORE_BUSY, *FRONT_DOOR_REASONS))
 #: A submit answer's body is small; more than this is not an admission answer.
 _MAX_CAPTURED = 4096
 

@@ -1,6 +1,7 @@
 """Error answers: one JSON shape (``ErrorBody``) for every refusal, and the handlers
-that give validation errors, a key outside its scope, an unreachable store and a full
-one that shape."""
+that give validation errors, a key outside its scope, an unreachable store, a full one
+and a busy one that shape. 503 means the store cannot be reached or is full, nothing
+else: a gateway or store that is only busy answers 429 (``frontdoor``)."""
 
 from __future__ import annotations
 
@@ -57,19 +58,27 @@ _DESCRIPTIONS = {
     410: "The job's result was kept in the payload store and can no longer be read.",
     413: "The request body, or the encoded arguments, are too large.",
     422: "The request or the task's arguments do not validate.",
-    429: "Admission refused the job (the reason says why: a full class or queue, or "
-    "`store_full`, the store's memory mark): retry after Retry-After seconds.",
-    503: "The store cannot be reached (reason `store_unavailable`), every connection to it "
-    "stayed in use for as long as a call may wait (`store_busy`), or it is full and refused "
-    "the write (`store_full`): retry after Retry-After seconds.",
+    429: "Not now, and nothing was done: retry after Retry-After seconds (whole seconds; "
+    "the body's `retry_after_seconds` is exact). The reason says why. The gateway's front "
+    "door, before the store is asked: `tenant_rate` (this tenant's submits per second in "
+    "this gateway process; Retry-After is the wait for its next token), `tenant_in_flight` "
+    "(this tenant's requests at once), `gateway_busy` (the seats on the store are taken "
+    "and this tenant holds or waits for the most, or its turn did not come in time), "
+    "`store_busy` (every connection to the store stayed in use for as long as a call may "
+    "wait). Admission, for a submit: a full class or queue, or `store_full` (the store's "
+    "memory mark). A tenant refused again by the front door before its last Retry-After "
+    "ran out gets this answer only after a hold (`front_door.refusal_hold`, 1 s).",
+    503: "The store cannot be reached (reason `store_unavailable`), or it is full and "
+    "refused the write (`store_full`): retry after Retry-After seconds. A busy gateway or "
+    "store answers 429, never 503.",
 }
 
 
 def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI entries for these error codes (401, 422 and 503 are always possible; a
-    declared 422 replaces FastAPI's own validation-error schema with ``ErrorBody``)."""
+    """OpenAPI entries for these error codes (401, 422, 429 and 503 are always possible;
+    a declared 422 replaces FastAPI's own validation-error schema with ``ErrorBody``)."""
     out: dict[int | str, dict[str, Any]] = {}
-    for code in sorted({401, 422, 503, *codes}):
+    for code in sorted({401, 422, 429, 503, *codes}):
         entry: dict[str, Any] = {"model": ErrorBody, "description": _DESCRIPTIONS[code]}
         if code in (429, 503):
             entry["headers"] = RETRY_AFTER_HEADER
@@ -110,8 +119,9 @@ async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _busy(request: Request, exc: Exception) -> JSONResponse:
+    # the store answers; this process's callers outnumbered its connections: backpressure
     return error(
-        503,
+        429,
         "every connection to the store stayed in use for as long as a call may wait; "
         "nothing was done",
         "store_busy",
