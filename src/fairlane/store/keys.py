@@ -189,8 +189,6 @@ is waiting on (only jobs whose ``w`` flag is set are published).
 
 from __future__ import annotations
 
-from typing import Final
-
 import itertools
 from dataclasses import dataclass
 from typing import Final
