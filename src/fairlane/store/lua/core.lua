@@ -8,7 +8,7 @@
 -- Entry points: core.{ALLOW_OOM, ARGS, DEAD, DEFAULT_CLASS, FENCE, FLEET, IDEM, LEASES,
 --   MEMO_MAX, PRIO_SPAN, STATS, TASKS, TERMINAL, THR, THRW, TLIMITS, WEIGHTS, WORKERS,
 --   any, arg, chunked, error_type, ev_key, int, job_key, lane_key, log_event, memoised,
---   now_arg, now_ms, num, order_score, prefix, read, slots_of, wake}
+--   now_arg, now_ms, num, order_score, prefix, read, sharded, slots_of, wake}
 
 local core = {}
 
