@@ -26,7 +26,8 @@ An ``Operator(nonce=None)`` from an overridden ``ui_operator`` skips the CSRF ch
 a host doing so must protect writes itself. Modules: ``auth`` (session cookie, CSRF,
 permissions), ``queries`` (the live view), ``jobs`` (finding jobs), ``actions``
 (cancel, retry, re-drive), ``api``, ``pausing`` and ``pages`` (the routes), ``static/`` (the
-page, its script and style).
+page, its scripts -- ``operate.js`` the pause buttons, the banner of what is paused and
+the dialog an operator's change asks in -- and its style).
 """
 
 from __future__ import annotations
