@@ -164,3 +164,36 @@ async def raw_client(url: str) -> AsyncIterator[Any]:
         yield client
     finally:
         await client.aclose()
+
+
+#: an app of one task, ``hello``, on the session's server, as a module a command imports
+HELLO_APP = """
+from fairlane import App
+from tests.e2e.helpers import fast_settings
+
+app = App({name!r}, redis_url={url!r}, settings=fast_settings())
+
+
+@app.task
+async def hello(n: int) -> int:
+    return n
+"""
+
+
+def explain_command(
+    tmp_path: Path, monkeypatch: Any, namespace: str, redis_url: str
+) -> tuple[Any, str]:
+    """``fairlane explain`` as a Typer app, and the spec of a module defining ``HELLO_APP``
+    for ``namespace`` (written to ``tmp_path``, importable from there)."""
+    import typer  # noqa: PLC0415 - only the command tests need it
+
+    from fairlane.cli.explain import explain  # noqa: PLC0415
+
+    module = f"explained_{namespace}"
+    (tmp_path / f"{module}.py").write_text(HELLO_APP.format(name=namespace, url=redis_url))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    cli = typer.Typer()
+    cli.command("explain")(explain)
+    cli.command("noop")(lambda: None)  # two commands: the first is a subcommand, not the app
+    return cli, f"{module}:app"

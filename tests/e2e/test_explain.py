@@ -14,35 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from fairlane import App, Backoff, Retention, ServiceClass
-from fairlane.cli.explain import explain as explain_command
 from fairlane.config.pools import parse_config
 from fairlane.insight.explain import Explanation, explain
 from fairlane.store.records import Event, decode_event
-from tests.e2e.helpers import WAIT, app_keys, eventually, fast_settings, make_app, running_worker
+from tests.e2e.helpers import (
+    WAIT,
+    app_keys,
+    eventually,
+    explain_command,
+    fast_settings,
+    make_app,
+    running_worker,
+)
 
 pytestmark = pytest.mark.anyio
-
-APP_SOURCE = """
-from fairlane import App
-from tests.e2e.helpers import fast_settings
-
-app = App({name!r}, redis_url={url!r}, settings=fast_settings())
-
-
-@app.task
-async def hello(n: int) -> int:
-    return n
-"""
 
 
 async def explained(app: App, job_id: str) -> tuple[Explanation, list[Event]]:
@@ -461,10 +454,7 @@ def test_decode_event_reads_what_the_scripts_pack() -> None:
 def test_the_explain_command_prints_the_answer_and_json(
     tmp_path: Path, namespace: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    module = f"explained_{namespace}"
-    (tmp_path / f"{module}.py").write_text(APP_SOURCE.format(name=namespace, url=redis_url))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    cli, spec = explain_command(tmp_path, monkeypatch, namespace, redis_url)
 
     async def one_job() -> str:
         app = make_app(namespace, redis_url)
@@ -480,10 +470,6 @@ def test_the_explain_command_prints_the_answer_and_json(
         return job.id
 
     job_id = asyncio.run(one_job())
-    cli = typer.Typer()
-    cli.command("explain")(explain_command)
-    cli.command("noop")(lambda: None)  # two commands: the first is a subcommand, not the app
-    spec = f"{module}:app"
     shown = CliRunner().invoke(cli, ["explain", spec, job_id], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     print(shown.output)

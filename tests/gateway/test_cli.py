@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import anyio
 import pytest
 import redis.asyncio as aioredis
 import typer
+import uvicorn
 from typer.testing import CliRunner
 
 from fairlane import App
@@ -94,3 +96,25 @@ def test_gateway_refuses_an_app_that_exposes_nothing(monkeypatch: pytest.MonkeyP
     result = CliRunner().invoke(cli, ["x:app"])
     assert result.exit_code == 2
     assert "exposes no task" in result.stderr and "gateway=True" in result.stderr
+
+
+def test_gateway_gives_the_admin_key_the_scopes_it_is_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gateway_cli = importlib.import_module("fairlane.cli.gateway")
+    exposed = App("t_gw")
+
+    @exposed.task(name="hello", gateway=True)
+    async def hello() -> None: ...
+
+    monkeypatch.setattr(gateway_cli, "load_app", lambda spec, url=None: exposed)
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda api, **_: served.append(api))
+    cli = typer.Typer()
+    cli.command()(gateway)
+    key = ["x:app", "--admin-key", "k" * 20]
+    assert CliRunner().invoke(cli, key).exit_code == 0
+    assert CliRunner().invoke(cli, [*key, "--admin-scopes", "read, operate"]).exit_code == 0
+    assert [api.state.gateway.admin_scopes for api in served] == [("read",), ("read", "operate")]
+    refused = CliRunner().invoke(cli, [*key, "--admin-scopes", "read,submit"])
+    assert refused.exit_code == 2 and "unknown admin scope(s) submit" in refused.stderr

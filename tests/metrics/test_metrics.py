@@ -196,6 +196,7 @@ async def test_store_gauges_and_autoscale_reflect_a_known_state(
         "backlog": {"standard": 7},
         "backlog_total": 7,
         "backlog_batch": 0,
+        "paused": 0,
         "delayed": 2,
         "deferred": 0,
     }

@@ -11,17 +11,18 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import httpx
 import uvicorn
 
 from fairlane import App
 from fairlane.gateway import create_app
 from tests.gateway.helpers import ADMIN_KEY, build_app
 
-__all__ = ["ADMIN", "ADMIN_KEY", "Served", "served", "ui_app"]
+__all__ = ["ADMIN", "ADMIN_KEY", "Served", "client", "served", "ui_app"]
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -40,6 +41,20 @@ def ui_app(namespace: str, redis_url: str) -> App:
         await asyncio.sleep(seconds)
 
     return app
+
+
+@asynccontextmanager
+async def client(
+    namespace: str, redis_url: str, **options: Any
+) -> AsyncIterator[tuple[App, httpx.AsyncClient]]:
+    """The app connected, and a client of its gateway (``create_app(**options)``) that
+    calls it in this loop (``httpx.ASGITransport``)."""
+    app = ui_app(namespace, redis_url)
+    async with app:
+        api = create_app(app, admin_key=ADMIN_KEY, **options)
+        transport = httpx.ASGITransport(app=api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+            yield app, http
 
 
 class Served:

@@ -4,33 +4,16 @@ talks to the session's private server; a real worker runs the workload."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import httpx
 import pytest
 from fastapi import FastAPI
 
-from fairlane import App
-from fairlane.gateway import create_app
 from fairlane.gateway.state import GatewayState
 from fairlane.gateway.ui import UiSettings, mount_ui, ui_router, ui_settings, ui_state
 from tests.e2e.helpers import eventually, running_worker
-from tests.ui.helpers import ADMIN, ADMIN_KEY, ui_app
+from tests.ui.helpers import ADMIN, ADMIN_KEY, client, ui_app
 
 pytestmark = pytest.mark.anyio
-
-
-@asynccontextmanager
-async def client(
-    namespace: str, redis_url: str, **options: object
-) -> AsyncIterator[tuple[App, httpx.AsyncClient]]:
-    app = ui_app(namespace, redis_url)
-    async with app:
-        api = create_app(app, admin_key=ADMIN_KEY, **options)  # type: ignore[arg-type]
-        transport = httpx.ASGITransport(app=api)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
-            yield app, http
 
 
 async def login(http: httpx.AsyncClient) -> str:

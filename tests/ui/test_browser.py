@@ -1,6 +1,7 @@
 """The dashboard in headless Chromium: a real gateway under uvicorn, a real worker, a
 real workload; pages render live data, the job page explains, re-drive and cancel work
-through the page (confirmation dialogs accepted), and refusals hold.
+through the page (confirmation dialogs accepted), a tenant, a task and a lane are paused
+from their views and resumed from the banner, and refusals hold.
 
 Skipped only when the ``playwright`` package or ``/usr/bin/chromium`` is missing.
 Screenshots go to ``/tmp/ui-shots/`` (never into the repository).
@@ -199,6 +200,50 @@ async def redrive_and_cancel(page: Any, base: str, app: App, work: Workload, sho
     assert await parked[2].status() == "queued"
 
 
+async def pause_and_resume(page: Any, base: str, app: App, work: Workload, shots: Path) -> None:
+    """Pause a tenant from its row in the live view (a reason and 30 minutes asked in the
+    page's dialog), a task from its jobs, a lane from its card; the banner lists them, a
+    waiting job's page says why it waits; each is resumed from the banner."""
+    dialog, banner = page.locator("dialog#ask"), page.locator("#paused")
+    await page.goto(f"{base}/ui/#/")
+    lane = page.locator("section.lane[data-lane=parked]")
+    await lane.locator('button[data-op=pause][data-scope="tenant:acme"]').first.click()
+    await dialog.locator("input[name=reason]").fill("runaway loop")
+    await dialog.locator("input[name=minutes]").fill("30")
+    await dialog.locator("#ask-ok").click()
+    await banner.locator('li[data-scope="tenant:acme"]').wait_for()
+    assert "runaway loop" in await banner.inner_text()
+    [entry] = await app.pauses.list()
+    assert (entry.scope.tenant, entry.reason) == ("acme", "runaway loop")
+    assert entry.by.startswith("admin:") and entry.until_ms > entry.at_ms
+    await show_job(page, base, work.parked[2].id)
+    assert "paused by an operator at " in await page.locator("#explanation").inner_text()
+    await page.screenshot(path=str(shots / "paused.png"), full_page=True)
+
+    await page.goto(f"{base}/ui/#/jobs?task=later")
+    task = page.locator('#operate button[data-op=pause][data-scope="task:later"]')
+    await task.click()
+    await dialog.locator("button[value=cancel]").click()  # asked, and declined: nothing
+    await task.click()
+    await dialog.locator("input[name=reason]").fill("bad deploy")
+    await dialog.locator("#ask-ok").click()
+    await banner.locator('li[data-scope="task:later"]').wait_for()
+    await page.goto(f"{base}/ui/#/")
+    await lane.locator("h2 button[data-op=pause]").click()
+    await dialog.locator("#ask-ok").click()
+    await banner.locator('li[data-scope="lane:parked"]').wait_for()
+    assert len(await app.pauses.list()) == 3
+    for left in (2, 1, 0):
+        await banner.locator("button[data-op=resume]").first.click()
+        await page.wait_for_function(
+            "n => document.querySelectorAll('#paused li').length === n", arg=left
+        )
+    assert await banner.is_hidden()
+    assert await app.pauses.list() == []
+    trail = await app.store.key_records.audit.read(20, action="pause")
+    assert [e.outcome for e in trail] == ["paused"] * 3  # the declined one is no entry
+
+
 async def check_audit(page: Any, base: str, app: App) -> None:
     """The audit page lists a key's creation, and a tenant name that looks like markup
     is shown as text."""
@@ -213,12 +258,13 @@ async def check_audit(page: Any, base: str, app: App) -> None:
 async def test_dashboard_end_to_end(redis_url: str, namespace: str, shots: Path) -> None:
     app = ui_app(namespace, redis_url)
     async with app:
-        with served(namespace, redis_url) as gw:
+        with served(namespace, redis_url, admin_scopes=("read", "operate")) as gw:
             async with running_worker(app, concurrency=4), browser_page() as page:
                 work = await workload(app)
                 await log_in(page, gw.base)
                 await check_live_and_job(page, gw.base, work, shots)
                 await redrive_and_cancel(page, gw.base, app, work, shots)
+                await pause_and_resume(page, gw.base, app, work, shots)
                 # the page's own session cannot write without its CSRF token
                 status = await page.evaluate(
                     """async (id) => (await fetch(`api/jobs/${id}/cancel`,
@@ -238,6 +284,8 @@ async def test_dashboard_end_to_end(redis_url: str, namespace: str, shots: Path)
             async with browser_page() as page:
                 await log_in(page, gw.base)
                 await page.locator("#mode").wait_for()
+                await page.locator("section.lane[data-lane=parked]").wait_for()
+                assert await page.locator("button[data-op]").count() == 0  # no pauses here
                 await check_audit(page, gw.base, app)
                 await show_job(page, gw.base, waiting)
                 assert await page.locator("button[data-action]").count() == 0

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from datetime import timedelta
 
-from fairlane.policy.pauses import Scope, ScopeKind
+from fairlane.policy.pauses import Scope, ScopeKind, scope_text
 from fairlane.registry.declared import Registry
 from fairlane.store.api import Store
 from fairlane.store.pausing import PauseEntry, scope_field
@@ -45,21 +45,6 @@ class ResumeReport:
     scope: Scope
     was_paused: bool
     moved_back: int  # parked jobs put back in their queues (a task's or key's pause)
-
-
-def scope_text(scope: Scope) -> str:
-    """A scope as an operator reads it: ``tenant acme``, ``lane gpu/batch``, ..."""
-    match scope.kind:
-        case ScopeKind.TENANT:
-            return f"tenant {scope.tenant}"
-        case ScopeKind.REFUSE:
-            return f"submissions of tenant {scope.tenant}"
-        case ScopeKind.KEY:
-            return f"fairness key {scope.key} of tenant {scope.tenant}"
-        case ScopeKind.TASK:
-            return f"task {scope.task}"
-        case _:
-            return f"lane {scope.lane}" + (f"/{scope.cls}" if scope.cls else "")
 
 
 def _for_ms(for_: timedelta | float | None) -> int:

@@ -6,7 +6,8 @@ of its life and why each wait happened: its class's capacity borrowed by other
 classes (named), fair dispatch sharing its class with other tenants, a throttle key
 (named: parked in its tenant's group on the key, then woken by it fairly by tenant and
 back in its queue with an offer), a deferral by admission (and its reason), a retry
-backoff (and the error), a scheduled start, a suspended workflow, a rate key (named
+backoff (and the error), a scheduled start, a suspended workflow, an operator's pause
+(paused by an operator at a time, for a reason, by whom and until when), a rate key (named
 with its rate; while the job still waits on it, when its next tokens are due and a
 pause with its cause), a pushback (``Throttled``: the key paused for everyone, the
 attempt given back), or just a free worker slot. A job still parked on a key its app's
@@ -21,7 +22,7 @@ each shard's part.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -34,6 +35,7 @@ from fairlane.cli._common import AppSpec, JobId, RedisUrl, console, fail, load_a
 from fairlane.insight.explain import explain as explain_record
 from fairlane.insight.explain import format_ms, rate_keys_now
 from fairlane.insight.globalkeys import global_key_row
+from fairlane.store.pausing import PauseEntry
 from fairlane.store.records import Event, JobRecord
 from fairlane.store.views.globalkeys import JobGlobalKeys, job_global_keys
 from fairlane.store.views.rates import JobRates, job_rates
@@ -41,9 +43,17 @@ from fairlane.store.views.rates import JobRates, job_rates
 __all__ = ["explain"]
 
 
-async def _load(
-    app: App, job_id: str
-) -> tuple[JobRecord | None, list[Event], int, JobRates, JobGlobalKeys]:
+@dataclass(frozen=True, slots=True)
+class _Read:
+    record: JobRecord | None
+    events: list[Event]
+    now_ms: int
+    rates: JobRates
+    shared: JobGlobalKeys
+    pauses: list[PauseEntry]
+
+
+async def _load(app: App, job_id: str) -> _Read:
     async with app:
         store = app.store_for_job(job_id)
         record = await store.read_job(job_id)
@@ -51,7 +61,8 @@ async def _load(
         rates = await store.read(job_rates(store.keys, job_id))
         names = [*(record.limits if record else ()), *rates.rates, *rates.adaptive]
         shared = await store.view(job_global_keys, store.shard, names)
-        return record, events, await store.server_time_ms(), rates, shared
+        pauses = await store.pause_entries()
+        return _Read(record, events, await store.server_time_ms(), rates, shared, pauses)
 
 
 def _at(ms: int) -> str:
@@ -77,14 +88,20 @@ def explain(
 ) -> None:
     """Explain a job: where its time went (waiting, and why; running, and where) in one answer."""
     app = load_app(app_spec, redis_url)
-    record, events, now_ms, rates, shared = run(_load(app, job_id))
+    read = run(_load(app, job_id))
+    record, events, rates, shared = read.record, read.events, read.rates, read.shared
     if record is None and not events:
         fail(
             f"no record of job {job_id} in app {app.name!r} (never enqueued, or removed by "
             "retention)"
         )
     answer = explain_record(
-        record or JobRecord(job_id), events, now_ms=now_ms, rates=rates, global_keys=shared
+        record or JobRecord(job_id),
+        events,
+        now_ms=read.now_ms,
+        rates=rates,
+        global_keys=shared,
+        pauses=read.pauses,
     )
     if as_json:
         out = {

@@ -37,6 +37,14 @@ def gateway(  # noqa: PLR0917 - each parameter is a command-line option
             show_default=False,
         ),
     ] = None,
+    admin_scopes: Annotated[
+        str,
+        typer.Option(
+            envvar="FAIRLANE_GATEWAY_ADMIN_SCOPES",
+            help="What the admin key may do, comma-separated: read (always), and operate "
+            "(pause and resume dispatch, quarantine tenants).",
+        ),
+    ] = "read",
     redis_url: RedisUrl = None,
     ui: Annotated[
         bool,
@@ -77,6 +85,7 @@ def gateway(  # noqa: PLR0917 - each parameter is a command-line option
         "spec": app_spec,
         "redis_url": redis_url,
         "admin_key": admin_key,
+        "admin_scopes": [x.strip() for x in admin_scopes.split(",") if x.strip()],
         "ui": ui,
         "ui_read_only": read_only_ui,
         "metrics": metrics,
@@ -107,6 +116,7 @@ def _build(options: dict[str, Any]) -> FastAPI:
     api = create_app(
         load_app(options["spec"], options["redis_url"]),
         admin_key=options["admin_key"],
+        admin_scopes=options["admin_scopes"],
         ui=options["ui"],
         ui_read_only=options["ui_read_only"],
         metrics=options["metrics"],

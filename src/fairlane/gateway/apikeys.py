@@ -11,6 +11,12 @@ A key may be narrower than its tenant: its scopes are a subset of ``SCOPES``
 (``expires``, a duration from now, kept as the server's time in ms). An expired key is
 refused like a revoked one; its record stays until it is revoked.
 
+The gateway's admin key is no record: it is given to the gateway, and its scopes are
+``ADMIN_SCOPES``' ``read`` (every tenant's jobs, the dashboard) and, when the gateway is
+told so, ``operate`` (pause and resume dispatch, quarantine tenants). ``operate`` is an
+admin key's scope only: no tenant key may hold it. The admin key is named in the audit
+trail by ``admin_key_id``, never by itself.
+
 Why a plain SHA-256 and not a password hash (bcrypt, scrypt, argon2): those are slow
 on purpose, to make guessing a *low-entropy* password from its hash expensive. A
 256-bit random secret cannot be guessed whatever the hash costs, so a fast one-way
@@ -39,12 +45,16 @@ from msgspec.structs import replace
 from fairlane.store.apikeys import SCOPES, KeyRecord, KeyRecords
 
 __all__ = [
+    "ADMIN_SCOPES",
+    "OPERATE",
     "SCOPES",
     "ApiKeys",
     "KeyExpired",
     "KeyNotFound",
     "KeyRecord",
     "MintedKey",
+    "admin_key_id",
+    "check_admin_scopes",
     "check_expires",
     "check_scopes",
     "parse_key",
@@ -57,6 +67,12 @@ _MAX_KEY_LENGTH = 200
 _WELL_FORMED = re.compile(rf"{KEY_PREFIX}([0-9a-f]{{{_KEY_ID_HEX}}})_(.+)", re.DOTALL)
 #: the key records a gateway keeps, at most (the oldest read goes first)
 KNOWN_KEYS = 10_000
+#: the admin key's scope that pauses and resumes dispatch and quarantines tenants
+OPERATE = "operate"
+#: what an admin key may be given: it always reads; ``operate`` only when told
+ADMIN_SCOPES: tuple[str, ...] = ("read", OPERATE)
+#: rounds of the derivation of the admin key's public id (``admin_key_id``)
+_ADMIN_ID_ROUNDS = 100_000
 
 
 class KeyNotFound(LookupError):
@@ -100,12 +116,40 @@ def check_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
         raise ValueError(f"scopes are a collection of names, not one string: {scopes!r}")
     wanted = set(scopes)
     unknown = sorted(wanted - set(SCOPES))
+    if OPERATE in unknown:
+        raise ValueError(f"{OPERATE!r} is the admin key's scope: no tenant key may hold it")
     if unknown:
         raise ValueError(f"unknown scope(s) {', '.join(unknown)}: use {', '.join(SCOPES)}")
     if not wanted:
         raise ValueError(f"a key needs at least one scope of {', '.join(SCOPES)}")
     kept = tuple(scope for scope in SCOPES if scope in wanted)
     return SCOPES if kept == SCOPES else kept  # the default itself: a record omits it
+
+
+def check_admin_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
+    """The admin key's scopes (in ``ADMIN_SCOPES``' order), or ``ValueError``: a subset of
+    ``ADMIN_SCOPES`` holding ``read``."""
+    if isinstance(scopes, str):
+        raise ValueError(f"scopes are a collection of names, not one string: {scopes!r}")
+    wanted = set(scopes)
+    unknown = sorted(wanted - set(ADMIN_SCOPES))
+    if unknown:
+        raise ValueError(
+            f"unknown admin scope(s) {', '.join(unknown)}: use {', '.join(ADMIN_SCOPES)}"
+        )
+    if "read" not in wanted:
+        raise ValueError("the admin key always reads: its scopes include 'read'")
+    return tuple(scope for scope in ADMIN_SCOPES if scope in wanted)
+
+
+def admin_key_id(admin_key: str) -> str:
+    """The admin key's public name, ``admin:<12 hex>``, for the audit trail. Derived
+    slowly (PBKDF2), as an admin key may be a phrase a person chose: its id, which
+    admins read, must not make it cheap to guess."""
+    digest = hashlib.pbkdf2_hmac(
+        "sha256", admin_key.encode(), b"fairlane-admin-key-id", _ADMIN_ID_ROUNDS
+    )
+    return f"admin:{digest.hex()[:_KEY_ID_HEX]}"
 
 
 def check_expires(expires: timedelta | None) -> timedelta | None:

@@ -2,7 +2,9 @@
 
 ``Authorization: Bearer <key>``. A tenant key names its tenant; the body never does.
 The admin key (``--admin-key`` / ``FAIRLANE_GATEWAY_ADMIN_KEY``) may read any job
-but submits, cancels and signals nothing: it has no tenant.
+but submits, cancels and signals nothing: it has no tenant. Given the ``operate``
+scope (``--admin-scopes read,operate``) it also pauses and resumes dispatch and
+quarantines tenants, through the dashboard's API (``fairlane.gateway.ui.pausing``).
 
 A tenant key does only what its scopes allow (``scoped(scope)``, ``submitter``): the
 key is checked first (401: missing, not valid or expired), then its scope (403, reason

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fairlane.app import App
 from fairlane.config.frontdoor import FrontDoorSettings
 from fairlane.gateway import jobs, runs
+from fairlane.gateway.apikeys import check_admin_scopes
 from fairlane.gateway.exposure import exposed_tasks, list_in_spec
 from fairlane.gateway.frontdoor import FrontDoor, FrontDoorGate
 from fairlane.gateway.lean import LeanApi
@@ -26,6 +27,7 @@ def create_app(
     app: App,
     *,
     admin_key: str | None = None,
+    admin_scopes: Iterable[str] = ("read",),
     max_body_bytes: int | None = None,
     ui: bool = True,
     ui_read_only: bool = False,
@@ -38,8 +40,10 @@ def create_app(
     Only the tasks registered with ``gateway=True`` may be called (``NothingExposed``
     if there are none). The gateway connects ``app`` on first use unless it is
     connected already (and then leaves closing it to its owner). ``admin_key`` may read
-    any tenant's jobs. Bodies over ``max_body_bytes`` (default: twice the app's
-    ``max_payload_bytes``) get 413.
+    any tenant's jobs; with ``"operate"`` among its ``admin_scopes`` it may also pause
+    and resume dispatch and quarantine tenants (the dashboard's ``/ui/api`` pause
+    endpoints, ``fairlane.gateway.ui.pausing``). Bodies over ``max_body_bytes``
+    (default: twice the app's ``max_payload_bytes``) get 413.
     With ``ui``, the operator dashboard is served at ``/ui`` (for the admin key only;
     ``ui_read_only`` refuses its writes): see ``fairlane.gateway.ui``. With ``metrics``,
     Prometheus metrics are served at ``/metrics`` (open, or for the admin key only with
@@ -51,7 +55,9 @@ def create_app(
     if admin_key is not None and len(admin_key) < 16:
         raise ValueError("the admin key must be at least 16 characters")
     exposed = exposed_tasks(app)  # a gateway with nothing to expose is a mistake
-    state = GatewayState(app, admin_key=admin_key or None)
+    state = GatewayState(
+        app, admin_key=admin_key or None, admin_scopes=check_admin_scopes(admin_scopes)
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

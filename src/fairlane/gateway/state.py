@@ -1,4 +1,5 @@
-"""What one gateway holds: the Fairlane app, its connection, its API keys, the admin key.
+"""What one gateway holds: the Fairlane app, its connection, its API keys, the admin key
+and its scopes.
 
 The gateway starts even while the store is down: it connects on first use, and each
 request that finds the store unreachable is answered 503 (and retries the connection).
@@ -10,7 +11,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from fairlane.app import App
-from fairlane.gateway.apikeys import ApiKeys
+from fairlane.gateway.apikeys import ApiKeys, admin_key_id
 
 __all__ = ["GatewayState"]
 
@@ -22,6 +23,16 @@ class GatewayState:
     owns_connection: bool = False
     _keys: ApiKeys | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: what the admin key may do (``fairlane.gateway.apikeys.ADMIN_SCOPES``): it reads;
+    #: ``operate`` pauses, resumes and quarantines
+    admin_scopes: tuple[str, ...] = ("read",)
+    _admin_id: str | None = None
+
+    def admin_key_id(self) -> str:
+        """The admin key's public name in the audit trail (derived once, on first use)."""
+        if self._admin_id is None:
+            self._admin_id = admin_key_id(self.admin_key or "")
+        return self._admin_id
 
     async def connected(self) -> App:
         """The app, connected (``StoreUnavailable`` if the store cannot be reached)."""

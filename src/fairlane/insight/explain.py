@@ -23,6 +23,9 @@ kind            detail
                 fairly): it is back in its tenant's queue with an offer on each
                 of its keys, which it takes with its worker slot (logged as
                 ``tok`` by earlier versions, which held the grant while queued)
+``paused``      ``scope``: dispatch parked it under this field of the pause table,
+                its task or fairness key paused by an operator
+                (``fairlane.policy.pauses``, P3); back in its queue on resume
 ``pushback``    the task raised ``Throttled`` for a key it holds (``key``, when
                 logged; else the job's only key), which is paused until ``at``;
                 the job is due again then, its attempt given back; the pushed
@@ -50,6 +53,11 @@ job that waited starts only now, JSON: ``by`` maps each other class that held mo
 than its assured slots (it was borrowing the capacity the job's class was owed) to
 ``[held, assured]``; ``ten`` counts the other tenants fair dispatch was sharing the
 job's class with. It is written with the start of the attempt, so it costs no command.
+
+A waiting job an operator's pause holds (its lane or class, its tenant, its task or its
+fairness key paused) is explained with the pause as its shard's pause table holds it now
+(``pauses``: ``Store.pause_entries()``): ``paused by an operator at <time>: <reason>``,
+with the scope, who paused it and until when (``fairlane.insight.pauses``).
 
 A job on rate keys is explained with what its record and the keys say now
 (``fairlane.store.views.rates.JobRates``, passed in as ``rates``): a key it parked on
@@ -79,6 +87,7 @@ from fairlane.insight.rates import rate_keys_now, rate_now, rate_text
 from fairlane.insight.timeline import FINAL, as_record, timeline
 from fairlane.insight.walk import Segment, Walk
 from fairlane.insight.words import format_ms
+from fairlane.store.pausing import PauseEntry
 from fairlane.store.records import Event, JobRecord
 from fairlane.store.views.globalkeys import JobGlobalKeys
 from fairlane.store.views.rates import JobRates
@@ -161,24 +170,27 @@ def explain(
     now_ms: int | None = None,
     rates: JobRates | None = None,
     global_keys: JobGlobalKeys | None = None,
+    pauses: Sequence[PauseEntry] = (),
 ) -> Explanation:
     """Explain a job from its record (a ``JobRecord``, or the hash's fields as bytes or
     text) and its events; ``rates``: its rate keys and their state now
     (``fairlane.store.views.rates.job_rates``); ``global_keys``: the keys it names that
-    its app's shards share (``fairlane.store.views.globalkeys.job_global_keys``).
+    its app's shards share (``fairlane.store.views.globalkeys.job_global_keys``);
+    ``pauses``: its shard's pause table (``Store.pause_entries()``).
 
     A job not finished yet has its last segment end at ``now_ms`` (server time), or at its
     last event when ``now_ms`` is not given."""
     record = as_record(record)
     status = record.status
     ordered = timeline(record, events)
-    walk = Walk(record, rates, global_keys)
+    walk = Walk(record, rates, global_keys, pauses)
     for ev in ordered:
         walk.step(ev)
     if walk.state is not None:
-        walk.live()
         end = max(now_ms if now_ms is not None else walk.since, walk.since)
-        walk.close(end, still=True)
+        walk.held(end)
+        walk.live()
+        walk.close(max(end, walk.since), still=True)
     segments = tuple(walk.segments)
     ran = sum(s.ms for s in segments if s.what == "running")
     waited = sum(s.ms for s in segments if s.what != "running")

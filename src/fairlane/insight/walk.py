@@ -4,15 +4,17 @@ was doing and why (``explain``'s second step)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fairlane.insight.globalkeys import global_key_text
+from fairlane.insight.pauses import CAUSE, holding, parked_why, paused_why
 from fairlane.insight.rates import rate_now, rate_text
 from fairlane.insight.timeline import FINAL
 from fairlane.insight.words import Why, format_ms, queued_why
 from fairlane.store.fields import field_int, field_text
+from fairlane.store.pausing import PauseEntry
 from fairlane.store.records import Event, JobRecord
 from fairlane.store.views.globalkeys import JobGlobalKeys
 from fairlane.store.views.rates import JobRates
@@ -32,9 +34,10 @@ class Segment:
     ``tenants`` (fair dispatch shared its class with other tenants), ``throttle``,
     ``rate`` (a rate key short of tokens or paused), ``pushback`` (its own attempt was
     pushed back by the upstream), ``admission``, ``schedule``, ``backoff``, ``deploy``
-    (a worker that could not run it handed it back) or ``workflow``; ``about`` what
+    (a worker that could not run it handed it back), ``workflow`` or ``operator`` (an
+    operator's pause of its lane, class, tenant, task or fairness key); ``about`` what
     that cause names: the borrowing classes, the throttle or rate key, the deferral
-    reason, the error. A running segment has no cause but
+    reason, the error, the paused scope. A running segment has no cause but
     ``pushback`` when the upstream pushed that attempt back (its attempt given back)."""
 
     from_ms: int
@@ -60,9 +63,11 @@ class Walk:
         record: JobRecord,
         rates: JobRates | None = None,
         global_keys: JobGlobalKeys | None = None,
+        pauses: Sequence[PauseEntry] = (),
     ) -> None:
         self.cls = record.service_class
         self.record = record
+        self.pauses = pauses
         self.rates = rates or JobRates()
         self.global_keys = global_keys or JobGlobalKeys()
         self.segments: list[Segment] = []
@@ -199,6 +204,35 @@ class Walk:
             about = (key,) if key else ()
             self.segments[-1] = dataclasses.replace(last, cause="pushback", about=about)
 
+    def held(self, now: int) -> None:
+        """The wait still open, told which operator's pause holds the job now: a job
+        waiting in its queue is paused from the pause's start (its lane, class or tenant
+        paused), a job parked by a pause is told its reason, who and until when, or that
+        its pause has ended since."""
+        if self.state is None or self.state[0] not in ("queued", "paused"):
+            return
+        what, reason = self.state
+        if what == "paused" and reason.cause != CAUSE:
+            return  # the upstream's pushback, not an operator
+        held = holding(self.record, self.pauses, now)
+        if not held:
+            if what == "paused":
+                ended = Why(f"{reason.why}; its pause has ended since", CAUSE, reason.about)
+                self.state = (what, ended)
+            return
+        if what == "paused":  # parked: since its park, told by the pause that decides now
+            self.state = (what, paused_why(held[0]))
+            return
+        # waiting in its queue: from each pause's start, named by the first of those begun
+        for at in sorted({e.at_ms for e in held if e.at_ms <= now}):
+            told = paused_why(next(e for e in held if e.at_ms <= at))
+            if self.state is not None and self.state[1] == told:
+                continue
+            if at > self.since:
+                self.open(at, "paused", told)
+            else:
+                self.state = ("paused", told)
+
     def live(self) -> None:
         """The segment still open, told what its rate key says now, and, for a key
         shared by the app's shards, what part of it the job's shard holds."""
@@ -245,6 +279,8 @@ class Walk:
                 self.parked(ms, field_text(d.get("key")), field_text(d.get("why")))
             case "granted":
                 self.woken(ms, field_text(d.get("key")))
+            case "paused":
+                self.open(ms, "paused", parked_why(field_text(d.get("scope"))))
             case "dispatched":
                 self.dispatched(ms, d)
             case "pushback":

@@ -15,7 +15,9 @@ known (``fairlane.store.views.rates``; ``fairlane.metrics.rates`` says what is
 exported and how the ``key`` label is bounded), then the active tenants of the classes
 with jobs waiting and their weights in two more (``fairlane.store.views.shares``), and,
 for an app of many shards, its global keys and each shard's part of them in up to three
-(``fairlane.store.views.globalkeys``; ``fairlane.metrics.globalkeys``).
+(``fairlane.store.views.globalkeys``; ``fairlane.metrics.globalkeys``), and the
+operators' pauses in one, or two when any pause is there (``fairlane.store.views.pauses``;
+``fairlane.metrics.pauses``).
 ``StoreCollector`` turns
 the snapshot into metric families; ``autoscale_view`` into the ``/autoscale`` JSON.
 
@@ -27,6 +29,13 @@ classes, and batch is reported apart (``backlog_batch``,
 ``fairlane_lane_batch_backlog_slots``); ``backlog`` and ``fairlane_lane_waiting_slots``
 still give every class. Which classes are batch is what the reader is given
 (``tables``: the app's declared lanes), else the default table's (``batch``).
+
+**Paused work is no backlog either.** A job an operator's pause holds does not start
+however many workers there are: the slots a paused lane, class or tenant holds back in
+its queues (``fairlane_lane_paused_slots``; a paused task's or key's jobs are parked,
+out of the waiting slots already) are left out of ``/autoscale``'s ``backlog``,
+``backlog_total`` and ``backlog_batch`` and of the backlog gauges, and reported as
+``paused``; ``fairlane_lane_waiting_slots`` still counts them.
 
 Admission decisions are counted by the server itself, in the stats hash (written by
 the enqueue script), so every process that scrapes the store (workers, gateways)
@@ -81,6 +90,7 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
 from fairlane.metrics.globalkeys import global_key_families
+from fairlane.metrics.pauses import pause_families
 from fairlane.metrics.rates import DEFAULT_KEY_TOP_N, rate_families
 from fairlane.metrics.tenants import OTHER
 from fairlane.policy.admission.reasons import COUNTED_REASONS
@@ -91,6 +101,7 @@ from fairlane.store.keys import AppKeys
 from fairlane.store.reads import run_sync
 from fairlane.store.views.globalkeys import GlobalKeys, global_keys
 from fairlane.store.views.lanes import LaneState, merge_lanes
+from fairlane.store.views.pauses import PausedWork, paused_work
 from fairlane.store.views.rates import RateKeys, rate_keys
 from fairlane.store.views.shares import entitled_shares
 from fairlane.store.views.totals import DecisionKey, UnitsKey, app_totals
@@ -132,16 +143,28 @@ class StoreSnapshot:
     shares: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     #: an app of many shards: its global keys and each shard's part of them
     global_keys: GlobalKeys = field(default_factory=GlobalKeys)
+    #: what operators' pauses hold: by kind, parked, waiting slots held back
+    paused: PausedWork = field(default_factory=PausedWork)
 
     def batch_classes(self, lane: str) -> frozenset[str]:
         return self.batch.get(lane, _DEFAULT_BATCH)
 
-    def backlog(self, lane: str) -> tuple[int, int]:
-        """The lane's waiting slots outside its batch classes (the scale signal), and in them."""
-        batch = self.batch_classes(lane)
+    def ready(self, lane: str) -> dict[str, int]:
+        """The lane's waiting slots per class that no operator's pause holds back."""
+        held = self.paused.held
         waiting = self.lanes[lane].waiting
-        outside = sum(n for cls, n in waiting.items() if cls not in batch)
-        return outside, sum(n for cls, n in waiting.items() if cls in batch)
+        return {cls: max(0, n - held.get((lane, cls), 0)) for cls, n in waiting.items()}
+
+    def backlog(self, lane: str) -> tuple[int, int]:
+        """The lane's waiting slots outside its batch classes (the scale signal), and in
+        them; neither counts what a pause holds back."""
+        batch = self.batch_classes(lane)
+        ready = self.ready(lane)
+        outside = sum(n for cls, n in ready.items() if cls not in batch)
+        return outside, sum(n for cls, n in ready.items() if cls in batch)
+
+    def paused_slots(self, lane: str) -> int:
+        return sum(n for (name, _), n in self.paused.held.items() if name == lane)
 
 
 def _batch_of(table: Iterable[ServiceClass]) -> frozenset[str]:
@@ -229,6 +252,7 @@ class StoreReader:
         shares = run_sync(
             self._client, entitled_shares(self.shard_keys, per_shard, self.share_tenants)
         )
+        paused = run_sync(self._client, paused_work(self.shard_keys, per_shard))
         shared = GlobalKeys()
         if len(self.shard_keys) > 1:
             shared = run_sync(self._client, global_keys(self.shard_keys, GLOBAL_KEYS_READ))
@@ -243,6 +267,7 @@ class StoreReader:
             units=totals.units,
             shares=shares,
             global_keys=shared,
+            paused=paused,
         )
 
     def close(self) -> None:
@@ -296,6 +321,7 @@ class StoreCollector(Collector):
         yield _shares(snap.shares, self.tenant_top_n)
         yield from rate_families(snap.rates, self.key_top_n)
         yield from global_key_families(snap.global_keys, self.key_top_n)
+        yield from pause_families(snap.paused)
 
 
 def _lane_families(snap: StoreSnapshot) -> Iterator[Metric]:
@@ -330,8 +356,8 @@ def _lane_families(snap: StoreSnapshot) -> Iterator[Metric]:
     )
     backlog = GaugeMetricFamily(
         "fairlane_lane_backlog_slots",
-        "Slots of jobs queued and ready to run outside the lane's batch classes: the "
-        "signal to scale on.",
+        "Slots of jobs queued and ready to run outside the lane's batch classes, but for "
+        "those an operator's pause holds back: the signal to scale on.",
         labels=["lane"],
     )
     batch = GaugeMetricFamily(
@@ -450,7 +476,8 @@ def _shares(shares: Mapping[tuple[str, str], Mapping[str, float]], top_n: int) -
 def autoscale_view(snap: StoreSnapshot | None) -> dict[str, Any]:
     """The ``/autoscale`` JSON: per lane, slots total and used, the backlog per class, and
     ``backlog_total``, the slots waiting outside batch classes (the signal to scale on),
-    with ``backlog_batch`` apart."""
+    with ``backlog_batch`` apart; none counts the slots operators' pauses hold back,
+    which are ``paused``."""
     if snap is None:
         return {"ok": False, "lanes": {}}
     lanes: dict[str, Any] = {}
@@ -459,9 +486,10 @@ def autoscale_view(snap: StoreSnapshot | None) -> dict[str, Any]:
         lanes[lane] = {
             "slots_total": state.capacity,
             "slots_used": sum(state.in_flight.values()),
-            "backlog": dict(sorted(state.waiting.items())),
+            "backlog": dict(sorted(snap.ready(lane).items())),
             "backlog_total": outside,
             "backlog_batch": inside,
+            "paused": snap.paused_slots(lane),
             "delayed": state.delayed,
             "deferred": sum(state.deferred.values()),
         }

@@ -48,6 +48,7 @@ __all__ = [
     "ScopeKind",
     "in_force",
     "refusal_retry_after",
+    "scope_text",
 ]
 
 #: Retry-After (s) of a refused submission when the quarantine names no end
@@ -87,6 +88,21 @@ class Scope:
         }[self.kind]
         if not needs:
             raise ValueError(f"a {self.kind.value} pause needs its name(s): {self}")
+
+
+def scope_text(scope: Scope) -> str:
+    """A scope as an operator reads it: ``tenant acme``, ``lane gpu/batch``, ..."""
+    match scope.kind:
+        case ScopeKind.TENANT:
+            return f"tenant {scope.tenant}"
+        case ScopeKind.REFUSE:
+            return f"submissions of tenant {scope.tenant}"
+        case ScopeKind.KEY:
+            return f"fairness key {scope.key} of tenant {scope.tenant}"
+        case ScopeKind.TASK:
+            return f"task {scope.task}"
+        case _:
+            return f"lane {scope.lane}" + (f"/{scope.cls}" if scope.cls else "")
 
 
 def in_force(until_ms: int, now_ms: int) -> bool:

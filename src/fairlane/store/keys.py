@@ -558,6 +558,8 @@ JOB_FIELDS: dict[str, str] = {
     "wfk": "the children a run waits for (msgpack list of ids)",
     "qw": "why its last attempt waited, as dispatch saw it (JSON, '' = nothing to say; "
     "fairlane.insight.explain)",
+    "pz": "the pause-table field of the operator's pause that parked it, while parked "
+    "(absent = none; fairlane/policy/pauses.py, P3)",
     "tp": "W3C trace context of the enqueue: 'traceparent' or 'traceparent tracestate' "
     "(absent = not traced; fairlane.tracing)",
 }

@@ -133,6 +133,9 @@ class JobRecord:
     """Past this server time it expires instead of running (None: no deadline)."""
     idempotency_key: str = ""
     """The key that names it to a repeated submission ('' none)."""
+    paused_under: str = ""
+    """The pause-table field of the operator's pause that parked it ('' none:
+    ``fairlane.store.pausing.field_scope`` reads it)."""
 
     @property
     def failure(self) -> ErrorInfo | None:
@@ -177,6 +180,7 @@ JobAttr = Literal[
     "fairness_key",
     "deadline_ms",
     "idempotency_key",
+    "paused_under",
 ]
 
 
@@ -232,6 +236,7 @@ _FIELDS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "fairness_key": ("fk", field_text),
     "deadline_ms": ("dl", field_int),
     "idempotency_key": ("idem", field_text),
+    "paused_under": ("pz", field_text),
 }
 
 #: who a job belongs to: enough to check a caller may see it, and what it runs

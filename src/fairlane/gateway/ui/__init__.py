@@ -9,6 +9,10 @@ it out, ``--read-only-ui`` refuses every write). In code, either of:
     api = create_app(app, admin_key=key)           # the gateway, with /ui mounted
     mount_ui(host_api, GatewayState(app, admin_key=key), read_only=True)
 
+Pauses (``pausing``: pause and resume a tenant, a task or a lane, quarantine a tenant)
+need the admin key's ``operate`` scope: ``create_app(app, admin_key=key,
+admin_scopes=("read", "operate"))``.
+
 ``mount_ui`` puts the state and the settings on ``host_api.state`` and includes
 ``ui_router()``. A host that keeps its own state, settings or login overrides the
 dependencies instead (``fairlane.gateway.ui.auth``)::
@@ -21,8 +25,9 @@ dependencies instead (``fairlane.gateway.ui.auth``)::
 An ``Operator(nonce=None)`` from an overridden ``ui_operator`` skips the CSRF check, so
 a host doing so must protect writes itself. Modules: ``auth`` (session cookie, CSRF,
 permissions), ``queries`` (the live view), ``jobs`` (finding jobs), ``actions``
-(cancel, retry, re-drive), ``api`` and ``pages`` (the routes), ``static/`` (the
-page, its script and style).
+(cancel, retry, re-drive), ``api``, ``pausing`` and ``pages`` (the routes), ``static/`` (the
+page, its scripts -- ``operate.js`` the pause buttons, the banner of what is paused and
+the dialog an operator's change asks in -- and its style).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from fairlane.gateway.ui.auth import (
     ui_state,
 )
 from fairlane.gateway.ui.pages import pages_router
+from fairlane.gateway.ui.pausing import pausing_router
 
 __all__ = [
     "ACTIONS",
@@ -58,6 +64,7 @@ def ui_router(path: str = "/ui") -> APIRouter:
     router = APIRouter()
     router.include_router(pages_router(), prefix=path)
     router.include_router(api_router(), prefix=path)
+    router.include_router(pausing_router(), prefix=path)
     return router
 
 

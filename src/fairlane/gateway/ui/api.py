@@ -1,5 +1,6 @@
 """The dashboard's JSON endpoints under ``/ui/api``: reads for every view, and the writes
-(cancel, retry, re-drive; one job or every job a filter matches), all for the admin only.
+(cancel, retry, re-drive; one job or every job a filter matches), all for the admin only;
+pauses have endpoints of their own (``pausing``).
 
 Reads: ``GET session``, ``overview``, ``jobs`` (filters ``state`` (repeatable or
 comma-separated), ``tenant``, ``class``, ``task``, ``limit``), ``jobs/{id}``, ``dead``,
@@ -84,6 +85,8 @@ async def session(who: Who, state: State, settings: Settings) -> dict[str, Any]:
         "app": state.app.name,
         "read_only": settings.read_only,
         "actions": allowed,
+        # pauses: the admin key's operate scope, and a dashboard that may write
+        "operate": who.operates and not settings.read_only,
         "csrf": csrf,
         "bulk_max": actions.BULK_MAX,
         "states": list(STATES),

@@ -6,6 +6,13 @@ SameSite=Strict, scoped to the dashboard's path, ``<expiry>.<nonce>.<signature>`
 with HMAC-SHA256 under a secret derived from the admin key (so rotating the key ends
 every session). Calls under ``/ui/api`` also accept ``Authorization: Bearer <admin key>``.
 
+What the operator may change: the jobs' actions (``UiSettings.actions``: cancel, retry,
+re-drive) for the admin key, and pauses (pause, resume, quarantine) only when the admin
+key has the ``operate`` scope (``create_app(admin_scopes=...)``,
+``fairlane gateway --admin-scopes read,operate``); without it a pause call answers 403
+and changes nothing. ``Operator`` carries the key's scopes and its public id, which the
+audit trail records as who acted.
+
 Writes made with the cookie need the CSRF token (``X-CSRF-Token``): an HMAC of the
 session's nonce that the page fetches from ``/ui/api/session``. A cross-site form can
 neither read it nor set a header, and an ``Origin`` other than the dashboard's own is
@@ -26,6 +33,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
+from fairlane.gateway.apikeys import OPERATE
 from fairlane.gateway.state import GatewayState
 
 __all__ = [
@@ -35,6 +43,7 @@ __all__ = [
     "UiSettings",
     "csrf_token",
     "new_session",
+    "require_operate",
     "require_write",
     "session_secret",
     "ui_operator",
@@ -72,9 +81,17 @@ class UiSettings:
 
 @dataclass(frozen=True, slots=True)
 class Operator:
-    """An authenticated caller: ``nonce`` names its browser session (None: bearer key)."""
+    """An authenticated caller: ``nonce`` names its browser session (None: bearer key);
+    ``scopes`` what its key may do (``operate``: pauses); ``key_id`` how the audit trail
+    names it ('': the gateway's admin key, by ``GatewayState.admin_key_id``)."""
 
     nonce: str | None
+    scopes: tuple[str, ...] = ("read",)
+    key_id: str = ""
+
+    @property
+    def operates(self) -> bool:
+        return OPERATE in self.scopes
 
     @property
     def by_cookie(self) -> bool:
@@ -143,13 +160,13 @@ async def ui_operator(
     scheme, _, credential = header.partition(" ")
     if scheme.lower() == "bearer" and credential:
         if hmac.compare_digest(credential.strip().encode(), key.encode()):
-            return Operator(nonce=None)
+            return Operator(None, state.admin_scopes)
         raise HTTPException(401, "the key is not the admin key", {"WWW-Authenticate": "Bearer"})
     cookie = request.cookies.get(COOKIE)
     nonce = verify_session(session_secret(key), cookie) if cookie else None
     if nonce is None:
         raise HTTPException(401, "log in with the admin key", {"WWW-Authenticate": "Bearer"})
-    return Operator(nonce=nonce)
+    return Operator(nonce, state.admin_scopes)
 
 
 def same_origin(request: Request) -> bool:
@@ -171,6 +188,28 @@ def require_write(
         raise HTTPException(403, "the dashboard is read-only")
     if action not in settings.actions:
         raise HTTPException(403, f"the dashboard does not allow {action!r}")
+    _same_session(request, who, state)
+
+
+def require_operate(
+    request: Request, who: Operator, state: GatewayState, settings: UiSettings
+) -> None:
+    """Refuse a pause, resume or quarantine: 403 when read-only, when the key lacks the
+    ``operate`` scope, or when a cookie call lacks the CSRF token or comes from another
+    origin."""
+    if settings.read_only:
+        raise HTTPException(403, "the dashboard is read-only")
+    if not who.operates:
+        raise HTTPException(
+            403,
+            f"the admin key lacks the {OPERATE!r} scope that pauses need "
+            f"(fairlane gateway --admin-scopes read,{OPERATE})",
+        )
+    _same_session(request, who, state)
+
+
+def _same_session(request: Request, who: Operator, state: GatewayState) -> None:
+    """A cookie call comes from the dashboard's own page: same origin, CSRF token."""
     if who.nonce is None:
         return
     if not same_origin(request):

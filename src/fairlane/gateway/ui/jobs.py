@@ -114,7 +114,8 @@ async def job_detail(app: App, job_id: str) -> dict[str, Any] | None:
     rates = await store.read(job_rates(store.keys, job_id))
     names = [*record.limits, *rates.rates, *rates.adaptive]
     shared = await store.view(job_global_keys, store.shard, names)
-    why = explain(record, events, now_ms=now, rates=rates, global_keys=shared)
+    pauses = await store.pause_entries()
+    why = explain(record, events, now_ms=now, rates=rates, global_keys=shared, pauses=pauses)
     row = _row(record, await store.is_dead_letter(job_id))
     detail: dict[str, Any] = {
         **row,

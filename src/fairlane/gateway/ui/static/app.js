@@ -3,7 +3,7 @@
 // nothing a job carries (ids, tenants, errors) can turn into markup.
 "use strict";
 
-const session = { csrf: null, actions: [], readOnly: true, bulkMax: 500, states: [] };
+const session = { csrf: null, actions: [], readOnly: true, operate: false, bulkMax: 500, states: [] };
 let timer = null;
 
 function h(tag, attrs, ...children) {
@@ -80,20 +80,21 @@ function allowed(action) {
 
 function laneSection(lane) {
   const classes = table(
-    ["class", "share", "in flight", "waiting", "deferred", "assured", "ceiling", "borrowed", "lent", "next head"],
+    ["class", "share", "in flight", "waiting", "deferred", "assured", "ceiling", "borrowed", "lent", "next head", ""],
     lane.classes.map((c) => [c.name + (c.batch ? " (batch)" : ""), `${(c.nominal_share * 100).toFixed(0)}%`,
       c.in_flight, c.waiting, c.deferred, c.assured, c.ceiling,
-      h("span", { class: c.borrowed ? "warn" : "" }, c.borrowed), c.lent, c.reason]));
+      h("span", { class: c.borrowed ? "warn" : "" }, c.borrowed), c.lent, c.reason,
+      Operate.button({ kind: "lane", lane: lane.name, class: c.name })]));
   const tenants = table(
-    ["class", "tenant", "queued", "running", "weight", "share vs weight", "rejected (last min)"],
+    ["class", "tenant", "queued", "running", "weight", "share vs weight", "rejected (last min)", ""],
     lane.tenants.map((t) => [t.class, h("a", { href: `#/jobs?tenant=${encodeURIComponent(t.tenant)}` }, t.tenant),
       t.queued, t.running, t.weight,
       h("span", { class: "share" }, Charts.shareBars(t.share, t.weight_share),
         ` ${(t.share * 100).toFixed(0)}% / ${(t.weight_share * 100).toFixed(0)}%`),
-      t.rejected_recent]),
+      t.rejected_recent, Operate.button({ kind: "tenant", tenant: t.tenant })]),
     "no active tenants");
   return h("section", { class: "card lane", "data-lane": lane.name },
-    h("h2", {}, `Lane ${lane.name}`),
+    h("h2", {}, `Lane ${lane.name} `, Operate.button({ kind: "lane", lane: lane.name }, "lane")),
     h("p", {}, `capacity ${lane.capacity} slots, ${lane.free} free, ${lane.pressure} waiting (non-batch), ${lane.delayed} scheduled for later`),
     Charts.laneBar(lane), h("h3", {}, "Classes"), classes, h("h3", {}, "Tenants"), tenants);
 }
@@ -218,7 +219,12 @@ async function viewJobs(main, params) {
   const found = await read(`jobs?${q}`);
   const note = `${found.matched} matching` + (found.truncated ? ` (indexes read up to ${found.per_index} ids each)` : "");
   const form = document.getElementById("filters");
+  // a tenant's or a task's jobs: its pause (and a tenant's quarantine) beside them
+  const operate = [f.tenant ? Operate.button({ kind: "tenant", tenant: f.tenant }, `tenant ${f.tenant}`) : null,
+    f.tenant ? Operate.quarantineButton(f.tenant) : null,
+    f.task ? Operate.button({ kind: "task", task: f.task }, `task ${f.task}`) : null].filter(Boolean);
   main.replaceChildren(form && main.dataset.view === "jobs" ? form : filterForm(f, found.tasks),
+    operate.length ? h("section", { class: "card operate", id: "operate" }, operate) : "",
     h("section", { class: "card" }, h("p", {}, note), bulkButtons(f), jobsTable(found.jobs)));
 }
 
@@ -341,6 +347,7 @@ async function render() {
   const params = new URLSearchParams(query || "");
   renders += 1;
   try {
+    Operate.banner(await read("pauses"));  // the banner, and what each view's buttons say
     if (path.startsWith("/job/")) await viewJob(main, decodeURIComponent(path.slice(5)));
     else if (path === "/jobs") { await viewJobs(main, params); main.dataset.view = "jobs"; }
     else if (path === "/dead") { await viewDead(main); main.dataset.view = "dead"; }
@@ -363,7 +370,8 @@ function schedule() {
 
 async function start() {
   const s = await api("session");
-  Object.assign(session, { csrf: s.csrf, actions: s.actions, readOnly: s.read_only, bulkMax: s.bulk_max, states: s.states });
+  Object.assign(session, { csrf: s.csrf, actions: s.actions, readOnly: s.read_only, operate: s.operate,
+    bulkMax: s.bulk_max, states: s.states });
   document.getElementById("app-name").textContent = `Fairlane: ${s.app}`;
   document.getElementById("mode").hidden = !s.read_only;
   const refresh = document.getElementById("refresh");
