@@ -94,6 +94,11 @@ class FrontDoorSettings(BaseModel):
     given back goes to the waiting tenant that holds the fewest. A gateway process is
     bound by its CPU; more requests in progress only make each take longer. Raise it for
     a store far away or acknowledged writes (durability), whose calls take longer."""
+    lag_target: float | None = Field(default=0.004, gt=0)
+    """The event loop's lag (seconds) the seats are governed to: past it a seat fewer
+    each 50 ms, under half of it a seat more, between one and ``seats``; None keeps
+    ``seats`` fixed. A saturated loop makes every request in progress slower, a quiet
+    tenant's too; fewer seats keep the loop free enough to serve it at once."""
     waiting: int = Field(default=1000, ge=0)
     """Requests that may wait for a seat; when one more comes, a waiting request of the
     tenant that holds and waits for the most is answered 429 gateway_busy."""
@@ -105,7 +110,9 @@ class FrontDoorSettings(BaseModel):
     ignores Retry-After then costs the gateway about one refusal per hold and
     connection, not one per round trip."""
 
-    _none = field_validator("tenant_max_in_flight", "tenant_rate", mode="before")(_none_spelt)
+    _none = field_validator("tenant_max_in_flight", "tenant_rate", "lag_target", mode="before")(
+        _none_spelt
+    )
 
     def bounds_of(self, tenant: str) -> DoorBounds:
         """The bounds of ``tenant``: its own where given, the defaults elsewhere."""

@@ -61,8 +61,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        governing = door.governed()
         try:
-            yield
+            async with governing:
+                yield
         finally:
             await state.close()
 

@@ -29,6 +29,7 @@ full.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import time
 from collections.abc import AsyncIterator, Callable
@@ -44,10 +45,12 @@ from fairlane.config.frontdoor import DoorBounds, FrontDoorSettings
 from fairlane.gateway.apikeys import parse_key
 from fairlane.gateway.auth import bearer_key, is_admin_key
 from fairlane.gateway.buckets import TenantBuckets
+from fairlane.gateway.governor import SeatGovernor, govern
 from fairlane.gateway.holds import Holds
 from fairlane.gateway.responses import error
 from fairlane.gateway.seats import FairSeats, Seat
 from fairlane.gateway.state import GatewayState
+from fairlane.policy.rates import Rate
 
 __all__ = [
     "API_PREFIX",
@@ -118,12 +121,32 @@ class FrontDoor:
         self.buckets = TenantBuckets()
         self.holds = Holds(settings.refusal_hold, clock)
         self.in_flight: dict[Flow, int] = {}
+        #: submits counted (the governor reads their rate) and the rate every tenant is
+        #: held to while the loop lags at one seat (None: none)
+        self.submits = 0
+        self.shed: float | None = None
         self.clock = clock
         self._named = {tenant: settings.bounds_of(tenant) for tenant in settings.tenants}
         self._default = settings.default_bounds()
 
     def bounds_of(self, tenant: str) -> DoorBounds:
         return self._named.get(tenant, self._default)
+
+    @asynccontextmanager
+    async def governed(self) -> AsyncIterator[None]:
+        """The seats governed by the loop's lag for the block's length (``governor``),
+        when ``lag_target`` is set."""
+        target = self.settings.lag_target
+        if target is None:
+            yield
+            return
+        rule = SeatGovernor(self.seats.book.seats, target)
+        async with asyncio.TaskGroup() as group:
+            task = group.create_task(govern(self, rule))
+            try:
+                yield
+            finally:
+                task.cancel()
 
     def flow_of(self, authorization: str | None) -> Flow | None:
         """Whose request bears this ``Authorization`` header; None: no bearer key."""
@@ -203,8 +226,13 @@ class FrontDoor:
 
     def _take_token(self, tenant: str, bounds: DoorBounds | None) -> bool:
         """Whether a token was taken (False: the tenant has no rate); ``Refused`` if
-        its bucket is empty."""
+        its bucket is empty. While the loop lags at one seat, every tenant's rate is
+        at most the governor's (``shed``)."""
+        self.submits += 1
         rate = bounds.rate if bounds is not None else None
+        shed = self.shed
+        if shed is not None and (rate is None or rate.limit > shed):
+            rate = Rate(shed, burst=max(1.0, shed / 10))
         if rate is None:
             return False
         wait = self.buckets.take(tenant, rate, self._now_ms())

@@ -101,7 +101,8 @@ class SeatBook:
         return ticket, None
 
     def release(self, ticket: Ticket) -> Ticket | None:
-        """Give back ``ticket``'s seat; the ticket seated in its place, if one waited."""
+        """Give back ``ticket``'s seat; the ticket seated in its place, if one waited (and
+        the seats are not over their number, which ``resize`` may have lowered)."""
         if ticket.state is not TicketState.SEATED:
             raise ValueError(f"not seated: {ticket}")
         ticket.state = TicketState.DONE
@@ -110,12 +111,27 @@ class SeatBook:
             self.held[ticket.flow] = held
         else:
             del self.held[ticket.flow]
-        if not self.waiting:
+        if not self.waiting or self.free < 0:
             self.free += 1
             return None
         nxt = self._pop(self._fewest_held(), newest=False)
         self._seat(nxt)
         return nxt
+
+    def resize(self, seats: int) -> list[Ticket]:
+        """Make the seats ``seats``: fewer take effect as seats are given back (nobody is
+        unseated), more seat waiters at once; returns the tickets seated now."""
+        if seats < 1:
+            raise ValueError(f"one seat or more: got {seats}")
+        self.free += seats - self.seats
+        self.seats = seats
+        seated = []
+        while self.free > 0 and self.waiting:
+            self.free -= 1
+            nxt = self._pop(self._fewest_held(), newest=False)
+            self._seat(nxt)
+            seated.append(nxt)
+        return seated
 
     def leave(self, ticket: Ticket) -> None:
         """A waiter gives up (its wait ran out, or its request went away)."""
@@ -212,6 +228,11 @@ class FairSeats:
             return Seat(self, ticket)
         self._abandon(ticket)
         return None
+
+    def resize(self, seats: int) -> None:
+        """Make the seats ``seats`` (``SeatBook.resize``), waking whoever is seated now."""
+        for ticket in self.book.resize(seats):
+            self._wake(ticket)
 
     def hand_over(self, ticket: Ticket) -> None:
         """Give back ``ticket``'s seat, waking the waiter it goes to."""
