@@ -94,11 +94,13 @@ class FrontDoorSettings(BaseModel):
     given back goes to the waiting tenant that holds the fewest. A gateway process is
     bound by its CPU; more requests in progress only make each take longer. Raise it for
     a store far away or acknowledged writes (durability), whose calls take longer."""
-    lag_target: float | None = Field(default=0.004, gt=0)
-    """The event loop's lag (seconds) the seats are governed to: past it a seat fewer
-    each 50 ms, under half of it a seat more, between one and ``seats``; None keeps
-    ``seats`` fixed. A saturated loop makes every request in progress slower, a quiet
-    tenant's too; fewer seats keep the loop free enough to serve it at once."""
+    lag_target: float | None = Field(default=0.001, gt=0)
+    """The event loop's lag (seconds) the door is governed to (``gateway/governor.py``):
+    past it a seat fewer each 50 ms, under half of it a seat more, between one and
+    ``seats``; at one seat and still past it, with two tenants or more submitting, the
+    largest is held to a max-min fair rate (429 tenant_rate). None keeps ``seats`` fixed
+    and sheds nothing. A saturated loop makes every request in progress slower, a quiet
+    tenant's too."""
     waiting: int = Field(default=1000, ge=0)
     """Requests that may wait for a seat; when one more comes, a waiting request of the
     tenant that holds and waits for the most is answered 429 gateway_busy."""

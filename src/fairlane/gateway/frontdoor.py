@@ -121,9 +121,9 @@ class FrontDoor:
         self.buckets = TenantBuckets()
         self.holds = Holds(settings.refusal_hold, clock)
         self.in_flight: dict[Flow, int] = {}
-        #: submits counted (the governor reads their rate) and the rate every tenant is
-        #: held to while the loop lags at one seat (None: none)
-        self.submits = 0
+        #: submits counted by tenant since the governor last read them, and the rate
+        #: every tenant is held to while the loop lags at one seat (None: none)
+        self.submits: dict[str, int] = {}
         self.shed: float | None = None
         self.clock = clock
         self._named = {tenant: settings.bounds_of(tenant) for tenant in settings.tenants}
@@ -228,7 +228,7 @@ class FrontDoor:
         """Whether a token was taken (False: the tenant has no rate); ``Refused`` if
         its bucket is empty. While the loop lags at one seat, every tenant's rate is
         at most the governor's (``shed``)."""
-        self.submits += 1
+        self.submits[tenant] = self.submits.get(tenant, 0) + 1
         rate = bounds.rate if bounds is not None else None
         shed = self.shed
         if shed is not None and (rate is None or rate.limit > shed):
