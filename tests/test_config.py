@@ -256,6 +256,7 @@ def test_explain_reports_every_leaf_in_model_order(tmp_path: Path) -> None:
         "front_door.tenant_burst",
         "front_door.tenants",
         "front_door.seats",
+        "front_door.lag_target",
         "front_door.waiting",
         "front_door.seat_wait",
         "front_door.refusal_hold",

@@ -133,6 +133,11 @@ async def test_every_script_runs_on_a_cluster(redis_url: str, namespace: str) ->
 
         later = await echo.enqueue("never", tenant="acme", delay=60)
         assert await later.cancel() == "cancelled"
+        # an operator's pause (with its sweep of offers) and resume
+        paused = app.pauses.scope(task=echo.name)
+        await app.pauses.pause(paused, reason="on a cluster")
+        assert (await app.pauses.resume(paused)).was_paused
+        assert await app.store.take_back_offers([later.id]) == 0  # it holds none
         first = await gated.submit(1, tenant="acme")
         second = await gated.submit(2, tenant="acme")
         assert (first.status, second.status) == ("accepted", "deferred")

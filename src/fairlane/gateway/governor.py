@@ -28,12 +28,19 @@ import asyncio
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
-if TYPE_CHECKING:
-    from fairlane.gateway.frontdoor import FrontDoor
+from fairlane.gateway.seats import FairSeats
 
-__all__ = ["PERIOD", "ROOM_PER_SEAT", "SMOOTHING", "SeatGovernor", "fair_level", "govern"]
+__all__ = [
+    "PERIOD",
+    "ROOM_PER_SEAT",
+    "SMOOTHING",
+    "Governed",
+    "SeatGovernor",
+    "fair_level",
+    "govern",
+]
 
 #: seconds between two readings of the loop's lag
 PERIOD: Final = 0.05
@@ -106,7 +113,15 @@ class SeatGovernor:
                 self.rates[tenant] = new
 
 
-async def govern(door: FrontDoor, rule: SeatGovernor) -> None:
+class Governed(Protocol):
+    """What the governor reads and sets of the door."""
+
+    seats: FairSeats
+    submits: dict[str, int]  # by tenant since the last reading; the governor empties it
+    shed: float | None
+
+
+async def govern(door: Governed, rule: SeatGovernor) -> None:
     """Read the loop's lag every ``PERIOD`` (how late a sleep of that long wakes) and the
     door's submits by tenant, and set its seats, room and shed rate by ``rule``; until
     cancelled."""

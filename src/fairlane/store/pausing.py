@@ -143,7 +143,12 @@ class PauseCalls(StoreBase):
                 break
         ids = sorted(woken)
         for i in range(0, len(ids), SCAN_PAGE):
-            await self.fcall("unoffer", self._common, argv(UnofferArg, *ids[i : i + SCAN_PAGE]))
+            await self.take_back_offers(ids[i : i + SCAN_PAGE])
+
+    async def take_back_offers(self, job_ids: list[str]) -> int:
+        """Of ``job_ids``, those a pause holds that wait with a throttle key's offers give
+        them back (P4); how many did."""
+        return int(await self.fcall("unoffer", self._common, argv(UnofferArg, *job_ids)))
 
     async def resume_step(self, scope: Scope, budget: int = LIFT_BUDGET) -> tuple[bool, int]:
         """End ``scope``'s pause and move back up to ``budget`` of its parked jobs: whether
