@@ -74,6 +74,14 @@ class LoadReply(IntEnum):
     FAILURES = 4  # failed step attempts: name, count, ..
 
 
+class DrainReply(IntEnum):
+    """Places of ``drain``'s reply."""
+
+    CURSOR = 1  # '0' once the source is walked through
+    SEEN = 2  # entries looked at
+    MATCHED = 3  # jobs cancelled, or counted in a dry run
+
+
 def at(reply: Sequence[Any], place: IntEnum) -> Any:
     """A script reply's element at ``place``, a position as Lua counts it (from 1)."""
     return reply[place - 1]
@@ -521,6 +529,7 @@ def lua_names() -> Mapping[str, str]:
         ("Leave", LeaveField),
         ("Submitted", SubmittedField),
         ("Load", LoadReply),
+        ("DrainReply", DrainReply),
         ("Reply", Reply),
         ("AckCode", AckCode),
         ("GkReport", GkReportField),
