@@ -297,13 +297,14 @@ class App(Declaring):
         """Cancel every waiting job (queued, throttled, deferred, scheduled; ``state``
         picks among them) that each given filter matches, however many, in bounded
         chunks that let every other client's calls through between them; running jobs
-        are left alone. ``enqueued_after`` / ``enqueued_before``: seconds since the epoch
-        or datetimes (at or after, before). Jobs enqueued after the drain began are not
-        taken. ``dry_run`` counts only; ``progress`` is told the counts after each chunk;
-        ``pause`` (s) is waited between chunks. A drain cut off half-way is finished by
-        running it again. Recorded in the audit trail as done by ``actor`` (not a dry
-        run). ``UnknownTask`` / ``ValueError`` for a task, lane, class or state the app
-        does not have, nothing changed; a filter that matches nothing drains 0 jobs."""
+        are left alone (``fairlane.app.drain``). ``enqueued_after`` /
+        ``enqueued_before``: seconds since the epoch or timezone-aware datetimes (at or
+        after, before). Jobs enqueued after the drain began are not taken. ``dry_run``
+        counts only; ``progress`` is told the counts after each chunk; ``pause`` (s) is
+        waited between chunks. A drain cut off half-way is finished by running it again.
+        Recorded in the audit trail as done by ``actor`` (not a dry run). ``UnknownTask``
+        / ``ValueError`` for a task, lane, class or state the app does not have, nothing
+        changed; a filter that matches nothing drains 0 jobs."""
         flt = drain_filter(
             self.registry,
             tenant=tenant,

@@ -38,11 +38,20 @@ from fairlane.store.drain import (
 )
 from fairlane.store.shards import ShardedStores
 
-__all__ = ["MAX_ROUNDS", "DrainProgress", "DrainReport", "Moment", "Progress", "drain_filter"]
+__all__ = [
+    "MAX_ROUNDS",
+    "DrainProgress",
+    "DrainReport",
+    "Moment",
+    "Progress",
+    "describe",
+    "drain_filter",
+    "run_drain",
+]
 
 #: rounds a drain walks at most: the first, and those after a round that cancelled jobs
 MAX_ROUNDS: Final = 3
-#: a time in a filter: seconds since the epoch, or a datetime (naive: local time)
+#: a time in a filter: seconds since the epoch, or a timezone-aware datetime
 Moment = float | datetime
 
 
@@ -88,6 +97,8 @@ def _ms(moment: Moment | None, name: str) -> int | None:
     if moment is None:
         return None
     if isinstance(moment, datetime):
+        if moment.tzinfo is None:
+            raise ValueError(f"{name} must be timezone-aware (e.g. datetime.now(UTC)): {moment!r}")
         return round(moment.timestamp() * 1000)
     if isinstance(moment, bool) or not isinstance(moment, int | float):
         raise TypeError(f"{name} is seconds since the epoch or a datetime, not {moment!r}")
