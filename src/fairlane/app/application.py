@@ -34,6 +34,7 @@ from fairlane.registry import Registry
 from fairlane.runtime.pressure import PressureConfig, Sensor
 from fairlane.store.api import Store, redact_url
 from fairlane.store.connection import cluster_url, sentinel_url
+from fairlane.store.drain import CHUNK_BUDGET_US
 from fairlane.store.keys import namespace
 from fairlane.store.shards import ShardedStores, ShardMap
 
@@ -293,6 +294,7 @@ class App(Declaring):
         progress: Progress | None = None,
         actor: str = "api",
         pause: float = 0.0,
+        chunk_us: int = CHUNK_BUDGET_US,
     ) -> DrainReport:
         """Cancel every waiting job (queued, throttled, deferred, scheduled; ``state``
         picks among them) that each given filter matches, however many, in bounded
@@ -300,8 +302,11 @@ class App(Declaring):
         are left alone (``fairlane.app.drain``). ``enqueued_after`` /
         ``enqueued_before``: seconds since the epoch or timezone-aware datetimes (at or
         after, before). Jobs enqueued after the drain began are not taken. ``dry_run``
-        counts only; ``progress`` is told the counts after each chunk; ``pause`` (s) is
-        waited between chunks. A drain cut off half-way is finished by running it again.
+        counts only; ``progress`` is told the counts after each chunk. A chunk is one call
+        that stops once it has used ``chunk_us`` of the server's CPU time (or looked at
+        1000 jobs); ``pause`` (s) is waited between chunks: smaller chunks and longer
+        pauses give the other clients more of the server and the drain less. A drain cut
+        off half-way is finished by running it again.
         Recorded in the audit trail as done by ``actor`` (not a dry run). ``UnknownTask``
         / ``ValueError`` for a task, lane, class or state the app does not have, nothing
         changed; a filter that matches nothing drains 0 jobs."""
@@ -324,6 +329,7 @@ class App(Declaring):
             progress=progress,
             actor=actor,
             audit=self.store.key_records.audit,
+            budget_us=chunk_us,
             pause=pause,
         )
 

@@ -13,7 +13,7 @@ runs one call on one source from a cursor: each job it matches is cancelled exac
 ``cancel`` cancels one (``control.cancel_job``), or only counted in a dry run.
 
 A call stops once it has looked at ``limit`` entries or used ``budget_us`` of the
-server's CPU time, checked between pages of 16 entries (a zset of 128 or fewer comes in
+server's CPU time, checked between pages of 8 entries (a zset of 128 or fewer comes in
 one page), so one call holds the server a bounded few milliseconds.
 """
 
@@ -43,7 +43,7 @@ WAITING_STATES: Final = ("scheduled", "deferred", "throttled", "queued")
 #: entries one call looks at, at most
 CHUNK_LIMIT: Final = 1000
 #: the server's CPU time one call may take, in microseconds (checked between pages)
-CHUNK_BUDGET_US: Final = 1500
+CHUNK_BUDGET_US: Final = 1000
 #: tenants read from a fair set per round trip
 _TENANT_PAGE: Final = 1000
 

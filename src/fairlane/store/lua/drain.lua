@@ -29,7 +29,7 @@ do
   local TASK, ENQ, FK = #CANCEL_FIELDS + 1, #CANCEL_FIELDS + 2, #CANCEL_FIELDS + 3
   -- ZSCAN's COUNT: the call's bounds are checked between pages, so a page is what a call
   -- may run over them by (a zset small enough to be a listpack comes whole: 128 at most)
-  local PAGE = 16
+  local PAGE = 8
   -- a throttle waiter's tenant and job (Lua 5.1 spells the zero byte %z)
   local WAITER = '^[^%z]*%z([^%z]*)%z[^%z]*%z(.*)$'
 
