@@ -57,6 +57,9 @@ async def test_drain_counts_asks_then_cancels(
     counted = await ainvoke([*base, "--dry-run"])
     assert counted.exit_code == 0, counted.output
     assert "300 waiting job(s)" in counted.output and "tenant=a" in counted.output
+    by_state = await ainvoke([*base, "--dry-run", "--state", "scheduled,deferred"])
+    assert "0 waiting job(s)" in by_state.output, by_state.output
+    assert "state=scheduled,deferred" in by_state.output
     declined = await ainvoke(base, input="n\n")
     assert declined.exit_code != 0 and "Aborted" in declined.output
     assert await _statuses(client, namespace, drained) == {"queued": 300}

@@ -97,7 +97,8 @@ def drain(  # noqa: PLR0917 - each parameter is a command-line option
         typer.Option(
             "--state",
             help="Only jobs in this waiting state: queued, throttled, deferred or scheduled "
-            "(repeat for several; default: all four). Running jobs are never drained.",
+            "(repeat, or separate by commas, for several; default: all four). Running jobs "
+            "are never drained.",
         ),
     ] = None,
     enqueued_before: Annotated[
@@ -124,7 +125,7 @@ def drain(  # noqa: PLR0917 - each parameter is a command-line option
         "task": task,
         "lane": lane,
         "service_class": service_class,
-        "state": state or None,
+        "state": [s for given in state or () for s in given.split(",") if s] or None,
         "enqueued_before": _moment(enqueued_before, "--enqueued-before"),
         "enqueued_after": _moment(enqueued_after, "--enqueued-after"),
     }
