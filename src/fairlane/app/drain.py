@@ -73,7 +73,8 @@ class DrainProgress:
 @dataclass(frozen=True, slots=True)
 class DrainReport:
     """What a drain did: ``matched`` jobs cancelled (a dry run: would be), ``seen``
-    entries looked at, in ``calls`` calls over ``rounds`` rounds of ``shards`` shards."""
+    entries looked at, in ``calls`` calls over ``rounds`` rounds of ``shards`` shards;
+    ``longest_call_us``: the server's CPU time of its longest call."""
 
     filter: str
     dry_run: bool
@@ -83,6 +84,7 @@ class DrainReport:
     rounds: int
     shards: int
     seconds: float
+    longest_call_us: int = 0
 
     @property
     def cancelled(self) -> int:
@@ -198,6 +200,7 @@ class _Walk:
     seen: int = 0
     calls: int = 0
     rounds: int = 0
+    longest_us: int = 0
 
     async def tell(self, shard: int, done: int, sources: int) -> None:
         if self.progress is None:
@@ -226,6 +229,7 @@ class _Walk:
                         source, flt, step.cursor, dry_run=self.dry_run, budget_us=self.budget_us
                     )
                     self.calls, self.seen = self.calls + 1, self.seen + step.seen
+                    self.longest_us = max(self.longest_us, step.cpu_us)
                     self.matched, taken = self.matched + step.matched, taken + step.matched
                     await self.tell(store.shard, done + step.done, len(sources))
                     if step.done:
@@ -269,6 +273,7 @@ async def run_drain(
         walk.rounds,
         len(shards),
         time.monotonic() - began,
+        walk.longest_us,
     )
     if audit is not None and not dry_run:
         counts = f"cancelled={report.matched} seen={report.seen} calls={report.calls}"

@@ -153,5 +153,6 @@ def drain(  # noqa: PLR0917 - each parameter is a command-line option
         raise typer.Exit(EXIT_INTERRUPTED) from None
     out.print(
         f"cancelled {report.cancelled} job(s) in {report.seconds:.1f} s "
-        f"({report.calls} calls, {report.rounds} round(s), {report.shards} shard(s))"
+        f"({report.calls} calls, the longest {report.longest_call_us / 1000:.1f} ms of server "
+        f"time; {report.rounds} round(s), {report.shards} shard(s))"
     )

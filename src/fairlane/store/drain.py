@@ -89,6 +89,7 @@ class DrainStep:
     cursor: str
     seen: int  # entries looked at
     matched: int  # jobs cancelled, or counted in a dry run
+    cpu_us: int = 0  # the server's CPU time the call took
 
     @property
     def done(self) -> bool:
@@ -172,6 +173,7 @@ class DrainCalls(StoreBase):
             as_text(at(reply, DrainReply.CURSOR)),
             int(at(reply, DrainReply.SEEN)),
             int(at(reply, DrainReply.MATCHED)),
+            int(at(reply, DrainReply.CPU_US)),
         )
 
 

@@ -80,6 +80,7 @@ class DrainReply(IntEnum):
     CURSOR = 1  # '0' once the source is walked through
     SEEN = 2  # entries looked at
     MATCHED = 3  # jobs cancelled, or counted in a dry run
+    CPU_US = 4  # the server's CPU time the call took (a clock that stands still for none)
 
 
 def at(reply: Sequence[Any], place: IntEnum) -> Any:

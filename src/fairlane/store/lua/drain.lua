@@ -70,7 +70,8 @@ do
   -- server's CPU time a call may take, looked at between pages), '1' to count only, task,
   -- fairness key, enqueued at or after, enqueued before (ms; '' any). Returns {cursor
   -- ('0' once the source is walked through), entries looked at, jobs matched: cancelled,
-  -- or counted in a dry run}. What the cancels free is applied once, at the call's end.
+  -- or counted in a dry run, the CPU time the call took (us)}. What the cancels free is
+  -- applied once, at the call's end.
   local function run(keys, args)
     local p, now = prefix(keys), now_ms()
     local flt = {state = args[DrainArg.STATE], lane = given(args[DrainArg.LANE]),
@@ -112,7 +113,9 @@ do
     if matched > 0 and not dry then
       apply_effects(keys, p, tally, now)
     end
-    return {[DrainReply.CURSOR] = cursor, [DrainReply.SEEN] = seen, [DrainReply.MATCHED] = matched}
+    local used = math.floor((os.clock() - started) * 1e6)
+    return {[DrainReply.CURSOR] = cursor, [DrainReply.SEEN] = seen, [DrainReply.MATCHED] = matched,
+      [DrainReply.CPU_US] = used}
   end
 
   drain.drain = run
