@@ -58,7 +58,8 @@ Moment = float | datetime
 @dataclass(frozen=True, slots=True)
 class DrainProgress:
     """Where a drain is: its counts so far (``matched``: cancelled, or counted in a
-    dry run), and the shard, round and source it is on."""
+    dry run), the shard, round and source it is on, and the server's CPU time of the
+    call just made."""
 
     dry_run: bool
     matched: int
@@ -68,6 +69,7 @@ class DrainProgress:
     round: int
     source: int  # sources walked through in this round of this shard
     sources: int  # sources of this round of this shard
+    call_us: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,12 +204,20 @@ class _Walk:
     rounds: int = 0
     longest_us: int = 0
 
-    async def tell(self, shard: int, done: int, sources: int) -> None:
+    async def tell(self, shard: int, done: int, sources: int, call_us: int) -> None:
         if self.progress is None:
             return
         told = self.progress(
             DrainProgress(
-                self.dry_run, self.matched, self.seen, self.calls, shard, self.rounds, done, sources
+                self.dry_run,
+                self.matched,
+                self.seen,
+                self.calls,
+                shard,
+                self.rounds,
+                done,
+                sources,
+                call_us,
             )
         )
         if inspect.isawaitable(told):
@@ -231,7 +241,7 @@ class _Walk:
                     self.calls, self.seen = self.calls + 1, self.seen + step.seen
                     self.longest_us = max(self.longest_us, step.cpu_us)
                     self.matched, taken = self.matched + step.matched, taken + step.matched
-                    await self.tell(store.shard, done + step.done, len(sources))
+                    await self.tell(store.shard, done + step.done, len(sources), step.cpu_us)
                     if step.done:
                         break
                     # the server serves the others between two calls; a pause gives them more
