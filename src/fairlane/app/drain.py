@@ -223,6 +223,17 @@ class _Walk:
         if inspect.isawaitable(told):
             await told
 
+    def next_budget(self, budget: int, used_us: int) -> int:
+        """The next call's budget: what the cancels free (reservations, retention's trim)
+        is applied after the budget is looked at, and costs in proportion to the jobs
+        cancelled, so a call that took more than ``budget_us`` in all gives the next a
+        budget cut in that proportion (never below a tenth), one that took less has it
+        grow back."""
+        if used_us <= 0:
+            return budget
+        scaled = budget * self.budget_us // used_us
+        return max(self.budget_us // 10, min(self.budget_us, scaled))
+
     async def shard(self, store: Store, lanes: dict[str, list[str]], flt: DrainFilter) -> None:
         """Walk one shard in rounds: the jobs enqueued before now, by its clock."""
         started = await store.server_time_ms() + 1
@@ -233,11 +244,12 @@ class _Walk:
             sources = await store.drain_sources(lanes, flt)
             taken = 0
             for done, source in enumerate(sources):
-                step = DrainStep("0", 0, 0)
+                step, budget = DrainStep("0", 0, 0), self.budget_us
                 while True:
                     step = await store.drain_step(
-                        source, flt, step.cursor, dry_run=self.dry_run, budget_us=self.budget_us
+                        source, flt, step.cursor, dry_run=self.dry_run, budget_us=budget
                     )
+                    budget = self.next_budget(budget, step.cpu_us)
                     self.calls, self.seen = self.calls + 1, self.seen + step.seen
                     self.longest_us = max(self.longest_us, step.cpu_us)
                     self.matched, taken = self.matched + step.matched, taken + step.matched
