@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from fairlane import App
-from fairlane.app.drain import DrainProgress
+from fairlane.app.drain import DrainProgress, _Walk
 from fairlane.errors import UnknownTask
 from fairlane.policy.classes import ClassTable, ServiceClass
 from tests.e2e.helpers import fast_settings
@@ -200,3 +200,12 @@ async def test_input_the_app_does_not_have_changes_nothing(redis_url: str, names
                 await app.drain(**flt)
         assert await statuses(app, [j.id for j in jobs]) == {"queued": 10}
         assert await app.store.key_records.audit.read(10, action="drain") == []
+
+
+def test_a_call_over_its_budget_shrinks_the_next_and_one_under_lets_it_grow_back() -> None:
+    walk = _Walk(dry_run=False, progress=None, budget_us=1000, pause=0.0)
+    assert walk.next_budget(1000, 2000) == 500  # its effects doubled it: half the next
+    assert walk.next_budget(500, 1000) == 500  # on target
+    assert walk.next_budget(500, 250) == 1000  # under: back up, never past budget_us
+    assert walk.next_budget(1000, 50_000) == 100  # never below a tenth
+    assert walk.next_budget(700, 0) == 700  # a call that reports nothing changes nothing
