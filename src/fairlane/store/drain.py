@@ -43,7 +43,7 @@ WAITING_STATES: Final = ("scheduled", "deferred", "throttled", "queued")
 #: entries one call looks at, at most
 CHUNK_LIMIT: Final = 1000
 #: the server's CPU time one call may take, in microseconds (checked between pages)
-CHUNK_BUDGET_US: Final = 1000
+CHUNK_BUDGET_US: Final = 500
 #: tenants read from a fair set per round trip
 _TENANT_PAGE: Final = 1000
 
