@@ -21,9 +21,9 @@ time, jobs/s over its on slices, its calls, the server's CPU time of its longest
 longest drain call's wall time and how many took over 5 ms (target: none). The server
 is a private one unless ``--redis-url`` names another (its slowlog settings are put back).
 
-Run: ``python -m benchmarks.drain [--jobs 200000] [--chunk-us 1000] [--pause 0]
-[--slice 1] [--same-lane] [--redis-url URL]``; ``--worker`` and ``--drainer`` are its
-processes' own entries.
+Run: ``python -m benchmarks.drain [--jobs 200000] [--chunk-us 500] [--pause 0]
+[--slice 1] [--same-lane] [--redis-url URL | --server-binary PATH]``; ``--worker`` and
+``--drainer`` are its processes' own entries.
 """
 
 from __future__ import annotations
@@ -266,11 +266,11 @@ async def bench_drain(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _server(url: str | None) -> Iterator[str]:
+def _server(url: str | None, binary: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    with RedisServer() as server:
+    with RedisServer(binary) as server:
         yield server.url
 
 
@@ -299,6 +299,7 @@ def _print(result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", default=None, help="default: a private server")
+    parser.add_argument("--server-binary", default=None, help="the private server's binary")
     parser.add_argument("--jobs", type=int, default=200_000)
     parser.add_argument("--interval", type=float, default=5.0, help="ms between B's jobs")
     parser.add_argument("--slice", type=float, default=1.0, help="s on, then s off")
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
             run_loop(_drainer(args.redis_url, args.app, args))
         emit("exit", commands={})
         return
-    with _server(args.redis_url) as url:
+    with _server(args.redis_url, args.server_binary) as url:
         _print(run_loop(bench_drain(url, args)))
 
 

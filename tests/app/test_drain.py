@@ -86,7 +86,8 @@ async def test_one_tenants_jobs_are_drained_and_the_others_stay(
         told: list[DrainProgress] = []
         report = await app.drain(tenant="a", progress=told.append, actor="test")
         assert report.cancelled == BOUND and report.calls == len(told) > 2
-        assert report.longest_call_us > 0  # by the script's own clock
+        # by the script's own clock, where the server gives it one (not Redis 7.0)
+        assert report.longest_call_us > 0 or {p.call_us for p in told} == {-1}
         assert [p.matched for p in told] == sorted(p.matched for p in told)
         assert told[-1].matched == BOUND and told[-1].source == told[-1].sources
         assert await statuses(app, ids) == {"cancelled": BOUND}

@@ -225,11 +225,16 @@ async def test_each_call_stays_within_its_bounds(store: Store) -> None:
     for _ in range(5):
         step = await store.drain_step(source, flt, budget_us=0, dry_run=True)
         assert 0 < step.seen < 32
-    # a bound of entries: stopped at the first page that reaches it
+    # a bound of entries: stopped at the first page that reaches it; a server that gives
+    # scripts no clock (Redis 7.0) bounds every call by a few pages instead (CLOCKLESS)
     step = await store.drain_step(source, flt, limit=200, budget_us=10**9, dry_run=True)
-    assert 200 <= step.seen < 232
+    if step.cpu_us < 0:
+        assert 24 <= step.seen < 32
+    else:
+        assert 200 <= step.seen < 232
 
 
+@pytest.mark.embedded_only  # it counts every command the server ran: a private server's
 async def test_no_drain_call_runs_more_commands_than_its_chunk(
     store: Store, redis_url: str
 ) -> None:

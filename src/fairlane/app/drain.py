@@ -59,7 +59,7 @@ Moment = float | datetime
 class DrainProgress:
     """Where a drain is: its counts so far (``matched``: cancelled, or counted in a
     dry run), the shard, round and source it is on, and the server's CPU time of the
-    call just made."""
+    call just made (-1: the server gives scripts no clock)."""
 
     dry_run: bool
     matched: int

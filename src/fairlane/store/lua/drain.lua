@@ -32,6 +32,20 @@ do
   local PAGE = 8
   -- a throttle waiter's tenant and job (Lua 5.1 spells the zero byte %z)
   local WAITER = '^[^%z]*%z([^%z]*)%z[^%z]*%z(.*)$'
+  -- The server's CPU clock, where it gives scripts one (os.clock: Redis 7.2+, Valkey); a
+  -- budget of work, not a time of record (TIME stands still inside a script). Without
+  -- it a call looks at CLOCKLESS entries at most: a few milliseconds' work. Looked up at
+  -- the first call (a library being loaded has no pcall), false: none.
+  local clock
+  local CLOCKLESS = 24
+
+  local function cpu_clock()
+    if clock == nil then
+      local has, found = pcall(function() return os.clock end)
+      clock = has and found or false
+    end
+    return clock
+  end
 
   local function given(v)
     return v ~= '' and v or nil
@@ -67,11 +81,12 @@ do
 
   -- ARGV: state (queued, deferred, scheduled, throttled), lane, class, tenant (the source
   -- and filters: '' any), cursor ('0' starts), limit (entries looked at), budget_us (the
-  -- server's CPU time a call may take, looked at between pages), '1' to count only, task,
-  -- fairness key, enqueued at or after, enqueued before (ms; '' any). Returns {cursor
-  -- ('0' once the source is walked through), entries looked at, jobs matched: cancelled,
-  -- or counted in a dry run, the CPU time the call took (us)}. What the cancels free is
-  -- applied once, at the call's end.
+  -- server's CPU time a call may take, looked at between pages; with no clock, CLOCKLESS
+  -- entries bound it instead), '1' to count only, task, fairness key, enqueued at or
+  -- after, enqueued before (ms; '' any). Returns {cursor ('0' once the source is walked
+  -- through), entries looked at, jobs matched: cancelled, or counted in a dry run, the
+  -- CPU time the call took (us; -1: no clock)}. What the cancels free is applied once, at
+  -- the call's end.
   local function run(keys, args)
     local p, now = prefix(keys), now_ms()
     local flt = {state = args[DrainArg.STATE], lane = given(args[DrainArg.LANE]),
@@ -86,8 +101,11 @@ do
       fields[FK] = 'fk'
     end
     local dry, limit = args[DrainArg.DRY_RUN] == '1', tonumber(args[DrainArg.LIMIT])
-    -- CPU time, not a time of record: TIME stands still inside a script
-    local budget, started = tonumber(args[DrainArg.BUDGET_US]) / 1e6, os.clock()
+    local clock = cpu_clock()
+    local budget, started = tonumber(args[DrainArg.BUDGET_US]) / 1e6, clock and clock()
+    if not clock then
+      limit = math.min(limit, CLOCKLESS)
+    end
     local cursor, seen, matched, tally = args[DrainArg.CURSOR], 0, 0, new_effects()
     repeat
       local page = redis.call('ZSCAN', key, cursor, 'COUNT', PAGE)
@@ -109,11 +127,11 @@ do
           end
         end
       end
-    until cursor == '0' or seen >= limit or os.clock() - started >= budget
+    until cursor == '0' or seen >= limit or (clock and clock() - started >= budget)
     if matched > 0 and not dry then
       apply_effects(keys, p, tally, now)
     end
-    local used = math.floor((os.clock() - started) * 1e6)
+    local used = clock and math.floor((clock() - started) * 1e6) or -1
     return {[DrainReply.CURSOR] = cursor, [DrainReply.SEEN] = seen, [DrainReply.MATCHED] = matched,
       [DrainReply.CPU_US] = used}
   end
