@@ -2,11 +2,11 @@
 
 One scenario drives a whole app through its public API on a private 3-master
 :class:`fairlane.testing.RedisCluster`: tasks that complete, retry, die and are redriven,
-a cancelled job, an admission pool that defers, tenant settings (the WATCH transaction),
-a workflow with a step, a durable sleep, a child and a signal, and a worker that renews,
-sweeps and leaves. The store's ``fcall`` is observed (not replaced) and the names it
-called must be every function the library registers: a script whose keys spanned two
-slots would fail with CROSSSLOT and the scenario with it.
+a cancelled job, a drained tenant, an admission pool that defers, tenant settings (the
+WATCH transaction), a workflow with a step, a durable sleep, a child and a signal, and a
+worker that renews, sweeps and leaves. The store's ``fcall`` is observed (not replaced)
+and the names it called must be every function the library registers: a script whose
+keys spanned two slots would fail with CROSSSLOT and the scenario with it.
 """
 
 from __future__ import annotations
@@ -138,6 +138,8 @@ async def test_every_script_runs_on_a_cluster(redis_url: str, namespace: str) ->
         await app.pauses.pause(paused, reason="on a cluster")
         assert (await app.pauses.resume(paused)).was_paused
         assert await app.store.take_back_offers([later.id]) == 0  # it holds none
+        await echo.enqueue_many([("x",), ("y",)], tenant="drained", delay=60)
+        assert (await app.drain(tenant="drained", task=echo)).cancelled == 2
         first = await gated.submit(1, tenant="acme")
         second = await gated.submit(2, tenant="acme")
         assert (first.status, second.status) == ("accepted", "deferred")

@@ -167,3 +167,33 @@ async def test_bad_input_changes_nothing(redis_url: str, namespace: str) -> None
         with pytest.raises(ValueError, match="did you mean"):
             app.pauses.scope(task="hello")
         assert not (await app.pauses.resume(app.pauses.scope(task=hello.name))).was_paused
+
+
+async def test_a_drain_finds_held_and_parked_work(redis_url: str, namespace: str) -> None:
+    """A paused tenant's queue (out of its class's fair set) and a paused task's parked
+    jobs are waiting work like any other: a drain cancels them, and nothing else."""
+    app = make_app(namespace, redis_url)
+
+    @app.task(name="pz.hello")
+    async def hello(n: int) -> int:
+        return n
+
+    @app.task(name="pz.bad")
+    async def bad(n: int) -> int:
+        return n
+
+    async with app:
+        kept = await hello.enqueue_many([(n,) for n in range(3)], tenant="other")
+        held = await hello.enqueue_many([(n,) for n in range(4)], tenant="acme")
+        parked = await bad.enqueue_many([(n,) for n in range(5)], tenant="other")
+        await app.tenants.pause("acme")
+        await app.pauses.pause(app.pauses.scope(task=bad.name))
+        async with running_workers(app, count=1):
+            await asyncio.gather(*(j.result(timeout=WAIT) for j in kept))
+        assert [e.parked for e in await app.pauses.list() if e.scope.task] == [5]
+        assert (await app.drain(tenant="acme", dry_run=True)).matched == 4
+        assert (await app.drain(task=bad)).cancelled == 5
+        assert (await app.drain(tenant="acme")).cancelled == 4
+        for job in [*held, *parked]:
+            assert await job.status() == "cancelled"
+        assert [e.parked for e in await app.pauses.list() if e.scope.task] == [0]

@@ -17,9 +17,11 @@ from typing import Any, Literal
 
 from fairlane.app import admin
 from fairlane.app.declaring import Declaring
+from fairlane.app.drain import DrainReport, Moment, Progress, drain_filter, run_drain
 from fairlane.app.job import Job
 from fairlane.app.pauses import Pauses
 from fairlane.app.results import ResultListener
+from fairlane.app.task import Task
 from fairlane.app.tenants import Tenants
 from fairlane.app.worker import Worker
 from fairlane.app.workflows import SignalResult, send_signal
@@ -33,6 +35,7 @@ from fairlane.registry import Registry
 from fairlane.runtime.pressure import PressureConfig, Sensor
 from fairlane.store.api import Store, redact_url
 from fairlane.store.connection import cluster_url, sentinel_url
+from fairlane.store.drain import CHUNK_BUDGET_US
 from fairlane.store.keys import namespace
 from fairlane.store.shards import ShardedStores, ShardMap
 
@@ -278,6 +281,60 @@ class App(Declaring):
     async def stats(self) -> dict[str, int]:
         """The store's counters, summed over the shards."""
         return await admin.stats(self._sharded)
+
+    async def drain(
+        self,
+        *,
+        tenant: str | None = None,
+        fairness_key: str | None = None,
+        task: str | Task[Any, Any] | None = None,
+        lane: str | None = None,
+        service_class: str | None = None,
+        state: str | Sequence[str] | None = None,
+        enqueued_after: Moment | None = None,
+        enqueued_before: Moment | None = None,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        actor: str = "api",
+        pause: float = 0.0,
+        chunk_us: int = CHUNK_BUDGET_US,
+    ) -> DrainReport:
+        """Cancel every waiting job (queued, throttled, deferred, scheduled; ``state``
+        picks among them) that each given filter matches, however many, in bounded
+        chunks that let every other client's calls through between them; running jobs
+        are left alone (``fairlane.app.drain``). ``enqueued_after`` /
+        ``enqueued_before``: seconds since the epoch or timezone-aware datetimes (at or
+        after, before). Jobs enqueued after the drain began are not taken. ``dry_run``
+        counts only; ``progress`` is told the counts after each chunk. A chunk is one call
+        that stops once it has used ``chunk_us`` of the server's CPU time (or looked at
+        1000 jobs); ``pause`` (s) is waited between chunks: smaller chunks and longer
+        pauses give the other clients more of the server and the drain less. A drain cut
+        off half-way is finished by running it again.
+        Recorded in the audit trail as done by ``actor`` (not a dry run). ``UnknownTask``
+        / ``ValueError`` for a task, lane, class or state the app does not have, nothing
+        changed; a filter that matches nothing drains 0 jobs."""
+        flt = drain_filter(
+            self.registry,
+            tenant=tenant,
+            fairness_key=fairness_key,
+            task=task.name if isinstance(task, Task) else task,
+            lane=lane,
+            service_class=service_class,
+            state=state,
+            enqueued_after=enqueued_after,
+            enqueued_before=enqueued_before,
+        )
+        return await run_drain(
+            self._sharded,
+            self.registry,
+            flt,
+            dry_run=dry_run,
+            progress=progress,
+            actor=actor,
+            audit=self.store.key_records.audit,
+            budget_us=chunk_us,
+            pause=pause,
+        )
 
     async def purge(self) -> int:
         """Delete every key of this app, in every shard, and the large payloads its

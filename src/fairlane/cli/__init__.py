@@ -1,7 +1,7 @@
 """The ``fairlane`` command line.
 
-``fairlane worker MODULE:APP`` runs a worker; ``purge``, ``inspect``, ``dead`` and ``job``
-operate an app; ``doctor``, ``config`` and ``server`` look after the environment;
+``fairlane worker MODULE:APP`` runs a worker; ``purge``, ``drain``, ``inspect``, ``dead``
+and ``job`` operate an app; ``doctor``, ``config`` and ``server`` look after the environment;
 ``example`` runs the quickstart, ``demo`` shows a noisy neighbor tamed (fair against
 FIFO), ``simulate`` runs policies on a virtual clock, ``runs`` inspects workflow runs,
 ``explain`` says where a job's time went;
@@ -17,6 +17,7 @@ import typer
 
 from fairlane.cli.bench import bench
 from fairlane.cli.demo import demo
+from fairlane.cli.drain import drain
 from fairlane.cli.example import example
 from fairlane.cli.explain import explain
 from fairlane.cli.gateway import gateway
@@ -47,6 +48,7 @@ cli = typer.Typer(
 )
 cli.command(no_args_is_help=True)(worker)
 cli.command(no_args_is_help=True)(purge)
+cli.command(no_args_is_help=True)(drain)
 inspect_app.command("load")(inspect_load)
 cli.add_typer(inspect_app, name="inspect")
 cli.add_typer(dead_app, name="dead")

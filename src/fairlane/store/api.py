@@ -3,8 +3,9 @@
 ``Store`` is one server (or shard) of one app: its connection and bounded calls
 (``fairlane.store.base``) and, by concern, the calls that stand on it -- submission and
 declarations (``submission``), tenants' settings (``tenancy``), jobs read and acted on
-by id (``lookup``), the worker's exchange, leases and waits (``exchange``), the index of
-large payloads (``payloadindex``), every key of the shard at once (``keyspace``) -- and
+by id (``lookup``), waiting jobs cancelled by a filter (``drain``), the worker's
+exchange, leases and waits (``exchange``), the index of large payloads
+(``payloadindex``), every key of the shard at once (``keyspace``) -- and
 a workflow run's (``runs``) and the app's API key records (``apikeys``). It makes no
 policy decisions: the worker and the app decide; the scripts apply those decisions
 atomically with the server's clock.
@@ -19,6 +20,7 @@ import redis.asyncio as aioredis
 
 from fairlane.store.apikeys import KeyRecords
 from fairlane.store.connection import create_client
+from fairlane.store.drain import DrainCalls
 from fairlane.store.exchange import WorkerCalls
 from fairlane.store.gate import POOL_HEADROOM, CallGate
 from fairlane.store.globalkeys import GlobalKeyCalls
@@ -47,6 +49,7 @@ class Store(
     Submission,
     TenantCalls,
     JobCalls,
+    DrainCalls,
     WorkerCalls,
     PayloadIndexCalls,
     KeyspaceCalls,

@@ -142,6 +142,24 @@ class CancelArg(IntEnum):
     ID = 1
 
 
+class DrainArg(IntEnum):
+    """``drain``: one source of waiting jobs, the filters, and the call's bounds."""
+
+    STATE = 1  # queued | deferred | scheduled | throttled: the source's state
+    LANE = 2  # '': any (a throttled source only)
+    SERVICE_CLASS = 3  # '': any (not a queued or deferred source)
+    TENANT = 4  # '': any (not a queued source)
+    CURSOR = 5  # ZSCAN's: '0' starts
+    LIMIT = 6  # entries looked at per call
+    BUDGET_US = 7  # the server's CPU time a call may take, looked at between pages
+    DRY_RUN = 8  # '1': count only
+    TASK = 9  # '': any
+    FAIRNESS_KEY = 10  # '': any
+    AFTER_MS = 11  # enqueued at or after (server ms; '': any)
+    BEFORE_MS = 12  # enqueued before (server ms; '': any)
+    PARKED = 13  # a queued source that is a pause's parked set: the pause's field ('' none)
+
+
 class WatchArg(IntEnum):
     """``watch``."""
 
@@ -287,6 +305,7 @@ ARGV: Final[tuple[type[IntEnum], ...]] = (
     DeclareBoundsArg,
     TenantLimitNowArg,
     CancelArg,
+    DrainArg,
     WatchArg,
     RedriveArg,
     TenantSweepArg,

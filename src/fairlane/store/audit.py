@@ -17,6 +17,9 @@ submit         accepted, deferred, rejected,      the reason the gateway answere
 cancel         the status answered (cancelled,    the job id
                cancelling, or its final status)
 signal         delivered, duplicate, finished     the signal's name; the run id
+drain          started, done                      the filter; at its end the counts
+                                                  (``App.drain``: the entry's key is who
+                                                  asked, ``cli:<user>`` from the CLI)
 key_created    ok                                 the key acted on is the entry's key
 key_rotated    ok
 key_updated    ok                                 scopes or expiry changed, same secret
@@ -65,6 +68,7 @@ ACTIONS: Final = (
     "submit",
     "cancel",
     "signal",
+    "drain",
     "key_created",
     "key_rotated",
     "key_updated",

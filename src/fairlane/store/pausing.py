@@ -18,6 +18,7 @@ from fairlane.store.base import StoreBase
 from fairlane.store.wire import PauseField
 
 __all__ = [
+    "PARKING_KINDS",
     "PauseCalls",
     "PauseEntry",
     "PauseSet",
@@ -25,6 +26,8 @@ __all__ = [
     "scope_field",
 ]
 
+#: the kinds of pause whose jobs wait in a parked set (a task's, a key's)
+PARKING_KINDS: Final = frozenset({PauseField.TASK.value, PauseField.KEY.value})
 #: throttle-hash fields a pause's offer sweep reads per call
 SCAN_PAGE: Final = 1000
 

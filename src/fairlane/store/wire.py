@@ -85,6 +85,15 @@ class LoadReply(IntEnum):
     FAILURES = 4  # failed step attempts: name, count, ..
 
 
+class DrainReply(IntEnum):
+    """Places of ``drain``'s reply."""
+
+    CURSOR = 1  # '0' once the source is walked through
+    SEEN = 2  # entries looked at
+    MATCHED = 3  # jobs cancelled, or counted in a dry run
+    CPU_US = 4  # the server's CPU time the call took (a clock that stands still for none)
+
+
 def at(reply: Sequence[Any], place: IntEnum) -> Any:
     """A script reply's element at ``place``, a position as Lua counts it (from 1)."""
     return reply[place - 1]
@@ -536,6 +545,7 @@ def lua_names() -> Mapping[str, str]:
         ("Leave", LeaveField),
         ("Submitted", SubmittedField),
         ("Load", LoadReply),
+        ("DrainReply", DrainReply),
         ("Reply", Reply),
         ("AckCode", AckCode),
         ("GkReport", GkReportField),

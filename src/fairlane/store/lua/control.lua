@@ -4,9 +4,10 @@
 -- Keys: tclasses, sig:<tenant>, job:<id>, kept:<task>:<outcome>, lane:<l>:state|delayed,
 --   lane:<l>:c:<c>:fair|deferred|dvt, q:<lane>:<class>:<tenant>, KEYS[TASKS],
 --   KEYS[TLIMITS], KEYS[WEIGHTS], KEYS[DEAD], gkeys (a global pool joins it)
--- Calls: core, throttle, keyparts, fairqueue, records, leasing, dispatch
--- Entry points: control.{cancel, configure_classes, configure_limits, configure_tenant,
---   declare_admission, declare_lane, declare_task, redrive, tenant_limit_now, watch}
+-- Calls: core, throttle, keyparts, fairqueue, records, leasing, dispatch, pauses
+-- Entry points: control.{CANCEL_FIELDS, cancel, cancel_job, configure_classes,
+--   configure_limits, configure_tenant, declare_admission, declare_lane, declare_task,
+--   redrive, tenant_limit_now, watch}
 
 local control = {}
 
@@ -114,23 +115,26 @@ do
     return {limit, tostring(rate_per_min(p, args[TenantLimitNowArg.TENANT], now)), tostring(mean), cap, load}
   end
 
-  -- ARGV: id. Cancels a waiting job at once; a running one is asked to stop (its
-  -- worker learns on its next lease renewal). Returns the status after the call. A queued
-  -- job a throttle key woke gives its offers back in `finish` (its `toff`); a deferred
-  -- job that is its class's pinned head gets the lane a readmission pass.
-  local function cancel(keys, args)
-    local p, now = prefix(keys), now_ms()
-    local id = args[CancelArg.ID]
+  -- The fields of a job's record that cancelling it reads, in the places cancel_job reads
+  -- them: a caller that reads more of the record (drain.lua) puts these first.
+  local CANCEL_FIELDS = {'st', 'lane', 'tenant', 'cls', 'sl', 'pz'}
+
+  -- Cancels job `id` at once if it is waiting; a running one is asked to stop (its worker
+  -- learns on its next lease renewal). `f` holds its CANCEL_FIELDS when the caller read
+  -- them (else they are read here); what the cancel frees is gathered in `tally`, for the
+  -- caller's apply_effects. Returns the status after the call. A queued job a throttle key
+  -- woke gives its offers back in `finish` (its `toff`); a deferred job that is its
+  -- class's pinned head gets the lane a readmission pass.
+  local function cancel_job(keys, p, id, now, tally, f)
     local jk = job_key(p, id)
-    local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'cls', 'sl', 'pz')
+    f = f or redis.call('HMGET', jk, unpack(CANCEL_FIELDS))
     local st, cls = f[1], f[4] or DEFAULT_CLASS
     if not st then
       return 'missing'
     end
-    local tally = new_effects()
     if st == 'queued' and f[6] then
       -- parked by a pause (pauses.lua): out of its queue, its slots out of the demand
-      redis.call('ZREM', p .. 'parked:' .. f[6], id)
+      redis.call('ZREM', pauses.parked_key(p, f[6]), id)
     elseif st == 'queued' then
       local q = tenant_queue(p, f[2], cls, f[3])
       if redis.call('ZREM', q, id) == 1 then
@@ -165,8 +169,17 @@ do
     end
     finish(keys, p, id, 'cancelled', 'err',
       '{"type":"Cancelled","message":"the job was cancelled","traceback":""}', now, tally)
-    apply_effects(keys, p, tally, now)
     return 'cancelled'
+  end
+
+  -- ARGV: id. cancel_job on one job, its effects applied at once.
+  local function cancel(keys, args)
+    local p, now, tally = prefix(keys), now_ms(), new_effects()
+    local status = cancel_job(keys, p, args[CancelArg.ID], now, tally)
+    if status == 'cancelled' then
+      apply_effects(keys, p, tally, now)
+    end
+    return status
   end
 
   -- ARGV: id. Returns {status, result, error} for a finished job; for any other job it
@@ -228,7 +241,9 @@ do
     return done
   end
 
+  control.CANCEL_FIELDS = CANCEL_FIELDS
   control.cancel = cancel
+  control.cancel_job = cancel_job
   control.configure_limits = configure_limits
   control.configure_tenant = configure_tenant
   control.declare_admission = declare_admission

@@ -64,10 +64,11 @@ leases set (running), or none (finished).
 ---------------------------------------------------------------------------- queries and control
 
 -- @include control.lua
+-- @include drain.lua
 
 -- Functions that free memory, or must run for a full store to be drained -- a worker's
 -- start (its declarations), its exchange, acks, renewals, sweeps, beats and leaving, a
--- cancel, a watch (one field on the record) -- run on a server at its maxmemory
+-- cancel, a drain, a watch (one field on the record) -- run on a server at its maxmemory
 -- (core.ALLOW_OOM); those that add data (enqueue, workflow steps and children, signals,
 -- settings, redrive) do not, and the server refuses them there before they start.
 redis.register_function{function_name = '__PREFIX__enqueue', callback = enqueuing.enqueue}
@@ -83,6 +84,8 @@ redis.register_function{function_name = '__PREFIX__beat', callback = workers.bea
 redis.register_function{function_name = '__PREFIX__declare_task', callback = control.declare_task,
   flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__cancel', callback = control.cancel,
+  flags = core.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__drain', callback = drain.drain,
   flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__watch', callback = control.watch, flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__redrive', callback = control.redrive}

@@ -6,7 +6,8 @@
 --   parked:<field> (zset job id -> order score), job:<id> (`pz`: the field it is parked
 --   under), lane:<l>:state, q:<lane>:<class>:<tenant>, KEYS[LEASES]
 -- Calls: core, classes, pausetable, fairqueue
--- Entry points: pauses.{LIFT_BUDGET, hold, lift, lift_ended, park, pause, resume, unoffer}
+-- Entry points: pauses.{LIFT_BUDGET, hold, lift, lift_ended, park, parked_key, pause, resume,
+--   unoffer}
 
 local pauses = {}
 
@@ -31,6 +32,7 @@ do
   local function parked_key(p, fld)
     return p .. 'parked:' .. fld
   end
+  pauses.parked_key = parked_key
 
   -- P2: a paused tenant came to a class's head and left its fair set (dispatch idled it).
   function pauses.hold(p, lane, cls, tenant)
