@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from fairlane.gateway.governor import SeatGovernor, fair_level
 from fairlane.gateway.seats import SeatBook, TicketState
+from fairlane.policy.frontdoor import SeatGovernor, fair_level
 
 TARGET = 0.004
 OVER, UNDER, BETWEEN = 0.010, 0.001, 0.003

@@ -45,11 +45,12 @@ from fairlane.config.frontdoor import DoorBounds, FrontDoorSettings
 from fairlane.gateway.apikeys import parse_key
 from fairlane.gateway.auth import bearer_key, is_admin_key
 from fairlane.gateway.buckets import TenantBuckets
-from fairlane.gateway.governor import SeatGovernor, govern
+from fairlane.gateway.governor import govern
 from fairlane.gateway.holds import Holds
 from fairlane.gateway.responses import error
 from fairlane.gateway.seats import FairSeats, Seat
 from fairlane.gateway.state import GatewayState
+from fairlane.policy.frontdoor import SeatGovernor
 from fairlane.policy.rates import Rate
 
 __all__ = [
