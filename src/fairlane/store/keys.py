@@ -87,6 +87,11 @@ pattern (after the prefix)  type   holds                              written by
                                   order score (record: ``pz``)
 ``lane:<l>:c:<c>:held``    set    paused tenants dispatch took out    fetch, resume
                                   of the class's fair set
+``dur``                    hash   learned means for start-time       workers
+                                  estimates: a tenant's slot-ms per   (learn_durations);
+                                  job in a class, the class's, a      read by estimate and
+                                  task's ms per tenant and overall    fetch (deadlines)
+                                  (``store/durations.py``)
 ``trate``                  hash   tenant -> its own rate             configure_rate
                                   'limit,per_ms,burst,units'
 ``tclasses``               hash   tenant -> its class entitlement:   configure_classes (read
@@ -388,6 +393,11 @@ class AppKeys:
     def pause_reasons(self) -> str:
         """Scope field -> JSON reason, by, at, until (``p .. 'pause:why'``)."""
         return self.prefix + "pause:why"
+
+    @property
+    def durations(self) -> str:
+        """Learned means of jobs' lengths (scripts derive ``p .. 'dur'``)."""
+        return self.prefix + "dur"
 
     def signals(self, tenant: str) -> str:
         """A tenant's submission rate ring and mean duration (``p .. 'sig:' .. tenant``)."""

@@ -94,6 +94,29 @@ class DrainReply(IntEnum):
     CPU_US = 4  # the server's CPU time the call took (a clock that stands still for none)
 
 
+class EstimateReply(IntEnum):
+    """Places of ``estimate``'s reply: what a start-time estimate rests on
+    (``fairlane.policy.startpredict``)."""
+
+    NOW = 1  # server ms
+    STATE = 2  # the job's status ('' unknown; 'new' for one not yet submitted)
+    TENANT = 3
+    LANE = 4
+    CLASS = 5
+    TASK = 6
+    AHEAD = 7  # jobs of its tenant ahead of it in its queue (-1: not in it)
+    CAPACITY = 8  # the lane's live slots
+    TABLE = 9  # the lane's class table (JSON, ``encode_classes``)
+    LOADS = 10  # in-flight and waiting slots of each class of the table, in its order
+    TENANTS = 11  # waiting tenants read: tenant, weight, jobs, mean slot-ms ('' unknown)
+    UNREAD = 12  # waiting tenants beyond those read
+    CLASS_MEAN = 13  # the class's mean slot-ms per job ('' unknown)
+    OWN_MS = 14  # the job's own expected ms ('' unknown)
+    DEADLINE = 15  # its deadline, server ms ('' none)
+    RUN_AT = 16  # when it may run, server ms ('' now)
+    PAUSED = 17  # 1: an operator's pause holds it
+
+
 def at(reply: Sequence[Any], place: IntEnum) -> Any:
     """A script reply's element at ``place``, a position as Lua counts it (from 1)."""
     return reply[place - 1]
@@ -295,6 +318,9 @@ class NewJob(msgspec.Struct, array_like=True):
     # 0 when neither the call nor the task named the class: the store then gives the job
     # its tenant's default class, where the tenant has one it may use (1: as given)
     class_named: int = 1
+    # ms from submission to its expected end (estimated wait and learned length; 0: not
+    # estimated): a deadline it would miss is refused as one already past
+    needs_ms: int = 0
 
     def __post_init__(self) -> None:
         args: object = self.args
@@ -546,6 +572,7 @@ def lua_names() -> Mapping[str, str]:
         ("Submitted", SubmittedField),
         ("Load", LoadReply),
         ("DrainReply", DrainReply),
+        ("EstimateReply", EstimateReply),
         ("Reply", Reply),
         ("AckCode", AckCode),
         ("GkReport", GkReportField),

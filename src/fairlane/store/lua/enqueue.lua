@@ -87,7 +87,10 @@ do
     elseif dl ~= '' then
       dl = tonumber(dl)
     end
-    local meetable = not (dl ~= '' and (dl <= now or dl < run_at))
+    -- or whose expected end, its estimated wait and learned length (Job.NEEDS_MS, 0: not
+    -- estimated; fairlane.policy.startpredict), lands after it
+    local needs = tonumber(j[Job.NEEDS_MS]) or 0
+    local meetable = not (dl ~= '' and (dl <= now or dl < run_at or (needs > 0 and now + needs > dl)))
     local verdict, reason, mu = 'accepted', nil, nil
     local adm, qb = call_adm, call_qb
     local base_mu = tonumber(j[Job.DECLARED_MU]) or 1000
