@@ -61,12 +61,14 @@ What moves the real start away from the estimate, and which way:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
     "DURATION_ALPHA",
     "MAX_TENANTS",
+    "REST_CAP",
+    "USAGE_WINDOW_MS",
     "Backlog",
     "ClassLoad",
     "Prediction",
@@ -84,6 +86,10 @@ DURATION_ALPHA = 0.1
 #: active tenants of a class whose queues an estimate reads; the rest are counted as
 #: backlogged at the class's mean job
 MAX_TENANTS = 64
+#: the window over which what tenants use is measured (ms)
+USAGE_WINDOW_MS = 5000
+#: the most of a class's slots that tenants with no queue are taken to keep using
+REST_CAP = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +101,8 @@ class Backlog:
     weight: float
     jobs: int
     slot_seconds: float
+    use: float = 0.0  # slot-seconds per second its jobs finished lately
+    charge: float = 0.0  # units a start of its is charged (learned; 0 unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +133,8 @@ class Situation:
     backlogs: tuple[Backlog, ...]  # the waiting tenants read (its own among them)
     unread: int  # waiting tenants beyond those read
     class_slot_seconds: float | None  # the class's mean job; None: nothing learned yet
+    class_use: float = 0.0  # slot-seconds per second the class's jobs finished lately
+    charge_by_cost: bool = False  # the lane charges a start its cost, not one unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,38 +202,87 @@ def predict(s: Situation) -> Prediction | None:
     if slots <= 0 or own is None or own.weight <= 0:
         return None
     fallback = s.class_slot_seconds
-    v = (s.ahead + 0.5) / own.weight
-    work = 0.0
-    starts = 0.0
-    total_weight = 0.0
+    charge = _charges(s, fallback)
+    own_d = own.slot_seconds if own.slot_seconds > 0 else fallback
+    if own_d is None:
+        return None
+    v = (s.ahead + 0.5) * charge(own, own_d) / own.weight
+    fixed = (s.ahead + 0.5) * own_d  # slot-seconds ahead of it that do not grow with the wait
+    others: list[tuple[float, float, float]] = []  # (entitled, waiting, use) of each other
+    starts, total_weight, read_use = s.ahead + 0.5, own.weight, max(0.0, own.use)
     for b in s.backlogs:
+        if b is own:
+            continue
         d = b.slot_seconds if b.slot_seconds > 0 else fallback
-        n = s.ahead + 0.5 if b is own else min(float(b.jobs), b.weight * v)
+        entitled = b.weight * v / charge(b, d) if d is not None else 0.0
         if d is None:
-            if n > 0:
+            if b.jobs > 0:
                 return None
             continue
-        work += n * d
-        starts += n
+        others.append((entitled * d, b.jobs * d, max(0.0, b.use)))
+        starts += min(float(b.jobs), entitled)
         total_weight += b.weight
+        read_use += max(0.0, b.use)
     if s.unread > 0:
         if fallback is None:
             return None
-        work += s.unread * v * fallback
-        starts += s.unread * v
+        entitled = v / charge(None, fallback)
+        fixed += s.unread * entitled * fallback
+        starts += s.unread * entitled
         total_weight += s.unread
+    rest = min(max(0.0, s.class_use - read_use), REST_CAP * slots)
     in_flight = next((c.in_flight for c in s.classes if c.name == s.cls), 0)
     # the starts before it, and itself, fit in the slots free now: it starts at once
     at_once = in_flight + (starts - 0.5) + 1 <= slots + 1e-9
-    wait = 0.0 if at_once else work / slots
+    wait = 0.0 if at_once else _fluid_wait(slots, fixed, others, rest)
     return Prediction(
         wait_s=wait,
-        work_ahead=work,
+        work_ahead=wait * slots,
         slots=slots,
         share=own.weight / total_weight if total_weight > 0 else 1.0,
         ahead=s.ahead,
         tenants=len(s.backlogs) + s.unread,
     )
+
+
+def _charges(s: Situation, fallback: float | None) -> Callable[[Backlog | None, float], float]:
+    """What a start of a tenant is charged in its tag: one unit per job, or in a lane that
+    charges by cost its learned units (a tenant not learned yet: the mean of those that
+    are, per slot-second of its jobs; with none learned, its slot-seconds themselves, as
+    wall time is what a task that reports nothing is charged by)."""
+    if not s.charge_by_cost:
+        return lambda b, d: 1.0
+    known = [(b.charge, b.slot_seconds) for b in s.backlogs if b.charge > 0 and b.slot_seconds > 0]
+    per_slot_second = sum(c for c, _ in known) / sum(d for _, d in known) if known else 1.0
+
+    def charge(b: Backlog | None, d: float) -> float:
+        if b is not None and b.charge > 0:
+            return b.charge
+        return max(d * per_slot_second, 1e-9)
+
+    return charge
+
+
+def _fluid_wait(
+    slots: float, fixed: float, others: list[tuple[float, float, float]], rest: float
+) -> float:
+    """The ``T`` at which the class has served, at ``slots``, the work ahead of the job:
+    ``slots * T = fixed + sum min(entitled, waiting + use * T) + rest * T``. The right
+    side grows more slowly than the left once ``T`` is past every tenant's cap (``rest``
+    is kept below ``slots``), so the one root is found by bisection."""
+
+    def excess(t: float) -> float:
+        taken = sum(min(cap, waiting + use * t) for cap, waiting, use in others)
+        return fixed + taken + rest * t - slots * t
+
+    lo, hi = 0.0, (fixed + sum(cap for cap, _, _ in others)) / (slots - rest)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if excess(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def fold_mean(mean: float | None, count: int, batch_mean: float) -> float:

@@ -20,7 +20,8 @@ from contextlib import AsyncExitStack
 from typing import Any, Final
 
 from fairlane.runtime.hooks import WorkerHooks, WorkerView
-from fairlane.store.durations import class_field, task_field, tenant_field
+from fairlane.runtime.usage import JobContext
+from fairlane.store.durations import charge_field, class_field, task_field, tenant_field
 from fairlane.store.shards import ShardedStores
 from fairlane.store.wire import FetchedJob, Outcome, OutcomeKind, StoreError
 
@@ -50,23 +51,21 @@ class DurationLearner(WorkerHooks):
     def finished(self, job: FetchedJob, outcome: Outcome | None, seconds: float) -> None:
         if outcome is None or outcome.kind not in _LEARNED:
             return
-        shard = self._stores.map.of_job(job.id)
-        batch = self._batches.setdefault(shard, {})
         lane, cls, ms = self._lane_of(job.task), job.service_class, seconds * 1000
         slot_ms = ms * max(1, job.slots)
-        for field, value in (
-            (tenant_field(lane, cls, job.tenant), slot_ms),
-            (class_field(lane, cls), slot_ms),
-            (task_field(job.task, job.tenant), ms),
-            (task_field(job.task), ms),
-        ):
-            entry = batch.get(field)
-            if entry is None:
-                if len(batch) >= _MAX_FIELDS:
-                    continue
-                entry = batch[field] = [0, 0.0]
-            entry[0] += 1
-            entry[1] += value
+        batch = self._batch(job)
+        _add(batch, tenant_field(lane, cls, job.tenant), slot_ms)
+        _add(batch, class_field(lane, cls), slot_ms)
+        _add(batch, task_field(job.task, job.tenant), ms)
+        _add(batch, task_field(job.task), ms)
+
+    def used(self, job: FetchedJob, usage: JobContext, units: float) -> None:
+        # the units its tenant is charged for it, in a lane that charges by cost
+        lane = self._lane_of(job.task)
+        _add(self._batch(job), charge_field(lane, job.service_class, job.tenant), units)
+
+    def _batch(self, job: FetchedJob) -> dict[str, list[float]]:
+        return self._batches.setdefault(self._stores.map.of_job(job.id), {})
 
     def serving(
         self, worker: WorkerView, stack: AsyncExitStack
@@ -91,3 +90,13 @@ class DurationLearner(WorkerHooks):
             except StoreError as exc:
                 log.debug("learned lengths not sent to shard %d: %s", shard, exc)
         return written
+
+
+def _add(batch: dict[str, list[float]], field: str, value: float) -> None:
+    entry = batch.get(field)
+    if entry is None:
+        if len(batch) >= _MAX_FIELDS:
+            return
+        entry = batch[field] = [0, 0.0]
+    entry[0] += 1
+    entry[1] += value

@@ -5,6 +5,8 @@ The ``dur`` hash holds learned means, one field each (the scripts build the same
 
 - ``t\\0<lane>\\0<class>\\0<tenant>``: slot-ms per job of a tenant's jobs in a class;
 - ``c\\0<lane>\\0<class>``: the same over every tenant of the class;
+- ``u\\0<lane>\\0<class>\\0<tenant>``: units a tenant's job in a class is charged, in a
+  lane that charges by cost;
 - ``k\\0<task>\\0<tenant>``: ms of an attempt of a task, for one tenant;
 - ``k\\0<task>``: the same over every tenant.
 
@@ -33,6 +35,7 @@ from fairlane.store.wire import ClassField, EstimateReply, at
 __all__ = [
     "DurationCalls",
     "Estimated",
+    "charge_field",
     "class_field",
     "task_field",
     "tenant_field",
@@ -41,6 +44,10 @@ __all__ = [
 
 def tenant_field(lane: str, cls: str, tenant: str) -> str:
     return f"t\0{lane}\0{cls}\0{tenant}"
+
+
+def charge_field(lane: str, cls: str, tenant: str) -> str:
+    return f"u\0{lane}\0{cls}\0{tenant}"
 
 
 def class_field(lane: str, cls: str) -> str:
@@ -96,9 +103,9 @@ def _loads(table: list[Any], loads: list[Any]) -> tuple[ClassLoad, ...]:
     return tuple(out)
 
 
-def _backlogs(flat: list[Any]) -> tuple[Backlog, ...]:
+def _backlogs(flat: list[Any], use: list[Any]) -> tuple[Backlog, ...]:
     out = []
-    for i in range(0, len(flat) - 3, 4):
+    for k, i in enumerate(range(0, len(flat) - 4, 5)):
         mean = _number(flat[i + 3])
         out.append(
             Backlog(
@@ -106,6 +113,8 @@ def _backlogs(flat: list[Any]) -> tuple[Backlog, ...]:
                 weight=_number(flat[i + 1]) or 1.0,
                 jobs=int(flat[i + 2]),
                 slot_seconds=(mean or 0.0) / 1000,
+                use=(_number(use[k]) or 0.0) if k < len(use) else 0.0,
+                charge=_number(flat[i + 4]) or 0.0,
             )
         )
     return tuple(out)
@@ -129,6 +138,7 @@ def parse_estimate(reply: Sequence[Any]) -> Estimated:
     }
     ahead = at(values, EstimateReply.AHEAD)
     situation = None
+    use = list(at(values, EstimateReply.USAGE) or [])
     if ahead is not None and int(ahead) >= 0:
         class_mean = _number(at(values, EstimateReply.CLASS_MEAN))
         situation = Situation(
@@ -141,8 +151,10 @@ def parse_estimate(reply: Sequence[Any]) -> Estimated:
             tenant=names["tenant"],
             ahead=int(ahead),
             backlogs=_with_own(
-                _backlogs(list(at(values, EstimateReply.TENANTS) or [])), names["tenant"]
+                _backlogs(list(at(values, EstimateReply.TENANTS) or []), use), names["tenant"]
             ),
+            class_use=(_number(use[-1]) or 0.0) if use else 0.0,
+            charge_by_cost=_text(at(values, EstimateReply.CHARGE) or "") == "cost",
             unread=int(at(values, EstimateReply.UNREAD) or 0),
             class_slot_seconds=None if class_mean is None else class_mean / 1000,
         )

@@ -92,6 +92,10 @@ pattern (after the prefix)  type   holds                              written by
                                   job in a class, the class's, a      read by estimate and
                                   task's ms per tenant and overall    fetch (deadlines)
                                   (``store/durations.py``)
+``use:<window>`` (derived) hash   slot-ms of a tenant's (``t``) and   workers
+                                  a class's (``c``) jobs finished in  (learn_durations); read
+                                  one window (USAGE_WINDOW_MS);       by estimate
+                                  expires after three
 ``trate``                  hash   tenant -> its own rate             configure_rate
                                   'limit,per_ms,burst,units'
 ``tclasses``               hash   tenant -> its class entitlement:   configure_classes (read

@@ -36,7 +36,15 @@ from collections.abc import Iterable
 from importlib.resources import files
 from typing import Final
 
-from fairlane.policy import admission, ceilings, globalkeys, pauses, ratekeys, rates
+from fairlane.policy import (
+    admission,
+    ceilings,
+    globalkeys,
+    pauses,
+    ratekeys,
+    rates,
+    startpredict,
+)
 from fairlane.policy.admission import (
     EstimationSettings,
     PoolConfig,
@@ -143,6 +151,7 @@ def fill_constants(source: str) -> str:
         "__DUE_BATCH__": str(ratekeys.DUE_BATCH),
         "__PARK_BUDGET__": str(ratekeys.PARK_BUDGET),
         "__LIFT_BUDGET__": str(pauses.LIFT_BUDGET),
+        "__USAGE_WINDOW_MS__": str(startpredict.USAGE_WINDOW_MS),
         "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),
         "__PART_EPSILON__": repr(globalkeys.EPSILON),
         # an app of no prefix: what is left of its fence key is the key's own name

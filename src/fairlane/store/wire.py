@@ -108,13 +108,17 @@ class EstimateReply(IntEnum):
     CAPACITY = 8  # the lane's live slots
     TABLE = 9  # the lane's class table (JSON, ``encode_classes``)
     LOADS = 10  # in-flight and waiting slots of each class of the table, in its order
-    TENANTS = 11  # waiting tenants read: tenant, weight, jobs, mean slot-ms ('' unknown)
+    TENANTS = (
+        11  # waiting tenants read: tenant, weight, jobs, mean slot-ms, mean units ('' unknown)
+    )
     UNREAD = 12  # waiting tenants beyond those read
     CLASS_MEAN = 13  # the class's mean slot-ms per job ('' unknown)
     OWN_MS = 14  # the job's own expected ms ('' unknown)
     DEADLINE = 15  # its deadline, server ms ('' none)
     RUN_AT = 16  # when it may run, server ms ('' now)
     PAUSED = 17  # 1: an operator's pause holds it
+    USAGE = 18  # slot-ms per ms each tenant read finished lately ('' none), then the class's
+    CHARGE = 19  # how the lane charges a start: 'cost' (its units) or else one per job
 
 
 def at(reply: Sequence[Any], place: IntEnum) -> Any:
