@@ -155,7 +155,9 @@ def _summary(status: str, segments: Sequence[Segment], max_attempts: int | None)
         )
     elif status not in FINAL:
         parts.append("not started yet")
-    if status in FINAL:
+    if status in FINAL and runs and runs[-1].cause == "deadline":
+        parts.append("expired at its deadline while running")
+    elif status in FINAL:
         parts.append(status)
     elif not parts:
         parts.append(f"status {status or 'unknown'}")

@@ -38,7 +38,8 @@ class Segment:
     operator's pause of its lane, class, tenant, task or fairness key); ``about`` what
     that cause names: the borrowing classes, the throttle or rate key, the deferral
     reason, the error, the paused scope. A running segment has no cause but
-    ``pushback`` when the upstream pushed that attempt back (its attempt given back)."""
+    ``pushback`` when the upstream pushed that attempt back (its attempt given back), or
+    ``deadline`` when it was still running at its job's deadline (the job expired)."""
 
     from_ms: int
     to_ms: int
@@ -120,10 +121,21 @@ class Walk:
         else:
             self.queued(ms)
 
-    def end_running(self, ms: int, how: str) -> None:
+    def end_running(self, ms: int, how: str, cause: str = "") -> None:
         if self.state and self.state[0] == "running":
             run = self.state[1]
-            self.close(ms, why=Why(f"{run.why}, {how}", run.cause, run.about))
+            self.close(ms, why=Why(f"{run.why}, {how}", cause or run.cause, run.about))
+
+    def ended(self, ms: int, kind: str, err: str) -> None:
+        """The job's end (``kind``, one of ``FINAL``): an attempt still running at its
+        job's deadline was stopped there, and the job expired."""
+        if kind != "completed":
+            how, cause = kind + (f" ({err})" if err else ""), ""
+            deadline = self.record.deadline_ms
+            if kind == "expired" and deadline is not None and ms >= deadline:
+                how, cause = f"stopped at its deadline while running, {how}", "deadline"
+            self.end_running(ms, how, cause)
+        self.close(ms)
 
     def parked(self, ms: int, key: str, why: str = "") -> None:
         limit = self.record.limits.get(key)
@@ -315,9 +327,6 @@ class Walk:
             case "redriven":
                 self.queued(ms)
             case kind if kind in FINAL:
-                if kind != "completed":
-                    err = field_text(d.get("err"))
-                    self.end_running(ms, kind + (f" ({err})" if err else ""))
-                self.close(ms)
+                self.ended(ms, kind, field_text(d.get("err")))
             case _:
                 pass

@@ -340,7 +340,8 @@ class WorkerMetrics(Collector):
         attempts = CounterMetricFamily(
             "fairlane_attempts",
             "Attempts settled, by task and outcome (ok, retry, dead, suspend, cancel, "
-            "release; fenced: a late write the server rejected; lease_lost: never settled).",
+            "expire: stopped at the job's deadline, release; fenced: a late write the "
+            "server rejected; lease_lost: never settled).",
             labels=["task", "outcome"],
         )
         for key, n in sorted(list(self.attempts.items())):

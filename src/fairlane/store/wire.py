@@ -31,6 +31,7 @@ class OutcomeKind(StrEnum):
     SUSPEND = "suspend"  # a workflow run waits
     THROTTLE = "throttle"  # an upstream pushed back on one of its rate keys
     HANDBACK = "handback"  # the worker could not run it: another may
+    EXPIRE = "expire"  # stopped at its job's deadline while running: the job expires
 
 
 AckKind = str

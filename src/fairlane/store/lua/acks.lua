@@ -17,7 +17,8 @@ do
   local lane_waiting, push_ready, release_throttle = fairqueue.lane_waiting, fairqueue.push_ready, fairqueue.release_throttle
   local work_of = fairqueue.work_of
   local MIN_CHARGE_MU, adjust_tag, learn_costs = admission.MIN_CHARGE_MU, admission.adjust_tag, admission.learn_costs
-  local count, dead_letter, finish = records.count, records.dead_letter, records.finish
+  local count, dead_letter, expire, finish = records.count, records.dead_letter, records.expire,
+    records.finish
   local schedule_retry = records.schedule_retry
   local suspend_run = workflows.suspend_run
 
@@ -186,10 +187,11 @@ do
     return payload, pushed, pushed_key, amu
   end
 
-  -- The attempt's end by its kind: completed, retried, dead-lettered, cancelled, a run
-  -- suspended, handed back, or released (handed back unstarted by a stopping worker: the
-  -- attempt is not counted). The store holds the attempt budget itself: a retry past it
-  -- is a dead letter.
+  -- The attempt's end by its kind: completed, retried, dead-lettered, cancelled, expired
+  -- (stopped by its worker at the job's deadline: counted as expired, never as a failure,
+  -- and not retried), a run suspended, handed back, or released (handed back unstarted by
+  -- a stopping worker: the attempt is not counted). The store holds the attempt budget
+  -- itself: a retry past it is a dead letter.
   local function conclude(keys, p, id, kind, ack, f, payload, pushed, pushed_key, meta, now, tally,
       settled)
     local delay = tonumber(ack[Ack.DELAY_MS])
@@ -211,6 +213,8 @@ do
       dead_letter(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.CANCEL then
       finish(keys, p, id, 'cancelled', 'err', payload, now, tally, meta)
+    elseif kind == Kind.EXPIRE then
+      expire(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.SUSPEND then
       suspend_run(keys, p, id, payload, delay or 0, now, tally)
     elseif kind == Kind.HANDBACK then
@@ -229,9 +233,9 @@ do
   end
 
   -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
-  -- [id, token, kind (ok | retry | dead | cancel | release | suspend | throttle | handback),
-  -- payload, delay_ms, cost] (a workflow run suspends with what it waits for as its
-  -- payload; a pushback names its key and the pause; a hand-back its window,
+  -- [id, token, kind (ok | retry | dead | cancel | expire | release | suspend | throttle
+  -- | handback), payload, delay_ms, cost] (a workflow run suspends with what it waits for
+  -- as its payload; a pushback names its key and the pause; a hand-back its window,
   -- settling.hand_back). (cost: the work units the attempt used, -1 when it did not run).
   -- Returns one code per entry: 1 applied; 2 the settlement this lease made already, sent
   -- again after its reply was lost (not applied twice; counted 'resettled'); 0 rejected as
@@ -265,6 +269,7 @@ do
           account(keys, p, id, kind, ack, f, now, tally, settled, freed, limited, costing)
         local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20]}
         local ends = kind == Kind.OK or kind == Kind.DEAD or kind == Kind.CANCEL
+          or kind == Kind.EXPIRE
           or (kind == Kind.RETRY and (core.num(f[6]) or 0) >= (core.num(f[7]) or 1))
         if ends then
           meta.amu = amu
