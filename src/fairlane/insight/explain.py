@@ -67,6 +67,10 @@ and a pause with its cause. A job parked on a key its app's shards share
 told, while it still waits, what part of the key its shard holds, how much of it is in
 use and how many wait there, and what the other shards hold.
 
+An attempt whose task reported its time in model and tool calls (``fairlane.context()``,
+``report_usage(model_seconds=..., tool_seconds=...)``) is told how much of its run that
+was: ``use`` in the event that ended it, or on the record when it ended the job.
+
 Jobs logged by earlier versions of the store carry ``dispatched`` and final events
 (``completed``, ``failed``, ``cancelled``, ``expired``) as well; they are read as they
 are.
@@ -86,7 +90,7 @@ from typing import Any
 from fairlane.insight.rates import rate_keys_now, rate_now, rate_text
 from fairlane.insight.timeline import FINAL, as_record, timeline
 from fairlane.insight.walk import Segment, Walk
-from fairlane.insight.words import format_ms
+from fairlane.insight.words import attempt_time, format_ms
 from fairlane.store.pausing import PauseEntry
 from fairlane.store.records import Event, JobRecord
 from fairlane.store.views.globalkeys import JobGlobalKeys
@@ -124,6 +128,10 @@ class Explanation:
     tenant's queue is that key's fair share (``fairlane.policy.fairkeys``)."""
 
 
+# the attempts whose reported time the summary tells, the latest (the segments tell all)
+_REPORTED_TOLD = 3
+
+
 def _summary(status: str, segments: Sequence[Segment], max_attempts: int | None) -> str:
     waits = [s for s in segments if s.what != "running"]
     runs = [s for s in segments if s.what == "running"]
@@ -155,6 +163,11 @@ def _summary(status: str, segments: Sequence[Segment], max_attempts: int | None)
         )
     elif status not in FINAL:
         parts.append("not started yet")
+    reported = [(s, s.reported_ms) for s in runs if s.reported_ms is not None]
+    parts.extend(
+        f"its attempt {s.attempt} {attempt_time(s.ms, use, still=s.open)}"
+        for s, use in reported[-_REPORTED_TOLD:]
+    )
     if status in FINAL:
         parts.append(status)
     elif not parts:

@@ -551,6 +551,9 @@ JOB_FIELDS: dict[str, str] = {
     "ck": "cost key 'tenant|workflow|model' whose learned cost applies",
     "cu": "milli-units its tenant is charged at dispatch (cost mode)",
     "amu": "milli-units its last attempt used",
+    "use": "what its last attempt reported of its time in model and tool calls, "
+    "'<model ms>,<tool ms>': written when that attempt ends the job (an attempt that ends "
+    "earlier keeps it in its event; absent = nothing reported)",
     "par": "the workflow run a child job belongs to (absent = none)",
     "wfr": "1 once a workflow run has started (it has run:<id>:* keys)",
     "wf": "what a suspended run waits for: yield, sleep, signal:<name> or children",

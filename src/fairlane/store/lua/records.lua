@@ -177,15 +177,22 @@ do
   end
 
   -- Settle a job for good. `meta` holds its task, rc, rf, w, mu, lane, cls, tenant, par,
-  -- wfr, toff and idem fields (and `amu`, what the attempt used) when the caller already
-  -- read them (the hot path); otherwise they are read here. A reservation the job held is
-  -- released.
+  -- wfr, toff and idem fields (and `amu`, what the attempt used, `use`, what it reported
+  -- of its time in model and tool calls) when the caller already read them (the hot path);
+  -- otherwise they are read here. A reservation the job held is released.
   local function finish(keys, p, id, status, field, payload, now, tally, meta)
     local jk = job_key(p, id)
-    -- what the attempt used (`amu`, acks.lua) rides on this write
-    local amu, fin = meta and meta.amu, core.now_arg(now)
-    if field and amu then
-      redis.call('HSET', jk, 'st', status, 'fin', fin, field, payload, 'amu', core.arg(amu))
+    -- what the attempt used (`amu`) and reported (`use`, acks.lua) ride on this write
+    local amu, use, fin = meta and meta.amu, meta and meta.use, core.now_arg(now)
+    if field and (amu or use) then
+      local hargs = {'st', status, 'fin', fin, field, payload}
+      if amu then
+        hargs[#hargs + 1], hargs[#hargs + 2] = 'amu', core.arg(amu)
+      end
+      if use then
+        hargs[#hargs + 1], hargs[#hargs + 2] = 'use', use
+      end
+      redis.call('HSET', jk, unpack(hargs))
     elseif field then
       redis.call('HSET', jk, 'st', status, 'fin', fin, field, payload)
     else
@@ -234,8 +241,9 @@ do
   local EXPIRED_ERR = '{"type":"DeadlineExceeded","message":"the deadline passed before the job could run","traceback":""}'
 
   -- Schedule a retry `delay` ms from now, unless that is past the job's deadline (`what`:
-  -- the event and counter, 'retry' unless it is a pushback by `key` or a hand-back).
-  local function schedule_retry(keys, p, id, delay, err, now, tally, what, key)
+  -- the event and counter, 'retry' unless it is a pushback by `key` or a hand-back; `use`:
+  -- what the attempt reported of its time, acks.lua, kept in the event).
+  local function schedule_retry(keys, p, id, delay, err, now, tally, what, key, use)
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant', 'start', 'wk', 'att',
       'qw')
@@ -257,7 +265,7 @@ do
     -- the next attempt overwrites start, wk, att and qw: the event keeps this attempt's
     log_event(p, id, now, what or 'retry', {delay = delay, err = error_type(err), at = run_at,
       start = tonumber(f[6]), wk = f[7] or nil, att = tonumber(f[8]),
-      qw = f[9] ~= '' and f[9] or nil, key = key})
+      qw = f[9] ~= '' and f[9] or nil, key = key, use = use})
     count(tally, what == 'pushback' and 'pushed_back' or what == 'handback' and 'handed_back'
       or 'retried')
     -- the retry may be due sooner than a blocked worker's timeout: wake one to re-read it
@@ -268,7 +276,7 @@ do
   -- A pushback (Throttled on a key the job holds): the job is due again when the key's
   -- pause ends, its attempt given back, up to rates.MAX_PUSHBACKS pushbacks; past them a
   -- pushback is a failed attempt like any other (its budget applies).
-  function records.push_back(keys, p, id, delay, err, now, tally, meta, key)
+  function records.push_back(keys, p, id, delay, err, now, tally, meta, key, use)
     local jk = job_key(p, id)
     local v = redis.call('HMGET', jk, 'pb', 'att', 'max')
     local pushes = (tonumber(v[1]) or 0) + 1
@@ -277,11 +285,11 @@ do
         dead_letter(keys, p, id, err, now, tally, meta)
         return 'failed'
       end
-      return schedule_retry(keys, p, id, delay, err, now, tally)
+      return schedule_retry(keys, p, id, delay, err, now, tally, nil, nil, use)
     end
     redis.call('HSET', jk, 'pb', pushes)
     -- logged with the attempt it ended, then the attempt is given back
-    local verdict = schedule_retry(keys, p, id, delay, err, now, tally, 'pushback', key)
+    local verdict = schedule_retry(keys, p, id, delay, err, now, tally, 'pushback', key, use)
     redis.call('HINCRBY', jk, 'att', -1)
     return verdict
   end
