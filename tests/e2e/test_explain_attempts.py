@@ -1,5 +1,5 @@
-"""``explain`` on what a job's attempts took of their own time -- end to end, through a
-real server and worker.
+"""``explain`` on what a job's attempts took of their own time, and what other jobs'
+retries took of its wait -- end to end, through a real server and worker.
 
 * An attempt whose task reports its time in model and tool calls (``report_usage``) is
   told how much of its run that was: the ack carries the two times, an attempt that
@@ -8,24 +8,36 @@ real server and worker.
 * A retry due at once starts again in the call that settled its failure, in the same
   millisecond: the timeline keeps the two attempts apart (the event names the start it
   ended).
+* A job queued behind a retry storm in its class (one tenant's failing jobs, their
+  retries keeping their place at the head of its queue) is told how many retry attempts
+  of other jobs started in its class while it waited and their share of the starts
+  there, read from the class's ring of starts (``lane:<l>:c:<c>:starts``), through
+  ``fairlane explain`` and its ``--json``.
+* The ring keeps no more than its span: seconds past it are dropped by the first start
+  of a new second.
 
-Counts and sentences, never timings: the figures asserted are the ones the tasks report;
-a run's own length is only matched as a duration.
+Counts and sentences, never timings: the figures asserted are the ones the tasks report
+and the starts the test makes; a run's own length is only matched as a duration.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 import fairlane
 from fairlane import App, Backoff
 from fairlane.app.task import Task
 from fairlane.insight.explain import explain
+from fairlane.policy.starts import BUCKETS, RETRY_START, bucket_of, unpack
 from fairlane.store.records import Event
-from tests.e2e.helpers import WAIT, make_app, running_worker
+from fairlane.store.views.starts import class_starts
+from tests.e2e.helpers import WAIT, explain_command, make_app, raw_client, running_worker
 
 pytestmark = pytest.mark.anyio
 
@@ -112,3 +124,82 @@ def test_a_retry_started_again_in_the_millisecond_it_failed_keeps_its_attempts_a
     assert last.why.endswith(
         "ran 300 ms, and 900 ms in model calls it reported: more than it ran, its calls overlapping"
     )
+
+
+FLAKY, ATTEMPTS = 3, 4
+
+
+def test_a_job_behind_a_retry_storm_is_told_the_retries_and_their_share(
+    tmp_path: Path, namespace: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cli, spec = explain_command(tmp_path, monkeypatch, namespace, redis_url)
+
+    async def storm() -> str:
+        app = make_app(namespace, redis_url)
+
+        @app.task(attempts=ATTEMPTS, backoff=Backoff(0, 0, "none"))
+        async def flaky(n: int) -> None:
+            raise ConnectionError(f"upstream down ({n})")
+
+        @app.task
+        async def hello(n: int) -> int:
+            return n
+
+        async with app:
+            failing = await flaky.enqueue_many([(n,) for n in range(FLAKY)], tenant="acme")
+            victim = await hello.enqueue(7, tenant="acme")
+            # one slot: each retry is due at once and keeps its place at the head of the
+            # tenant's queue, so the victim starts last, after every attempt of the others
+            async with running_worker(app, concurrency=1):
+                assert await victim.result(timeout=WAIT) == 7
+                for job in failing:
+                    assert await job.status() == "failed"
+            ring = await app.store.read(class_starts(app.store.keys, "default", "standard"))
+        counted = [unpack(v) for v in ring.buckets.values()]
+        assert (sum(n for n, _ in counted), sum(r for _, r in counted)) == (
+            FLAKY * ATTEMPTS + 1,
+            FLAKY * (ATTEMPTS - 1),
+        )
+        return victim.id
+
+    job_id = asyncio.run(storm())
+    starts, retries = FLAKY * ATTEMPTS + 1, FLAKY * (ATTEMPTS - 1)
+    told = (
+        f"meanwhile {retries} retry attempts of other jobs started in class standard: "
+        f"{retries / starts:.0%} of the {starts} starts there in the "
+    )
+    shown = CliRunner().invoke(cli, ["explain", spec, job_id], env={"COLUMNS": "400"})
+    assert shown.exit_code == 0, shown.output
+    print(shown.output)
+    assert told in shown.output
+    as_json = CliRunner().invoke(cli, ["explain", spec, job_id, "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    data = json.loads(as_json.output)
+    [queued] = [s for s in data["segments"] if s["what"] == "queued"]
+    assert re.search(re.escape(told) + r"\d+ s around its wait$", queued["why"])
+    assert data["retries"]["starts"] == starts
+    assert data["retries"]["others_retries"] == retries
+    assert data["causes"][-1] == "retries"
+    assert told in data["summary"]
+
+
+async def test_the_ring_of_starts_keeps_its_span_and_no_more(
+    redis_url: str, namespace: str
+) -> None:
+    app, quiet = _app(namespace, redis_url)
+    async with app:
+        key = app.store.keys.class_key("default", "standard", "starts")
+        now = bucket_of(await app.store.server_time_ms())
+        async with raw_client(redis_url) as client:
+            # a ring left full of seconds long past, and one second still in its span
+            stale = {str(now - BUCKETS - 100 - i): 1 for i in range(BUCKETS + 1)}
+            await client.hset(key, mapping={**stale, str(now - 10): RETRY_START + 2})
+            job = await quiet.enqueue(tenant="acme")
+            async with running_worker(app):
+                assert await job.result(timeout=WAIT) == "ok"
+            fields = await client.hgetall(key)
+    seconds = {int(k): int(v) for k, v in fields.items()}
+    assert len(seconds) <= BUCKETS + 1
+    assert min(seconds) == now - 10 and unpack(seconds[now - 10]) == (2, 1)
+    # the job's start, counted in its second (one second later, should the clock turn)
+    assert sum(unpack(v)[0] for s, v in seconds.items() if s >= now) == 1

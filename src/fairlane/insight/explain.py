@@ -69,7 +69,10 @@ use and how many wait there, and what the other shards hold.
 
 An attempt whose task reported its time in model and tool calls (``fairlane.context()``,
 ``report_usage(model_seconds=..., tool_seconds=...)``) is told how much of its run that
-was: ``use`` in the event that ended it, or on the record when it ended the job.
+was: ``use`` in the event that ended it, or on the record when it ended the job. A wait
+for a slot in its class is told the retries of other jobs that started there meanwhile,
+with their share of the starts (``fairlane.insight.retries``, from the class's ring of
+starts passed in as ``starts``: ``fairlane.store.views.starts.ClassStarts``).
 
 Jobs logged by earlier versions of the store carry ``dispatched`` and final events
 (``completed``, ``failed``, ``cancelled``, ``expired``) as well; they are read as they
@@ -88,13 +91,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from fairlane.insight.rates import rate_keys_now, rate_now, rate_text
+from fairlane.insight.retries import retries_told
 from fairlane.insight.timeline import FINAL, as_record, timeline
 from fairlane.insight.walk import Segment, Walk
 from fairlane.insight.words import attempt_time, format_ms
+from fairlane.policy.starts import StartsWhile
 from fairlane.store.pausing import PauseEntry
 from fairlane.store.records import Event, JobRecord
 from fairlane.store.views.globalkeys import JobGlobalKeys
 from fairlane.store.views.rates import JobRates
+from fairlane.store.views.starts import ClassStarts
 
 __all__ = [
     "Explanation",
@@ -113,7 +119,8 @@ __all__ = [
 class Explanation:
     """Where a job's time went: its segments in order, the totals, and one sentence.
 
-    ``causes`` lists the causes of its waiting, first seen first; ``events`` is the
+    ``causes`` lists the causes of its waiting, first seen first (and ``retries`` last
+    when a wait is told of other jobs' retries in its class); ``events`` is the
     timeline the answer was read from (see :func:`timeline`)."""
 
     status: str
@@ -126,6 +133,9 @@ class Explanation:
     fairness_key: str = ""
     """The end user of its tenant it was enqueued for ('' none): its place in the
     tenant's queue is that key's fair share (``fairlane.policy.fairkeys``)."""
+    retries: StartsWhile | None = None
+    """Its class's starts over the seconds its waits for a slot touched, and how many
+    were other jobs' retries (None: not read, no such wait, or no longer kept)."""
 
 
 # the attempts whose reported time the summary tells, the latest (the segments tell all)
@@ -184,12 +194,14 @@ def explain(
     rates: JobRates | None = None,
     global_keys: JobGlobalKeys | None = None,
     pauses: Sequence[PauseEntry] = (),
+    starts: ClassStarts | None = None,
 ) -> Explanation:
     """Explain a job from its record (a ``JobRecord``, or the hash's fields as bytes or
     text) and its events; ``rates``: its rate keys and their state now
     (``fairlane.store.views.rates.job_rates``); ``global_keys``: the keys it names that
     its app's shards share (``fairlane.store.views.globalkeys.job_global_keys``);
-    ``pauses``: its shard's pause table (``Store.pause_entries()``).
+    ``pauses``: its shard's pause table (``Store.pause_entries()``); ``starts``: its
+    class's ring of starts (``fairlane.store.views.starts.class_starts``).
 
     A job not finished yet has its last segment end at ``now_ms`` (server time), or at its
     last event when ``now_ms`` is not given."""
@@ -204,10 +216,12 @@ def explain(
         walk.held(end)
         walk.live()
         walk.close(max(end, walk.since), still=True)
-    segments = tuple(walk.segments)
+    segments, retries = retries_told(walk.segments, starts, record.lane, record.service_class)
     ran = sum(s.ms for s in segments if s.what == "running")
     waited = sum(s.ms for s in segments if s.what != "running")
     causes = tuple(dict.fromkeys(s.cause for s in segments if s.what != "running" and s.cause))
+    if any(a.why != b.why for a, b in zip(segments, walk.segments, strict=True)):
+        causes = (*causes, "retries")
     return Explanation(
         status=status,
         segments=segments,
@@ -217,4 +231,5 @@ def explain(
         causes=causes,
         events=tuple(ordered),
         fairness_key=record.fairness_key,
+        retries=retries,
     )

@@ -135,6 +135,9 @@ pattern (after the prefix)  type   holds                              written by
 ``lane:<l>:c:<c>:seen``    hash   tenant -> 'tag|ms': an idle        tenant sweep
  (derived)                        tenant's finish tag above V, first
                                   seen by the tenant sweep then
+``lane:<l>:c:<c>:starts``  hash   second (server ms // 1000) ->       fetch, enqueue (a
+ (derived)                        starts + 2**26 * retry starts in    hand-off); the newest
+                                  it (fairlane.policy.starts)        600 seconds kept
 ``q:<l>:<c>:<t>`` (der.)   zset   waiting job ids by order           enqueue, fetch, cancel
 ``fk:<l>:<c>:<t>`` (der.)  zset   fairness key -> its next start tag enqueue (dropped at or
                                   in the tenant queue (fairkeys.lua) below the queue's head)

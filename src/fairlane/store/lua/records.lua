@@ -2,12 +2,12 @@
 -- dead letters, expiry, and retries with backoff.
 --
 -- Keys: job:<id>, ev:<id>, kept:<task>:<outcome> and its side set, done, gone,
---   run:<id>:log, lane:<l>:delayed, lane:<l>:c:<c>:dfair, KEYS[DEAD], KEYS[IDEM],
+--   run:<id>:log, lane:<l>:delayed, lane:<l>:c:<c>:dfair|starts, KEYS[DEAD], KEYS[IDEM],
 --   KEYS[STATS], KEYS[WEIGHTS]
 -- Calls: core, rates, fairqueue, fairkeys, admission, runs
 -- Entry points: records.{EXPIRED_ERR, GONE, GONE_MAX, add_counts, apply_effects,
---   backoff_ms, count, dead_letter, expire, finish, links_key, mark_gone, new_effects,
---   push_back, readmit_class, remove_records, schedule_retry, trim}
+--   backoff_ms, count, count_start, dead_letter, expire, finish, links_key, mark_gone,
+--   new_effects, push_back, readmit_class, remove_records, schedule_retry, trim}
 
 local records = {}
 
@@ -141,6 +141,51 @@ do
     fx.counts[name] = (fx.counts[name] or 0) + (n or 1)
   end
 
+  -- A class's starts by the second (fairlane/policy/starts.py), so that `explain` can tell
+  -- a job how many retries of other jobs took its class's slots while it waited: hash
+  -- lane:<l>:c:<c>:starts, a field per second of server time holding that second's starts
+  -- plus RETRY_START times its retry starts (an attempt after the first), so that one
+  -- HINCRBY counts both. Dispatch counts each job it starts into the call's effects
+  -- (`count_start`: no command, `fx.starts` made on a call's first start); the call writes
+  -- one HINCRBY per lane and class that started any (`write_starts`). A second's first write drops the second that leaves the
+  -- ring, and seconds skipped leave a stale field or a few, swept once the hash holds more
+  -- than the ring: it never holds more than STARTS_BUCKETS + 1 fields.
+  local STARTS_WIDTH_MS, STARTS_BUCKETS = __STARTS_WIDTH_MS__, __STARTS_BUCKETS__
+  local RETRY_START = __RETRY_START__
+
+  function records.count_start(fx, lane, cls, att)
+    fx.starts = fx.starts or {}
+    local k = lane .. '\0' .. cls
+    local e = fx.starts[k]
+    if not e then
+      e = {lane, cls, 0}
+      fx.starts[k] = e
+    end
+    e[3] = e[3] + ((tonumber(att) or 0) > 0 and RETRY_START + 1 or 1)
+  end
+
+  local function write_starts(p, fx, now)
+    if not fx.starts then
+      return
+    end
+    local index = math.floor(now / STARTS_WIDTH_MS)
+    for _, e in pairs(fx.starts) do
+      local key = class_key(p, e[1], e[2], 'starts')
+      if redis.call('HINCRBY', key, core.int(index), core.int(e[3])) == e[3] then
+        redis.call('HDEL', key, core.int(index - STARTS_BUCKETS))
+        if redis.call('HLEN', key) > STARTS_BUCKETS then
+          local old = {}
+          for _, f in ipairs(redis.call('HKEYS', key)) do
+            if (tonumber(f) or 0) <= index - STARTS_BUCKETS then
+              old[#old + 1] = f
+            end
+          end
+          core.chunked('HDEL', key, old)
+        end
+      end
+    end
+  end
+
   -- `linked`: removing the record takes more than deleting its keys (links_key).
   local function keep(fx, idx, spec, id, linked)
     local k = fx.kept[idx]
@@ -161,6 +206,7 @@ do
       admit_deferred(keys, p, lane, now, fx)
     end
     records.add_counts(keys[STATS], fx.counts)
+    write_starts(p, fx, now)
     for idx, k in pairs(fx.kept) do
       local zargs, at = {}, core.now_arg(now)
       for i, id in ipairs(k.ids) do
