@@ -46,7 +46,7 @@ from fairlane.runtime.executors import (
 from fairlane.runtime.hooks import WorkerHooks
 from fairlane.runtime.invoke import target_of
 from fairlane.runtime.slices import run_slice
-from fairlane.runtime.usage import JobContext
+from fairlane.runtime.usage import JobContext, reported_ms
 from fairlane.store.runs import CorruptRunHistory
 from fairlane.store.shards import ShardedStores
 from fairlane.store.wire import (
@@ -184,7 +184,8 @@ class Runner:
         self.hooks.used(job, ctx, cost)
         if kind == OutcomeKind.HANDBACK:
             cost = -1.0  # the task never ran: nothing to learn its cost from
-        return Outcome(job.id, job.token, kind, text, delay_ms, cost)
+            return Outcome(job.id, job.token, kind, text, delay_ms, cost)
+        return Outcome(job.id, job.token, kind, text, delay_ms, cost, *reported_ms(ctx))
 
     async def _attempt(self, task: TaskDefinition[Any, Any], job: FetchedJob) -> bytes:
         timeout = job.timeout or None

@@ -144,6 +144,9 @@ pattern (after the prefix)  type   holds                              written by
 ``lane:<l>:c:<c>:seen``    hash   tenant -> 'tag|ms': an idle        tenant sweep
  (derived)                        tenant's finish tag above V, first
                                   seen by the tenant sweep then
+``lane:<l>:c:<c>:starts``  hash   second (server ms // 1000) ->       fetch, enqueue (a
+ (derived)                        starts + 2**26 * retry starts in    hand-off); the newest
+                                  it (fairlane.policy.starts)        600 seconds kept
 ``q:<l>:<c>:<t>`` (der.)   zset   waiting job ids by order           enqueue, fetch, cancel
 ``fk:<l>:<c>:<t>`` (der.)  zset   fairness key -> its next start tag enqueue (dropped at or
                                   in the tenant queue (fairkeys.lua) below the queue's head)
@@ -565,6 +568,9 @@ JOB_FIELDS: dict[str, str] = {
     "ck": "cost key 'tenant|workflow|model' whose learned cost applies",
     "cu": "milli-units its tenant is charged at dispatch (cost mode)",
     "amu": "milli-units its last attempt used",
+    "use": "what its last attempt reported of its time in model and tool calls, "
+    "'<model ms>,<tool ms>': written when that attempt ends the job (an attempt that ends "
+    "earlier keeps it in its event; absent = nothing reported)",
     "par": "the workflow run a child job belongs to (absent = none)",
     "wfr": "1 once a workflow run has started (it has run:<id>:* keys)",
     "wf": "what a suspended run waits for: yield, sleep, signal:<name> or children",

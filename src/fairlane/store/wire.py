@@ -400,6 +400,10 @@ class Outcome(msgspec.Struct, array_like=True, frozen=True):
     payload: str = ""
     delay_ms: int = 0
     cost: float = -1.0  # work units the attempt used (-1: it did not run)
+    # what the task reported of its time in model and in tool calls (fairlane.context()),
+    # in ms; -1: it reported none. Kept with the attempt for ``fairlane explain``
+    model_ms: int = -1
+    tool_ms: int = -1
 
     def __post_init__(self) -> None:
         # accept the bytes a caller may hold; the wire needs text

@@ -126,6 +126,17 @@ do
     return verdict
   end
 
+  -- What the attempt reported of its time in model calls and in tool calls, as the job
+  -- keeps it: '<model ms>,<tool ms>' (field and event detail `use`), nil when it reported
+  -- none (or its worker, of an earlier release, sends acks without the two).
+  local function reported(ack)
+    local m, t = tonumber(ack[Ack.MODEL_MS]), tonumber(ack[Ack.TOOL_MS])
+    if not (m and t) or (m < 0 and t < 0) then
+      return nil
+    end
+    return core.int(math.floor(math.max(0, m))) .. ',' .. core.int(math.floor(math.max(0, t)))
+  end
+
   -- A running job's record as an ack reads it: f[1..14] st, tok, task, rc, rf, att, max,
   -- lane, cls, sl, tenant, start, ck, cu; f[15..20] the optional w, ttok, mu, par, wfr,
   -- idem (core.read).
@@ -191,24 +202,25 @@ do
   -- (stopped by its worker at the job's deadline: counted as expired, never as a failure,
   -- and not retried), a run suspended, handed back, or released (handed back unstarted by
   -- a stopping worker: the attempt is not counted). The store holds the attempt budget
-  -- itself: a retry past it is a dead letter.
+  -- itself: a retry past it is a dead letter. What the attempt reported of its time
+  -- (`meta.use`) rides on the write that ends the job, or on the event that ends the attempt.
   local function conclude(keys, p, id, kind, ack, f, payload, pushed, pushed_key, meta, now, tally,
       settled)
-    local delay = tonumber(ack[Ack.DELAY_MS])
+    local delay, use = tonumber(ack[Ack.DELAY_MS]), meta.use
     -- the attempt budget is read only by the kinds that retry (a number read costs)
     if kind == Kind.THROTTLE and pushed then
-      records.push_back(keys, p, id, delay or 0, payload, now, tally, meta, pushed_key)
+      records.push_back(keys, p, id, delay or 0, payload, now, tally, meta, pushed_key, use)
     elseif kind == Kind.THROTTLE and (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1) then
       dead_letter(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.THROTTLE then
       -- a pushback on a key the job does not hold is an ordinary failure
-      schedule_retry(keys, p, id, delay or 0, payload, now, tally)
+      schedule_retry(keys, p, id, delay or 0, payload, now, tally, nil, nil, use)
     elseif kind == Kind.OK then
       finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
     elseif kind == Kind.RETRY and (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1) then
       dead_letter(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.RETRY then
-      schedule_retry(keys, p, id, delay, payload, now, tally)
+      schedule_retry(keys, p, id, delay, payload, now, tally, nil, nil, use)
     elseif kind == Kind.DEAD then
       dead_letter(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.CANCEL then
@@ -216,7 +228,7 @@ do
     elseif kind == Kind.EXPIRE then
       expire(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.SUSPEND then
-      suspend_run(keys, p, id, payload, delay or 0, now, tally)
+      suspend_run(keys, p, id, payload, delay or 0, now, tally, use)
     elseif kind == Kind.HANDBACK then
       settling.hand_back(keys, p, id, payload, delay or 0, now, tally, meta)
     else
@@ -267,7 +279,8 @@ do
         released[#released + 1] = id
         local payload, pushed, pushed_key, amu =
           account(keys, p, id, kind, ack, f, now, tally, settled, freed, limited, costing)
-        local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20]}
+        local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20],
+          use = kind ~= Kind.RELEASE and kind ~= Kind.HANDBACK and reported(ack) or nil}
         local ends = kind == Kind.OK or kind == Kind.DEAD or kind == Kind.CANCEL
           or kind == Kind.EXPIRE
           or (kind == Kind.RETRY and (core.num(f[6]) or 0) >= (core.num(f[7]) or 1))
