@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
+from fairlane.errors import StoreFull
 from fairlane.runtime.hooks import WorkerHooks, WorkerView
 from fairlane.runtime.usage import JobContext
 from fairlane.store.durations import charge_field, class_field, task_field, tenant_field
@@ -87,7 +88,7 @@ class DurationLearner(WorkerHooks):
             entries = [(f, int(n), total) for f, (n, total) in batch.items()]
             try:
                 written += await self._stores.stores[shard].learn_durations(entries)
-            except StoreError as exc:
+            except (StoreError, StoreFull) as exc:
                 log.debug("learned lengths not sent to shard %d: %s", shard, exc)
         return written
 
