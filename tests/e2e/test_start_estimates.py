@@ -18,6 +18,7 @@ import pytest
 from fairlane import App
 from fairlane.app.admission import Rejected
 from fairlane.app.task import Task
+from fairlane.insight.explain import explain
 from fairlane.store.durations import task_field
 from tests.e2e.helpers import WAIT, eventually, make_app, running_workers
 
@@ -64,6 +65,13 @@ async def test_estimates_follow_place_weight_and_learned_lengths(
         b_jobs = await work.enqueue_many([(LEARN_MS,)] * 6, tenant="b")
         a = [await j.start_estimate() for j in a_jobs]
         b = [await j.start_estimate() for j in b_jobs]
+        last = a_jobs[-1].id
+        record = await app.store.read_job(last)
+        assert record is not None
+        told = explain(record, await app.store.job_events(last), start=a[-1])
+        assert "expected to start in" in told.summary, told.summary
+        assert "slot-seconds ahead of it in default/standard" in told.summary
+        assert told.estimated_start == a[-1].at
         gate.set()
     for est in a + b:
         assert est.at is not None and est.prediction is not None, est.why_none

@@ -38,6 +38,7 @@ from fairlane.cli._common import AppSpec, JobId, RedisUrl, console, fail, load_a
 from fairlane.insight.explain import explain as explain_record
 from fairlane.insight.explain import format_ms, rate_keys_now
 from fairlane.insight.globalkeys import global_key_row
+from fairlane.insight.startestimate import StartEstimate, start_estimate
 from fairlane.store.pausing import PauseEntry
 from fairlane.store.records import Event, JobRecord
 from fairlane.store.views.globalkeys import JobGlobalKeys, job_global_keys
@@ -56,6 +57,7 @@ class _Read:
     shared: JobGlobalKeys
     pauses: list[PauseEntry]
     starts: ClassStarts | None
+    start: StartEstimate | None
 
 
 async def _load(app: App, job_id: str) -> _Read:
@@ -72,8 +74,11 @@ async def _load(app: App, job_id: str) -> _Read:
             if record is not None
             else None
         )
+        start = None
+        if record is not None and record.status in ("queued", "scheduled"):
+            start = start_estimate(await store.estimate_job(job_id))
         now = await store.server_time_ms()
-        return _Read(record, events, now, rates, shared, pauses, starts)
+        return _Read(record, events, now, rates, shared, pauses, starts, start)
 
 
 def _at(ms: int) -> str:
@@ -114,6 +119,7 @@ def explain(
         global_keys=shared,
         pauses=read.pauses,
         starts=read.starts,
+        start=read.start,
     )
     if as_json:
         out = {
@@ -131,6 +137,9 @@ def explain(
             "rate_keys": rate_keys_now(rates),
             "pushbacks": rates.pushbacks,
             "global_keys": [global_key_row(v) for v in shared.keys.values()],
+            "estimated_start": answer.estimated_start.isoformat()
+            if answer.estimated_start
+            else None,
         }
         typer.echo(json.dumps(out, indent=2, ensure_ascii=False))
         return

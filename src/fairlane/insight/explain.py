@@ -88,10 +88,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from fairlane.insight.rates import rate_keys_now, rate_now, rate_text
 from fairlane.insight.retries import retries_told
+from fairlane.insight.startestimate import StartEstimate, start_text
 from fairlane.insight.timeline import FINAL, as_record, timeline
 from fairlane.insight.walk import Segment, Walk
 from fairlane.insight.words import attempt_time, format_ms
@@ -136,6 +138,8 @@ class Explanation:
     retries: StartsWhile | None = None
     """Its class's starts over the seconds its waits for a slot touched, and how many
     were other jobs' retries (None: not read, no such wait, or no longer kept)."""
+    estimated_start: datetime | None = None
+    """A waiting job's expected start, when its estimate was given (``start``)."""
 
 
 # the attempts whose reported time the summary tells, the latest (the segments tell all)
@@ -197,13 +201,15 @@ def explain(
     global_keys: JobGlobalKeys | None = None,
     pauses: Sequence[PauseEntry] = (),
     starts: ClassStarts | None = None,
+    start: StartEstimate | None = None,
 ) -> Explanation:
     """Explain a job from its record (a ``JobRecord``, or the hash's fields as bytes or
     text) and its events; ``rates``: its rate keys and their state now
     (``fairlane.store.views.rates.job_rates``); ``global_keys``: the keys it names that
     its app's shards share (``fairlane.store.views.globalkeys.job_global_keys``);
     ``pauses``: its shard's pause table (``Store.pause_entries()``); ``starts``: its
-    class's ring of starts (``fairlane.store.views.starts.class_starts``).
+    class's ring of starts (``fairlane.store.views.starts.class_starts``); ``start``:
+    a waiting job's start estimate (``Job.start_estimate``), told after the summary.
 
     A job not finished yet has its last segment end at ``now_ms`` (server time), or at its
     last event when ``now_ms`` is not given."""
@@ -229,9 +235,20 @@ def explain(
         segments=segments,
         waited_ms=waited,
         ran_ms=ran,
-        summary=_summary(status, segments, record.max_attempts),
+        summary=_with_start(_summary(status, segments, record.max_attempts), status, start),
         causes=causes,
         events=tuple(ordered),
         fairness_key=record.fairness_key,
         retries=retries,
+        estimated_start=start.at if start is not None and status in _WAITING else None,
     )
+
+
+#: the statuses a start estimate is told for
+_WAITING = frozenset({"queued", "scheduled"})
+
+
+def _with_start(summary: str, status: str, start: StartEstimate | None) -> str:
+    if start is None or status not in _WAITING:
+        return summary
+    return f"{summary}; {start_text(start)}"
