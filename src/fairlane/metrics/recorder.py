@@ -455,6 +455,7 @@ class MetricsHooks(WorkerHooks):
             max_age=config.store_max_age,
             shards=self._shards,
             tables=declared.lanes,
+            horizon=config.horizon,
         )
         stack.callback(reader.close)
         metrics.registry.register(StoreCollector(reader, config.key_top_n, config.top_n))

@@ -125,6 +125,9 @@ pattern (after the prefix)  type   holds                              written by
                                   tenants' weights, shardshare.py)
 ``lane:<l>:cap``           hash   worker -> slots (its capacity)     exchange, leave, sweep
 ``lane:<l>:delayed``       zset   job id -> run-at time (ms)         enqueue, ack, sweep
+``lane:<l>:dl``            zset   unfinished job id -> its deadline  enqueue (jobs with a
+                                  (ms): only jobs with one; a read   deadline only), finish
+                                  checks each one's status           (records.lua), redrive
 ``lane:<l>:wake``          list   wake tokens; workers BLPOP it      enqueue, fetch, ack
 ``lane:<l>:idle``          zset   'worker|lease_ms' -> lapses (ms)   exchange, enqueue
 ``inbox:<w>`` (derived)    list   jobs handed to an idle worker      enqueue; exchange drains
@@ -457,6 +460,11 @@ class AppKeys:
             wake=base + "wake",
             idle=base + "idle",
         )
+
+    def lane_deadlines(self, lane: str) -> str:
+        """The lane's unfinished jobs with a deadline, by deadline (scripts derive
+        ``lane_key(p, lane, 'dl')``): what the slots deadlines need are read from."""
+        return f"{self.prefix}lane:{lane}:dl"
 
     def inbox(self, worker: str) -> str:
         """Jobs handed straight to an idle worker; the worker blocks on it."""

@@ -142,7 +142,7 @@ do
   -- idem (core.read).
   settling.SETTLING = {'st', 'tok', 'task', 'rc', 'rf', 'att', 'max', 'lane', 'cls', 'sl', 'tenant',
     'start', 'ck', 'cu', 'x'}
-  settling.SETTLING_X = {'w', 'ttok', 'mu', 'par', 'wfr', 'idem'}
+  settling.SETTLING_X = {'w', 'ttok', 'mu', 'par', 'wfr', 'idem', 'dl'}
 
   -- What settling an attempt that ran does before its kind's own step: its slots leave its
   -- class's in-flight count (`settled`, and the call's `tally.ended` that dispatch reads in
@@ -280,7 +280,7 @@ do
         local payload, pushed, pushed_key, amu =
           account(keys, p, id, kind, ack, f, now, tally, settled, freed, limited, costing)
         local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20],
-          use = kind ~= Kind.RELEASE and kind ~= Kind.HANDBACK and reported(ack) or nil}
+          f[21], use = kind ~= Kind.RELEASE and kind ~= Kind.HANDBACK and reported(ack) or nil}
         local ends = kind == Kind.OK or kind == Kind.DEAD or kind == Kind.CANCEL
           or kind == Kind.EXPIRE
           or (kind == Kind.RETRY and (core.num(f[6]) or 0) >= (core.num(f[7]) or 1))

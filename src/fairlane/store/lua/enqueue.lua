@@ -2,7 +2,7 @@
 -- gate, the job's record, its tenant queue or its lane's delayed set, and the hand-off to
 -- an idle worker.
 --
--- Keys: job:<id>, q:<lane>:<class>:<tenant>, lane:<l>:delayed|idle, KEYS[IDEM],
+-- Keys: job:<id>, q:<lane>:<class>:<tenant>, lane:<l>:delayed|idle|dl, KEYS[IDEM],
 --   KEYS[STATS] (seq), KEYS[TLIMITS]
 -- Calls: core, classes, throttle, pausetable, fairqueue, fairkeys, queue_bounds, admission,
 --   records, leasing, dispatch
@@ -156,6 +156,9 @@ do
     end
     if dl ~= '' then
       h[n + 1], h[n + 2], n, extra = 'dl', dl, n + 2, true
+      -- the lane's deadline index, which the slots its deadlines need are read from, until
+      -- the job finishes (records.finish): a job without a deadline writes nothing to it
+      redis.call('ZADD', lane_key(p, lane, 'dl'), dl, id)
     end
     if idem ~= '' then
       h[n + 1], h[n + 2], n, extra = 'idem', idem, n + 2, true

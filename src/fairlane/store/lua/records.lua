@@ -2,7 +2,7 @@
 -- dead letters, expiry, and retries with backoff.
 --
 -- Keys: job:<id>, ev:<id>, kept:<task>:<outcome> and its side set, done, gone,
---   run:<id>:log, lane:<l>:delayed, lane:<l>:c:<c>:dfair|starts, KEYS[DEAD], KEYS[IDEM],
+--   run:<id>:log, lane:<l>:delayed|dl, lane:<l>:c:<c>:dfair|starts, KEYS[DEAD], KEYS[IDEM],
 --   KEYS[STATS], KEYS[WEIGHTS]
 -- Calls: core, rates, fairqueue, fairkeys, admission, runs
 -- Entry points: records.{EXPIRED_ERR, GONE, GONE_MAX, add_counts, apply_effects,
@@ -248,7 +248,7 @@ do
     -- no event: the record's st, fin and err say how and when it ended
     meta = meta or
       redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w', 'mu', 'lane', 'cls', 'tenant', 'par', 'wfr',
-        'toff', 'idem')
+        'toff', 'idem', 'dl')
     if meta[11] then
       -- a job a throttle key woke (cancelled or expired while back in its queue) gives its
       -- offers back; the hot path's settled jobs ran, so they hold none
@@ -272,6 +272,9 @@ do
     end
     if meta[4] then
       redis.call('PUBLISH', p .. 'done', id)
+    end
+    if meta[13] and meta[6] then
+      redis.call('ZREM', lane_key(p, meta[6], 'dl'), id)
     end
   end
 
