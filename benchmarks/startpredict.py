@@ -57,33 +57,42 @@ async def _run(url: str, rates: dict[str, float], seconds: float, warmup: float)
     settings = load_settings(worker={"concurrency": SLOTS, "idle_block": 0.2})
     app = App(f"sp_{secrets.token_hex(3)}", redis_url=url, settings=settings)
     started: dict[int, float] = {}
+    pending: set[int] = set()  # measured jobs not started yet
+    measuring_over, measured_started, stop = asyncio.Event(), asyncio.Event(), asyncio.Event()
     rng = random.Random(17)
 
-    submitted = [10**9]  # jobs submitted, once the producers are done
-    all_started = asyncio.Event()
+    def check_done() -> None:
+        if measuring_over.is_set() and not pending:
+            measured_started.set()
 
     @app.task(name="sp.work")
     async def work(n: int, length: float) -> None:
         started[n] = time.time()
-        if len(started) >= submitted[0]:
-            all_started.set()
+        pending.discard(n)
+        check_done()
         await asyncio.sleep(length)
 
     predicted: dict[int, tuple[str, float, float, float]] = {}  # n -> tenant, at, wait, submit
     counter = iter(range(10**9))
 
-    async def submit_stream(tenant: str, rate: float, t0: float) -> None:
-        length = TENANTS[tenant][1]
-        while time.time() - t0 < seconds:
-            await asyncio.sleep(rng.expovariate(rate))
-            n = next(counter)
-            sent = time.time()
-            answer = await work.submit(
-                n, length * rng.uniform(0.75, 1.25), tenant=tenant, estimate_start=True
-            )
-            if answer.estimated_start is not None and sent - t0 >= warmup:
-                at = answer.estimated_start.timestamp()
-                predicted[n] = (tenant, at, max(0.0, at - sent), sent)
+    async def submit_one(tenant: str, measured: bool) -> None:
+        n, sent = next(counter), time.time()
+        length = TENANTS[tenant][1] * rng.uniform(0.75, 1.25)
+        answer = await work.submit(n, length, tenant=tenant, estimate_start=True)
+        if measured and answer.estimated_start is not None:
+            at = answer.estimated_start.timestamp()
+            predicted[n] = (tenant, at, max(0.0, at - sent), sent)
+            if n not in started:
+                pending.add(n)
+
+    async def submit_stream(tenant: str, rate: float, t0: float, tasks: asyncio.TaskGroup) -> None:
+        # arrivals on their own timeline (a slow submit does not delay the next), and on
+        # until every measured job has started, so what it waited behind kept arriving
+        next_at = t0
+        while not stop.is_set():
+            next_at += rng.expovariate(rate)
+            await asyncio.sleep(max(0.0, next_at - time.time()))
+            tasks.create_task(submit_one(tenant, t0 + warmup <= next_at < t0 + seconds))
 
     async with app:
         for tenant, (weight, _) in TENANTS.items():
@@ -94,12 +103,12 @@ async def _run(url: str, rates: dict[str, float], seconds: float, warmup: float)
             t0 = time.time()
             async with asyncio.TaskGroup() as producers:
                 for tenant, rate in rates.items():
-                    producers.create_task(submit_stream(tenant, rate, t0))
-            # let every job start
-            submitted[0] = next(counter)
-            if len(started) >= submitted[0]:
-                all_started.set()
-            await asyncio.wait_for(all_started.wait(), seconds * 4)
+                    producers.create_task(submit_stream(tenant, rate, t0, producers))
+                await asyncio.sleep(seconds + 1.0)
+                measuring_over.set()
+                check_done()
+                await asyncio.wait_for(measured_started.wait(), seconds * 4)
+                stop.set()
             worker.stop()
         await app.purge()
     return _report(predicted, started)
@@ -147,12 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", help="a server to use (default: a private one)")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--warmup", type=float, default=6.0)
-    parser.add_argument("--rate-a", type=float, default=30.0)
-    parser.add_argument("--rate-b", type=float, default=60.0)
-    parser.add_argument("--rate-c", type=float, default=22.0)
-    parser.add_argument("--light", action="store_true", help="c submits 10 per s")
+    parser.add_argument("--rate-a", type=float, default=25.0)
+    parser.add_argument("--rate-b", type=float, default=90.0)
+    parser.add_argument("--rate-c", type=float, default=12.5)
+    parser.add_argument("--light", action="store_true", help="c submits 5 per s")
     args = parser.parse_args(argv)
-    rates = {"a": args.rate_a, "b": args.rate_b, "c": 10.0 if args.light else args.rate_c}
+    rates = {"a": args.rate_a, "b": args.rate_b, "c": 5.0 if args.light else args.rate_c}
 
     def run(url: str) -> dict[str, Any]:
         return asyncio.run(_run(url, rates, args.seconds, args.warmup))
