@@ -260,6 +260,7 @@ def test_explain_reports_every_leaf_in_model_order(tmp_path: Path) -> None:
         "front_door.waiting",
         "front_door.seat_wait",
         "front_door.refusal_hold",
+        "autoscale_horizon",
     ]
     assert all(row.source == "default" for row in rows)
     assert rows[5] == SettingOrigin("lease.duration", 30.0, "default")

@@ -93,6 +93,7 @@ _OUTCOMES: Final = {
     "retry": "retry",
     "dead": "failed",
     "cancel": "cancelled",
+    "expire": "expired",
     "release": "released",
     "suspend": "suspended",
 }

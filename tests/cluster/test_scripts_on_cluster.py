@@ -147,6 +147,10 @@ async def test_every_script_runs_on_a_cluster(redis_url: str, namespace: str) ->
         async with running_worker(app, lanes=["default", "gated"], concurrency=4) as worker:
             hello = await echo.enqueue("hi", tenant="acme")
             assert await hello.result(timeout=WAIT) == "hi"
+            # what the attempt took, sent on; a submission that asks for its start estimate
+            assert await worker.durations.send() > 0
+            asked = await echo.submit("asked", tenant="acme", estimate_start=True)
+            assert asked.status == "accepted" and asked.job is not None
             dead = await broken.enqueue(tenant="beta")
             with pytest.raises(TaskFailed):
                 await dead.result(timeout=WAIT)

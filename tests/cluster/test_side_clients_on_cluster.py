@@ -27,15 +27,15 @@ pytestmark = [
 ]
 
 
-def _job(n: int) -> NewJob:
-    return NewJob(f"j{n}", "acme", 0, "t", "[]", 1, "", 0.0, "", "")
+def _job(n: int, deadline: str = "") -> NewJob:
+    return NewJob(f"j{n}", "acme", 0, "t", "[]", 1, "", 0.0, "", "", deadline=deadline)
 
 
 async def test_metrics_read_queue_ages_on_the_slots_clock(redis_url: str, namespace: str) -> None:
     store = Store.from_url(redis_url, namespace)
     try:
         await store.connect()
-        await store.enqueue("default", [_job(1), _job(2)])
+        await store.enqueue("default", [_job(1), _job(2, deadline="+600000")])
         before = await store.server_time_ms()
         # a worker that leaves at once still counts: the heartbeat is written on exchange
         await store.exchange("w1", ["default"], 0, 5000)
@@ -51,6 +51,8 @@ async def test_metrics_read_queue_ages_on_the_slots_clock(redis_url: str, namesp
     assert snap.lanes["default"].waiting == {"standard": 2}
     age = snap.oldest_age[("default", "standard")]
     assert 0.05 <= age < 10, age
+    # the deadline index and the records it names, read through the same pipelines
+    assert snap.needs["default"].deadlines.jobs == 1
     client = create_sync_client(redis_url)
     try:
         workers = live_workers(client, namespace, 10.0)

@@ -156,6 +156,12 @@ def process_fail(message: str) -> None:
     raise KeyError(message)
 
 
+def sleep_in_child(seconds: float, pid_file: str) -> None:
+    """A process task that outlives its deadline; writes its child's pid first."""
+    Path(pid_file).write_text(str(os.getpid()))
+    time.sleep(seconds)
+
+
 @asynccontextmanager
 async def raw_client(url: str) -> AsyncIterator[Any]:
     """A plain client of ``url`` for reading keys and counters behind the app's back."""

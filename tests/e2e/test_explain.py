@@ -412,6 +412,29 @@ def test_explain_reads_events_as_earlier_versions_logged_them() -> None:
     ]
 
 
+def test_explain_an_attempt_stopped_at_its_deadline_apart_from_an_early_expiry() -> None:
+    err = json.dumps({"type": "DeadlineExceeded", "message": "late", "traceback": ""})
+    record = {
+        "st": b"expired", "cls": b"standard", "enq": b"0", "start": b"100", "wk": b"w1",
+        "att": b"1", "max": b"3", "dl": b"2000", "fin": b"2004", "err": err.encode(),
+    }  # fmt: skip
+    stopped = explain(record, [])
+    assert [(s.what, s.why, s.cause) for s in stopped.segments] == [
+        ("queued", "queued for a worker slot in class standard", "slot"),
+        (
+            "running",
+            "attempt 1 on worker w1, stopped at its deadline while running, expired "
+            "(DeadlineExceeded)",
+            "deadline",
+        ),
+    ]
+    assert stopped.summary.endswith("; expired at its deadline while running.")
+    # expired before its deadline: a retry that would have come after it
+    early = explain({**record, "fin": b"1500"}, [])
+    assert early.segments[-1].why == "attempt 1 on worker w1, expired (DeadlineExceeded)"
+    assert early.summary.endswith("; expired.")
+
+
 def test_explain_an_unfinished_job_a_lost_worker_and_a_redrive() -> None:
     waiting = explain({"st": b"queued", "enq": b"1000", "cls": b"standard"}, [], now_ms=3500)
     assert waiting.segments[0].open and waiting.segments[0].ms == 2500

@@ -7,7 +7,8 @@ either way; its monotonic clock is left alone, as a host's would be. The test's 
 process keeps the true time. Checked, in server time: a job held longer than its lease
 is never reclaimed (renewals extend the lease on the server's clock); a delayed job
 starts after its delay, not an hour early or late; a job with a deadline completes
-rather than expiring; and the cron ticks the skewed worker enqueues are the server's
+rather than expiring, and one still running at its deadline is stopped then, not an
+hour early or late; and the cron ticks the skewed worker enqueues are the server's
 seconds, one per second.
 """
 
@@ -23,6 +24,7 @@ import pytest
 
 from fairlane.app import App
 from fairlane.app.job import Job
+from fairlane.errors import JobExpired
 from fairlane.store.keys import AppKeys
 from tests.faults.skew_app import LEASE, build_app
 from tests.faults.worker_proc import ROOT, eventually, server_ms
@@ -83,8 +85,11 @@ async def test_a_worker_an_hour_off_keeps_the_servers_time(
             held = await hold.enqueue(3 * LEASE)  # outlives its lease several times over
             delayed = await hold.enqueue(0.0, delay=1.5)
             due = await hold.enqueue(0.0, deadline=20)
+            overdue = await hold.enqueue(30.0, deadline=2)
             for job in (held, delayed, due):
                 await job.result(timeout=30)
+            with pytest.raises(JobExpired):
+                await overdue.result(timeout=30)
             ticks_seen_by = await server_ms(app)
 
             async def some_ticks() -> bool:
@@ -105,6 +110,9 @@ async def test_a_worker_an_hour_off_keeps_the_servers_time(
         assert 1500 <= start - enq < 10_000, (enq, start)
         status = await due.status()
         assert status == "completed"
+        # stopped at its deadline on the server's clock, within the spec's second
+        att, deadline, fin = await _fields(app, overdue, "att", "dl", "fin")
+        assert att == 1 and 0 <= fin - deadline < 1000, (deadline, fin)
         # cron ticks are the server's seconds: consecutive, and close to its clock
         assert ticks == list(range(ticks[0], ticks[0] + len(ticks)))
         assert ticks_seen_by // 1000 - 5 <= ticks[0] and ticks[-1] <= ticks_until // 1000 + 1

@@ -199,6 +199,14 @@ async def test_store_gauges_and_autoscale_reflect_a_known_state(
         "paused": 0,
         "delayed": 2,
         "deferred": 0,
+        # nothing learned of the lane yet: each waiting job asks for its slot
+        "slots_needed": 7,
+        "slots_needed_deadlines": 0,
+        "slots_needed_horizon": 7,
+        "deadlines_waiting": 0,
+        "deadlines_unmeetable": 0,
+        "deadlines_unread": 0,
+        "horizon_seconds": 300.0,
     }
     assert view["lanes"]["served"]["slots_total"] == 6
     assert view["lanes"]["served"]["backlog_total"] == 0

@@ -1,7 +1,9 @@
 """Attempt timeouts on one loop timer (fairlane.runtime.deadlines), on a real loop: an
 attempt is told when its time is up and not while it has time left, an attempt that
 ended is never told, attempts due together are told together, and emptied buckets do
-not pile up in the heap however many attempts come and go."""
+not pile up in the heap however many attempts come and go. A deadline on a real
+server's clock becomes a due time of the loop's that is never early, and none before
+the clock has been read."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import asyncio
 
 import pytest
 
-from fairlane.runtime.deadlines import Deadlines
+from fairlane.runtime.deadlines import Deadlines, ServerClock
+from fairlane.store.api import Store
 from tests.e2e.helpers import eventually
 
 pytestmark = pytest.mark.anyio
@@ -82,3 +85,19 @@ async def test_emptied_buckets_do_not_pile_up() -> None:
     assert len(deadlines) == 0
     assert deadlines.entries <= 2 + 1024 + 1
     await _cancel([task])
+
+
+async def test_a_deadline_on_the_servers_clock_falls_due_on_the_loops_never_early(
+    store: Store,
+) -> None:
+    clock = ServerClock()
+    assert clock.due(1_000) is None  # not read yet: no deadline is timed
+    assert await clock.sync(store.server_time_ms)
+    deadline = await store.server_time_ms() + 200
+    due = clock.due(deadline)
+    assert due is not None
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(due / 1000 - loop.time())
+    reached = await store.server_time_ms()
+    # due no earlier than the deadline; later by a round trip, within a generous budget
+    assert deadline <= reached < deadline + 1000, (deadline, reached)

@@ -25,6 +25,7 @@ import pytest
 from fairlane.config.settings import LeaseSettings
 from fairlane.policy.backpressure import Bounds, Reading
 from fairlane.runtime.attempts import Attempts
+from fairlane.runtime.deadlines import ServerClock
 from fairlane.runtime.hooks import Hooks, WorkerHooks
 from fairlane.runtime.pressure import PressureGauge
 from fairlane.runtime.runner import Runner
@@ -62,7 +63,7 @@ class StandIn:
         self.most_used = 0
 
     def uses_timer(self, job: FetchedJob) -> bool:
-        return self.timer
+        return self.timer and bool(job.timeout)  # as the runner's: a timeout to time
 
     async def run(self, job: FetchedJob) -> Outcome:
         self.ran.append(job.id)
@@ -75,6 +76,9 @@ class StandIn:
 
     def timed_out(self, job: FetchedJob) -> Outcome:
         return Outcome(job.id, job.token, "fail", "timed out")
+
+    def expired(self, job: FetchedJob) -> Outcome:
+        return Outcome(job.id, job.token, "expire", "past its deadline")
 
 
 class Told(WorkerHooks):
@@ -271,13 +275,18 @@ class Shard:
     def __init__(self) -> None:
         self.running = 0
         self.outcomes: list[Outcome] = []
+        self.clock = ServerClock()
 
     def settle(self, outcome: Outcome) -> None:
         self.outcomes.append(outcome)
 
 
-def _fetched(n: int, *, token: str = "1", timeout: float = 0, slots: int = 1) -> FetchedJob:
-    return FetchedJob(f"j{n:04d}", token, 1, "t", "[]", timeout, 0, "acme", 3, "", 0, slots)
+def _fetched(
+    n: int, *, token: str = "1", timeout: float = 0, slots: int = 1, deadline_ms: int = 0
+) -> FetchedJob:
+    return FetchedJob(
+        f"j{n:04d}", token, 1, "t", "[]", timeout, deadline_ms, "acme", 3, "", 0, slots
+    )
 
 
 def _attempts(*, hold: float | None = None, timer: bool = False) -> tuple[Attempts, Told]:
@@ -312,6 +321,39 @@ async def test_an_attempt_past_its_timeout_times_out() -> None:
     async with asyncio.TaskGroup() as group:
         attempts.start(group, shard, [_fetched(0, timeout=0.01)])
     assert [(o.id, o.kind, o.payload) for o in shard.outcomes] == [("j0000", "fail", "timed out")]
+
+
+async def test_an_attempt_is_stopped_at_the_earlier_of_its_timeout_and_its_deadline() -> None:
+    attempts, _ = _attempts(timer=True)
+    shard = Shard()
+    assert await shard.clock.sync(_clock_of_the_loop)
+    now = round(asyncio.get_running_loop().time() * 1000)
+    async with asyncio.TaskGroup() as group:
+        attempts.start(
+            group,
+            shard,
+            [
+                _fetched(0, timeout=60, deadline_ms=now + 10),  # the deadline first
+                _fetched(1, timeout=0.01, deadline_ms=now + 60_000),  # the timeout first
+                _fetched(2, deadline_ms=now + 10),  # a thread or process task's: no timeout
+            ],
+        )
+    kinds = {o.id: o.kind for o in shard.outcomes}
+    assert kinds == {"j0000": "expire", "j0001": "fail", "j0002": "expire"}
+    assert (attempts.slots.used, shard.running, attempts.running) == (0, 0, {})
+
+
+async def test_no_deadline_is_timed_before_the_servers_clock_is_read() -> None:
+    attempts, _ = _attempts(hold=0.05)
+    shard = Shard()  # its clock never read: the store alone expires the job, later
+    async with asyncio.TaskGroup() as group:
+        attempts.start(group, shard, [_fetched(0, deadline_ms=1)])
+    assert [o.kind for o in shard.outcomes] == ["ok"]
+
+
+async def _clock_of_the_loop() -> int:
+    """A server whose clock is the loop's own (what ``ServerClock.sync`` reads)."""
+    return round(asyncio.get_running_loop().time() * 1000)
 
 
 async def test_held_names_only_the_shards_own_leases() -> None:

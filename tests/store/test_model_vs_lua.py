@@ -125,6 +125,7 @@ COUNTERS = (
     "retried",
     "completed",
     "failed",
+    "expired",
     "throttled",
     "handed_back",
 )
@@ -378,15 +379,16 @@ class LuaVsModel(StoreMachine):
     @precondition(lambda self: self._held_jobs())
     @rule(
         data=st.data(),
-        result=st.sampled_from(["ok", "failed", "fatal", "release", "handback"]),
+        result=st.sampled_from(["ok", "failed", "fatal", "expire", "release", "handback"]),
         delay=st.sampled_from([0, 0, LONG]),
         window=st.sampled_from([0, LONG]),
     )
     def ack(self, data: st.DataObject, result: str, delay: int, window: int) -> None:
         """Settle a held job as a worker would: done, failed (retried while attempts are
-        left, as ``after_failure`` decides), failed for good, handed back unstarted, or
-        handed back as one it cannot run (due again after ``delay``, within a deploy
-        window of ``window`` ms: 0 dead-letters it, LONG never runs out here)."""
+        left, as ``after_failure`` decides), failed for good, stopped at its deadline
+        (expired), handed back unstarted, or handed back as one it cannot run (due again
+        after ``delay``, within a deploy window of ``window`` ms: 0 dead-letters it, LONG
+        never runs out here)."""
         self.clean = False
         worker, job_id = data.draw(st.sampled_from(self._held_jobs()), label="job")
         self.settle(worker, job_id, result, delay, window)
@@ -396,17 +398,19 @@ class LuaVsModel(StoreMachine):
         kind: AckKind = "ok" if result == "ok" else "release" if result == "release" else "dead"
         if result == "handback":
             kind = "handback"
+        if result == "expire":
+            kind = "expire"
         if result == "failed":
             max_attempts = self.model.jobs[job_id].max_attempts
             kind = after_failure(attempt, max_attempts, retryable=True, backoff=NO_WAIT, u=0).kind
-        payload = ERROR if kind in ("retry", "dead") else "1"
+        payload = ERROR if kind in ("retry", "dead", "expire") else "1"
         if kind == "handback":
             payload = f"{window}\n{ERROR}\n{ERROR}"
         delayed = kind in ("retry", "handback")
         outcome = Outcome(job_id, token, kind, payload, delay if delayed else 0)
         (code,) = self.run(self.store.ack(LANES, [outcome], worker))
         written = None  # code 2 (a re-send of a settlement) and 0 (fenced) write nothing
-        if code == 1 and kind in ("ok", "dead"):
+        if code == 1 and kind in ("ok", "dead", "expire"):
             written = self.field_ms(job_id, "fin")
         elif code == 1 and kind == "handback":
             field = "fin" if window == 0 else "run"

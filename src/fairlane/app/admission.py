@@ -15,6 +15,7 @@ together do not return together.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from fairlane.errors import FairlaneError, StoreFull
@@ -68,7 +69,9 @@ class Rejected(FairlaneError):
     # the type name jobs record and users match on (codec.encode_error): as before the move
     __module__ = "fairlane.admission"
 
-    def __init__(self, reason: str, retry_after: float | None) -> None:
+    def __init__(
+        self, reason: str, retry_after: float | None, *, estimated_start: datetime | None = None
+    ) -> None:
         if retry_after is None:
             why = _FINAL.get(reason, "retrying cannot change the answer")
             super().__init__(f"the job was not admitted ({reason}): {why}")
@@ -78,9 +81,13 @@ class Rejected(FairlaneError):
             )
         self.reason = reason
         self.retry_after = retry_after
+        #: ``deadline_unmeetable``: when the job was expected to start (None: not estimated)
+        self.estimated_start = estimated_start
 
 
 _FINAL = {
+    "deadline_unmeetable": "it is not expected to finish by its deadline (its estimated "
+    "start and learned length), or the deadline has passed; on_unmeetable='accept' takes it anyway",
     CLASS_NOT_ENTITLED: "the job's class is restricted and this tenant is not entitled "
     "to it (app.tenants.configure(tenant, classes=[...]))",
 }
@@ -105,6 +112,10 @@ class Admission(Generic[R]):
     retry_after: float | None = None
     """Seconds to wait before trying again (rejected or unavailable); None when retrying
     cannot help (``deadline_unmeetable``, ``class_not_entitled``)."""
+    estimated_start: datetime | None = None
+    """When the job is expected to start (aware, UTC), where it was estimated: a
+    submission with a deadline, or one that asked (``estimate_start=True``); None where
+    nothing can be said (``fairlane.policy.startpredict``). An estimate, not a promise."""
     acknowledgement: Acknowledgement | None = None
     """With ``durability`` asked for and the job stored: what the replicas and AOF
     confirmed (``acknowledgement.met`` False: the job may not survive a failover)."""

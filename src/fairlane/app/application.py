@@ -258,7 +258,7 @@ class App(Declaring):
                 burst=burst,
                 health_port=health_port if health_port is not None else settings.health_port,
                 metrics_port=metrics_port,
-                metrics=metrics,
+                metrics=(metrics or MetricsConfig()).with_horizon(self.settings.autoscale_horizon),
                 pressure=pressure,
                 sensors=sensors,
             )

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Generic, Protocol, TypeVar
 
 from fairlane.app.missing import job_not_found
+from fairlane.app.startestimate import StartEstimate, start_estimate
 from fairlane.codec import ArgsCodec, decode_error
 from fairlane.config.lanes import DEFAULT_CLASS
 from fairlane.errors import JobCancelled, JobExpired, JobNotFound, TaskFailed
@@ -89,6 +90,10 @@ class JobInfo:
     """Past this time it expires instead of running (None: no deadline)."""
     idempotency_key: str | None = None
     """The key a repeated submission names it by (None: none was given)."""
+    estimated_start: datetime | None = None
+    """When a waiting job (queued or scheduled) is expected to start: an estimate, not a
+    promise (``job.start_estimate()`` gives its basis); None once it started, or where
+    nothing can be said."""
 
 
 def _units(mu: int | None) -> float | None:
@@ -131,6 +136,9 @@ class Job(Generic[R]):
         if rec is None:
             raise await self._missing()
         failure = rec.failure
+        start = None
+        if rec.status in ("queued", "scheduled"):
+            start = (await self.start_estimate()).at
         return JobInfo(
             id=self.id,
             status=rec.status,
@@ -152,7 +160,13 @@ class Job(Generic[R]):
             not_before=_when(rec.run_ms),
             deadline=_when(rec.deadline_ms),
             idempotency_key=rec.idempotency_key or None,
+            estimated_start=start,
         )
+
+    async def start_estimate(self) -> StartEstimate:
+        """When this job is expected to start, and what that rests on (one read;
+        ``fairlane.policy.startpredict`` states the rule and its error model)."""
+        return start_estimate(await self._store().estimate_job(self.id))
 
     async def _missing(self) -> JobNotFound:
         task = self._task.app.registry.tasks.get(self._task.name)

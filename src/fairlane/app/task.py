@@ -28,6 +28,7 @@ from fairlane.app.admission import (
     unavailable,
 )
 from fairlane.app.job import Job, TaskOwner
+from fairlane.app.startestimate import OnUnmeetable, estimate_submission, refusing_late
 from fairlane.config.lanes import LimitValue
 from fairlane.config.settings import DurabilitySettings
 from fairlane.errors import StoreFull
@@ -96,6 +97,7 @@ class Task(TaskDefinition[P, R]):
         estimate: Estimate | float | None = None,
         trace: bool = True,
         durability: DurabilitySettings | None = None,
+        on_unmeetable: OnUnmeetable = "reject",
         **kwargs: Any,
     ) -> Job[R]:
         """Enqueue one call. Arguments are checked against the signature here, at the call site.
@@ -128,7 +130,7 @@ class Task(TaskDefinition[P, R]):
             trace=trace,
             durability=durability,
         )
-        admission: Admission[R] = await self._submit(args, kwargs, call)
+        admission: Admission[R] = await self._submit(args, kwargs, call, on_unmeetable)
         if admission.job is not None:
             ack = admission.acknowledgement
             if ack is not None and not ack.met:
@@ -142,7 +144,7 @@ class Task(TaskDefinition[P, R]):
         if admission.status == "unavailable":
             raise StoreUnavailable("the store cannot be reached; nothing was enqueued")
         if admission.reason == "deadline_unmeetable":
-            raise ValueError("the job's deadline has already passed (server time)")
+            raise Rejected("deadline_unmeetable", None, estimated_start=admission.estimated_start)
         if admission.reason == CLASS_NOT_ENTITLED:
             raise Rejected(CLASS_NOT_ENTITLED, None)
         raise Rejected(admission.reason or "class_full", admission.retry_after or 1.0)
@@ -164,6 +166,8 @@ class Task(TaskDefinition[P, R]):
         rates: Mapping[str, Rate] | None = None,
         trace: bool = True,
         durability: DurabilitySettings | None = None,
+        on_unmeetable: OnUnmeetable = "reject",
+        estimate_start: bool = False,
         **kwargs: Any,
     ) -> Admission[R]:
         """Ask admission to take one call: accepted, deferred (stored, admitted when room
@@ -176,6 +180,10 @@ class Task(TaskDefinition[P, R]):
         False, the job stores its context for the workers' spans (``fairlane.tracing``).
         With ``durability`` (default: the app's), a stored job's ``acknowledgement``
         says what the replicas and AOF confirmed.
+        With a ``deadline`` the job's start is estimated first (one read;
+        ``fairlane.policy.startpredict``): one not expected to finish by it is rejected
+        (``deadline_unmeetable``) unless ``on_unmeetable="accept"``. The answer's
+        ``estimated_start`` holds the estimate, there and with ``estimate_start=True``.
         """
         call = CallOptions(
             tenant=tenant,
@@ -193,16 +201,25 @@ class Task(TaskDefinition[P, R]):
             trace=trace,
             durability=durability,
         )
-        return await self._submit(args, kwargs, call)
+        return await self._submit(args, kwargs, call, on_unmeetable, estimate_start)
 
     async def _submit(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], call: CallOptions
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        call: CallOptions,
+        on_unmeetable: OnUnmeetable = "reject",
+        estimate_start: bool = False,
     ) -> Admission[R]:
         """``submit`` of a call whose options are made already."""
+        if on_unmeetable not in ("reject", "accept"):
+            raise ValueError(f"on_unmeetable must be 'reject' or 'accept', got {on_unmeetable!r}")
         blob = self.encode_args(args, kwargs)
         job = self.new_job(blob, call)
         with tracing.sending(self.options.lane, [job], propagate=call.trace) as span:
-            admission = await self.submit_job(job, call.durability)
+            admission = await self.submit_job(
+                job, call.durability, on_unmeetable=on_unmeetable, estimate_start=estimate_start
+            )
             tracing.admitted(span, admission)
         return admission
 
@@ -211,6 +228,9 @@ class Task(TaskDefinition[P, R]):
         job: NewJob,
         durability: DurabilitySettings | None = None,
         guard: KeyGuard | None = None,
+        *,
+        on_unmeetable: OnUnmeetable = "reject",
+        estimate_start: bool = False,
     ) -> Admission[R]:
         """Submit a job made by ``new_job`` (as ``submit`` does, without a span);
         ``durability`` defaults to the app's. ``guard``: a gateway caller's key, which
@@ -219,6 +239,10 @@ class Task(TaskDefinition[P, R]):
         try:
             # the id names the tenant's shard: the tenant is hashed once, when the job is made
             store = app.sharded.store_for_job(job.id)
+            start = None
+            if job.deadline or estimate_start:
+                start = await estimate_submission(store, job, self.options.lane)
+                job = refusing_late(job, start, on_unmeetable)
             (reply,), ack = await submit(
                 store, self.options.lane, [job], durability or app.registry.durability, guard
             )
@@ -230,6 +254,8 @@ class Task(TaskDefinition[P, R]):
             Job(self, reply.id, created=reply.code in (1, 2)) if reply.code >= 0 else None
         )
         admission = answer(reply, handle, app.registry.pricing)
+        if start is not None:
+            admission = dataclasses.replace(admission, estimated_start=start.at)
         if ack is not None and admission.admitted:
             admission = dataclasses.replace(admission, acknowledgement=ack)
         return admission
@@ -311,7 +337,7 @@ class Task(TaskDefinition[P, R]):
         handles: list[Job[R]] = []
         for reply in replies:
             if reply.code == Reply.DEADLINE_UNMEETABLE:
-                raise ValueError(f"job {reply.id}: its deadline has already passed (server time)")
+                raise Rejected("deadline_unmeetable", None)
             if reply.code == Reply.REJECTED:
                 # the others of the batch are stored: admission judges each job on its own
                 reason = reply.reason or "class_full"
@@ -345,6 +371,7 @@ class EnqueueOptions(TypedDict, total=False):
     estimate: Estimate | float | None
     trace: bool
     durability: DurabilitySettings | None
+    on_unmeetable: OnUnmeetable
 
 
 class BoundCall(Generic[R]):

@@ -10,7 +10,10 @@ backoff (and the error), a scheduled start, a suspended workflow, an operator's 
 (paused by an operator at a time, for a reason, by whom and until when), a rate key (named
 with its rate; while the job still waits on it, when its next tokens are due and a
 pause with its cause), a pushback (``Throttled``: the key paused for everyone, the
-attempt given back), or just a free worker slot. A job still parked on a key its app's
+attempt given back), or just a free worker slot -- and, where other jobs' retries took a
+good part of its class's starts meanwhile (a retry storm), how many and what share. An
+attempt whose task reported its time in model and tool calls (``report_usage``) is told
+how much of its run that was. A job still parked on a key its app's
 shards share (a global key) is told the part of the key its shard holds, its use and
 waiters there, and what the other shards hold. The job's rate keys are listed with
 their state now. ``--json`` prints
@@ -35,10 +38,12 @@ from fairlane.cli._common import AppSpec, JobId, RedisUrl, console, fail, load_a
 from fairlane.insight.explain import explain as explain_record
 from fairlane.insight.explain import format_ms, rate_keys_now
 from fairlane.insight.globalkeys import global_key_row
+from fairlane.insight.startestimate import StartEstimate, start_estimate
 from fairlane.store.pausing import PauseEntry
 from fairlane.store.records import Event, JobRecord
 from fairlane.store.views.globalkeys import JobGlobalKeys, job_global_keys
 from fairlane.store.views.rates import JobRates, job_rates
+from fairlane.store.views.starts import ClassStarts, class_starts
 
 __all__ = ["explain"]
 
@@ -51,6 +56,8 @@ class _Read:
     rates: JobRates
     shared: JobGlobalKeys
     pauses: list[PauseEntry]
+    starts: ClassStarts | None
+    start: StartEstimate | None
 
 
 async def _load(app: App, job_id: str) -> _Read:
@@ -62,7 +69,16 @@ async def _load(app: App, job_id: str) -> _Read:
         names = [*(record.limits if record else ()), *rates.rates, *rates.adaptive]
         shared = await store.view(job_global_keys, store.shard, names)
         pauses = await store.pause_entries()
-        return _Read(record, events, await store.server_time_ms(), rates, shared, pauses)
+        starts = (
+            await store.read(class_starts(store.keys, record.lane, record.service_class))
+            if record is not None
+            else None
+        )
+        start = None
+        if record is not None and record.status in ("queued", "scheduled"):
+            start = start_estimate(await store.estimate_job(job_id))
+        now = await store.server_time_ms()
+        return _Read(record, events, now, rates, shared, pauses, starts, start)
 
 
 def _at(ms: int) -> str:
@@ -102,6 +118,8 @@ def explain(
         rates=rates,
         global_keys=shared,
         pauses=read.pauses,
+        starts=read.starts,
+        start=read.start,
     )
     if as_json:
         out = {
@@ -119,6 +137,9 @@ def explain(
             "rate_keys": rate_keys_now(rates),
             "pushbacks": rates.pushbacks,
             "global_keys": [global_key_row(v) for v in shared.keys.values()],
+            "estimated_start": answer.estimated_start.isoformat()
+            if answer.estimated_start
+            else None,
         }
         typer.echo(json.dumps(out, indent=2, ensure_ascii=False))
         return

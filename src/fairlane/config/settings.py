@@ -49,6 +49,7 @@ from fairlane.config.sources import (
     loading,
 )
 from fairlane.config.tenants import TenantSettings
+from fairlane.policy.capacityneed import DEFAULT_HORIZON_S
 from fairlane.policy.retention import DEFAULT_AUDIT_ENTRIES
 
 # The sections are imported from here by much of the project, as is ConfigError: this
@@ -116,6 +117,9 @@ class Settings(BaseSettings):
     up to one block more)."""
     front_door: FrontDoorSettings = Field(default_factory=FrontDoorSettings)
     """The HTTP gateway's bounds per tenant, in each gateway process."""
+    autoscale_horizon: float = Field(default=DEFAULT_HORIZON_S, gt=0, le=86_400)
+    """Seconds the backlog outside batch classes is to clear in: /autoscale's
+    slots_needed_horizon and fairlane_lane_slots_needed{for="horizon"} are the slots that do it."""
 
     @field_validator("lanes_file")
     @classmethod

@@ -1,6 +1,8 @@
 """The gateway's Prometheus endpoint, ``GET /metrics``, its autoscaler JSON,
 ``GET /autoscale`` (what a worker's metrics port serves: ``autoscale_view``, whose
-``backlog_total`` leaves batch classes out), and the gateway-side metrics.
+``backlog_total`` leaves batch classes out and whose ``slots_needed`` says what the
+deadlines and the backlog need, over the app's ``autoscale_horizon``), and the
+gateway-side metrics.
 
 ``mount_metrics(api)`` adds to a gateway built by ``create_app``:
 
@@ -148,6 +150,7 @@ class GatewayMetrics:
             max_age=self.config.store_max_age,
             shards=app.shards,
             tables=app.lanes,
+            horizon=self.config.horizon or app.settings.autoscale_horizon,
         )
         self._store.collector = StoreCollector(self.reader, self.config.key_top_n)
 

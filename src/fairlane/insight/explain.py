@@ -67,6 +67,13 @@ and a pause with its cause. A job parked on a key its app's shards share
 told, while it still waits, what part of the key its shard holds, how much of it is in
 use and how many wait there, and what the other shards hold.
 
+An attempt whose task reported its time in model and tool calls (``fairlane.context()``,
+``report_usage(model_seconds=..., tool_seconds=...)``) is told how much of its run that
+was: ``use`` in the event that ended it, or on the record when it ended the job. A wait
+for a slot in its class is told the retries of other jobs that started there meanwhile,
+with their share of the starts (``fairlane.insight.retries``, from the class's ring of
+starts passed in as ``starts``: ``fairlane.store.views.starts.ClassStarts``).
+
 Jobs logged by earlier versions of the store carry ``dispatched`` and final events
 (``completed``, ``failed``, ``cancelled``, ``expired``) as well; they are read as they
 are.
@@ -81,16 +88,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from fairlane.insight.rates import rate_keys_now, rate_now, rate_text
+from fairlane.insight.retries import retries_told
+from fairlane.insight.startestimate import StartEstimate, start_text
 from fairlane.insight.timeline import FINAL, as_record, timeline
 from fairlane.insight.walk import Segment, Walk
-from fairlane.insight.words import format_ms
+from fairlane.insight.words import attempt_time, format_ms
+from fairlane.policy.starts import StartsWhile
 from fairlane.store.pausing import PauseEntry
 from fairlane.store.records import Event, JobRecord
 from fairlane.store.views.globalkeys import JobGlobalKeys
 from fairlane.store.views.rates import JobRates
+from fairlane.store.views.starts import ClassStarts
 
 __all__ = [
     "Explanation",
@@ -109,7 +121,8 @@ __all__ = [
 class Explanation:
     """Where a job's time went: its segments in order, the totals, and one sentence.
 
-    ``causes`` lists the causes of its waiting, first seen first; ``events`` is the
+    ``causes`` lists the causes of its waiting, first seen first (and ``retries`` last
+    when a wait is told of other jobs' retries in its class); ``events`` is the
     timeline the answer was read from (see :func:`timeline`)."""
 
     status: str
@@ -122,6 +135,15 @@ class Explanation:
     fairness_key: str = ""
     """The end user of its tenant it was enqueued for ('' none): its place in the
     tenant's queue is that key's fair share (``fairlane.policy.fairkeys``)."""
+    retries: StartsWhile | None = None
+    """Its class's starts over the seconds its waits for a slot touched, and how many
+    were other jobs' retries (None: not read, no such wait, or no longer kept)."""
+    estimated_start: datetime | None = None
+    """A waiting job's expected start, when its estimate was given (``start``)."""
+
+
+# the attempts whose reported time the summary tells, the latest (the segments tell all)
+_REPORTED_TOLD = 3
 
 
 def _summary(status: str, segments: Sequence[Segment], max_attempts: int | None) -> str:
@@ -155,7 +177,14 @@ def _summary(status: str, segments: Sequence[Segment], max_attempts: int | None)
         )
     elif status not in FINAL:
         parts.append("not started yet")
-    if status in FINAL:
+    reported = [(s, s.reported_ms) for s in runs if s.reported_ms is not None]
+    parts.extend(
+        f"its attempt {s.attempt} {attempt_time(s.ms, use, still=s.open)}"
+        for s, use in reported[-_REPORTED_TOLD:]
+    )
+    if status in FINAL and runs and runs[-1].cause == "deadline":
+        parts.append("expired at its deadline while running")
+    elif status in FINAL:
         parts.append(status)
     elif not parts:
         parts.append(f"status {status or 'unknown'}")
@@ -171,12 +200,16 @@ def explain(
     rates: JobRates | None = None,
     global_keys: JobGlobalKeys | None = None,
     pauses: Sequence[PauseEntry] = (),
+    starts: ClassStarts | None = None,
+    start: StartEstimate | None = None,
 ) -> Explanation:
     """Explain a job from its record (a ``JobRecord``, or the hash's fields as bytes or
     text) and its events; ``rates``: its rate keys and their state now
     (``fairlane.store.views.rates.job_rates``); ``global_keys``: the keys it names that
     its app's shards share (``fairlane.store.views.globalkeys.job_global_keys``);
-    ``pauses``: its shard's pause table (``Store.pause_entries()``).
+    ``pauses``: its shard's pause table (``Store.pause_entries()``); ``starts``: its
+    class's ring of starts (``fairlane.store.views.starts.class_starts``); ``start``:
+    a waiting job's start estimate (``Job.start_estimate``), told after the summary.
 
     A job not finished yet has its last segment end at ``now_ms`` (server time), or at its
     last event when ``now_ms`` is not given."""
@@ -191,17 +224,31 @@ def explain(
         walk.held(end)
         walk.live()
         walk.close(max(end, walk.since), still=True)
-    segments = tuple(walk.segments)
+    segments, retries = retries_told(walk.segments, starts, record.lane, record.service_class)
     ran = sum(s.ms for s in segments if s.what == "running")
     waited = sum(s.ms for s in segments if s.what != "running")
     causes = tuple(dict.fromkeys(s.cause for s in segments if s.what != "running" and s.cause))
+    if any(a.why != b.why for a, b in zip(segments, walk.segments, strict=True)):
+        causes = (*causes, "retries")
     return Explanation(
         status=status,
         segments=segments,
         waited_ms=waited,
         ran_ms=ran,
-        summary=_summary(status, segments, record.max_attempts),
+        summary=_with_start(_summary(status, segments, record.max_attempts), status, start),
         causes=causes,
         events=tuple(ordered),
         fairness_key=record.fairness_key,
+        retries=retries,
+        estimated_start=start.at if start is not None and status in _WAITING else None,
     )
+
+
+#: the statuses a start estimate is told for
+_WAITING = frozenset({"queued", "scheduled"})
+
+
+def _with_start(summary: str, status: str, start: StartEstimate | None) -> str:
+    if start is None or status not in _WAITING:
+        return summary
+    return f"{summary}; {start_text(start)}"

@@ -34,14 +34,18 @@ def _error_type(err: Any) -> str:
 
 
 def _attempt(start: int, detail: Mapping[str, Any]) -> Event:
-    kept = {k: detail[k] for k in ("wk", "att", "qw") if detail.get(k) not in (None, b"", "")}
+    kept = {
+        k: detail[k] for k in ("wk", "att", "qw", "use") if detail.get(k) not in (None, b"", "")
+    }
     return Event(start, "dispatched", kept, derived=True)
 
 
 def _last_attempt(record: JobRecord) -> dict[str, Any]:
-    """The record's last attempt as an event's detail, in the events' own names."""
+    """The record's last attempt as an event's detail, in the events' own names (what it
+    reported of its time is on the record only once it ended the job)."""
     att = str(record.attempts) if record.attempts else None
-    return {"wk": record.worker, "att": att, "qw": record.queue_wait}
+    use = ",".join(map(str, record.reported_ms)) if record.reported_ms else None
+    return {"wk": record.worker, "att": att, "qw": record.queue_wait, "use": use}
 
 
 def as_record(record: JobRecord | Mapping[str, Any]) -> JobRecord:
@@ -49,6 +53,16 @@ def as_record(record: JobRecord | Mapping[str, Any]) -> JobRecord:
     if isinstance(record, JobRecord):
         return record
     return from_hash("", record) or JobRecord("")
+
+
+def _ended(start: Event, other: Event) -> bool:
+    """Whether ``other``, in the millisecond attempt ``start`` began, ended that attempt
+    rather than an earlier one: a retry due at once is started again in the call that
+    settled it, so both fall in one millisecond (the event names the start it ended)."""
+    if other.kind not in _AFTER_START:
+        return False
+    began = field_int(other.detail.get("start"))
+    return began is None or began == start.ms
 
 
 def _insert(out: list[Event], ev: Event) -> None:
@@ -60,7 +74,7 @@ def _insert(out: list[Event], ev: Event) -> None:
             other.ms == ev.ms
             and (
                 ev.kind == "submitted"
-                or (ev.kind == "dispatched" and other.kind in _AFTER_START)
+                or (ev.kind == "dispatched" and _ended(ev, other))
                 or (ev.kind in FINAL and other.kind == "redriven")
             )
         ):
@@ -73,8 +87,9 @@ def timeline(record: JobRecord | Mapping[str, Any], events: Sequence[Event]) -> 
     """The job's life in order: its logged events and those its record implies.
 
     The record gives the submission (``enq``; a deferral logs its own), the last
-    attempt's start (``start``, ``wk``, ``att``, ``qw``) and the end (``st``, ``fin``,
-    ``err``); events that ended earlier attempts keep those attempts' starts. A kind
+    attempt's start (``start``, ``wk``, ``att``, ``qw``; ``use``, what it reported of
+    its time) and the end (``st``, ``fin``, ``err``); events that ended earlier attempts
+    keep those attempts' starts (and ``use``). A kind
     the events already hold (as logged by earlier versions) is not derived again."""
     record = as_record(record)
     cls = record.service_class

@@ -12,10 +12,10 @@ from fairlane.insight.globalkeys import global_key_text
 from fairlane.insight.pauses import CAUSE, holding, parked_why, paused_why
 from fairlane.insight.rates import rate_now, rate_text
 from fairlane.insight.timeline import FINAL
-from fairlane.insight.words import Why, format_ms, queued_why
+from fairlane.insight.words import Why, attempt_time, format_ms, queued_why
 from fairlane.store.fields import field_int, field_text
 from fairlane.store.pausing import PauseEntry
-from fairlane.store.records import Event, JobRecord
+from fairlane.store.records import Event, JobRecord, decode_reported
 from fairlane.store.views.globalkeys import JobGlobalKeys
 from fairlane.store.views.rates import JobRates
 
@@ -38,7 +38,10 @@ class Segment:
     operator's pause of its lane, class, tenant, task or fairness key); ``about`` what
     that cause names: the borrowing classes, the throttle or rate key, the deferral
     reason, the error, the paused scope. A running segment has no cause but
-    ``pushback`` when the upstream pushed that attempt back (its attempt given back)."""
+    ``pushback`` when the upstream pushed that attempt back (its attempt given back), or
+    ``deadline`` when it was still running at its job's deadline (the job expired);
+    ``reported_ms`` is what its task reported of its time in model calls and in tool
+    calls, in ms (None: nothing, or not kept: its attempt is still running)."""
 
     from_ms: int
     to_ms: int
@@ -49,6 +52,7 @@ class Segment:
     attempt: int = 0
     cause: str = ""
     about: tuple[str, ...] = ()
+    reported_ms: tuple[int, int] | None = None
 
     @property
     def ms(self) -> int:
@@ -78,10 +82,14 @@ class Walk:
     def close(self, ms: int, *, why: Why | None = None, still: bool = False) -> None:
         if self.state is not None:
             what, reason = self.state
-            worker, att = "", 0
+            worker, att, use = "", 0, None
+            reason = why or reason
             if what == "running":
                 worker, att = self.running.get("worker", ""), self.running.get("attempt", 0)
-            reason = why or reason
+                use = self.running.get("use")
+                if use is not None:
+                    told = attempt_time(max(0, ms - self.since), use, still=still)
+                    reason = Why(f"{reason.why}; {told}", reason.cause, reason.about)
             self.segments.append(
                 Segment(
                     self.since,
@@ -93,6 +101,7 @@ class Walk:
                     att,
                     reason.cause,
                     reason.about,
+                    use,
                 )
             )
         self.state = None
@@ -120,10 +129,21 @@ class Walk:
         else:
             self.queued(ms)
 
-    def end_running(self, ms: int, how: str) -> None:
+    def end_running(self, ms: int, how: str, cause: str = "") -> None:
         if self.state and self.state[0] == "running":
             run = self.state[1]
-            self.close(ms, why=Why(f"{run.why}, {how}", run.cause, run.about))
+            self.close(ms, why=Why(f"{run.why}, {how}", cause or run.cause, run.about))
+
+    def ended(self, ms: int, kind: str, err: str) -> None:
+        """The job's end (``kind``, one of ``FINAL``): an attempt still running at its
+        job's deadline was stopped there, and the job expired."""
+        if kind != "completed":
+            how, cause = kind + (f" ({err})" if err else ""), ""
+            deadline = self.record.deadline_ms
+            if kind == "expired" and deadline is not None and ms >= deadline:
+                how, cause = f"stopped at its deadline while running, {how}", "deadline"
+            self.end_running(ms, how, cause)
+        self.close(ms)
 
     def parked(self, ms: int, key: str, why: str = "") -> None:
         limit = self.record.limits.get(key)
@@ -259,7 +279,7 @@ class Walk:
             if told is not None:
                 self.close(ms, why=told)
         worker, att = field_text(d.get("wk")) or "?", field_int(d.get("att")) or 0
-        self.running = {"worker": worker, "attempt": att}
+        self.running = {"worker": worker, "attempt": att, "use": decode_reported(d.get("use"))}
         shown = f"attempt {att} on worker {worker}" if att else f"on worker {worker}"
         self.open(ms, "running", Why(shown, ""))
 
@@ -315,9 +335,6 @@ class Walk:
             case "redriven":
                 self.queued(ms)
             case kind if kind in FINAL:
-                if kind != "completed":
-                    err = field_text(d.get("err"))
-                    self.end_running(ms, kind + (f" ({err})" if err else ""))
-                self.close(ms)
+                self.ended(ms, kind, field_text(d.get("err")))
             case _:
                 pass

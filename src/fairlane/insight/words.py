@@ -1,4 +1,5 @@
-"""Durations and dispatch's view of a wait, in words, for the answers of ``explain``."""
+"""Durations, dispatch's view of a wait and an attempt's own time, in words, for the
+answers of ``explain``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from fairlane.store.fields import field_int, field_text
 
-__all__ = ["Why", "format_ms", "queued_why"]
+__all__ = ["Why", "attempt_time", "format_ms", "queued_why", "reported_calls"]
 
 
 def format_ms(ms: int) -> str:
@@ -19,6 +20,28 @@ def format_ms(ms: int) -> str:
     if ms < 120_000:
         return f"{ms / 1000:.1f} s"
     return f"{ms / 60_000:.1f} min"
+
+
+def reported_calls(model_ms: int, tool_ms: int) -> str:
+    """What an attempt reported of its time: ``38.2 s in model and tool calls it reported
+    (30.1 s model, 8.1 s tools)``, or the one kind it reported."""
+    if model_ms and tool_ms:
+        both = f"{format_ms(model_ms)} model, {format_ms(tool_ms)} tools"
+        return f"{format_ms(model_ms + tool_ms)} in model and tool calls it reported ({both})"
+    if tool_ms:
+        return f"{format_ms(tool_ms)} in tool calls it reported"
+    return f"{format_ms(model_ms)} in model calls it reported"
+
+
+def attempt_time(ran_ms: int, reported: tuple[int, int], *, still: bool = False) -> str:
+    """How long an attempt ran and how much of it the task reported in model and tool
+    calls. Calls made side by side may report more than the attempt ran: said so."""
+    model_ms, tool_ms = reported
+    ran = f"ran {format_ms(ran_ms)}" + (" so far" if still else "")
+    if model_ms + tool_ms <= ran_ms:
+        return f"{ran}, of which {reported_calls(model_ms, tool_ms)}"
+    calls = reported_calls(model_ms, tool_ms)
+    return f"{ran}, and {calls}: more than it ran, its calls overlapping"
 
 
 def _plural(n: int, one: str, many: str) -> str:

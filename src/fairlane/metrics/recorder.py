@@ -340,7 +340,8 @@ class WorkerMetrics(Collector):
         attempts = CounterMetricFamily(
             "fairlane_attempts",
             "Attempts settled, by task and outcome (ok, retry, dead, suspend, cancel, "
-            "release; fenced: a late write the server rejected; lease_lost: never settled).",
+            "expire: stopped at the job's deadline, release; fenced: a late write the "
+            "server rejected; lease_lost: never settled).",
             labels=["task", "outcome"],
         )
         for key, n in sorted(list(self.attempts.items())):
@@ -454,6 +455,7 @@ class MetricsHooks(WorkerHooks):
             max_age=config.store_max_age,
             shards=self._shards,
             tables=declared.lanes,
+            horizon=config.horizon,
         )
         stack.callback(reader.close)
         metrics.registry.register(StoreCollector(reader, config.key_top_n, config.top_n))

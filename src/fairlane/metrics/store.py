@@ -17,7 +17,8 @@ with jobs waiting and their weights in two more (``fairlane.store.views.shares``
 for an app of many shards, its global keys and each shard's part of them in up to three
 (``fairlane.store.views.globalkeys``; ``fairlane.metrics.globalkeys``), and the
 operators' pauses in one, or two when any pause is there (``fairlane.store.views.pauses``;
-``fairlane.metrics.pauses``).
+``fairlane.metrics.pauses``), then what the slots each lane needs are worked out from
+in three (``fairlane.store.views.needs``; ``fairlane.metrics.needs``).
 ``StoreCollector`` turns
 the snapshot into metric families; ``autoscale_view`` into the ``/autoscale`` JSON.
 
@@ -29,6 +30,13 @@ classes, and batch is reported apart (``backlog_batch``,
 ``fairlane_lane_batch_backlog_slots``); ``backlog`` and ``fairlane_lane_waiting_slots``
 still give every class. Which classes are batch is what the reader is given
 (``tables``: the app's declared lanes), else the default table's (``batch``).
+
+**What the work needs.** ``/autoscale``'s ``slots_needed`` (and the gauge
+``fairlane_lane_slots_needed{lane,for}``) is the largest of the slots every ready job
+with a deadline needs to meet it (``slots_needed_deadlines``), the slots that clear the
+backlog outside batch classes within ``horizon`` seconds (``slots_needed_horizon``), and
+the slots in flight (``fairlane.policy.capacityneed`` derives them): the figure to scale
+on when what matters is when work finishes, not how much of it waits.
 
 **Paused work is no backlog either.** A job an operator's pause holds does not start
 however many workers there are: the slots a paused lane, class or tenant holds back in
@@ -90,10 +98,12 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
 from fairlane.metrics.globalkeys import global_key_families
+from fairlane.metrics.needs import LaneNeed, lane_need, need_families, need_view
 from fairlane.metrics.pauses import pause_families
 from fairlane.metrics.rates import DEFAULT_KEY_TOP_N, rate_families
 from fairlane.metrics.tenants import OTHER
 from fairlane.policy.admission.reasons import COUNTED_REASONS
+from fairlane.policy.capacityneed import DEFAULT_HORIZON_S
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.policy.shards import check_shard_count
 from fairlane.store.connection import SyncClient, create_sync_client
@@ -101,6 +111,7 @@ from fairlane.store.keys import AppKeys
 from fairlane.store.reads import run_sync
 from fairlane.store.views.globalkeys import GlobalKeys, global_keys
 from fairlane.store.views.lanes import LaneState, merge_lanes
+from fairlane.store.views.needs import lane_needs
 from fairlane.store.views.pauses import PausedWork, paused_work
 from fairlane.store.views.rates import RateKeys, rate_keys
 from fairlane.store.views.shares import entitled_shares
@@ -122,6 +133,10 @@ RATE_KEYS_READ = 500
 SHARE_TENANTS_READ = 1000
 #: Global keys read per shard at a scrape
 GLOBAL_KEYS_READ = 500
+#: Jobs read per lane and shard from the deadline index at a scrape, those due soonest
+DEADLINES_READ = 1000
+#: Active tenants whose queues are read per class and shard for the backlog's work
+NEED_TENANTS_READ = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +160,8 @@ class StoreSnapshot:
     global_keys: GlobalKeys = field(default_factory=GlobalKeys)
     #: what operators' pauses hold: by kind, parked, waiting slots held back
     paused: PausedWork = field(default_factory=PausedWork)
+    #: per lane, the slots it needs (``fairlane.metrics.needs``)
+    needs: dict[str, LaneNeed] = field(default_factory=dict)
 
     def batch_classes(self, lane: str) -> frozenset[str]:
         return self.batch.get(lane, _DEFAULT_BATCH)
@@ -184,7 +201,12 @@ class StoreReader:
     are active (with more active tenants than that, the age is a lower bound).
 
     ``tables``: the lanes' class tables, which say which classes are batch (a lane left
-    out has the default table).
+    out has the default table). ``horizon``: seconds the backlog outside batch classes
+    is to clear in (``slots_needed_horizon``; None: ``DEFAULT_HORIZON_S``, 300);
+    ``deadlines``: jobs read per lane and shard from the deadline index, those due
+    soonest (past them the deadline figure is a lower bound); ``need_tenants``: active
+    tenants whose queues are read per class for the backlog's work (the rest counted at
+    the class's mean).
     """
 
     def __init__(
@@ -200,6 +222,9 @@ class StoreReader:
         tables: Mapping[str, ClassTable] | None = None,
         rate_key_limit: int = RATE_KEYS_READ,
         share_tenants: int = SHARE_TENANTS_READ,
+        horizon: float | None = None,
+        deadlines: int = DEADLINES_READ,
+        need_tenants: int = NEED_TENANTS_READ,
     ) -> None:
         if oldest_tenants < 1:
             raise ValueError(f"oldest_tenants must be >= 1, got {oldest_tenants}")
@@ -209,6 +234,13 @@ class StoreReader:
         if share_tenants < 1:
             raise ValueError(f"share_tenants must be >= 1, got {share_tenants}")
         self.share_tenants = share_tenants
+        horizon = DEFAULT_HORIZON_S if horizon is None else horizon
+        if horizon <= 0 or deadlines < 1 or need_tenants < 1:
+            raise ValueError(
+                f"horizon must be > 0, deadlines and need_tenants >= 1: got {horizon}, "
+                f"{deadlines}, {need_tenants}"
+            )
+        self.horizon, self.deadlines, self.need_tenants = horizon, deadlines, need_tenants
         check_shard_count(shards)
         #: the keys of each scheduling shard, in shard order
         self.shard_keys = [AppKeys.for_shard(app, i, shards) for i in range(shards)]
@@ -256,6 +288,22 @@ class StoreReader:
         shared = GlobalKeys()
         if len(self.shard_keys) > 1:
             shared = run_sync(self._client, global_keys(self.shard_keys, GLOBAL_KEYS_READ))
+        batch = {lane: self.batch.get(lane, _DEFAULT_BATCH) for lane in self.lanes}
+        found = run_sync(
+            self._client,
+            lane_needs(self.shard_keys, per_shard, batch, self.deadlines, self.need_tenants),
+        )
+        needs = {
+            lane: lane_need(
+                lane,
+                lanes[lane],
+                found=found[lane],
+                batch=batch[lane],
+                held=paused.held,
+                horizon_s=self.horizon,
+            )
+            for lane in self.lanes
+        }
         return StoreSnapshot(
             lanes,
             totals.stats,
@@ -268,6 +316,7 @@ class StoreReader:
             shares=shares,
             global_keys=shared,
             paused=paused,
+            needs=needs,
         )
 
     def close(self) -> None:
@@ -322,6 +371,7 @@ class StoreCollector(Collector):
         yield from rate_families(snap.rates, self.key_top_n)
         yield from global_key_families(snap.global_keys, self.key_top_n)
         yield from pause_families(snap.paused)
+        yield from need_families(snap.needs)
 
 
 def _lane_families(snap: StoreSnapshot) -> Iterator[Metric]:
@@ -477,20 +527,24 @@ def autoscale_view(snap: StoreSnapshot | None) -> dict[str, Any]:
     """The ``/autoscale`` JSON: per lane, slots total and used, the backlog per class, and
     ``backlog_total``, the slots waiting outside batch classes (the signal to scale on),
     with ``backlog_batch`` apart; none counts the slots operators' pauses hold back,
-    which are ``paused``."""
+    which are ``paused``. ``slots_needed`` is the figure to scale on by what the work
+    needs: the largest of ``slots_needed_deadlines``, ``slots_needed_horizon`` and the
+    slots in flight (``fairlane.metrics.needs``)."""
     if snap is None:
         return {"ok": False, "lanes": {}}
     lanes: dict[str, Any] = {}
     for lane, state in snap.lanes.items():
         outside, inside = snap.backlog(lane)
+        used = sum(state.in_flight.values())
         lanes[lane] = {
             "slots_total": state.capacity,
-            "slots_used": sum(state.in_flight.values()),
+            "slots_used": used,
             "backlog": dict(sorted(snap.ready(lane).items())),
             "backlog_total": outside,
             "backlog_batch": inside,
             "paused": snap.paused_slots(lane),
             "delayed": state.delayed,
             "deferred": sum(state.deferred.values()),
+            **need_view(snap.needs.get(lane), used),
         }
     return {"ok": True, "lanes": lanes}

@@ -4,15 +4,24 @@ Every job a worker leased, from whichever shard, runs here as one task of the wo
 job group, by job id. An attempt holds its width of the worker's slots
 (``runtime/slots.py``) from its start to its end, and its outcome goes to the shard it
 was leased from, to be settled there. An attempt is stopped by the worker for one of
-four reasons (``CancelReason``), each ending differently: past its timeout it fails as
-timed out; asked to cancel, it ends cancelled; its lease lost, it ends with no outcome
-(the store has given the job to another attempt); at shutdown, past the grace period,
-it is handed back unstarted, not counted against the job's attempts.
+five reasons (``CancelReason``), each ending differently: past its timeout it fails as
+timed out; past its job's deadline the job expires (counted as expired, not as a
+failure, and never retried); asked to cancel, it ends cancelled; its lease lost, it
+ends with no outcome (the store has given the job to another attempt); at shutdown,
+past the grace period, it is handed back unstarted, not counted against the job's
+attempts.
+
+An attempt is stopped the way its executor can be: an async one is cancelled where it
+awaits; a thread one is let go (the thread cannot be stopped: it runs on, its result
+discarded, as at its timeout) while the attempt ends at once; a process one has its
+child killed and replaced. Either way its slots are free as it ends.
 
 Starting a batch is two steps, so that a shard loop can send its next exchange between
 them (``runtime/shardloop.py``): ``claim`` holds the jobs' slots at once, ``launch``
 makes their tasks (the larger part of a no-op job's cost on the worker). Attempts with
-a timeout share one loop timer (``runtime/deadlines.py``).
+a timeout or a deadline share one loop timer (``runtime/deadlines.py``), each due at
+the earlier of the two; a deadline is on the clock of the shard it was leased from
+(``Shard.clock``).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fairlane.codec import encode_error
-from fairlane.runtime.deadlines import Deadlines
+from fairlane.runtime.deadlines import Deadlines, ServerClock
 from fairlane.runtime.hooks import Hooks
 from fairlane.runtime.runner import CancelReason, Runner
 from fairlane.runtime.shardlink import Tally
@@ -38,9 +47,11 @@ log = logging.getLogger("fairlane.worker")
 
 
 class Shard(Protocol):
-    """Where an attempt was leased from: counts its jobs running here, settles outcomes."""
+    """Where an attempt was leased from: counts its jobs running here, settles outcomes;
+    its deadlines are on its server's ``clock``."""
 
     running: int
+    clock: ServerClock
 
     def settle(self, outcome: Outcome) -> None: ...
 
@@ -52,6 +63,8 @@ class Running:
     job: FetchedJob
     task: asyncio.Task[None]
     shard: Shard
+    #: timed to its job's deadline (earlier than its timeout, if it has one)
+    expires: bool = False
 
 
 class Attempts:
@@ -94,15 +107,20 @@ class Attempts:
             return
         running, run, runner = self.running, self._run, self.runner
         assert runner is not None, "attempts start once the executors have"
-        deadlines = self._deadlines
+        deadlines, clock = self._deadlines, shard.clock
         started = 0
         try:
             for job in fetched:
                 # timed from here, under the job object's identity (a newer lease of the
                 # same job is another object, timed on its own); 0: not timed here
                 due = deadlines.due(job.timeout) if runner.uses_timer(job) else 0
+                expires = False
+                if job.deadline_ms > 0:  # stopped at the earlier of timeout and deadline
+                    at = clock.due(job.deadline_ms)
+                    if at is not None and (not due or at < due):
+                        due, expires = at, True
                 task = group.create_task(run(job, shard, due))
-                running[job.id] = Running(job, task, shard)
+                running[job.id] = Running(job, task, shard, expires)
                 if due:
                     deadlines.put(due, id(job), task, job.id)
                 started += 1
@@ -153,6 +171,8 @@ class Attempts:
             return None
         if reason == CancelReason.TIMEOUT:
             return runner.timed_out(job)
+        if reason == CancelReason.DEADLINE:
+            return runner.expired(job)
         if reason == CancelReason.CANCELLED:
             err = encode_error(
                 asyncio.CancelledError("the job was cancelled while running"), type_name="Cancelled"
@@ -161,9 +181,14 @@ class Attempts:
         return Outcome(job.id, job.token, OutcomeKind.RELEASE)
 
     def _timed_out(self, due: list[tuple[asyncio.Task[None], str]]) -> None:
+        running = self.running
         for task, job_id in due:
             if not task.done():
-                self._cancel_reasons[job_id] = CancelReason.TIMEOUT
+                entry = running.get(job_id)
+                expires = entry is not None and entry.task is task and entry.expires
+                self._cancel_reasons[job_id] = (
+                    CancelReason.DEADLINE if expires else CancelReason.TIMEOUT
+                )
                 task.cancel()
 
     def interrupt(self, ids: list[str], reason: str) -> None:

@@ -46,7 +46,7 @@ from fairlane.runtime.executors import (
 from fairlane.runtime.hooks import WorkerHooks
 from fairlane.runtime.invoke import target_of
 from fairlane.runtime.slices import run_slice
-from fairlane.runtime.usage import JobContext
+from fairlane.runtime.usage import JobContext, reported_ms
 from fairlane.store.runs import CorruptRunHistory
 from fairlane.store.shards import ShardedStores
 from fairlane.store.wire import (
@@ -67,6 +67,7 @@ class CancelReason:
 
     SHUTDOWN = "shutdown"  # grace period over: hand the job back
     TIMEOUT = "timeout"  # an async attempt ran past its timeout
+    DEADLINE = "deadline"  # an attempt ran past its job's deadline: the job expires
     CANCELLED = "cancelled"  # the user cancelled the job
     LEASE_LOST = "lease_lost"  # another worker may own it now; our writes would be fenced
 
@@ -183,7 +184,8 @@ class Runner:
         self.hooks.used(job, ctx, cost)
         if kind == OutcomeKind.HANDBACK:
             cost = -1.0  # the task never ran: nothing to learn its cost from
-        return Outcome(job.id, job.token, kind, text, delay_ms, cost)
+            return Outcome(job.id, job.token, kind, text, delay_ms, cost)
+        return Outcome(job.id, job.token, kind, text, delay_ms, cost, *reported_ms(ctx))
 
     async def _attempt(self, task: TaskDefinition[Any, Any], job: FetchedJob) -> bytes:
         timeout = job.timeout or None
@@ -368,8 +370,13 @@ class Runner:
         """The outcome of an attempt the worker stopped at its timeout."""
         return self._failed(job, _timed_out(job.timeout or None))
 
+    def expired(self, job: FetchedJob) -> Outcome:
+        """The outcome of an attempt the worker stopped at its job's deadline."""
+        return Outcome(job.id, job.token, OutcomeKind.EXPIRE, _EXPIRED)
+
     def uses_timer(self, job: FetchedJob) -> bool:
-        """Whether the worker must time this attempt (executors time their own calls)."""
+        """Whether the worker must time this attempt's timeout (executors time their own
+        calls; a deadline the worker times whatever the executor)."""
         task = self.registry.tasks.get(job.task)
         return bool(job.timeout) and task is not None and task.options.executor == "async"
 
@@ -451,6 +458,15 @@ def _remote_retryable(task: TaskDefinition[Any, Any], type_name: str) -> bool:
 def _timed_out(timeout: float | None) -> _Failure:
     error = TimeoutError(f"the attempt exceeded its timeout of {timeout}s")
     return _Failure(encode_error(error, type_name="TimeoutError"), retryable=True)
+
+
+#: the error of a job expired at its deadline while running (the store's own, when it
+#: expires a job before it runs, says so)
+_EXPIRED = encode_error(
+    TimeoutError("the deadline passed while the job was running; the attempt was stopped"),
+    type_name="DeadlineExceeded",
+    tb="",
+).decode()
 
 
 def _handback_notice(task: str, window: float, reason: str) -> str:

@@ -37,6 +37,7 @@ from fairlane.policy.fetch import (
     idle_timeout,
 )
 from fairlane.runtime.attempts import Attempts
+from fairlane.runtime.deadlines import ServerClock
 from fairlane.runtime.lease import renew_loop, sweep_loop, wait_or_stop
 from fairlane.runtime.outage import Outage
 from fairlane.runtime.payload_sweep import payload_sweep_loop
@@ -81,13 +82,16 @@ class ShardLoop:
         self.maybe_idle = False
         #: jobs of this shard running on the worker
         self.running = 0
+        #: the shard's server's clock, on which its jobs' deadlines are
+        self.clock = ServerClock()
         # While the store is unreachable: one warning per outage, jittered backoff.
         self.fetch_outage = Outage(f"{where}: fetching", log)
 
     # -- services --------------------------------------------------------------------
 
     def start_services(self, services: asyncio.TaskGroup) -> None:
-        """Lease renewal, reclaim, payload and tenant sweeps and settling for this shard."""
+        """Lease renewal, reclaim, payload and tenant sweeps, settling and reading the
+        server's clock (its jobs' deadlines are on it) for this shard."""
         settings, closed = self.settings, self.link.closed
         services.create_task(
             renew_loop(
@@ -108,6 +112,7 @@ class ShardLoop:
                 payload_sweep_loop(self.store, payloads, settings.lease.sweep_interval, closed)
             )
         services.create_task(TenantSweeper(self.store, settings.tenants).run(closed))
+        services.create_task(self.clock.keep(self.store.server_time_ms, closed))
         services.create_task(self.settler.ack_loop())
 
     def held(self) -> list[tuple[str, str]]:
@@ -133,6 +138,8 @@ class ShardLoop:
 
     async def fetch_loop(self, jobs: asyncio.TaskGroup) -> None:
         stopping = self.link.stopping
+        # read before the first lease, so that the first jobs' deadlines are timed too
+        await self.clock.sync(self.store.server_time_ms)
         # Capped budgets keep the worker and the server busy side by side, but a job
         # wider than the cap would never be leased: the first call, and the first
         # after each idle wait, ask for every free slot.

@@ -9,8 +9,10 @@ the store learns from it what this tenant's jobs of this workflow and model real
 cost, and charges the tenant's fair share for it. ``model_seconds`` (time spent waiting
 for a model) is not priced (the tokens price model work): it is kept, with the raw
 counts, for the worker's metrics (``fairlane.metrics.recorder``), which tell model time
-from tool time. Thread-executor tasks see the context too; process-executor tasks do
-not (their usage is priced from wall time alone).
+from tool time. Both times go with the attempt's ack to the store, which keeps them with
+the attempt (``fairlane explain`` tells how much of an attempt's run they were).
+Thread-executor tasks see the context too; process-executor tasks do not (their usage is
+priced from wall time alone, and they report no time).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from fairlane.policy.admission import (
     work_units,
 )
 
-__all__ = ["JobContext", "context", "report_usage"]
+__all__ = ["JobContext", "context", "report_usage", "reported_ms"]
 
 
 @dataclass(slots=True)
@@ -88,6 +90,15 @@ class JobContext:
             tool_seconds=max(self.tool_seconds, wall_seconds),
             model=self.model,
         )
+
+
+def reported_ms(ctx: JobContext) -> tuple[int, int]:
+    """The attempt's reported time in model calls and in tool calls, in ms, as its ack
+    carries them to the store (``Outcome.model_ms``, ``tool_ms``): (-1, -1) when it
+    reported neither, so that a job that reports nothing keeps nothing."""
+    if ctx.model_seconds <= 0 and ctx.tool_seconds <= 0:
+        return -1, -1
+    return round(ctx.model_seconds * 1000), round(ctx.tool_seconds * 1000)
 
 
 current: ContextVar[JobContext | None] = ContextVar("fairlane_job", default=None)

@@ -54,6 +54,7 @@ from fairlane.runtime.attempts import Attempts
 from fairlane.runtime.balancer import KeyBalancer
 from fairlane.runtime.beating import BeatShard, BeatThread
 from fairlane.runtime.cron import Enqueue, cron_loop
+from fairlane.runtime.durations import DurationLearner
 from fairlane.runtime.executors import ProcessExecutor, ThreadExecutor
 from fairlane.runtime.health import LoopMonitor
 from fairlane.runtime.hooks import Hooks, WorkerHooks
@@ -117,7 +118,9 @@ class Worker:
         settings = registry.settings
         self.registry = registry
         self.stores = stores
-        self.hooks = Hooks(hooks)
+        #: what its attempts took, sent to the store for start-time estimates
+        self.durations = DurationLearner(stores, self._lane_of)
+        self.hooks = Hooks([*hooks, self.durations])
         self._enqueue = enqueue
         self.lanes = list(dict.fromkeys(lanes))
         self.concurrency = concurrency
@@ -168,6 +171,11 @@ class Worker:
         self.slots.notify()  # a worker holding back under pressure waits on it
         for shard in self._shards:
             shard.cancel_idle_wait()
+
+    def _lane_of(self, task: str) -> str:
+        """The lane a task is declared in (a task this worker does not know: its first)."""
+        known = self.registry.tasks.get(task)
+        return known.options.lane if known is not None else self.lanes[0]
 
     def running_jobs(self) -> list[FetchedJob]:
         """The jobs running on this worker now."""

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from fairlane.store.apikeys import KeyRecords
 from fairlane.store.connection import create_client
 from fairlane.store.drain import DrainCalls
+from fairlane.store.durations import DurationCalls
 from fairlane.store.exchange import WorkerCalls
 from fairlane.store.gate import POOL_HEADROOM, CallGate
 from fairlane.store.globalkeys import GlobalKeyCalls
@@ -55,6 +56,7 @@ class Store(
     KeyspaceCalls,
     GlobalKeyCalls,
     PauseCalls,
+    DurationCalls,
 ):
     """The typed face of one server (or shard) for one app."""
 

@@ -280,8 +280,28 @@ class UnofferArg(IntEnum):
     FIRST_ID = 1  # jobs a throttle key woke (``w:<job>`` in the throttle hash)
 
 
+class EstimateArg(IntEnum):
+    """``estimate``: a waiting job by its id, or one not yet submitted by its names."""
+
+    JOB = 1  # '': a job of the names below, as if submitted now
+    TENANT = 2
+    LANE = 3
+    CLASS = 4
+    TASK = 5
+    MAX_TENANTS = 6  # waiting tenants of the class read one by one
+
+
+class LearnArg(IntEnum):
+    """``learn_durations``."""
+
+    ALPHA = 1  # what one attempt moves a learned mean by
+    FIRST_ENTRY = 2  # triples: field (fairlane.store.durations), attempts, their sum (ms)
+
+
 #: every function's arguments; the Lua names each by its class name (``WfStepArg.RUN``)
 ARGV: Final[tuple[type[IntEnum], ...]] = (
+    EstimateArg,
+    LearnArg,
     PauseArg,
     ResumeArg,
     UnofferArg,

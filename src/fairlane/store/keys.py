@@ -87,6 +87,15 @@ pattern (after the prefix)  type   holds                              written by
                                   order score (record: ``pz``)
 ``lane:<l>:c:<c>:held``    set    paused tenants dispatch took out    fetch, resume
                                   of the class's fair set
+``dur``                    hash   learned means for start-time       workers
+                                  estimates: a tenant's slot-ms per   (learn_durations);
+                                  job in a class, the class's, a      read by estimate and
+                                  task's ms per tenant and overall    fetch (deadlines)
+                                  (``store/durations.py``)
+``use:<window>`` (derived) hash   slot-ms of a tenant's (``t``) and   workers
+                                  a class's (``c``) jobs finished in  (learn_durations); read
+                                  one window (USAGE_WINDOW_MS);       by estimate
+                                  expires after three
 ``trate``                  hash   tenant -> its own rate             configure_rate
                                   'limit,per_ms,burst,units'
 ``tclasses``               hash   tenant -> its class entitlement:   configure_classes (read
@@ -116,6 +125,9 @@ pattern (after the prefix)  type   holds                              written by
                                   tenants' weights, shardshare.py)
 ``lane:<l>:cap``           hash   worker -> slots (its capacity)     exchange, leave, sweep
 ``lane:<l>:delayed``       zset   job id -> run-at time (ms)         enqueue, ack, sweep
+``lane:<l>:dl``            zset   unfinished job id -> its deadline  enqueue (jobs with a
+                                  (ms): only jobs with one; a read   deadline only), finish
+                                  checks each one's status           (records.lua), redrive
 ``lane:<l>:wake``          list   wake tokens; workers BLPOP it      enqueue, fetch, ack
 ``lane:<l>:idle``          zset   'worker|lease_ms' -> lapses (ms)   exchange, enqueue
 ``inbox:<w>`` (derived)    list   jobs handed to an idle worker      enqueue; exchange drains
@@ -135,6 +147,9 @@ pattern (after the prefix)  type   holds                              written by
 ``lane:<l>:c:<c>:seen``    hash   tenant -> 'tag|ms': an idle        tenant sweep
  (derived)                        tenant's finish tag above V, first
                                   seen by the tenant sweep then
+``lane:<l>:c:<c>:starts``  hash   second (server ms // 1000) ->       fetch, enqueue (a
+ (derived)                        starts + 2**26 * retry starts in    hand-off); the newest
+                                  it (fairlane.policy.starts)        600 seconds kept
 ``q:<l>:<c>:<t>`` (der.)   zset   waiting job ids by order           enqueue, fetch, cancel
 ``fk:<l>:<c>:<t>`` (der.)  zset   fairness key -> its next start tag enqueue (dropped at or
                                   in the tenant queue (fairkeys.lua) below the queue's head)
@@ -389,6 +404,11 @@ class AppKeys:
         """Scope field -> JSON reason, by, at, until (``p .. 'pause:why'``)."""
         return self.prefix + "pause:why"
 
+    @property
+    def durations(self) -> str:
+        """Learned means of jobs' lengths (scripts derive ``p .. 'dur'``)."""
+        return self.prefix + "dur"
+
     def signals(self, tenant: str) -> str:
         """A tenant's submission rate ring and mean duration (``p .. 'sig:' .. tenant``)."""
         return f"{self.prefix}sig:{tenant}"
@@ -440,6 +460,11 @@ class AppKeys:
             wake=base + "wake",
             idle=base + "idle",
         )
+
+    def lane_deadlines(self, lane: str) -> str:
+        """The lane's unfinished jobs with a deadline, by deadline (scripts derive
+        ``lane_key(p, lane, 'dl')``): what the slots deadlines need are read from."""
+        return f"{self.prefix}lane:{lane}:dl"
 
     def inbox(self, worker: str) -> str:
         """Jobs handed straight to an idle worker; the worker blocks on it."""
@@ -552,6 +577,9 @@ JOB_FIELDS: dict[str, str] = {
     "ck": "cost key 'tenant|workflow|model' whose learned cost applies",
     "cu": "milli-units its tenant is charged at dispatch (cost mode)",
     "amu": "milli-units its last attempt used",
+    "use": "what its last attempt reported of its time in model and tool calls, "
+    "'<model ms>,<tool ms>': written when that attempt ends the job (an attempt that ends "
+    "earlier keeps it in its event; absent = nothing reported)",
     "par": "the workflow run a child job belongs to (absent = none)",
     "wfr": "1 once a workflow run has started (it has run:<id>:* keys)",
     "wf": "what a suspended run waits for: yield, sleep, signal:<name> or children",

@@ -19,8 +19,8 @@ module, simulator fast path and agreement test stand beside each file is
 
 Constants the policy core owns (the default service classes, the ceilings' signal
 windows and pressure bounds, the least charge, fair deferral's overtake limit and pass
-budget, how often a single enqueue reads its lane's bound, an adaptive key's cut and the
-pushbacks a job may take) and the fence key's name from
+budget, how often a single enqueue reads its lane's bound, an adaptive key's cut, the
+pushbacks a job may take and the ring of a class's starts) and the fence key's name from
 ``fairlane.store.keys`` (the scripts cut the app's prefix from it) are written into
 the source here, so the scripts, the policy and the key layout never disagree on them.
 The library is named after its content so that workers of two releases sharing a
@@ -44,6 +44,8 @@ from fairlane.policy import (
     pauses,
     ratekeys,
     rates,
+    startpredict,
+    starts,
 )
 from fairlane.policy.admission import (
     EstimationSettings,
@@ -153,11 +155,15 @@ def fill_constants(source: str) -> str:
         "__DUE_BATCH__": str(ratekeys.DUE_BATCH),
         "__PARK_BUDGET__": str(ratekeys.PARK_BUDGET),
         "__LIFT_BUDGET__": str(pauses.LIFT_BUDGET),
+        "__USAGE_WINDOW_MS__": str(startpredict.USAGE_WINDOW_MS),
         "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),
         "__PART_EPSILON__": repr(globalkeys.EPSILON),
         "__DEADLINE_EPOCH_MS__": str(deadlineorder.DEADLINE_EPOCH_MS),
         "__DEADLINE_TICK_MS__": str(deadlineorder.DEADLINE_TICK_MS),
         "__DEADLINE_SPAN__": str(deadlineorder.DEADLINE_SPAN),
+        "__STARTS_WIDTH_MS__": str(starts.WIDTH_MS),
+        "__STARTS_BUCKETS__": str(starts.BUCKETS),
+        "__RETRY_START__": str(starts.RETRY_START),
         # an app of no prefix: what is left of its fence key is the key's own name
         "__FENCE_NAME__": AppKeys("").fence,
         "__SHARDED_PREFIX__": SHARDED_PREFIX_PATTERN,

@@ -41,6 +41,7 @@ __all__ = [
     "JobRecord",
     "decode_event",
     "decode_limits",
+    "decode_reported",
     "from_hash",
     "from_values",
     "job_fields",
@@ -136,6 +137,9 @@ class JobRecord:
     paused_under: str = ""
     """The pause-table field of the operator's pause that parked it ('' none:
     ``fairlane.store.pausing.field_scope`` reads it)."""
+    reported_ms: tuple[int, int] | None = None
+    """What the attempt that ended it reported of its time in model calls and in tool
+    calls, in ms (None: nothing reported, or it has not ended)."""
 
     @property
     def failure(self) -> ErrorInfo | None:
@@ -181,6 +185,7 @@ JobAttr = Literal[
     "deadline_ms",
     "idempotency_key",
     "paused_under",
+    "reported_ms",
 ]
 
 
@@ -201,6 +206,17 @@ def _text_or(default: str) -> Callable[[Any], str]:
 
 def _int_or(default: int) -> Callable[[Any], int]:
     return lambda value: field_int(value, default)
+
+
+def decode_reported(value: Any) -> tuple[int, int] | None:
+    """What an attempt reported of its time (``use``, a record field and an event's
+    detail: ``'<model ms>,<tool ms>'``) as (model ms, tool ms); None when absent or
+    damaged."""
+    model, _, tool = field_text(value).partition(",")
+    m, t = field_int(model), field_int(tool)
+    if m is None or t is None or m < 0 or t < 0:
+        return None
+    return m, t
 
 
 #: attribute -> (hash field, how its value reads)
@@ -237,6 +253,7 @@ _FIELDS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "deadline_ms": ("dl", field_int),
     "idempotency_key": ("idem", field_text),
     "paused_under": ("pz", field_text),
+    "reported_ms": ("use", decode_reported),
 }
 
 #: who a job belongs to: enough to check a caller may see it, and what it runs

@@ -31,6 +31,7 @@ class OutcomeKind(StrEnum):
     SUSPEND = "suspend"  # a workflow run waits
     THROTTLE = "throttle"  # an upstream pushed back on one of its rate keys
     HANDBACK = "handback"  # the worker could not run it: another may
+    EXPIRE = "expire"  # stopped at its job's deadline while running: the job expires
 
 
 AckKind = str
@@ -92,6 +93,33 @@ class DrainReply(IntEnum):
     SEEN = 2  # entries looked at
     MATCHED = 3  # jobs cancelled, or counted in a dry run
     CPU_US = 4  # the server's CPU time the call took (a clock that stands still for none)
+
+
+class EstimateReply(IntEnum):
+    """Places of ``estimate``'s reply: what a start-time estimate rests on
+    (``fairlane.policy.startpredict``)."""
+
+    NOW = 1  # server ms
+    STATE = 2  # the job's status ('' unknown; 'new' for one not yet submitted)
+    TENANT = 3
+    LANE = 4
+    CLASS = 5
+    TASK = 6
+    AHEAD = 7  # jobs of its tenant ahead of it in its queue (-1: not in it)
+    CAPACITY = 8  # the lane's live slots
+    TABLE = 9  # the lane's class table (JSON, ``encode_classes``)
+    LOADS = 10  # in-flight and waiting slots of each class of the table, in its order
+    TENANTS = (
+        11  # waiting tenants read: tenant, weight, jobs, mean slot-ms, mean units ('' unknown)
+    )
+    UNREAD = 12  # waiting tenants beyond those read
+    CLASS_MEAN = 13  # the class's mean slot-ms per job ('' unknown)
+    OWN_MS = 14  # the job's own expected ms ('' unknown)
+    DEADLINE = 15  # its deadline, server ms ('' none)
+    RUN_AT = 16  # when it may run, server ms ('' now)
+    PAUSED = 17  # 1: an operator's pause holds it
+    USAGE = 18  # slot-ms per ms each tenant read finished lately ('' none), then the class's
+    CHARGE = 19  # how the lane charges a start: 'cost' (its units) or else one per job
 
 
 def at(reply: Sequence[Any], place: IntEnum) -> Any:
@@ -296,6 +324,9 @@ class NewJob(msgspec.Struct, array_like=True):
     # 0 when neither the call nor the task named the class: the store then gives the job
     # its tenant's default class, where the tenant has one it may use (1: as given)
     class_named: int = 1
+    # ms from submission to its expected end (estimated wait and learned length; 0: not
+    # estimated): a deadline it would miss is refused as one already past
+    needs_ms: int = 0
     # 1: with a deadline, it takes its place in its tenant's queue by it (its task's
     # deadline_order; its class's is in the lane's table)
     deadline_order: int = 0
@@ -373,6 +404,10 @@ class Outcome(msgspec.Struct, array_like=True, frozen=True):
     payload: str = ""
     delay_ms: int = 0
     cost: float = -1.0  # work units the attempt used (-1: it did not run)
+    # what the task reported of its time in model and in tool calls (fairlane.context()),
+    # in ms; -1: it reported none. Kept with the attempt for ``fairlane explain``
+    model_ms: int = -1
+    tool_ms: int = -1
 
     def __post_init__(self) -> None:
         # accept the bytes a caller may hold; the wire needs text
@@ -550,6 +585,7 @@ def lua_names() -> Mapping[str, str]:
         ("Submitted", SubmittedField),
         ("Load", LoadReply),
         ("DrainReply", DrainReply),
+        ("EstimateReply", EstimateReply),
         ("Reply", Reply),
         ("AckCode", AckCode),
         ("GkReport", GkReportField),

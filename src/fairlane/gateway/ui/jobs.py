@@ -29,6 +29,7 @@ from fairlane.store.records import JobRecord
 from fairlane.store.views.globalkeys import job_global_keys
 from fairlane.store.views.jobs import PER_INDEX, STATES, Filter, candidates, listing
 from fairlane.store.views.rates import job_rates
+from fairlane.store.views.starts import class_starts
 
 __all__ = ["PER_INDEX", "STATES", "Filter", "find_jobs", "job_detail"]
 
@@ -115,7 +116,16 @@ async def job_detail(app: App, job_id: str) -> dict[str, Any] | None:
     names = [*record.limits, *rates.rates, *rates.adaptive]
     shared = await store.view(job_global_keys, store.shard, names)
     pauses = await store.pause_entries()
-    why = explain(record, events, now_ms=now, rates=rates, global_keys=shared, pauses=pauses)
+    starts = await store.read(class_starts(store.keys, record.lane, record.service_class))
+    why = explain(
+        record,
+        events,
+        now_ms=now,
+        rates=rates,
+        global_keys=shared,
+        pauses=pauses,
+        starts=starts,
+    )
     row = _row(record, await store.is_dead_letter(job_id))
     detail: dict[str, Any] = {
         **row,

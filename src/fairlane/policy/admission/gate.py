@@ -269,14 +269,19 @@ def decide(
     now_ms: int,
     max_reservation_milli: int,
     held: bool = False,
+    needs_ms: int = 0,
 ) -> Decision:
     """The gate's answer to one submission (rules 1-5 of the admission contract); pure.
-    ``held`` as for :func:`fits`."""
+    ``held`` as for :func:`fits`. ``needs_ms``: how long from now the job is expected to
+    take to finish, wait included (``fairlane.policy.startpredict``; 0 not estimated):
+    a deadline it would miss is unmeetable as one already past."""
     if service_class not in table:
         raise ValueError(f"unknown service class: {service_class!r}")
     if check_count("milli_units", milli_units) > max_reservation_milli:
         return Decision("rejected", "too_wide")
-    if deadline_ms is not None and deadline_ms <= now_ms:
+    if deadline_ms is not None and (
+        deadline_ms <= now_ms or (needs_ms > 0 and now_ms + needs_ms > deadline_ms)
+    ):
         return Decision("rejected", "deadline_unmeetable")
     reason = fits(
         table,

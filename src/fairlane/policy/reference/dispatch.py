@@ -38,7 +38,7 @@ __all__ = [
     "Status",
 ]
 
-Status = Literal["queued", "throttled", "scheduled", "running", "completed", "failed"]
+Status = Literal["queued", "throttled", "scheduled", "running", "completed", "failed", "expired"]
 
 #: The order score of a queued job is ``-prio * PRIO_SPAN + seq`` (``order_score`` in Lua).
 PRIO_SPAN: int = 1 << 40

@@ -147,7 +147,9 @@ class Leases(LaneDispatch):
         self.lane(job.lane).delayed[job.id] = run_at
         self.stats[counter] += 1
 
-    def _finish(self, job: ModelJob, status: Literal["completed", "failed"], now: int) -> None:
+    def _finish(
+        self, job: ModelJob, status: Literal["completed", "failed", "expired"], now: int
+    ) -> None:
         job.status, job.finished_at = status, now
         self.stats[status] += 1
 

@@ -120,7 +120,8 @@ Invariants (``check_invariants``, by ``fairlane.policy.reference.invariants``):
 1. Every job is in exactly one place, matching its status: ``queued`` in its tenant's
    queue, ``throttled`` in one tenant group of one throttle key, ``scheduled`` in its
    lane's delayed set, ``running`` in the
-   leases, ``completed`` / ``failed`` in none (a failed job is in the dead-letter set).
+   leases, ``completed`` / ``failed`` / ``expired`` in none (a failed job is in the
+   dead-letter set).
 2. A tenant is active in a class exactly while it has waiting jobs there; ``run``
    equals the class's running jobs, ``f`` the sum of their widths, ``d`` the sum of
    the widths of its queued jobs.
@@ -171,8 +172,8 @@ __all__ = [
     "Submission",
 ]
 
-AckKind = Literal["ok", "retry", "dead", "release", "handback"]
-FINISHED: frozenset[str] = frozenset({"completed", "failed"})
+AckKind = Literal["ok", "retry", "dead", "expire", "release", "handback"]
+FINISHED: frozenset[str] = frozenset({"completed", "failed", "expired"})
 
 
 class Batch(NamedTuple):
@@ -408,7 +409,8 @@ class QueueModel(Leases, PauseOps):
         again (not applied twice); 0 fenced, the token being stale. A hand-back (the
         worker could not run the job) is due again ``delay_ms`` later with its attempt
         given back, until ``window_ms`` after the job's first hand-back; then, or at once
-        for a window of 0, it is a dead letter."""
+        for a window of 0, it is a dead letter. An attempt its worker stopped at the
+        job's deadline (``expire``) ends the job expired, never as a failure."""
         if not self._holds(job_id, token):
             job = self.jobs.get(job_id)
             if job is not None and job.status != "running" and job.settled == token:
@@ -431,6 +433,8 @@ class QueueModel(Leases, PauseOps):
             self._schedule(job, now + delay_ms)
         elif kind == "dead":
             self._dead_letter(job, now)
+        elif kind == "expire":  # stopped at its deadline: expired, whatever its budget
+            self._finish(job, "expired", now)
         elif kind == "handback":
             self._hand_back(job, now, delay_ms, window_ms)
         else:

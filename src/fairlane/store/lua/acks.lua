@@ -17,7 +17,8 @@ do
   local lane_waiting, push_ready, release_throttle = fairqueue.lane_waiting, fairqueue.push_ready, fairqueue.release_throttle
   local work_of = fairqueue.work_of
   local MIN_CHARGE_MU, adjust_tag, learn_costs = admission.MIN_CHARGE_MU, admission.adjust_tag, admission.learn_costs
-  local count, dead_letter, finish = records.count, records.dead_letter, records.finish
+  local count, dead_letter, expire, finish = records.count, records.dead_letter, records.expire,
+    records.finish
   local schedule_retry = records.schedule_retry
   local suspend_run = workflows.suspend_run
 
@@ -125,12 +126,23 @@ do
     return verdict
   end
 
+  -- What the attempt reported of its time in model calls and in tool calls, as the job
+  -- keeps it: '<model ms>,<tool ms>' (field and event detail `use`), nil when it reported
+  -- none (or its worker, of an earlier release, sends acks without the two).
+  local function reported(ack)
+    local m, t = tonumber(ack[Ack.MODEL_MS]), tonumber(ack[Ack.TOOL_MS])
+    if not (m and t) or (m < 0 and t < 0) then
+      return nil
+    end
+    return core.int(math.floor(math.max(0, m))) .. ',' .. core.int(math.floor(math.max(0, t)))
+  end
+
   -- A running job's record as an ack reads it: f[1..14] st, tok, task, rc, rf, att, max,
   -- lane, cls, sl, tenant, start, ck, cu; f[15..20] the optional w, ttok, mu, par, wfr,
   -- idem (core.read).
   settling.SETTLING = {'st', 'tok', 'task', 'rc', 'rf', 'att', 'max', 'lane', 'cls', 'sl', 'tenant',
     'start', 'ck', 'cu', 'x'}
-  settling.SETTLING_X = {'w', 'ttok', 'mu', 'par', 'wfr', 'idem'}
+  settling.SETTLING_X = {'w', 'ttok', 'mu', 'par', 'wfr', 'idem', 'dl'}
 
   -- What settling an attempt that ran does before its kind's own step: its slots leave its
   -- class's in-flight count (`settled`, and the call's `tally.ended` that dispatch reads in
@@ -186,33 +198,37 @@ do
     return payload, pushed, pushed_key, amu
   end
 
-  -- The attempt's end by its kind: completed, retried, dead-lettered, cancelled, a run
-  -- suspended, handed back, or released (handed back unstarted by a stopping worker: the
-  -- attempt is not counted). The store holds the attempt budget itself: a retry past it
-  -- is a dead letter.
+  -- The attempt's end by its kind: completed, retried, dead-lettered, cancelled, expired
+  -- (stopped by its worker at the job's deadline: counted as expired, never as a failure,
+  -- and not retried), a run suspended, handed back, or released (handed back unstarted by
+  -- a stopping worker: the attempt is not counted). The store holds the attempt budget
+  -- itself: a retry past it is a dead letter. What the attempt reported of its time
+  -- (`meta.use`) rides on the write that ends the job, or on the event that ends the attempt.
   local function conclude(keys, p, id, kind, ack, f, payload, pushed, pushed_key, meta, now, tally,
       settled)
-    local delay = tonumber(ack[Ack.DELAY_MS])
+    local delay, use = tonumber(ack[Ack.DELAY_MS]), meta.use
     -- the attempt budget is read only by the kinds that retry (a number read costs)
     if kind == Kind.THROTTLE and pushed then
-      records.push_back(keys, p, id, delay or 0, payload, now, tally, meta, pushed_key)
+      records.push_back(keys, p, id, delay or 0, payload, now, tally, meta, pushed_key, use)
     elseif kind == Kind.THROTTLE and (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1) then
       dead_letter(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.THROTTLE then
       -- a pushback on a key the job does not hold is an ordinary failure
-      schedule_retry(keys, p, id, delay or 0, payload, now, tally)
+      schedule_retry(keys, p, id, delay or 0, payload, now, tally, nil, nil, use)
     elseif kind == Kind.OK then
       finish(keys, p, id, 'completed', 'res', payload, now, tally, meta)
     elseif kind == Kind.RETRY and (tonumber(f[6]) or 0) >= (tonumber(f[7]) or 1) then
       dead_letter(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.RETRY then
-      schedule_retry(keys, p, id, delay, payload, now, tally)
+      schedule_retry(keys, p, id, delay, payload, now, tally, nil, nil, use)
     elseif kind == Kind.DEAD then
       dead_letter(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.CANCEL then
       finish(keys, p, id, 'cancelled', 'err', payload, now, tally, meta)
+    elseif kind == Kind.EXPIRE then
+      expire(keys, p, id, payload, now, tally, meta)
     elseif kind == Kind.SUSPEND then
-      suspend_run(keys, p, id, payload, delay or 0, now, tally)
+      suspend_run(keys, p, id, payload, delay or 0, now, tally, use)
     elseif kind == Kind.HANDBACK then
       settling.hand_back(keys, p, id, payload, delay or 0, now, tally, meta)
     else
@@ -229,9 +245,9 @@ do
   end
 
   -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
-  -- [id, token, kind (ok | retry | dead | cancel | release | suspend | throttle | handback),
-  -- payload, delay_ms, cost] (a workflow run suspends with what it waits for as its
-  -- payload; a pushback names its key and the pause; a hand-back its window,
+  -- [id, token, kind (ok | retry | dead | cancel | expire | release | suspend | throttle
+  -- | handback), payload, delay_ms, cost] (a workflow run suspends with what it waits for
+  -- as its payload; a pushback names its key and the pause; a hand-back its window,
   -- settling.hand_back). (cost: the work units the attempt used, -1 when it did not run).
   -- Returns one code per entry: 1 applied; 2 the settlement this lease made already, sent
   -- again after its reply was lost (not applied twice; counted 'resettled'); 0 rejected as
@@ -263,8 +279,10 @@ do
         released[#released + 1] = id
         local payload, pushed, pushed_key, amu =
           account(keys, p, id, kind, ack, f, now, tally, settled, freed, limited, costing)
-        local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20]}
+        local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20],
+          f[21], use = kind ~= Kind.RELEASE and kind ~= Kind.HANDBACK and reported(ack) or nil}
         local ends = kind == Kind.OK or kind == Kind.DEAD or kind == Kind.CANCEL
+          or kind == Kind.EXPIRE
           or (kind == Kind.RETRY and (core.num(f[6]) or 0) >= (core.num(f[7]) or 1))
         if ends then
           meta.amu = amu

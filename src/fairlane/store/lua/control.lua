@@ -1,7 +1,7 @@
 -- Queries and control: task and lane declarations, tenant settings, cancel, watch,
 -- redrive.
 --
--- Keys: tclasses, sig:<tenant>, job:<id>, kept:<task>:<outcome>, lane:<l>:state|delayed,
+-- Keys: tclasses, sig:<tenant>, job:<id>, kept:<task>:<outcome>, lane:<l>:state|delayed|dl,
 --   lane:<l>:c:<c>:fair|deferred|dvt, q:<lane>:<class>:<tenant>, KEYS[TASKS],
 --   KEYS[TLIMITS], KEYS[WEIGHTS], KEYS[DEAD], gkeys (a global pool joins it)
 -- Calls: core, throttle, keyparts, fairqueue, records, leasing, dispatch, pauses
@@ -216,7 +216,7 @@ do
     for _, id in ipairs(ids) do
       local jk = job_key(p, id)
       local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'prio', 'seq', 'task', 'cls', 'sl',
-        'start', 'wk', 'att', 'fin', 'err', 'qw')
+        'start', 'wk', 'att', 'fin', 'err', 'qw', 'use', 'dl')
       local memo = f[2] and (lanes[f[2]] or {seen = seen})
       if memo then
         lanes[f[2]] = memo
@@ -227,13 +227,17 @@ do
         redis.call('ZREM', idx, id)
         redis.call('SREM', records.links_key(idx), id)
         redis.call('HSET', jk, 'st', 'queued', 'att', 0, 'run', now)
-        -- a fresh deploy window too (hb, acks.lua)
-        redis.call('HDEL', jk, 'fin', 'err', 'res', 'hb')
+        -- a fresh deploy window too (hb, acks.lua); what its last attempt reported of its
+        -- time (use) goes with that attempt into the event
+        redis.call('HDEL', jk, 'fin', 'err', 'res', 'hb', 'use')
         -- its first life's last attempt and end, which the record is about to forget
         log_event(p, id, now, 'redriven', {start = tonumber(f[9]), wk = f[10] or nil,
           att = tonumber(f[11]), fin = tonumber(f[12]), err = error_type(f[13] or nil),
-          qw = f[14] ~= '' and f[14] or nil})
+          qw = f[14] ~= '' and f[14] or nil, use = f[15] or nil})
         push_ready(p, f[2], f[7] or DEFAULT_CLASS, f[3], id, f[4], f[5], f[8])
+        if tonumber(f[16]) then -- unfinished again: back in the deadline index
+          redis.call('ZADD', lane_key(p, f[2], 'dl'), tonumber(f[16]), id)
+        end
         wake(p, f[2])
         done[#done + 1] = id
       end

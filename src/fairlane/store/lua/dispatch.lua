@@ -18,7 +18,7 @@ do
   local tenant_limit, thr_acquire = throttle.tenant_limit, throttle.thr_acquire
   local class_key, enter_all_woken = fairqueue.class_key, fairqueue.enter_all_woken
   local tenant_queue = fairqueue.tenant_queue
-  local count, finish = records.count, records.finish
+  local count, count_start, finish = records.count, records.count_start, records.finish
   local lease_jobs, promote_due, runnable = leasing.lease_jobs, leasing.promote_due, leasing.runnable
 
   -- One dispatch's view of a lane: what it read once (class table, capacity, weights,
@@ -584,7 +584,8 @@ do
   -- admitted (taking both in this step), or it parks (status 'throttled', holding
   -- nothing, its tenant not charged) and the next head is tried. Waiters the keys woke
   -- go back into their tenants' queues, and the lane's state is read again.
-  -- Appends {id, fields, lane, why it waited (queued_why)} to `popped`. Returns the slots
+  -- Appends {id, fields, lane, why it waited (queued_why)} to `popped`, and counts each
+  -- start into the call's effects (records.count_start). Returns the slots
   -- given, whether the lane stopped for want of budget (so it might give more) and the
   -- lane's waiting weight it leaves (lane_weight).
   local function dispatch_lane(keys, p, lane, budget, now, tally, popped)
@@ -623,6 +624,8 @@ do
       end
       if jf then
         popped[#popped + 1] = {id, jf, lane, queued_why(cx, x, jf, rivals)}
+        -- a retry (its record's att: attempts before this one) counted apart, for explain
+        count_start(tally, lane, cls, jf[9])
         given = given + h[3]
         cx.f[x] = cx.f[x] + h[3]
         bump(cx, 'f:' .. cls, h[3])

@@ -2,7 +2,7 @@
 -- gate, the job's record, its tenant queue or its lane's delayed set, and the hand-off to
 -- an idle worker.
 --
--- Keys: job:<id>, q:<lane>:<class>:<tenant>, lane:<l>:delayed|idle, KEYS[IDEM],
+-- Keys: job:<id>, q:<lane>:<class>:<tenant>, lane:<l>:delayed|idle|dl, KEYS[IDEM],
 --   KEYS[STATS] (seq), KEYS[TLIMITS]
 -- Calls: core, classes, throttle, pausetable, deadlineorder, fairqueue, fairkeys,
 --   queue_bounds, admission, records, leasing, dispatch
@@ -88,7 +88,10 @@ do
     elseif dl ~= '' then
       dl = tonumber(dl)
     end
-    local meetable = not (dl ~= '' and (dl <= now or dl < run_at))
+    -- or whose expected end, its estimated wait and learned length (Job.NEEDS_MS, 0: not
+    -- estimated; fairlane.policy.startpredict), lands after it
+    local needs = tonumber(j[Job.NEEDS_MS]) or 0
+    local meetable = not (dl ~= '' and (dl <= now or dl < run_at or (needs > 0 and now + needs > dl)))
     local verdict, reason, mu = 'accepted', nil, nil
     local adm, qb = call_adm, call_qb
     local base_mu = tonumber(j[Job.DECLARED_MU]) or 1000
@@ -154,6 +157,9 @@ do
     end
     if dl ~= '' then
       h[n + 1], h[n + 2], n, extra = 'dl', dl, n + 2, true
+      -- the lane's deadline index, which the slots its deadlines need are read from, until
+      -- the job finishes (records.finish): a job without a deadline writes nothing to it
+      redis.call('ZADD', lane_key(p, lane, 'dl'), dl, id)
     end
     if idem ~= '' then
       h[n + 1], h[n + 2], n, extra = 'idem', idem, n + 2, true

@@ -41,6 +41,7 @@ leases set (running), or none (finished).
 -- @include fairqueue.lua
 -- @include fairkeys.lua
 -- @include pauses.lua
+-- @include estimate.lua
 -- @include bounds.lua
 -- @include admission.lua
 -- @include runs.lua
@@ -109,6 +110,10 @@ redis.register_function{function_name = '__PREFIX__wf_step', callback = workflow
 redis.register_function{function_name = '__PREFIX__wf_wait', callback = workflows.wf_wait}
 redis.register_function{function_name = '__PREFIX__wf_children', callback = workflows.wf_children}
 redis.register_function{function_name = '__PREFIX__signal', callback = workflows.signal}
+redis.register_function{function_name = '__PREFIX__estimate', callback = estimating.estimate,
+  flags = {'no-writes'}}
+redis.register_function{function_name = '__PREFIX__learn_durations',
+  callback = estimating.learn_durations}
 redis.register_function{function_name = '__PREFIX__gk_enable', callback = globalkeys.enable,
   flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__gk_report', callback = globalkeys.report,

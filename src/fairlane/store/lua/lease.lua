@@ -3,7 +3,7 @@
 --
 -- Keys: job:<id>, inbox:<worker>, wj:<worker>, lane:<l>:delayed|idle|state,
 --   lane:<l>:c:<c>:vt, KEYS[FENCE] (tokens), KEYS[LEASES]
--- Calls: core, classes, fairqueue, fairkeys, admission, records
+-- Calls: core, classes, fairqueue, fairkeys, admission, records, estimating
 -- Entry points: leasing.{NOT_ENTITLED_ERR, RUNNABLE, RUNNABLE_X, backoff_ok, finite_ok,
 --   hand_off, inbox_key, lease_jobs, limits_ok, lost_class, peek_idle_worker,
 --   promote_due, rates_ok, read_runnable, runnable, slots_ok, text_ok, to_ok, whole_ok,
@@ -21,6 +21,23 @@ do
   local room_for = admission.room_for
   local EXPIRED_ERR, count, dead_letter = records.EXPIRED_ERR, records.count, records.dead_letter
   local expire = records.expire
+  local expected_ms = estimating.expected_ms
+  local UNMEETABLE_ERR = '{"type":"DeadlineUnmeetable","message":"expected to run %d ms, '
+    .. 'and %d ms were left before its deadline","traceback":""}'
+
+  -- Why a job with deadline `dl` cannot start at `now`: the deadline has passed, or its
+  -- learned length no longer fits before it (fairlane.policy.startpredict.unmeetable);
+  -- nil when it can. Only a job with a deadline pays the one read.
+  local function too_late(p, task, tenant, dl, now)
+    if dl < now then
+      return EXPIRED_ERR
+    end
+    local expected = expected_ms(p, task, tenant)
+    if expected and now > dl - expected then
+      return string.format(UNMEETABLE_ERR, expected, dl - now)
+    end
+    return nil
+  end
 
   -- Whether a due job's class is restricted and its tenant no longer entitled to it (the
   -- entitlement lifted since the job was admitted): a retry, or a job scheduled for later,
@@ -362,10 +379,11 @@ do
       drop_offers(keys, p, id, f[21], tally, now)
       dead_letter(keys, p, id, string.format(MALFORMED_ERR, bad), now, tally)
     elseif f[1] == 'queued' then
-      if f[16] and tonumber(f[16]) < now then
+      local late = f[16] and too_late(p, f[2], f[6], tonumber(f[16]), now)
+      if late then
         release_throttle(keys, p, id, f[18], now)
         drop_offers(keys, p, id, f[21], tally, now)
-        expire(keys, p, id, EXPIRED_ERR, now, tally)
+        expire(keys, p, id, late, now, tally)
       else
         return f
       end

@@ -2,12 +2,12 @@
 -- dead letters, expiry, and retries with backoff.
 --
 -- Keys: job:<id>, ev:<id>, kept:<task>:<outcome> and its side set, done, gone,
---   run:<id>:log, lane:<l>:delayed, lane:<l>:c:<c>:dfair, KEYS[DEAD], KEYS[IDEM],
+--   run:<id>:log, lane:<l>:delayed|dl, lane:<l>:c:<c>:dfair|starts, KEYS[DEAD], KEYS[IDEM],
 --   KEYS[STATS], KEYS[WEIGHTS]
 -- Calls: core, rates, fairqueue, fairkeys, admission, runs
 -- Entry points: records.{EXPIRED_ERR, GONE, GONE_MAX, add_counts, apply_effects,
---   backoff_ms, count, dead_letter, expire, finish, links_key, mark_gone, new_effects,
---   push_back, readmit_class, remove_records, schedule_retry, trim}
+--   backoff_ms, count, count_start, dead_letter, expire, finish, links_key, mark_gone,
+--   new_effects, push_back, readmit_class, remove_records, schedule_retry, trim}
 
 local records = {}
 
@@ -141,6 +141,51 @@ do
     fx.counts[name] = (fx.counts[name] or 0) + (n or 1)
   end
 
+  -- A class's starts by the second (fairlane/policy/starts.py), so that `explain` can tell
+  -- a job how many retries of other jobs took its class's slots while it waited: hash
+  -- lane:<l>:c:<c>:starts, a field per second of server time holding that second's starts
+  -- plus RETRY_START times its retry starts (an attempt after the first), so that one
+  -- HINCRBY counts both. Dispatch counts each job it starts into the call's effects
+  -- (`count_start`: no command, `fx.starts` made on a call's first start); the call writes
+  -- one HINCRBY per lane and class that started any (`write_starts`). A second's first write drops the second that leaves the
+  -- ring, and seconds skipped leave a stale field or a few, swept once the hash holds more
+  -- than the ring: it never holds more than STARTS_BUCKETS + 1 fields.
+  local STARTS_WIDTH_MS, STARTS_BUCKETS = __STARTS_WIDTH_MS__, __STARTS_BUCKETS__
+  local RETRY_START = __RETRY_START__
+
+  function records.count_start(fx, lane, cls, att)
+    fx.starts = fx.starts or {}
+    local k = lane .. '\0' .. cls
+    local e = fx.starts[k]
+    if not e then
+      e = {lane, cls, 0}
+      fx.starts[k] = e
+    end
+    e[3] = e[3] + ((tonumber(att) or 0) > 0 and RETRY_START + 1 or 1)
+  end
+
+  local function write_starts(p, fx, now)
+    if not fx.starts then
+      return
+    end
+    local index = math.floor(now / STARTS_WIDTH_MS)
+    for _, e in pairs(fx.starts) do
+      local key = class_key(p, e[1], e[2], 'starts')
+      if redis.call('HINCRBY', key, core.int(index), core.int(e[3])) == e[3] then
+        redis.call('HDEL', key, core.int(index - STARTS_BUCKETS))
+        if redis.call('HLEN', key) > STARTS_BUCKETS then
+          local old = {}
+          for _, f in ipairs(redis.call('HKEYS', key)) do
+            if (tonumber(f) or 0) <= index - STARTS_BUCKETS then
+              old[#old + 1] = f
+            end
+          end
+          core.chunked('HDEL', key, old)
+        end
+      end
+    end
+  end
+
   -- `linked`: removing the record takes more than deleting its keys (links_key).
   local function keep(fx, idx, spec, id, linked)
     local k = fx.kept[idx]
@@ -161,6 +206,7 @@ do
       admit_deferred(keys, p, lane, now, fx)
     end
     records.add_counts(keys[STATS], fx.counts)
+    write_starts(p, fx, now)
     for idx, k in pairs(fx.kept) do
       local zargs, at = {}, core.now_arg(now)
       for i, id in ipairs(k.ids) do
@@ -177,15 +223,22 @@ do
   end
 
   -- Settle a job for good. `meta` holds its task, rc, rf, w, mu, lane, cls, tenant, par,
-  -- wfr, toff and idem fields (and `amu`, what the attempt used) when the caller already
-  -- read them (the hot path); otherwise they are read here. A reservation the job held is
-  -- released.
+  -- wfr, toff and idem fields (and `amu`, what the attempt used, `use`, what it reported
+  -- of its time in model and tool calls) when the caller already read them (the hot path);
+  -- otherwise they are read here. A reservation the job held is released.
   local function finish(keys, p, id, status, field, payload, now, tally, meta)
     local jk = job_key(p, id)
-    -- what the attempt used (`amu`, acks.lua) rides on this write
-    local amu, fin = meta and meta.amu, core.now_arg(now)
-    if field and amu then
-      redis.call('HSET', jk, 'st', status, 'fin', fin, field, payload, 'amu', core.arg(amu))
+    -- what the attempt used (`amu`) and reported (`use`, acks.lua) ride on this write
+    local amu, use, fin = meta and meta.amu, meta and meta.use, core.now_arg(now)
+    if field and (amu or use) then
+      local hargs = {'st', status, 'fin', fin, field, payload}
+      if amu then
+        hargs[#hargs + 1], hargs[#hargs + 2] = 'amu', core.arg(amu)
+      end
+      if use then
+        hargs[#hargs + 1], hargs[#hargs + 2] = 'use', use
+      end
+      redis.call('HSET', jk, unpack(hargs))
     elseif field then
       redis.call('HSET', jk, 'st', status, 'fin', fin, field, payload)
     else
@@ -195,7 +248,7 @@ do
     -- no event: the record's st, fin and err say how and when it ended
     meta = meta or
       redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w', 'mu', 'lane', 'cls', 'tenant', 'par', 'wfr',
-        'toff', 'idem')
+        'toff', 'idem', 'dl')
     if meta[11] then
       -- a job a throttle key woke (cancelled or expired while back in its queue) gives its
       -- offers back; the hot path's settled jobs ran, so they hold none
@@ -220,6 +273,9 @@ do
     if meta[4] then
       redis.call('PUBLISH', p .. 'done', id)
     end
+    if meta[13] and meta[6] then
+      redis.call('ZREM', lane_key(p, meta[6], 'dl'), id)
+    end
   end
 
   local function dead_letter(keys, p, id, err, now, tally, meta)
@@ -234,8 +290,9 @@ do
   local EXPIRED_ERR = '{"type":"DeadlineExceeded","message":"the deadline passed before the job could run","traceback":""}'
 
   -- Schedule a retry `delay` ms from now, unless that is past the job's deadline (`what`:
-  -- the event and counter, 'retry' unless it is a pushback by `key` or a hand-back).
-  local function schedule_retry(keys, p, id, delay, err, now, tally, what, key)
+  -- the event and counter, 'retry' unless it is a pushback by `key` or a hand-back; `use`:
+  -- what the attempt reported of its time, acks.lua, kept in the event).
+  local function schedule_retry(keys, p, id, delay, err, now, tally, what, key, use)
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant', 'start', 'wk', 'att',
       'qw')
@@ -257,7 +314,7 @@ do
     -- the next attempt overwrites start, wk, att and qw: the event keeps this attempt's
     log_event(p, id, now, what or 'retry', {delay = delay, err = error_type(err), at = run_at,
       start = tonumber(f[6]), wk = f[7] or nil, att = tonumber(f[8]),
-      qw = f[9] ~= '' and f[9] or nil, key = key})
+      qw = f[9] ~= '' and f[9] or nil, key = key, use = use})
     count(tally, what == 'pushback' and 'pushed_back' or what == 'handback' and 'handed_back'
       or 'retried')
     -- the retry may be due sooner than a blocked worker's timeout: wake one to re-read it
@@ -268,7 +325,7 @@ do
   -- A pushback (Throttled on a key the job holds): the job is due again when the key's
   -- pause ends, its attempt given back, up to rates.MAX_PUSHBACKS pushbacks; past them a
   -- pushback is a failed attempt like any other (its budget applies).
-  function records.push_back(keys, p, id, delay, err, now, tally, meta, key)
+  function records.push_back(keys, p, id, delay, err, now, tally, meta, key, use)
     local jk = job_key(p, id)
     local v = redis.call('HMGET', jk, 'pb', 'att', 'max')
     local pushes = (tonumber(v[1]) or 0) + 1
@@ -277,11 +334,11 @@ do
         dead_letter(keys, p, id, err, now, tally, meta)
         return 'failed'
       end
-      return schedule_retry(keys, p, id, delay, err, now, tally)
+      return schedule_retry(keys, p, id, delay, err, now, tally, nil, nil, use)
     end
     redis.call('HSET', jk, 'pb', pushes)
     -- logged with the attempt it ended, then the attempt is given back
-    local verdict = schedule_retry(keys, p, id, delay, err, now, tally, 'pushback', key)
+    local verdict = schedule_retry(keys, p, id, delay, err, now, tally, 'pushback', key, use)
     redis.call('HINCRBY', jk, 'att', -1)
     return verdict
   end

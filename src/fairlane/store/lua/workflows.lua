@@ -197,7 +197,9 @@ do
   -- work already there (a new FIFO number), so a continuation neither loses its place
   -- in fair dispatch nor jumps its own tenant's queue; a deadline-ordered run keeps its
   -- deadline order (deadlineorder.lua), which is its place by its tenant's own rule.
-  local function suspend_run(keys, p, id, wait, delay, now, tally)
+  -- `use`: what the slice reported of its time in model and tool calls (acks.lua), kept
+  -- in its event.
+  local function suspend_run(keys, p, id, wait, delay, now, tally, use)
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant', 'wfk', 'start', 'wk',
       'att', 'qw', 'seq')
@@ -228,7 +230,7 @@ do
     redis.call('RPUSH', run_key(p, id, 'log'), cmsgpack.pack({'suspend', wait, now, run_at}))
     -- the slice's start, worker and attempt: the next slice overwrites them in the record
     log_event(p, id, now, 'suspended', {wait = wait, at = run_at, start = tonumber(f[7]),
-      wk = f[8] or nil, att = tonumber(f[9]), qw = f[10] ~= '' and f[10] or nil})
+      wk = f[8] or nil, att = tonumber(f[9]), qw = f[10] ~= '' and f[10] or nil, use = use})
     count(tally, 'suspended')
     wake(p, f[2])
   end

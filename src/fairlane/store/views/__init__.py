@@ -15,7 +15,8 @@ merge over shards:
 - ``throttles``: throttle keys with their limits, use and waiters;
 - ``rates``: rate keys with their rate in force, tokens now, pause, adaptive value,
   counters, waiters and due time; a job's rate keys (for ``explain``);
-- ``jobs``: job ids found through the indexes of each state, and their records.
+- ``jobs``: job ids found through the indexes of each state, and their records;
+- ``starts``: a class's starts by the second, retries counted apart (for ``explain``).
 
 Job records and events themselves are decoded by ``fairlane.store.records``.
 """
