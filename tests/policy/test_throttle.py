@@ -19,6 +19,7 @@ from fairlane.policy.ceilings import (
     pressure_factor,
     tenant_limit,
 )
+from fairlane.policy.deadlineorder import DEADLINE_SPAN
 from fairlane.policy.throttle import Acquired, Parked, Throttles, Wake
 
 # -- throttles: examples ----------------------------------------------------------------
@@ -244,8 +245,8 @@ def test_bad_calls_are_refused_without_changing_anything() -> None:
         t.try_acquire("j", {"k": 5}, 0, 1)
     with pytest.raises(ValueError, match="limit"):
         t.try_acquire("x", {"k": -1}, 0, 1)
-    with pytest.raises(ValueError, match="seq"):
-        t.try_acquire("x", {"k": 1}, 0, -1)
+    with pytest.raises(ValueError, match="seq"):  # below every deadline order
+        t.try_acquire("x", {"k": 1}, 0, -DEADLINE_SPAN - 1)
     with pytest.raises(ValueError, match="charge"):
         t.try_acquire("x", {"k": 1}, 0, 1, charge=-1)
     assert t.statistics() == before

@@ -41,17 +41,23 @@ class StoreMachine(RuleBasedStateMachine):
 
     def close(self) -> None:
         """Delete the run's keys and close every connection."""
-        try:
-            keys = list(self.client.scan_iter(match=self.keys.match_all(), count=500))
-            if keys:
-                self.client.delete(*keys)
-        finally:
-            self.client.close()
-            self.run(self.store.aclose())
-            self.loop.close()
+        drop_app(self.store, self.client, self.loop)
 
     def teardown(self) -> None:
         self.close()
+
+
+def drop_app(store: Store, client: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """Delete every key of ``store``'s app (read through the sync ``client``), then
+    close both and ``loop``, which ``store`` runs on."""
+    try:
+        keys = list(client.scan_iter(match=store.keys.match_all(), count=500))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+        loop.run_until_complete(store.aclose())
+        loop.close()
 
 
 def lua_parts(file: str, *names: str) -> str:

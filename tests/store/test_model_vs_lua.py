@@ -2,7 +2,8 @@
 
 A hypothesis state machine drives the real scripts (through ``fairlane.store.api.Store``
 on the real server) and ``QueueModel`` with the same operations -- enqueue (with service
-classes, widths of 1-3 slots, throttle keys and fairness keys), exchanges (registering
+classes, widths of 1-3 slots, throttle keys, fairness keys, and deadlines ordered by
+the task's option or lane b's standard class, or not), exchanges (registering
 workers of 1, 2 and 3 slots, settling the worker's jobs in the same call or not,
 registering the worker idle when it gets nothing), the blocking wait that takes a job
 handed to an idle worker, a stopping worker's leave, renew, acks of every kind, acks
@@ -97,7 +98,7 @@ T = TypeVar("T")
 LANES = ("a", "b")
 CUSTOM = ClassTable((
     ServiceClass("gold", nominal_share=0.5, min_slots=1, lendable=0.5, borrowable=0.5),
-    ServiceClass("standard", nominal_share=0.3, min_slots=1),
+    ServiceClass("standard", nominal_share=0.3, min_slots=1, deadline_order=True),
     ServiceClass("bulk", batch=True),
 ))  # fmt: skip
 TABLES = {"a": ClassTable(), "b": CUSTOM}
@@ -111,6 +112,9 @@ ENTITLED = Entitlement(frozenset({"guaranteed"}))  # t1's: the others may not us
 KEY_LIMITS = {"k1": 1, "k2": 2}  # fixed limits; k3 is given 1 or 2 by each job
 LONG = 600_000  # ms: a lease, renewal or delay that never runs out during a test
 SHORT = 1  # ms: a lease that has run out by the next sweep
+# deadlines far past any run (none expires, and none is unmeetable), apart by whole ticks
+# and by less than one (a tie, by job id); lane b's standard class orders by deadline
+DEADLINES = (3 * LONG, 3 * LONG + 3, 3 * LONG + 1000, 3 * LONG + 5000)
 TASK = "model.job"
 ERROR = '{"type":"Boom","message":"failed","traceback":""}'
 NO_WAIT = Backoff(0, 0, "none")
@@ -152,11 +156,13 @@ new_jobs = st.lists(
         st.sampled_from([1, 1, 2, 3]),  # width in slots
         limit_sets,
         st.sampled_from(["", "", *FAIRNESS_KEYS]),  # fairness key ('' none)
+        st.sampled_from([None, None, *DEADLINES]),  # deadline, ms after the enqueue
+        st.booleans(),  # the task's deadline order
     ),
     min_size=1,
     max_size=4,
 )
-JobSpec = tuple[str, int, int, int, int, int, tuple[tuple[str, int], ...], str]
+JobSpec = tuple[str, int, int, int, int, int, tuple[tuple[str, int], ...], str, int | None, bool]
 
 
 def _ms(reply: Any) -> int:
@@ -235,7 +241,7 @@ class LuaVsModel(StoreMachine):
         self.clean = False
         names = TABLES[lane].names
         jobs = []
-        for tenant, prio, attempts, delay, cls, width, limits, key in specs:
+        for tenant, prio, attempts, delay, cls, width, limits, key, deadline, ordered in specs:
             job_id = f"j{self.next_id:03d}"
             self.next_id += 1
             jobs.append(
@@ -255,6 +261,8 @@ class LuaVsModel(StoreMachine):
                     slots=width,
                     limits=list(limits),
                     fairness_key=key,
+                    deadline="" if deadline is None else f"+{deadline}",
+                    deadline_order=int(ordered),
                 )
             )
         replies = self.run(self.store.enqueue(lane, jobs))
@@ -272,6 +280,8 @@ class LuaVsModel(StoreMachine):
                 j.slots,
                 tuple(j.limits),
                 j.fairness_key,
+                None if not j.deadline else now + int(j.deadline[1:]),
+                bool(j.deadline_order),
             )
             for j in jobs
         ]
@@ -1107,7 +1117,7 @@ def test_hand_off_edges(redis_url: str) -> None:
     plain = ((), 0, 1)  # limits, class index, width
 
     def jobs(*specs: tuple[str, int, int, int]) -> list[JobSpec]:
-        return [(t, p, a, d, plain[1], plain[2], plain[0], "") for t, p, a, d in specs]
+        return [(t, p, a, d, plain[1], plain[2], plain[0], "", None, False) for t, p, a, d in specs]
 
     # the steps put t2's jobs in lane a's guaranteed class too: it is entitled here
     machine.run(machine.store.configure_tenant_classes("t2", ENTITLED.classes))

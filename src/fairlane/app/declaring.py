@@ -149,6 +149,7 @@ class Declaring(ABC):
         tenant_slots: int | None = ...,
         unknown_kwargs: UnknownKwargs = ...,
         gateway: bool = ...,
+        deadline_order: bool = ...,
     ) -> TaskDecorator: ...
 
     def task(
@@ -171,6 +172,7 @@ class Declaring(ABC):
         tenant_slots: int | None = None,
         unknown_kwargs: Any = UNSET,
         gateway: bool = False,
+        deadline_order: bool = False,
     ) -> Any:
         """Register a function as a task. Every option left out is marked as a default.
 
@@ -184,7 +186,10 @@ class Declaring(ABC):
         one the function does not take (a newer producer's) without it; by default
         ("refuse") the worker hands such a job back for one whose function takes it.
         ``gateway=True`` lets tenants call the task over the HTTP gateway; a task is
-        private to the platform's own code unless it says so.
+        private to the platform's own code unless it says so. ``deadline_order=True``
+        runs its jobs given a ``deadline=`` earliest deadline first among their tenant's
+        own jobs of the same priority (ahead of those with a later deadline or none);
+        other tenants' turns do not change. Off by default: priority, then arrival order.
         """
         given: dict[str, Any] = {
             "attempts": attempts,
@@ -201,7 +206,15 @@ class Declaring(ABC):
         }
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
-            options = self.registry.options(func, name, lane, given, tenant_slots, gateway=gateway)
+            options = self.registry.options(
+                func,
+                name,
+                lane,
+                given,
+                tenant_slots,
+                gateway=gateway,
+                deadline_order=deadline_order,
+            )
             self.registry.check_function(func, options)
             task: Task[Any, Any] = Task(self, func, options)
             self.registry.add(task)

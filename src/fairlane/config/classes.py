@@ -17,6 +17,7 @@ tie-break); a pool adds its capacity and the classes' admission bounds::
     batch = true                        # runs on spare only; assured nothing
     max_wait = "12h"                    # aged past it: served as the class above (omit: never)
     restricted = true                   # only entitled tenants may use it (default false)
+    deadline_order = true               # a tenant's jobs with a deadline: earliest first
 
     [pools.agent-shared]                # a config file: the same lane with its pool
     capacity_units = 100                # required
@@ -42,6 +43,10 @@ declare it. It shapes dispatch only, not admission.
 (``app.tenants.configure(tenant, classes=[...])``); anyone else's job in it is refused
 (``class_not_entitled``). A declared class is unrestricted unless it says so, whatever
 its name.
+**Deadline order.** ``deadline_order = true`` runs a tenant's jobs of the class that
+carry a ``deadline=`` earliest deadline first, before its jobs of the same priority with
+a later deadline or none (``fairlane.policy.deadlineorder``); between tenants nothing
+changes. Off by default: a tenant's jobs run by priority, then in arrival order.
 
 The array shape of lanes files, ``[[lanes.<lane>.classes]]`` with a ``name`` key, is
 deprecated and read by ``fairlane.config.legacy``. The rules the tables feed are in
@@ -68,6 +73,7 @@ SLOT_KEYS = (
     "batch",
     "max_wait",
     "restricted",
+    "deadline_order",
 )
 """A class's keys that shape the lane's slot table (``ServiceClass``)."""
 ADMISSION_KEYS = (
@@ -171,6 +177,7 @@ def _service_class(name: str, entry: TableReader, *, pool: bool) -> ServiceClass
         batch=batch,
         max_wait=max_wait,
         restricted=entry.flag("restricted"),
+        deadline_order=entry.flag("deadline_order"),
     )
 
 

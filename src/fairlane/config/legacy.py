@@ -71,7 +71,7 @@ def _entry(entry: object, where: str) -> ServiceClass:
 def _check_value(key: str, value: object, where: str) -> None:
     if key == "name":
         ok, wanted = isinstance(value, str), "a string"
-    elif key == "batch":
+    elif key in ("batch", "restricted", "deadline_order"):
         ok, wanted = isinstance(value, bool), "true or false"
     elif key == "min_slots":
         ok, wanted = isinstance(value, int) and not isinstance(value, bool), "an integer"

@@ -192,6 +192,9 @@ class ServiceClass:
     restricted: bool = False
     """Only tenants entitled to it may put jobs in it (``Entitlement``); the store refuses
     anyone else's with ``class_not_entitled``, at enqueue and at each retry."""
+    deadline_order: bool = False
+    """Its jobs with a deadline run earliest deadline first among their tenant's own jobs
+    of one priority (``fairlane.policy.deadlineorder``); never across tenants."""
 
     def __post_init__(self) -> None:
         check_class_name(self.name)
@@ -207,8 +210,9 @@ class ServiceClass:
             raise ValueError(
                 f"batch class {self.name!r} must have nominal_share 0, min_slots 0, borrowable None"
             )
-        if not isinstance(self.restricted, bool):
-            raise TypeError(f"restricted must be True or False, got {self.restricted!r}")
+        for flag in ("restricted", "deadline_order"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         if self.max_wait is not None:
             if isinstance(self.max_wait, bool):
                 raise TypeError(f"max_wait must be a duration, got {self.max_wait!r}")

@@ -13,14 +13,17 @@ is unchanged: it still takes the head of the tenant's queue; only the order numb
 State, per tenant queue (one lane, one class, one tenant)
 --------------------------------------------------------
 * ``H``, the head's order number: that of the least-ordered job waiting in the queue
-  (read from its score, ``score mod ORDER_SPAN``); undefined while the queue is empty.
+  (read from its score, ``score mod ORDER_SPAN``) that is not deadline-ordered
+  (``fairlane.policy.deadlineorder``: those come first at their priority, placed by
+  their deadlines, and are never tagged); undefined while there is none.
 * ``F_k``, for each key ``k`` seen since the queue last drained: the start tag of the
   key's next job. ``w_k > 0`` is the key's weight (1 unless set for the tenant).
 
 Rules
 -----
-1. **Tag** (a keyed job enters the queue for the first time, with FIFO number ``s``):
-   the present is ``V = H``, or ``V = s`` when the queue is empty -- and then every ``F``
+1. **Tag** (a keyed job enters the queue for the first time, with FIFO number ``s``;
+   a deadline-ordered one keeps its deadline order and charges its key nothing):
+   the present is ``V = H``, or ``V = s`` when ``H`` is undefined -- and then every ``F``
    is dropped, since a drained queue has nothing left to be fair about. Otherwise every ``F_k <= H``
    is dropped: it is at or below the present and carries no information. The job's order
    number is ``tag = max(F_k, V)`` and ``F_k <- tag + 1 / w_k``.
@@ -74,9 +77,11 @@ rounded to the score's precision at large priorities, the same rounding on both 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
+
+from fairlane.policy.deadlineorder import DEADLINE_SPAN
 
 __all__ = [
     "MAX_KEY_LENGTH",
@@ -86,6 +91,7 @@ __all__ = [
     "TenantOrder",
     "head_order",
     "order_score",
+    "present_order",
 ]
 
 #: A score is ``-priority * ORDER_SPAN + order``: the Lua library's ``PRIO_SPAN``.
@@ -104,6 +110,18 @@ def order_score(priority: int, order: float) -> float:
 def head_order(score: float) -> float:
     """The order number of the job with ``score`` (its priority dropped)."""
     return score % ORDER_SPAN
+
+
+def present_order(scores: Iterable[float]) -> float | None:
+    """``H`` of a queue whose scores are ``scores`` in order: the order number of its
+    first job that is not deadline-ordered (None: there is none). A deadline order
+    ``e < 0`` reads as ``e + ORDER_SPAN`` mod ``ORDER_SPAN``, at or above
+    ``ORDER_SPAN - DEADLINE_SPAN``, which no FIFO number reaches."""
+    for score in scores:
+        order = head_order(score)
+        if order < ORDER_SPAN - DEADLINE_SPAN:
+            return order
+    return None
 
 
 @dataclass
@@ -137,11 +155,12 @@ class TenantOrder:
     queue: list[tuple[float, str]] = field(default_factory=list)
 
     def head(self) -> float | None:
-        return head_order(self.queue[0][0]) if self.queue else None
+        return present_order(score for score, _ in self.queue)
 
     def order_of(self, key: str, seq: int) -> float:
-        """The order number a job of ``key`` ('' for none) with FIFO number ``seq`` takes."""
-        if not key:
+        """The order number a job of ``key`` ('' for none) with FIFO number ``seq`` (or a
+        deadline order, which it keeps) takes."""
+        if not key or seq < 0:
             return seq
         return self.tags.tag(key, self.weights.get(key, 1.0), self.head(), seq)
 

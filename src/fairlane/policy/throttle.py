@@ -42,10 +42,11 @@ Rules
   Dispatch does not charge the job's tenant in the lane's fair queue for a job that
   parks.
 * **Waiter order.** Within a tenant group: highest ``priority`` first, then lowest
-  ``seq``, then job id. Between a key's groups: start-time fair queuing with the
-  charge and the tenant's weight. A group that becomes non-empty starts at ``S_k(t) =
-  max(F_k(t), V_k)`` (``F_k(t)`` its finish tag, if any). The next group is the one
-  with the least ``(S_k(t), t)``.
+  ``seq`` (a deadline order, ``< 0``, before every FIFO number:
+  ``fairlane.policy.deadlineorder``), then job id. Between a key's groups: start-time
+  fair queuing with the charge and the tenant's weight. A group that becomes non-empty
+  starts at ``S_k(t) = max(F_k(t), V_k)`` (``F_k(t)`` its finish tag, if any). The next
+  group is the one with the least ``(S_k(t), t)``.
 * **Wake.** While ``room(k) > 0``: if ``k`` is paused it is due at the pause's end and
   the wake stops; if nobody waits it stops; take the head ``h`` of the least-tag group.
   If ``k`` has a rate and ``h`` does not fit it, ``k`` is due at ``due_at(h)`` exactly
@@ -148,6 +149,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fairlane.policy.deadlineorder import DEADLINE_SPAN
 from fairlane.policy.ratekeys import UNLIMITED, key_cost
 from fairlane.policy.rates import Adaptive, Rate, adaptive_limit
 from fairlane.policy.throttlekeys import KeyState, KeyStatistics, ThrottleStatistics, Waiter
@@ -219,8 +221,8 @@ class Throttles(ThrottleWaiters):
         applied)."""
         if job_id in self._held or job_id in self._parked:
             raise ValueError(f"job {job_id!r} already holds or waits for slots")
-        if seq < 0:
-            raise ValueError(f"seq must be >= 0, got {seq}")
+        if seq < -DEADLINE_SPAN:
+            raise ValueError(f"seq must be a FIFO number or a deadline order, got {seq}")
         if charge < 0:
             raise ValueError(f"charge must be >= 0, got {charge}")
         if not math.isfinite(units) or units < 0:

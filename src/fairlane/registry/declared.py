@@ -168,6 +168,7 @@ class Registry:
         *,
         decorator: str = "app.task(",
         gateway: bool = False,
+        deadline_order: bool = False,
     ) -> TaskOptions:
         """A task's options: those given, the app's defaults for the rest (``UNSET``).
 
@@ -202,6 +203,7 @@ class Registry:
             tenant_slots=tenant_slots,
             unknown_kwargs=values["unknown_kwargs"],
             gateway=gateway,
+            deadline_order=deadline_order,
             defaults=frozenset(defaults),
         )
         # a lane declared later is checked by `lane()`; an undeclared one at connect

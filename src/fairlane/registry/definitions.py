@@ -110,6 +110,7 @@ class TaskDefinition(Generic[P, R]):
             declared=int(demand.declared),
             fairness_key=when.fairness_key,
             class_named=int(demand.class_named),
+            deadline_order=int(self.options.deadline_order),
         )
 
 

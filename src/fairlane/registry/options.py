@@ -98,6 +98,10 @@ class TaskOptions:
     gateway: bool = False
     """Whether tenants may call the task over the HTTP gateway (``POST /v1/jobs``); a
     task not exposed answers there exactly as one that does not exist."""
+    deadline_order: bool = False
+    """Whether its jobs given a ``deadline=`` run earliest deadline first among their
+    tenant's own jobs of one priority (``fairlane.policy.deadlineorder``); False: by
+    priority, then in arrival order (unless their class orders by deadline)."""
     defaults: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
@@ -110,10 +114,11 @@ class TaskOptions:
             check_key_count(self.limits, self.rates)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"task {self.name}: {exc}") from None
-        if not isinstance(self.gateway, bool):
-            raise TypeError(
-                f"task {self.name}: gateway must be True or False, not {self.gateway!r}"
-            )
+        for flag in ("gateway", "deadline_order"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(
+                    f"task {self.name}: {flag} must be True or False, not {getattr(self, flag)!r}"
+                )
         if self.attempts < 1:
             raise ValueError(f"task {self.name}: attempts must be >= 1, got {self.attempts}")
         if self.tenant_slots is not None and (

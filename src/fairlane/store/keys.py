@@ -545,7 +545,8 @@ JOB_FIELDS: dict[str, str] = {
     "rf": "retention of failed records: 'count,age_ms'",
     "enq": "enqueued at, server ms",
     "run": "eligible to run at, server ms",
-    "seq": "order within a priority: the FIFO number, or a keyed job's fair tag",
+    "seq": "order within a priority: the FIFO number, a keyed job's fair tag, or a "
+    "deadline order (< 0)",
     "fk": "fairness key: whose share of its tenant's part it takes (absent = none)",
     "st": "status",
     "att": "attempts started",

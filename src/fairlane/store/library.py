@@ -39,6 +39,7 @@ from typing import Final
 from fairlane.policy import (
     admission,
     ceilings,
+    deadlineorder,
     globalkeys,
     pauses,
     ratekeys,
@@ -80,8 +81,9 @@ _WIRE = re.compile(rf"\b(?:{_WIRE_PREFIXES})\.[A-Z_]+\b")
 def encode_classes(classes: Iterable[ServiceClass]) -> str:
     """A class table as the scripts read it: JSON ``[[name, share, min, lendable,
     borrowable (-1 = up to C), batch (0/1), max_wait ms (-1 = never ages), restricted
-    (0/1)], ..]`` in declared order (``max_wait`` and ``restricted`` trail, so a table
-    stored without them still reads: unrestricted)."""
+    (0/1), deadline_order (0/1)], ..]`` in declared order (``max_wait``, ``restricted``
+    and ``deadline_order`` trail, so a table stored without them still reads:
+    unrestricted, FIFO)."""
     rows = []
     for c in classes:
         row = {
@@ -93,6 +95,7 @@ def encode_classes(classes: Iterable[ServiceClass]) -> str:
             ClassField.BATCH: int(c.batch),
             ClassField.MAX_WAIT: -1 if c.max_wait_ms is None else c.max_wait_ms,
             ClassField.RESTRICTED: int(c.restricted),
+            ClassField.DEADLINE_ORDER: int(c.deadline_order),
         }
         rows.append([row[f] for f in ClassField])
     return json.dumps(rows, separators=(",", ":"))
@@ -155,6 +158,9 @@ def fill_constants(source: str) -> str:
         "__USAGE_WINDOW_MS__": str(startpredict.USAGE_WINDOW_MS),
         "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),
         "__PART_EPSILON__": repr(globalkeys.EPSILON),
+        "__DEADLINE_EPOCH_MS__": str(deadlineorder.DEADLINE_EPOCH_MS),
+        "__DEADLINE_TICK_MS__": str(deadlineorder.DEADLINE_TICK_MS),
+        "__DEADLINE_SPAN__": str(deadlineorder.DEADLINE_SPAN),
         "__STARTS_WIDTH_MS__": str(starts.WIDTH_MS),
         "__STARTS_BUCKETS__": str(starts.BUCKETS),
         "__RETRY_START__": str(starts.RETRY_START),

@@ -129,8 +129,8 @@ def at(reply: Sequence[Any], place: IntEnum) -> Any:
 
 class ClassField(IntEnum):
     """Positions (from 1, as Lua counts) of a class row in a class table as the scripts
-    read it (``encode_classes``); ``max_wait`` and ``restricted`` trail, so a table
-    stored before them still reads."""
+    read it (``encode_classes``); ``max_wait``, ``restricted`` and ``deadline_order``
+    trail, so a table stored before them still reads."""
 
     NAME = 1
     SHARE = 2
@@ -140,6 +140,7 @@ class ClassField(IntEnum):
     BATCH = 6  # 0/1
     MAX_WAIT = 7  # ms; -1: never ages
     RESTRICTED = 8  # 0/1
+    DEADLINE_ORDER = 9  # 0/1: its jobs with a deadline run earliest deadline first
 
 
 class AdmissionField(IntEnum):
@@ -326,6 +327,9 @@ class NewJob(msgspec.Struct, array_like=True):
     # ms from submission to its expected end (estimated wait and learned length; 0: not
     # estimated): a deadline it would miss is refused as one already past
     needs_ms: int = 0
+    # 1: with a deadline, it takes its place in its tenant's queue by it (its task's
+    # deadline_order; its class's is in the lane's table)
+    deadline_order: int = 0
 
     def __post_init__(self) -> None:
         args: object = self.args

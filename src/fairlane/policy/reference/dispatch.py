@@ -21,7 +21,8 @@ from typing import Literal, NamedTuple, TypeVar
 from fairlane.policy import ceilings
 from fairlane.policy.ceilings import DurationMean, RateWindow, TenantLimits
 from fairlane.policy.classes import ClassTable, next_class
-from fairlane.policy.fairkeys import KeyTags, head_order, order_score
+from fairlane.policy.deadlineorder import is_deadline_ordered
+from fairlane.policy.fairkeys import KeyTags, order_score, present_order
 from fairlane.policy.pauses import PauseTable, Scope
 from fairlane.policy.throttle import Acquired, Throttles, Wake
 
@@ -61,7 +62,7 @@ class ModelJob:
     tenant: str
     lane: str
     prio: int
-    seq: float  # its order number: its FIFO number, or its fairness key's tag
+    seq: float  # its order number: its FIFO number, its fairness key's tag or a deadline order
     max_attempts: int
     status: Status
     run_at: int
@@ -202,12 +203,12 @@ class LaneDispatch:
         """A keyed job entering its tenant's queue for the first time takes its key's
         order number (``KeyTags.tag``, rule 1 of ``fairlane.policy.fairkeys``) against
         the queue as it stands, the earlier pushes of the same call included; its FIFO
-        number is the present when the queue is empty. No key: its FIFO number stays."""
-        if not job.fkey:
+        number is the present when the queue holds no job that is not deadline-ordered.
+        No key, or a deadline order: the order number it has stays."""
+        if not job.fkey or is_deadline_ordered(job.seq):
             return
         cq = self.lane(job.lane).cls(job.cls)
-        queue = cq.queues.get(job.tenant)
-        head = head_order(queue[0][0]) if queue else None
+        head = present_order(score for score, _ in cq.queues.get(job.tenant, []))
         weight = self.key_weights.get(job.tenant, {}).get(job.fkey, 1.0)
         tags = cq.keys.setdefault(job.tenant, KeyTags())
         job.seq = tags.tag(job.fkey, weight, head, int(job.seq))

@@ -20,9 +20,10 @@ slots, throttle keys and a fairness key, fetch (an exchange: worker registration
 then the fetch), the hand-off to idle workers, a stopping worker's leave, lease renewal
 and heartbeats, acks (``ok``, ``retry``, ``dead``, ``release``, ``handback``) fenced by tokens,
 the reclaim sweep and its stale-worker deregistration, lane class tables, tenant weights,
-fairness keys' weights and tenant concurrency settings. Deadlines, idempotency keys,
-cancellation, redrive, retention trimming, malformed records and the promote limit are
-outside it.
+fairness keys' weights and tenant concurrency settings, deadline order (a task's or a
+class's). Deadlines count only as they order a job: their refusals and expiry, idempotency
+keys, cancellation, redrive, retention trimming, malformed records and the promote limit
+are outside it.
 
 Rules, as in the scripts:
 
@@ -58,6 +59,11 @@ Rules, as in the scripts:
   from ``configure_key`` (absent: 1) -- as its ``seq``. It keeps that ``seq`` for life:
   retries, releases, reclaims and wakes put it back with it. A throttle key's waiter
   group orders by the integer part of ``seq`` (the script's member format).
+* **Order within a tenant: deadline order.** A job with a deadline whose submission
+  asks for deadline order or whose class has it (``ServiceClass.deadline_order``) takes
+  ``fairlane.policy.deadlineorder.deadline_order`` of its deadline as its ``seq`` when
+  it is stored (whatever its status), and is never tagged by its key: at its priority
+  it comes before every job that is not deadline-ordered, earliest deadline first.
 * **Dispatch of a lane** with a budget of ``b`` slots: repeatedly ask
   ``next_class(table, C, f, head widths, demand=d)``; stop when it names no class, or
   when the chosen head is wider than what is left of ``b`` (the lane then stopped *for
@@ -139,6 +145,7 @@ from fairlane.policy.ceilings import (
     RateWindow,
 )
 from fairlane.policy.classes import Entitlement
+from fairlane.policy.deadlineorder import entry_order
 from fairlane.policy.reference.dispatch import (
     DEFAULT_CLASS,
     PRIO_SPAN,
@@ -188,6 +195,8 @@ class Submission(NamedTuple):
     slots: int = 1
     limits: tuple[tuple[str, int], ...] = ()
     key: str = ""  # fairness key ('' none)
+    deadline_ms: int | None = None  # its deadline, server ms (None: none)
+    deadline_order: bool = False  # its task orders by deadline
 
 
 class Ack(NamedTuple):
@@ -261,8 +270,10 @@ class QueueModel(Leases, PauseOps):
                 self.refusals[(lane, spec.cls, CLASS_NOT_ENTITLED)] += 1
                 continue
             run_at = now + spec.delay_ms
+            ordered = spec.deadline_order or table[spec.cls].deadline_order
             job = ModelJob(
-                spec.id, spec.tenant, lane, spec.prio, self.seq, spec.max_attempts,
+                spec.id, spec.tenant, lane, spec.prio,
+                entry_order(self.seq, spec.deadline_ms, ordered), spec.max_attempts,
                 "scheduled" if run_at > now else "queued", run_at,
                 cls=spec.cls, slots=spec.slots, limits=tuple(sorted(spec.limits)),
                 fkey=spec.key,

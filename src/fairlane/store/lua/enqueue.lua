@@ -4,8 +4,8 @@
 --
 -- Keys: job:<id>, q:<lane>:<class>:<tenant>, lane:<l>:delayed|idle|dl, KEYS[IDEM],
 --   KEYS[STATS] (seq), KEYS[TLIMITS]
--- Calls: core, classes, throttle, pausetable, fairqueue, fairkeys, queue_bounds, admission,
---   records, leasing, dispatch
+-- Calls: core, classes, throttle, pausetable, deadlineorder, fairqueue, fairkeys,
+--   queue_bounds, admission, records, leasing, dispatch
 -- Entry points: enqueuing.{enqueue}
 
 local enqueuing = {}
@@ -46,9 +46,10 @@ do
 
   -- The gate: whether job `j` (FIFO number `seq` of a call of `n` jobs) is stored, and how.
   -- Returns its reply code and detail when it is not (an existing job's id first), else nil
-  -- and the class it takes, the admission verdict, reason and reservation, when it is due
-  -- and its deadline. Every refusal is counted with its reason, in every lane (accepted jobs
-  -- only in lanes with a pool: a plain lane's enqueue pays no counter for them).
+  -- and the class it takes, the admission verdict, reason and reservation, when it is due,
+  -- its deadline, and whether the class orders its tenants' jobs by deadline. Every
+  -- refusal is counted with its reason, in every lane (accepted jobs only in lanes with
+  -- a pool: a plain lane's enqueue pays no counter for them).
   local function gate(j, tenant, slots, seq, n)
     local keys, p, lane, now, tally = call_keys, call_p, call_lane, call_now, call_tally
     local tbl, idem = call_tbl, j[Job.IDEMPOTENCY_KEY]
@@ -117,7 +118,7 @@ do
       count(tally, 'rejected')
       return Reply.REJECTED, reason .. '|' .. earlier
     end
-    return nil, cls, verdict, reason, mu, run_at, dl
+    return nil, cls, verdict, reason, mu, run_at, dl, tbl[index][ClassRow.DEADLINE_ORDER] == 1
   end
 
   -- The record: one write of the whole job hash, the optional fields riding on it, and
@@ -259,7 +260,7 @@ do
       end
       local seq, k, id, tenant = first + i, #out, j[Job.ID], j[Job.TENANT]
       local slots = tonumber(j[Job.SLOTS]) or 1
-      local code, detail, verdict, reason, mu, run_at, dl =
+      local code, detail, verdict, reason, mu, run_at, dl, by_deadline =
         gate(j, tenant, slots, seq, n)
       if code then
         local existing = verdict
@@ -268,12 +269,16 @@ do
       else
         local cls = detail
         local st = run_at > now and 'scheduled' or 'queued'
-        -- a keyed job entering its tenant's queue now takes its key's fair order number
+        -- a job with a deadline whose task or class orders by deadline takes its order
+        -- number from it now, whenever it enters its queue (deadlineorder.lua); a keyed
+        -- job entering its tenant's queue now takes its key's fair order number
         -- (fairkeys.lua); a scheduled or deferred one takes it when it first enters the
         -- queue (promote_due in lease.lua, the readmission pass in records.lua), and a
         -- job without a key costs no command here
         local fkey, order = j[Job.FAIRNESS_KEY], seq
-        if fkey and fkey ~= '' and st == 'queued' and verdict ~= 'deferred' then
+        if dl ~= '' and (by_deadline or j[Job.DEADLINE_ORDER] == 1) then
+          order = deadlineorder.deadline_order(dl)
+        elseif fkey and fkey ~= '' and st == 'queued' and verdict ~= 'deferred' then
           fairqueue.flush_queue(call_pushes, tenant_queue(p, lane, cls, tenant))
           order = fairkeys.order(p, lane, cls, tenant, fkey, seq)
         end

@@ -5,8 +5,10 @@
 -- admitted), lease.lua's promote_due (scheduled, attempt 0) and records.lua's
 -- readmit_class (admitted from the deferred queue); never for a retry.
 --
+-- A deadline-ordered job (deadlineorder.lua) is never tagged: its deadline places it.
+--
 -- Keys: fk:<lane>:<class>:<tenant>, fkw:<tenant>; reads q:<lane>:<class>:<tenant>
--- Calls: core, fairqueue
+-- Calls: deadlineorder, fairqueue
 -- Entry points: fairkeys.{order, tags_key, weights_key}
 
 -- Per tenant queue, `fk:<lane>:<class>:<tenant>` (zset key -> start tag of the key's next
@@ -14,7 +16,7 @@
 local fairkeys = {}
 
 do
-  local PRIO_SPAN = core.PRIO_SPAN
+  local ordered, present_order = deadlineorder.ordered, deadlineorder.present_order
   local tenant_queue = fairqueue.tenant_queue
 
   function fairkeys.tags_key(p, lane, cls, tenant)
@@ -25,19 +27,21 @@ do
     return p .. 'fkw:' .. tenant
   end
 
-  -- Rule 1: the present is the head's order number (its score less the priority), or the
-  -- job's own FIFO number when the queue is empty (every tag is dropped then: a drained
-  -- queue has nothing left to be fair about); tags at or below the head carry nothing and
-  -- are dropped too. The job takes max(F_k, present), and F_k moves on by 1 / w_k.
+  -- Rule 1: the present is the head's order number (its score less the priority; the
+  -- first job that is not deadline-ordered), or the job's own FIFO number when there is
+  -- none (every tag is dropped then: a drained queue has nothing left to be fair about);
+  -- tags at or below the head carry nothing and are dropped too. The job takes
+  -- max(F_k, present), and F_k moves on by 1 / w_k. A deadline order `seq` is kept.
   function fairkeys.order(p, lane, cls, tenant, key, seq)
+    if ordered(seq) then
+      return seq
+    end
     local fk = fairkeys.tags_key(p, lane, cls, tenant)
-    local head = redis.call('ZRANGE', tenant_queue(p, lane, cls, tenant), 0, 0, 'WITHSCORES')
-    local present
-    if #head == 0 then
+    local present = present_order(tenant_queue(p, lane, cls, tenant))
+    if not present then
       redis.call('DEL', fk)
       present = seq
     else
-      present = tonumber(head[2]) % PRIO_SPAN
       redis.call('ZREMRANGEBYSCORE', fk, '-inf', present)
     end
     local tag = tonumber(redis.call('ZSCORE', fk, key))

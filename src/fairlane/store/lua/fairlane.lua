@@ -37,6 +37,7 @@ leases set (running), or none (finished).
 -- @include throttle.lua
 -- @include pausetable.lua
 
+-- @include deadlineorder.lua
 -- @include fairqueue.lua
 -- @include fairkeys.lua
 -- @include pauses.lua

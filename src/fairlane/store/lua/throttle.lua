@@ -52,9 +52,21 @@ do
     return key .. '\0' .. tenant .. '\0'
   end
 
+  -- A deadline order (a negative seq, deadlineorder.lua) is written '-' and 19 digits of
+  -- seq + PRIO_SPAN: '-' sorts before every digit and the digits sort as the numbers do,
+  -- so it comes before the FIFO numbers, earliest deadline first, and a FIFO number's
+  -- member is written as it always was.
+  local function order_part(seq)
+    local n = tonumber(seq)
+    if n < 0 then
+      return '-' .. string.format('%019d', n + core.PRIO_SPAN)
+    end
+    return string.format('%020d', n)
+  end
+
   local function wait_member(key, tenant, prio, seq, id)
     return group_prefix(key, tenant) ..
-      string.format('%016d%020d', 1e15 - tonumber(prio), tonumber(seq)) .. '\0' .. id
+      string.format('%016d', 1e15 - tonumber(prio)) .. order_part(seq) .. '\0' .. id
   end
 
   local function group_head(keys, key, tenant)

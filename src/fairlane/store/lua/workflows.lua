@@ -4,7 +4,7 @@
 -- lane's delayed set and passes the gate again when woken, like a retry.
 --
 -- Keys: job:<id>, run:<id>:steps|log|sig|h, lane:<l>:delayed, KEYS[STATS]
--- Calls: core, admission, runs, records
+-- Calls: core, deadlineorder, admission, runs, records
 -- Entry points: workflows.{signal, suspend_run, wf_children, wf_load, wf_step, wf_wait}
 
 local workflows = {}
@@ -195,12 +195,14 @@ do
   -- slice does not count as an attempt; like a retry, its reservation is released and
   -- it passes the gate again when due. It re-enters its tenant's queue behind the
   -- work already there (a new FIFO number), so a continuation neither loses its place
-  -- in fair dispatch nor jumps its own tenant's queue. `use`: what the slice reported of
-  -- its time in model and tool calls (acks.lua), kept in its event.
+  -- in fair dispatch nor jumps its own tenant's queue; a deadline-ordered run keeps its
+  -- deadline order (deadlineorder.lua), which is its place by its tenant's own rule.
+  -- `use`: what the slice reported of its time in model and tool calls (acks.lua), kept
+  -- in its event.
   local function suspend_run(keys, p, id, wait, delay, now, tally, use)
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant', 'wfk', 'start', 'wk',
-      'att', 'qw')
+      'att', 'qw', 'seq')
     if (wait == 'children' and children_done(p, id, f[6])) or
         (string.sub(wait, 1, 7) == 'signal:' and find_signal(p, id, string.sub(wait, 8))) then
       delay = 0
@@ -218,7 +220,10 @@ do
       release_reservation(p, id, f[2], f[4] or DEFAULT_CLASS, f[5] or '', f[3], tally)
       redis.call('HSET', jk, 'readmit', f[3])
     end
-    local seq = redis.call('HINCRBY', keys[STATS], 'seq', 1)
+    local seq = f[11]
+    if not deadlineorder.ordered(seq) then
+      seq = redis.call('HINCRBY', keys[STATS], 'seq', 1)
+    end
     redis.call('HINCRBY', jk, 'att', -1)
     redis.call('HSET', jk, 'st', 'scheduled', 'run', run_at, 'wf', wait, 'seq', seq)
     redis.call('ZADD', lane_key(p, f[2], 'delayed'), run_at, id)
