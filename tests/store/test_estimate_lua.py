@@ -9,6 +9,8 @@ import random
 
 import pytest
 
+from fairlane.policy.deadlineorder import DEADLINE_SPAN
+from fairlane.policy.fairkeys import ORDER_SPAN, order_score
 from fairlane.policy.startpredict import fold_mean, unmeetable
 from fairlane.store.api import Store
 from fairlane.store.durations import class_field, task_field, tenant_field
@@ -110,6 +112,14 @@ async def test_the_estimate_read_gives_the_rule_what_the_store_holds(store: Stor
     new = await store.estimate_new(tenant="b", lane="a", cls="standard", task="w.job")
     assert new.state == "new" and new.situation is not None and new.situation.ahead == 3
     assert new.own_ms == 250
+    # a job of a higher priority is placed behind those of its priority only
+    urgent = NewJob("a-hi", "a", 5, "w.job", "[]", 1, "", 0, "-1,-1", "-1,-1")
+    await store.enqueue("a", [urgent])
+    place = order_score(5, ORDER_SPAN - DEADLINE_SPAN)
+    placed = await store.estimate_new(
+        tenant="a", lane="a", cls="standard", task="w.job", before=place
+    )
+    assert placed.situation is not None and placed.situation.ahead == 1
     capped = await store.estimate_job("a-003", max_tenants=1)
     assert capped.situation is not None and capped.situation.unread == 1
     assert (await store.estimate_job("nope")).state == ""

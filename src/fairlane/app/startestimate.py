@@ -10,11 +10,14 @@ gateway's job view and the dashboard take it when they are read.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Literal
 
 import msgspec
 
 from fairlane.insight.startestimate import StartEstimate, start_estimate
+from fairlane.policy.deadlineorder import DEADLINE_SPAN, deadline_order
+from fairlane.policy.fairkeys import ORDER_SPAN, order_score
 from fairlane.store.api import Store
 from fairlane.store.wire import NewJob
 
@@ -39,11 +42,28 @@ def _deadline_ms(deadline: str, now_ms: int) -> int | None:
     return int(deadline)
 
 
+def _place(job: NewJob) -> float:
+    """The score a job would take in its tenant's queue, near enough to count the jobs
+    ahead of it: behind every job of its priority or higher, or by its deadline where
+    its task orders by deadline (a relative deadline is placed on this machine's clock:
+    one tick of deadline order is far finer than its error)."""
+    if job.deadline and job.deadline_order:
+        now_ms = time.time() * 1000
+        deadline = _deadline_ms(job.deadline, round(now_ms))
+        if deadline is not None:
+            return order_score(job.priority, deadline_order(deadline))
+    return order_score(job.priority, ORDER_SPAN - DEADLINE_SPAN)
+
+
 async def estimate_submission(store: Store, job: NewJob, lane: str) -> StartEstimate:
     """The estimate of ``job`` as if it were submitted now, at the end of its tenant's
     queue: the one read a submission takes before it is sent."""
     est = await store.estimate_new(
-        tenant=job.tenant, lane=lane, cls=job.service_class, task=job.task
+        tenant=job.tenant,
+        lane=lane,
+        cls=job.service_class,
+        task=job.task,
+        before=_place(job),
     )
     deadline = _deadline_ms(job.deadline, est.now_ms)
     if job.at_ms is not None or job.delay_ms:

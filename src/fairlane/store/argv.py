@@ -289,6 +289,7 @@ class EstimateArg(IntEnum):
     CLASS = 4
     TASK = 5
     MAX_TENANTS = 6  # waiting tenants of the class read one by one
+    BEFORE = 7  # a job not yet submitted: the score it would take ('' the queue's end)
 
 
 class LearnArg(IntEnum):

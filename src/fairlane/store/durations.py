@@ -197,22 +197,51 @@ class DurationCalls(StoreBase):
     async def estimate_job(self, job_id: str, *, max_tenants: int = MAX_TENANTS) -> Estimated:
         """What the store holds for an estimate of job ``job_id``: one call."""
         return await self._estimate(
-            job=job_id, tenant="", lane="", cls="", task="", max_tenants=max_tenants
+            job=job_id, tenant="", lane="", cls="", task="", max_tenants=max_tenants, before=""
         )
 
     async def estimate_new(
-        self, *, tenant: str, lane: str, cls: str, task: str, max_tenants: int = MAX_TENANTS
+        self,
+        *,
+        tenant: str,
+        lane: str,
+        cls: str,
+        task: str,
+        max_tenants: int = MAX_TENANTS,
+        before: float | None = None,
     ) -> Estimated:
-        """The same for a job of these names, as if submitted now (at its queue's end)."""
+        """The same for a job of these names, as if submitted now: behind the jobs of its
+        tenant's queue whose score is below ``before`` (the score it would take), or at
+        the queue's end."""
         return await self._estimate(
-            job="", tenant=tenant, lane=lane, cls=cls, task=task, max_tenants=max_tenants
+            job="",
+            tenant=tenant,
+            lane=lane,
+            cls=cls,
+            task=task,
+            max_tenants=max_tenants,
+            before="" if before is None else f"{before:.0f}",
         )
 
     async def _estimate(
-        self, *, job: str, tenant: str, lane: str, cls: str, task: str, max_tenants: int
+        self,
+        *,
+        job: str,
+        tenant: str,
+        lane: str,
+        cls: str,
+        task: str,
+        max_tenants: int,
+        before: str,
     ) -> Estimated:
         values = dict(
-            job=job, tenant=tenant, lane=lane, class_=cls, task=task, max_tenants=max_tenants
+            job=job,
+            tenant=tenant,
+            lane=lane,
+            class_=cls,
+            task=task,
+            max_tenants=max_tenants,
+            before=before,
         )
         raw = await self.fcall("estimate", self._common, argv(EstimateArg, **_named(values)))
         return parse_estimate(raw)

@@ -212,7 +212,10 @@ do
     end
     local q = tenant_queue(p, lane, cls, tenant)
     local ahead = -1
-    if st == 'new' or st == 'scheduled' then -- at the end of the queue, now or when due
+    local before = args[EstimateArg.BEFORE]
+    if st == 'new' and before and before ~= '' then -- behind the jobs that order before it
+      ahead = redis.call('ZCOUNT', q, '-inf', '(' .. before)
+    elseif st == 'new' or st == 'scheduled' then -- at the end of the queue, now or when due
       ahead = redis.call('ZCARD', q)
     elseif st == 'queued' then
       ahead = redis.call('ZRANK', q, id) or -1
