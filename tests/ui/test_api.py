@@ -4,12 +4,16 @@ talks to the session's private server; a real worker runs the workload."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 from fastapi import FastAPI
 
+from fairlane.config.lanes import DEFAULT_CLASS
 from fairlane.gateway.state import GatewayState
 from fairlane.gateway.ui import UiSettings, mount_ui, ui_router, ui_settings, ui_state
+from fairlane.store.durations import class_field, task_field, tenant_field
 from tests.e2e.helpers import eventually, running_worker
 from tests.ui.helpers import ADMIN, ADMIN_KEY, client, ui_app
 
@@ -135,6 +139,45 @@ async def test_filters_detail_and_bulk(redis_url: str, namespace: str) -> None:
         assert await dead.status() == "queued"
         again = (await http.get(f"/ui/api/jobs/{dead.id}", headers=ADMIN)).json()
         assert "redriven" in [e["kind"] for e in again["events"]]
+
+
+async def test_a_waiting_jobs_page_says_when_it_is_expected_to_start(
+    redis_url: str, namespace: str
+) -> None:
+    """Its jobs learned to take 10 s, the lane's one slot held by the first (the one
+    exchange of a worker of one slot): the second's page says when it should start and
+    why; before any worker it says why nothing can be said."""
+    async with client(namespace, redis_url) as (app, http):
+        later = app.get_task("later")  # on the lane "parked", which no test worker serves
+        store = app.sharded.store_for_tenant("acme")
+        await store.learn_durations(
+            [
+                (task_field("later", "acme"), 1, 10_000.0),
+                (tenant_field("parked", DEFAULT_CLASS, "acme"), 1, 10_000.0),
+                (class_field("parked", DEFAULT_CLASS), 1, 10_000.0),
+            ]
+        )
+        held, waiting = [await later.enqueue(i, tenant="acme") for i in range(2)]
+
+        async def estimate(job_id: str) -> dict[str, Any] | None:
+            r = await http.get(f"/ui/api/jobs/{job_id}", headers=ADMIN)
+            assert r.status_code == 200, r.text
+            said: dict[str, Any] | None = r.json()["start_estimate"]
+            return said
+
+        before = await estimate(waiting.id)
+        assert before is not None and before["at_ms"] is None
+        assert before["line"] == "no start estimate: no live worker serves its lane"
+        got = await store.exchange("w1", ["parked"], 1, 60_000, slots=1)
+        assert [j.id for j in got.jobs] == [held.id]
+        now = await store.server_time_ms()
+        said = await estimate(waiting.id)
+        assert said is not None and said["at_ms"] > now and said["why_none"] is None
+        assert said["line"].startswith("expected to start in about ")
+        assert " (an estimate): " in said["line"] and "on its class's 1 slot;" in said["line"]
+        assert said["line"].endswith("it is expected to run about 10 s")
+        assert said["slots"] == 1 and said["jobs_ahead"] == 0
+        assert await estimate(held.id) is None  # running: its start is behind it
 
 
 async def test_mounted_in_a_host_app(redis_url: str, namespace: str) -> None:

@@ -1,7 +1,8 @@
 """The dashboard in headless Chromium: a real gateway under uvicorn, a real worker, a
-real workload; pages render live data, the job page explains, re-drive and cancel work
-through the page (confirmation dialogs accepted), a tenant, a task and a lane are paused
-from their views and resumed from the banner, and refusals hold.
+real workload; pages render live data, the job page explains (and says why a waiting
+job's start cannot be estimated), re-drive and cancel work through the page
+(confirmation dialogs accepted), a tenant, a task and a lane are paused from their views
+and resumed from the banner, and refusals hold.
 
 Skipped only when the ``playwright`` package or ``/usr/bin/chromium`` is missing.
 Screenshots go to ``/tmp/ui-shots/`` (never into the repository).
@@ -139,6 +140,7 @@ async def check_live_and_job(page: Any, base: str, work: Workload, shots: Path) 
     await show_job(page, base, work.done[0].id)
     assert "completed" in await page.locator("#explanation").inner_text()
     assert await page.locator("svg rect.seg-running").count() == 1
+    assert await page.locator("#start-estimate").count() == 0  # its start is behind it
 
     # the job that waited for the throttle key: its events and the key in the answer
     await show_job(page, base, work.holders[1].id)
@@ -289,3 +291,6 @@ async def test_dashboard_end_to_end(redis_url: str, namespace: str, shots: Path)
                 await check_audit(page, gw.base, app)
                 await show_job(page, gw.base, waiting)
                 assert await page.locator("button[data-action]").count() == 0
+                # a waiting job's start estimate, or why none can be made
+                estimate = await page.locator("#start-estimate").inner_text()
+                assert estimate == "no start estimate: no live worker serves its lane"

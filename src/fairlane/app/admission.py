@@ -20,7 +20,11 @@ from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from fairlane.errors import FairlaneError, StoreFull
 from fairlane.policy.admission.memory import STORE_FULL
-from fairlane.policy.admission.reasons import CLASS_NOT_ENTITLED, TENANT_PAUSED
+from fairlane.policy.admission.reasons import (
+    CLASS_NOT_ENTITLED,
+    DEADLINE_UNMEETABLE,
+    TENANT_PAUSED,
+)
 from fairlane.policy.pauses import refusal_retry_after
 from fairlane.registry.pricing import Pricing, cost_key
 from fairlane.store.durability import NotAcknowledged
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLASS_NOT_ENTITLED",
+    "DEADLINE_UNMEETABLE",
     "STORE_BUSY",
     "STORE_FULL",
     "STORE_UNAVAILABLE",
@@ -86,7 +91,7 @@ class Rejected(FairlaneError):
 
 
 _FINAL = {
-    "deadline_unmeetable": "it is not expected to finish by its deadline (its estimated "
+    DEADLINE_UNMEETABLE: "it is not expected to finish by its deadline (its estimated "
     "start and learned length), or the deadline has passed; on_unmeetable='accept' takes it anyway",
     CLASS_NOT_ENTITLED: "the job's class is restricted and this tenant is not entitled "
     "to it (app.tenants.configure(tenant, classes=[...]))",
@@ -135,7 +140,7 @@ def answer(reply: Submitted, job: Job[R] | None, pricing: Pricing) -> Admission[
             _CODES[reply.code], job, reply.reason if reply.code == Reply.DEFERRED else None
         )
     if reply.code == Reply.DEADLINE_UNMEETABLE:
-        return Admission("rejected", None, "deadline_unmeetable", None)
+        return Admission("rejected", None, DEADLINE_UNMEETABLE, None)
     if reply.code == Reply.CLASS_NOT_ENTITLED:
         return Admission("rejected", None, CLASS_NOT_ENTITLED, None)
     if reply.code == Reply.TENANT_PAUSED:

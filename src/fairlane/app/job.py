@@ -131,13 +131,15 @@ class Job(Generic[R]):
             raise await self._missing()
         return record.status
 
-    async def info(self) -> JobInfo:
+    async def info(self, *, estimate: bool = True) -> JobInfo:
+        """The job's record; a waiting one's ``estimated_start`` too (one more read),
+        unless ``estimate`` is False (a caller that reads ``start_estimate()`` itself)."""
         rec = await self._store().read_job(self.id)
         if rec is None:
             raise await self._missing()
         failure = rec.failure
         start = None
-        if rec.status in ("queued", "scheduled"):
+        if estimate and rec.status in ("queued", "scheduled"):
             start = (await self.start_estimate()).at
         return JobInfo(
             id=self.id,

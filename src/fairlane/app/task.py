@@ -19,6 +19,7 @@ import msgspec
 from fairlane import tracing
 from fairlane.app.admission import (
     CLASS_NOT_ENTITLED,
+    DEADLINE_UNMEETABLE,
     STORE_BUSY,
     STORE_FULL,
     Admission,
@@ -143,8 +144,8 @@ class Task(TaskDefinition[P, R]):
             )
         if admission.status == "unavailable":
             raise StoreUnavailable("the store cannot be reached; nothing was enqueued")
-        if admission.reason == "deadline_unmeetable":
-            raise Rejected("deadline_unmeetable", None, estimated_start=admission.estimated_start)
+        if admission.reason == DEADLINE_UNMEETABLE:
+            raise Rejected(DEADLINE_UNMEETABLE, None, estimated_start=admission.estimated_start)
         if admission.reason == CLASS_NOT_ENTITLED:
             raise Rejected(CLASS_NOT_ENTITLED, None)
         raise Rejected(admission.reason or "class_full", admission.retry_after or 1.0)
@@ -337,7 +338,7 @@ class Task(TaskDefinition[P, R]):
         handles: list[Job[R]] = []
         for reply in replies:
             if reply.code == Reply.DEADLINE_UNMEETABLE:
-                raise Rejected("deadline_unmeetable", None)
+                raise Rejected(DEADLINE_UNMEETABLE, None)
             if reply.code == Reply.REJECTED:
                 # the others of the batch are stored: admission judges each job on its own
                 reason = reply.reason or "class_full"

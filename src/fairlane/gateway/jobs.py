@@ -9,6 +9,12 @@ gateway. Each endpoint needs its scope of the caller's key (``auth.scoped``;
 without it is answered 403 before the job is looked at. A job's class is the server's to
 allow: one that is restricted and not among the tenant's entitled classes answers 403
 ``class_not_entitled``, and nothing is stored (the store's enqueue decides).
+
+A submit with a deadline, or with ``estimate_start``, takes one read more to estimate
+the job's start (``fairlane.app.startestimate``) and answers it as ``estimated_start``;
+one with a deadline it is not expected to meet is refused 429 ``deadline_unmeetable``
+(no Retry-After) unless ``on_unmeetable`` is ``accept``. Any other submit pays nothing
+for estimates. A job's view carries its estimate and what it rests on until it starts.
 """
 
 from __future__ import annotations
@@ -23,7 +29,13 @@ from fastapi.responses import JSONResponse
 
 from fairlane import tracing
 from fairlane.app import App
-from fairlane.app.admission import CLASS_NOT_ENTITLED, STORE_BUSY, STORE_UNAVAILABLE, Admission
+from fairlane.app.admission import (
+    CLASS_NOT_ENTITLED,
+    DEADLINE_UNMEETABLE,
+    STORE_BUSY,
+    STORE_UNAVAILABLE,
+    Admission,
+)
 from fairlane.app.job import TERMINAL, Job
 from fairlane.codec import PayloadTooLarge, decode_error
 from fairlane.errors import JobNotFound
@@ -41,6 +53,7 @@ from fairlane.gateway.models import (
     TaskError,
 )
 from fairlane.gateway.responses import error, responses
+from fairlane.gateway.startview import estimate_view, iso
 from fairlane.gateway.state import GatewayState
 from fairlane.payloads import PayloadError
 from fairlane.registry import CallOptions
@@ -96,7 +109,11 @@ async def submit(
     if admission.job is not None and admission.status in ("accepted", "deferred"):
         job = admission.job
         return SubmitReply(
-            id=job.id, state=admission.status, created=job.created, status_url=f"/v1/jobs/{job.id}"
+            id=job.id,
+            state=admission.status,
+            created=job.created,
+            status_url=f"/v1/jobs/{job.id}",
+            estimated_start=iso(admission.estimated_start),
         )
     return _refused(admission, body)
 
@@ -119,10 +136,23 @@ def _refused(admission: Admission[object], body: SubmitRequest) -> JSONResponse:
         named = f" {body.service_class!r}" if body.service_class else " (its task's)"
         detail = f"the job's class{named} is not one this tenant may use; nothing was stored"
         return error(403, detail, reason)
+    if reason == DEADLINE_UNMEETABLE:
+        return _unmeetable(admission)
     detail = f"the job was not admitted ({reason})"
-    if admission.retry_after is None:  # deadline_unmeetable: retrying cannot help
-        return error(422, detail, reason)
-    return error(429, detail, reason, round(admission.retry_after, 3))
+    retry_after = None if admission.retry_after is None else round(admission.retry_after, 3)
+    return error(429, detail, reason, retry_after)
+
+
+def _unmeetable(admission: Admission[object]) -> JSONResponse:
+    # no Retry-After: a wait cannot be promised to change the answer (arrivals only push
+    # the start later, and a job whose learned length passes its deadline never fits)
+    start = iso(admission.estimated_start)
+    said = f"it was expected to start at {start} (an estimate)" if start else "no start estimate"
+    detail = (
+        f"the job is not expected to finish by its deadline ({said}); nothing was stored: "
+        'a later deadline, or on_unmeetable "accept", takes it'
+    )
+    return error(429, detail, DEADLINE_UNMEETABLE, fields={"estimated_start": start})
 
 
 router.add_api_route(
@@ -177,7 +207,12 @@ async def _admit(
     with tracing.continuing(headers), tracing.sending(lane, [new]) as span:
         try:
             # as the app's own submissions: with its durability (WAIT/WAITAOF) if set
-            admission: Admission[object] = await task.submit_job(new, guard=who.guard)
+            admission: Admission[object] = await task.submit_job(
+                new,
+                guard=who.guard,
+                on_unmeetable=body.on_unmeetable,
+                estimate_start=body.estimate_start,
+            )
         except KeyRefused as refusal:
             raise refused_key(state, who.key_id, refusal) from None
         except ValueError as exc:
@@ -200,16 +235,24 @@ async def read(job_id: JobId, who: Reader, state: State) -> JobView | JSONRespon
     task = app.tasks.get(record.task) if record is not None else None
     if task is None:
         return error(404, f"job {job_id!r} is of a task this gateway does not know", "not_found")
+    job: Job[object] = Job(task, job_id)
     try:
-        info = await Job(task, job_id).info()
+        # the estimate is read once, below, with its basis
+        info = await job.info(estimate=False)
     except JobNotFound:
         return _not_found(job_id)
+    start = None if info.status in _STARTED else await job.start_estimate()
     # the view is the record's snapshot, its times as ISO text
-    shown = {name: getattr(info, name) for name in JobView.model_fields}
+    shown = {name: getattr(info, name) for name in JobView.model_fields if hasattr(info, name)}
     for name in ("enqueued_at", "finished_at", "not_before", "deadline"):
-        when = getattr(info, name)
-        shown[name] = when.isoformat() if when else None
+        shown[name] = iso(getattr(info, name))
+    shown["estimated_start"] = None if start is None else iso(start.at)
+    shown["start_estimate"] = None if start is None else estimate_view(start)
     return JobView(**shown)
+
+
+#: statuses of a job whose start is behind it: nothing to estimate
+_STARTED = TERMINAL | {"running"}
 
 
 @router.get(

@@ -52,7 +52,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fairlane.app.admission import STORE_BUSY, STORE_UNAVAILABLE
+from fairlane.app.admission import CLASS_NOT_ENTITLED, STORE_BUSY, STORE_UNAVAILABLE
 from fairlane.gateway.frontdoor import REASONS as FRONT_DOOR_REASONS
 from fairlane.gateway.responses import error
 from fairlane.gateway.state import GatewayState
@@ -205,11 +205,9 @@ def _submit_answer(status: int, body: bytes | None) -> tuple[str, str]:
     reason = NONE if said is None else (said if said in _REASONS else OTHER)
     if status == 202 and fields.get("state") in ("accepted", "deferred"):
         return str(fields["state"]), reason
-    if (
-        status == 429
-        or (status == 422 and said == "deadline_unmeetable")
-        or (status == 403 and said == "class_not_entitled")
-    ):
+    # every admission refusal is a 429 (deadline_unmeetable too, without Retry-After)
+    # but a class the tenant is not entitled to
+    if status == 429 or (status == 403 and said == CLASS_NOT_ENTITLED):
         return "rejected", reason
     if status == 503:
         return "unavailable", reason

@@ -13,6 +13,7 @@ __all__ = [
     "ResultReply",
     "SignalReply",
     "SignalRequest",
+    "StartEstimateView",
     "SubmitReply",
     "SubmitRequest",
     "TaskError",
@@ -56,6 +57,24 @@ class SubmitRequest(BaseModel):
         description="The end user of the tenant the job is for: the tenant's keys share its "
         "part fairly (printable characters).",
     )
+    on_unmeetable: Literal["reject", "accept"] = Field(
+        default="reject",
+        description="With a deadline the job is not expected to meet (its estimated start "
+        "and learned length): `reject` refuses it (429 `deadline_unmeetable`), `accept` "
+        "stores it anyway.",
+    )
+    estimate_start: bool = Field(
+        default=False,
+        description="Estimate when the job is expected to start (one more read) even "
+        "without a deadline; a deadline always takes the estimate.",
+    )
+
+
+_ESTIMATED_START = (
+    "When the job is expected to start (ISO 8601, UTC): an estimate, not a promise. "
+    "Null where nothing can be said (no live worker, nothing learned yet) or where it "
+    "was not estimated."
+)
 
 
 class SubmitReply(BaseModel):
@@ -63,6 +82,11 @@ class SubmitReply(BaseModel):
     state: Literal["accepted", "deferred"]
     created: bool = Field(description="False when the idempotency key named an existing job.")
     status_url: str
+    estimated_start: str | None = Field(
+        default=None,
+        description=_ESTIMATED_START + " Estimated for a submission with a deadline or "
+        "`estimate_start`; null for any other.",
+    )
 
 
 class ErrorBody(BaseModel):
@@ -74,6 +98,32 @@ class ErrorBody(BaseModel):
     errors: list[dict[str, Any]] | None = Field(
         default=None, description="Field errors of a request that does not validate."
     )
+    estimated_start: str | None = Field(
+        default=None,
+        description="`deadline_unmeetable`: when the job was expected to start (ISO 8601, "
+        "UTC; null where nothing could be said).",
+    )
+
+
+class StartEstimateView(BaseModel):
+    """What a waiting job's start estimate rests on (``fairlane.policy.startpredict``);
+    each figure null where nothing can be said, and ``why_none`` says why."""
+
+    wait_seconds: float | None = Field(description="Seconds from now to the expected start.")
+    work_ahead_slot_seconds: float | None = Field(
+        description="Slot-seconds its class serves before it, in the fair order."
+    )
+    slots: float | None = Field(description="The slots its class gets of the lane.")
+    share: float | None = Field(
+        description="Its tenant's share of its class's starts (weight over the waiting "
+        "tenants' weights)."
+    )
+    jobs_ahead: int | None = Field(description="Jobs of its own tenant ahead of it.")
+    tenants: int | None = Field(description="Tenants waiting in its class.")
+    expected_run_seconds: float | None = Field(
+        description="How long it is expected to run, learned from its task's attempts."
+    )
+    why_none: str | None = Field(description="Why no start can be estimated, if none can.")
 
 
 class JobView(BaseModel):
@@ -103,6 +153,15 @@ class JobView(BaseModel):
     )
     idempotency_key: str | None = Field(
         default=None, description="The key it was submitted with, which names it to a retry."
+    )
+    estimated_start: str | None = Field(
+        default=None,
+        description=_ESTIMATED_START + " Null too once it has started or ended.",
+    )
+    start_estimate: StartEstimateView | None = Field(
+        default=None,
+        description="What the estimate rests on, for a job that has not started; null "
+        "once it has started or ended.",
     )
 
 

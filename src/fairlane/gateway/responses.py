@@ -36,17 +36,28 @@ _NOT_NOW = frozenset({429, 503})
 
 
 def error(
-    status: int, detail: str, reason: str | None = None, retry_after: float | None = None
+    status: int,
+    detail: str,
+    reason: str | None = None,
+    retry_after: float | None = None,
+    *,
+    fields: dict[str, Any] | None = None,
 ) -> JSONResponse:
     """An ``ErrorBody`` answer; with ``retry_after``, a ``Retry-After`` header too, and
-    429 and 503 with ``Cache-Control: no-store``."""
+    429 and 503 with ``Cache-Control: no-store``. ``fields``: fields of ``ErrorBody``
+    the body holds even when null (an absent field would read as "not said")."""
     body = ErrorBody(detail=detail, reason=reason, retry_after_seconds=retry_after)
+    content = body.model_dump(exclude_none=True)
+    for name, value in (fields or {}).items():
+        if name not in ErrorBody.model_fields:
+            raise ValueError(f"ErrorBody has no field {name!r}")
+        content[name] = value
     headers = {}
     if retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
     if status in _NOT_NOW:
         headers["Cache-Control"] = "no-store"
-    return JSONResponse(body.model_dump(exclude_none=True), status_code=status, headers=headers)
+    return JSONResponse(content, status_code=status, headers=headers)
 
 
 _DESCRIPTIONS = {
@@ -66,8 +77,12 @@ _DESCRIPTIONS = {
     "and this tenant holds or waits for the most, or its turn did not come in time), "
     "`store_busy` (every connection to the store stayed in use for as long as a call may "
     "wait). Admission, for a submit: a full class or queue, or `store_full` (the store's "
-    "memory mark). A tenant refused again by the front door before its last Retry-After "
-    "ran out gets this answer only after a hold (`front_door.refusal_hold`, 1 s).",
+    "memory mark); `deadline_unmeetable` (the job is not expected to finish by its "
+    "deadline: the body's `estimated_start` says when it was expected to start) comes "
+    "without Retry-After, as no wait can be promised to change the answer: a later "
+    'deadline or `on_unmeetable: "accept"` does. A tenant refused again by the front '
+    "door before its last Retry-After ran out gets this answer only after a hold "
+    "(`front_door.refusal_hold`, 1 s).",
     503: "The store cannot be reached (reason `store_unavailable`), or it is full and "
     "refused the write (`store_full`): retry after Retry-After seconds. A busy gateway or "
     "store answers 429, never 503.",

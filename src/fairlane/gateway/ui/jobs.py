@@ -10,6 +10,9 @@ An app split into scheduling shards (``App(shards=n)``) has these indexes in eve
 shard: each shard's are read (``PER_INDEX`` ids each, so a listing reads at most ``n``
 times as many) and the jobs merged; a job's record is read in the shard whose index
 named it, and one job's page in the shard its id names (``App.store_for_job``).
+
+A job's page that has not started yet also reads its start estimate (one call more:
+``fairlane.app.startestimate``) and says it in a line, or why nothing can be said.
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ from dataclasses import asdict
 from typing import Any
 
 from fairlane.app import App
+from fairlane.app.job import TERMINAL
+from fairlane.app.startestimate import start_estimate
 from fairlane.app.workflows import Workflow
+from fairlane.gateway.startview import estimate_line, estimate_view
 from fairlane.gateway.ui.queries import lanes_of, task_names
 from fairlane.insight.explain import explain, rate_keys_now
 from fairlane.insight.globalkeys import global_key_row
 from fairlane.insight.runview import run_view
+from fairlane.store.api import Store
 from fairlane.store.fields import field_text
 from fairlane.store.records import JobRecord
 from fairlane.store.views.globalkeys import job_global_keys
@@ -146,12 +153,22 @@ async def job_detail(app: App, job_id: str) -> dict[str, Any] | None:
         "rate_keys": rate_keys_now(rates),
         "pushbacks": rates.pushbacks,
         "global_keys": [global_key_row(v) for v in shared.keys.values()],
+        "start_estimate": await _start(store, record),
         "run": None,
     }
     if isinstance(app.tasks.get(record.task), Workflow) or record.run_started:
         history = await store.runs.history(job_id)
         detail["run"] = asdict(run_view(job_id, record, history, now))
     return detail
+
+
+async def _start(store: Store, record: JobRecord) -> dict[str, Any] | None:
+    """A job's start estimate as the page shows it; None once it has started."""
+    if record.status in TERMINAL or record.status == "running":
+        return None
+    est = start_estimate(await store.estimate_job(record.id))
+    at_ms = None if est.at is None else round(est.at.timestamp() * 1000)
+    return {"at_ms": at_ms, "line": estimate_line(est), **estimate_view(est).model_dump()}
 
 
 def _plain(value: Any) -> Any:

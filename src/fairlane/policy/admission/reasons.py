@@ -16,6 +16,7 @@ from fairlane.policy.admission.memory import STORE_FULL
 __all__ = [
     "CLASS_NOT_ENTITLED",
     "COUNTED_REASONS",
+    "DEADLINE_UNMEETABLE",
     "REJECTION_REASONS",
     "SCRIPT_REASONS",
     "TENANT_PAUSED",
@@ -23,6 +24,9 @@ __all__ = [
 
 #: A restricted class the tenant is not entitled to (``fairlane.policy.classes``).
 CLASS_NOT_ENTITLED: Final = "class_not_entitled"
+#: A deadline already past, or one the job is not expected to meet (its estimated start
+#: and learned length: ``fairlane.policy.startpredict``); retrying cannot help.
+DEADLINE_UNMEETABLE: Final = "deadline_unmeetable"
 #: An operator quarantined the tenant (``fairlane.policy.pauses``).
 TENANT_PAUSED: Final = "tenant_paused"
 

@@ -272,6 +272,8 @@ async function viewJob(main, id) {
         "data-action": a, onclick: () => act(a, j.id).catch((e) => status(e.message, true)) }, a)))),
     h("section", { class: "card" }, h("h2", {}, "Why it waited"),
       h("p", { class: "explain", id: "explanation" }, j.explanation.summary),
+      // a job that has not started: when it is expected to (an estimate), or why not known
+      j.start_estimate ? h("p", { class: "note", id: "start-estimate" }, j.start_estimate.line) : null,
       Charts.timeline(j.explanation.segments),
       h("div", { class: "legend" }, Object.entries(Charts.COLORS).map(([k, c]) =>
         h("span", {}, h("i", { class: `swatch seg-${k}` }), k))),
