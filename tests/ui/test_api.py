@@ -174,8 +174,8 @@ async def test_a_waiting_jobs_page_says_when_it_is_expected_to_start(
         said = await estimate(waiting.id)
         assert said is not None and said["at_ms"] > now and said["why_none"] is None
         assert said["line"].startswith("expected to start in about ")
-        assert " (an estimate): " in said["line"] and "on its class's 1 slot;" in said["line"]
-        assert said["line"].endswith("it is expected to run about 10 s")
+        assert "ahead of it in parked/standard (1 slots)" in said["line"]
+        assert said["line"].endswith("it is expected to run 10 s (an estimate, not a promise)")
         assert said["slots"] == 1 and said["jobs_ahead"] == 0
         assert await estimate(held.id) is None  # running: its start is behind it
 

@@ -1,5 +1,6 @@
 """A job's start estimate as the gateway and the dashboard show it: the time as ISO
-text, what it rests on as figures (``StartEstimateView``), and one line of words.
+text and what it rests on as figures (``StartEstimateView``); its sentence is
+``fairlane.insight.startestimate.start_text``, as explain says it.
 
 The estimate itself is ``fairlane.app.startestimate`` (the rule and its error model:
 ``fairlane.policy.startpredict``); nothing here reads the store.
@@ -12,7 +13,7 @@ from datetime import datetime
 from fairlane.app.startestimate import StartEstimate
 from fairlane.gateway.models import StartEstimateView
 
-__all__ = ["estimate_line", "estimate_view", "iso"]
+__all__ = ["estimate_view", "iso"]
 
 
 def iso(when: datetime | None) -> str | None:
@@ -34,38 +35,3 @@ def estimate_view(est: StartEstimate) -> StartEstimateView:
         expected_run_seconds=est.expected_run_s,
         why_none=None if known else (est.why_none or "nothing can be said"),
     )
-
-
-def _about(seconds: float) -> str:
-    if seconds < 1:
-        return "under a second"
-    if seconds < 120:
-        return f"about {round(seconds)} s"
-    if seconds < 7200:
-        return f"about {round(seconds / 60)} min"
-    return f"about {seconds / 3600:.1f} h"
-
-
-def _count(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
-
-
-def estimate_line(est: StartEstimate) -> str:
-    """One line for a person: when the job is expected to start and why, or why nothing
-    can be said."""
-    if est.at is None or est.wait_s is None:
-        return f"no start estimate: {est.why_none or 'nothing can be said'}"
-    head = f"expected to start in {_about(est.wait_s)} (an estimate)"
-    basis = []
-    p = est.prediction
-    if p is not None:
-        basis += [
-            f"{p.work_ahead:.3g} slot-seconds of work before it on its class's "
-            f"{p.slots:.3g} slot{'' if p.slots == 1 else 's'}",
-            f"its tenant's share of the class's starts {p.share:.0%}",
-            _count(p.ahead, "job", "jobs") + " of its tenant ahead of it",
-            _count(p.tenants, "tenant", "tenants") + " waiting",
-        ]
-    if est.expected_run_s is not None:
-        basis.append(f"it is expected to run {_about(est.expected_run_s)}")
-    return f"{head}: {'; '.join(basis)}" if basis else head

@@ -25,11 +25,12 @@ from fairlane.app import App
 from fairlane.app.job import TERMINAL
 from fairlane.app.startestimate import start_estimate
 from fairlane.app.workflows import Workflow
-from fairlane.gateway.startview import estimate_line, estimate_view
+from fairlane.gateway.startview import estimate_view
 from fairlane.gateway.ui.queries import lanes_of, task_names
 from fairlane.insight.explain import explain, rate_keys_now
 from fairlane.insight.globalkeys import global_key_row
 from fairlane.insight.runview import run_view
+from fairlane.insight.startestimate import start_text
 from fairlane.store.api import Store
 from fairlane.store.fields import field_text
 from fairlane.store.records import JobRecord
@@ -168,7 +169,7 @@ async def _start(store: Store, record: JobRecord) -> dict[str, Any] | None:
         return None
     est = start_estimate(await store.estimate_job(record.id))
     at_ms = None if est.at is None else round(est.at.timestamp() * 1000)
-    return {"at_ms": at_ms, "line": estimate_line(est), **estimate_view(est).model_dump()}
+    return {"at_ms": at_ms, "line": start_text(est), **estimate_view(est).model_dump()}
 
 
 def _plain(value: Any) -> Any:
