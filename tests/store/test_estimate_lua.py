@@ -11,7 +11,7 @@ import pytest
 
 from fairlane.policy.deadlineorder import DEADLINE_SPAN
 from fairlane.policy.fairkeys import ORDER_SPAN, order_score
-from fairlane.policy.startpredict import fold_mean, unmeetable
+from fairlane.policy.startpredict import fold_mean, needs_at_enqueue, unmeetable
 from fairlane.store.api import Store
 from fairlane.store.durations import class_field, task_field, tenant_field
 from fairlane.store.wire import NewJob, Outcome, Reply
@@ -123,3 +123,18 @@ async def test_the_estimate_read_gives_the_rule_what_the_store_holds(store: Stor
     capped = await store.estimate_job("a-003", max_tenants=1)
     assert capped.situation is not None and capped.situation.unread == 1
     assert (await store.estimate_job("nope")).state == ""
+
+
+async def test_enqueue_counts_what_its_tenant_queued_since_the_estimate(store: Store) -> None:
+    """A burst's estimates race: each saw the queue as it was; enqueue adds what came since,
+    as ``needs_at_enqueue`` says."""
+    await store.enqueue("a", [_job("x", n) for n in range(3)])
+    now = await store.server_time_ms()
+    deadline = now + 10_000
+    for n, per_job in ((10, 1_500), (11, 1_000)):
+        job = _job("x", n, deadline=str(deadline), needs_ms=6_000)
+        job.needs_seen, job.needs_per_job_ms = 0, per_job
+        [(_, code)] = await store.enqueue("a", [job])
+        # the first is refused (10,500 ms > 10,000), so the queue stays at 3 for the second
+        late = now + needs_at_enqueue(6_000, 0, 3, per_job) > deadline
+        assert (code == Reply.DEADLINE_UNMEETABLE) == late, (per_job, code)

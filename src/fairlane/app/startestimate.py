@@ -78,4 +78,9 @@ def refusing_late(job: NewJob, start: StartEstimate, on_unmeetable: OnUnmeetable
     needs = start.needs_ms
     if on_unmeetable == "accept" or not job.deadline or needs is None:
         return job
-    return msgspec.structs.replace(job, needs_ms=needs)
+    return msgspec.structs.replace(
+        job,
+        needs_ms=needs,
+        needs_seen=start.queued,
+        needs_per_job_ms=round(start.per_job_s * 1000),
+    )

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from fairlane.policy.startpredict import Prediction, predict
+from fairlane.policy.startpredict import DEADLINE_SAFETY, Prediction, per_job_wait, predict
 from fairlane.store.durations import Estimated
 
 __all__ = ["StartEstimate", "start_estimate", "start_text"]
@@ -39,6 +39,10 @@ class StartEstimate:
     why_none: str = ""
     lane: str = ""
     cls: str = ""
+    queued: int = -1
+    """Its tenant's jobs queued in its class when it was estimated (-1: not read)."""
+    per_job_s: float = 0.0
+    """What one more job of its tenant ahead of it would add to its wait."""
 
     @property
     def finish(self) -> datetime | None:
@@ -49,18 +53,21 @@ class StartEstimate:
 
     @property
     def needs_ms(self) -> int | None:
-        """Milliseconds from the estimate to the expected end (None: not known)."""
+        """Milliseconds from the estimate to the end a deadline is judged by: the expected
+        start plus the learned length ``DEADLINE_SAFETY`` times over (None: not known)."""
         if self.wait_s is None or self.expected_run_s is None:
             return None
-        return max(1, round((self.wait_s + self.expected_run_s) * 1000))
+        return max(1, round((self.wait_s + self.expected_run_s * DEADLINE_SAFETY) * 1000))
 
     @property
     def meets_deadline(self) -> bool | None:
-        """Whether the expected end is by the deadline (None: no deadline, or unknown)."""
-        finish = self.finish
-        if finish is None or self.deadline is None:
+        """Whether the job is expected to finish by its deadline, as a submission's is
+        judged (None: no deadline, or not known)."""
+        needs = self.needs_ms
+        if needs is None or self.deadline is None or self.at is None or self.wait_s is None:
             return None
-        return finish <= self.deadline
+        estimated_ms = self.at.timestamp() * 1000 - self.wait_s * 1000
+        return estimated_ms + needs <= self.deadline.timestamp() * 1000
 
 
 def _when(ms: float) -> datetime:
@@ -94,11 +101,14 @@ def start_estimate(est: Estimated) -> StartEstimate:
     start_ms = est.now_ms + prediction.wait_s * 1000
     if est.state == "scheduled" and est.run_at_ms is not None:
         start_ms = max(start_ms, est.run_at_ms)
+    own = next((b for b in est.situation.backlogs if b.tenant == est.tenant), None)
     return dataclasses.replace(
         base,
         at=_when(start_ms),
         wait_s=(start_ms - est.now_ms) / 1000,
         prediction=prediction,
+        queued=own.jobs if own is not None else -1,
+        per_job_s=per_job_wait(est.situation),
     )
 
 

@@ -60,11 +60,13 @@ What moves the real start away from the estimate, and which way:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "DEADLINE_SAFETY",
     "DURATION_ALPHA",
     "MAX_TENANTS",
     "REST_CAP",
@@ -76,6 +78,8 @@ __all__ = [
     "class_slots",
     "fold_mean",
     "latest_start_ms",
+    "needs_at_enqueue",
+    "per_job_wait",
     "predict",
     "unmeetable",
 ]
@@ -90,6 +94,9 @@ MAX_TENANTS = 64
 USAGE_WINDOW_MS = 5000
 #: the most of a class's slots that tenants with no queue are taken to keep using
 REST_CAP = 0.9
+#: a job's learned length is taken this many times over when a deadline is judged: a job
+#: up to this much longer than its mean still finishes in time once started
+DEADLINE_SAFETY = 1.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +201,10 @@ def _share_out(tier: list[ClassLoad], got: dict[str, float], left: float, cls: s
     return left
 
 
-def predict(s: Situation) -> Prediction | None:
+def predict(s: Situation, *, immediate: bool = True) -> Prediction | None:
     """The job's expected wait, or None where nothing can be said: no live slot for its
-    class, or no learned duration for the work ahead of it."""
+    class, or no learned duration for the work ahead of it. ``immediate=False`` leaves
+    out the start at once into free slots (the fluid wait alone, as a marginal needs)."""
     slots = class_slots(s.capacity, s.classes, s.cls)
     own = next((b for b in s.backlogs if b.tenant == s.tenant), None)
     if slots <= 0 or own is None or own.weight <= 0:
@@ -233,7 +241,7 @@ def predict(s: Situation) -> Prediction | None:
     rest = min(max(0.0, s.class_use - read_use), REST_CAP * slots)
     in_flight = next((c.in_flight for c in s.classes if c.name == s.cls), 0)
     # the starts before it, and itself, fit in the slots free now: it starts at once
-    at_once = in_flight + (starts - 0.5) + 1 <= slots + 1e-9
+    at_once = immediate and in_flight + (starts - 0.5) + 1 <= slots + 1e-9
     wait = 0.0 if at_once else _fluid_wait(slots, fixed, others, rest)
     return Prediction(
         wait_s=wait,
@@ -285,6 +293,16 @@ def _fluid_wait(
     return hi
 
 
+def per_job_wait(s: Situation) -> float:
+    """What one more job of its own tenant ahead of it adds to a job's wait: the fluid
+    wait's step, free slots left out (in a burst they are soon taken)."""
+    here = predict(s, immediate=False)
+    behind = predict(dataclasses.replace(s, ahead=s.ahead + 1), immediate=False)
+    if here is None or behind is None:
+        return 0.0
+    return max(0.0, behind.wait_s - here.wait_s)
+
+
 def fold_mean(mean: float | None, count: int, batch_mean: float) -> float:
     """A learned mean after ``count`` more observations averaging ``batch_mean``: as if
     each had moved it by ``DURATION_ALPHA`` in turn (the first ever sets it)."""
@@ -298,8 +316,18 @@ def fold_mean(mean: float | None, count: int, batch_mean: float) -> float:
 
 def latest_start_ms(deadline_ms: int, expected_ms: float) -> float:
     """The last moment a job expected to run ``expected_ms`` can start and still finish
-    by its deadline."""
-    return deadline_ms - expected_ms
+    by its deadline, its learned length taken ``DEADLINE_SAFETY`` times over."""
+    return deadline_ms - expected_ms * DEADLINE_SAFETY
+
+
+def needs_at_enqueue(needs_ms: int, seen: int, queued: int, per_job_ms: int) -> int:
+    """How long a submission is expected to take to finish, as enqueue judges it: its
+    estimate ``needs_ms`` made when its tenant had ``seen`` jobs queued, plus
+    ``per_job_ms`` for each job queued since (``queued`` now). Submissions estimated at
+    the same moment all saw the same queue; each sees the others at enqueue."""
+    if needs_ms <= 0 or seen < 0:
+        return needs_ms
+    return needs_ms + max(0, queued - seen) * per_job_ms
 
 
 def unmeetable(now_ms: float, deadline_ms: int, expected_ms: float | None) -> bool:

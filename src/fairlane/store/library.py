@@ -156,6 +156,7 @@ def fill_constants(source: str) -> str:
         "__PARK_BUDGET__": str(ratekeys.PARK_BUDGET),
         "__LIFT_BUDGET__": str(pauses.LIFT_BUDGET),
         "__USAGE_WINDOW_MS__": str(startpredict.USAGE_WINDOW_MS),
+        "__DEADLINE_SAFETY__": repr(startpredict.DEADLINE_SAFETY),
         "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),
         "__PART_EPSILON__": repr(globalkeys.EPSILON),
         "__DEADLINE_EPOCH_MS__": str(deadlineorder.DEADLINE_EPOCH_MS),

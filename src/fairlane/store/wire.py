@@ -327,6 +327,10 @@ class NewJob(msgspec.Struct, array_like=True):
     # ms from submission to its expected end (estimated wait and learned length; 0: not
     # estimated): a deadline it would miss is refused as one already past
     needs_ms: int = 0
+    # its tenant's queued jobs when it was estimated (-1: not estimated), and what each
+    # job queued since adds to needs_ms: a burst's estimates race, enqueue settles it
+    needs_seen: int = -1
+    needs_per_job_ms: int = 0
     # 1: with a deadline, it takes its place in its tenant's queue by it (its task's
     # deadline_order; its class's is in the lane's table)
     deadline_order: int = 0

@@ -91,6 +91,13 @@ do
     -- or whose expected end, its estimated wait and learned length (Job.NEEDS_MS, 0: not
     -- estimated; fairlane.policy.startpredict), lands after it
     local needs = tonumber(j[Job.NEEDS_MS]) or 0
+    local seen = tonumber(j[Job.NEEDS_SEEN]) or -1
+    if needs > 0 and seen >= 0 then
+      -- what its tenant queued since its estimate waits ahead of it too: the estimates of a
+      -- burst race, this settles them (fairlane.policy.startpredict.needs_at_enqueue)
+      local queued = redis.call('ZCARD', tenant_queue(p, lane, cls, tenant))
+      needs = needs + math.max(0, queued - seen) * (tonumber(j[Job.NEEDS_PER_JOB_MS]) or 0)
+    end
     local meetable = not (dl ~= '' and (dl <= now or dl < run_at or (needs > 0 and now + needs > dl)))
     local verdict, reason, mu = 'accepted', nil, nil
     local adm, qb = call_adm, call_qb

@@ -22,8 +22,9 @@ do
   local EXPIRED_ERR, count, dead_letter = records.EXPIRED_ERR, records.count, records.dead_letter
   local expire = records.expire
   local expected_ms = estimating.expected_ms
-  local UNMEETABLE_ERR = '{"type":"DeadlineUnmeetable","message":"expected to run %d ms, '
-    .. 'and %d ms were left before its deadline","traceback":""}'
+  local DEADLINE_SAFETY = __DEADLINE_SAFETY__
+  local UNMEETABLE_ERR = '{"type":"DeadlineUnmeetable","message":"expected to run %d ms '
+    .. '(its learned length), and %d ms were left before its deadline","traceback":""}'
 
   -- Why a job with deadline `dl` cannot start at `now`: the deadline has passed, or its
   -- learned length no longer fits before it (fairlane.policy.startpredict.unmeetable);
@@ -33,7 +34,7 @@ do
       return EXPIRED_ERR
     end
     local expected = expected_ms(p, task, tenant)
-    if expected and now > dl - expected then
+    if expected and now > dl - expected * DEADLINE_SAFETY then
       return string.format(UNMEETABLE_ERR, expected, dl - now)
     end
     return nil
