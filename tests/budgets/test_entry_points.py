@@ -10,6 +10,7 @@ against its function. The phases:
 * ``enqueue_many``: 500 no-op jobs in one ``enqueue_many`` call (``enqueue``, one call);
 * ``enqueue``: the same 500 jobs, one ``enqueue`` each (500 calls);
 * ``submit``: 500 ``submit`` calls, 10 tenants in turn, on a lane with an admission pool;
+* a deadline: 500 ``submit`` calls with a deadline (``estimate`` once each, then ``enqueue``);
 * ``drain``: one in-process worker at concurrency 100 (``run_worker(burst=True)``) draining
   500 jobs enqueued before the phase: ``exchange`` (settling and leasing), ``ack`` (the
   last outcomes, flushed at the end) and every function the worker called in all
@@ -172,6 +173,22 @@ async def test_storing_a_job_runs_no_more_commands_than_its_budget(
     assert phase.calls("enqueue") == (1 if case == "enqueue_many" else JOBS)
     assert set(phase.log.functions) == {"enqueue"}, phase.report(JOBS)
     assert per_job <= budget, f"{per_job:.3f} commands per job in `enqueue` ({phase.report(JOBS)})"
+
+
+async def test_a_deadline_costs_a_submission_one_read_and_only_then(
+    namespace: str, redis_url: str
+) -> None:
+    """A submission with a deadline is estimated first: one more call, a read (the
+    ``estimate`` function, registered without writes); one without a deadline that does
+    not ask makes none (the case above: ``enqueue`` alone)."""
+    app, noop = _app(namespace, redis_url)
+    async with app, Phase(redis_url) as phase:
+        for i in range(JOBS):
+            admission = await noop.submit(i, tenant=f"t{i % TENANTS}", deadline=3600.0)
+            assert admission.admitted, admission
+    phase.check()
+    assert set(phase.log.functions) == {"enqueue", "estimate"}, phase.report(JOBS)
+    assert phase.calls("estimate") == JOBS and phase.calls("enqueue") == JOBS
 
 
 async def test_draining_runs_no_more_commands_than_its_budget(
