@@ -251,4 +251,4 @@ _WAITING = frozenset({"queued", "scheduled"})
 def _with_start(summary: str, status: str, start: StartEstimate | None) -> str:
     if start is None or status not in _WAITING:
         return summary
-    return f"{summary}; {start_text(start)}"
+    return f"{summary.rstrip('.')}; {start_text(start)}."

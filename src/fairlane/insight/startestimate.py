@@ -113,13 +113,13 @@ def start_estimate(est: Estimated) -> StartEstimate:
 
 
 def _about(seconds: float) -> str:
-    if seconds < 1:
-        return "under a second"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 90:
-        return f"about {seconds:.0f} s"
+        return f"{seconds:.0f} s"
     if seconds < 5400:
-        return f"about {seconds / 60:.0f} min"
-    return f"about {seconds / 3600:.1f} h"
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def start_text(est: StartEstimate) -> str:
@@ -132,13 +132,13 @@ def start_text(est: StartEstimate) -> str:
         head = f"expected to start at once: {p.slots:g} slots of {where} are free for it"
     else:
         head = (
-            f"expected to start in {_about(est.wait_s)}: {p.work_ahead:,.0f} slot-seconds "
+            f"expected to start in about {_about(est.wait_s)}: {p.work_ahead:,.0f} slot-seconds "
             f"ahead of it in {where} ({p.slots:g} slots), {p.ahead:,} of its tenant's jobs "
             f"ahead, its tenant's share {p.share:.0%} of {p.tenants} waiting tenant(s)"
         )
     tail = ""
     if est.expected_run_s is not None:
-        tail = f"; it is expected to run {_about(est.expected_run_s).removeprefix('about ')}"
+        tail = f"; it is expected to run {_about(est.expected_run_s)}"
     if est.meets_deadline is False:
         tail += ", past its deadline"
     return head + tail + " (an estimate, not a promise)"
