@@ -1,9 +1,9 @@
 """When will a waiting job start? The prediction, its basis and its error model.
 
 An estimate, not a promise. It is worked out from what the store holds at the moment
-it is asked (``store/lua/estimate.lua`` reads it in one call) and assumes nothing
-changes but the work draining: no job arrives, no worker joins or leaves, every job
-takes its learned mean.
+it is asked (``store/lua/estimate.lua`` reads it in one call): the queues as they
+stand, the lengths and charges workers learned, and what each tenant used lately. It
+assumes the lane keeps its workers and every job takes its learned mean.
 
 The basis
 ---------
@@ -15,36 +15,49 @@ what it cannot use flows to the others); batch classes share only what the other
 leave. ``S`` is what the job's class gets.
 
 *Fair order.* Inside the class tenants are served by start-time fair queuing
-(``policy/fairqueue.py``): each start charges the tenant one unit over its weight, so
-while tenants ``i`` and ``t`` are both waiting they start jobs in the ratio
-``w_i : w_t``, whatever the jobs' lengths. A job with ``k`` jobs of its own tenant
-ahead of it starts when its tenant has started ``k`` jobs; by then the virtual time has
-moved by ``v = (k + 1/2) / w_t`` (the half: on average the job starts half a job's
-spacing after the ``k``-th start, as the slots free at evenly spread moments). Another
-tenant ``i`` with ``n_i`` jobs waiting starts ``min(n_i, w_i * v)`` of them meanwhile:
-as many as its weight allows, or all it has.
+(``policy/fairqueue.py``): each start charges its tenant ``c / w`` -- ``c`` one unit
+per job, or in a lane that charges by cost the job's units (by default its run time:
+a task that reports nothing is charged its wall time) -- so while tenants ``i`` and
+``t`` both wait, the virtual time moves by the same amount for each. A job with ``k``
+jobs of its own tenant ahead of it starts when its tenant has started ``k`` of them;
+by then the virtual time has moved by ``v = (k + 1/2) c_t / w_t`` (the half: on average
+a job starts half a job's spacing after the ``k``-th start, as the slots free at evenly
+spread moments). Another tenant ``i`` is entitled to ``w_i v / c_i`` starts meanwhile,
+``X_i = w_i v d_i / c_i`` slot-seconds of its jobs (``d_i`` their learned mean).
 
-*Work ahead.* Those starts carry ``sum_i min(n_i, w_i v) * d_i`` slot-seconds (``d_i``
-the learned slot-seconds of tenant ``i``'s jobs in this class; the job's own tenant
-included with ``k + 1/2`` jobs), and the class works through them at ``S`` slots:
+*What the others take.* A tenant with ``n_i`` jobs waiting takes at most its
+entitlement, and at most what it has, ``n_i d_i``, plus what it keeps submitting: the
+slot-seconds per second it used over the last whole usage window, ``u_i``, over the
+wait ``T``. Tenants with nothing waiting (not in the class's fair set) take what they
+used, ``u_rest`` (the class's use less the tenants read; at most ``REST_CAP`` of the
+slots). The class works through all of it at ``S`` slots, so ``T`` solves
 
-    wait = sum_i min(n_i, w_i (k + 1/2) / w_t) * d_i / S
+    S T = (k + 1/2) d_t + sum_i min(X_i, n_i d_i + u_i T) + u_rest T
 
-which is the fluid (GPS) time of the fair order, in closed form: no event loop, one
-term per waiting tenant. A class with slots free now starts the job at once when the
-starts ahead of it fit in them.
+whose right side grows more slowly than the left past every cap: one root, found by
+bisection, one term per waiting tenant. This is the fluid (GPS) time of the fair order.
+A class with slots free now starts the job at once when the starts ahead of it fit.
 
 Tenants the read did not reach (beyond ``MAX_TENANTS``) are counted as backlogged
 tenants of weight 1 at the class's mean job: more work ahead, never less.
+
+Deadlines
+---------
+A job is expected to finish by ``wait + DEADLINE_SAFETY * own length``; a submission
+that is not is refused (``deadline_unmeetable``) unless the caller takes it anyway, and
+dispatch expires a waiting job whose ``DEADLINE_SAFETY * own length`` no longer fits
+before its deadline (:func:`unmeetable`, twin of ``runnable`` in ``lua/lease.lua``).
+Submissions estimated at the same moment saw the same queue: enqueue adds
+``per_job_wait`` for each job their tenant queued since (:func:`needs_at_enqueue`,
+twin of the gate in ``lua/enqueue.lua``).
 
 Error model
 -----------
 What moves the real start away from the estimate, and which way:
 
-* arrivals after the estimate: a tenant that was idle or short of work takes its share
-  as it submits, so the job starts *later* than estimated (the estimate counts only the
-  work waiting now). This is the largest term when other tenants submit steadily but
-  keep short queues.
+* arrivals that change: a tenant that starts submitting after the estimate takes its
+  share as it does (the job starts later than estimated); one that stops leaves its
+  share to the others (sooner). ``u_i`` is the last window's use, not the next's.
 * durations: a job's length varies around its learned mean; the sum over the ``m``
   jobs ahead varies by about ``1/sqrt(m)`` of its own spread, so deep queues estimate
   better than shallow ones. A tenant whose jobs changed length lately is learned
@@ -53,8 +66,9 @@ What moves the real start away from the estimate, and which way:
 * the discrete start: a job near its queue's head waits for one slot to free; the half
   job in ``k + 1/2`` is that wait's mean, the real one lies anywhere in ``[0, d / S]``.
   Estimates of a few job lengths or less are the least accurate in relative terms.
-* charges: in a lane that charges by cost (``charge="cost"``) a start charges its
-  estimated units, not one; the rule still counts one per job.
+* charges: a lane charging by cost charges a start its expected units and corrects the
+  tag when the job ends (``policy/fairqueue.py`` rule 4: a refund never goes below the
+  present); the rule uses each tenant's learned mean charge.
 * priority: a later job of the same tenant with a higher priority goes ahead of it.
 """
 
