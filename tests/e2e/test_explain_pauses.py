@@ -56,6 +56,9 @@ async def test_a_paused_tenants_job_and_a_paused_class_are_explained(
     hello = app.get_task("hello")
     async with app:
         held = await hello.enqueue(1, tenant="acme")
+        # segments are cut by the server's ms: each step below is a few ms after the last,
+        # so that none of them is a segment of no length (which the walk leaves out)
+        await asyncio.sleep(0.005)
         await app.tenants.pause("acme", reason="runaway loop", for_=600, by="ops:alice")
         other = await hello.enqueue(2, tenant="beta")
         async with running_worker(app):
@@ -69,13 +72,16 @@ async def test_a_paused_tenants_job_and_a_paused_class_are_explained(
         assert ": runaway loop (tenant acme, by ops:alice, until 20" in last.why
         assert "paused by an operator at" in answer.summary
         # a lane's or class's pause decides before a tenant's (P5): it is the one named
+        await asyncio.sleep(0.005)
         await app.pauses.pause(app.pauses.scope(lane="default", cls="standard"), by="ops:bob")
+        await asyncio.sleep(0.005)
         both = (await explained(app, held.id)).segments
         assert [s.what for s in both] == ["queued", "paused", "paused"]
         assert "(tenant acme" in both[1].why and not both[1].open
         assert ": no reason given (lane default/standard, by ops:bob)" in both[2].why
         await app.pauses.resume(app.pauses.scope(lane="default", cls="standard"))
         await app.tenants.resume("acme")
+        await asyncio.sleep(0.005)
         last = (await explained(app, held.id)).segments[-1]
         assert (last.what, last.cause) == ("queued", "slot")
 

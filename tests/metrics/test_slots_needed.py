@@ -59,11 +59,12 @@ async def test_the_index_holds_the_unfinished_jobs_with_a_deadline_only(store: S
 
 
 async def _hand_case(store: Store) -> int:
-    """The policy test's case: A (4 s, due in 10), B (10 s on 2 slots, due in 20), C
-    (28 s, due in 30), D (8 s, due in 5: too late); 50 more jobs of tenant bulk, no
+    """The policy test's case: A (4 s, due in 11), B (10 s on 2 slots, due in 22.5), C
+    (28 s, due in 37), D (8 s, due in 5: too late); 50 more jobs of tenant bulk, no
     deadline, 6 slot-s each learned; the class's mean 2 slot-s."""
     now = await store.server_time_ms()
-    spec = {"A": (10, 4, 1), "B": (20, 10, 2), "C": (30, 28, 1), "D": (5, 8, 1)}
+    # each deadline a quarter of the job's length later than the policy test's finish-by
+    spec = {"A": (11, 4, 1), "B": (22.5, 10, 2), "C": (37, 28, 1), "D": (5, 8, 1)}
     learned = [
         (class_field("a", "standard"), 1, 2_000.0),
         (tenant_field("a", "standard", "bulk"), 1, 6_000.0),
@@ -92,8 +93,8 @@ async def test_a_scrape_gives_the_rule_on_what_it_read(store: Store) -> None:
     jobs = [j for _, j in found.deadlines]  # by deadline, as the index holds them
     # what was read: each job's learned length and width, its time left a moment less
     assert [(j.length_s, j.slots) for j in jobs] == [(8, 1), (4, 1), (10, 2), (28, 1)]
-    assert [round(j.left_s) for j in jobs] == [5, 10, 20, 30]
-    assert all(j.left_s <= left for j, left in zip(jobs, [5, 10, 20, 30], strict=True))
+    assert [round(j.left_s) for j in jobs] == [5, 11, 22, 37]
+    assert all(j.left_s <= left for j, left in zip(jobs, [5, 11, 22.5, 37], strict=True))
     assert found.unread == 0
     state_of = await run_async(store.client, lane_states_by_shard([store.keys], ["a"]))
     need = lane_need(
@@ -162,8 +163,8 @@ async def test_the_read_is_bounded_and_says_what_it_left(store: Store) -> None:
     assert len(found.deadlines) == 10 and found.unread == 30
     assert sorted(round(j.left_s) for _, j in found.deadlines)[-1] == 60
     assert len(found.queued["standard"]) == 4 + 1
-    # lanes * (2 + deadlines) + classes * (2 + tenants) + 3, at most
-    assert sum(sizes) <= 1 * (2 + 10) + 1 * (2 + 4) + 3
+    # lanes * (2 + 2 * deadlines) + classes * (2 + 2 * tenants) + 3, at most
+    assert sum(sizes) <= 1 * (2 + 2 * 10) + 1 * (2 + 2 * 4) + 3
     view = autoscale_view(
         StoreSnapshot(
             {"a": states[0]["a"]},

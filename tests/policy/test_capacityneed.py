@@ -17,16 +17,19 @@ from fairlane.policy.capacityneed import (
     slots_needed,
     whole_slots,
 )
+from fairlane.policy.startpredict import DEADLINE_SAFETY
 
 
 def test_a_long_job_due_later_must_be_half_done_by_an_earlier_deadline() -> None:
     # by t=20, B (20 slot-s) and A (4) are due whole, and C, needing 28 s by t=30, has
     # done at least 18: 42 slot-s in 20 s is 2.1 slots, so 3. Earliest-deadline-first's
     # condition alone (each job whole at its own deadline) says 2: 52 / 30 at t=30.
+    # (each deadline a quarter of the job's length later: dispatch takes a learned length
+    # DEADLINE_SAFETY times over, so A must finish 10 s from now, B 20 s, C 30 s)
     jobs = [
-        DeadlineJob(10, 4),  # A
-        DeadlineJob(20, 10, slots=2),  # B
-        DeadlineJob(30, 28),  # C
+        DeadlineJob(11, 4),  # A
+        DeadlineJob(22.5, 10, slots=2),  # B
+        DeadlineJob(37, 28),  # C
         DeadlineJob(5, 8),  # D: cannot finish in 5 s
     ]
     need = deadline_need(jobs)
@@ -35,7 +38,7 @@ def test_a_long_job_due_later_must_be_half_done_by_an_earlier_deadline() -> None
 
 
 def test_slots_in_flight_hold_their_residual_within_each_window() -> None:
-    jobs = [DeadlineJob(10, 4), DeadlineJob(20, 10, slots=2), DeadlineJob(30, 28)]
+    jobs = [DeadlineJob(11, 4), DeadlineJob(22.5, 10, slots=2), DeadlineJob(37, 28)]
     # 2 slots for 5 s more: 10 slot-s more by t=20 (52 / 20 = 2.6); held throughout
     # (nothing learned) 1 slot adds 1 at every t
     assert deadline_need(jobs, [Running(2, 5.0)]).exact == pytest.approx(2.6)
@@ -55,13 +58,14 @@ def test_nothing_to_meet_needs_nothing() -> None:
 
 def _brute(jobs: list[DeadlineJob], running: list[Running]) -> float:
     """The definition, point by point: max over every corner of (D(t) + H(t)) / t."""
-    fit = [j for j in jobs if j.left_s > 0 and (j.length_s or 0) <= j.left_s]
-    lengths = [(j.left_s if j.length_s is None else j.length_s) for j in fit]
-    corners = {j.left_s for j in fit} | {j.left_s - p for j, p in zip(fit, lengths, strict=True)}
+    by = {id(j): j.left_s - (DEADLINE_SAFETY - 1) * (j.length_s or 0) for j in jobs}
+    fit = [j for j in jobs if by[id(j)] > 0 and (j.length_s or 0) <= by[id(j)]]
+    lengths = [(by[id(j)] if j.length_s is None else j.length_s) for j in fit]
+    corners = {by[id(j)] for j in fit} | {by[id(j)] - p for j, p in zip(fit, lengths, strict=True)}
     best = 0.0
     for t in sorted(c for c in corners if c > 0):
         due = sum(
-            j.slots * min(p, max(0.0, t - (j.left_s - p)))
+            j.slots * min(p, max(0.0, t - (by[id(j)] - p)))
             for j, p in zip(fit, lengths, strict=True)
         )
         held = sum(r.slots * (t if r.residual_s is None else min(t, r.residual_s)) for r in running)
@@ -86,7 +90,7 @@ def test_the_sweep_is_the_definition_on_random_cases() -> None:
 
 
 def test_the_deadline_figure_never_exceeds_running_everything_at_once() -> None:
-    jobs = [DeadlineJob(1.0, 0.999, slots=2) for _ in range(50)]
+    jobs = [DeadlineJob(1.25, 0.999, slots=2) for _ in range(50)]
     need = deadline_need(jobs, [Running(3, None)])
     assert need.slots == 3 + 100
 

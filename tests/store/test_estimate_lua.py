@@ -13,7 +13,7 @@ from fairlane.policy.deadlineorder import DEADLINE_SPAN
 from fairlane.policy.fairkeys import ORDER_SPAN, order_score
 from fairlane.policy.startpredict import fold_mean, needs_at_enqueue, unmeetable
 from fairlane.store.api import Store
-from fairlane.store.durations import class_field, task_field, tenant_field
+from fairlane.store.durations import class_field, stored_at, task_field, tenant_field
 from fairlane.store.wire import NewJob, Outcome, Reply
 
 pytestmark = [pytest.mark.anyio, pytest.mark.contract]
@@ -39,7 +39,7 @@ async def test_learned_means_fold_as_the_policy_folds(store: Store) -> None:
             count, mean = rng.randint(1, 30), rng.uniform(0, 50_000)
             await store.learn_durations([(field, count, mean * count)])
             expected = fold_mean(expected, count, mean)
-            stored = float(await store.client.hget(store.keys.durations, field))
+            stored = float(await store.client.hget(*stored_at(store.keys, field)))
             assert stored == pytest.approx(expected, rel=1e-6, abs=2e-3)
 
 

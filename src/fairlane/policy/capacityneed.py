@@ -7,8 +7,11 @@ takes its learned mean and nothing else arrives.
 
 Deadlines
 ---------
-Jobs ``j`` wait (ready to run, in their queues) with ``T_j`` seconds left to their
-deadline, a learned length ``p_j`` (an attempt's mean) and a width of ``w_j`` slots.
+Jobs ``j`` wait (ready to run, in their queues) with a learned length ``p_j`` (an
+attempt's mean), a width of ``w_j`` slots and ``T_j`` seconds left to the last moment
+they may finish as dispatch judges it: the deadline less ``(DEADLINE_SAFETY - 1) p_j``
+(dispatch lets a job start only while ``DEADLINE_SAFETY p_j`` fits before its deadline,
+``startpredict.unmeetable``; :func:`finish_by_s`).
 A job that cannot finish in time however many slots there are -- ``p_j > T_j``, the
 test dispatch applies before it leases one (``startpredict.unmeetable``) -- is
 counted apart (``unmeetable``, a count of jobs, not slots) and asks for nothing.
@@ -70,7 +73,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fairlane.policy.startpredict import unmeetable
+from fairlane.policy.startpredict import DEADLINE_SAFETY, unmeetable
 
 __all__ = [
     "DEFAULT_HORIZON_S",
@@ -153,21 +156,32 @@ def _held(running: Sequence[Running], t: float) -> float:
     return sum(r.slots * (t if r.residual_s is None else min(t, r.residual_s)) for r in running)
 
 
+def finish_by_s(job: DeadlineJob) -> float:
+    """The seconds left to the last moment the job may finish as dispatch judges it: its
+    deadline less its learned length taken ``DEADLINE_SAFETY - 1`` times more
+    (``startpredict.latest_start_ms``), so that it is late here exactly when dispatch
+    would expire it."""
+    if job.length_s is None:
+        return job.left_s
+    return job.left_s - (DEADLINE_SAFETY - 1) * job.length_s
+
+
 def _corners(jobs: Iterable[DeadlineJob]) -> list[tuple[float, float]]:
     """Where ``D``'s slope changes: +w at each job's latest start, -w at its deadline."""
     out = []
     for j in jobs:
-        length = j.left_s if j.length_s is None else j.length_s
+        due = finish_by_s(j)
+        length = due if j.length_s is None else j.length_s
         width = max(1, j.slots)
-        out.append((j.left_s - length, float(width)))
-        out.append((j.left_s, -float(width)))
+        out.append((due - length, float(width)))
+        out.append((due, -float(width)))
     return sorted(out)
 
 
 def deadline_need(jobs: Sequence[DeadlineJob], running: Sequence[Running] = ()) -> DeadlineNeed:
     """The slots the deadlines of ``jobs`` need (the module's bound), next to ``running``."""
     late = [j for j in jobs if _late(j)]
-    counted = [j for j in jobs if not _late(j) and j.left_s > 0]
+    counted = [j for j in jobs if not _late(j) and finish_by_s(j) > 0]
     best, binding = 0.0, None
     due, slope, at = 0.0, 0.0, 0.0
     for t, change in _corners(counted):

@@ -97,6 +97,7 @@ TENANT_STATE: Final = (
         "dropped with its tag, or when the tag is gone or changed",
     ),
     StateKind("learned cost", "cost:<tenant>|<workflow>|<model>", "key_forgotten"),
+    StateKind("learned lengths", "dur:<tenant>", "key_forgotten"),
     StateKind("signals", "sig:<tenant>", "signals_forgotten"),
     StateKind("rejection counter", "lane:<l>:adm:rej field <tenant>", "rejection_expired"),
     StateKind(

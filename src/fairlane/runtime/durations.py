@@ -35,6 +35,8 @@ _LEARNED: Final = frozenset({OutcomeKind.OK, OutcomeKind.RETRY, OutcomeKind.DEAD
 #: distinct (shard, task, tenant, class) a batch may gather between two sends: past it,
 #: only those already in the batch are added to
 _MAX_KEYS: Final = 4096
+#: fields per call: a batch of many tenants is sent in calls the server runs quickly
+_PER_CALL: Final = 1000
 # an entry's places: attempts, their ms, their slot-ms, charges noted, their units
 _N, _MS, _SLOT_MS, _CHARGES, _UNITS = range(5)
 
@@ -114,8 +116,10 @@ class DurationLearner(WorkerHooks):
         written = 0
         for shard, fields in self._fields(batch).items():
             entries = [(f, int(n), total) for f, (n, total) in fields.items()]
+            store = self._stores.stores[shard]
             try:
-                written += await self._stores.stores[shard].learn_durations(entries)
+                for i in range(0, len(entries), _PER_CALL):
+                    written += await store.learn_durations(entries[i : i + _PER_CALL])
             except (StoreError, StoreFull) as exc:
                 log.debug("learned lengths not sent to shard %d: %s", shard, exc)
         return written

@@ -1,7 +1,10 @@
 """Learned job lengths and the one read a start-time estimate takes
 (``store/lua/estimate.lua``; the rule is ``fairlane.policy.startpredict``).
 
-The ``dur`` hash holds learned means, one field each (the scripts build the same names):
+A learned mean is named by a field; those of one tenant name it last and live in the
+tenant's own hash ``dur:<tenant>`` (without its name: the tenant sweep forgets the
+hash with the tenant's other state), the others in the shard's ``dur``
+(:func:`stored_at` says where, as the scripts' ``place`` does):
 
 - ``t\\0<lane>\\0<class>\\0<tenant>``: slot-ms per job of a tenant's jobs in a class;
 - ``c\\0<lane>\\0<class>``: the same over every tenant of the class;
@@ -10,8 +13,10 @@ The ``dur`` hash holds learned means, one field each (the scripts build the same
 - ``k\\0<task>\\0<tenant>``: ms of an attempt of a task, for one tenant;
 - ``k\\0<task>``: the same over every tenant.
 
-Workers fold what their attempts took into them (``runtime/durations.py``), a batch per
-shard every few seconds, so no job's own calls write anything for them.
+Beside them the scripts keep what a tenant's jobs in a class (``w``, in its hash) and a
+class's (``uc``) used in the last whole window. Workers fold what their attempts took
+into them (``runtime/durations.py``), a batch per shard every few seconds, so no job's
+own calls write anything for them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from fairlane.policy.startpredict import (
 )
 from fairlane.store.argv import EstimateArg, LearnArg, argv
 from fairlane.store.base import StoreBase
+from fairlane.store.keys import AppKeys
 from fairlane.store.wire import ClassField, EstimateReply, at
 
 __all__ = [
@@ -37,9 +43,23 @@ __all__ = [
     "Estimated",
     "charge_field",
     "class_field",
+    "stored_at",
     "task_field",
     "tenant_field",
 ]
+
+
+#: the parts before the tenant's name in a tenant's own fields, by kind
+_TENANT_AT = {"t": 3, "u": 3, "k": 2}
+
+
+def stored_at(keys: AppKeys, field: str) -> tuple[str, str]:
+    """The key and field a learned mean's field is kept under (the scripts' ``place``)."""
+    parts = field.split("\0")
+    at = _TENANT_AT.get(field[:1])
+    if at is not None and len(parts) == at + 1:
+        return keys.tenant_durations(parts[at]), "\0".join(parts[:at])
+    return keys.durations, field
 
 
 def tenant_field(lane: str, cls: str, tenant: str) -> str:

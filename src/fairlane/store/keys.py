@@ -87,15 +87,15 @@ pattern (after the prefix)  type   holds                              written by
                                   order score (record: ``pz``)
 ``lane:<l>:c:<c>:held``    set    paused tenants dispatch took out    fetch, resume
                                   of the class's fair set
-``dur``                    hash   learned means for start-time       workers
-                                  estimates: a tenant's slot-ms per   (learn_durations);
-                                  job in a class, the class's, a      read by estimate and
-                                  task's ms per tenant and overall    fetch (deadlines)
+``dur``                    hash   learned lengths of a shard: a       workers
+                                  class's mean slot-ms per job (``c``), (learn_durations); read
+                                  a task's mean ms (``k``), a class's by estimate, fetch
+                                  use lately (``uc``)                 (deadlines), /autoscale
+``dur:<tenant>`` (derived) hash   a tenant's own: its mean slot-ms    workers; forgotten by
+                                  per job in a class (``t``), charge  the tenant sweep after
+                                  per start (``u``), a task's mean ms idle_ttl
+                                  (``k``), use lately (``w``)
                                   (``store/durations.py``)
-``use:<window>`` (derived) hash   slot-ms of a tenant's (``t``) and   workers
-                                  a class's (``c``) jobs finished in  (learn_durations); read
-                                  one window (USAGE_WINDOW_MS);       by estimate
-                                  expires after three
 ``trate``                  hash   tenant -> its own rate             configure_rate
                                   'limit,per_ms,burst,units'
 ``tclasses``               hash   tenant -> its class entitlement:   configure_classes (read
@@ -408,6 +408,10 @@ class AppKeys:
     def durations(self) -> str:
         """Learned means of jobs' lengths (scripts derive ``p .. 'dur'``)."""
         return self.prefix + "dur"
+
+    def tenant_durations(self, tenant: str) -> str:
+        """A tenant's own learned lengths (scripts derive ``p .. 'dur:' .. tenant``)."""
+        return f"{self.prefix}dur:{tenant}"
 
     def signals(self, tenant: str) -> str:
         """A tenant's submission rate ring and mean duration (``p .. 'sig:' .. tenant``)."""

@@ -1,18 +1,20 @@
 -- Start-time estimates: what one needs, read in one call (fairlane/policy/startpredict.py
--- works the estimate out from it), and the learned durations it rests on.
+-- works the estimate out from it), and the learned lengths it rests on.
 --
--- Durations (`dur`, a hash per shard; fairlane/store/durations.py names its fields):
--- the mean slot-ms of a tenant's jobs in a class and of the class, the mean units a
--- tenant's job in a class is charged, the mean ms of a task's attempts for a tenant and
--- for every tenant; each folded by workers from the
--- attempts they ran (learn_durations), so the hot path writes nothing for them.
+-- Learned lengths (fairlane/store/durations.py names the fields): in `dur`, a shard's
+-- hash, the mean slot-ms of a class's jobs (`c`), the mean ms of a task's attempts
+-- (`k`) and what a class's jobs used lately (`uc`); in `dur:<tenant>`, a tenant's own
+-- hash (the tenant sweep forgets it with the tenant's other state), the mean slot-ms of
+-- its jobs in a class (`t`), the units a start of its is charged (`u`), the mean ms of
+-- its attempts of a task (`k`) and what its jobs in a class used lately (`w`). A field
+-- names its tenant last when it has one (`place` routes it). Workers fold what their
+-- attempts took into them (learn_durations), so no job's own call writes any of it.
 --
--- Usage (`use:<window>`, a hash per shard and window of USAGE_WINDOW_MS, expiring after
--- three): the slot-ms a tenant's jobs in a class, and the class's, finished in that
--- window, added by the same batches: what a tenant that keeps no queue takes as it submits.
+-- What was used lately: the slot-ms finished in the last whole window of
+-- USAGE_WINDOW_MS, kept in one field as 'window|slot-ms|previous window|its slot-ms'.
 --
--- Keys: dur, use:<window>, job:<id>, q:<lane>:<class>:<tenant>, lane:<l>:c:<c>:fair, lane:<l>:state,
---   KEYS[WEIGHTS], pause
+-- Keys: dur, dur:<tenant>, job:<id>, q:<lane>:<class>:<tenant>, lane:<l>:c:<c>:fair,
+--   lane:<l>:state, KEYS[WEIGHTS], pause
 -- Calls: core, classes, fairqueue, pausetable
 -- Entry points: estimating.{estimate, expected_ms, learn_durations}
 
@@ -25,90 +27,101 @@ do
 
   local USAGE_WINDOW_MS = __USAGE_WINDOW_MS__
 
-  local function dur_key(p)
+  local function dur_key(p, tenant)
+    if tenant then
+      return p .. 'dur:' .. tenant
+    end
     return p .. 'dur'
   end
 
-  local function use_key(p, window)
-    return p .. 'use:' .. window
-  end
+  -- where a field lives: a tenant's own (`t`, `u`: kind, lane, class, tenant; `k`: kind,
+  -- task, tenant) in its key, without its name; the others in `dur`
+  local TENANT_AT = {t = 3, u = 3, k = 2}
 
-  -- the fields of `dur` (fairlane/store/durations.py builds the same)
-  local function tenant_field(lane, cls, tenant)
-    return 't\0' .. lane .. '\0' .. cls .. '\0' .. tenant
-  end
-
-  local function charge_field(lane, cls, tenant)
-    return 'u\0' .. lane .. '\0' .. cls .. '\0' .. tenant
-  end
-
-  local function class_field(lane, cls)
-    return 'c\0' .. lane .. '\0' .. cls
-  end
-
-  local function task_field(task, tenant)
-    if tenant then
-      return 'k\0' .. task .. '\0' .. tenant
+  local function place(p, field)
+    local parts = TENANT_AT[string.sub(field, 1, 1)]
+    local at = 0
+    for _ = 1, parts or 0 do
+      at = string.find(field, '\0', at + 1, true)
+      if not at then
+        return dur_key(p), field
+      end
     end
-    return 'k\0' .. task
+    if not parts then
+      return dur_key(p), field
+    end
+    return dur_key(p, string.sub(field, at + 1)), string.sub(field, 1, at - 1)
+  end
+
+  local function in_class(kind, lane, cls)
+    return kind .. '\0' .. lane .. '\0' .. cls
   end
 
   -- The ms a job of `task` and `tenant` is expected to run: its tenant's mean for the
   -- task, else every tenant's; nil when no attempt of the task was learned.
   local function expected_ms(p, task, tenant)
-    local v = redis.call('HMGET', dur_key(p), task_field(task, tenant), task_field(task))
-    return tonumber(v[1]) or tonumber(v[2])
+    local own = tonumber(redis.call('HGET', dur_key(p, tenant), 'k\0' .. task))
+    return own or tonumber(redis.call('HGET', dur_key(p), 'k\0' .. task))
+  end
+
+  -- The slot-ms finished in window `w - 1`, from a usage field's value.
+  local function last_use(value, w)
+    local cur, sum, prev, psum = string.match(value or '', '^(-?%d+)|([^|]+)|(-?%d+)|([^|]+)$')
+    if tonumber(cur) == w - 1 then
+      return tonumber(sum) or 0
+    elseif tonumber(prev) == w - 1 then
+      return tonumber(psum) or 0
+    end
+    return 0
+  end
+
+  local function add_use(key, field, ms, w)
+    local v = redis.call('HGET', key, field)
+    local cur, sum, prev, psum = string.match(v or '', '^(-?%d+)|([^|]+)|(-?%d+)|([^|]+)$')
+    cur, sum = tonumber(cur), tonumber(sum) or 0
+    if cur == w then
+      sum = sum + ms
+    else
+      prev, psum = -1, 0
+      if cur == w - 1 then
+        prev, psum = cur, sum
+      end
+      cur, sum = w, ms
+    end
+    redis.call('HSET', key, field, string.format('%d|%.3f|%d|%.3f', cur, sum, prev, psum))
   end
 
   -- Fold each entry's attempts into its learned mean as if one by one, each moving it
-  -- by ALPHA (fairlane.policy.startpredict.fold_mean; the first sets it).
+  -- by ALPHA (fairlane.policy.startpredict.fold_mean; the first sets it); what a tenant's
+  -- and a class's jobs took is also added to the window now.
   function estimating.learn_durations(keys, args)
     local p = core.prefix(keys)
     local alpha = tonumber(args[LearnArg.ALPHA])
-    local fields, counts, sums = {}, {}, {}
+    local w = math.floor(core.now_ms() / USAGE_WINDOW_MS)
+    local written = 0
     for i = LearnArg.FIRST_ENTRY, #args, 3 do
-      fields[#fields + 1] = args[i]
-      counts[#counts + 1] = tonumber(args[i + 1]) or 0
-      sums[#sums + 1] = tonumber(args[i + 2]) or 0
-    end
-    if #fields == 0 then
-      return 0
-    end
-    local dk = dur_key(p)
-    local old = redis.call('HMGET', dk, unpack(fields))
-    local out = {}
-    for i = 1, #fields do
-      local n = counts[i]
+      local n, total = tonumber(args[i + 1]) or 0, tonumber(args[i + 2]) or 0
       if n > 0 then
-        local batch = sums[i] / n
-        local mean = tonumber(old[i])
+        local key, field = place(p, args[i])
+        local mean = tonumber(redis.call('HGET', key, field))
+        local batch = total / n
         if mean then
           local keep = (1 - alpha) ^ n
           mean = keep * mean + (1 - keep) * batch
         else
           mean = batch
         end
-        out[#out + 1] = fields[i]
-        out[#out + 1] = string.format('%.3f', mean)
+        redis.call('HSET', key, field, string.format('%.3f', mean))
+        written = written + 1
+        local kind = string.sub(field, 1, 1)
+        if kind == 't' then
+          add_use(key, 'w' .. string.sub(field, 2), total, w)
+        elseif kind == 'c' then
+          add_use(key, 'uc' .. string.sub(field, 2), total, w)
+        end
       end
     end
-    if #out > 0 then
-      redis.call('HSET', dk, unpack(out))
-    end
-    -- the slot-ms of tenants' and classes' jobs, added to this window's usage
-    local uk = use_key(p, math.floor(core.now_ms() / USAGE_WINDOW_MS))
-    local used = false
-    for i = 1, #fields do
-      local kind = string.sub(fields[i], 1, 1)
-      if (kind == 't' or kind == 'c') and sums[i] > 0 then
-        redis.call('HINCRBYFLOAT', uk, fields[i], sums[i])
-        used = true
-      end
-    end
-    if used then
-      redis.call('PEXPIRE', uk, 3 * USAGE_WINDOW_MS)
-    end
-    return #out / 2
+    return written
   end
 
   local function class_loads(sk, tbl)
@@ -131,30 +144,14 @@ do
   -- The class's waiting tenants, at most `cap` of them (those served soonest first):
   -- tenant, weight, waiting jobs, mean slot-ms and mean charge in units per job ('' none
   -- learned); and how many more.
-  -- The slot-ms per second the tenants `names` (field `t`) and the class (field `c`)
-  -- finished in the last whole usage window: ('' none) per tenant, then the class's.
-  local function usage(p, lane, cls, names, now)
-    local fields = {}
-    for i = 1, #names do
-      fields[i] = tenant_field(lane, cls, names[i])
-    end
-    fields[#fields + 1] = class_field(lane, cls)
-    local v = redis.call('HMGET', use_key(p, math.floor(now / USAGE_WINDOW_MS) - 1), unpack(fields))
-    local out = {}
-    for i = 1, #fields do
-      local ms = tonumber(v[i])
-      out[i] = ms and string.format('%.3f', ms / USAGE_WINDOW_MS) or ''
-    end
-    return out
-  end
-
-  local function waiting_tenants(keys, p, lane, cls, cap, own)
+  local function waiting_tenants(keys, p, lane, cls, cap, own, use, now)
     local fair = class_key(p, lane, cls, 'fair')
     local total = redis.call('ZCARD', fair)
     local names = redis.call('ZRANGE', fair, 0, cap - 1)
     local out = {}
     local listed = #names
-    -- the job's own tenant is read too, whether it waits already or not
+    -- the job's own tenant is read too, whether it waits already or not; each tenant's
+    -- learned slot-ms, charge and last window's use from its own key
     if not redis.call('ZSCORE', fair, own) then
       names[#names + 1] = own
     elseif redis.call('ZRANK', fair, own) >= cap then
@@ -162,18 +159,16 @@ do
       listed = listed + 1
     end
     local weights = redis.call('HMGET', keys[WEIGHTS], unpack(names))
-    local mfields = {}
+    local w = math.floor(now / USAGE_WINDOW_MS)
+    local t_f, u_f, w_f = in_class('t', lane, cls), in_class('u', lane, cls), in_class('w', lane, cls)
     for i = 1, #names do
-      mfields[2 * i - 1] = tenant_field(lane, cls, names[i])
-      mfields[2 * i] = charge_field(lane, cls, names[i])
-    end
-    local means = redis.call('HMGET', dur_key(p), unpack(mfields))
-    for i = 1, #names do
+      local learned = redis.call('HMGET', dur_key(p, names[i]), t_f, u_f, w_f)
       out[#out + 1] = names[i]
       out[#out + 1] = weights[i] or '1'
       out[#out + 1] = redis.call('ZCARD', tenant_queue(p, lane, cls, names[i]))
-      out[#out + 1] = means[2 * i - 1] or ''
-      out[#out + 1] = means[2 * i] or ''
+      out[#out + 1] = learned[1] or ''
+      out[#out + 1] = learned[2] or ''
+      use[#use + 1] = string.format('%.3f', last_use(learned[3], w) / USAGE_WINDOW_MS)
     end
     return out, math.max(0, total - listed)
   end
@@ -228,16 +223,17 @@ do
     reply[EstimateReply.CHARGE] = lane_state[2] or ''
     reply[EstimateReply.TABLE] = cjson.encode(tbl)
     reply[EstimateReply.LOADS] = class_loads(sk, tbl)
+    local use = {}
     local listed, unread = waiting_tenants(keys, p, lane, cls,
-      tonumber(args[EstimateArg.MAX_TENANTS]), tenant)
+      tonumber(args[EstimateArg.MAX_TENANTS]), tenant, use, now)
     reply[EstimateReply.TENANTS] = listed
-    local names = {}
-    for i = 1, #listed, 5 do
-      names[#names + 1] = listed[i]
-    end
-    reply[EstimateReply.USAGE] = usage(p, lane, cls, names, now)
+    local class_now = redis.call('HMGET', dur_key(p), in_class('c', lane, cls),
+      in_class('uc', lane, cls))
+    use[#use + 1] = string.format('%.3f',
+      last_use(class_now[2], math.floor(now / USAGE_WINDOW_MS)) / USAGE_WINDOW_MS)
+    reply[EstimateReply.USAGE] = use
     reply[EstimateReply.UNREAD] = unread
-    reply[EstimateReply.CLASS_MEAN] = redis.call('HGET', dur_key(p), class_field(lane, cls)) or ''
+    reply[EstimateReply.CLASS_MEAN] = class_now[1] or ''
     reply[EstimateReply.OWN_MS] = task and expected_ms(p, task, tenant) or ''
     local paused = 0
     if pausetable.lane_has_pauses(p, lane) then

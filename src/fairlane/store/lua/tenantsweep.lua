@@ -61,6 +61,12 @@ redis.register_function{function_name = '__PREFIX__tenant_sweep', flags = core.A
       local idle = TENANT_SWEEP.idle_ms(ctx, key)
       return idle ~= nil and idle >= ctx.ttl
     end},
+    -- a tenant's learned lengths: forgotten, like its learned costs, once nothing read
+    -- or wrote them for idle_ttl (key_forgotten); relearned from its next attempts
+    {'^dur:', kind = 'key', expired = function(ctx, key)
+      local idle = TENANT_SWEEP.idle_ms(ctx, key)
+      return idle ~= nil and idle >= ctx.ttl
+    end},
     -- signals: after idle_ttl and the rate window, every bucket is out of the window and
     -- the mean duration is forgotten (signals_forgotten)
     {'^sig:', kind = 'key', expired = function(ctx, key)

@@ -25,8 +25,10 @@ learned).
 
 Read in three round trips, however deep the queues: the indexes' heads and sizes, the
 classes' tenants and each shard's clock; the jobs' records, the queues' lengths and the
-learned means; the deadline jobs' learned lengths. So a read costs, per shard, at most
-``lanes * (2 + deadlines) + classes * (2 + tenants) + 3`` commands.
+learned means (one ``HMGET`` of the shard's ``dur`` and one of each tenant's own
+``dur:<tenant>``); the deadline jobs' learned lengths (the same, for their tenants). So
+a read costs, per shard, at most ``lanes * (2 + 2 * deadlines) + classes * (2 + 2 *
+tenants) + 3`` commands.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from fairlane.policy.capacityneed import DeadlineJob, Queued, Running
-from fairlane.store.durations import class_field, task_field, tenant_field
+from fairlane.store.durations import class_field, stored_at, task_field, tenant_field
 from fairlane.store.fields import field_int, field_text
 from fairlane.store.keys import AppKeys
 from fairlane.store.reads import Cmd, Plan, cmd, server_time
@@ -104,9 +106,31 @@ def _number(raw: Any) -> float | None:
 
 
 def _learned(fields: Sequence[str], reply: Sequence[Any]) -> dict[str, float]:
-    """The learned means an ``HMGET`` of ``dur`` found (ms), by field."""
+    """The learned means an ``HMGET`` found (ms), by field."""
     got = zip(fields, reply, strict=True)
     return {f: v for f, raw in got if (v := _number(raw)) is not None}
+
+
+_Asked = list[tuple[int, list[str]]]  # an HMGET's place in the replies, the fields it asked
+
+
+def _ask_learned(reads: list[Cmd], keys: AppKeys, fields: Sequence[str]) -> _Asked:
+    """One ``HMGET`` per hash the learned means ``fields`` are kept in (``stored_at``)."""
+    by_key: dict[str, list[tuple[str, str]]] = {}
+    for f in fields:
+        key, inner = stored_at(keys, f)
+        by_key.setdefault(key, []).append((inner, f))
+    return [
+        (_place(reads, cmd("hmget", key, [inner for inner, _ in pairs])), [f for _, f in pairs])
+        for key, pairs in by_key.items()
+    ]
+
+
+def _read_learned(replies: list[Any], asked: _Asked) -> dict[str, float]:
+    means: dict[str, float] = {}
+    for at, fields in asked:
+        means.update(_learned(fields, replies[at]))
+    return means
 
 
 @dataclass(slots=True)
@@ -155,11 +179,10 @@ class _Shard:
     tenants: list[tuple[str, str, int, list[str]]] = field(default_factory=list)
     records: int = 0
     queues: int = 0
-    means: int = 0
+    means: _Asked = field(default_factory=list)
     mean_fields: list[str] = field(default_factory=list)
     ready: list[_Ready] = field(default_factory=list)
-    lengths: int = -1
-    length_fields: list[str] = field(default_factory=list)
+    lengths: _Asked = field(default_factory=list)
 
     def ask_heads(self, reads: list[Cmd], deadlines: int, tenants: int) -> None:
         for lane, state in self.lanes.items():
@@ -198,10 +221,10 @@ class _Shard:
         ]
         for lane, cls, _, names in self.tenants:
             self.mean_fields += [tenant_field(lane, cls, t) for t in names]
-        self.means = _place(reads, cmd("hmget", self.keys.durations, [*self.mean_fields, ""]))
+        self.means = _ask_learned(reads, self.keys, self.mean_fields)
 
     def read_records(self, replies: list[Any]) -> None:
-        means = _learned(self.mean_fields, replies[self.means][: len(self.mean_fields)])
+        means = _read_learned(replies, self.means)
         self._queued(replies, means)
         self._running(means)
         for i, (lane, job, deadline) in enumerate(self.entries):
@@ -239,12 +262,11 @@ class _Shard:
                     self.out[lane].running.setdefault(cls, []).append(Running(n, half))
 
     def ask_lengths(self, reads: list[Cmd]) -> None:
-        self.length_fields = sorted({f for job in self.ready for f in job.fields()})
-        if self.length_fields:
-            self.lengths = _place(reads, cmd("hmget", self.keys.durations, self.length_fields))
+        fields = sorted({f for job in self.ready for f in job.fields()})
+        self.lengths = _ask_learned(reads, self.keys, fields)
 
     def read_lengths(self, replies: list[Any]) -> None:
-        means = {} if self.lengths < 0 else _learned(self.length_fields, replies[self.lengths])
+        means = _read_learned(replies, self.lengths)
         for job in self.ready:
             found = DeadlineJob(job.left_s, job.length_s(means), job.slots)
             self.out[job.lane].deadlines.append((job.cls, found))
