@@ -77,24 +77,36 @@ class BurstWatch:
     """In burst mode the worker is done once every one of its ``loops`` has found its
     shard empty at the same time, and ``settle`` (when given) answers that nothing is
     left elsewhere: jobs parked on a global key wait for their shard's part, which only
-    the balancer's next pass gives (``KeyBalancer.quiet``)."""
+    the balancer's next pass gives (``KeyBalancer.quiet``). A pass that answers so may
+    itself have put jobs back in their queues (the parts it gave woke them) after the
+    loops looked: so once it has, every loop looks once more, and the worker is done
+    when they all find their shard empty again."""
 
     def __init__(self, loops: int, settle: Callable[[], Awaitable[bool]] | None = None) -> None:
         self.loops = loops
         self.settle = settle
         self._empty: set[object] = set()
         self._over = asyncio.Event()
+        self._settled = False  # a quiet pass came after the loops' last look
 
     async def drained(self, loop: object) -> bool:
         """``loop`` found nothing to do: True once every loop has (the worker is done),
         else after a short wait, so that the loop looks again -- work may still come to
         an empty shard from the others' retries or workflows."""
         self._empty.add(loop)
-        if len(self._empty) == self.loops and (self.settle is None or await self.settle()):
-            self._over.set()
+        if len(self._empty) == self.loops:
+            if self.settle is None or self._settled:
+                self._over.set()
+            elif await self.settle():
+                self._settled = True
+                self._empty.clear()  # every loop looks again, after the pass
         over = await wait_or_stop(self._over, _BURST_RECHECK)
         self._empty.discard(loop)
         return over
+
+    def busy(self) -> None:
+        """A loop found work: a quiet pass before it no longer says the worker is done."""
+        self._settled = False
 
 
 @dataclass(frozen=True, slots=True)

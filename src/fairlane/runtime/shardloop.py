@@ -163,6 +163,8 @@ class ShardLoop:
                 # shards (perhaps on other servers) go on meanwhile
                 await wait_or_stop(stopping, self.fetch_outage.delay())
                 continue
+            if fetched.jobs:
+                self.link.burst.busy()
             step = self._after(plan, fetched)
             widen = step.widen
             if step is Next.FETCH and not stopping.is_set() and self.slots.turn_free():
