@@ -71,10 +71,15 @@ async def test_a_paused_tenant_waits_and_comes_back_at_its_share(
     share = held.count("heavy") / len(held)
     assert abs(share - 2 / 3) <= 2 * IN_FLIGHT / len(held), share
     # after resume, while all three wait: 1:1:2 -- the paused tenant at its weight's share
-    # (the jobs leased before the resume start first)
+    # (the jobs leased before the resume start first). Above its share by at most: the
+    # slots in flight when the window closes (IN_FLIGHT), its first jobs' charges, which
+    # in the default cost mode are the least a job is charged until their acks correct
+    # them (at most IN_FLIGHT of them in flight), and the credit of its activation
+    # (``V - run / active``: at most IN_FLIGHT / 3 jobs' worth). Measured here: 0.255 to
+    # 0.365 on the code of this test's issue and of the next.
     after = started[resumed_at:][: PER_TENANT // 2]
     back = after.count("paused") / len(after)
-    assert abs(back - 1 / 4) <= 2 * IN_FLIGHT / len(after), (back, after)
+    assert abs(back - 1 / 4) <= 3 * IN_FLIGHT / len(after), (back, after)
 
 
 async def _at_least(started: list[str], n: int) -> bool:
