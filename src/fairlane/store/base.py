@@ -75,11 +75,39 @@ def unavailable() -> Iterator[None]:
         if not _slot_map_lost(exc):
             raise
         raise StoreUnavailable(f"the Redis cluster cannot serve the app's slot: {exc}") from exc
+    except (AttributeError, TypeError) as exc:
+        # a connection the server closed while the client was writing on it: redis-py
+        # versions in our range let the torn-down stream's own error out (its writer or
+        # transport already None) instead of a ConnectionError; any other such error is
+        # a bug, and is raised as it is
+        if not _torn_connection(exc):
+            raise
+        raise_if_cancelling()
+        raise StoreUnavailable(f"the Redis server closed the connection: {exc!r}") from exc
     # -- the store full: not unavailable, and not a raw client error ----------------------
     except ResponseError as exc:
         if not out_of_memory(exc):
             raise
         raise server_full(exc) from exc
+
+
+#: where a torn-down connection's writes fail: redis-py's connections, asyncio's streams
+_TORN_IN: Final = (
+    "redis/asyncio/connection.py",
+    "asyncio/streams.py",
+    "asyncio/selector_events.py",
+)
+
+
+def _torn_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised writing on a connection whose stream was torn down: its
+    innermost frame is in redis-py's connection or in asyncio's stream and transport."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith(_TORN_IN)
 
 
 def _slot_map_lost(exc: RedisClusterException) -> bool:
