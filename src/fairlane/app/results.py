@@ -21,6 +21,7 @@ from fairlane.errors import JobNotFound
 from fairlane.runtime.outage import Outage
 from fairlane.store.base import unavailable
 from fairlane.store.connection import close_subscription
+from fairlane.store.gate import StoreBusy
 from fairlane.store.shards import ShardedStores
 from fairlane.store.wire import StoreUnavailable
 
@@ -61,8 +62,10 @@ class ResultListener:
                 try:
                     await self._ensure_listener()
                     reply = await self._stores.store_for_job(job_id).watch(job_id)
-                except StoreUnavailable:
-                    # ride out an outage: the caller's timeout bounds the wait
+                except (StoreUnavailable, StoreBusy):
+                    # ride out an outage, or a pool whose connections are all taken (a
+                    # failover can hold some until they time out): the caller's timeout
+                    # bounds the wait
                     await asyncio.sleep(random.uniform(0.25, 0.75))
                     continue
                 status = reply[0].decode()
