@@ -209,6 +209,10 @@ async def test_counters_go_by_their_rules(store: Store, client: SyncClient) -> N
         assert set(left) == {k for k, v in counts.items() if not counter_empty(v)}
 
 
+#: what one step of SCAN or HSCAN may return beyond its COUNT: the rest of a bucket's chain
+CHAIN_SLACK = 8
+
+
 async def test_a_pass_is_bounded_and_a_hash_of_many_tenants_is_written_small_again(
     store: Store, client: SyncClient
 ) -> None:
@@ -224,7 +228,9 @@ async def test_a_pass_is_bounded_and_a_hash_of_many_tenants_is_written_small_aga
     while True:
         swept = await store.sweep_tenants(cursor, 100, NEVER)
         passes, removed, cursor = passes + 1, removed + swept.removed, swept.cursor
-        assert swept.examined <= 2 * 100  # HSCAN's COUNT is a hint; SCAN's a bucket count
+        # HSCAN's COUNT is a hint and SCAN's a bucket count: a step returns whole buckets,
+        # so a pass may pass the bound by a bucket's chain (201 was seen once, in CI)
+        assert swept.examined <= 2 * 100 + CHAIN_SLACK
         assert swept.idle_clock
         if cursor == "0":
             break
