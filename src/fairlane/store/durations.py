@@ -254,19 +254,17 @@ class DurationCalls(StoreBase):
         max_tenants: int,
         before: str,
     ) -> Estimated:
-        values = dict(
+        # ``class`` is a keyword in Python: that argument is named in a mapping
+        names = {"class": cls}
+        args = argv(
+            EstimateArg,
             job=job,
             tenant=tenant,
             lane=lane,
-            class_=cls,
             task=task,
             max_tenants=max_tenants,
             before=before,
+            **names,
         )
-        raw = await self.fcall("estimate", self._common, argv(EstimateArg, **_named(values)))
+        raw = await self.fcall("estimate", self._common, args)
         return parse_estimate(raw)
-
-
-def _named(values: dict[str, Any]) -> dict[str, Any]:
-    # ``class`` is a keyword in Python: the argument is passed as ``class_``
-    return {("class" if k == "class_" else k): v for k, v in values.items()}
