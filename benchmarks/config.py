@@ -13,8 +13,13 @@ from fairlane.store.api import redact_url
 SHARED = ("throughput", "latency", "noisy")
 #: scenarios only Fairlane has (server time per entry point, tenants, admission, throttle
 #: keys); ``profile`` runs the throughput shape again under a full SLOWLOG, ``keyed`` with
-#: throttle, rate and fairness keys on every job
-FAIRLANE_ONLY = ("profile", "tenants", "submit", "overload", "shared_key", "upstream", "keyed")
+#: throttle, rate and fairness keys on every job; ``limit`` is no system's: the
+#: yardstick's drain (benchmarks/yardstick.py), the machine's limit for a Redis queue
+FAIRLANE_ONLY = (
+    "limit", "profile", "tenants", "submit", "overload", "shared_key", "upstream", "keyed",
+)  # fmt: skip
+#: the yardstick's modes, which the ``limit`` scenario runs in place of systems
+LIMIT_MODES = ("fifo", "fair")
 SCENARIOS = SHARED + FAIRLANE_ONLY
 
 #: ``--quick``: small sizes and one repetition, a smoke test in seconds
@@ -40,6 +45,7 @@ QUICK: dict[str, Any] = {
     "upstream_n": 20.0,
     "upstream_seconds": 2.0,
     "keyed_fairness_keys": 10,
+    "limit_tenants": 250,  # two jobs a tenant, as 20,000 jobs over 10,000
 }
 
 
@@ -90,6 +96,9 @@ class Config:
     # (8) Fairlane alone: the throughput shape with throttle, rate and fairness keys on
     # every job, against the plain shape in the same run (benchmarks/keyed.py)
     keyed_fairness_keys: int = 100
+    # (9) the yardstick (benchmarks/yardstick.py): ``jobs`` at ``concurrency`` through a
+    # minimal Redis queue, FIFO and fair over this many tenants
+    limit_tenants: int = 10_000
     timeout: float = 900.0  # longest wait for one scenario run
     seed: int | None = None  # of the shuffles (None: random)
     peers_dir: str | None = None

@@ -26,8 +26,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from benchmarks import keyed, serverprofile
-from benchmarks.common import Meter, delete_matching, script_commands
-from benchmarks.config import SHARED, Config
+from benchmarks.common import REPO_ROOT, Meter, delete_matching, script_commands
+from benchmarks.config import LIMIT_MODES, SHARED, Config
 from benchmarks.venvs import SYSTEMS, ensure, peers_dir
 from fairlane.store.library import LIBRARY_CODE
 
@@ -55,8 +55,43 @@ SHARED_METRICS: tuple[Metric, ...] = (
 )
 
 
+def limit_title(cfg: Config, mode: str) -> str:
+    """The yardstick's mode as the tables name it."""
+    if mode == "fifo":
+        return "FIFO"
+    return f"fair over {min(cfg.limit_tenants, cfg.jobs):,} tenants"
+
+
 def fairlane_metrics(cfg: Config) -> tuple[Metric, ...]:
     rows: list[Metric] = [
+        (
+            "limit",
+            f"Limit, {limit_title(cfg, 'fifo')} (yardstick)",
+            "jobs/s",
+            "higher",
+            ("fifo", "jobs_per_s"),
+        ),
+        (
+            "limit",
+            f"Limit, {limit_title(cfg, 'fair')} (yardstick)",
+            "jobs/s",
+            "higher",
+            ("fair", "jobs_per_s"),
+        ),
+        (
+            "limit",
+            "Fairlane throughput / fair limit",
+            "x",
+            "higher",
+            ("ratios", "fairlane_over_fair"),
+        ),
+        (
+            "limit",
+            "Fairlane throughput / FIFO limit",
+            "x",
+            "higher",
+            ("ratios", "fairlane_over_fifo"),
+        ),
         (
             "throughput",
             "FCALL server time/job",
@@ -223,7 +258,7 @@ def _dig(figures: Any, path: tuple[str, ...]) -> float | None:
 def median_tree(reps: list[dict[str, Any]]) -> dict[str, Any]:
     """The figures of ``reps`` with every number replaced by its median over the reps."""
     out: dict[str, Any] = {}
-    for key in reps[0]:
+    for key in dict.fromkeys(k for r in reps for k in r):  # a key some reps lack included
         if key == "rep":  # which repetition: no median of that
             continue
         values = [r[key] for r in reps if key in r]
@@ -427,6 +462,55 @@ async def _run_keyed(cfg: Config, ns: str, rep: int) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+async def _run_limit(cfg: Config, ns: str, mode: str) -> dict[str, Any]:
+    """One mode of the yardstick, in a process of its own with the suite's interpreter
+    (and so uvloop and hiredis where this environment has them): nothing else runs in
+    it while it drains."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks.yardstick", "--redis-url", cfg.url, "--mode", mode,
+        "--ns", ns, "--jobs", str(cfg.jobs), "--concurrency", str(cfg.concurrency),
+        "--tenants", str(cfg.limit_tenants),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(cfg.timeout):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return {"error": f"no result within {cfg.timeout:.0f}s"}
+    lines = out.decode().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(err.decode(errors="replace").splitlines()[-15:])
+        return {"error": f"yardstick exited {proc.returncode}", "stderr_tail": tail}
+    figures: dict[str, Any] = json.loads(lines[-1])
+    return figures
+
+
+def _file_limit(reps: list[dict[str, Any]], rep: int, mode: str, figures: dict[str, Any]) -> None:
+    """File one mode's figures in its repetition's entry, which holds both modes (a
+    failed mode marks the whole entry failed: its ratios would lack a term)."""
+    entry = next((e for e in reps if e["rep"] == rep), None)
+    if entry is None:
+        entry = {"rep": rep}
+        reps.append(entry)
+    entry[mode] = figures
+    if "error" in figures:
+        entry.setdefault("error", f"yardstick {mode}: {figures['error']}")
+
+
+def _limit_ratios(own: dict[str, list[dict[str, Any]]]) -> None:
+    """Fairlane's throughput over each limit, within each repetition that measured both
+    (their median is the summary's ratio)."""
+    ours = {r["rep"]: r["jobs_per_s"] for r in _good(own.get("throughput", []))}
+    for entry in _good(own.get("limit", [])):
+        if entry["rep"] in ours:
+            entry["ratios"] = {
+                f"fairlane_over_{mode}": ours[entry["rep"]] / entry[mode]["jobs_per_s"]
+                for mode in LIMIT_MODES
+            }
+
+
 async def _versions(python: str, system: str) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
         python,
@@ -479,13 +563,29 @@ def _load() -> list[float] | None:
 
 
 def plan(cfg: Config, rng: random.Random) -> Iterator[tuple[int, str, str]]:
-    """(rep, scenario, system) in run order: systems shuffled afresh for each scenario."""
+    """(rep, scenario, system) in run order: systems shuffled afresh for each scenario.
+
+    The ``limit`` scenario runs the yardstick's modes in place of systems; when
+    ``throughput`` runs too, they are shuffled in among its systems, so that each
+    repetition's ratio of Fairlane to the limit compares runs taken side by side.
+    """
+    joined = {"throughput", "limit"} <= set(cfg.scenarios)
     for rep in range(cfg.reps):
         for scenario in cfg.scenarios:
-            systems = list(cfg.systems if scenario in SHARED else ("fairlane",))
-            rng.shuffle(systems)
-            for system in systems:
-                yield rep, scenario, system
+            if scenario == "limit" and joined:
+                continue
+            steps = [(scenario, s) for s in _units(cfg, scenario)]
+            if scenario == "throughput" and joined:
+                steps += [("limit", mode) for mode in LIMIT_MODES]
+            rng.shuffle(steps)
+            for name, unit in steps:
+                yield rep, name, unit
+
+
+def _units(cfg: Config, scenario: str) -> tuple[str, ...]:
+    if scenario == "limit":
+        return LIMIT_MODES
+    return cfg.systems if scenario in SHARED else ("fairlane",)
 
 
 async def run_suite(cfg: Config, progress: Progress | None = None) -> dict[str, Any]:
@@ -505,9 +605,15 @@ async def run_suite(cfg: Config, progress: Progress | None = None) -> dict[str, 
         order: list[str] = []
         steps = list(plan(cfg, rng))
         for i, (rep, scenario, system) in enumerate(steps, 1):
-            say(f"[{i}/{len(steps)}] rep {rep + 1}/{cfg.reps}, {scenario}: {cfg.label(system)}")
-            ns = f"bench{cfg.run_id}_{system}_{scenario[:4]}{rep}"
-            if scenario == "profile":
+            limit = scenario == "limit"
+            who = f"yardstick, {limit_title(cfg, system)}" if limit else cfg.label(system)
+            say(f"[{i}/{len(steps)}] rep {rep + 1}/{cfg.reps}, {scenario}: {who}")
+            ns = f"bench{cfg.run_id}_" + (
+                f"yardstick{rep}" if limit else f"{system}_{scenario[:4]}{rep}"
+            )
+            if limit:
+                figures = await _run_limit(cfg, ns, system)
+            elif scenario == "profile":
                 figures = await _run_profile(cfg, ns)
             elif scenario == "keyed":
                 figures = await _run_keyed(cfg, ns, rep)
@@ -522,11 +628,15 @@ async def run_suite(cfg: Config, progress: Progress | None = None) -> dict[str, 
                 )
             with meter.own():
                 await delete_matching(meter.client, f"*{ns}*")  # left by a failed run
-            figures["rep"] = rep
-            raw[system].setdefault(scenario, []).append(figures)
+            if limit:
+                _file_limit(raw["fairlane"].setdefault("limit", []), rep, system, figures)
+            else:
+                figures["rep"] = rep
+                raw[system].setdefault(scenario, []).append(figures)
             order.append(f"{rep}:{scenario}:{system}")
             if "error" in figures:
-                say(f"  {cfg.label(system)} {scenario} failed: {figures['error']}")
+                say(f"  {who} {scenario} failed: {figures['error']}")
+        _limit_ratios(raw["fairlane"])
         result["meta"]["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
         result["meta"]["load_at_end"] = _load()
         result["meta"]["order"] = order

@@ -14,10 +14,11 @@ import random
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
-from benchmarks import core, instructions, keyed, serverprofile, venvs
-from benchmarks.config import SCENARIOS, Config
+from benchmarks import core, instructions, keyed, serverprofile, venvs, yardstick
+from benchmarks.config import LIMIT_MODES, SCENARIOS, Config
 from benchmarks.serverprofile import Attribution, parse_entry
 from rich.console import Console
 
@@ -42,7 +43,11 @@ def test_plan_interleaves_every_system_in_every_scenario_of_every_rep() -> None:
         for scenario in SCENARIOS:
             ran = [s for r, sc, s in steps if r == rep and sc == scenario]
             expected = {"fairlane", "arq", "taskiq"} if scenario in core.SHARED else {"fairlane"}
-            assert sorted(ran) == sorted(expected)
+            assert sorted(ran) == sorted(LIMIT_MODES if scenario == "limit" else expected)
+        # the yardstick's modes run among the systems' throughput runs, not apart
+        units = [(sc, s) for r, sc, s in steps if r == rep]
+        group = {i for i, (sc, _) in enumerate(units) if sc in ("throughput", "limit")}
+        assert len(group) == 5 and max(group) - min(group) == 4
     # the order within a scenario is shuffled, not fixed
     orders = {tuple(s for r, sc, s in steps if r == rep and sc == "throughput") for rep in range(3)}
     orders |= {
@@ -69,6 +74,13 @@ def test_medians_and_ratios_against_the_best_peer() -> None:
     assert row["ratios"] == {"arq": 5.0, "saq": 2.0}
     assert (row["best_peer"], row["vs_best"]) == ("saq", 2.0)
     assert row["spread"]["fairlane"] == [900, 5000]
+
+
+def test_the_limit_runs_apart_when_throughput_does_not() -> None:
+    cfg = Config.make("redis://x", reps=2, peers=(), scenarios=("limit", "latency"), seed=3)
+    steps = list(core.plan(cfg, random.Random(cfg.seed)))
+    assert [sc for _, sc, _ in steps] == ["limit", "limit", "latency"] * 2
+    assert {s for _, sc, s in steps if sc == "limit"} == set(LIMIT_MODES)
 
 
 def test_quick_sizes_and_overrides() -> None:
@@ -240,6 +252,82 @@ def test_quick_fairlane_only_run(redis_url: str, tmp_path: Path) -> None:
     metrics = {row["metric"] for row in result["summary"]}
     assert "Throughput, 1 worker" in metrics and "Overload, admission on: max queued" in metrics
     assert all(row["values"]["fairlane"] is not None for row in result["summary"])
+
+
+@pytest.mark.anyio
+@pytest.mark.embedded_only
+async def test_the_yardsticks_fair_script_visits_each_tenant_once_per_pop(
+    redis_url: str, namespace: str
+) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    queue = yardstick.Queue(client, namespace, "fair")
+    encode = msgspec.msgpack.encode
+    try:
+        await queue.load()
+        for tenant, ids in (("a", range(5)), ("b", [10]), ("c", [20, 21])):
+            await client.rpush(
+                queue.tenant_prefix + tenant, *(encode([i, "noop", i, 1]) for i in ids)
+            )
+            await client.zadd(queue.vt, {tenant: 0})
+        now = (await client.time())[0]
+        first = await client.evalsha(*queue.dispatch_args(3))
+        assert sorted(msgspec.msgpack.decode(p)[0] for p in first) == [0, 10, 20]
+        leases = await client.zrange(queue.lease, 0, -1, withscores=True)
+        assert sorted(int(m) for m, _ in leases) == [0, 10, 20]
+        assert all(now + 29 <= score <= now + 32 for _, score in leases)
+        # b is gone, its list empty; then a and c tie at 1 (a first, by name), c empties,
+        # and a alone is left
+        second = await client.evalsha(*queue.dispatch_args(4))
+        assert [msgspec.msgpack.decode(p)[0] for p in second] == [1, 21, 2, 3]
+        assert await client.zrange(queue.vt, 0, -1, withscores=True) == [(b"a", 4.0)]
+        settled = await client.evalsha(*queue.ack_args([0, b"r0", 10, b"r10"]))
+        assert settled == 2
+        assert await client.get(queue.results + "10") == b"r10"
+        assert 290 <= await client.ttl(queue.results + "0") <= 300
+        assert sorted(int(m) for m in await client.zrange(queue.lease, 0, -1)) == [1, 2, 3, 20, 21]
+    finally:
+        await queue.clean()
+        await client.aclose()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.embedded_only
+def test_the_limit_phase_measures_the_yardstick_beside_fairlane(
+    redis_url: str, tmp_path: Path
+) -> None:
+    common = {"peers": False, "quick": True, "out": tmp_path, "console": _console()}
+    alone = run_bench(redis_url, phases=["limit"], **common)
+    assert alone["warnings"] == [] and set(alone["raw"]["fairlane"]) == {"limit"}
+    shown = {row["metric"] for row in alone["summary"]}
+    assert shown == {"Limit, FIFO (yardstick)", "Limit, fair over 250 tenants (yardstick)"}
+    both = run_bench(redis_url, phases=["throughput", "limit"], reps=2, **common)
+    assert both["warnings"] == []
+    for result in (alone, both):
+        for entry in result["raw"]["fairlane"]["limit"]:
+            for mode in LIMIT_MODES:
+                figures = entry[mode]
+                assert _positive(figures["jobs_per_s"]), mode
+                assert figures["results_stored"] == figures["jobs"] == 500
+            assert entry["fair"]["tenants"] == 250 and entry["fifo"]["tenants"] == 1
+    # each ratio is taken within one repetition; the row is their median
+    throughput = {r["rep"]: r["jobs_per_s"] for r in both["raw"]["fairlane"]["throughput"]}
+    ratios = []
+    for entry in both["raw"]["fairlane"]["limit"]:
+        ours = throughput[entry["rep"]]
+        assert entry["ratios"]["fairlane_over_fair"] == ours / entry["fair"]["jobs_per_s"]
+        assert entry["ratios"]["fairlane_over_fifo"] == ours / entry["fifo"]["jobs_per_s"]
+        ratios.append(entry["ratios"]["fairlane_over_fair"])
+    rows = {row["metric"]: row for row in both["summary"]}
+    fair = rows["Fairlane throughput / fair limit"]["values"]["fairlane"]
+    assert _positive(fair) and fair == pytest.approx(sum(ratios) / 2)
+    assert _positive(rows["Fairlane throughput / FIFO limit"]["values"]["fairlane"])
+    assert "Fairlane throughput / fair limit" in both["markdown"]
+    # the yardstick's runs took their turns among the throughput runs
+    assert sorted(both["meta"]["order"]) == sorted(
+        f"{rep}:{sc}:{unit}"
+        for rep in range(2)
+        for sc, unit in (("throughput", "fairlane"), ("limit", "fifo"), ("limit", "fair"))
+    )
 
 
 def _installed_peer() -> str | None:
