@@ -10,7 +10,7 @@ from benchmarks.venvs import PEERS, SYSTEMS
 from fairlane.store.api import redact_url
 
 #: scenarios every system runs, in this order within a repetition
-SHARED = ("throughput", "latency", "noisy")
+SHARED = ("throughput", "latency", "noisy", "memory")
 #: scenarios only Fairlane has (server time per entry point, tenants, admission, throttle
 #: keys); ``profile`` runs the throughput shape again under a full SLOWLOG, ``keyed`` with
 #: throttle, rate and fairness keys on every job; ``limit`` is no system's: the
@@ -46,6 +46,7 @@ QUICK: dict[str, Any] = {
     "upstream_seconds": 2.0,
     "keyed_fairness_keys": 10,
     "limit_tenants": 250,  # two jobs a tenant, as 20,000 jobs over 10,000
+    "memory_jobs": 5_000,
 }
 
 
@@ -99,6 +100,9 @@ class Config:
     # (9) the yardstick (benchmarks/yardstick.py): ``jobs`` at ``concurrency`` through a
     # minimal Redis queue, FIFO and fair over this many tenants
     limit_tenants: int = 10_000
+    # (9) the server memory a waiting job costs: jobs enqueued in batches of ``batch``, no
+    # worker running, ``used_memory`` before and after
+    memory_jobs: int = 100_000
     timeout: float = 900.0  # longest wait for one scenario run
     seed: int | None = None  # of the shuffles (None: random)
     peers_dir: str | None = None

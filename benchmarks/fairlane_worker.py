@@ -23,13 +23,15 @@ from benchmarks.common import emit
 from fairlane import App, Backoff, Retention, Task
 from fairlane.runtime.loop import run as run_loop
 
-NOOP, STAMP, NAP, WORK = "bench.noop", "bench.stamp", "bench.nap", "bench.work"
+NOOP, PAIR, STAMP = "bench.noop", "bench.pair", "bench.stamp"
+NAP, WORK = "bench.nap", "bench.work"
 
 
 @dataclass(frozen=True, slots=True)
 class BenchApp:
     app: App
     noop: Task[[int], int]
+    pair: Task[[int, str], int]
     stamp: Task[[], int]
     nap: Task[[float], float]
     work: Task[[float], int]
@@ -41,6 +43,10 @@ def make_app(name: str, url: str, charge: Literal["jobs", "cost"] = "cost") -> B
 
     @app.task(name=NOOP)
     async def noop(n: int) -> int:
+        return n
+
+    @app.task(name=PAIR)
+    async def pair(n: int, tag: str) -> int:
         return n
 
     @app.task(name=STAMP)
@@ -60,7 +66,7 @@ def make_app(name: str, url: str, charge: Literal["jobs", "cost"] = "cost") -> B
         await asyncio.sleep(seconds)  # a model or tool call: the slot is held, the loop free
         return started
 
-    return BenchApp(app, noop, stamp, nap, work)
+    return BenchApp(app, noop, pair, stamp, nap, work)
 
 
 async def _serve(args: argparse.Namespace) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import redis
 import redis.asyncio as aioredis
 from benchmarks import core, instructions, keyed, serverprofile, venvs, yardstick
 from benchmarks.config import LIMIT_MODES, SCENARIOS, Config
@@ -251,6 +252,7 @@ def test_quick_fairlane_only_run(redis_url: str, tmp_path: Path) -> None:
     }  # fmt: skip
     metrics = {row["metric"] for row in result["summary"]}
     assert "Throughput, 1 worker" in metrics and "Overload, admission on: max queued" in metrics
+    _check_memory(result, redis_url)
     assert all(row["values"]["fairlane"] is not None for row in result["summary"])
 
 
@@ -328,6 +330,21 @@ def test_the_limit_phase_measures_the_yardstick_beside_fairlane(
         for rep in range(2)
         for sc, unit in (("throughput", "fairlane"), ("limit", "fifo"), ("limit", "fair"))
     )
+def _check_memory(result: dict[str, Any], redis_url: str) -> None:
+    """The waiting jobs' memory: the server's own count, the producer's buffers left out;
+    the run's keys deleted afterwards, as every scenario's."""
+    memory = result["medians"]["fairlane"]["memory"]
+    assert memory["jobs"] == 5_000 and memory["batch_method"] == "enqueue_many"
+    assert _positive(memory["bytes_per_job"])
+    grown = memory["after"]["used_memory"] - memory["before"]["used_memory"]
+    assert memory["used_memory_per_job"] == pytest.approx(grown / 5_000)
+    row = next(r for r in result["summary"] if r["metric"] == "Memory per waiting job")
+    assert row["values"] == {"fairlane": memory["bytes_per_job"]}
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert list(client.scan_iter(match=f"bench{result['meta']['config']['run_id']}_*")) == []
+    finally:
+        client.close()
 
 
 def _installed_peer() -> str | None:

@@ -41,6 +41,8 @@ from typing import Any
 
 Params = dict[str, Any]
 POLL = 0.005  # how often the producer checks whether the queue is drained (s)
+PAIR_TAG = "tag"  # the second argument of every ``pair`` job: a short string
+SETTLE = 0.5  # seconds the server gets, before a memory reading, to finish growing its tables
 STOP_GRACE = 5.0  # seconds a worker gets to stop after SIGTERM before it is killed
 
 
@@ -94,8 +96,9 @@ class Adapter:
     """What a driver implements for its system; ``ns`` names the run's queue/namespace.
 
     ``handle`` values are whatever the system's enqueue returns. Every task body is the
-    same on every system: ``noop(n) -> n``, ``stamp() -> time.time_ns()`` at its start,
-    ``work(seconds) -> time.time_ns()`` at its start, then ``asyncio.sleep(seconds)``.
+    same on every system: ``noop(n) -> n``, ``pair(n, tag) -> n``, ``stamp() ->
+    time.time_ns()`` at its start, ``work(seconds) -> time.time_ns()`` at its start, then
+    ``asyncio.sleep(seconds)``.
     """
 
     #: how the batch enqueue is done ("enqueue_many", "gather", ...), for the report
@@ -118,6 +121,14 @@ class Adapter:
         """Delete every key of the run's namespace."""
 
     async def enqueue_noops(self, start: int, stop: int) -> None:
+        raise NotImplementedError
+
+    async def enqueue_pairs(self, start: int, stop: int) -> None:
+        """``pair(n, PAIR_TAG)`` for each ``n`` in ``range(start, stop)``, as one batch."""
+        raise NotImplementedError
+
+    async def memory_info(self) -> dict[str, Any]:
+        """The server's ``INFO memory`` section, field name to value."""
         raise NotImplementedError
 
     async def drained(self, total: int) -> bool:
@@ -362,10 +373,51 @@ async def noisy(a: Adapter, p: Params) -> dict[str, Any]:
     }
 
 
+async def _server_memory(a: Adapter) -> dict[str, int]:
+    """``used_memory`` and the part of it that is connections' buffers, once the server
+    has freed what earlier runs unlinked and finished growing its tables."""
+    for _ in range(600):  # 30 s at most
+        info = await a.memory_info()
+        if not int(info.get("lazyfree_pending_objects", 0)):
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(SETTLE)
+    info = await a.memory_info()
+    return {k: int(info[k]) for k in ("used_memory", "mem_clients_normal")}
+
+
+async def memory(a: Adapter, p: Params) -> dict[str, Any]:
+    """The server memory a waiting job costs: ``memory_jobs`` ``pair`` jobs enqueued in
+    batches of ``batch`` with no worker running, ``used_memory`` read before and after."""
+    jobs, batch = int(p["memory_jobs"]), int(p["batch"])
+    await a.cleanup()
+    before = await _server_memory(a)
+    started = time.perf_counter()
+    for start in range(0, jobs, batch):
+        await a.enqueue_pairs(start, min(jobs, start + batch))
+    enqueue_s = time.perf_counter() - started
+    after = await _server_memory(a)
+    used = after["used_memory"] - before["used_memory"]
+    clients = after["mem_clients_normal"] - before["mem_clients_normal"]
+    return {
+        "jobs": jobs,
+        "batch": batch,
+        "batch_method": a.batch_method,
+        "enqueue_seconds": enqueue_s,
+        "before": before,
+        "after": after,
+        # the producer's connections hold buffers whatever is stored: not the jobs' cost
+        "bytes_per_job": (used - clients) / jobs,
+        "used_memory_per_job": used / jobs,
+        "clients_bytes_per_job": clients / jobs,
+    }
+
+
 SCENARIOS: dict[str, Callable[[Adapter, Params], Awaitable[dict[str, Any]]]] = {
     "throughput": throughput,
     "latency": latency,
     "noisy": noisy,
+    "memory": memory,
 }
 
 

@@ -16,13 +16,17 @@ import itertools
 import time
 from typing import Any
 
-from _driver import Adapter, Params, dist_versions, main
+from _driver import PAIR_TAG, Adapter, Params, dist_versions, main
 from arq import create_pool
 from arq.connections import RedisSettings
 from arq.worker import Worker
 
 
 async def noop(ctx: dict[str, Any], n: int) -> int:
+    return n
+
+
+async def pair(ctx: dict[str, Any], n: int, tag: str) -> int:
     return n
 
 
@@ -63,6 +67,17 @@ class Arq(Adapter):
             *(self.redis.enqueue_job("noop", i, _job_id=self._id()) for i in range(start, stop))
         )
 
+    async def enqueue_pairs(self, start: int, stop: int) -> None:
+        await asyncio.gather(
+            *(
+                self.redis.enqueue_job("pair", i, PAIR_TAG, _job_id=self._id())
+                for i in range(start, stop)
+            )
+        )
+
+    async def memory_info(self) -> dict[str, Any]:
+        return dict(await self.redis.info("memory"))
+
     async def drained(self, total: int) -> bool:
         return int(await self.redis.zcard(self.ns)) == 0
 
@@ -78,7 +93,7 @@ class Arq(Adapter):
 
     async def serve(self, concurrency: int) -> None:
         worker = Worker(
-            functions=[noop, stamp, work],
+            functions=[noop, pair, stamp, work],
             redis_settings=RedisSettings.from_dsn(self.url),
             queue_name=self.ns,
             max_jobs=concurrency,

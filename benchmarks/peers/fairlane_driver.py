@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's benchmarks
 
-from _driver import Adapter, Params, dist_versions, main
+from _driver import PAIR_TAG, Adapter, Params, dist_versions, main
 from benchmarks import overload as overload_bench
 from benchmarks import shared_key as shared_key_bench
 from benchmarks import upstream as upstream_bench
@@ -56,6 +56,12 @@ class Fairlane(Adapter):
 
     async def enqueue_noops(self, start: int, stop: int) -> None:
         await self.bench.noop.enqueue_many([(i,) for i in range(start, stop)])
+
+    async def enqueue_pairs(self, start: int, stop: int) -> None:
+        await self.bench.pair.enqueue_many([(i, PAIR_TAG) for i in range(start, stop)])
+
+    async def memory_info(self) -> dict[str, Any]:
+        return dict(await self.bench.app.store.client.info("memory"))
 
     async def drained(self, total: int) -> bool:
         raw = await self.bench.app.store.client.hget(self.keys.stats, "completed")

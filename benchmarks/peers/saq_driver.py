@@ -17,13 +17,17 @@ import itertools
 import time
 from typing import Any
 
-from _driver import Adapter, Params, dist_versions, main
+from _driver import PAIR_TAG, Adapter, Params, dist_versions, main
 from saq import Queue, Status, Worker
 
 DONE = (Status.COMPLETE, Status.FAILED, Status.ABORTED)
 
 
 async def noop(ctx: dict[str, Any], *, n: int) -> int:
+    return n
+
+
+async def pair(ctx: dict[str, Any], *, n: int, tag: str) -> int:
     return n
 
 
@@ -66,6 +70,17 @@ class Saq(Adapter):
             *(self.queue.enqueue("noop", n=i, key=self._key()) for i in range(start, stop))
         )
 
+    async def enqueue_pairs(self, start: int, stop: int) -> None:
+        await asyncio.gather(
+            *(
+                self.queue.enqueue("pair", n=i, tag=PAIR_TAG, key=self._key())
+                for i in range(start, stop)
+            )
+        )
+
+    async def memory_info(self) -> dict[str, Any]:
+        return dict(await self.queue.redis.info("memory"))  # type: ignore[attr-defined]
+
     async def drained(self, total: int) -> bool:
         return await self.queue.count("incomplete") == 0
 
@@ -90,7 +105,7 @@ class Saq(Adapter):
     async def serve(self, concurrency: int) -> None:
         queue = Queue.from_url(self.url, name=self.ns)
         await queue.connect()
-        worker = Worker(queue, functions=[noop, stamp, work], concurrency=concurrency)
+        worker = Worker(queue, functions=[noop, pair, stamp, work], concurrency=concurrency)
         try:
             await worker.start()  # installs its own SIGTERM handler: a graceful stop
         finally:

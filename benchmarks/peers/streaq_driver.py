@@ -14,7 +14,7 @@ import asyncio
 import time
 from typing import Any
 
-from _driver import Adapter, dist_versions, main
+from _driver import PAIR_TAG, Adapter, dist_versions, main
 from streaq import Worker
 
 
@@ -31,6 +31,10 @@ class Streaq(Adapter):
         async def noop(n: int) -> int:
             return n
 
+        @worker.task(name="bench.pair")
+        async def pair(n: int, tag: str) -> int:
+            return n
+
         @worker.task(name="bench.stamp")
         async def stamp() -> int:
             return time.time_ns()
@@ -41,7 +45,7 @@ class Streaq(Adapter):
             await asyncio.sleep(seconds)
             return started
 
-        self.noop, self.stamp, self.work = noop, stamp, work
+        self.noop, self.pair, self.stamp, self.work = noop, pair, stamp, work
         return worker
 
     async def open(self) -> None:
@@ -59,6 +63,12 @@ class Streaq(Adapter):
 
     async def enqueue_noops(self, start: int, stop: int) -> None:
         await self.worker.enqueue_many([self.noop.enqueue(i) for i in range(start, stop)])
+
+    async def enqueue_pairs(self, start: int, stop: int) -> None:
+        await self.worker.enqueue_many([self.pair.enqueue(i, PAIR_TAG) for i in range(start, stop)])
+
+    async def memory_info(self) -> dict[str, Any]:
+        return dict(await self.worker.redis.info("memory"))
 
     async def drained(self, total: int) -> bool:
         # a finished task's message is deleted from the stream; nothing here is delayed

@@ -14,7 +14,7 @@ import asyncio
 import time
 from typing import Any
 
-from _driver import Adapter, Params, dist_versions, main
+from _driver import PAIR_TAG, Adapter, Params, dist_versions, main
 from redis.asyncio import Redis
 from taskiq.api import run_receiver_task
 from taskiq_redis import RedisAsyncResultBackend, RedisStreamBroker
@@ -46,6 +46,10 @@ class Taskiq(Adapter):
         async def noop(n: int) -> int:
             return n
 
+        @broker.task(task_name="bench.pair")
+        async def pair(n: int, tag: str) -> int:
+            return n
+
         @broker.task(task_name="bench.stamp")
         async def stamp() -> int:
             return time.time_ns()
@@ -56,7 +60,8 @@ class Taskiq(Adapter):
             await asyncio.sleep(seconds)
             return started
 
-        self.broker, self.noop, self.stamp, self.work = broker, noop, stamp, work
+        self.broker, self.noop, self.pair = broker, noop, pair
+        self.stamp, self.work = stamp, work
 
     async def open(self) -> None:
         self._make()
@@ -74,6 +79,12 @@ class Taskiq(Adapter):
 
     async def enqueue_noops(self, start: int, stop: int) -> None:
         await asyncio.gather(*(self.noop.kiq(i) for i in range(start, stop)))
+
+    async def enqueue_pairs(self, start: int, stop: int) -> None:
+        await asyncio.gather(*(self.pair.kiq(i, PAIR_TAG) for i in range(start, stop)))
+
+    async def memory_info(self) -> dict[str, Any]:
+        return dict(await self.client.info("memory"))
 
     async def drained(self, total: int) -> bool:
         """Every message delivered and acknowledged (acked once its result is stored)."""
