@@ -330,6 +330,8 @@ def test_the_limit_phase_measures_the_yardstick_beside_fairlane(
         for rep in range(2)
         for sc, unit in (("throughput", "fairlane"), ("limit", "fifo"), ("limit", "fair"))
     )
+
+
 def _check_memory(result: dict[str, Any], redis_url: str) -> None:
     """The waiting jobs' memory: the server's own count, the producer's buffers left out;
     the run's keys deleted afterwards, as every scenario's."""

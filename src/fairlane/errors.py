@@ -14,6 +14,7 @@ __all__ = [
     "JobExpired",
     "JobNotFound",
     "StoreFull",
+    "StoreLayoutError",
     "TaskFailed",
     "TaskNameWarning",
     "Throttled",
@@ -37,6 +38,25 @@ class TaskNameWarning(FairlaneWarning):
 
     The message names the task as it was registered and the ``name=`` that fixes it.
     """
+
+
+class StoreLayoutError(FairlaneError):
+    """The server holds this app's data in a store layout this library does not read.
+
+    An earlier (or later) Fairlane wrote it, and reading it would misread its job
+    records. ``prefix`` is the app's (or shard's) key prefix, ``found`` the layout found
+    there, ``reads`` the one this library reads, ``version`` this library's version.
+    """
+
+    def __init__(self, prefix: str, found: int, reads: int, version: str):
+        self.prefix, self.found, self.reads = prefix, found, reads
+        who = "an earlier" if found < reads else "a later"
+        super().__init__(
+            f"the keys under {prefix!r} hold data written by {who} Fairlane (store layout "
+            f"{found}); Fairlane {version} reads store layout {reads} only and would "
+            "misread it. Finish its jobs with the release that wrote them, then delete "
+            f"the keys under {prefix!r}; or use another app name."
+        )
 
 
 class UnknownTask(FairlaneError, LookupError):

@@ -124,6 +124,7 @@ async def test_every_script_runs_on_a_cluster(redis_url: str, namespace: str) ->
     called: set[str] = set()
     async with app:
         _observe(app.store, called)
+        await app.store.claim_layout()
         await app.declare_tasks()
         await app.declare_lanes()
         await app.tenants.configure("acme", weight=3)

@@ -629,8 +629,8 @@ class LuaVsModel(StoreMachine):
         for job_id in self.ids:
             st_, att, max_, tok, ttok, cls, sl, lane, toff, seq = next(replies)
             snap.jobs[job_id] = JobRow(
-                _s(st_), int(att), int(max_), tok and int(tok), ttok and int(ttok),
-                _s(cls), int(sl), _s(lane), toff is not None, float(seq),
+                _s(st_), int(att or 0), int(max_), tok and int(tok), ttok and int(ttok),
+                _s(cls), int(sl or 1), _s(lane), toff is not None, float(seq),
             )  # fmt: skip
         for lane, cls in units:
             for tenant in TENANTS:

@@ -252,7 +252,10 @@ class Registry:
     # -- recording on the server -----------------------------------------------------
 
     async def declare(self, stores: Sequence[Store]) -> None:
-        """Record tasks and lanes on every shard's store."""
+        """Record tasks and lanes on every shard's store, once each shard is known to
+        hold data of this library's store layout (``StoreLayoutError`` if not)."""
+        for store in stores:
+            await store.claim_layout()
         await self.declare_tasks(stores)
         await self.declare_lanes(stores)
 

@@ -82,6 +82,12 @@ class DeclareTaskArg(IntEnum):
     RETENTION = 2  # 'rc|rf'
 
 
+class ClaimLayoutArg(IntEnum):
+    """``claim_layout``."""
+
+    LAYOUT = 1  # the store layout this library writes (keys.STORE_LAYOUT)
+
+
 class ConfigureTenantArg(IntEnum):
     """``configure_tenant``."""
 
@@ -318,6 +324,7 @@ ARGV: Final[tuple[type[IntEnum], ...]] = (
     SweepArg,
     BeatArg,
     DeclareTaskArg,
+    ClaimLayoutArg,
     ConfigureTenantArg,
     ConfigureLimitsArg,
     ConfigureClassesArg,

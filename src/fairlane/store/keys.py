@@ -530,30 +530,38 @@ class AppKeys:
         return self.prefix.replace("{", "\\{").replace("}", "\\}") + "*"
 
 
+#: How this library lays its data out, kept in the ``stats`` hash's ``layout`` field by
+#: the first app to declare itself on a shard (``claim_layout``). 1: every job field
+#: written (no ``layout`` field); 2: fields at their defaults left out of job records
+#: (``JOB_FIELDS`` says what an absent one reads as). Data of another layout is refused,
+#: not misread.
+STORE_LAYOUT: Final = 2
+
 #: Fields of a job hash, as written by the Lua library.
 JOB_FIELDS: dict[str, str] = {
     "x": "'1' when the record may hold optional fields (dl, lim, ttok, tp, par, toff, fk, rk, "
-    "rmu, w, mu, wfr, idem), '' when it holds none; every writer of one sets it (lua "
-    "core.lua, core.read)",
+    "rmu, w, mu, wfr, idem); absent or '' when it holds none; every writer of one sets it "
+    "(lua core.lua, core.read)",
     "task": "task name",
     "tenant": "tenant the job belongs to",
     "lane": "lane that runs it",
-    "prio": "priority within the tenant (higher runs first)",
+    "prio": "priority within the tenant (higher runs first; absent = 0)",
     "args": "encoded arguments (JSON)",
     "max": "attempt budget",
-    "bo": "backoff: 'base,cap,jitter'",
+    "bo": "backoff: 'base,cap,jitter' (absent = the default backoff)",
     "to": "timeout in seconds (0 = none)",
     "dl": "deadline, server ms (absent = none)",
     "idem": "idempotency key (absent = none)",
-    "rc": "retention of completed records: 'count,age_ms' (-1 = unbounded)",
-    "rf": "retention of failed records: 'count,age_ms'",
+    "rc": "retention of completed records: 'count,age_ms' (-1 = unbounded; absent = the "
+    "default retention)",
+    "rf": "retention of failed records: 'count,age_ms' (absent = the default retention)",
     "enq": "enqueued at, server ms",
     "run": "eligible to run at, server ms",
     "seq": "order within a priority: the FIFO number, a keyed job's fair tag, or a "
     "deadline order (< 0)",
     "fk": "fairness key: whose share of its tenant's part it takes (absent = none)",
     "st": "status",
-    "att": "attempts started",
+    "att": "attempts started (absent = 0)",
     "tok": "fencing token of the current lease",
     "wk": "worker holding the lease",
     "start": "last attempt started at, server ms",
@@ -563,7 +571,7 @@ JOB_FIELDS: dict[str, str] = {
     "w": "1 when a producer waits on the result",
     "cx": "1 when cancellation was requested while running",
     "cls": "service class",
-    "sl": "worker slots it occupies",
+    "sl": "worker slots it occupies (absent = 1)",
     "lim": "throttle keys and limits (msgpack [[key, limit] or, adaptive, [key, max, min], ..], "
     "absent = none)",
     "rk": "rate keys (msgpack [[key, limit, per_ms, burst, units 0/1], ..] sorted, absent = none)",
@@ -578,7 +586,8 @@ JOB_FIELDS: dict[str, str] = {
     "dmu": "milli-units it will reserve when admitted (a deferred job)",
     "readmit": "milli-units a retry held: it passes the gate again when due",
     "retry": "1 when a deferred job is a retry (it may use the recovery reserve)",
-    "ck": "cost key 'tenant|workflow|model' whose learned cost applies",
+    "ck": "cost key 'tenant|workflow|model' whose learned cost applies (absent = "
+    "'tenant|task|', the usual one; '' = none)",
     "cu": "milli-units its tenant is charged at dispatch (cost mode)",
     "amu": "milli-units its last attempt used",
     "use": "what its last attempt reported of its time in model and tool calls, "

@@ -55,7 +55,9 @@ from fairlane.policy.admission import (
     to_milli,
     unit_table,
 )
+from fairlane.policy.backoff import Backoff
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
+from fairlane.policy.retention import Retention
 from fairlane.store.keys import SHARDED_PREFIX_PATTERN, AppKeys
 from fairlane.store.placed import as_lists
 from fairlane.store.wire import AdmissionField, ClassField, lua_names
@@ -137,6 +139,10 @@ def encode_admission(
     return json.dumps(config, separators=(",", ":")), encode_classes(unit_table(table, pool))
 
 
+#: a task's retention as its declaration stores it ('rc|rf'), for a job whose task has none
+_DEFAULT_RETENTION: Final = f"{Retention().completed.encode()}|{Retention().failed.encode()}"
+
+
 def fill_constants(source: str) -> str:
     """``source`` with the policy's constants written in where the Lua names them."""
     constants = {
@@ -157,6 +163,8 @@ def fill_constants(source: str) -> str:
         "__LIFT_BUDGET__": str(pauses.LIFT_BUDGET),
         "__USAGE_WINDOW_MS__": str(startpredict.USAGE_WINDOW_MS),
         "__DEADLINE_SAFETY__": repr(startpredict.DEADLINE_SAFETY),
+        "__DEFAULT_BACKOFF__": Backoff().encode(),
+        "__DEFAULT_RETENTION__": _DEFAULT_RETENTION,
         "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),
         "__PART_EPSILON__": repr(globalkeys.EPSILON),
         "__DEADLINE_EPOCH_MS__": str(deadlineorder.DEADLINE_EPOCH_MS),

@@ -11,12 +11,14 @@ charge mode, its admission pool -- are recorded where the scripts read them.
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 import msgspec
 from redis.exceptions import ResponseError
 
+from fairlane.errors import StoreLayoutError
 from fairlane.policy.admission import EstimationSettings, PoolConfig, QueueBounds
 from fairlane.policy.classes import ClassTable
 from fairlane.store.apikeys import (
@@ -27,6 +29,7 @@ from fairlane.store.apikeys import (
     KeyRefused,
 )
 from fairlane.store.argv import (
+    ClaimLayoutArg,
     DeclareAdmissionArg,
     DeclareBoundsArg,
     DeclareLaneArg,
@@ -37,12 +40,15 @@ from fairlane.store.argv import (
 )
 from fairlane.store.audit import DEFAULT_ENTRIES
 from fairlane.store.base import StoreBase
+from fairlane.store.keys import STORE_LAYOUT
 from fairlane.store.library import FUNCTION_PREFIX, encode_admission, encode_classes
-from fairlane.store.wire import NewJob, Submitted, parse_submitted
+from fairlane.store.wire import NewJob, Submitted, as_text, parse_submitted
 
 __all__ = ["Submission"]
 
 _PACK: Final = msgspec.msgpack.Encoder()
+#: this library's version, named when it refuses data of another store layout
+_VERSION: Final = importlib.metadata.version("fairlane")
 
 
 class Submission(StoreBase):
@@ -158,6 +164,19 @@ class Submission(StoreBase):
             self._lane_keys([lane]),
             argv(DeclareBoundsArg, lane=lane, bounds=encoded),
         )
+
+    async def claim_layout(self) -> None:
+        """Claim this shard for the library's store layout, or raise ``StoreLayoutError``
+        when it holds data of another layout (which this library would misread)."""
+        found = as_text(
+            await self.fcall(
+                "claim_layout", self._common, argv(ClaimLayoutArg, layout=STORE_LAYOUT)
+            )
+        )
+        if found != str(STORE_LAYOUT):
+            raise StoreLayoutError(
+                self.keys.prefix, int(found) if found else 1, STORE_LAYOUT, _VERSION
+            )
 
     async def declare_task(self, task: str, keep_completed: str, keep_failed: str) -> None:
         retention = f"{keep_completed}|{keep_failed}"

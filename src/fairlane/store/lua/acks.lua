@@ -182,8 +182,15 @@ do
     end
     local amu = nil
     if cost >= 0 and kind ~= Kind.RELEASE then
-      amu = feed_back_cost(p, f[8], f[9] or DEFAULT_CLASS, f[11] or '', f[13], f[14], cost,
-        costing)
+      -- an absent cost key (false, as HMGET reads it) is the usual one, '' none (enqueue
+      -- leaves the usual one out)
+      local ck = f[13]
+      if not ck then
+        ck = core.usual_cost_key(tenant, f[3] or '')
+      elseif ck == '' then
+        ck = nil
+      end
+      amu = feed_back_cost(p, f[8], f[9] or DEFAULT_CLASS, tenant, ck, f[14], cost, costing)
       -- for the metrics, the estimate the store held for the job (admission's
       -- reservation, else the charge in cost mode) next to what it used; counted with
       -- the call's other counters: one HINCRBY per lane and class per call, and only

@@ -3,9 +3,10 @@
 --
 -- Keys: tclasses, sig:<tenant>, job:<id>, kept:<task>:<outcome>, lane:<l>:state|delayed|dl,
 --   lane:<l>:c:<c>:fair|deferred|dvt, q:<lane>:<class>:<tenant>, KEYS[TASKS],
---   KEYS[TLIMITS], KEYS[WEIGHTS], KEYS[DEAD], gkeys (a global pool joins it)
+--   KEYS[TLIMITS], KEYS[WEIGHTS], KEYS[DEAD], KEYS[STATS] (layout), gkeys (a global pool
+--   joins it)
 -- Calls: core, throttle, keyparts, fairqueue, records, leasing, dispatch, pauses
--- Entry points: control.{CANCEL_FIELDS, cancel, cancel_job, configure_classes,
+-- Entry points: control.{CANCEL_FIELDS, cancel, cancel_job, claim_layout, configure_classes,
 --   configure_limits, configure_tenant, declare_admission, declare_lane, declare_task,
 --   redrive, tenant_limit_now, watch}
 
@@ -13,6 +14,7 @@ local control = {}
 
 do
   local DEAD, DEFAULT_CLASS, TASKS, TERMINAL = core.DEAD, core.DEFAULT_CLASS, core.TASKS, core.TERMINAL
+  local STATS = core.STATS
   local TLIMITS, WEIGHTS, error_type = core.TLIMITS, core.WEIGHTS, core.error_type
   local job_key, lane_key, log_event = core.job_key, core.lane_key, core.log_event
   local now_ms, prefix, slots_of, wake = core.now_ms, core.prefix, core.slots_of, core.wake
@@ -27,6 +29,22 @@ do
   local function declare_task(keys, args)
     redis.call('HSET', keys[TASKS], args[DeclareTaskArg.TASK], args[DeclareTaskArg.RETENTION])
     return 1
+  end
+
+  -- ARGV: the store layout this library writes. The shard's layout (the stats hash's
+  -- `layout`), claimed by the first app to declare itself on it. Returns the layout found:
+  -- the one given when it was free, '' when the shard holds data of a library that wrote
+  -- none (store layout 1, fairlane/store/keys.py).
+  local function claim_layout(keys, args)
+    local found = redis.call('HGET', keys[STATS], 'layout')
+    if found then
+      return found
+    end
+    if redis.call('EXISTS', keys[STATS]) == 1 then
+      return ''
+    end
+    redis.call('HSET', keys[STATS], 'layout', args[ClaimLayoutArg.LAYOUT])
+    return args[ClaimLayoutArg.LAYOUT]
   end
 
   -- A tenant's setting in hash `key`: set to `value`, or removed when `value` is ''.
@@ -252,6 +270,7 @@ do
   control.configure_tenant = configure_tenant
   control.declare_admission = declare_admission
   control.declare_lane = declare_lane
+  control.claim_layout = claim_layout
   control.declare_task = declare_task
   control.redrive = redrive
   control.tenant_limit_now = tenant_limit_now

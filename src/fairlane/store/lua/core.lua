@@ -5,10 +5,10 @@
 -- Keys: KEYS[FENCE] (the app's prefix comes from it), ev:<id>, lane:<l>:wake; the KEYS
 --   indexes (FENCE .. THRW) are named here
 -- Calls: none
--- Entry points: core.{ALLOW_OOM, ARGS, DEAD, DEFAULT_CLASS, FENCE, FLEET, IDEM, LEASES,
---   MEMO_MAX, PRIO_SPAN, STATS, TASKS, TERMINAL, THR, THRW, TLIMITS, WEIGHTS, WORKERS,
+-- Entry points: core.{ALLOW_OOM, ARGS, DEAD, DEFAULT_BACKOFF, DEFAULT_CLASS, FENCE, FLEET,
+--   IDEM, LEASES, MEMO_MAX, PRIO_SPAN, STATS, TASKS, TERMINAL, THR, THRW, TLIMITS, WEIGHTS, WORKERS,
 --   any, arg, chunked, error_type, ev_key, int, job_key, lane_key, log_event, memoised,
---   now_arg, now_ms, num, order_score, prefix, read, sharded, slots_of, wake}
+--   now_arg, now_ms, num, order_score, prefix, read, sharded, slots_of, usual_cost_key, wake}
 
 local core = {}
 
@@ -19,6 +19,18 @@ do
   -- priorities are clamped to +-PRIO_LIMIT so that prio * 2^40 + seq stays exact in a double
   local PRIO_SPAN = 1099511627776
   local DEFAULT_CLASS = 'standard'
+
+  -- What a job record's fields read as when enqueue left them out at their defaults
+  -- (fairlane/store/keys.py, JOB_FIELDS, says the same): prio 0,
+  -- att 0, sl 1, bo the default backoff, rc and rf the default retention
+  -- (records.DEFAULT_RETENTION), ck the usual cost key, x none.
+  core.DEFAULT_BACKOFF = '__DEFAULT_BACKOFF__'
+
+  -- The cost key a job has unless its estimate names a workflow or a model
+  -- (fairlane.registry.pricing.cost_key): left out of its record.
+  function core.usual_cost_key(tenant, task)
+    return tenant .. '|' .. task .. '|'
+  end
 
   local function now_ms()
     local t = redis.call('TIME')
@@ -150,7 +162,7 @@ do
       return {}
     end
     local n = #common
-    if f[n] == '' then
+    if not f[n] or f[n] == '' then
       f[n] = nil
     else
       local o = redis.pcall('HMGET', key, unpack(optional))
@@ -184,8 +196,9 @@ do
     return 1
   end
 
+  -- (an absent priority is 0: enqueue leaves the default out of the record)
   local function order_score(prio, seq)
-    return -tonumber(prio) * PRIO_SPAN + tonumber(seq)
+    return -(tonumber(prio) or 0) * PRIO_SPAN + tonumber(seq)
   end
 
   local function wake(p, lane)

@@ -33,7 +33,6 @@ do
   local call_keys, call_p, call_now, call_now_s, call_lane
   local call_tbl, call_cost_mode, call_adm, call_qb
   local call_learned, call_seen, call_submitted, call_pushes, call_tally, call_pauses
-
   local function begin_call(keys, lane)
     call_keys, call_p, call_now, call_lane = keys, prefix(keys), now_ms(), lane
     call_now_s = core.now_arg(call_now)
@@ -128,6 +127,30 @@ do
     return nil, cls, verdict, reason, mu, run_at, dl, tbl[index][ClassRow.DEADLINE_ORDER] == 1
   end
 
+  -- The fields of job `j` that are not at their defaults, appended to the record's HSET
+  -- `h`; returns its new length (core.lua: what an absent one reads as).
+  local function unusual_fields(h, j, tenant, slots)
+    local n = #h
+    if tonumber(j[Job.PRIORITY]) ~= 0 then
+      h[n + 1], h[n + 2], n = 'prio', arg(j[Job.PRIORITY]), n + 2
+    end
+    if slots ~= 1 then
+      h[n + 1], h[n + 2], n = 'sl', arg(slots), n + 2
+    end
+    if j[Job.BACKOFF] ~= core.DEFAULT_BACKOFF then
+      h[n + 1], h[n + 2], n = 'bo', j[Job.BACKOFF], n + 2
+    end
+    if j[Job.KEEP_COMPLETED] .. '|' .. j[Job.KEEP_FAILED] ~= records.DEFAULT_RETENTION then
+      h[n + 1], h[n + 2], h[n + 3], h[n + 4], n = 'rc', j[Job.KEEP_COMPLETED], 'rf',
+        j[Job.KEEP_FAILED], n + 4
+    end
+    local ck = j[Job.COST_KEY] or ''
+    if ck ~= core.usual_cost_key(tenant, j[Job.TASK]) then
+      h[n + 1], h[n + 2], n = 'ck', ck, n + 2
+    end
+    return n
+  end
+
   -- The record: one write of the whole job hash, the optional fields riding on it, and
   -- the events only a deferral or a schedule needs (an accepted job's submission is in its
   -- record: enq, cls).
@@ -135,13 +158,13 @@ do
     local p, lane, now, now_s = call_p, call_lane, call_now, call_now_s
     local idem = j[Job.IDEMPOTENCY_KEY]
     local fkey = j[Job.FAIRNESS_KEY]
-    -- (a job of one slot, most jobs, writes its width without a call)
-    local h = {'HSET', job_key(p, id), 'x', '', 'task', j[Job.TASK], 'tenant', tenant, 'lane', lane,
-      'prio', arg(j[Job.PRIORITY]), 'args', j[Job.ARGS], 'max', arg(j[Job.MAX_ATTEMPTS]),
-      'bo', j[Job.BACKOFF], 'to', arg(j[Job.TIMEOUT]), 'rc', j[Job.KEEP_COMPLETED], 'rf', j[Job.KEEP_FAILED], 'enq', now_s,
-      'run', run_at == now and now_s or run_at, 'seq', order, 'st', st,
-      'att', '0', 'cls', cls, 'sl', slots == 1 and '1' or arg(slots)}
-    local n, extra = #h, false
+    -- A field at its default is left out (core.lua says what an absent one reads
+    -- as): most jobs keep their task's retention and backoff, one slot, priority 0 and the
+    -- usual cost key, and each field left out is bytes a waiting job does not hold
+    local h = {'HSET', job_key(p, id), 'task', j[Job.TASK], 'tenant', tenant, 'lane', lane,
+      'args', j[Job.ARGS], 'max', arg(j[Job.MAX_ATTEMPTS]), 'to', arg(j[Job.TIMEOUT]), 'enq', now_s,
+      'run', run_at == now and now_s or run_at, 'seq', order, 'st', st, 'cls', cls}
+    local n, extra = unusual_fields(h, j, tenant, slots), false
     if fkey and fkey ~= '' then
       h[n + 1], h[n + 2], n, extra = 'fk', fkey, n + 2, true
     end
@@ -172,9 +195,6 @@ do
       h[n + 1], h[n + 2], n, extra = 'idem', idem, n + 2, true
       redis.call('HSET', call_keys[IDEM], idem, id)
     end
-    if j[Job.COST_KEY] and j[Job.COST_KEY] ~= '' then
-      h[n + 1], h[n + 2], n = 'ck', j[Job.COST_KEY], n + 2
-    end
     if j[Job.PARENT] and j[Job.PARENT] ~= '' then
       h[n + 1], h[n + 2], n, extra = 'par', j[Job.PARENT], n + 2, true
     end
@@ -192,7 +212,7 @@ do
     -- `x` (core.read): whether the record holds an optional field (a reservation,
     -- written below, sets it itself)
     if extra then
-      h[4] = '1'
+      h[n + 1], h[n + 2], n = 'x', '1', n + 2
     end
     redis.call(unpack(h))
     if verdict == 'deferred' then

@@ -85,6 +85,8 @@ redis.register_function{function_name = '__PREFIX__beat', callback = workers.bea
   flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__declare_task', callback = control.declare_task,
   flags = core.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__claim_layout', callback = control.claim_layout,
+  flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__cancel', callback = control.cancel,
   flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__drain', callback = drain.drain,

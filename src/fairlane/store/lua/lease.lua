@@ -92,7 +92,7 @@ do
         -- a keyed job entering its tenant's queue for the first time (attempt 0: a retry
         -- keeps the order it has) takes its key's fair order number now (fairkeys.lua);
         -- a job without a key costs no command more
-        if f[9] and f[8] == '0' then
+        if f[9] and (tonumber(f[8]) or 0) == 0 then
           f[4] = fairkeys.order(p, lane, cls, f[2], f[9], tonumber(f[4]))
           redis.call('HSET', jk, 'st', 'queued', 'seq', f[4])
         else

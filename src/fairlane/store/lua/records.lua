@@ -5,8 +5,8 @@
 --   run:<id>:log, lane:<l>:delayed|dl, lane:<l>:c:<c>:dfair|starts, KEYS[DEAD], KEYS[IDEM],
 --   KEYS[STATS], KEYS[WEIGHTS]
 -- Calls: core, rates, fairqueue, fairkeys, admission, runs
--- Entry points: records.{EXPIRED_ERR, GONE, GONE_MAX, add_counts, apply_effects,
---   backoff_ms, count, count_start, dead_letter, expire, finish, links_key, mark_gone,
+-- Entry points: records.{DEFAULT_RETENTION, EXPIRED_ERR, GONE, GONE_MAX, add_counts,
+--   apply_effects, backoff_ms, count, count_start, dead_letter, expire, finish, links_key, mark_gone,
 --   new_effects, push_back, readmit_class, remove_records, schedule_retry, trim}
 
 local records = {}
@@ -226,6 +226,10 @@ do
   -- wfr, toff and idem fields (and `amu`, what the attempt used, `use`, what it reported
   -- of its time in model and tool calls) when the caller already read them (the hot path);
   -- otherwise they are read here. A reservation the job held is released.
+  -- What a job's record holding no retention keeps (enqueue leaves the default out):
+  -- 'rc|rf' as a task's declaration stores it.
+  records.DEFAULT_RETENTION = '__DEFAULT_RETENTION__'
+
   local function finish(keys, p, id, status, field, payload, now, tally, meta)
     local jk = job_key(p, id)
     -- what the attempt used (`amu`) and reported (`use`, acks.lua) ride on this write
@@ -265,10 +269,14 @@ do
     end
     local task = meta[1] or '' -- a corrupt record without a task name must still settle
     local linked = meta[10] or meta[12]
+    local rc, rf = meta[2], meta[3]
+    if not (rc and rf) then
+      rc, rf = string.match(records.DEFAULT_RETENTION, '^([^|]*)|(.*)$')
+    end
     if status == 'completed' then
-      keep(tally, p .. 'kept:' .. task .. ':ok', meta[2], id, linked)
+      keep(tally, p .. 'kept:' .. task .. ':ok', rc, id, linked)
     else
-      keep(tally, p .. 'kept:' .. task .. ':failed', meta[3], id, linked)
+      keep(tally, p .. 'kept:' .. task .. ':failed', rf, id, linked)
     end
     if meta[4] then
       redis.call('PUBLISH', p .. 'done', id)
@@ -345,7 +353,8 @@ do
 
   -- The backoff of fairlane/policy/backoff.py: min(cap, base * 2^(n-1)) with jitter u in [0,1).
   local function backoff_ms(spec, attempt, u)
-    local base, cap, jitter = string.match(spec or '', '^([^,]+),([^,]+),(%a+)$')
+    -- an absent spec is the default (enqueue leaves it out of the record)
+    local base, cap, jitter = string.match(spec or core.DEFAULT_BACKOFF, '^([^,]+),([^,]+),(%a+)$')
     base, cap = tonumber(base), tonumber(cap)
     -- a spec that does not parse (a record corrupted while it ran): retry at once
     if not (base and cap and base == base and cap == cap) then
