@@ -14,7 +14,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import redis
 import redis.asyncio as aioredis
@@ -263,29 +262,29 @@ async def test_the_yardsticks_fair_script_visits_each_tenant_once_per_pop(
 ) -> None:
     client = aioredis.Redis.from_url(redis_url)
     queue = yardstick.Queue(client, namespace, "fair")
-    encode = msgspec.msgpack.encode
     try:
         await queue.load()
         for tenant, ids in (("a", range(5)), ("b", [10]), ("c", [20, 21])):
             await client.rpush(
-                queue.tenant_prefix + tenant, *(encode([i, "noop", i, 1]) for i in ids)
+                queue.tenant_prefix + tenant, *(yardstick.pack(i, "noop", i, 1) for i in ids)
             )
             await client.zadd(queue.vt, {tenant: 0})
         now = (await client.time())[0]
         first = await client.evalsha(*queue.dispatch_args(3))
-        assert sorted(msgspec.msgpack.decode(p)[0] for p in first) == [0, 10, 20]
+        assert sorted(yardstick.job_id(p) for p in first) == [0, 10, 20]
         leases = await client.zrange(queue.lease, 0, -1, withscores=True)
         assert sorted(int(m) for m, _ in leases) == [0, 10, 20]
         assert all(now + 29 <= score <= now + 32 for _, score in leases)
         # b is gone, its list empty; then a and c tie at 1 (a first, by name), c empties,
         # and a alone is left
         second = await client.evalsha(*queue.dispatch_args(4))
-        assert [msgspec.msgpack.decode(p)[0] for p in second] == [1, 21, 2, 3]
+        assert [yardstick.job_id(p) for p in second] == [1, 21, 2, 3]
         assert await client.zrange(queue.vt, 0, -1, withscores=True) == [(b"a", 4.0)]
-        settled = await client.evalsha(*queue.ack_args([0, b"r0", 10, b"r10"]))
+        ids = [yardstick.pack(i, "noop", 0, 0)[: yardstick.ID_WIDTH] for i in (0, 10)]
+        settled = await client.evalsha(*queue.ack_args([ids[0], b"r0", ids[1], b"r10"]))
         assert settled == 2
-        assert await client.get(queue.results + "10") == b"r10"
-        assert 290 <= await client.ttl(queue.results + "0") <= 300
+        assert await client.get(queue.results.encode() + ids[1]) == b"r10"
+        assert 290 <= await client.ttl(queue.results.encode() + ids[0]) <= 300
         assert sorted(int(m) for m in await client.zrange(queue.lease, 0, -1)) == [1, 2, 3, 20, 21]
     finally:
         await queue.clean()
