@@ -2,11 +2,11 @@
 
 It has what a queue cannot do without and nothing else: no fencing, no classes, no
 admission, no events, no retries. Jobs are their ids (``ID_WIDTH`` digits) followed by
-msgpack records ``[task, a, b]``, pushed onto lists in bulk beforehand (not timed). One Lua script dispatches: it pops up
-to K jobs (K, the worker's free slots) and leases them in a sorted set (score now +
-30 s, member the job's id). Another settles a batch of finished jobs: each one's
-result under a key of its own with a 300 s TTL, then one ``ZREM`` of the batch from the
-lease set. Two ways to dispatch:
+msgpack records ``[task, a, b]``, pushed onto lists in bulk beforehand (not timed).
+One Lua script dispatches: it pops up to K jobs (K, the worker's free slots) and
+leases them in a sorted set (score now + 30 s, member the job's id). Another settles a
+batch of finished jobs: each one's result under a key of its own with a 300 s TTL, then
+one ``ZREM`` of the batch from the lease set. Two ways to dispatch:
 
 * ``fifo``: one list, one ``LPOP key K``;
 * ``fair``: one list per tenant and a sorted set of the tenants by virtual time; the
@@ -19,8 +19,8 @@ One worker (asyncio, redis-py's client, its hiredis parser and uvloop when insta
 drains the jobs at ``concurrency`` slots. One of its loops asks for as many jobs as
 slots are free and starts them; another settles what has finished, so that settlements
 and dispatches overlap at the server as in any queue's worker. The time runs from the
-first dispatch to the last settlement; the figure is jobs/s. Fairlane's throughput over this figure,
-measured on the same server in the same run, says how close to the machine Fairlane is.
+first dispatch to the last settlement; the figure is jobs/s. Fairlane's throughput over
+this figure, measured on the same server in the same run, says how close to the machine Fairlane is.
 
 The run's keys share the prefix ``{<ns>}:`` and are deleted afterwards.
 
