@@ -251,7 +251,9 @@ do
     end
   end
 
-  -- Apply a batch of outcomes, each fenced by its lease token. `acks` is an array of
+  -- Apply a batch of outcomes, each fenced by its lease token. The leases of the jobs it
+  -- settles are dropped here, or, when `tally.unleased` is set (an exchange), listed there
+  -- for the caller to drop. `acks` is an array of
   -- [id, token, kind (ok | retry | dead | cancel | expire | release | suspend | throttle
   -- | handback), payload, delay_ms, cost] (a workflow run suspends with what it waits for
   -- as its payload; a pushback names its key and the pause; a hand-back its window,
@@ -300,11 +302,12 @@ do
         codes[i] = AckCode.APPLIED
       end
     end
-    -- dropped before anything is fetched, so a job settled and leased again in one
-    -- exchange keeps its new lease
     flush_settled(p, settled)
     flush_costs(p, costing, keys, tally)
-    if #released > 0 then
+    if tally.unleased then
+      -- an exchange drops them once its own leases are written (workers.drop_leases)
+      tally.unleased = released
+    elseif #released > 0 then
       redis.call('ZREM', keys[LEASES], unpack(released))
     end
     -- freed slots may let a class start that the rules held back: wake a worker to look

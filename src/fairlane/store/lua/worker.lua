@@ -7,7 +7,7 @@
 --   and gw:audit (enqueue_as)
 -- Calls: core, fairqueue, records, settling, leasing, dispatch, enqueuing
 -- Entry points: workers.{DEAD_ERR, RECLAIM, ack, audit_submits, beat, enqueue_as,
---   exchange, forget_settled, forget_worker, leave, reclaim_job, renew, sweep}
+--   drop_leases, exchange, forget_settled, forget_worker, leave, reclaim_job, renew, sweep}
 
 local workers = {}
 
@@ -150,6 +150,37 @@ do
     return rows
   end
 
+  local NO_IDS = {}
+
+  -- The leases of the attempts an exchange settled (`ids`) go once its new leases are
+  -- written, but for a job leased again in the same call (a retry due at once, a job
+  -- handed back): its new lease stays. Dropped after rather than before the new ones are
+  -- added, the lease set never empties between the two while a worker is busy, so the
+  -- server keeps it as a skiplist, where adding and removing an id costs O(log n); built
+  -- up again from empty on each exchange, it would be a listpack, where each costs O(n).
+  function workers.drop_leases(keys, ids, jobs)
+    if #ids == 0 then
+      return
+    end
+    local again = nil
+    for i = 1, #jobs do
+      again = again or {}
+      again[jobs[i][Row.ID]] = true
+    end
+    local gone = ids
+    if again then
+      gone = {}
+      for i = 1, #ids do
+        if not again[ids[i]] then
+          gone[#gone + 1] = ids[i]
+        end
+      end
+    end
+    if #gone > 0 then
+      redis.call('ZREM', keys[LEASES], unpack(gone))
+    end
+  end
+
   -- ARGV: msgpack [acks, worker, n, lease_ms, promote_limit, lanes, idle_ms, slots]. One
   -- round trip settles a worker's finished attempts and leases it the next batch: first
   -- what was handed to its inbox, then up to n more slots of work. `slots` is the
@@ -164,6 +195,7 @@ do
     local lanes, idle_ms = ex[Exchange.LANES], tonumber(ex[Exchange.IDLE_MS]) or 0
     local tally = new_effects()
     register_worker(keys, p, worker, tonumber(ex[Exchange.SLOTS]) or n, lanes, now)
+    tally.unleased = NO_IDS
     local codes = apply_acks(keys, p, ex[Exchange.OUTCOMES], now, tally)
     workers.forget_settled(p, worker, ex[Exchange.OUTCOMES], codes)
     local member = worker .. '|' .. lease
@@ -187,6 +219,7 @@ do
     for i = #handed, 1, -1 do
       table.insert(jobs, 1, handed[i])
     end
+    workers.drop_leases(keys, tally.unleased, jobs)
     if #jobs == 0 and idle_ms > 0 then
       for _, lane in ipairs(lanes) do
         redis.call('ZADD', lane_key(p, lane, 'idle'), now + idle_ms, member)
