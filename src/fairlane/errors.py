@@ -55,7 +55,7 @@ class StoreLayoutError(FairlaneError):
             f"the keys under {prefix!r} hold data written by {who} Fairlane (store layout "
             f"{found}); Fairlane {version} reads store layout {reads} only and would "
             "misread it. Finish its jobs with the release that wrote them, then delete "
-            f"the keys under {prefix!r}; or use another app name."
+            f"the keys under {prefix!r} (fairlane purge); or use another app name."
         )
 
 

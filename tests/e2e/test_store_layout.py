@@ -106,5 +106,17 @@ async def test_data_of_another_layout_is_refused_by_name(
         assert f"reads store layout {STORE_LAYOUT} only" in text
         # nothing was written over it
         assert client.hget(stats, "layout") == (layout.encode() if layout else None)
+        # connected without declaring, the app's keys are purged whatever wrote them
+        # (fairlane purge), and the app then starts afresh in this layout
+        app = make_app(namespace, redis_url)
+        await app.connect(declare=False)
+        try:
+            assert await app.purge() >= 1
+        finally:
+            await app.aclose()
+        assert client.exists(stats) == 0
+        async with make_app(namespace, redis_url):
+            pass
+        assert client.hget(stats, "layout") == str(STORE_LAYOUT).encode()
     finally:
         client.close()

@@ -155,7 +155,11 @@ class App(Declaring):
             return self.settings.redis_url
         return ensure_dev_server(self.settings.server.state_dir, self.settings.server.binary)
 
-    async def connect(self) -> None:
+    async def connect(self, *, declare: bool = True) -> None:
+        """Open the app's connections and, unless ``declare`` is False, record its tasks
+        and lanes on every shard (``StoreLayoutError`` if a shard holds data of another
+        store layout). Without, nothing is read or written: enough to count or delete
+        the app's keys whatever wrote them."""
         if self._sharded.connected:
             return
         self.check_lanes()
@@ -175,7 +179,8 @@ class App(Declaring):
             memory_mark=self.settings.queues.memory_high_water,
         )
         try:
-            await self.registry.declare(self._sharded.stores)
+            if declare:
+                await self.registry.declare(self._sharded.stores)
         except BaseException:
             await self._sharded.aclose()
             raise

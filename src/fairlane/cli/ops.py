@@ -50,16 +50,23 @@ _ERROR_WIDTH = 80
 
 
 async def _count_keys(app: App) -> tuple[str, int]:
-    async with app:
+    # not declared: the keys of any store layout are counted and purged alike
+    await app.connect(declare=False)
+    try:
         count = 0
         for store in app.stores:
             count += await store.count_keys()
         return app.url or "?", count
+    finally:
+        await app.aclose()
 
 
 async def _purge(app: App) -> int:
-    async with app:
+    await app.connect(declare=False)
+    try:
         return await app.purge()
+    finally:
+        await app.aclose()
 
 
 def purge(

@@ -153,12 +153,13 @@ do
   local NO_IDS = {}
 
   -- The leases of the attempts an exchange settled (`ids`) go once its new leases are
-  -- written, but for a job leased again in the same call (a retry due at once, a job
-  -- handed back): its new lease stays. Dropped after rather than before the new ones are
-  -- added, the lease set never empties between the two while a worker is busy, so the
-  -- server keeps it as a skiplist, where adding and removing an id costs O(log n); built
-  -- up again from empty on each exchange, it would be a listpack, where each costs O(n).
-  function workers.drop_leases(keys, ids, jobs)
+  -- written, from the lease set and the worker's set of leased ids, but for a job leased
+  -- again in the same call (a retry due at once, a job handed back): its new lease stays.
+  -- Dropped after rather than before the new ones are added, neither set empties between
+  -- the two while a worker is busy, so the server keeps them in their large encodings,
+  -- where adding and removing an id costs O(log n) or O(1); built up again from empty on
+  -- each exchange, they would be listpacks, where each costs O(n).
+  function workers.drop_leases(keys, p, worker, ids, jobs)
     if #ids == 0 then
       return
     end
@@ -178,6 +179,7 @@ do
     end
     if #gone > 0 then
       redis.call('ZREM', keys[LEASES], unpack(gone))
+      redis.call('SREM', leasing.worker_jobs(p, worker), unpack(gone))
     end
   end
 
@@ -197,7 +199,6 @@ do
     register_worker(keys, p, worker, tonumber(ex[Exchange.SLOTS]) or n, lanes, now)
     tally.unleased = NO_IDS
     local codes = apply_acks(keys, p, ex[Exchange.OUTCOMES], now, tally)
-    workers.forget_settled(p, worker, ex[Exchange.OUTCOMES], codes)
     local member = worker .. '|' .. lease
     for _, lane in ipairs(lanes) do
       redis.call('ZREM', lane_key(p, lane, 'idle'), member)
@@ -219,7 +220,7 @@ do
     for i = #handed, 1, -1 do
       table.insert(jobs, 1, handed[i])
     end
-    workers.drop_leases(keys, tally.unleased, jobs)
+    workers.drop_leases(keys, p, worker, tally.unleased, jobs)
     if #jobs == 0 and idle_ms > 0 then
       for _, lane in ipairs(lanes) do
         redis.call('ZADD', lane_key(p, lane, 'idle'), now + idle_ms, member)
