@@ -328,7 +328,7 @@ do
   local function load_state(cx)
     flush_dispatch(cx)
     cx.runs, cx.recs, cx.peeks, cx.active, cx.wins, cx.pend = {}, {}, {}, {}, {}, {}
-    cx.wgone = {}
+    cx.wgone, cx.why_x = {}, nil
     local v = redis.call('HMGET', cx.sk, unpack(cx.fields))
     cx.cap = tonumber(v[1]) or 0
     local n = #cx.tbl
@@ -549,13 +549,21 @@ do
     if (tonumber(jf[8]) or cx.now) >= cx.now then
       return nil
     end
-    local by, ended, assured = nil, cx.tally.ended, cx.levels.a
-    for i = 1, #cx.tbl do
-      local held = cx.f[i] + (ended and ended[cx.ended_keys[i]] or 0)
-      if i ~= x and held > assured[i] then
-        by = by or {}
-        by[cx.tbl[i][ClassRow.NAME]] = {held, assured[i]}
+    -- the other classes' holdings change only when one of them takes a job, or the view
+    -- is read again (load_state): a run of one class's starts computes them once
+    local by
+    if cx.why_x == x then
+      by = cx.why_by or nil
+    else
+      local ended, assured = cx.tally.ended, cx.levels.a
+      for i = 1, #cx.tbl do
+        local held = cx.f[i] + (ended and ended[cx.ended_keys[i]] or 0)
+        if i ~= x and held > assured[i] then
+          by = by or {}
+          by[cx.tbl[i][ClassRow.NAME]] = {held, assured[i]}
+        end
       end
+      cx.why_x, cx.why_by = x, by or false
     end
     if not by and (rivals or 0) < 1 then
       return nil
@@ -628,6 +636,9 @@ do
         count_start(tally, lane, cls, jf[9])
         given = given + h[3]
         cx.f[x] = cx.f[x] + h[3]
+        if cx.why_x ~= x then
+          cx.why_x = nil -- what the other classes hold changed (queued_why)
+        end
         bump(cx, 'f:' .. cls, h[3])
       end
       if dirty then

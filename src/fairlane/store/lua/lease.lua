@@ -236,6 +236,43 @@ do
     return nil
   end
 
+  -- The fields of the last sound record that repeat from job to job (task, max, to,
+  -- tenant, bo, sl, cls, prio, cu): a record holding the very same values has them sound
+  -- too, so only its other fields are checked, in the same order (the first unusable
+  -- field named is the same). Most jobs of a batch repeat the one before.
+  local seen_task, seen_max, seen_to, seen_tenant, seen_bo, seen_sl, seen_cls, seen_prio, seen_cu
+
+  local function unsound_field(f)
+    if f[2] ~= seen_task or f[4] ~= seen_max or f[5] ~= seen_to or f[6] ~= seen_tenant
+        or f[7] ~= seen_bo or f[10] ~= seen_sl or f[11] ~= seen_cls or f[12] ~= seen_prio
+        or f[14] ~= seen_cu then
+      local bad = malformed_field(f)
+      if not bad then
+        seen_task, seen_max, seen_to, seen_tenant, seen_bo = f[2], f[4], f[5], f[6], f[7]
+        seen_sl, seen_cls, seen_prio, seen_cu = f[10], f[11], f[12], f[14]
+      end
+      return bad
+    end
+    if not f[3] or not utf8_ok(f[3]) then
+      return 'args'
+    elseif f[16] and not whole(f[16]) then
+      return 'dl'
+    elseif f[8] and not whole(f[8]) then
+      return 'enq'
+    elseif f[9] and not leasing.whole_ok(f[9]) then
+      return 'att'
+    elseif f[17] and not leasing.limits_ok(f[17]) then
+      return 'lim'
+    elseif f[13] and not finite(f[13]) then
+      return 'seq'
+    elseif f[23] and not leasing.rates_ok(f[23]) then
+      return 'rk'
+    elseif f[24] and not finite(f[24]) then
+      return 'rmu'
+    end
+    return nil
+  end
+
   -- Lease popped jobs ({id, fields, lane} as `runnable` returns them) to `worker`: one
   -- fencing token each, the attempt counted, one ZADD for all the leases; the classes'
   -- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns
@@ -373,7 +410,7 @@ do
   -- already to see the job at its class's head (one read per job, not two).
   local function runnable(keys, p, id, now, tally, pre)
     local f = pre or leasing.read_runnable(p, id)
-    local bad = f[1] == 'queued' and malformed_field(f)
+    local bad = f[1] == 'queued' and unsound_field(f)
     if bad then
       count(tally, 'malformed')
       release_throttle(keys, p, id, f[18], now)
