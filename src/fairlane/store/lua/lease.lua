@@ -193,84 +193,71 @@ do
   leasing.limits_ok = core.memoised(function(v) return limits_ok(v) end)
   leasing.rates_ok = core.memoised(function(v) return limits_ok(v, true) end)
 
-  -- The first field of a queued job's record (as `runnable` reads them) that would fail
-  -- the worker or the scripts: text the worker decodes strictly, numbers it decodes as
-  -- integers, specs the scripts parse. nil when the record is sound. Absent optional
-  -- fields fall back to their defaults where they are read.
-  local function malformed_field(f)
-    if not f[2] or not leasing.text_ok(f[2]) then
-      return 'task'
-    elseif not f[3] or not utf8_ok(f[3]) then
-      return 'args'
-    elseif not leasing.whole_ok(f[4]) then
-      return 'max'
-    elseif f[16] and not whole(f[16]) then
-      return 'dl'
-    elseif f[5] and not leasing.to_ok(f[5]) then
-      return 'to'
-    elseif not f[6] or not leasing.text_ok(f[6]) then
-      return 'tenant'
-    elseif f[7] and not leasing.backoff_ok(f[7]) then
-      return 'bo'
-    elseif f[8] and not whole(f[8]) then
-      return 'enq'
-    elseif f[9] and not leasing.whole_ok(f[9]) then
-      return 'att'
-    elseif f[10] and not leasing.slots_ok(f[10]) then
-      return 'sl'
-    elseif f[11] and not leasing.text_ok(f[11]) then
-      return 'cls'
-    elseif f[17] and not leasing.limits_ok(f[17]) then
-      return 'lim'
-    elseif f[12] and not leasing.finite_ok(f[12]) then
-      return 'prio'
-    elseif f[13] and not finite(f[13]) then
-      return 'seq'
-    elseif f[14] and not leasing.finite_ok(f[14]) then
-      return 'cu'
-    elseif f[23] and not leasing.rates_ok(f[23]) then
-      return 'rk'
-    elseif f[24] and not finite(f[24]) then
-      return 'rmu'
+  -- What makes a queued job's record (as `runnable` reads it) unusable, field by field in
+  -- the order they are checked: text the worker decodes strictly, numbers it decodes as
+  -- integers, specs the scripts parse. Each entry: its place in the record (`at`), its
+  -- name, whether it must be there, whether its value is sound (`ok`), whether it repeats
+  -- from job to job. Absent optional fields fall back to their defaults where read.
+  local function is_finite(v)
+    return finite(v) ~= nil
+  end
+
+  local SOUND = {
+    {at = 2, name = 'task', needed = true, ok = leasing.text_ok, repeats = true},
+    {at = 3, name = 'args', needed = true, ok = utf8_ok, repeats = false},
+    {at = 4, name = 'max', needed = true, ok = leasing.whole_ok, repeats = true},
+    {at = 16, name = 'dl', needed = false, ok = whole, repeats = false},
+    {at = 5, name = 'to', needed = false, ok = leasing.to_ok, repeats = true},
+    {at = 6, name = 'tenant', needed = true, ok = leasing.text_ok, repeats = true},
+    {at = 7, name = 'bo', needed = false, ok = leasing.backoff_ok, repeats = true},
+    {at = 8, name = 'enq', needed = false, ok = whole, repeats = false},
+    {at = 9, name = 'att', needed = false, ok = leasing.whole_ok, repeats = false},
+    {at = 10, name = 'sl', needed = false, ok = leasing.slots_ok, repeats = true},
+    {at = 11, name = 'cls', needed = false, ok = leasing.text_ok, repeats = true},
+    {at = 17, name = 'lim', needed = false, ok = leasing.limits_ok, repeats = false},
+    {at = 12, name = 'prio', needed = false, ok = leasing.finite_ok, repeats = true},
+    {at = 13, name = 'seq', needed = false, ok = is_finite, repeats = false},
+    {at = 14, name = 'cu', needed = false, ok = leasing.finite_ok, repeats = true},
+    {at = 23, name = 'rk', needed = false, ok = leasing.rates_ok, repeats = false},
+    {at = 24, name = 'rmu', needed = false, ok = is_finite, repeats = false},
+  }
+  -- the entries of the fields that do not repeat
+  local SOUND_OTHERS = {}
+  for i = 1, #SOUND do
+    if not SOUND[i].repeats then
+      SOUND_OTHERS[#SOUND_OTHERS + 1] = SOUND[i]
+    end
+  end
+
+  -- The first unusable field of `checks` in record `f`, nil when none is.
+  local function first_unsound(f, checks)
+    for i = 1, #checks do
+      local check = checks[i]
+      local v = f[check.at]
+      if (not v and check.needed) or (v and not check.ok(v)) then
+        return check.name
+      end
     end
     return nil
   end
 
-  -- The fields of the last sound record that repeat from job to job (task, max, to,
-  -- tenant, bo, sl, cls, prio, cu): a record holding the very same values has them sound
-  -- too, so only its other fields are checked, in the same order (the first unusable
+  -- The repeating fields of the last sound record: a record holding the very same values
+  -- has them sound too, so only its other fields are checked, in the same order (the
   -- field named is the same). Most jobs of a batch repeat the one before.
   local seen_task, seen_max, seen_to, seen_tenant, seen_bo, seen_sl, seen_cls, seen_prio, seen_cu
 
   local function unsound_field(f)
-    if f[2] ~= seen_task or f[4] ~= seen_max or f[5] ~= seen_to or f[6] ~= seen_tenant
-        or f[7] ~= seen_bo or f[10] ~= seen_sl or f[11] ~= seen_cls or f[12] ~= seen_prio
-        or f[14] ~= seen_cu then
-      local bad = malformed_field(f)
-      if not bad then
-        seen_task, seen_max, seen_to, seen_tenant, seen_bo = f[2], f[4], f[5], f[6], f[7]
-        seen_sl, seen_cls, seen_prio, seen_cu = f[10], f[11], f[12], f[14]
-      end
-      return bad
+    if f[2] == seen_task and f[4] == seen_max and f[5] == seen_to and f[6] == seen_tenant
+        and f[7] == seen_bo and f[10] == seen_sl and f[11] == seen_cls and f[12] == seen_prio
+        and f[14] == seen_cu then
+      return first_unsound(f, SOUND_OTHERS)
     end
-    if not f[3] or not utf8_ok(f[3]) then
-      return 'args'
-    elseif f[16] and not whole(f[16]) then
-      return 'dl'
-    elseif f[8] and not whole(f[8]) then
-      return 'enq'
-    elseif f[9] and not leasing.whole_ok(f[9]) then
-      return 'att'
-    elseif f[17] and not leasing.limits_ok(f[17]) then
-      return 'lim'
-    elseif f[13] and not finite(f[13]) then
-      return 'seq'
-    elseif f[23] and not leasing.rates_ok(f[23]) then
-      return 'rk'
-    elseif f[24] and not finite(f[24]) then
-      return 'rmu'
+    local bad = first_unsound(f, SOUND)
+    if not bad then
+      seen_task, seen_max, seen_to, seen_tenant, seen_bo = f[2], f[4], f[5], f[6], f[7]
+      seen_sl, seen_cls, seen_prio, seen_cu = f[10], f[11], f[12], f[14]
     end
-    return nil
+    return bad
   end
 
   -- Lease popped jobs ({id, fields, lane} as `runnable` returns them) to `worker`: one
