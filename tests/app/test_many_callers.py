@@ -72,4 +72,4 @@ async def test_a_caller_that_waits_past_the_timeout_is_told_the_store_is_busy(
         # with the places free again, calls go through
         await noop.enqueue(3, tenant="t")
         stats = await app.stats()
-    assert stats["seq"] == 1  # the store's FIFO counter: one job was ever stored
+    assert stats["fifo"] == 1  # the store's FIFO counter: one job was ever stored

@@ -120,3 +120,28 @@ async def test_data_of_another_layout_is_refused_by_name(
         assert client.hget(stats, "layout") == str(STORE_LAYOUT).encode()
     finally:
         client.close()
+
+
+async def test_a_shard_this_library_wrote_before_declaring_is_claimed(
+    redis_url: str, namespace: str
+) -> None:
+    # as after a restart that lost the data: a producer stores a job on the shard before
+    # any app declares itself there again; its counters are no sign of an earlier library
+    app = make_app(namespace, redis_url)
+
+    @app.task
+    async def echo(n: int) -> int:
+        return n
+
+    await app.connect(declare=False)
+    try:
+        await echo.enqueue(1)
+    finally:
+        await app.aclose()
+    async with make_app(namespace, redis_url) as again:
+        stats = again.store.keys.stats
+    client = create_sync_client(redis_url, socket_timeout=10, socket_connect_timeout=10)
+    try:
+        assert client.hget(stats, "layout") == str(STORE_LAYOUT).encode()
+    finally:
+        client.close()

@@ -192,7 +192,7 @@ async def test_oldest_waiting_job_age_grows_then_clears(redis_url: str, namespac
 def test_decision_fields_are_split_from_the_other_counters() -> None:
     stats, decisions = _split_stats(
         {
-            "seq": 9,
+            "fifo": 9,
             "completed": 3,
             "adm:accepted:none:light:standard": 5,
             "adm:rejected:class_full:light:batch": 2,

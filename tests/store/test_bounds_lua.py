@@ -110,7 +110,7 @@ class BoundsMachine(StoreMachine):
                     slots=job.slots,
                 )
             )
-        first_seq = int(self.client.hget(self.keys.stats, "seq") or 0) + 1
+        first_seq = int(self.client.hget(self.keys.stats, "fifo") or 0) + 1
         reasons = admit_batch(self.bounds, self.counts, wanted, first_seq)
         replies = self.run(self.store.submit(LANE, new))
         for job, sent, reason, reply in zip(wanted, new, reasons, replies, strict=True):

@@ -817,10 +817,10 @@ class LuaVsModel(StoreMachine):
         }
         assert decisions == refused, "admission decisions"
         named = {f for f in snap.stats if f.startswith(DECISION_PREFIX)}
-        assert not set(snap.stats) - named - {*COUNTERS, "seq"}, (
+        assert not set(snap.stats) - named - {*COUNTERS, "fifo"}, (
             f"unexpected counters: {snap.stats}"
         )
-        assert snap.stats.get("seq", 0) == model.seq
+        assert snap.stats.get("fifo", 0) == model.seq
         self.throttles_match(snap)
 
     def pauses_match(self, snap: Snapshot) -> None:

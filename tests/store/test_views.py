@@ -100,7 +100,12 @@ def test_app_totals_split_counters_from_decisions() -> None:
         app_totals(keys, ["default"]),
         [
             *lane,
-            {b"completed": b"3", b"seq": b"9", b"adm:accepted:none:default:standard": b"2"},
+            {
+                b"completed": b"3",
+                b"fifo": b"9",
+                b"layout": b"2",
+                b"adm:accepted:none:default:standard": b"2",
+            },
             1,
             *lane,
             {b"completed": b"4", b"adm:rejected:class_full:default:standard": b"1"},
@@ -113,7 +118,7 @@ def test_app_totals_split_counters_from_decisions() -> None:
         ("default", "standard", "rejected", "class_full"): 1,
     }
     assert totals.throttle_waiters == 3 and len(totals.lanes) == 2 and len(asked) == 1
-    assert split_stats({"adm:odd": 1, "seq": 2, "failed": 1}) == ({"failed": 1}, {})
+    assert split_stats({"adm:odd": 1, "fifo": 2, "layout": 2, "failed": 1}) == ({"failed": 1}, {})
 
 
 # -- ages and delays -------------------------------------------------------------------

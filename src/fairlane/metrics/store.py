@@ -142,7 +142,7 @@ NEED_TENANTS_READ = 256
 @dataclass(frozen=True, slots=True)
 class StoreSnapshot:
     lanes: dict[str, LaneState]
-    stats: dict[str, int]  # the stats hash but for ``seq`` and the ``adm:`` fields
+    stats: dict[str, int]  # the stats hash but for ``fifo``, ``layout``, ``adm:`` fields
     throttle_waiters: int
     read_at: float = field(default_factory=time.monotonic)
     decisions: dict[DecisionKey, int] = field(default_factory=dict)

@@ -28,7 +28,7 @@ pattern (after the prefix)  type   holds                              written by
 =========================  =====  =================================  ========================
 ``fence``                  str    fencing-token counter              fetch
 ``leases``                 zset   running job id -> expiry (ms)      fetch, renew, ack, sweep
-``stats``                  hash   counters; the FIFO ``seq``;        every script; ``adm:``
+``stats``                  hash   counters; the FIFO ``fifo``;       every script; ``adm:``
                                   admission decisions (see below)    fields: enqueue
 ``idem``                   hash   idempotency key -> job id          enqueue, retention trim
 ``dead``                   zset   dead-lettered job id -> time (ms)  ack, sweep, redrive
@@ -532,8 +532,9 @@ class AppKeys:
 
 #: How this library lays its data out, kept in the ``stats`` hash's ``layout`` field by
 #: the first app to declare itself on a shard (``claim_layout``). 1: every job field
-#: written (no ``layout`` field); 2: fields at their defaults left out of job records
-#: (``JOB_FIELDS`` says what an absent one reads as). Data of another layout is refused,
+#: written (no ``layout`` field; the FIFO counter is ``stats``'s ``seq``); 2: fields at
+#: their defaults left out of job records (``JOB_FIELDS`` says what an absent one reads
+#: as), the FIFO counter ``fifo``. Data of another layout is refused,
 #: not misread.
 STORE_LAYOUT: Final = 2
 

@@ -34,13 +34,16 @@ do
   -- ARGV: the store layout this library writes. The shard's layout (the stats hash's
   -- `layout`), claimed by the first app to declare itself on it. Returns the layout found:
   -- the one given when it was free, '' when the shard holds data of a library that wrote
-  -- none (store layout 1, fairlane/store/keys.py).
+  -- none (store layout 1, fairlane/store/keys.py), which kept its FIFO counter in the
+  -- stats hash's `seq` (this layout's is `fifo`: a producer that enqueued on a shard
+  -- before any app declared itself there, after a restart that lost the data, leaves no
+  -- sign of an earlier library).
   local function claim_layout(keys, args)
     local found = redis.call('HGET', keys[STATS], 'layout')
     if found then
       return found
     end
-    if redis.call('EXISTS', keys[STATS]) == 1 then
+    if redis.call('HEXISTS', keys[STATS], 'seq') == 1 then
       return ''
     end
     redis.call('HSET', keys[STATS], 'layout', args[ClaimLayoutArg.LAYOUT])

@@ -277,7 +277,7 @@ do
     local jobs, out, submitted = cmsgpack.unpack(args[EnqueueArg.JOBS]), {}, call_submitted
     local p, lane, now, n, ready = call_p, call_lane, call_now, #jobs, false
     -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
-    local first = redis.call('HINCRBY', keys[STATS], 'seq', n) - n
+    local first = redis.call('HINCRBY', keys[STATS], 'fifo', n) - n
     -- each job gated, recorded, then placed, its reply entry added: place runs inline, as
     -- every function called per job costs the server a call per job
     for i = 1, n do

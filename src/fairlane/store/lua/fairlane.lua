@@ -6,7 +6,7 @@ Keys. Every function receives the app's fixed keys first, in this order
 (fairlane/store/keys.py, AppKeys.common), each indexed by the Lua constant named here:
   KEYS[1]  FENCE    fence     string  fencing-token counter
   KEYS[2]  LEASES   leases    zset    running job id -> lease expiry (server ms)
-  KEYS[3]  STATS    stats     hash    counters; also the 'seq' FIFO counter
+  KEYS[3]  STATS    stats     hash    counters; also the 'fifo' FIFO counter
   KEYS[4]  IDEM     idem      hash    idempotency key -> job id
   KEYS[5]  DEAD     dead      zset    dead-lettered job id -> time (ms)
   KEYS[6]  WORKERS  workers   zset    worker id -> last heartbeat (ms)

@@ -222,7 +222,7 @@ do
     end
     local seq = f[11]
     if not deadlineorder.ordered(seq) then
-      seq = redis.call('HINCRBY', keys[STATS], 'seq', 1)
+      seq = redis.call('HINCRBY', keys[STATS], 'fifo', 1)
     end
     redis.call('HINCRBY', jk, 'att', -1)
     redis.call('HSET', jk, 'st', 'scheduled', 'run', run_at, 'wf', wait, 'seq', seq)

@@ -48,11 +48,12 @@ UnitsKey = tuple[str, str, str]
 
 
 def split_stats(raw: Mapping[str, int]) -> tuple[dict[str, int], dict[DecisionKey, int]]:
-    """The stats hash as plain counters (``seq`` left out) and admission decisions."""
+    """The stats hash as plain counters (``fifo`` and ``layout`` left out) and admission
+    decisions."""
     stats: dict[str, int] = {}
     decisions: dict[DecisionKey, int] = {}
     for name, n in raw.items():
-        if name == "seq" or name.startswith(UNITS_PREFIX):
+        if name in ("fifo", "layout") or name.startswith(UNITS_PREFIX):
             continue
         if not name.startswith(DECISION_PREFIX):
             stats[name] = n
