@@ -1,11 +1,12 @@
 """An app's totals, as the metrics export them: its lanes, counters and decisions.
 
 The ``stats`` hash holds the app's counters (completed, failed, retried, ...), the FIFO
-``seq`` and the admission decisions, one field ``adm:<outcome>:<reason>:<lane>:<class>``
-each (written by the enqueue script), and, in lanes that learn costs, the work units
-estimated and used by the jobs settled, ``units:<est|used>:<lane>:<class>`` in
-milli-units (written by the ack script; :func:`work_units`); :func:`split_stats` tells
-the counters from the decisions and leaves the units out. Read with
+counter ``fifo``, its store ``layout``, and the admission decisions, one field
+``adm:<outcome>:<reason>:<lane>:<class>`` each (written by the enqueue script), and, in
+lanes that learn costs, the work units estimated and used by the jobs settled,
+``units:<est|used>:<lane>:<class>`` in milli-units (written by the ack script;
+:func:`work_units`); :func:`split_stats` tells the counters from the decisions and
+leaves the units out. Read with
 the lanes and the number of throttle waiters in one round trip (:func:`app_totals`),
 each summed over the shards but for the lanes, kept per shard for the oldest-age read
 (``fairlane.store.views.waits``) and merged by ``fairlane.store.views.lanes``.
@@ -80,11 +81,14 @@ def work_units(raw: Mapping[str, int]) -> dict[UnitsKey, float]:
 
 
 def summed(hashes: Sequence[Mapping[Any, Any]]) -> dict[str, int]:
-    """Counter hashes (``HGETALL`` replies) summed field by field."""
+    """Counter hashes (``HGETALL`` replies) summed field by field; the stats hash's store
+    layout is no counter, and is left out."""
     total: dict[str, int] = {}
     for raw in hashes:
         for k, v in raw.items():
             name = field_text(k)
+            if name == "layout":
+                continue
             total[name] = total.get(name, 0) + field_int(v, 0)
     return total
 
