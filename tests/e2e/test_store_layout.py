@@ -34,6 +34,15 @@ def _record(redis_url: str, app: App, job_id: str) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
+def _layout(redis_url: str, namespace: str) -> bytes | None:
+    """The store layout the app's shard records (its stats hash's ``layout``)."""
+    client = create_sync_client(redis_url, socket_timeout=10, socket_connect_timeout=10)
+    try:
+        return client.hget(AppKeys.for_app(namespace).stats, "layout")
+    finally:
+        client.close()
+
+
 async def test_a_plain_record_leaves_its_defaults_out_and_runs_as_before(
     redis_url: str, namespace: str
 ) -> None:
@@ -74,13 +83,9 @@ async def test_a_plain_record_leaves_its_defaults_out_and_runs_as_before(
 
 
 async def test_a_shard_keeps_the_layout_it_was_written_in(redis_url: str, namespace: str) -> None:
-    async with make_app(namespace, redis_url) as app:
-        stats = app.store.keys.stats
-    client = create_sync_client(redis_url, socket_timeout=10, socket_connect_timeout=10)
-    try:
-        assert client.hget(stats, "layout") == str(STORE_LAYOUT).encode()
-    finally:
-        client.close()
+    async with make_app(namespace, redis_url):
+        pass
+    assert _layout(redis_url, namespace) == str(STORE_LAYOUT).encode()
     async with make_app(namespace, redis_url):  # the same layout: it starts
         pass
 
@@ -138,10 +143,6 @@ async def test_a_shard_this_library_wrote_before_declaring_is_claimed(
         await echo.enqueue(1)
     finally:
         await app.aclose()
-    async with make_app(namespace, redis_url) as again:
-        stats = again.store.keys.stats
-    client = create_sync_client(redis_url, socket_timeout=10, socket_connect_timeout=10)
-    try:
-        assert client.hget(stats, "layout") == str(STORE_LAYOUT).encode()
-    finally:
-        client.close()
+    async with make_app(namespace, redis_url):
+        pass
+    assert _layout(redis_url, namespace) == str(STORE_LAYOUT).encode()

@@ -159,7 +159,7 @@ do
     local idem = j[Job.IDEMPOTENCY_KEY]
     local fkey = j[Job.FAIRNESS_KEY]
     -- A field at its default is left out (core.lua says what an absent one reads
-    -- as): most jobs keep their task's retention and backoff, one slot, priority 0 and the
+    -- as): most jobs keep the default retention and backoff, one slot, priority 0 and the
     -- usual cost key, and each field left out is bytes a waiting job does not hold
     local h = {'HSET', job_key(p, id), 'task', j[Job.TASK], 'tenant', tenant, 'lane', lane,
       'args', j[Job.ARGS], 'max', arg(j[Job.MAX_ATTEMPTS]), 'to', arg(j[Job.TIMEOUT]), 'enq', now_s,
