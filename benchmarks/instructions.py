@@ -8,11 +8,18 @@ instructions alone. Phases: ``jobs`` no-op jobs enqueued with ``enqueue_many`` i
 of ``batch`` (with ``--tenants T``: one call of ``jobs / T`` jobs per tenant instead),
 then drained by one in-process burst worker at ``concurrency``, the app in cost mode.
 
+With ``--split`` the drain is made by hand instead, in two phases counted apart: exchanges
+that only fetch (batches of 100, nothing settled) until every job is leased, then
+exchanges that only settle them (100 completions each, nothing fetched). Their figures
+say how a drain's instructions divide between dispatch and acks; the store's
+``exchange`` is the one non-public call it makes.
+
 It needs only Fairlane's public API, so the same module measures another checkout: put
 that checkout's ``src`` first on ``PYTHONPATH``. ``--keep DIR`` keeps the dumps
 (``cg.out.1`` enqueue, ``cg.out.2`` drain) for ``callgrind_annotate``.
 
-Run: ``python -m benchmarks.instructions [--jobs 20000] [--tenants 10000] [--keep DIR]``.
+Run: ``python -m benchmarks.instructions [--jobs 20000] [--tenants 10000] [--split]
+[--keep DIR]``.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import redis.asyncio as aioredis
 
 from fairlane import App, Task
 from fairlane.runtime.loop import run as run_loop
+from fairlane.store.wire import FetchedJob, Outcome
 
 NOOP = "bench.noop"
 
@@ -127,8 +135,37 @@ def batches(jobs: int, batch: int, tenants: int) -> Iterator[tuple[str, list[tup
             yield "default", [(i,) for i in range(start, min(jobs, start + batch))]
 
 
+SPLIT_BATCH = 100
+
+
+async def split_drain(app: App, grind: Callgrind, total: int) -> tuple[int, int]:
+    """Instructions of fetching every job (nothing settled), then of settling them all."""
+    store, lease_ms = app.store, 600_000
+    grind.control("-z")
+    leased: list[FetchedJob] = []
+    while len(leased) < total:
+        fetched = await store.exchange("split", ["default"], SPLIT_BATCH, lease_ms, slots=total)
+        if not fetched.jobs:
+            raise RuntimeError(f"only {len(leased)} of {total} jobs were fetched")
+        leased.extend(fetched.jobs)
+    dispatch = grind.dump()
+    grind.control("-z")
+    for i in range(0, len(leased), SPLIT_BATCH):
+        done = [Outcome(j.id, j.token, "ok", "1", cost=0.001) for j in leased[i : i + SPLIT_BATCH]]
+        settled = await store.exchange("split", ["default"], 0, lease_ms, done, slots=total)
+        if set(settled.ack_codes) != {1}:
+            raise RuntimeError(f"acks not applied: {settled.ack_codes}")
+    return dispatch, grind.dump()
+
+
 async def measure(  # noqa: PLR0917 - the run's own settings
-    server: str, jobs: int, batch: int, tenants: int, concurrency: int, keep: Path | None
+    server: str,
+    jobs: int,
+    batch: int,
+    tenants: int,
+    concurrency: int,
+    keep: Path | None,
+    split: bool = False,
 ) -> None:
     out = keep or Path(tempfile.mkdtemp(prefix="fairlane-callgrind-"))
     grind = Callgrind(server, out)
@@ -147,13 +184,20 @@ async def measure(  # noqa: PLR0917 - the run's own settings
                 await noop.enqueue_many(calls, tenant=tenant)
                 total += len(calls)
             enqueue = grind.dump()
-            grind.control("-z")
-            await app.run_worker(concurrency=concurrency, burst=True)
-            drain = grind.dump()
+            if split:
+                dispatch, acks = await split_drain(app, grind, total)
+            else:
+                grind.control("-z")
+                await app.run_worker(concurrency=concurrency, burst=True)
+                drain = grind.dump()
         shape = f"{tenants} tenants" if tenants else "one tenant"
         print(f"{total} jobs, {shape}: server instructions per job")
         print(f"  enqueue {enqueue / total:>12,.0f}")
-        print(f"  drain   {drain / total:>12,.0f}")
+        if split:
+            print(f"  fetch   {dispatch / total:>12,.0f}")
+            print(f"  settle  {acks / total:>12,.0f}")
+        else:
+            print(f"  drain   {drain / total:>12,.0f}")
     finally:
         grind.stop()
         if keep is None:
@@ -168,12 +212,25 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--server", default="redis-server")
     parser.add_argument(
+        "--split", action="store_true", help="count fetching and settling apart (see above)"
+    )
+    parser.add_argument(
         "--keep", type=Path, help="a directory to keep the dumps in, for callgrind_annotate"
     )
     args = parser.parse_args()
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
-    run_loop(measure(args.server, args.jobs, args.batch, args.tenants, args.concurrency, args.keep))
+    run_loop(
+        measure(
+            args.server,
+            args.jobs,
+            args.batch,
+            args.tenants,
+            args.concurrency,
+            args.keep,
+            args.split,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -165,6 +165,8 @@ def fill_constants(source: str) -> str:
         "__DEADLINE_SAFETY__": repr(startpredict.DEADLINE_SAFETY),
         "__DEFAULT_BACKOFF__": Backoff().encode(),
         "__DEFAULT_RETENTION__": _DEFAULT_RETENTION,
+        "__DEFAULT_RC__": Retention().completed.encode(),
+        "__DEFAULT_RF__": Retention().failed.encode(),
         "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),
         "__PART_EPSILON__": repr(globalkeys.EPSILON),
         "__DEADLINE_EPOCH_MS__": str(deadlineorder.DEADLINE_EPOCH_MS),

@@ -398,8 +398,12 @@ class Fetched:
     waiting: float | None = None
 
 
-class Outcome(msgspec.Struct, array_like=True, frozen=True):
-    """A settled attempt, sent back fenced by its token (encoded as the script reads it)."""
+class Outcome(msgspec.Struct, array_like=True, frozen=True, omit_defaults=True):
+    """A settled attempt, sent back fenced by its token (encoded as the script reads it).
+
+    Places at their defaults at the end are left off the wire (a plain completion sends
+    five of eight): the script reads an absent place as its default.
+    """
 
     id: str
     token: str

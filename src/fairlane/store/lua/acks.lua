@@ -22,21 +22,52 @@ do
   local schedule_retry = records.schedule_retry
   local suspend_run = workflows.suspend_run
 
-  -- How a lane learns costs: {cost_mode, learn, window}, read once per call and lane.
-  -- `cache` also gathers a call's cost samples per key and tag corrections per tenant,
-  -- written once each by `flush_costs`.
+  -- How a lane learns costs: {cost_mode, learn, window, classes}, read once per call and
+  -- lane (`cache.lanes`). `cache` also gathers a call's cost samples per key (`samples`)
+  -- and, per class, tag corrections per tenant, written once each by `flush_costs`.
   local function lane_costing(p, lane, cache)
-    local c = cache[lane]
+    local c = cache.lanes[lane]
     if not c then
       local v = redis.call('HMGET', lane_key(p, lane, 'state'), 'charge', 'adm')
       local window = 500
       if v[2] then
         window = cjson.decode(v[2]).window or window
       end
-      c = {cost_mode = v[1] == 'cost', learn = v[1] == 'cost' or v[2] ~= false, window = window}
-      cache[lane] = c
+      c = {cost_mode = v[1] == 'cost', learn = v[1] == 'cost' or v[2] ~= false, window = window,
+        classes = {}}
+      cache.lanes[lane] = c
     end
     return c
+  end
+
+  -- What a call gathers for one class of a lane (`c`, lane_costing): its counters' names,
+  -- made once, the milli-units estimated and used that it counts under them once, at the
+  -- end, and its tenants' tag corrections (a name joined per job costs the interpreter a
+  -- new string each time, and a count a call; a lookup and a sum do not).
+  local function class_costing(c, lane, cls)
+    local k = c.classes[cls]
+    if not k then
+      local where = lane .. ':' .. cls
+      k = {est = 'units:est:' .. where, used = 'units:used:' .. where, est_mu = 0, used_mu = 0,
+        tags = {}}
+      c.classes[cls] = k
+    end
+    return k
+  end
+
+  -- The usual cost key of a tenant's task (core.usual_cost_key), made once per call.
+  local function usual_key(cache, tenant, task)
+    local by_task = cache.usual[tenant]
+    if not by_task then
+      by_task = {}
+      cache.usual[tenant] = by_task
+    end
+    local ck = by_task[task]
+    if not ck then
+      ck = core.usual_cost_key(tenant, task)
+      by_task[task] = ck
+    end
+    return ck
   end
 
   -- An attempt ended having used `cost` units: its key's learned cost moves towards it
@@ -58,10 +89,8 @@ do
       samples[#samples + 1] = actual_mu
     end
     if c.cost_mode then
-      local key = lane .. '\0' .. cls .. '\0' .. tenant
-      local e = cache.tags[key] or {lane, cls, tenant, 0}
-      e[4] = e[4] + (actual_mu - (tonumber(charged_mu) or 1)) / 1000
-      cache.tags[key] = e
+      local tags = class_costing(c, lane, cls).tags
+      tags[tenant] = (tags[tenant] or 0) + (actual_mu - (tonumber(charged_mu) or 1)) / 1000
     end
     return actual_mu
   end
@@ -70,12 +99,20 @@ do
     for cost_key, samples in pairs(cache.samples) do
       learn_costs(p, cost_key, samples, samples.window)
     end
-    for _, e in pairs(cache.tags) do
-      -- a tenant charged what its jobs used has nothing to correct
-      if e[4] ~= 0 then
-        local weight = core.any(fx, keys[WEIGHTS])
-          and tonumber(redis.call('HGET', keys[WEIGHTS], e[3])) or 1
-        adjust_tag(p, e[1], e[2], e[3], e[4] / weight)
+    for lane, c in pairs(cache.lanes) do
+      for cls, k in pairs(c.classes) do
+        if k.est_mu ~= 0 or k.used_mu ~= 0 then
+          records.count(fx, k.est, k.est_mu)
+          records.count(fx, k.used, k.used_mu)
+        end
+        for tenant, delta in pairs(k.tags) do
+          -- a tenant charged what its jobs used has nothing to correct
+          if delta ~= 0 then
+            local weight = core.any(fx, keys[WEIGHTS])
+              and tonumber(redis.call('HGET', keys[WEIGHTS], tenant)) or 1
+            adjust_tag(p, lane, cls, tenant, delta / weight)
+          end
+        end
       end
     end
   end
@@ -151,11 +188,17 @@ do
   -- pushback's error), whether the pushback applied and its key, and the units used
   -- (milli-units, nil when the lane learns nothing).
   local function account(keys, p, id, kind, ack, f, now, tally, settled, freed, limited, costing)
-    local payload = ack[Ack.PAYLOAD]
-    add_settled(settled, f[8], f[9] or DEFAULT_CLASS, f[10], work_of(f[14]))
-    local ek = f[8] .. '\0' .. (f[9] or DEFAULT_CLASS)
+    -- an outcome's places at their defaults at its end are left off (wire.Outcome)
+    local payload = ack[Ack.PAYLOAD] or ''
+    local cls = f[9] or DEFAULT_CLASS
+    add_settled(settled, f[8], cls, f[10], work_of(f[14]))
     tally.ended = tally.ended or {}
-    tally.ended[ek] = (tally.ended[ek] or 0) + slots_of(f[10])
+    local ended = tally.ended[f[8]]
+    if not ended then
+      ended = {}
+      tally.ended[f[8]] = ended
+    end
+    ended[cls] = (ended[cls] or 0) + slots_of(f[10])
     freed[f[8]] = true
     local cost = tonumber(ack[Ack.COST]) or -1
     local pushed, pushed_key = false, nil
@@ -186,7 +229,7 @@ do
       -- leaves the usual one out)
       local ck = f[13]
       if not ck then
-        ck = core.usual_cost_key(tenant, f[3] or '')
+        ck = usual_key(costing, tenant, f[3] or '')
       elseif ck == '' then
         ck = nil
       end
@@ -197,9 +240,8 @@ do
       -- in lanes that learn costs (an attempt handed back unrun is no measure)
       local est = amu and kind ~= Kind.HANDBACK and (tonumber(f[17]) or tonumber(f[14]))
       if est then
-        local where = f[8] .. ':' .. (f[9] or DEFAULT_CLASS)
-        count(tally, 'units:est:' .. where, math.floor(est + 0.5))
-        count(tally, 'units:used:' .. where, amu)
+        local k = class_costing(lane_costing(p, f[8], costing), f[8], cls)
+        k.est_mu, k.used_mu = k.est_mu + math.floor(est + 0.5), k.used_mu + amu
       end
     end
     return payload, pushed, pushed_key, amu
@@ -213,7 +255,7 @@ do
   -- (`meta.use`) rides on the write that ends the job, or on the event that ends the attempt.
   local function conclude(keys, p, id, kind, ack, f, payload, pushed, pushed_key, meta, now, tally,
       settled)
-    local delay, use = tonumber(ack[Ack.DELAY_MS]), meta.use
+    local delay, use = tonumber(ack[Ack.DELAY_MS]) or 0, meta.use
     -- the attempt budget is read only by the kinds that retry (a number read costs)
     if kind == Kind.THROTTLE and pushed then
       records.push_back(keys, p, id, delay or 0, payload, now, tally, meta, pushed_key, use)
@@ -266,7 +308,7 @@ do
     local codes, released, read = {}, {}, core.read
     local fields, optional = settling.SETTLING, settling.SETTLING_X
     -- what the call gathers: lanes freed, tenants' limits read, ends to settle, costs
-    local freed, limited, settled, costing = {}, {}, {}, {samples = {}, tags = {}}
+    local freed, limited, settled, costing = {}, {}, {}, {lanes = {}, samples = {}, usual = {}}
     -- numeric loops on the per-job paths: ipairs costs a C call per element
     for i = 1, #acks do
       local ack = acks[i]

@@ -179,6 +179,57 @@ do
     return nil
   end
 
+  -- The class whose head is the only one waiting, nil when none or several are.
+  local function lone_head(n, w)
+    local x = nil
+    for i = 1, n do
+      if w[i] then
+        if x then
+          return nil
+        end
+        x = i
+      end
+    end
+    return x
+  end
+
+  -- choose_plain when class x alone has a head, the common case of a dispatch run: the
+  -- other classes judge 'idle', which neither serves nor holds anything back, so the
+  -- rank order does not matter and x starts exactly when its own judgement is 'assured'
+  -- or 'borrow' against the same free slots and spare. An idle class's claim is what
+  -- choose_plain gives it with nothing owed: max(0, min(a, max(f, a - lend)) - f).
+  local function choose_lone(lv, f, w, d, x)
+    local assured, lend = lv.a, lv.lend
+    local sum_f, others = 0, 0
+    for i = 1, lv.n do
+      local fi = f[i]
+      sum_f = sum_f + fi
+      if i ~= x then
+        local a, c = assured[i], fi
+        local kept = a - lend[i]
+        if kept > c then
+          c = kept
+        end
+        if a < c then
+          c = a
+        end
+        c = c - fi
+        if c > 0 then
+          others = others + c
+        end
+      end
+    end
+    local free = lv.cap - sum_f
+    if free < 0 then
+      free = 0
+    end
+    local why = judge(w[x], f[x], assured[x], lv.ceiling[x], lv.widest[x], free, free - others)
+    if why == 'assured' or why == 'borrow' then
+      return x
+    end
+    return nil
+  end
+
   -- The lane state with aged heads moved up one class (policy/classes.py, rules A1-A2):
   -- copies of f, w, d, and host[u] = i where class u's place holds class i's head.
   local function move_aged(lv, f, w, d, ages)
@@ -206,6 +257,10 @@ do
   -- an aged head is served as the class above it; without `ages` nothing ages).
   local function choose_class(lv, f, w, d, ages)
     if not (ages and lv.ages) then
+      local x = lone_head(lv.n, w)
+      if x then
+        return choose_lone(lv, f, w, d, x)
+      end
       return choose_plain(lv, f, w, d)
     end
     local f2, w2, d2, host = move_aged(lv, f, w, d, ages)

@@ -36,11 +36,10 @@ do
     cx.tbl = cjson.decode(declared[1] or DEFAULT_CLASSES)
     cx.cost_mode = declared[2] == 'cost'
     cx.has_pauses = declared[3] ~= false
-    cx.fields, cx.ended_keys = {'C'}, {}
-    for i, c in ipairs(cx.tbl) do
+    cx.fields = {'C'}
+    for _, c in ipairs(cx.tbl) do
       local n = #cx.fields
       cx.fields[n + 1], cx.fields[n + 2] = 'f:' .. c[ClassRow.NAME], 'd:' .. c[ClassRow.NAME]
-      cx.ended_keys[i] = lane .. '\0' .. c[ClassRow.NAME]
     end
     -- after every class's f: and d:, each class's waiting weight (fairqueue.lua's activate)
     for _, c in ipairs(cx.tbl) do
@@ -321,7 +320,8 @@ do
       jf = leasing.read_runnable(p, id)
       cx.recs[id] = jf
     end
-    local since = tonumber(jf[15]) or tonumber(jf[8])
+    -- memoised: the jobs of a batch enqueue share their times, and parsing one costs
+    local since = core.num(jf[15]) or core.num(jf[8])
     return {'q', id, slots_of(jf[10]), tenant, tag, age = since and math.max(0, cx.now - since) or 0}
   end
 
@@ -546,7 +546,7 @@ do
   -- was owed; `ten` counts the other tenants fair dispatch was sharing its class with.
   -- nil when the job did not wait or neither applies (a lone tenant's backlog): no bytes.
   local function queued_why(cx, x, jf, rivals)
-    if (tonumber(jf[8]) or cx.now) >= cx.now then
+    if (core.num(jf[8]) or cx.now) >= cx.now then
       return nil
     end
     -- the other classes' holdings change only when one of them takes a job, or the view
@@ -556,8 +556,9 @@ do
       by = cx.why_by or nil
     else
       local ended, assured = cx.tally.ended, cx.levels.a
+      ended = ended and ended[cx.lane]
       for i = 1, #cx.tbl do
-        local held = cx.f[i] + (ended and ended[cx.ended_keys[i]] or 0)
+        local held = cx.f[i] + (ended and ended[cx.tbl[i][ClassRow.NAME]] or 0)
         if i ~= x and held > assured[i] then
           by = by or {}
           by[cx.tbl[i][ClassRow.NAME]] = {held, assured[i]}

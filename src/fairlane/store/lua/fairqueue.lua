@@ -171,20 +171,28 @@ do
   end
 
   -- Settlements of one ack batch, added up per lane and class and written at once.
+  -- `settled[lane][cls]`: nested rather than keyed by a joined name, as a name joined
+  -- per job costs the interpreter a new string each time and a lookup does not.
   local function add_settled(settled, lane, cls, slots, work)
-    local key = lane .. '\0' .. cls
-    local e = settled[key]
-    if not e then
-      e = {lane, cls, 0, 0}
-      settled[key] = e
+    local by_class = settled[lane]
+    if not by_class then
+      by_class = {}
+      settled[lane] = by_class
     end
-    e[3], e[4] = e[3] + work, e[4] + slots_of(slots)
+    local e = by_class[cls]
+    if not e then
+      e = {0, 0}
+      by_class[cls] = e
+    end
+    e[1], e[2] = e[1] + work, e[2] + slots_of(slots)
   end
 
   local function flush_settled(p, settled)
-    for key, e in pairs(settled) do
-      settle_running(p, e[1], e[2], e[4], e[3])
-      settled[key] = nil
+    for lane, by_class in pairs(settled) do
+      for cls, e in pairs(by_class) do
+        settle_running(p, lane, cls, e[2], e[1])
+      end
+      settled[lane] = nil
     end
   end
 

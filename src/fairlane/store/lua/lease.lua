@@ -210,7 +210,7 @@ do
     {at = 5, name = 'to', needed = false, ok = leasing.to_ok, repeats = true},
     {at = 6, name = 'tenant', needed = true, ok = leasing.text_ok, repeats = true},
     {at = 7, name = 'bo', needed = false, ok = leasing.backoff_ok, repeats = true},
-    {at = 8, name = 'enq', needed = false, ok = whole, repeats = false},
+    {at = 8, name = 'enq', needed = false, ok = leasing.whole_ok, repeats = false},
     {at = 9, name = 'att', needed = false, ok = leasing.whole_ok, repeats = false},
     {at = 10, name = 'sl', needed = false, ok = leasing.slots_ok, repeats = true},
     {at = 11, name = 'cls', needed = false, ok = leasing.text_ok, repeats = true},
@@ -278,13 +278,12 @@ do
       local id, f, lane = e[1], e[2], e[3]
       ids[i] = id
       local cls = f[11] or DEFAULT_CLASS
-      local rk = lane .. '\0' .. cls
-      local r = running[rk]
-      if not r then
-        r = {lane, cls, 0}
-        running[rk] = r
+      local by_class = running[lane]
+      if not by_class then
+        by_class = {}
+        running[lane] = by_class
       end
-      r[3] = r[3] + work_of(f[14])
+      by_class[cls] = (by_class[cls] or 0) + work_of(f[14])
       tok = tok + 1
       local token = string.format('%d', tok)
       local att = (core.num(f[9]) or 0) + 1
@@ -306,15 +305,17 @@ do
         [Row.ARGS] = f[3], [Row.TIMEOUT] = core.num(f[5]) or 0,
         [Row.DEADLINE_MS] = tonumber(f[16]) or 0, [Row.TENANT] = f[6] or '',
         [Row.MAX_ATTEMPTS] = core.num(f[4]) or nil, [Row.BACKOFF] = f[7] or '',
-        [Row.ENQUEUED_MS] = tonumber(f[8]) or 0, [Row.SLOTS] = core.num(f[10]) or 1,
+        [Row.ENQUEUED_MS] = core.num(f[8]) or 0, [Row.SLOTS] = core.num(f[10]) or 1,
         [Row.SERVICE_CLASS] = cls, [Row.TRACE_CONTEXT] = f[19] and utf8_ok(f[19]) and f[19] or '',
         [Row.PARENT] = f[20] and utf8_ok(f[20]) and f[20] or '',
         [Row.FAIRNESS_KEY] = f[22] and leasing.text_ok(f[22]) and f[22] or ''}
     end
     redis.call('ZADD', keys[LEASES], unpack(zargs))
     redis.call('SADD', leasing.worker_jobs(p, worker), unpack(ids))
-    for _, r in pairs(running) do
-      redis.call('HINCRBYFLOAT', class_key(p, r[1], r[2], 'vt'), 'run', r[3])
+    for lane, by_class in pairs(running) do
+      for cls, work in pairs(by_class) do
+        redis.call('HINCRBYFLOAT', class_key(p, lane, cls, 'vt'), 'run', work)
+      end
     end
     return jobs
   end

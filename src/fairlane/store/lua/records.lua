@@ -134,7 +134,7 @@ do
   -- costs one command per effect instead of one per job: counters, and finished jobs
   -- to add to each retention index.
   local function new_effects()
-    return {counts = {}, kept = {}, readmit = {}, any = {}}
+    return {counts = {}, kept = {}, readmit = {}, any = {}, kept_keys = {}}
   end
 
   local function count(fx, name, n)
@@ -153,15 +153,32 @@ do
   local STARTS_WIDTH_MS, STARTS_BUCKETS = __STARTS_WIDTH_MS__, __STARTS_BUCKETS__
   local RETRY_START = __RETRY_START__
 
+  -- fx.starts[lane][cls]: nested, as fairqueue.add_settled says why
   function records.count_start(fx, lane, cls, att)
     fx.starts = fx.starts or {}
-    local k = lane .. '\0' .. cls
-    local e = fx.starts[k]
-    if not e then
-      e = {lane, cls, 0}
-      fx.starts[k] = e
+    local by_class = fx.starts[lane]
+    if not by_class then
+      by_class = {}
+      fx.starts[lane] = by_class
     end
-    e[3] = e[3] + ((tonumber(att) or 0) > 0 and RETRY_START + 1 or 1)
+    by_class[cls] = (by_class[cls] or 0) + (att and (tonumber(att) or 0) > 0 and RETRY_START + 1 or 1)
+  end
+
+  -- The starts of one lane and class into the second `index` of their ring.
+  local function write_start(p, lane, cls, index, n)
+    local key = class_key(p, lane, cls, 'starts')
+    if redis.call('HINCRBY', key, core.int(index), core.int(n)) == n then
+      redis.call('HDEL', key, core.int(index - STARTS_BUCKETS))
+      if redis.call('HLEN', key) > STARTS_BUCKETS then
+        local old = {}
+        for _, f in ipairs(redis.call('HKEYS', key)) do
+          if (tonumber(f) or 0) <= index - STARTS_BUCKETS then
+            old[#old + 1] = f
+          end
+        end
+        core.chunked('HDEL', key, old)
+      end
+    end
   end
 
   local function write_starts(p, fx, now)
@@ -169,19 +186,9 @@ do
       return
     end
     local index = math.floor(now / STARTS_WIDTH_MS)
-    for _, e in pairs(fx.starts) do
-      local key = class_key(p, e[1], e[2], 'starts')
-      if redis.call('HINCRBY', key, core.int(index), core.int(e[3])) == e[3] then
-        redis.call('HDEL', key, core.int(index - STARTS_BUCKETS))
-        if redis.call('HLEN', key) > STARTS_BUCKETS then
-          local old = {}
-          for _, f in ipairs(redis.call('HKEYS', key)) do
-            if (tonumber(f) or 0) <= index - STARTS_BUCKETS then
-              old[#old + 1] = f
-            end
-          end
-          core.chunked('HDEL', key, old)
-        end
+    for lane, by_class in pairs(fx.starts) do
+      for cls, n in pairs(by_class) do
+        write_start(p, lane, cls, index, n)
       end
     end
   end
@@ -229,6 +236,19 @@ do
   -- What a job's record holding no retention keeps (enqueue leaves the default out):
   -- 'rc|rf' as a task's declaration stores it.
   records.DEFAULT_RETENTION = '__DEFAULT_RETENTION__'
+  -- its two halves, for a record that leaves them out
+  local DEFAULT_RC, DEFAULT_RF = '__DEFAULT_RC__', '__DEFAULT_RF__'
+
+  -- The retention indexes of a task's ends, made once per call ({ok, failed}).
+  local function kept_keys(fx, p, task)
+    local k = fx.kept_keys[task]
+    if not k then
+      local base = p .. 'kept:' .. task
+      k = {base .. ':ok', base .. ':failed'}
+      fx.kept_keys[task] = k
+    end
+    return k
+  end
 
   local function finish(keys, p, id, status, field, payload, now, tally, meta)
     local jk = job_key(p, id)
@@ -271,12 +291,13 @@ do
     local linked = meta[10] or meta[12]
     local rc, rf = meta[2], meta[3]
     if not (rc and rf) then
-      rc, rf = string.match(records.DEFAULT_RETENTION, '^([^|]*)|(.*)$')
+      rc, rf = DEFAULT_RC, DEFAULT_RF
     end
+    local idx = kept_keys(tally, p, task)
     if status == 'completed' then
-      keep(tally, p .. 'kept:' .. task .. ':ok', rc, id, linked)
+      keep(tally, idx[1], rc, id, linked)
     else
-      keep(tally, p .. 'kept:' .. task .. ':failed', rf, id, linked)
+      keep(tally, idx[2], rf, id, linked)
     end
     if meta[4] then
       redis.call('PUBLISH', p .. 'done', id)
