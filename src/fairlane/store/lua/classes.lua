@@ -111,6 +111,23 @@ do
 
   local BLOCKED = {['no-slots'] = true, ['no-spare'] = true, held = true}
 
+  -- What a class claims of the free slots: max(0, min(a, max(f + owed, kept)) - f), kept
+  -- = a - lend.
+  local function class_claim(a, kept, f, owed)
+    local c = f + owed
+    if kept > c then
+      c = kept
+    end
+    if a < c then
+      c = a
+    end
+    c = c - f
+    if c < 0 then
+      return 0
+    end
+    return c
+  end
+
   -- The rules of policy/classes.py but aging (A1-A3), on the state as given. It runs for
   -- every job dispatched, so it is written out without the math library (each call of a
   -- library function costs the interpreter many times what a comparison does) and reuses
@@ -135,18 +152,7 @@ do
           end
         end
       end
-      -- max(0, min(a, max(fi + owed, a - lend)) - fi)
-      local c, kept = fi + owed, a - lend[i]
-      if kept > c then
-        c = kept
-      end
-      if a < c then
-        c = a
-      end
-      c = c - fi
-      if c < 0 then
-        c = 0
-      end
+      local c = class_claim(a, a - lend[i], fi, owed)
       claim[i] = c
       claimed = claimed + c
       -- insertion sort: a lane has a handful of classes
@@ -196,8 +202,7 @@ do
   -- choose_plain when class x alone has a head, the common case of a dispatch run: the
   -- other classes judge 'idle', which neither serves nor holds anything back, so the
   -- rank order does not matter and x starts exactly when its own judgement is 'assured'
-  -- or 'borrow' against the same free slots and spare. An idle class's claim is what
-  -- choose_plain gives it with nothing owed: max(0, min(a, max(f, a - lend)) - f).
+  -- or 'borrow' against the same free slots and spare (an idle class owes nothing).
   local function choose_lone(lv, f, w, d, x)
     local assured, lend = lv.a, lv.lend
     local sum_f, others = 0, 0
@@ -205,18 +210,7 @@ do
       local fi = f[i]
       sum_f = sum_f + fi
       if i ~= x then
-        local a, c = assured[i], fi
-        local kept = a - lend[i]
-        if kept > c then
-          c = kept
-        end
-        if a < c then
-          c = a
-        end
-        c = c - fi
-        if c > 0 then
-          others = others + c
-        end
+        others = others + class_claim(assured[i], assured[i] - lend[i], fi, 0)
       end
     end
     local free = lv.cap - sum_f
