@@ -191,14 +191,15 @@ do
     -- an outcome's places at their defaults at its end are left off (wire.Outcome)
     local payload = ack[Ack.PAYLOAD] or ''
     local cls = f[9] or DEFAULT_CLASS
-    add_settled(settled, f[8], cls, f[10], work_of(f[14]))
+    local slots = slots_of(f[10])
+    add_settled(settled, f[8], cls, slots, work_of(f[14]))
     tally.ended = tally.ended or {}
     local ended = tally.ended[f[8]]
     if not ended then
       ended = {}
       tally.ended[f[8]] = ended
     end
-    ended[cls] = (ended[cls] or 0) + slots_of(f[10])
+    ended[cls] = (ended[cls] or 0) + slots
     freed[f[8]] = true
     local cost = tonumber(ack[Ack.COST]) or -1
     local pushed, pushed_key = false, nil
@@ -331,7 +332,9 @@ do
         local payload, pushed, pushed_key, amu =
           account(keys, p, id, kind, ack, f, now, tally, settled, freed, limited, costing)
         local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20],
-          f[21], use = kind ~= Kind.RELEASE and kind ~= Kind.HANDBACK and reported(ack) or nil}
+          f[21], use = kind ~= Kind.RELEASE and kind ~= Kind.HANDBACK
+          -- an attempt that reported nothing sends neither place (wire.Outcome): no call
+          and ack[Ack.MODEL_MS] ~= nil and reported(ack) or nil}
         local ends = kind == Kind.OK or kind == Kind.DEAD or kind == Kind.CANCEL
           or kind == Kind.EXPIRE
           or (kind == Kind.RETRY and (core.num(f[6]) or 0) >= (core.num(f[7]) or 1))

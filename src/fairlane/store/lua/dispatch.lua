@@ -36,10 +36,12 @@ do
     cx.tbl = cjson.decode(declared[1] or DEFAULT_CLASSES)
     cx.cost_mode = declared[2] == 'cost'
     cx.has_pauses = declared[3] ~= false
-    cx.fields = {'C'}
-    for _, c in ipairs(cx.tbl) do
+    -- each class's in-flight and waiting fields, named once per call (fname, dname)
+    cx.fields, cx.fname, cx.dname = {'C'}, {}, {}
+    for i, c in ipairs(cx.tbl) do
       local n = #cx.fields
-      cx.fields[n + 1], cx.fields[n + 2] = 'f:' .. c[ClassRow.NAME], 'd:' .. c[ClassRow.NAME]
+      cx.fname[i], cx.dname[i] = 'f:' .. c[ClassRow.NAME], 'd:' .. c[ClassRow.NAME]
+      cx.fields[n + 1], cx.fields[n + 2] = cx.fname[i], cx.dname[i]
     end
     -- after every class's f: and d:, each class's waiting weight (fairqueue.lua's activate)
     for _, c in ipairs(cx.tbl) do
@@ -50,10 +52,6 @@ do
 
   -- an empty list that is never written: the common answer, at no allocation
   local NO_WAKES = {}
-
-  local function bump(cx, field, n)
-    cx.delta[field] = (cx.delta[field] or 0) + n
-  end
 
   -- A run: the tenant a class took its last job from, the ids next in its queue (read
   -- in one call), the ids taken but not yet removed, and -- while it is the class's only
@@ -209,6 +207,14 @@ do
     end
     w.i = w.i + 1
     if not tag then
+      return
+    end
+    -- the window is in the set's order, so a tenant that sorts after its last tenant
+    -- sorts after all of them: between many tenants, where a taken tenant's tag moves
+    -- past the others', that is the common case, told without a scan
+    local n = w.n
+    if w.full and (w.i > n or w.s[n] < tag
+        or (w.s[n] == tag and dispatch.bytes_before(w.t[n], tenant))) then
       return
     end
     local j = w.i
@@ -493,7 +499,9 @@ do
       cx.parks = cx.parks + 1
       f = nil
     end
-    if f then
+    -- a job without keys or offers whose tenant is known to have neither a limit nor a
+    -- rate passes at no cost: `admit` would say so, at three calls' cost
+    if f and (f[17] or f[21] or f[23] or cx.tlimits[f[6]] ~= false or cx.any_trate ~= false) then
       local admitted
       admitted, wakes = admit(cx, id, f)
       if not admitted then
@@ -617,8 +625,8 @@ do
         flush_dispatch(cx)
         return given, h and true or false, waiting
       end
-      local cls = cx.tbl[x][ClassRow.NAME]
-      bump(cx, 'd:' .. cls, -h[3])
+      local cls, dname, fname = cx.tbl[x][ClassRow.NAME], cx.dname[x], cx.fname[x]
+      cx.delta[dname] = (cx.delta[dname] or 0) - h[3]
       cx.d[x] = math.max(0, cx.d[x] - h[3])
       local id, jf, rivals, wakes = take_fair_head(cx, cls, h)
       -- offers a job that cannot run gave back woke waiters too (runnable keeps them)
@@ -640,7 +648,8 @@ do
         if cx.why_x ~= x then
           cx.why_x = nil -- what the other classes hold changed (queued_why)
         end
-        bump(cx, 'f:' .. cls, h[3])
+        -- (cx.delta anew: a flush above may have written and replaced it)
+        cx.delta[fname] = (cx.delta[fname] or 0) + h[3]
       end
       if dirty then
         load_state(cx)

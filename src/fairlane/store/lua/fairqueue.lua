@@ -172,7 +172,8 @@ do
 
   -- Settlements of one ack batch, added up per lane and class and written at once.
   -- `settled[lane][cls]`: nested rather than keyed by a joined name, as a name joined
-  -- per job costs the interpreter a new string each time and a lookup does not.
+  -- per job costs the interpreter a new string each time and a lookup does not. `slots`:
+  -- a width as slots_of reads it.
   local function add_settled(settled, lane, cls, slots, work)
     local by_class = settled[lane]
     if not by_class then
@@ -184,7 +185,7 @@ do
       e = {0, 0}
       by_class[cls] = e
     end
-    e[1], e[2] = e[1] + work, e[2] + slots_of(slots)
+    e[1], e[2] = e[1] + work, e[2] + slots
   end
 
   local function flush_settled(p, settled)
