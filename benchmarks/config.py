@@ -13,10 +13,12 @@ from fairlane.store.api import redact_url
 SHARED = ("throughput", "latency", "noisy", "memory")
 #: scenarios only Fairlane has (server time per entry point, tenants, admission, throttle
 #: keys); ``profile`` runs the throughput shape again under a full SLOWLOG, ``keyed`` with
-#: throttle, rate and fairness keys on every job; ``limit`` is no system's: the
-#: yardstick's drain (benchmarks/yardstick.py), the machine's limit for a Redis queue
+#: throttle, rate and fairness keys on every job, ``backlog`` drains backlogs of different
+#: sizes; ``limit`` is no system's: the yardstick's drain (benchmarks/yardstick.py), the
+#: machine's limit for a Redis queue
 FAIRLANE_ONLY = (
     "limit", "profile", "tenants", "submit", "overload", "shared_key", "upstream", "keyed",
+    "backlog",
 )  # fmt: skip
 #: the yardstick's modes, which the ``limit`` scenario runs in place of systems
 LIMIT_MODES = ("fifo", "fair")
@@ -35,6 +37,8 @@ QUICK: dict[str, Any] = {
     "quiet": 5,
     "tenant_counts": (1, 100),
     "tenant_jobs": 500,
+    "backlog_sizes": (500, 2_000),
+    "backlog_tenants": 10,
     "submit_processes": 2,
     "submit_seconds": 1.0,
     "overload_seconds": 1.5,
@@ -77,6 +81,10 @@ class Config:
     # (4) Fairlane alone: tenants, submit
     tenant_counts: tuple[int, ...] = (1, 100, 10_000, 100_000)
     tenant_jobs: int = 20_000
+    # Fairlane alone: backlogs of these sizes over the same tenants, each drained by one
+    # worker (benchmarks/tenants.py's drain); the first is the one the others are put over
+    backlog_sizes: tuple[int, ...] = (20_000, 1_000_000)
+    backlog_tenants: int = 100
     submit_processes: int = 4
     submit_seconds: float = 5.0
     # (5) Fairlane alone: overload with and without admission

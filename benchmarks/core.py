@@ -139,6 +139,27 @@ def fairlane_metrics(cfg: Config) -> tuple[Metric, ...]:
                 ("by_tenants", str(count), "jobs_per_s"),
             )
         )
+    for size in cfg.backlog_sizes:
+        rows.append(
+            (
+                "backlog",
+                f"Throughput, a backlog of {size:,} over {cfg.backlog_tenants:,} tenants",
+                "jobs/s",
+                "higher",
+                ("by_size", str(size), "jobs_per_s"),
+            )
+        )
+    if len(cfg.backlog_sizes) > 1:
+        first, last = cfg.backlog_sizes[0], cfg.backlog_sizes[-1]
+        rows.append(
+            (
+                "backlog",
+                f"Backlog of {last:,} / of {first:,}, throughput (target >= 0.9)",
+                "x",
+                "higher",
+                ("by_size", str(last), "ratio_to_first"),
+            )
+        )
     rows += [
         (
             "submit",

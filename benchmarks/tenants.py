@@ -25,6 +25,9 @@ WORKER = "benchmarks.fairlane_worker"
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 
+ENQUEUE_BATCH = 1_000
+
+
 async def drain_rate(url: str, tenants: int, jobs: int, concurrency: int) -> dict[str, Any]:
     """Jobs/s for one worker draining ``jobs`` spread over ``tenants`` tenants."""
     name = f"fltenants_{os.getpid()}_{tenants}"
@@ -35,9 +38,15 @@ async def drain_rate(url: str, tenants: int, jobs: int, concurrency: int) -> dic
     try:
         async with bench.app:
             per, extra = divmod(total, tenants)
+            # calls of at most ENQUEUE_BATCH jobs: dozens in flight of many more would keep
+            # the server busier than a client waits for one reply
             calls = [
-                bench.noop.enqueue_many([(i,) for i in range(per + (t < extra))], tenant=f"t{t}")
+                bench.noop.enqueue_many(
+                    [(i,) for i in range(start, min(n, start + ENQUEUE_BATCH))], tenant=f"t{t}"
+                )
                 for t in range(tenants)
+                for n in (per + (t < extra),)
+                for start in range(0, n, ENQUEUE_BATCH)
             ]
             for chunk in range(0, len(calls), 48):  # a tenant per call: many calls in flight
                 await asyncio.gather(*calls[chunk : chunk + 48])

@@ -225,6 +225,10 @@ def test_quick_fairlane_only_run(redis_url: str, tmp_path: Path) -> None:
     assert 0 < fl["latency"]["p50_ms"] <= fl["latency"]["p99_ms"]
     assert fl["noisy"]["tenants"] is True and fl["noisy"]["samples"] == 5
     assert set(fl["tenants"]["by_tenants"]) == {"1", "20"}
+    backlog = fl["backlog"]["by_size"]
+    assert set(backlog) == {"500", "2000"}
+    assert backlog["2000"]["jobs"] == 2000 and _positive(backlog["2000"]["jobs_per_s"])
+    assert backlog["500"]["ratio_to_first"] == 1.0
     assert fl["submit"]["statuses"] == {"accepted": fl["submit"]["decisions"]}
     over = fl["overload"]
     assert set(over) == {"admission", "no_admission", "one_class"}

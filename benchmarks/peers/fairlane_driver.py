@@ -101,6 +101,20 @@ async def tenants(a: Adapter, p: Params) -> dict[str, Any]:
     return {"by_tenants": out}
 
 
+async def backlog(a: Adapter, p: Params) -> dict[str, Any]:
+    """Jobs/s of one worker against the backlog it drains, over the same tenants: does a
+    job cost more when more wait behind it?"""
+    out: dict[str, Any] = {}
+    for size in p["backlog_sizes"]:
+        out[str(size)] = await drain_rate(
+            a.url, int(p["backlog_tenants"]), int(size), int(p["concurrency"])
+        )
+    base = out[str(p["backlog_sizes"][0])]["jobs_per_s"]
+    for run in out.values():
+        run["ratio_to_first"] = run["jobs_per_s"] / base
+    return {"by_size": out}
+
+
 async def submit(a: Adapter, p: Params) -> dict[str, Any]:
     """``task.submit`` decisions/s and latency from concurrent submitter processes."""
     return await asyncio.to_thread(
@@ -153,6 +167,7 @@ def _make(params: Params) -> Adapter:
 
 EXTRA = {
     "tenants": tenants,
+    "backlog": backlog,
     "submit": submit,
     "overload": overload,
     "shared_key": shared_key,
