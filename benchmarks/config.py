@@ -10,7 +10,7 @@ from benchmarks.venvs import PEERS, SYSTEMS
 from fairlane.store.api import redact_url
 
 #: scenarios every system runs, in this order within a repetition
-SHARED = ("throughput", "latency", "noisy", "memory")
+SHARED = ("throughput", "latency", "noisy", "memory", "startup")
 #: scenarios only Fairlane has (server time per entry point, tenants, admission, throttle
 #: keys); ``profile`` runs the throughput shape again under a full SLOWLOG, ``keyed`` with
 #: throttle, rate and fairness keys on every job, ``backlog`` drains backlogs of different
@@ -51,6 +51,7 @@ QUICK: dict[str, Any] = {
     "keyed_fairness_keys": 10,
     "limit_tenants": 250,  # two jobs a tenant, as 20,000 jobs over 10,000
     "memory_jobs": 5_000,
+    "startup_samples": 2,
 }
 
 
@@ -111,6 +112,9 @@ class Config:
     # (9) the server memory a waiting job costs: jobs enqueued in batches of ``batch``, no
     # worker running, ``used_memory`` before and after
     memory_jobs: int = 100_000
+    # (10) a worker's start-up: spawned with one job waiting, from the spawn to that
+    # job's start, this many times a repetition
+    startup_samples: int = 5
     timeout: float = 900.0  # longest wait for one scenario run
     seed: int | None = None  # of the shuffles (None: random)
     peers_dir: str | None = None
@@ -134,7 +138,7 @@ class Config:
         if bad:
             raise TypeError(f"unknown options {sorted(bad)}")
         base = {**(QUICK if quick else {}), **{k: v for k, v in options.items() if v is not None}}
-        for key in ("peers", "scenarios", "tenant_counts"):
+        for key in ("peers", "scenarios", "tenant_counts", "backlog_sizes"):
             if key in base:
                 base[key] = tuple(base[key])
         return replace(cls(url=url, quick=quick), **base)

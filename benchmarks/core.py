@@ -53,6 +53,7 @@ SHARED_METRICS: tuple[Metric, ...] = (
     ("noisy", "Noisy neighbor: quiet start p99", "ms", "lower", ("p99_ms",)),
     ("noisy", "Noisy neighbor: quiet start max", "ms", "lower", ("max_ms",)),
     ("memory", "Memory per waiting job", "B/job", "lower", ("bytes_per_job",)),
+    ("startup", "Worker start-up, spawn to its first job, p50", "ms", "lower", ("p50_ms",)),
 )
 
 

@@ -224,6 +224,8 @@ def test_quick_fairlane_only_run(redis_url: str, tmp_path: Path) -> None:
     assert fl["latency"]["samples"] == 20
     assert 0 < fl["latency"]["p50_ms"] <= fl["latency"]["p99_ms"]
     assert fl["noisy"]["tenants"] is True and fl["noisy"]["samples"] == 5
+    # a fresh process a sample: the job waited for it, so it starts after the spawn
+    assert fl["startup"]["samples"] == 2 and 0 < fl["startup"]["p50_ms"] <= fl["startup"]["max_ms"]
     assert set(fl["tenants"]["by_tenants"]) == {"1", "20"}
     backlog = fl["backlog"]["by_size"]
     assert set(backlog) == {"500", "2000"}

@@ -335,6 +335,24 @@ async def latency(a: Adapter, p: Params) -> dict[str, Any]:
     }
 
 
+async def startup(a: Adapter, p: Params) -> dict[str, Any]:
+    """A worker's start-up: spawned with one job waiting, the job's start minus the moment
+    before the spawn (the interpreter, the imports, the connection and the first fetch)."""
+    delays: list[float] = []
+    for _ in range(int(p["startup_samples"])):
+        await a.cleanup()
+        handle = await a.enqueue_stamp()
+        worker = WorkerProcess(_worker_params(p, int(p["concurrency"])))
+        try:
+            spawned = time.time_ns()
+            await worker.start()
+            started = await a.started_ns(handle, float(p["timeout"]))
+        finally:
+            await worker.close()
+        delays.append((started - spawned) / 1e6)
+    return delays_ms(delays)
+
+
 async def noisy(a: Adapter, p: Params) -> dict[str, Any]:
     """A flood of ``flood`` x ``flood_ms`` jobs, then ``quiet`` x ``quiet_ms`` jobs; the
     quiet ones' start delays. With tenants (Fairlane) the two are different tenants;
@@ -416,6 +434,7 @@ async def memory(a: Adapter, p: Params) -> dict[str, Any]:
 SCENARIOS: dict[str, Callable[[Adapter, Params], Awaitable[dict[str, Any]]]] = {
     "throughput": throughput,
     "latency": latency,
+    "startup": startup,
     "noisy": noisy,
     "memory": memory,
 }

@@ -206,8 +206,8 @@ def _render_profile(result: dict[str, Any], console: Console, fmt: Any) -> None:
 
 _PEERS = ("arq", "saq", "streaq", "taskiq")
 _PHASES = (
-    "throughput", "latency", "noisy", "memory", "limit", "profile", "tenants", "submit",
-    "keyed", "overload", "shared_key", "upstream", "backlog",
+    "throughput", "latency", "noisy", "memory", "startup", "limit", "profile", "tenants",
+    "submit", "keyed", "overload", "shared_key", "upstream", "backlog",
 )  # fmt: skip
 
 
