@@ -254,7 +254,10 @@ do
     local jk = job_key(p, id)
     -- what the attempt used (`amu`) and reported (`use`, acks.lua) ride on this write
     local amu, use, fin = meta and meta.amu, meta and meta.use, core.now_arg(now)
-    if field and (amu or use) then
+    if field and amu and not use then
+      -- the hot path's end (a completion that reported no time): no table to unpack
+      redis.call('HSET', jk, 'st', status, 'fin', fin, field, payload, 'amu', core.arg(amu))
+    elseif field and (amu or use) then
       local hargs = {'st', status, 'fin', fin, field, payload}
       if amu then
         hargs[#hargs + 1], hargs[#hargs + 2] = 'amu', core.arg(amu)
