@@ -92,6 +92,17 @@ def test_lua_chooses_as_next_class(
     heads = data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n), label="w")
     extra = data.draw(st.lists(st.integers(0, 6), min_size=n, max_size=n), label="d")
     d = [w + x if w else 0 for w, x in zip(heads, extra, strict=True)]
+    _assert_chooses_as_next_class(choose, table, cap, f, heads, d)
+
+
+def _assert_chooses_as_next_class(  # noqa: PLR0917 - the state the rules read
+    choose: redis.commands.core.Script,
+    table: ClassTable,
+    cap: int,
+    f: list[int],
+    heads: list[int],
+    d: list[int],
+) -> None:
     names = table.names
     expected = next_class(
         table,
@@ -103,6 +114,21 @@ def test_lua_chooses_as_next_class(
     args = [encode_classes(table), cap, json.dumps(f), json.dumps(heads), json.dumps(d)]
     got = int(choose(keys=[], args=args))
     assert (names[got - 1] if got else None) == expected
+
+
+@given(table=tables(), cap=st.integers(0, 24), data=st.data())
+def test_lua_chooses_as_next_class_when_one_class_waits(
+    choose: redis.commands.core.Script, table: ClassTable, cap: int, data: st.DataObject
+) -> None:
+    """One head only: the script judges that class alone (choose_lone), by the same rule."""
+    n = len(table)
+    alone = data.draw(st.integers(0, n - 1), label="alone")
+    f = data.draw(st.lists(st.integers(0, max(cap, 1)), min_size=n, max_size=n), label="f")
+    width = data.draw(st.integers(1, 5), label="w")
+    heads = [width if i == alone else 0 for i in range(n)]
+    d = [0] * n
+    d[alone] = width + data.draw(st.integers(0, 6), label="d")
+    _assert_chooses_as_next_class(choose, table, cap, f, heads, d)
 
 
 @settings(max_examples=600, deadline=None)
