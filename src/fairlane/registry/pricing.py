@@ -21,6 +21,7 @@ from fairlane.policy.admission import (
     store_full_retry_after,
     to_milli,
 )
+from fairlane.store.keys import cost_key_name
 
 __all__ = ["Pricing", "cost_key"]
 
@@ -65,4 +66,4 @@ def cost_key(tenant: str, task: str, estimate: Estimate | float | None) -> str:
     if isinstance(estimate, Estimate):
         workflow = estimate.workflow or task
         model = estimate.model or ""
-    return f"{tenant}|{workflow}|{model}"
+    return cost_key_name(tenant, workflow, model)

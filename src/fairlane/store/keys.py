@@ -211,10 +211,12 @@ from typing import Final
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 __all__ = [
+    "COST_KEY_SEP",
     "JOB_FIELDS",
     "SHARDED_PREFIX_PATTERN",
     "AppKeys",
     "LaneKeys",
+    "cost_key_name",
     "job_shard",
     "namespace",
     "shard_job_id",
@@ -236,6 +238,16 @@ def namespace(app: str) -> str:
 #: app's name holds no colon or brace): the scripts keep what only sharded workers read
 #: (a class's waiting weight) where it matches.
 SHARDED_PREFIX_PATTERN: Final = "^{fl:[^:}]*:"
+
+#: what separates a cost key's parts (``cost:<t>|<w>|<m>``); the scripts build the usual
+#: key, a tenant's task with no model, with it (core.usual_cost_key)
+COST_KEY_SEP: Final = "|"
+
+
+def cost_key_name(tenant: str, workflow: str, model: str) -> str:
+    """The cost key whose learned cost a job of ``tenant`` for ``workflow`` and ``model``
+    reads (``cost:<key>``, and a job record's ``ck``)."""
+    return f"{tenant}{COST_KEY_SEP}{workflow}{COST_KEY_SEP}{model}"
 
 
 def shard_namespace(app: str, shard: int, count: int) -> str:

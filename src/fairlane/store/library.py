@@ -58,7 +58,7 @@ from fairlane.policy.admission import (
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.policy.retention import Retention
-from fairlane.store.keys import SHARDED_PREFIX_PATTERN, AppKeys
+from fairlane.store.keys import COST_KEY_SEP, SHARDED_PREFIX_PATTERN, AppKeys
 from fairlane.store.placed import as_lists
 from fairlane.store.wire import AdmissionField, ClassField, lua_names
 
@@ -165,6 +165,7 @@ def fill_constants(source: str) -> str:
         "__DEADLINE_SAFETY__": repr(startpredict.DEADLINE_SAFETY),
         "__DEFAULT_BACKOFF__": Backoff().encode(),
         "__DEFAULT_RETENTION__": _DEFAULT_RETENTION,
+        "__COST_KEY_SEP__": COST_KEY_SEP,
         "__DEFAULT_RC__": Retention().completed.encode(),
         "__DEFAULT_RF__": Retention().failed.encode(),
         "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),

@@ -27,9 +27,11 @@ do
   core.DEFAULT_BACKOFF = '__DEFAULT_BACKOFF__'
 
   -- The cost key a job has unless its estimate names a workflow or a model
-  -- (fairlane.registry.pricing.cost_key): left out of its record.
+  -- (fairlane.store.keys.cost_key_name, its separator written in): left out of its record.
+  local COST_KEY_SEP = '__COST_KEY_SEP__'
+
   function core.usual_cost_key(tenant, task)
-    return tenant .. '|' .. task .. '|'
+    return tenant .. COST_KEY_SEP .. task .. COST_KEY_SEP
   end
 
   local function now_ms()
