@@ -27,12 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's benchmarks
 
 from _driver import PAIR_TAG, Adapter, Params, dist_versions, main
-from benchmarks import overload as overload_bench
-from benchmarks import shared_key as shared_key_bench
-from benchmarks import upstream as upstream_bench
 from benchmarks.fairlane_worker import make_app
-from benchmarks.submit import bench_submit
-from benchmarks.tenants import drain_rate
 
 from fairlane.store.api import unlink_matching
 from fairlane.store.keys import AppKeys
@@ -90,6 +85,8 @@ class Fairlane(Adapter):
 
 async def tenants(a: Adapter, p: Params) -> dict[str, Any]:
     """Jobs/s of one worker against the number of tenants the jobs are spread over."""
+    from benchmarks.tenants import drain_rate  # noqa: PLC0415 - not on the worker's path
+
     out: dict[str, Any] = {}
     for count in p["tenant_counts"]:
         out[str(count)] = await drain_rate(
@@ -104,6 +101,8 @@ async def tenants(a: Adapter, p: Params) -> dict[str, Any]:
 async def backlog(a: Adapter, p: Params) -> dict[str, Any]:
     """Jobs/s of one worker against the backlog it drains, over the same tenants: does a
     job cost more when more wait behind it?"""
+    from benchmarks.tenants import drain_rate  # noqa: PLC0415 - not on the worker's path
+
     out: dict[str, Any] = {}
     for size in p["backlog_sizes"]:
         out[str(size)] = await drain_rate(
@@ -117,6 +116,8 @@ async def backlog(a: Adapter, p: Params) -> dict[str, Any]:
 
 async def submit(a: Adapter, p: Params) -> dict[str, Any]:
     """``task.submit`` decisions/s and latency from concurrent submitter processes."""
+    from benchmarks.submit import bench_submit  # noqa: PLC0415 - not on the worker's path
+
     return await asyncio.to_thread(
         bench_submit, a.url, int(p["submit_processes"]), float(p["submit_seconds"]), 10_000_000
     )
@@ -124,6 +125,8 @@ async def submit(a: Adapter, p: Params) -> dict[str, Any]:
 
 async def overload(a: Adapter, p: Params) -> dict[str, Any]:
     """The seed's token-pool experiment, with and without admission (``overload.py``)."""
+    from benchmarks import overload as overload_bench  # noqa: PLC0415 - as above
+
     return await overload_bench.run_all(
         a.url, a.ns, slots=int(p["overload_slots"]), seconds=float(p["overload_seconds"])
     )
@@ -131,6 +134,8 @@ async def overload(a: Adapter, p: Params) -> dict[str, Any]:
 
 async def shared_key(a: Adapter, p: Params) -> dict[str, Any]:
     """Quiet tenants behind a flood on a shared key of limit L (``shared_key.py``)."""
+    from benchmarks import shared_key as shared_key_bench  # noqa: PLC0415 - as above
+
     return await shared_key_bench.run_all(
         a.url, a.ns, limit=int(p["shared_limit"]), flood=int(p["shared_flood"]),
         quiet=int(p["shared_quiet"]), job_ms=float(p["shared_job_ms"]),
@@ -140,6 +145,8 @@ async def shared_key(a: Adapter, p: Params) -> dict[str, Any]:
 
 async def upstream(a: Adapter, p: Params) -> dict[str, Any]:
     """Tenants calling a rate-limited upstream on loopback, four ways (``upstream.py``)."""
+    from benchmarks import upstream as upstream_bench  # noqa: PLC0415 - as above
+
     return await upstream_bench.run_all(
         a.url, a.ns, n=float(p["upstream_n"]), latency=float(p["upstream_latency"]),
         seconds=float(p["upstream_seconds"]), tenants=int(p["upstream_tenants"]),

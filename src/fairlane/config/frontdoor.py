@@ -59,7 +59,7 @@ class TenantBounds(BaseModel):
     """One tenant's own bounds; a field left out keeps the section's default for it,
     and ``"none"`` lifts that bound for the tenant."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_in_flight: int | None = Field(default=None, ge=1)
     """Requests of the tenant in one gateway process at once."""
@@ -75,7 +75,7 @@ class FrontDoorSettings(BaseModel):
     """The HTTP gateway's bounds per tenant, checked in each gateway process before a
     request touches the store; past one, a request is answered 429 with Retry-After."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     tenant_max_in_flight: int | None = Field(default=100, ge=1)
     """Requests of one tenant in one gateway process at once (answered or waiting for a

@@ -2,11 +2,12 @@
 server connection, acknowledged writes, large payloads, the dev server, and the bounds
 on queued jobs.
 
-This module owns each section's fields, their defaults, bounds and descriptions (which
-``fairlane config view`` shows), and the checks that tie a section's fields together
-(a lease is renewed before it expires, a soft threshold sits below its hard one). The
-whole model, its sources and its loading are ``fairlane.config.settings``. All
-durations are seconds.
+This module owns each section's fields, their defaults, bounds and descriptions (each
+field's docstring, which an editor shows; they are not read at run time, as extracting
+them costs every process that imports Fairlane about 40 ms), and the checks that tie a
+section's fields together (a lease is renewed before it expires, a soft threshold sits
+below its hard one). The whole model, its sources and its loading are
+``fairlane.config.settings``. All durations are seconds.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ __all__ = [
 class LeaseSettings(BaseModel):
     """How long a running job is leased to its worker, and how expired leases are reclaimed."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     duration: float = Field(default=30.0, gt=0)
     """Lease length of a running job."""
@@ -78,7 +79,7 @@ class LeaseSettings(BaseModel):
 class PressureSettings(BaseModel):
     """How a worker holds back under resource pressure (``fairlane.runtime.pressure``)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     """Watch memory, CPU and pressure stalls; fetch less under them."""
@@ -121,7 +122,7 @@ class PressureSettings(BaseModel):
 class WorkerSettings(BaseModel):
     """How a worker process runs jobs."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     concurrency: int = Field(default=50, ge=1)
     """A worker's slots: jobs it runs at once, a job of slots=N taking N."""
@@ -175,7 +176,7 @@ class ConnectionSettings(BaseModel):
     """How long a call waits for the server before it counts as unreachable, and how
     many calls of a process use it at once."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     connect_timeout: float = Field(default=2.0, gt=0)
     """Time to open a connection to the server."""
@@ -192,7 +193,7 @@ class DurabilitySettings(BaseModel):
     """Acknowledged writes: after an enqueue, wait until replicas (WAIT) or append-only
     files (WAITAOF) hold it. The default asks nothing (the primary's memory only)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     replicas: int = Field(default=0, ge=0)
     """Replicas that must acknowledge an enqueue (WAIT)."""
@@ -210,7 +211,7 @@ class DurabilitySettings(BaseModel):
 class PayloadSettings(BaseModel):
     """Large payloads: arguments and results over a threshold kept in a payload store."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     url: str | None = None
     """Payload store shared by producers and workers: file:///shared/dir or
@@ -237,7 +238,7 @@ class QueueSettings(BaseModel):
     memory mark, which bounds every lane: above it, ``Rejected("store_full",
     retry_after)`` (``fairlane.policy.admission.memory``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     tenant_max_queued: int | None = Field(default=DEFAULT_TENANT_MAX_QUEUED, ge=1)
     """Most jobs a tenant may have ready in one class queue of a lane; None (or "none")
@@ -269,7 +270,7 @@ class QueueSettings(BaseModel):
 class ServerSettings(BaseModel):
     """The local development server that Fairlane can start."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     state_dir: Path | None = None
     """Directory of the local dev server; None means the XDG state dir."""

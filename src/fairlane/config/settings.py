@@ -81,7 +81,6 @@ class Settings(BaseSettings):
         env_nested_delimiter=ENV_NESTED_DELIMITER,
         extra="forbid",
         pyproject_toml_table_header=("tool", "fairlane"),
-        use_attribute_docstrings=True,
     )
 
     redis_url: str | None = None

@@ -19,7 +19,7 @@ __all__ = ["TenantSettings"]
 class TenantSettings(BaseModel):
     """What the store keeps of tenants that have gone quiet."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     idle_ttl: float = Field(default=DEFAULT_IDLE_TTL, gt=0)
     """Time a tenant may be idle before its learned costs, signals and finish tags are

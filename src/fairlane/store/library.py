@@ -76,8 +76,15 @@ _INCLUDE = re.compile(r"^-- @include ([\w.]+)$", re.MULTILINE)
 # what crosses the seam, by name (store/wire.py): written in as literals, so a name costs
 # the server nothing and a misspelt one fails here, when the library is assembled
 _WIRE_NAMES: Final = lua_names()
-_WIRE_PREFIXES: Final = "|".join(sorted({name.split(".")[0] for name in _WIRE_NAMES}))
-_WIRE = re.compile(rf"\b(?:{_WIRE_PREFIXES})\.[A-Z_]+\b")
+_WIRE_PREFIXES: Final = frozenset(name.split(".")[0] for name in _WIRE_NAMES)
+# any Capitalised.UPPER name, its prefix checked in the replacement: a pattern of the
+# prefixes' alternation takes 2.5 times as long over the library, on every import
+_WIRE = re.compile(r"\b([A-Z][A-Za-z]*)\.[A-Z_]+\b")
+
+
+def _wire_name(found: re.Match[str]) -> str:
+    name = found.group(0)
+    return _WIRE_NAMES[name] if found.group(1) in _WIRE_PREFIXES else name
 
 
 def encode_classes(classes: Iterable[ServiceClass]) -> str:
@@ -182,7 +189,7 @@ def fill_constants(source: str) -> str:
     }
     for name, value in constants.items():
         source = source.replace(name, value)
-    return as_lists(_WIRE.sub(lambda m: _WIRE_NAMES[m.group(0)], source))
+    return as_lists(_WIRE.sub(_wire_name, source))
 
 
 def _assemble() -> str:
