@@ -18,8 +18,11 @@ It needs only Fairlane's public API, so the same module measures another checkou
 that checkout's ``src`` first on ``PYTHONPATH``. ``--keep DIR`` keeps the dumps
 (``cg.out.1`` enqueue, ``cg.out.2`` drain) for ``callgrind_annotate``.
 
+With ``--keyed N`` every job also names ``benchmarks.keyed``'s throttle and rate key and
+a fairness key, one of ``N`` (a batch per key in turn), as that benchmark's keyed lane.
+
 Run: ``python -m benchmarks.instructions [--jobs 20000] [--tenants 10000] [--split]
-[--keep DIR]``.
+[--keyed 100] [--keep DIR]``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
+from benchmarks.keyed import LIMITS as KEYED_LIMITS
+from benchmarks.keyed import RATES as KEYED_RATES
 from fairlane import App, Task
 from fairlane.runtime.loop import run as run_loop
 from fairlane.store.wire import FetchedJob, Outcome
@@ -166,6 +171,7 @@ async def measure(  # noqa: PLR0917 - the run's own settings
     concurrency: int,
     keep: Path | None,
     split: bool = False,
+    keyed: int = 0,
 ) -> None:
     out = keep or Path(tempfile.mkdtemp(prefix="fairlane-callgrind-"))
     grind = Callgrind(server, out)
@@ -180,8 +186,19 @@ async def measure(  # noqa: PLR0917 - the run's own settings
         async with app:
             grind.control("-z")
             total = 0
-            for tenant, calls in batches(jobs, batch, tenants):
-                await noop.enqueue_many(calls, tenant=tenant)
+            if keyed:
+                batch = max(1, min(batch, -(-jobs // keyed)))
+            for n, (tenant, calls) in enumerate(batches(jobs, batch, tenants)):
+                if keyed:
+                    await noop.enqueue_many(
+                        calls,
+                        tenant=tenant,
+                        limits=KEYED_LIMITS,
+                        rates=KEYED_RATES,
+                        fairness_key=f"user-{n % keyed}",
+                    )
+                else:
+                    await noop.enqueue_many(calls, tenant=tenant)
                 total += len(calls)
             enqueue = grind.dump()
             if split:
@@ -191,6 +208,8 @@ async def measure(  # noqa: PLR0917 - the run's own settings
                 await app.run_worker(concurrency=concurrency, burst=True)
                 drain = grind.dump()
         shape = f"{tenants} tenants" if tenants else "one tenant"
+        if keyed:
+            shape += f", keyed ({keyed} fairness keys)"
         print(f"{total} jobs, {shape}: server instructions per job")
         print(f"  enqueue {enqueue / total:>12,.0f}")
         if split:
@@ -215,6 +234,14 @@ def main() -> None:
         "--split", action="store_true", help="count fetching and settling apart (see above)"
     )
     parser.add_argument(
+        "--keyed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every job names the keyed benchmark's throttle and rate key and one of N "
+        "fairness keys (0: none)",
+    )
+    parser.add_argument(
         "--keep", type=Path, help="a directory to keep the dumps in, for callgrind_annotate"
     )
     args = parser.parse_args()
@@ -229,6 +256,7 @@ def main() -> None:
             args.concurrency,
             args.keep,
             args.split,
+            args.keyed,
         )
     )
 

@@ -14,7 +14,8 @@ do
   local slots_of, wake = core.slots_of, core.wake
   local note_duration = throttle.note_duration
   local add_settled, flush_settled = fairqueue.add_settled, fairqueue.flush_settled
-  local lane_waiting, push_ready, release_throttle = fairqueue.lane_waiting, fairqueue.push_ready, fairqueue.release_throttle
+  local lane_waiting, push_ready, release_grant = fairqueue.lane_waiting, fairqueue.push_ready, fairqueue.release_grant
+  local enter_all_woken = fairqueue.enter_all_woken
   local work_of = fairqueue.work_of
   local MIN_CHARGE_MU, adjust_tag, learn_costs = admission.MIN_CHARGE_MU, admission.adjust_tag, admission.learn_costs
   local count, dead_letter, expire, finish = records.count, records.dead_letter, records.expire,
@@ -208,13 +209,17 @@ do
         settling.push_back_key(keys, id, f[16], payload, tonumber(ack[Ack.DELAY_MS]) or 0, now)
     end
     if f[16] then
-      -- its release may wake waiters back into their queues, and a tenant activated
-      -- there starts from its class's in-flight work: settle this batch's ends first
-      flush_settled(p, settled)
       -- a job handed back unstarted used nothing of what its rate keys gave it
       local unstarted = kind == Kind.RELEASE or kind == Kind.HANDBACK
       local used = unstarted and 0 or (cost >= 0 and cost or nil)
-      release_throttle(keys, p, id, f[16], now, used, kind == Kind.OK)
+      tally.quiet = tally.quiet or {}
+      local wakes = release_grant(keys, p, id, f[16], now, used, kind == Kind.OK, tally.quiet)
+      if #wakes > 0 then
+        -- a tenant the waiters woken activate starts from its class's in-flight work:
+        -- this batch's ends are settled first
+        flush_settled(p, settled)
+        enter_all_woken(p, wakes, now, keys)
+      end
     end
     local tenant = f[11] or ''
     if limited[tenant] == nil then

@@ -6,7 +6,7 @@
 -- Calls: core, classes, throttle, pausetable
 -- Entry points: fairqueue.{activate, add_settled, class_key, deactivate, enter_all_woken,
 --   flush_pushes, flush_queue, flush_settled, give_back_offers, lane_waiting, new_pushes,
---   push_ready, release_throttle, settle_running, take_back_offers, tenant_queue,
+--   push_ready, release_grant, release_throttle, settle_running, take_back_offers, tenant_queue,
 --   unweigh, work_of}
 
 local fairqueue = {}
@@ -237,13 +237,18 @@ do
     return n > 0
   end
 
-  -- Release a job's throttle grant, if it holds one, and wake the keys; `used` (units the
-  -- attempt used, nil when unknown) corrects its rate keys, `succeeded` grows its adaptive
-  -- ones (thr_release).
+  -- Release a job's throttle grant `token` and wake the keys; `used` (units the attempt
+  -- used, nil when unknown) corrects its rate keys, `succeeded` grows its adaptive ones
+  -- (thr_release, as is `quiet`). Returns the waiters woken, for the caller to enter.
+  local function release_grant(keys, p, id, token, now, used, succeeded, quiet)
+    redis.call('HDEL', job_key(p, id), 'ttok')
+    return thr_release(keys, id, token, now, used, succeeded, quiet)
+  end
+
+  -- Release a job's throttle grant, if it holds one, and enter the waiters that wakes.
   local function release_throttle(keys, p, id, token, now, used, succeeded)
     if token then
-      redis.call('HDEL', job_key(p, id), 'ttok')
-      enter_all_woken(p, thr_release(keys, id, token, now, used, succeeded), now, keys)
+      enter_all_woken(p, release_grant(keys, p, id, token, now, used, succeeded), now, keys)
     end
   end
 
@@ -269,6 +274,7 @@ do
   fairqueue.give_back_offers = give_back_offers
   fairqueue.lane_waiting = lane_waiting
   fairqueue.push_ready = push_ready
+  fairqueue.release_grant = release_grant
   fairqueue.release_throttle = release_throttle
   fairqueue.settle_running = settle_running
   fairqueue.take_back_offers = take_back_offers

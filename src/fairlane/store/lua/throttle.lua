@@ -134,8 +134,9 @@ do
     return nil
   end
 
-  -- Take a job's tokens on each rate key read by `first_full`; remember its rate cost.
-  function throttle.take_rates(keys, id, names, units, now, seen, adaptive)
+  -- Take a job's tokens on each rate key read by `first_full`. Returns its rate cost to
+  -- remember (`c:<job>`), nil when there is none to: the caller writes it.
+  local function take_tokens(keys, names, units, now, seen, adaptive)
     local any = adaptive
     for _, key in ipairs(names) do
       local rb = seen[key]
@@ -144,8 +145,14 @@ do
         any = true
       end
     end
-    if any then
-      redis.call('HSET', keys[THR], 'c:' .. id, rates.fmt(units))
+    return any and rates.fmt(units) or nil
+  end
+
+  -- Take a job's tokens on each rate key read by `first_full`; remember its rate cost.
+  function throttle.take_rates(keys, id, names, units, now, seen, adaptive)
+    local cost = take_tokens(keys, names, units, now, seen, adaptive)
+    if cost then
+      redis.call('HSET', keys[THR], 'c:' .. id, cost)
     end
   end
 
@@ -171,9 +178,15 @@ do
     return tonumber(redis.call('HGET', keys[THR], 'v:' .. key)) or 0
   end
 
-  local function grant(keys, id, names)
+  -- (`cost`: the job's rate cost to remember with the grant, take_tokens; one write.)
+  local function grant(keys, id, names, cost)
     local token = redis.call('HINCRBY', keys[THR], 'tok', 1)
-    redis.call('HSET', keys[THR], 'h:' .. id, token .. TAB .. table.concat(names, TAB))
+    local held = token .. TAB .. table.concat(names, TAB)
+    if cost then
+      redis.call('HSET', keys[THR], 'h:' .. id, held, 'c:' .. id, cost)
+    else
+      redis.call('HSET', keys[THR], 'h:' .. id, held)
+    end
     return token
   end
 
@@ -185,10 +198,16 @@ do
     end
   end
 
+  -- How many waiters entered a group since the library loaded. A key found with nobody
+  -- waiting stays so while this does not move: entering a group is the only way a key
+  -- gains waiters (`quiet`, thr_release).
+  local entered = 0
+
   -- Put a waiter in its tenant's group on w.at; a group that forms starts at max(F, V).
   -- `blocked` ({rate, bucket}) when it waits for w.at's tokens or pause: the key is due
   -- no later than when this waiter would fit.
   local function enter_group(keys, id, w, blocked, now)
+    entered = entered + 1
     local sk = tags_key(keys, w.at, 's')
     if not redis.call('ZSCORE', sk, w.tenant) then
       local start = vtime(keys, w.at)
@@ -284,11 +303,19 @@ do
     end
   end
 
-  -- Wake every key of `names` that has room and waiters, in order.
-  local function wake_all(keys, names, out, now)
+  -- Wake every key of `names` that has room and waiters, in order. `quiet` (optional)
+  -- remembers the keys found with nobody waiting, each with `entered` as it was then:
+  -- asked again while nobody has entered a group since, such a key needs no read.
+  local function wake_all(keys, names, out, now, quiet)
     for _, key in ipairs(names) do
-      if room(keys, key) > 0 and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
-        wake_key(keys, key, out, now)
+      if not quiet or quiet[key] ~= entered then
+        if redis.call('ZCARD', tags_key(keys, key, 's')) == 0 then
+          if quiet then
+            quiet[key] = entered
+          end
+        elseif room(keys, key) > 0 then
+          wake_key(keys, key, out, now)
+        end
       end
     end
   end
@@ -370,17 +397,24 @@ do
     table.sort(names)
     for _, key in ipairs(names) do
       local g = given[key]
-      local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'rp:' .. key, 'gs')
+      -- what is already in force is not written again: most jobs of a key give what
+      -- the one before gave
+      local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'rp:' .. key, 'gs', 'ad:' .. key)
       local cur, limit = tonumber(v[1]), nil
       if g.lim and g.lim[Limit.MIN] then
         local hi, lo = tonumber(g.lim[Limit.LIMIT]), tonumber(g.lim[Limit.MIN])
         limit = math.floor(rates.adaptive_value(keys, key, hi, lo))
-        redis.call('HSET', keys[THR], 'ad:' .. key, hi .. ',' .. lo)
+        local bounds = hi .. ',' .. lo
+        if v[4] ~= bounds then
+          redis.call('HSET', keys[THR], 'ad:' .. key, bounds)
+        end
         adaptive = true
       elseif g.lim then
         limit = tonumber(g.lim[Limit.LIMIT])
         -- a fixed limit makes the key fixed again
-        redis.call('HDEL', keys[THR], 'ad:' .. key)
+        if v[4] then
+          redis.call('HDEL', keys[THR], 'ad:' .. key)
+        end
       elseif not cur then
         limit = rates.UNLIMITED
       end
@@ -390,10 +424,10 @@ do
       if changed and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
         raised[#raised + 1] = key
       end
-      if limit then
+      if limit and v[1] ~= tostring(limit) then
         redis.call('HSET', keys[THR], 'l:' .. key, limit)
       end
-      if spec then
+      if spec and v[2] ~= spec then
         redis.call('HSET', keys[THR], 'rp:' .. key, spec)
       end
       if redis.call('HINCRBY', keys[THR], 'r:' .. key, 1) == 1 and v[3] then
@@ -425,8 +459,7 @@ do
       for _, key in ipairs(names) do
         redis.call('HINCRBY', keys[THR], 'u:' .. key, 1)
       end
-      throttle.take_rates(keys, id, names, units, now, seen, adaptive)
-      return grant(keys, id, names), wakes
+      return grant(keys, id, names, take_tokens(keys, names, units, now, seen, adaptive)), wakes
     end
     if adaptive then
       -- its wake and its release read it
@@ -440,12 +473,8 @@ do
   -- What an ended attempt tells its keys, before its slots are freed: each rate key
   -- counting units corrected by what it really used (`used`, units; nil when unknown),
   -- each adaptive key grown after a success.
-  function throttle.settle_keys(keys, id, names, now, used, succeeded)
-    local units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id))
-    if not units then
-      return
-    end
-    redis.call('HDEL', keys[THR], 'c:' .. id)
+  -- (`units`: the job's rate cost, as take_rates kept it.)
+  local function settle_rates(keys, names, units, now, used, succeeded)
     for _, key in ipairs(names) do
       local v = redis.call('HMGET', keys[THR], 'rp:' .. key, 'ad:' .. key, 'gs', 'gf:' .. key)
       local rate = keyparts.rate(rates.parse(v[1]), keyparts.of(v[3], v[4], key))
@@ -459,10 +488,21 @@ do
     end
   end
 
-  -- Free the slots of `id`'s grant `token` and wake the keys, after settle_keys. A stale
-  -- token or a job holding nothing changes nothing. Returns the waiters woken.
-  local function thr_release(keys, id, token, now, used, succeeded)
-    local held = redis.call('HGET', keys[THR], 'h:' .. id)
+  function throttle.settle_keys(keys, id, names, now, used, succeeded)
+    local units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id))
+    if units then
+      redis.call('HDEL', keys[THR], 'c:' .. id)
+      settle_rates(keys, names, units, now, used, succeeded)
+    end
+  end
+
+  -- Free the slots of `id`'s grant `token` and wake the keys, after settle_keys (the
+  -- grant and the rate cost read, and dropped, together). A stale token or a job holding
+  -- nothing changes nothing. Returns the waiters woken. `quiet`: wake_all's, for the
+  -- releases of one call.
+  local function thr_release(keys, id, token, now, used, succeeded, quiet)
+    local v = redis.call('HMGET', keys[THR], 'h:' .. id, 'c:' .. id)
+    local held = v[1]
     local wakes = {}
     if not held then
       return wakes
@@ -472,13 +512,17 @@ do
       return wakes
     end
     now = tonumber(now) or 0
-    redis.call('HDEL', keys[THR], 'h:' .. id)
-    local names = {unpack(parts, 2)}
-    throttle.settle_keys(keys, id, names, now, tonumber(used), succeeded)
+    local names, units = {unpack(parts, 2)}, tonumber(v[2])
+    if units then
+      redis.call('HDEL', keys[THR], 'h:' .. id, 'c:' .. id)
+      settle_rates(keys, names, units, now, tonumber(used), succeeded)
+    else
+      redis.call('HDEL', keys[THR], 'h:' .. id)
+    end
     for _, key in ipairs(names) do
       redis.call('HINCRBY', keys[THR], 'u:' .. key, -1)
     end
-    wake_all(keys, names, wakes, now)
+    wake_all(keys, names, wakes, now, quiet)
     unref(keys, names)
     return wakes
   end
