@@ -11,11 +11,13 @@ default). taskiq-redis has no batch enqueue: a batch is ``asyncio.gather`` over 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
 from _driver import PAIR_TAG, Adapter, Params, dist_versions, main
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 from taskiq.api import run_receiver_task
 from taskiq_redis import RedisAsyncResultBackend, RedisStreamBroker
 
@@ -76,6 +78,10 @@ class Taskiq(Adapter):
         keys = [k async for k in self.client.scan_iter(match=f"*{self.ns}*", count=1000)]
         for i in range(0, len(keys), 1000):
             await self.client.unlink(*keys[i : i + 1000])
+        # the consumer group went with the stream: made again, as open() made it (at the
+        # stream's end), so that a job sent before a worker starts (`startup`) reaches it
+        with contextlib.suppress(ResponseError):  # BUSYGROUP: the stream was not removed
+            await self.client.xgroup_create(self.stream, self.group, id="$", mkstream=True)
 
     async def enqueue_noops(self, start: int, stop: int) -> None:
         await asyncio.gather(*(self.noop.kiq(i) for i in range(start, stop)))
