@@ -13,7 +13,13 @@ from fairlane.policy.deadlineorder import DEADLINE_SPAN
 from fairlane.policy.fairkeys import ORDER_SPAN, order_score
 from fairlane.policy.startpredict import fold_mean, needs_at_enqueue, unmeetable
 from fairlane.store.api import Store
-from fairlane.store.durations import class_field, stored_at, task_field, tenant_field
+from fairlane.store.durations import (
+    charge_field,
+    class_field,
+    stored_at,
+    task_field,
+    tenant_field,
+)
 from fairlane.store.wire import NewJob, Outcome, Reply
 
 pytestmark = [pytest.mark.anyio, pytest.mark.contract]
@@ -41,6 +47,46 @@ async def test_learned_means_fold_as_the_policy_folds(store: Store) -> None:
             expected = fold_mean(expected, count, mean)
             stored = float(await store.client.hget(*stored_at(store.keys, field)))
             assert stored == pytest.approx(expected, rel=1e-6, abs=2e-3)
+
+
+async def test_one_call_of_many_entries_folds_each_in_turn(store: Store) -> None:
+    """A call holding several fields of one tenant's key, fields of the shared key and the
+    same field more than once: each mean is what folding its entries one by one, in the
+    call's order, gives, and a usage field's window holds the sum of its entries' totals
+    (as the worker sends them: what it gathered since its last call, in one)."""
+    rng = random.Random(47)
+    expected: dict[str, float | None] = {}
+    windows: dict[str, tuple[str, float]] = {}  # usage field: its window, the sum there
+    for _ in range(8):
+        fields = [
+            *(tenant_field("a", "standard", f"t{i}") for i in range(3)),
+            *(charge_field("a", "standard", f"t{i}") for i in range(3)),
+            *(task_field("w.job", f"t{i}") for i in range(3)),
+            class_field("a", "standard"),
+            task_field("w.job"),
+        ]
+        entries, used = [], {}
+        for field in rng.choices(fields, k=14):  # some fields twice or more
+            count, mean = rng.randint(1, 30), rng.uniform(0, 50_000)
+            entries.append((field, count, mean * count))
+            expected[field] = fold_mean(expected.get(field), count, mean)
+            used[field] = used.get(field, 0.0) + mean * count
+        assert await store.learn_durations(entries) == len(entries)
+        for field, mean in expected.items():
+            stored = float(await store.client.hget(*stored_at(store.keys, field)))
+            assert stored == pytest.approx(mean, rel=1e-6, abs=2e-3)
+        for field, this_call in used.items():
+            use = {"t": "w", "c": "uc"}.get(field[0])
+            if use is None:
+                continue
+            key, name = stored_at(store.keys, field)
+            window, window_sum = (
+                (await store.client.hget(key, use + name[1:])).decode().split("|")[:2]
+            )
+            before = windows.get(field)
+            total = this_call + (before[1] if before is not None and before[0] == window else 0)
+            windows[field] = (window, total)
+            assert float(window_sum) == pytest.approx(total, abs=2e-3 * len(entries))
 
 
 async def test_dispatch_expires_what_cannot_finish_as_the_policy_decides(store: Store) -> None:
