@@ -21,7 +21,7 @@
 --   KEYS[TLIMITS], KEYS[WEIGHTS]
 -- Calls: core, classes, rates, keyparts
 -- Entry points: throttle.{RATE_BUCKETS, RATE_WIDTH_MS, apply_given, note_duration,
---   note_submissions, rate_in_force, rate_per_min, refund_rates, settle_keys, sig_key,
+--   note_submissions, rate_in_force, rate_per_min, refund_rates, sig_key,
 --   take_rates, wake_keys,
 --   tenant_limit, thr_acquire, thr_cancel, thr_cancel_waiter, thr_next_due,
 --   thr_push_back, thr_release, thr_wake_due}
@@ -473,7 +473,7 @@ do
   -- What an ended attempt tells its keys, before its slots are freed: each rate key
   -- counting units corrected by what it really used (`used`, units; nil when unknown),
   -- each adaptive key grown after a success.
-  -- (`units`: the job's rate cost, as take_rates kept it.)
+  -- (`units`: the job's rate cost, as grant kept it.)
   local function settle_rates(keys, names, units, now, used, succeeded)
     for _, key in ipairs(names) do
       local v = redis.call('HMGET', keys[THR], 'rp:' .. key, 'ad:' .. key, 'gs', 'gf:' .. key)
@@ -488,15 +488,7 @@ do
     end
   end
 
-  function throttle.settle_keys(keys, id, names, now, used, succeeded)
-    local units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id))
-    if units then
-      redis.call('HDEL', keys[THR], 'c:' .. id)
-      settle_rates(keys, names, units, now, used, succeeded)
-    end
-  end
-
-  -- Free the slots of `id`'s grant `token` and wake the keys, after settle_keys (the
+  -- Free the slots of `id`'s grant `token` and wake the keys, after settle_rates (the
   -- grant and the rate cost read, and dropped, together). A stale token or a job holding
   -- nothing changes nothing. Returns the waiters woken. `quiet`: wake_all's, for the
   -- releases of one call.
