@@ -735,7 +735,6 @@ async def test_malformed_records_are_dead_lettered_not_executed(
     corruptions = {  # label -> (corruption, the error type it is dead-lettered with)
         "missing args": (lambda c, k: c.hdel(k, "args"), record_broken),
         "missing task": (lambda c, k: c.hdel(k, "task"), record_broken),
-        "missing budget": (lambda c, k: c.hdel(k, "max"), record_broken),
         "not utf-8": (lambda c, k: c.hset(k, "args", b'{"n": "\xff\xfe"}'), record_broken),
         "wrong type": (lambda c, k: c.hset(k, "args", b'{"n": "seven"}'), args_broken),
         "extra field": (lambda c, k: c.hset(k, "args", b'{"n": 1, "m": 2}'), args_broken),

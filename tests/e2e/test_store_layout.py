@@ -23,6 +23,9 @@ pytestmark = pytest.mark.anyio
 
 #: the fields a plain job's record leaves out: each reads as its default
 LEFT_OUT = {"x", "prio", "att", "sl", "bo", "rc", "rf", "ck"}
+#: ...and, since layout 3, the default tenant, lane, budget, timeout and class, and the
+#: time it may run while that is when it was enqueued
+LEFT_OUT_SINCE_3 = {"tenant", "lane", "max", "to", "cls", "run"}
 
 
 def _record(redis_url: str, app: App, job_id: str) -> dict[str, str]:
@@ -56,24 +59,32 @@ async def test_a_plain_record_leaves_its_defaults_out_and_runs_as_before(
         attempts=2,
         backoff=Backoff(base=0.01, cap=0.01, jitter="none"),
         retention=Retention(completed=5, failed=5),
+        timeout=7,
     )
     async def unusual(a: int) -> int:
         return a
 
     async with app:
         plain = await echo.enqueue(1, "x")
-        assert LEFT_OUT.isdisjoint(_record(redis_url, app, plain.id))
-        other = await unusual.enqueue(2, priority=3, tenant="acme")
+        assert (LEFT_OUT | LEFT_OUT_SINCE_3).isdisjoint(_record(redis_url, app, plain.id))
+        other = await unusual.enqueue(2, priority=3, tenant="acme", service_class="batch")
+        later = await echo.enqueue(2, "y", delay=0.05)
         held = _record(redis_url, app, other.id)
         # what differs from the defaults stays in the record, the rest reads as usual
+        assert (held["tenant"], held["max"], held["to"], held["cls"]) == ("acme", "2", "7", "batch")
+        waiting = _record(redis_url, app, later.id)
+        assert int(waiting["run"]) > int(waiting["enq"])
         assert held["prio"] == "3"
         assert held["bo"] == Backoff(base=0.01, cap=0.01, jitter="none").encode()
         assert (held["rc"], held["rf"]) == ("5,-1", "5,-1")
         async with running_workers(app):
             assert await plain.result(timeout=WAIT) == "1x"
             assert await other.result(timeout=WAIT) == 2
+            assert await later.result(timeout=WAIT) == "2y"
         info = await plain.info()
         assert (info.attempts, info.max_attempts, info.slots) == (1, 3, 1)
+        assert (info.tenant, info.service_class) == ("default", "standard")
+        assert info.not_before == info.enqueued_at is not None
         # kept by the default retention (the record named none)
         client = create_sync_client(redis_url, socket_timeout=10, socket_connect_timeout=10)
         try:
@@ -90,7 +101,9 @@ async def test_a_shard_keeps_the_layout_it_was_written_in(redis_url: str, namesp
         pass
 
 
-@pytest.mark.parametrize(("layout", "who"), [(None, "an earlier"), ("3", "a later")])
+@pytest.mark.parametrize(
+    ("layout", "who"), [(None, "an earlier"), ("2", "an earlier"), ("4", "a later")]
+)
 async def test_data_of_another_layout_is_refused_by_name(
     redis_url: str, namespace: str, layout: str | None, who: str
 ) -> None:

@@ -88,7 +88,9 @@ from fairlane.policy.reference.model import (
     Submission,
 )
 from fairlane.policy.retry import after_failure
+from fairlane.store.keys import RECORD_DEFAULTS
 from fairlane.store.pausing import field_scope, scope_field
+from fairlane.store.records import DEFAULT_CLASS
 from fairlane.store.views.totals import DECISION_PREFIX, split_stats
 from fairlane.store.wire import FetchedJob, NewJob, Outcome
 from tests.store.harness import StoreMachine
@@ -628,9 +630,11 @@ class LuaVsModel(StoreMachine):
         snap = Snapshot()
         for job_id in self.ids:
             st_, att, max_, tok, ttok, cls, sl, lane, toff, seq = next(replies)
+            # fields the record leaves out at their defaults (store layout 3)
             snap.jobs[job_id] = JobRow(
-                _s(st_), int(att or 0), int(max_), tok and int(tok), ttok and int(ttok),
-                _s(cls), int(sl or 1), _s(lane), toff is not None, float(seq),
+                _s(st_), int(att or 0), int(max_ or RECORD_DEFAULTS["max"]), tok and int(tok),
+                ttok and int(ttok), _s(cls or DEFAULT_CLASS.encode()), int(sl or 1),
+                _s(lane or RECORD_DEFAULTS["lane"].encode()), toff is not None, float(seq),
             )  # fmt: skip
         for lane, cls in units:
             for tenant in TENANTS:

@@ -91,10 +91,13 @@ def test_a_record_reads_every_field_it_names() -> None:
 
 def test_an_empty_hash_is_no_record_and_absent_fields_read_as_defaults() -> None:
     assert from_hash("gone", {}) is None
-    record = from_hash("j", {"st": "queued"})
-    assert record == JobRecord("j", status="queued")
+    record = from_hash("j", {"st": "queued", "enq": "5"})
+    assert record == JobRecord(
+        "j", tenant="default", lane="default", max_attempts=3, status="queued",
+        enqueued_ms=5, run_ms=5,
+    )  # fmt: skip
     assert (record.service_class, record.slots, record.attempts) == ("standard", 1, 0)
-    assert record.max_attempts is None and record.failure is None
+    assert record.failure is None
     assert record.reserved_mu is None
 
 
@@ -116,7 +119,7 @@ def test_a_damaged_field_reads_as_its_default_and_hides_nothing_else() -> None:
     assert (record.status, record.attempts, record.max_attempts, record.slots) == (
         "queued",
         0,
-        None,
+        3,
         1,
     )
     assert record.enqueued_ms == 1000  # a number written as a float reads as a whole
@@ -132,16 +135,23 @@ def test_limits_keep_each_entry_that_reads() -> None:
 
 
 def test_projections_read_the_fields_of_their_attributes() -> None:
-    assert job_fields(OWNER) == ["tenant", "task"]
-    assert job_fields(AGE) == ["run", "enq"]
-    assert job_fields(PLACEMENT) == ["lane", "cls", "tenant", "sl"]
-    assert job_fields(TIMES) == ["st", "enq", "run", "start", "fin", "att"]
+    # every projection also reads the status (no status: no record) and enq (an absent
+    # run reads as enq)
+    assert job_fields(OWNER) == ["tenant", "task", "st", "enq"]
+    assert job_fields(AGE) == ["run", "enq", "st", "enq"]
+    assert job_fields(PLACEMENT) == ["lane", "cls", "tenant", "sl", "st", "enq"]
+    assert job_fields(TIMES) == ["st", "enq", "run", "start", "fin", "att", "st", "enq"]
     # every field a projection reads is a documented field of the record
     for projection in (OWNER, AGE, PLACEMENT, TIMES, LISTING):
         assert set(job_fields(projection)) <= set(JOB_FIELDS)
-    record = from_values("j", PLACEMENT, [b"gpu", None, b"acme", b"2"])
+    record = from_values("j", PLACEMENT, [b"gpu", None, b"acme", b"2", b"queued", b"5"])
     assert record == JobRecord("j", lane="gpu", tenant="acme", slots=2)
-    assert from_values("j", PLACEMENT, [None, None, None, None]) is None
+    # fields left out at their defaults, the record there
+    record = from_values("j", PLACEMENT, [None, None, None, None, b"queued", b"5"])
+    assert record == JobRecord("j", lane="default", tenant="default")
+    assert from_values("j", PLACEMENT, [None] * 6) is None
+    record = from_values("j", AGE, [None, b"5", b"queued", b"5"])
+    assert record is not None and record.run_ms == 5  # an absent run reads as enq
 
 
 def test_events_decode_as_the_scripts_pack_them() -> None:

@@ -134,7 +134,8 @@ def test_oldest_waiting_reads_queue_heads_and_the_clock_of_their_shard() -> None
         oldest_waiting(keys, lanes, 8),
         [[b"acme", b"beta"]],  # shard 0 standard: its active tenants
         [[b"j-acme"], [b"j-beta"]],  # their queue heads
-        [[b"1000", b"900"], [None, b"500"], 4000],  # run, enq of the two heads; TIME
+        # run, enq of the two heads (and the status and enq every projection reads); TIME
+        [[b"1000", b"900", b"queued", b"900"], [None, b"500", b"queued", b"500"], 4000],
     )
     assert ages == {("gpu", "standard"): 3.5, ("gpu", "batch"): 0.0}  # j-beta, since enq
     assert [len(batch) for batch in asked] == [1, 2, 3]  # classes * (2 * tenants + 1) + 1
@@ -149,8 +150,9 @@ def test_start_delays_take_the_newest_of_every_shard() -> None:
         start_delays(keys, ["t"], 2),
         [[(b"a", 10.0), (b"b", 5.0)], [(b"c", 7.0)]],
         [
-            [b"gpu", b"standard", b"acme", b"100", b"130"],  # a: 30 ms
-            [b"gpu", None, b"beta", b"100", b"110"],  # c: 10 ms, class by default
+            [b"gpu", b"standard", b"acme", b"100", b"130", b"running", b"90"],  # a: 30 ms
+            # c: 10 ms, class by default
+            [b"gpu", None, b"beta", b"100", b"110", b"running", b"90"],
         ],
     )
     assert delays.by_class == {("gpu", "standard"): [30, 10]}
@@ -174,15 +176,16 @@ def test_fleet_counts_workers_once_and_weights_from_their_own_shard() -> None:
 def test_running_slots_come_from_the_records_of_leased_jobs() -> None:
     held, asked = drive(
         running_slots(shard_keys(1), 100),
-        [[b"j1", b"j2", b"j3"]],
+        [[b"j1", b"j2", b"j3", b"j4"]],
         [
-            [b"gpu", None, b"acme", b"2"],
-            [None, None, None, None],
-            [b"gpu", b"standard", b"acme", None],
+            [b"gpu", None, b"acme", b"2", b"running", b"1"],
+            [None] * 6,
+            [b"gpu", b"standard", b"acme", None, b"running", b"1"],
+            [None, None, None, None, b"running", b"1"],  # the default lane and tenant
         ],
     )
-    assert held == {("gpu", "standard", "acme"): 3}
-    assert asked[1][0].args[1] == ["lane", "cls", "tenant", "sl"]
+    assert held == {("gpu", "standard", "acme"): 3, ("default", "standard", "default"): 1}
+    assert asked[1][0].args[1] == ["lane", "cls", "tenant", "sl", "st", "enq"]
 
 
 def test_lane_tenants_merge_shards_and_count_rejections() -> None:
@@ -243,7 +246,8 @@ def test_candidates_read_the_indexes_of_the_states_asked_for() -> None:
 
 def test_a_listing_leaves_out_records_removed_meanwhile() -> None:
     row = [b"t", b"acme", b"gpu", None, b"failed", b"1", b"1", b"5", b"6", b"7", None, None]
-    rows, _ = drive(listing(shard_keys(1), {"a": 0, "b": 0}), [row, 9.0, [None] * 12, None])
+    row += [b"failed", b"5"]  # the status and enq every projection reads
+    rows, _ = drive(listing(shard_keys(1), {"a": 0, "b": 0}), [row, 9.0, [None] * 14, None])
     assert [(r.id, r.status, r.service_class, dead) for r, dead in rows] == [
         ("a", "failed", "standard", True)
     ]

@@ -547,8 +547,20 @@ class AppKeys:
 #: written (no ``layout`` field; the FIFO counter is ``stats``'s ``seq``); 2: fields at
 #: their defaults left out of job records (``JOB_FIELDS`` says what an absent one reads
 #: as), the FIFO counter ``fifo``. Data of another layout is refused,
-#: not misread.
-STORE_LAYOUT: Final = 2
+#: not misread. 3: also left out, a job's tenant, lane, attempt budget and timeout at the
+#: values of ``RECORD_DEFAULTS``, its class at ``standard``, and ``run`` when it equals
+#: ``enq``.
+STORE_LAYOUT: Final = 3
+
+#: What a record's ``tenant``, ``lane``, ``max`` and ``to`` read as when absent: the
+#: values most jobs have, left out of their records (a waiting job's hash is then small
+#: enough to take a smaller allocation on the server).
+RECORD_DEFAULTS: Final[dict[str, str]] = {
+    "tenant": "default",
+    "lane": "default",
+    "max": "3",
+    "to": "300",
+}
 
 #: Fields of a job hash, as written by the Lua library.
 JOB_FIELDS: dict[str, str] = {
@@ -556,20 +568,20 @@ JOB_FIELDS: dict[str, str] = {
     "rmu, w, mu, wfr, idem); absent or '' when it holds none; every writer of one sets it "
     "(lua core.lua, core.read)",
     "task": "task name",
-    "tenant": "tenant the job belongs to",
-    "lane": "lane that runs it",
+    "tenant": "tenant the job belongs to (absent = RECORD_DEFAULTS)",
+    "lane": "lane that runs it (absent = RECORD_DEFAULTS)",
     "prio": "priority within the tenant (higher runs first; absent = 0)",
     "args": "encoded arguments (JSON)",
-    "max": "attempt budget",
+    "max": "attempt budget (absent = RECORD_DEFAULTS)",
     "bo": "backoff: 'base,cap,jitter' (absent = the default backoff)",
-    "to": "timeout in seconds (0 = none)",
+    "to": "timeout in seconds (0 = none; absent = RECORD_DEFAULTS)",
     "dl": "deadline, server ms (absent = none)",
     "idem": "idempotency key (absent = none)",
     "rc": "retention of completed records: 'count,age_ms' (-1 = unbounded; absent = the "
     "default retention)",
     "rf": "retention of failed records: 'count,age_ms' (absent = the default retention)",
     "enq": "enqueued at, server ms",
-    "run": "eligible to run at, server ms",
+    "run": "eligible to run at, server ms (absent = enq)",
     "seq": "order within a priority: the FIFO number, a keyed job's fair tag, or a "
     "deadline order (< 0)",
     "fk": "fairness key: whose share of its tenant's part it takes (absent = none)",
@@ -583,7 +595,7 @@ JOB_FIELDS: dict[str, str] = {
     "err": "last error (JSON: type, message, traceback)",
     "w": "1 when a producer waits on the result",
     "cx": "1 when cancellation was requested while running",
-    "cls": "service class",
+    "cls": "service class (absent = standard)",
     "sl": "worker slots it occupies (absent = 1)",
     "lim": "throttle keys and limits (msgpack [[key, limit] or, adaptive, [key, max, min], ..], "
     "absent = none)",

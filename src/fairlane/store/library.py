@@ -58,7 +58,7 @@ from fairlane.policy.admission import (
 from fairlane.policy.backoff import Backoff
 from fairlane.policy.classes import DEFAULT_CLASSES, ClassTable, ServiceClass
 from fairlane.policy.retention import Retention
-from fairlane.store.keys import COST_KEY_SEP, SHARDED_PREFIX_PATTERN, AppKeys
+from fairlane.store.keys import COST_KEY_SEP, RECORD_DEFAULTS, SHARDED_PREFIX_PATTERN, AppKeys
 from fairlane.store.placed import as_lists
 from fairlane.store.wire import AdmissionField, ClassField, lua_names
 
@@ -173,6 +173,10 @@ def fill_constants(source: str) -> str:
         "__DEFAULT_BACKOFF__": Backoff().encode(),
         "__DEFAULT_RETENTION__": _DEFAULT_RETENTION,
         "__COST_KEY_SEP__": COST_KEY_SEP,
+        "__DEFAULT_TENANT__": RECORD_DEFAULTS["tenant"],
+        "__DEFAULT_LANE__": RECORD_DEFAULTS["lane"],
+        "__DEFAULT_MAX__": RECORD_DEFAULTS["max"],
+        "__DEFAULT_TO__": RECORD_DEFAULTS["to"],
         "__DEFAULT_RC__": Retention().completed.encode(),
         "__DEFAULT_RF__": Retention().failed.encode(),
         "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),

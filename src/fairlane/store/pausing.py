@@ -15,6 +15,7 @@ from typing import Any, Final
 from fairlane.policy.pauses import LIFT_BUDGET, Scope, ScopeKind
 from fairlane.store.argv import PauseArg, ResumeArg, UnofferArg, argv
 from fairlane.store.base import StoreBase
+from fairlane.store.keys import RECORD_DEFAULTS
 from fairlane.store.wire import PauseField
 
 __all__ = [
@@ -212,5 +213,10 @@ class PauseCalls(StoreBase):
             return False
         pipe = self.client.pipeline(transaction=False)
         for job_id in running:
-            pipe.hget(k.job(_text(job_id)), "tenant")
-        return any(_text(t) == tenant for t in await self._call(pipe.execute) if t is not None)
+            pipe.hmget(k.job(_text(job_id)), "st", "tenant")
+        # a record leaves its tenant out when it is the default one (RECORD_DEFAULTS)
+        return any(
+            _text(t or RECORD_DEFAULTS["tenant"]) == tenant
+            for st, t in await self._call(pipe.execute)
+            if st is not None
+        )

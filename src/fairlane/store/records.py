@@ -26,6 +26,7 @@ import msgspec
 
 from fairlane.codec import ErrorInfo, decode_error
 from fairlane.store.fields import field_int, field_text
+from fairlane.store.keys import RECORD_DEFAULTS
 
 __all__ = [
     "AGE",
@@ -222,13 +223,13 @@ def decode_reported(value: Any) -> tuple[int, int] | None:
 #: attribute -> (hash field, how its value reads)
 _FIELDS: Final[dict[str, tuple[str, Callable[[Any], Any]]]] = {
     "task": ("task", field_text),
-    "tenant": ("tenant", field_text),
-    "lane": ("lane", field_text),
+    "tenant": ("tenant", _text_or(RECORD_DEFAULTS["tenant"])),
+    "lane": ("lane", _text_or(RECORD_DEFAULTS["lane"])),
     "service_class": ("cls", _text_or(DEFAULT_CLASS)),
     "priority": ("prio", _int_or(0)),
     "status": ("st", field_text),
     "attempts": ("att", _int_or(0)),
-    "max_attempts": ("max", field_int),
+    "max_attempts": ("max", _int_or(int(RECORD_DEFAULTS["max"]))),
     "enqueued_ms": ("enq", field_int),
     "run_ms": ("run", field_int),
     "started_ms": ("start", field_int),
@@ -292,17 +293,26 @@ LISTING: Final[tuple[JobAttr, ...]] = (
 )
 
 
+#: read with every projection, after its own fields: the status, which every record
+#: holds (a record without one is no record), and when it was enqueued, which an absent
+#: ``run`` reads as (the scripts leave ``run`` out while it equals ``enq``)
+_TAIL: Final = ("st", "enq")
+
+
 def job_fields(only: Sequence[JobAttr]) -> list[str]:
-    """The hash fields holding the attributes ``only``, in that order."""
-    return [_FIELDS[name][0] for name in only]
+    """The hash fields holding the attributes ``only``, in that order, and ``_TAIL``."""
+    return [*(_FIELDS[name][0] for name in only), *_TAIL]
 
 
 def from_values(job_id: str, only: Sequence[JobAttr], values: Sequence[Any]) -> JobRecord | None:
     """A record of the attributes ``only`` from an ``HMGET`` of :func:`job_fields`
-    (None when the job has none of those fields: no record)."""
-    if all(value is None for value in values):
+    (None when the job has no status: no record)."""
+    *own, status, enqueued = values
+    if status is None:
         return None
-    read = {name: _FIELDS[name][1](value) for name, value in zip(only, values, strict=True)}
+    read = {name: _FIELDS[name][1](value) for name, value in zip(only, own, strict=True)}
+    if "run_ms" in read and read["run_ms"] is None:
+        read["run_ms"] = field_int(enqueued)
     return JobRecord(job_id, **read)
 
 
@@ -313,4 +323,6 @@ def from_hash(job_id: str, raw: Mapping[Any, Any]) -> JobRecord | None:
         return None
     fields = {field_text(k): v for k, v in raw.items()}
     read = {name: parse(fields.get(key)) for name, (key, parse) in _FIELDS.items()}
+    if read["run_ms"] is None:
+        read["run_ms"] = read["enqueued_ms"]
     return JobRecord(job_id, **read)

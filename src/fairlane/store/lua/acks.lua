@@ -10,6 +10,7 @@ local settling = {}
 
 do
   local DEFAULT_CLASS, LEASES, TLIMITS = core.DEFAULT_CLASS, core.LEASES, core.TLIMITS
+  local DEFAULT_LANE, DEFAULT_MAX, DEFAULT_TENANT = core.DEFAULT_LANE, core.DEFAULT_MAX, core.DEFAULT_TENANT
   local WEIGHTS, job_key, lane_key, log_event = core.WEIGHTS, core.job_key, core.lane_key, core.log_event
   local slots_of, wake = core.slots_of, core.wake
   local note_duration = throttle.note_duration
@@ -289,6 +290,7 @@ do
     else
       local jk = job_key(p, id)
       local r = redis.call('HMGET', jk, 'lane', 'tenant', 'prio', 'seq', 'start', 'wk')
+      r[1], r[2] = r[1] or core.DEFAULT_LANE, r[2] or core.DEFAULT_TENANT
       -- written first, so that the job handed back sees the lane's true load
       flush_settled(p, settled)
       redis.call('HINCRBY', jk, 'att', -1)
@@ -334,6 +336,9 @@ do
         -- fences any later write of its token.
         local id, kind = ack[Ack.ID], ack[Ack.KIND]
         released[#released + 1] = id
+        -- fields enqueue left out at their defaults (core.lua)
+        f[7], f[8], f[9], f[11] = f[7] or DEFAULT_MAX, f[8] or DEFAULT_LANE, f[9] or DEFAULT_CLASS,
+          f[11] or DEFAULT_TENANT
         local payload, pushed, pushed_key, amu =
           account(keys, p, id, kind, ack, f, now, tally, settled, freed, limited, costing)
         local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20],

@@ -286,7 +286,7 @@ do
   -- A job waits in its class's deferred queue; its tenant activates at max(V, F_t) when
   -- its group was empty. `tenant` is read from the record when the caller has not.
   local function defer(p, lane, cls, id, seq, tenant)
-    tenant = tenant or redis.call('HGET', job_key(p, id), 'tenant') or ''
+    tenant = tenant or redis.call('HGET', job_key(p, id), 'tenant') or core.DEFAULT_TENANT
     redis.call('ZADD', class_key(p, lane, cls, 'deferred'), seq, id)
     local group = deferral.group(p, lane, cls, tenant)
     redis.call('ZADD', group, seq, id)

@@ -153,6 +153,7 @@ do
     if not st then
       return 'missing'
     end
+    f[2], f[3] = f[2] or core.DEFAULT_LANE, f[3] or core.DEFAULT_TENANT
     if st == 'queued' and f[6] then
       -- parked by a pause (pauses.lua): out of its queue, its slots out of the demand
       redis.call('ZREM', pauses.parked_key(p, f[6]), id)
@@ -238,6 +239,9 @@ do
       local jk = job_key(p, id)
       local f = redis.call('HMGET', jk, 'st', 'lane', 'tenant', 'prio', 'seq', 'task', 'cls', 'sl',
         'start', 'wk', 'att', 'fin', 'err', 'qw', 'use', 'dl')
+      if f[1] then
+        f[2], f[3] = f[2] or core.DEFAULT_LANE, f[3] or core.DEFAULT_TENANT
+      end
       local memo = f[2] and (lanes[f[2]] or {seen = seen})
       if memo then
         lanes[f[2]] = memo

@@ -5,7 +5,8 @@
 -- Keys: KEYS[FENCE] (the app's prefix comes from it), ev:<id>, lane:<l>:wake; the KEYS
 --   indexes (FENCE .. THRW) are named here
 -- Calls: none
--- Entry points: core.{ALLOW_OOM, ARGS, DEAD, DEFAULT_BACKOFF, DEFAULT_CLASS, FENCE, FLEET,
+-- Entry points: core.{ALLOW_OOM, ARGS, DEAD, DEFAULT_BACKOFF, DEFAULT_CLASS, DEFAULT_LANE,
+--   DEFAULT_MAX, DEFAULT_TENANT, DEFAULT_TO, FENCE, FLEET,
 --   IDEM, LEASES, MEMO_MAX, PRIO_SPAN, STATS, TASKS, TERMINAL, THR, THRW, TLIMITS, WEIGHTS, WORKERS,
 --   any, arg, chunked, error_type, ev_key, int, job_key, lane_key, log_event, memoised,
 --   now_arg, now_ms, num, order_score, prefix, read, sharded, slots_of, usual_cost_key, wake}
@@ -19,6 +20,14 @@ do
   -- priorities are clamped to +-PRIO_LIMIT so that prio * 2^40 + seq stays exact in a double
   local PRIO_SPAN = 1099511627776
   local DEFAULT_CLASS = 'standard'
+  -- A record leaves out (store layout 3) a tenant, lane, attempt budget and timeout at
+  -- these values, its class at DEFAULT_CLASS and `run` when it equals `enq`: a waiting
+  -- job's hash is then small enough for a smaller allocation (fairlane/store/keys.py,
+  -- RECORD_DEFAULTS, says the same)
+  core.DEFAULT_TENANT = '__DEFAULT_TENANT__'
+  core.DEFAULT_LANE = '__DEFAULT_LANE__'
+  core.DEFAULT_MAX = '__DEFAULT_MAX__'
+  core.DEFAULT_TO = '__DEFAULT_TO__'
 
   -- What a job record's fields read as when enqueue left them out at their defaults
   -- (fairlane/store/keys.py, JOB_FIELDS, says the same): prio 0,

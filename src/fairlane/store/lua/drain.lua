@@ -73,6 +73,9 @@ do
   end
 
   local function matches(f, flt)
+    if f[ST] then
+      f[LANE], f[TENANT] = f[LANE] or core.DEFAULT_LANE, f[TENANT] or core.DEFAULT_TENANT
+    end
     if f[ST] ~= flt.state or (flt.lane and f[LANE] ~= flt.lane)
         or (flt.tenant and f[TENANT] ~= flt.tenant)
         or (flt.cls and (f[CLS] or DEFAULT_CLASS) ~= flt.cls)

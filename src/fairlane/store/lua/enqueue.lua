@@ -131,6 +131,18 @@ do
   -- `h`; returns its new length (core.lua: what an absent one reads as).
   local function unusual_fields(h, j, tenant, slots)
     local n = #h
+    if tenant ~= core.DEFAULT_TENANT then
+      h[n + 1], h[n + 2], n = 'tenant', tenant, n + 2
+    end
+    if call_lane ~= core.DEFAULT_LANE then
+      h[n + 1], h[n + 2], n = 'lane', call_lane, n + 2
+    end
+    if arg(j[Job.MAX_ATTEMPTS]) ~= core.DEFAULT_MAX then
+      h[n + 1], h[n + 2], n = 'max', arg(j[Job.MAX_ATTEMPTS]), n + 2
+    end
+    if arg(j[Job.TIMEOUT]) ~= core.DEFAULT_TO then
+      h[n + 1], h[n + 2], n = 'to', arg(j[Job.TIMEOUT]), n + 2
+    end
     if tonumber(j[Job.PRIORITY]) ~= 0 then
       h[n + 1], h[n + 2], n = 'prio', arg(j[Job.PRIORITY]), n + 2
     end
@@ -161,10 +173,15 @@ do
     -- A field at its default is left out (core.lua says what an absent one reads
     -- as): most jobs keep the default retention and backoff, one slot, priority 0 and the
     -- usual cost key, and each field left out is bytes a waiting job does not hold
-    local h = {'HSET', job_key(p, id), 'task', j[Job.TASK], 'tenant', tenant, 'lane', lane,
-      'args', j[Job.ARGS], 'max', arg(j[Job.MAX_ATTEMPTS]), 'to', arg(j[Job.TIMEOUT]), 'enq', now_s,
-      'run', run_at == now and now_s or run_at, 'seq', order, 'st', st, 'cls', cls}
+    local h = {'HSET', job_key(p, id), 'task', j[Job.TASK], 'args', j[Job.ARGS], 'enq', now_s,
+      'seq', order, 'st', st}
     local n, extra = unusual_fields(h, j, tenant, slots), false
+    if run_at ~= now then
+      h[n + 1], h[n + 2], n = 'run', run_at, n + 2
+    end
+    if cls ~= core.DEFAULT_CLASS then
+      h[n + 1], h[n + 2], n = 'cls', cls, n + 2
+    end
     if fkey and fkey ~= '' then
       h[n + 1], h[n + 2], n, extra = 'fk', fkey, n + 2, true
     end

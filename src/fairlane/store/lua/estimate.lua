@@ -184,9 +184,10 @@ do
     reply[EstimateReply.NOW] = now
     if id ~= '' then
       local f = redis.call('HMGET', job_key(p, id), 'st', 'tenant', 'lane', 'cls', 'task', 'dl',
-        'run', 'fk')
-      st, tenant, lane, cls, task, dl, run, fk = f[1], f[2], f[3], f[4] or DEFAULT_CLASS, f[5],
-        f[6], f[7], f[8]
+        'run', 'fk', 'enq')
+      -- (fields enqueue left out at their defaults, core.lua; an absent run is enq)
+      st, tenant, lane, cls, task, dl, run, fk = f[1], f[2] or core.DEFAULT_TENANT,
+        f[3] or core.DEFAULT_LANE, f[4] or DEFAULT_CLASS, f[5], f[6], f[7] or f[9], f[8]
       if not st then
         reply[EstimateReply.STATE] = ''
         return reply

@@ -208,7 +208,8 @@ do
   local function enter_woken(keys, p, id, key, now, wakes, pz)
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'lane', 'cls', 'tenant', 'prio', 'seq', 'sl', 'task', 'fk')
-    local cls, tenant = f[2] or DEFAULT_CLASS, f[3] or ''
+    f[1] = f[1] or core.DEFAULT_LANE
+    local cls, tenant = f[2] or DEFAULT_CLASS, f[3] or core.DEFAULT_TENANT
     now = now or now_ms()
     if pz.t == nil then
       pz.t = pausetable.lane_has_pauses(p, f[1]) and pausetable.load(p, now) or false

@@ -66,8 +66,9 @@ do
       local f = redis.pcall('HMGET', jk, 'st', 'tenant', 'prio', 'seq', 'cls', 'sl', 'readmit',
         'att', 'fk')
       local cls = f[5] or DEFAULT_CLASS
+      f[2] = f[2] or core.DEFAULT_TENANT
       local cfg = f[7] and f[1] == 'scheduled' and admission_of(keys, p, lane)
-      if f[1] == 'scheduled' and leasing.lost_class(keys, p, lane, cls, f[2] or '', tally, memo) then
+      if f[1] == 'scheduled' and leasing.lost_class(keys, p, lane, cls, f[2], tally, memo) then
         if f[7] then
           redis.call('HDEL', jk, 'readmit')
         end
@@ -205,10 +206,10 @@ do
   local SOUND = {
     {at = 2, name = 'task', needed = true, ok = leasing.text_ok, repeats = true},
     {at = 3, name = 'args', needed = true, ok = utf8_ok, repeats = false},
-    {at = 4, name = 'max', needed = true, ok = leasing.whole_ok, repeats = true},
+    {at = 4, name = 'max', needed = false, ok = leasing.whole_ok, repeats = true},
     {at = 16, name = 'dl', needed = false, ok = whole, repeats = false},
     {at = 5, name = 'to', needed = false, ok = leasing.to_ok, repeats = true},
-    {at = 6, name = 'tenant', needed = true, ok = leasing.text_ok, repeats = true},
+    {at = 6, name = 'tenant', needed = false, ok = leasing.text_ok, repeats = true},
     {at = 7, name = 'bo', needed = false, ok = leasing.backoff_ok, repeats = true},
     {at = 8, name = 'enq', needed = false, ok = leasing.whole_ok, repeats = false},
     {at = 9, name = 'att', needed = false, ok = leasing.whole_ok, repeats = false},
@@ -391,7 +392,13 @@ do
   leasing.RUNNABLE_X = {'dl', 'lim', 'ttok', 'tp', 'par', 'toff', 'fk', 'rk', 'rmu'}
 
   function leasing.read_runnable(p, id)
-    return core.read(job_key(p, id), leasing.RUNNABLE, leasing.RUNNABLE_X)
+    local f = core.read(job_key(p, id), leasing.RUNNABLE, leasing.RUNNABLE_X)
+    if f[1] then
+      -- fields enqueue left out at their defaults (core.lua); an absent run is enq
+      f[4], f[5], f[6] = f[4] or core.DEFAULT_MAX, f[5] or core.DEFAULT_TO, f[6] or core.DEFAULT_TENANT
+      f[11], f[15] = f[11] or DEFAULT_CLASS, f[15] or f[8]
+    end
+    return f
   end
 
   -- `pre`: the record as `read_runnable` read it in this call, when dispatch read it

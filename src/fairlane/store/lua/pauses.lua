@@ -80,8 +80,10 @@ do
       local f = redis.call('HMGET', jk, 'st', 'pz', 'lane', 'cls', 'tenant', 'prio', 'seq', 'sl')
       if f[1] == 'queued' and f[2] == fld then
         redis.call('HDEL', jk, 'pz')
-        fairqueue.push_ready(p, f[3], f[4] or core.DEFAULT_CLASS, f[5] or '', id, f[6] or 0, f[7] or 0, f[8])
-        wake(p, f[3])
+        local lane = f[3] or core.DEFAULT_LANE
+        fairqueue.push_ready(p, lane, f[4] or core.DEFAULT_CLASS, f[5] or core.DEFAULT_TENANT, id,
+          f[6] or 0, f[7] or 0, f[8])
+        wake(p, lane)
       end
     end
     if #ids > 0 then
@@ -139,7 +141,8 @@ do
     for _, id in ipairs(redis.call('ZRANGE', keys[LEASES], 0, -1)) do
       local jk = job_key(p, id)
       local f = redis.call('HMGET', jk, 'st', 'lane', 'cls', 'tenant', 'task', 'fk')
-      if f[1] == 'running' and in_scope(fld, f[2], f[3] or core.DEFAULT_CLASS, f[4] or '', f[5], f[6]) then
+      if f[1] == 'running' and in_scope(fld, f[2] or core.DEFAULT_LANE,
+          f[3] or core.DEFAULT_CLASS, f[4] or core.DEFAULT_TENANT, f[5], f[6]) then
         redis.call('HSET', jk, 'cx', '1')
         n = n + 1
       end
@@ -184,8 +187,8 @@ do
     for i = UnofferArg.FIRST_ID, #args do
       local id = args[i]
       local f = redis.call('HMGET', job_key(p, id), 'st', 'toff', 'lane', 'cls', 'task', 'tenant', 'fk')
-      if f[1] == 'queued' and f[2] and pausetable.blocks(t, f[3], f[4] or core.DEFAULT_CLASS, f[5],
-          f[6] or '', f[7]) then
+      if f[1] == 'queued' and f[2] and pausetable.blocks(t, f[3] or core.DEFAULT_LANE,
+          f[4] or core.DEFAULT_CLASS, f[5], f[6] or core.DEFAULT_TENANT, f[7]) then
         fairqueue.give_back_offers(keys, p, id, now)
         n = n + 1
       end

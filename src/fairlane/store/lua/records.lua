@@ -273,9 +273,11 @@ do
     end
     count(tally, status)
     -- no event: the record's st, fin and err say how and when it ended
-    meta = meta or
-      redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w', 'mu', 'lane', 'cls', 'tenant', 'par', 'wfr',
-        'toff', 'idem', 'dl')
+    if not meta then
+      meta = redis.call('HMGET', jk, 'task', 'rc', 'rf', 'w', 'mu', 'lane', 'cls', 'tenant', 'par',
+        'wfr', 'toff', 'idem', 'dl')
+      meta[6], meta[8] = meta[6] or core.DEFAULT_LANE, meta[8] or core.DEFAULT_TENANT
+    end
     if meta[11] then
       -- a job a throttle key woke (cancelled or expired while back in its queue) gives its
       -- offers back; the hot path's settled jobs ran, so they hold none
@@ -328,6 +330,7 @@ do
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant', 'start', 'wk', 'att',
       'qw')
+    f[2], f[5] = f[2] or core.DEFAULT_LANE, f[5] or core.DEFAULT_TENANT
     local run_at = now + delay
     -- a deadline that is not a number is no deadline here; the next lease dead-letters it
     if tonumber(f[1]) and run_at > tonumber(f[1]) then
@@ -362,7 +365,7 @@ do
     local v = redis.call('HMGET', jk, 'pb', 'att', 'max')
     local pushes = (tonumber(v[1]) or 0) + 1
     if pushes > rates.MAX_PUSHBACKS then
-      if (tonumber(v[2]) or 0) >= (tonumber(v[3]) or 1) then
+      if (tonumber(v[2]) or 0) >= (tonumber(v[3] or core.DEFAULT_MAX) or 1) then
         dead_letter(keys, p, id, err, now, tally, meta)
         return 'failed'
       end
@@ -411,7 +414,8 @@ do
       end
       local jk = job_key(p, id or '')
       local f = id and redis.call('HMGET', jk, 'st', 'tenant', 'dmu', 'dl', 'run', 'prio', 'seq',
-        'sl', 'retry', 'fk') or {}
+        'sl', 'retry', 'fk', 'enq') or {}
+      f[5] = f[5] or f[11] -- an absent run is enq
       local mu = tonumber(f[3]) or 0
       local late = f[4] and tonumber(f[4]) and tonumber(f[4]) <= now
       if not id or f[1] ~= 'deferred' or late then

@@ -73,7 +73,7 @@ do
     redis.call('HSET', run_key(p, parent, 'h'), 'k:' .. id, cmsgpack.pack({status, payload or ''}))
     local f = redis.call('HMGET', job_key(p, parent), 'st', 'wf', 'wfk', 'lane')
     if f[1] == 'scheduled' and f[2] == 'children' and children_done(p, parent, f[3]) then
-      wake_run(p, parent, f[4], now)
+      wake_run(p, parent, f[4] or core.DEFAULT_LANE, now)
     end
   end
 

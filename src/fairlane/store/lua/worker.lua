@@ -313,6 +313,8 @@ do
   -- entry is the caller's to drop.
   function workers.reclaim_job(keys, p, id, f, err, now, tally, retried, dead)
     local jk = job_key(p, id)
+    -- fields enqueue left out at their defaults (core.lua)
+    f[3], f[5] = f[3] or core.DEFAULT_MAX, f[5] or core.DEFAULT_LANE
     redis.call('HDEL', jk, 'tok', 'wk')
     -- the lost attempt's start and why it waited: the next attempt overwrites them
     log_event(p, id, now, 'reclaimed', {wk = f[10] or '', att = tonumber(f[2]) or 0,

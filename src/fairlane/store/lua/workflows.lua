@@ -185,7 +185,7 @@ do
     end
     redis.call('RPUSH', run_key(p, id, 'sig'), cmsgpack.pack({name, args[SignalArg.PAYLOAD], now}))
     if f[1] == 'scheduled' and f[2] == 'signal:' .. name then
-      wake_run(p, id, f[3], now)
+      wake_run(p, id, f[3] or core.DEFAULT_LANE, now)
     end
     return 1
   end
@@ -203,6 +203,7 @@ do
     local jk = job_key(p, id)
     local f = redis.call('HMGET', jk, 'dl', 'lane', 'mu', 'cls', 'tenant', 'wfk', 'start', 'wk',
       'att', 'qw', 'seq')
+    f[2], f[5] = f[2] or core.DEFAULT_LANE, f[5] or core.DEFAULT_TENANT
     if (wait == 'children' and children_done(p, id, f[6])) or
         (string.sub(wait, 1, 7) == 'signal:' and find_signal(p, id, string.sub(wait, 8))) then
       delay = 0
