@@ -99,7 +99,7 @@ do
       adm.utable = cjson.decode(v[4])
       adm = at_part(keys, lane, adm)
     end
-    return cjson.decode(v[1] or DEFAULT_CLASSES), v[2] == 'cost', adm, queue_bounds.parse(v[5]),
+    return core.class_table(v[1] or DEFAULT_CLASSES), v[2] == 'cost', adm, queue_bounds.parse(v[5]),
       v[6] ~= false
   end
 

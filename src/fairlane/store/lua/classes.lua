@@ -26,7 +26,7 @@ do
 
   -- The class table of a lane (its declared JSON, or the defaults).
   local function class_table(state_key)
-    return cjson.decode(redis.call('HGET', state_key, 'table') or DEFAULT_CLASSES)
+    return core.class_table(redis.call('HGET', state_key, 'table') or DEFAULT_CLASSES)
   end
 
   local function class_index(tbl, name)

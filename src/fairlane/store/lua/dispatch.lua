@@ -33,7 +33,7 @@ do
       parks = 0, recs = {}, peeks = {}, active = {}, wins = {}, pend = {}, wsum = {},
       wgone = {}}
     local declared = redis.call('HMGET', sk, 'table', 'charge', 'P')
-    cx.tbl = cjson.decode(declared[1] or DEFAULT_CLASSES)
+    cx.tbl = core.class_table(declared[1] or DEFAULT_CLASSES)
     cx.cost_mode = declared[2] == 'cost'
     cx.has_pauses = declared[3] ~= false
     -- each class's in-flight and waiting fields, named once per call (fname, dname)
