@@ -45,7 +45,7 @@ __all__ = ["Demand", "JobFactory", "new_job_id"]
 #: Job ids are 12 bytes written as 16 characters of base64 over an alphabet in ASCII
 #: order, so that ids compare as text in the order of their bytes. Each id is a key and
 #: a queue entry on the server: 16 characters are 11 fewer than the 27 of hexadecimal,
-#: enough to move a waiting job's key and its queue entry down an allocator size class.
+#: which took 16 B off a waiting job (``benchmarks/README.md``, memory per waiting job).
 _STANDARD_B64: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 _SORTED_B64: Final = b"-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz"
 _TO_SORTED: Final = bytes.maketrans(_STANDARD_B64, _SORTED_B64)
