@@ -552,14 +552,16 @@ class AppKeys:
 #: ``enq``.
 STORE_LAYOUT: Final = 3
 
-#: What a record's ``tenant``, ``lane``, ``max`` and ``to`` read as when absent: the
-#: values most jobs have, left out of their records (a waiting job's hash is then small
-#: enough to take a smaller allocation on the server).
+#: What a record's ``tenant``, ``lane``, ``max``, ``to`` and ``cls`` read as when absent:
+#: the values most jobs have, left out of their records (a waiting job's hash is then
+#: small enough to take a smaller allocation on the server). The Lua library has them
+#: written in (``library.py``).
 RECORD_DEFAULTS: Final[dict[str, str]] = {
     "tenant": "default",
     "lane": "default",
     "max": "3",
     "to": "300",
+    "cls": "standard",
 }
 
 #: Fields of a job hash, as written by the Lua library.
@@ -595,7 +597,7 @@ JOB_FIELDS: dict[str, str] = {
     "err": "last error (JSON: type, message, traceback)",
     "w": "1 when a producer waits on the result",
     "cx": "1 when cancellation was requested while running",
-    "cls": "service class (absent = standard)",
+    "cls": "service class (absent = RECORD_DEFAULTS)",
     "sl": "worker slots it occupies (absent = 1)",
     "lim": "throttle keys and limits (msgpack [[key, limit] or, adaptive, [key, max, min], ..], "
     "absent = none)",

@@ -177,6 +177,7 @@ def fill_constants(source: str) -> str:
         "__DEFAULT_LANE__": RECORD_DEFAULTS["lane"],
         "__DEFAULT_MAX__": RECORD_DEFAULTS["max"],
         "__DEFAULT_TO__": RECORD_DEFAULTS["to"],
+        "__DEFAULT_CLASS__": RECORD_DEFAULTS["cls"],
         "__DEFAULT_RC__": Retention().completed.encode(),
         "__DEFAULT_RF__": Retention().failed.encode(),
         "__MAX_PUSHBACKS__": str(rates.MAX_PUSHBACKS),

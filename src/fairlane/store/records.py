@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 _MSGPACK: Final = msgspec.msgpack.Decoder()
-DEFAULT_CLASS: Final = "standard"
+DEFAULT_CLASS: Final = RECORD_DEFAULTS["cls"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,11 +188,12 @@ do
   -- queued_why), a pushback pauses its key, its throttle grant is released, its tenant's
   -- durations and its key's learned cost take what it used. Returns the payload (a
   -- pushback's error), whether the pushback applied and its key, and the units used
-  -- (milli-units, nil when the lane learns nothing).
+  -- (milli-units, nil when the lane learns nothing). `f`: the record as apply_acks read
+  -- it, the fields enqueue left out at their defaults filled in.
   local function account(keys, p, id, kind, ack, f, now, tally, settled, freed, limited, costing)
     -- an outcome's places at their defaults at its end are left off (wire.Outcome)
     local payload = ack[Ack.PAYLOAD] or ''
-    local cls = f[9] or DEFAULT_CLASS
+    local cls = f[9]
     local slots = slots_of(f[10])
     add_settled(settled, f[8], cls, slots, work_of(f[14]))
     tally.ended = tally.ended or {}
@@ -222,7 +223,7 @@ do
         enter_all_woken(p, wakes, now, keys)
       end
     end
-    local tenant = f[11] or ''
+    local tenant = f[11]
     if limited[tenant] == nil then
       limited[tenant] = core.any(tally, keys[TLIMITS])
         and redis.call('HEXISTS', keys[TLIMITS], tenant) == 1
@@ -240,7 +241,7 @@ do
       elseif ck == '' then
         ck = nil
       end
-      amu = feed_back_cost(p, f[8], f[9] or DEFAULT_CLASS, tenant, ck, f[14], cost, costing)
+      amu = feed_back_cost(p, f[8], cls, tenant, ck, f[14], cost, costing)
       -- for the metrics, the estimate the store held for the job (admission's
       -- reservation, else the charge in cost mode) next to what it used; counted with
       -- the call's other counters: one HINCRBY per lane and class per call, and only

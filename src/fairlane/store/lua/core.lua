@@ -19,7 +19,7 @@ do
   local TERMINAL = {completed = true, failed = true, cancelled = true, expired = true}
   -- priorities are clamped to +-PRIO_LIMIT so that prio * 2^40 + seq stays exact in a double
   local PRIO_SPAN = 1099511627776
-  local DEFAULT_CLASS = 'standard'
+  local DEFAULT_CLASS = '__DEFAULT_CLASS__'
   -- A record leaves out (store layout 3) a tenant, lane, attempt budget and timeout at
   -- these values, its class at DEFAULT_CLASS and `run` when it equals `enq`: a waiting
   -- job's hash is then small enough for a smaller allocation (fairlane/store/keys.py,
