@@ -56,6 +56,12 @@ def test_a_reference_round_trips_for_any_job_id(
     assert split_member(index_member(job_id, name)) == (job_id, name)
 
 
+@pytest.mark.parametrize("job_id", ["5XIZeWagjV7iJG3-", "5XIZeWagjV7iJG3_", "s2.5XIZeWagjV7iJG3-"])
+def test_a_payload_name_keeps_the_whole_job_id(job_id: str) -> None:
+    # ids are base64 over '-0-9A-Z_a-z': one in 32 ends in '-' or '_'
+    assert new_name(job_id, "args").startswith(f"{job_id}.args.")
+
+
 @settings(max_examples=60, deadline=None)
 @given(value=json_values)
 def test_only_a_value_sent_by_reference_can_begin_like_one(value: object) -> None:

@@ -68,7 +68,9 @@ def check_name(name: str) -> str:
 def new_name(job_id: str, kind: str) -> str:
     """A fresh name for one of a job's payloads: the job's id (made safe), the kind
     (``args`` or ``result``) and random bits, so two attempts never share a name."""
-    safe = _DOTS.sub(".", _UNSAFE.sub("_", job_id)[:120]).strip("._-") or "job"
+    # a name starts with a letter or a digit, and a trailing dot would make '..' with
+    # the kind's: an id's own trailing '-' or '_' stays, so the name keeps the whole id
+    safe = _DOTS.sub(".", _UNSAFE.sub("_", job_id)[:120]).lstrip("._-").rstrip(".") or "job"
     return check_name(f"{safe}.{kind}.{secrets.token_hex(8)}")
 
 
