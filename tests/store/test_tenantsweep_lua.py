@@ -209,8 +209,11 @@ async def test_counters_go_by_their_rules(store: Store, client: SyncClient) -> N
         assert set(left) == {k for k, v in counts.items() if not counter_empty(v)}
 
 
-#: what one step of SCAN or HSCAN may return beyond its COUNT: the rest of a bucket's chain
-CHAIN_SLACK = 8
+#: what the steps of SCAN and HSCAN in one pass may return beyond their COUNTs: each step
+#: ends on a whole bucket's chain, and while a table is being rehashed a step takes one
+#: bucket of the smaller table with every bucket it expands to in the larger one (209
+#: for a limit of 100 was seen once, past an earlier slack of 8)
+CHAIN_SLACK = 32
 
 
 async def test_a_pass_is_bounded_and_a_hash_of_many_tenants_is_written_small_again(

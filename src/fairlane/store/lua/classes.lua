@@ -41,7 +41,7 @@ do
 
   -- The levels of every class at capacity `cap` (they depend on nothing else, so a
   -- dispatch computes them once): assured a, lendable L, ceiling, max width, batch.
-  local function class_levels(tbl, cap)
+  local function compute_levels(tbl, cap)
     local lv = {n = #tbl, cap = cap, a = {}, lend = {}, ceiling = {}, widest = {}, batch = {},
       max_wait = {}, ages = false, claim = {}, order = {}}
     local sum_a, sum_lend = 0, 0
@@ -66,6 +66,17 @@ do
       lv.widest[i] = math.max(math.min(a, cap), math.min(lv.ceiling[i], cap - reserves + a - lv.lend[i]))
     end
     return lv
+  end
+
+  -- class_levels, kept per decoded table (core.class_table memoises them) and capacity:
+  -- every dispatch of a lane whose capacity has not changed asks for the same levels,
+  -- and a call of one job paid for computing them in full. Nothing writes into them but
+  -- choose_plain's scratch tables (claim, order), which it fills before it reads.
+  local levels_of = core.memoised(function(tbl)
+    return core.memoised(function(cap) return compute_levels(tbl, cap) end)
+  end)
+  local function class_levels(tbl, cap)
+    return levels_of(tbl)(cap)
   end
 
   -- Rank: non-batch before batch, then lowest f / a (a = 0 after the others, by f),

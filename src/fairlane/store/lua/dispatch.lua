@@ -6,7 +6,7 @@
 -- Calls: core, classes, rates, throttle, pausetable, fairqueue, pauses, records, leasing
 -- Entry points: dispatch.{FAIR_WINDOW, bytes_before, dispatch_lane, fair_head, fair_idle,
 --   fair_moved, fair_tag, fetch, flush_fair, job_rates, lane_load, load_state,
---   new_dispatch, pending, rate_units, weight_of}
+--   new_dispatch, pending, rate_units, state_fields, weight_of}
 
 local dispatch = {}
 
@@ -20,6 +20,24 @@ do
   local tenant_queue = fairqueue.tenant_queue
   local count, count_start, finish = records.count, records.count_start, records.finish
   local lease_jobs, promote_due, runnable = leasing.lease_jobs, leasing.promote_due, leasing.runnable
+
+  -- The state hash's fields a dispatch reads for a class table: C, each class's
+  -- in-flight and waiting slots (fname, dname), then each class's waiting weight
+  -- (fairqueue.lua's activate). Named once per decoded table (core.class_table memoises
+  -- them) rather than once per call, which a call of one job (an idle worker's fetch)
+  -- paid in full. Nothing writes into them.
+  dispatch.state_fields = core.memoised(function(tbl)
+    local names = {fields = {'C'}, fname = {}, dname = {}}
+    for i, c in ipairs(tbl) do
+      local n = #names.fields
+      names.fname[i], names.dname[i] = 'f:' .. c[ClassRow.NAME], 'd:' .. c[ClassRow.NAME]
+      names.fields[n + 1], names.fields[n + 2] = names.fname[i], names.dname[i]
+    end
+    for _, c in ipairs(tbl) do
+      names.fields[#names.fields + 1] = 'W:' .. c[ClassRow.NAME]
+    end
+    return names
+  end)
 
   -- One dispatch's view of a lane: what it read once (class table, capacity, weights,
   -- tenant settings, virtual times) and what it changed but has not written yet (the
@@ -36,22 +54,16 @@ do
     cx.tbl = core.class_table(declared[1] or DEFAULT_CLASSES)
     cx.cost_mode = declared[2] == 'cost'
     cx.has_pauses = declared[3] ~= false
-    -- each class's in-flight and waiting fields, named once per call (fname, dname)
-    cx.fields, cx.fname, cx.dname = {'C'}, {}, {}
-    for i, c in ipairs(cx.tbl) do
-      local n = #cx.fields
-      cx.fname[i], cx.dname[i] = 'f:' .. c[ClassRow.NAME], 'd:' .. c[ClassRow.NAME]
-      cx.fields[n + 1], cx.fields[n + 2] = cx.fname[i], cx.dname[i]
-    end
-    -- after every class's f: and d:, each class's waiting weight (fairqueue.lua's activate)
-    for _, c in ipairs(cx.tbl) do
-      cx.fields[#cx.fields + 1] = 'W:' .. c[ClassRow.NAME]
-    end
+    local names = dispatch.state_fields(cx.tbl)
+    cx.fields, cx.fname, cx.dname = names.fields, names.fname, names.dname
     return cx
   end
 
   -- an empty list that is never written: the common answer, at no allocation
   local NO_WAKES = {}
+  -- the window of an empty fair set (fair_head), never written either: read again at
+  -- the next ask, as any window whose tenants are used up
+  local NO_WINDOW = {t = NO_WAKES, s = NO_WAKES, i = 1, n = 0, full = false}
 
   -- A run: the tenant a class took its last job from, the ids next in its queue (read
   -- in one call), the ids taken but not yet removed, and -- while it is the class's only
@@ -183,6 +195,11 @@ do
       dispatch.flush_fair(cx, cls)
       local r = redis.call('ZRANGE', class_key(cx.p, cx.lane, cls, 'fair'), 0,
         dispatch.FAIR_WINDOW - 1, 'WITHSCORES')
+      if #r == 0 then
+        -- most classes of a lane have no tenant waiting: no window to build
+        cx.wins[cls] = NO_WINDOW
+        return nil
+      end
       w = {t = {}, s = {}, i = 1, n = #r / 2, full = #r / 2 >= dispatch.FAIR_WINDOW}
       for k = 1, w.n do
         w.t[k], w.s[k] = r[2 * k - 1], tonumber(r[2 * k])
@@ -295,6 +312,14 @@ do
     local run = cx.runs[cls]
     local tenant, tag, id
     if cx.pz and pausetable.class_held(cx.pz, lane, cls) then
+      return false
+    end
+    -- no slots waiting in the class (nor, on a shard that keeps it, weight in its fair
+    -- set): nothing to read. Every job enters a queue through fairqueue.push_ready, which
+    -- counts its slots into d as it does, and a paused tenant's jobs stay counted while
+    -- they are held, so d is never below what waits. Most classes of a lane are empty most
+    -- of the time, and reading their fair sets was most of what a dispatch of one job read.
+    if not run and cx.d[i] <= 0 and cx.wsum[i] - (cx.wgone[cls] or 0) <= 0 then
       return false
     end
     if run and run.sole then
