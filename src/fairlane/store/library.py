@@ -9,7 +9,8 @@ buckets, pauses, adaptive limits), ``throttle`` (throttle keys, tenant ceilings)
 ``bounds`` (queue bounds), ``admission`` (reservations and deferral), ``runs`` and
 ``records`` (workflow runs' keys, settling records), ``workflows`` (durable runs),
 ``acks`` (settling a batch of outcomes), ``lease`` (handing jobs out), ``dispatch``
-(which jobs a worker gets), ``enqueue`` (storing submitted jobs), ``worker`` (a worker's
+(which jobs a worker gets), ``handoff`` (an enqueue's lone job leased straight to an idle
+worker), ``enqueue`` (storing submitted jobs), ``worker`` (a worker's
 calls), ``control`` (queries and declarations) and ``tenantsweep``. Each file is one
 module: one table, its only top-level local, whose helpers live in the module's own
 block; its header names the keys it touches, the modules it calls and its entry points

@@ -5,7 +5,7 @@
 -- Keys: job:<id>, q:<lane>:<class>:<tenant>, lane:<l>:delayed|idle|dl, KEYS[IDEM],
 --   KEYS[STATS] (seq), KEYS[TLIMITS]
 -- Calls: core, classes, throttle, pausetable, deadlineorder, fairqueue, fairkeys,
---   queue_bounds, admission, records, leasing, dispatch
+--   queue_bounds, admission, records, leasing, dispatch, handoff
 -- Entry points: enqueuing.{enqueue}
 
 local enqueuing = {}
@@ -240,13 +240,27 @@ do
     end
   end
 
+  -- A call's one job, ready now, handed straight to an idle worker (handoff.lua) when it
+  -- is of the plain kind that module models: one slot, no deadline, no keys, in a lane
+  -- without pauses, of a tenant without limits, in an app of one shard. Returns
+  -- handoff.direct's answer, nil for a job it does not model.
+  local function hand_direct(j, id, tenant, cls, slots, dl)
+    if slots ~= 1 or dl ~= '' or call_pauses or (j[Job.FAIRNESS_KEY] or '') ~= ''
+        or (j[Job.LIMITS] and #j[Job.LIMITS] > 0) or (j[Job.RATES] and #j[Job.RATES] > 0)
+        or core.sharded(call_p) or core.any(call_tally, call_keys[TLIMITS]) then
+      return nil
+    end
+    return handoff.direct(call_keys, call_p, call_lane, call_tbl, id, tenant, cls,
+      call_cost_mode, call_tally, call_now)
+  end
+
   -- The call's end: the ready pushes written, the tenants' submissions noted, the lane's
   -- next job handed to a worker blocked on its inbox (one slot's worth), the effects
   -- applied, and a worker woken: a scheduled job may be due sooner than a blocked worker's
   -- timeout, so one is woken either way, unless the call's one job went to an idle
   -- worker's inbox (a wake would only send that worker round for an exchange that finds
   -- nothing).
-  local function hand_over(n, ready)
+  local function hand_over(n, ready, handed)
     local keys, p, lane, now, tally = call_keys, call_p, call_lane, call_now, call_tally
     flush_pushes(p, lane, call_pushes)
     for tenant, k in pairs(call_submitted) do
@@ -254,7 +268,6 @@ do
         note_submissions(p, tenant, k, now)
       end
     end
-    local handed = false
     if ready then
       local member, worker, lease = peek_idle_worker(p, lane, now)
       if member then
@@ -292,7 +305,7 @@ do
   local function enqueue(keys, args)
     begin_call(keys, args[EnqueueArg.LANE])
     local jobs, out, submitted = cmsgpack.unpack(args[EnqueueArg.JOBS]), {}, call_submitted
-    local p, lane, now, n, ready = call_p, call_lane, call_now, #jobs, false
+    local p, lane, now, n, ready, handed = call_p, call_lane, call_now, #jobs, false, false
     -- one counter update reserves FIFO numbers for the whole batch (unused ones leave gaps)
     local first = redis.call('HINCRBY', keys[STATS], 'fifo', n) - n
     -- each job gated, recorded, then placed, its reply entry added: place runs inline, as
@@ -340,8 +353,13 @@ do
           if st == 'scheduled' then
             redis.call('ZADD', lane_key(p, lane, 'delayed'), run_at, id)
           else
-            push_ready(p, lane, cls, tenant, id, j[Job.PRIORITY], order, slots, call_pushes)
-            ready = true
+            local direct = n == 1 and hand_direct(j, id, tenant, cls, slots, dl)
+            handed = direct == 'handed'
+            if not handed then
+              push_ready(p, lane, cls, tenant, id, j[Job.PRIORITY], order, slots, call_pushes)
+              -- (a direct look that found no hand-off possible leaves none to try)
+              ready = direct ~= 'none'
+            end
           end
         end
         submitted[tenant] = (submitted[tenant] or 0) + 1
@@ -349,7 +367,7 @@ do
           id, verdict == 'deferred' and Reply.DEFERRED or Reply.ACCEPTED, reason or ''
       end
     end
-    hand_over(n, ready)
+    hand_over(n, ready, handed)
     return out
   end
 

@@ -57,6 +57,7 @@ leases set (running), or none (finished).
 
 -- @include lease.lua
 -- @include dispatch.lua
+-- @include handoff.lua
 
 ---------------------------------------------------------------------------- enqueue
 
