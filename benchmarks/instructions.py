@@ -21,8 +21,12 @@ that checkout's ``src`` first on ``PYTHONPATH``. ``--keep DIR`` keeps the dumps
 With ``--keyed N`` every job also names ``benchmarks.keyed``'s throttle and rate key and
 a fairness key, one of ``N`` (a batch per key in turn), as that benchmark's keyed lane.
 
+With ``--idle N`` it counts the idle path instead: ``N`` enqueues of one job, each
+handed to one of ``N`` workers registered idle, then each worker's exchange that settles
+that job, finds nothing and registers idle again (per call).
+
 Run: ``python -m benchmarks.instructions [--jobs 20000] [--tenants 10000] [--split]
-[--keyed 100] [--keep DIR]``.
+[--keyed 100] [--idle 50] [--keep DIR]``.
 """
 
 from __future__ import annotations
@@ -163,6 +167,31 @@ async def split_drain(app: App, grind: Callgrind, total: int) -> tuple[int, int]
     return dispatch, grind.dump()
 
 
+async def idle_path(app: App, noop: Task[[int], int], grind: Callgrind, n: int) -> tuple[int, int]:
+    """Instructions of the idle path, ``n`` calls each: an enqueue of one job handed to
+    an idle worker (``n`` workers of one slot wait, so that each enqueue finds one), then
+    each worker's exchange that settles its job, finds nothing and registers idle again."""
+    store, lease_ms, lanes = app.store, 600_000, ["default"]
+    workers = [f"idle-{k}" for k in range(n)]
+    for worker in workers:
+        await store.exchange(worker, lanes, 1, lease_ms, idle_ms=600_000, slots=1)
+    grind.control("-z")
+    for k in range(n):
+        await noop.enqueue(k)
+    handed = grind.dump()
+    leased = []
+    for worker in workers:
+        got = await store.exchange(worker, lanes, 1, lease_ms, slots=1)
+        if len(got.jobs) != 1:
+            raise RuntimeError(f"{worker} was handed {len(got.jobs)} jobs, not one")
+        leased.append(got.jobs[0])
+    grind.control("-z")
+    for worker, job in zip(workers, leased, strict=True):
+        done = [Outcome(job.id, job.token, "ok", "1", cost=0.001)]
+        await store.exchange(worker, lanes, 1, lease_ms, done, idle_ms=600_000, slots=1)
+    return handed, grind.dump()
+
+
 async def measure(  # noqa: PLR0917 - the run's own settings
     server: str,
     jobs: int,
@@ -172,6 +201,7 @@ async def measure(  # noqa: PLR0917 - the run's own settings
     keep: Path | None,
     split: bool = False,
     keyed: int = 0,
+    idle: int = 0,
 ) -> None:
     out = keep or Path(tempfile.mkdtemp(prefix="fairlane-callgrind-"))
     grind = Callgrind(server, out)
@@ -184,6 +214,12 @@ async def measure(  # noqa: PLR0917 - the run's own settings
         grind.control("-i", "on")
         app, noop = _app("flinstr", grind.url)
         async with app:
+            if idle:
+                handed, settled = await idle_path(app, noop, grind, idle)
+                print(f"idle path, {idle} calls each: server instructions per call")
+                print(f"  enqueue handed to an idle worker   {handed / idle:>12,.0f}")
+                print(f"  settle one, nothing left, idle     {settled / idle:>12,.0f}")
+                return
             grind.control("-z")
             total = 0
             if keyed:
@@ -242,6 +278,14 @@ def main() -> None:
         "fairness keys (0: none)",
     )
     parser.add_argument(
+        "--idle",
+        type=int,
+        default=0,
+        metavar="N",
+        help="count the idle path instead: N enqueues each handed to an idle worker, then "
+        "N exchanges that settle one job and register idle (0: not)",
+    )
+    parser.add_argument(
         "--keep", type=Path, help="a directory to keep the dumps in, for callgrind_annotate"
     )
     args = parser.parse_args()
@@ -257,6 +301,7 @@ def main() -> None:
             args.keep,
             args.split,
             args.keyed,
+            args.idle,
         )
     )
 

@@ -57,11 +57,6 @@ do
     return string.sub(k, 1, #k - #FENCE_NAME)
   end
 
-  -- Whether `p` is the prefix of one shard of an app of several (fairlane/store/keys.py,
-  -- SHARDED_PREFIX_PATTERN, written in by the library).
-  function core.sharded(p)
-    return string.find(p, '__SHARDED_PREFIX__') ~= nil
-  end
 
   local function lane_key(p, lane, what)
     return p .. 'lane:' .. lane .. ':' .. what
@@ -154,6 +149,10 @@ do
 
   -- a repeating field's number, false when it is none
   core.num = core.memoised(function(v) return tonumber(v) or false end)
+  -- Whether `p` is the prefix of one shard of an app of several (fairlane/store/keys.py,
+  -- SHARDED_PREFIX_PATTERN, written in by the library): a pattern match, asked for by
+  -- every single-job enqueue, answered once per prefix.
+  core.sharded = core.memoised(function(p) return string.find(p, '__SHARDED_PREFIX__') ~= nil end)
   -- A lane's class table from its declared JSON, decoded once per distinct value: the
   -- library's state outlives a call, and decoding cost a call of one job (an enqueue, a
   -- hand-off) a tenth of its server time. Nothing writes into a decoded table; a
