@@ -99,7 +99,9 @@ async def test_drain_refuses_what_the_app_does_not_have(
 async def test_a_drain_stopped_half_way_is_finished_by_running_it_again(
     project: ModuleType, redis_url: str, namespace: str, tmp_path: Path, client: aioredis.Redis
 ) -> None:
-    jobs = 10_000
+    # enough that the drain is still running when the interrupt lands: with 10,000 a
+    # drain once finished between its first cancellation being seen and the signal
+    jobs = 40_000
     async with project.app:
         for _ in range(jobs // 5000):
             await project.add.enqueue_many([(1, 2)] * 5000, tenant="a")

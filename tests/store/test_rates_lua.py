@@ -71,6 +71,7 @@ COSTS = (0.0, 0.5, 1.0, 3.0, 12.0, 40.0)  # at most every units key's burst
 def _script() -> str:
     core = (
         "local core = {THR = 1, THRW = 2, WEIGHTS = 3}\n"
+        "function core.memoised(f) return f end\n"
         "function core.prefix(keys) return string.sub(keys[1], 1, #keys[1] - 3) end\n"
         "local CLOCK = {now = 0}\n"
         "function core.now_ms() return CLOCK.now end\n"

@@ -50,6 +50,7 @@ def _script() -> str:
     core = (
         "local core = {THR = 1, THRW = 2, WEIGHTS = 3, now_ms = function() return 0 end}\n"
         "function core.prefix(keys) return string.sub(keys[1], 1, #keys[1] - 3) end\n"
+        "function core.memoised(f) return f end\n"
     )
     expose = ("throttle.thr_acquire", "throttle.thr_release", "throttle.thr_cancel")
     return (
