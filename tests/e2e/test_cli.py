@@ -115,14 +115,30 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# Python leaves SIGINT ignored in a child whose parent ignored it (a background job of a
+# non-interactive shell does): a test that interrupts the CLI runs it through this
+INTERRUPTIBLE = (
+    "import runpy, signal\n"
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "runpy.run_module('fairlane.cli', run_name='__main__', alter_sys=True)\n"
+)
+
+
 @contextlib.contextmanager
 def fairlane_process(
-    args: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None
+    args: list[str],
+    cwd: Path,
+    log: Path,
+    env: dict[str, str] | None = None,
+    *,
+    interruptible: bool = False,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """``python -m fairlane.cli ARGS`` in ``cwd``, output to ``log``; killed if left running."""
+    """``python -m fairlane.cli ARGS`` in ``cwd``, output to ``log``; killed if left running.
+    ``interruptible``: SIGINT interrupts it whatever started the tests."""
+    runner = ["-c", INTERRUPTIBLE] if interruptible else ["-m", "fairlane.cli"]
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fairlane.cli", *args],
+            [sys.executable, *runner, *args],
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=out,
