@@ -11,16 +11,19 @@ metrics port, and gives the cron loop the app's own ``enqueue``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from fairlane.metrics import MetricsConfig, MetricsHooks
-from fairlane.metrics.server import MetricsServer
+from fairlane.metrics.config import MetricsConfig
 from fairlane.registry import Registry
 from fairlane.runtime import worker as runtime
 from fairlane.runtime.hooks import WorkerHooks
 from fairlane.runtime.pressure import PressureConfig, Sensor
 from fairlane.store.shards import ShardedStores
 from fairlane.tracing import TracingHooks
+
+if TYPE_CHECKING:
+    from fairlane.metrics.recorder import MetricsHooks
+    from fairlane.metrics.server import MetricsServer
 
 __all__ = ["Worker", "WorkerApp"]
 
@@ -70,6 +73,9 @@ class Worker(runtime.Worker):
         hooks: list[WorkerHooks] = [TracingHooks(registry.tasks)]
         self._metrics: MetricsHooks | None = None
         if metrics_port is not None:
+            # prometheus_client comes with the recorder: only a worker that serves it pays
+            from fairlane.metrics.recorder import MetricsHooks  # noqa: PLC0415
+
             self._metrics = MetricsHooks(
                 registry,
                 metrics_port,

@@ -17,11 +17,36 @@
   in its own thread.
 """
 
+from importlib import import_module
+from typing import TYPE_CHECKING
+
 from fairlane.metrics.config import MetricsConfig
-from fairlane.metrics.recorder import MetricsHooks, WorkerMetrics
-from fairlane.metrics.server import MetricsServer
-from fairlane.metrics.store import StoreCollector, StoreReader, StoreSnapshot
 from fairlane.metrics.tenants import OTHER, TenantLabels
+
+if TYPE_CHECKING:
+    from fairlane.metrics.recorder import MetricsHooks, WorkerMetrics
+    from fairlane.metrics.server import MetricsServer
+    from fairlane.metrics.store import StoreCollector, StoreReader, StoreSnapshot
+
+# prometheus_client and the collectors are imported when first named, not with the
+# package: a worker without a metrics port never needs them, and they are a tenth of
+# its start-up (tests/budgets/test_import_budget.py)
+_LAZY = {
+    "MetricsHooks": "recorder",
+    "WorkerMetrics": "recorder",
+    "MetricsServer": "server",
+    "StoreCollector": "store",
+    "StoreReader": "store",
+    "StoreSnapshot": "store",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "OTHER",

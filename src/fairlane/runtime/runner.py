@@ -22,7 +22,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -39,7 +39,6 @@ from fairlane.runtime.executors import (
     ChildCrashed,
     ExecutionTimeout,
     ExecutorError,
-    ProcessExecutor,
     RemoteError,
     ThreadExecutor,
 )
@@ -56,6 +55,9 @@ from fairlane.store.wire import (
     handback_payload,
     pushback_payload,
 )
+
+if TYPE_CHECKING:
+    from fairlane.runtime.executors.process import ProcessExecutor
 
 __all__ = ["CancelReason", "Runner"]
 
@@ -130,6 +132,8 @@ class Runner:
         async with self._process_start:
             if self.processes is None:
                 settings = self.registry.settings.worker
+                from fairlane.runtime.executors.process import ProcessExecutor  # noqa: PLC0415
+
                 pool = ProcessExecutor(
                     settings.process_pool_size or os.cpu_count() or 1,
                     "fairlane.runtime.invoke:invoke_sync",

@@ -23,14 +23,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, ExitStack
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from fairlane.policy.backpressure import Decision
-from fairlane.runtime.health import HealthServer, LoopMonitor
+from fairlane.runtime.health import LoopMonitor
 from fairlane.runtime.lease import wait_or_stop
 from fairlane.runtime.pressure import PressureGauge, describe_limit
 from fairlane.runtime.slots import SlotPool
 from fairlane.store.wire import FetchedJob, Outcome, StoreError
+
+if TYPE_CHECKING:
+    from fairlane.runtime.healthserver import HealthServer
 
 __all__ = ["JobRecorder", "MetricsSampler", "PressureService", "WorkerServices"]
 
@@ -160,6 +163,8 @@ class WorkerServices:
         """Start the ``/health`` endpoint, if asked for; ``stack`` stops it."""
         if self.health_port is None:
             return
+        from fairlane.runtime.healthserver import HealthServer  # noqa: PLC0415 - see there
+
         details = None if self.pressure is None else self.pressure.details
         self.health = HealthServer(self.health_port, self.monitor, details=details)
         self.health.start()

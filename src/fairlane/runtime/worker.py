@@ -46,7 +46,8 @@ import socket
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+
+import msgspec
 
 from fairlane.config.lanes import check_lane
 from fairlane.registry import Registry
@@ -55,7 +56,7 @@ from fairlane.runtime.balancer import KeyBalancer
 from fairlane.runtime.beating import BeatShard, BeatThread
 from fairlane.runtime.cron import Enqueue, cron_loop
 from fairlane.runtime.durations import DurationLearner
-from fairlane.runtime.executors import ProcessExecutor, ThreadExecutor
+from fairlane.runtime.executors import ThreadExecutor
 from fairlane.runtime.health import LoopMonitor
 from fairlane.runtime.hooks import Hooks, WorkerHooks
 from fairlane.runtime.lease import wait_or_stop
@@ -75,8 +76,7 @@ __all__ = ["Worker", "WorkerStats"]
 log = logging.getLogger("fairlane.worker")
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerStats:
+class WorkerStats(msgspec.Struct, frozen=True):
     """A snapshot of a worker's counters."""
 
     running: int
@@ -225,6 +225,8 @@ class Worker:
         processes = None
         if any(t.options.executor == "process" for t in self.registry.tasks.values()):
             size = settings.process_pool_size or os.cpu_count() or 1
+            from fairlane.runtime.executors.process import ProcessExecutor  # noqa: PLC0415
+
             processes = ProcessExecutor(size, "fairlane.runtime.invoke:invoke_sync")
             await processes.start()
             stack.push_async_callback(processes.aclose)

@@ -12,6 +12,9 @@ next to the task code.
 - ``child``: one pool child and the pipe protocol between it and the parent.
 """
 
+from importlib import import_module
+from typing import TYPE_CHECKING
+
 from fairlane.runtime.executors.base import (
     ChildCrashed,
     ExecutionTimeout,
@@ -20,8 +23,10 @@ from fairlane.runtime.executors.base import (
     Invoker,
     RemoteError,
 )
-from fairlane.runtime.executors.process import ProcessExecutor, ProcessPoolStats
 from fairlane.runtime.executors.threads import ThreadExecutor
+
+if TYPE_CHECKING:
+    from fairlane.runtime.executors.process import ProcessExecutor, ProcessPoolStats
 
 __all__ = [
     "ChildCrashed",
@@ -34,3 +39,11 @@ __all__ = [
     "RemoteError",
     "ThreadExecutor",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # the process pool (and multiprocessing with it) is imported when first named: a
+    # worker whose tasks are not kill-able never starts one
+    if name in {"ProcessExecutor", "ProcessPoolStats"}:
+        return getattr(import_module(f"{__name__}.process"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
