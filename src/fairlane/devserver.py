@@ -26,9 +26,9 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import psutil
 
 __all__ = [
@@ -63,8 +63,7 @@ class ServerStartError(RuntimeError):
     """A server process could not be started or did not answer in time."""
 
 
-@dataclass(frozen=True)
-class DevServerStatus:
+class DevServerStatus(msgspec.Struct, frozen=True):
     """What :func:`dev_server_status` found in one state directory."""
 
     running: bool

@@ -23,9 +23,10 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Final
+
+import msgspec
 
 from fairlane.registry import Registry
 from fairlane.store.api import Store
@@ -55,8 +56,7 @@ MAX_ROUNDS: Final = 3
 Moment = float | datetime
 
 
-@dataclass(frozen=True, slots=True)
-class DrainProgress:
+class DrainProgress(msgspec.Struct, frozen=True):
     """Where a drain is: its counts so far (``matched``: cancelled, or counted in a
     dry run), the shard, round and source it is on, and the server's CPU time of the
     call just made (-1: the server gives scripts no clock)."""
@@ -72,8 +72,7 @@ class DrainProgress:
     call_us: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class DrainReport:
+class DrainReport(msgspec.Struct, frozen=True):
     """What a drain did: ``matched`` jobs cancelled (a dry run: would be), ``seen``
     entries looked at, in ``calls`` calls over ``rounds`` rounds of ``shards`` shards;
     ``longest_call_us``: the server's CPU time of its longest call."""
@@ -190,8 +189,7 @@ def describe(flt: DrainFilter) -> str:
     return " ".join(parts) or "all waiting jobs"
 
 
-@dataclass(slots=True)
-class _Walk:
+class _Walk(msgspec.Struct):
     """A drain under way: its counts, and whom to tell."""
 
     dry_run: bool
@@ -238,7 +236,9 @@ class _Walk:
         """Walk one shard in rounds: the jobs enqueued before now, by its clock."""
         started = await store.server_time_ms() + 1
         before = flt.enqueued_before_ms
-        flt = replace(flt, enqueued_before_ms=started if before is None else min(before, started))
+        flt = msgspec.structs.replace(
+            flt, enqueued_before_ms=started if before is None else min(before, started)
+        )
         for round_no in range(1, MAX_ROUNDS + 1):
             self.rounds = max(self.rounds, round_no)
             sources = await store.drain_sources(lanes, flt)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Generic, Protocol, TypeVar
+
+import msgspec
 
 from fairlane.app.missing import job_not_found
 from fairlane.app.startestimate import StartEstimate, start_estimate
@@ -55,8 +56,7 @@ class _Owned(Protocol):
     def app(self) -> TaskOwner: ...
 
 
-@dataclass(frozen=True, slots=True)
-class JobInfo:
+class JobInfo(msgspec.Struct, frozen=True):
     """A snapshot of a job's record."""
 
     id: str
@@ -70,7 +70,7 @@ class JobInfo:
     error: str | None
     service_class: str = DEFAULT_CLASS
     slots: int = 1
-    limits: dict[str, int] = field(default_factory=dict)
+    limits: dict[str, int] = msgspec.field(default_factory=dict)
     reserved_units: float | None = None
     """Work units admission reserved for it, or will when a deferred job is admitted
     (None: its lane has no admission control)."""

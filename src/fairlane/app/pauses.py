@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass
 from datetime import timedelta
+
+import msgspec
 
 from fairlane.policy.pauses import Scope, ScopeKind, scope_text
 from fairlane.registry.declared import Registry
@@ -28,8 +29,7 @@ __all__ = ["PauseReport", "Pauses", "ResumeReport", "TenantPauses", "scope_text"
 MAX_FOR_S = 366 * 24 * 3600.0
 
 
-@dataclass(frozen=True, slots=True)
-class PauseReport:
+class PauseReport(msgspec.Struct, frozen=True):
     """What a pause did."""
 
     scope: Scope
@@ -38,8 +38,7 @@ class PauseReport:
     already: bool  # it was paused already (its end and reason replaced)
 
 
-@dataclass(frozen=True, slots=True)
-class ResumeReport:
+class ResumeReport(msgspec.Struct, frozen=True):
     """What a resume did."""
 
     scope: Scope

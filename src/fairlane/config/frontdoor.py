@@ -23,8 +23,7 @@ or ``FAIRLANE_FRONT_DOOR__TENANTS='{"acme": {"rate": 20}}'``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fairlane.policy.rates import Rate
@@ -40,8 +39,7 @@ def _none_spelt(value: object) -> object:
     return value
 
 
-@dataclass(frozen=True, slots=True)
-class DoorBounds:
+class DoorBounds(msgspec.Struct, frozen=True):
     """One tenant's bounds as the front door applies them (None: no bound)."""
 
     max_in_flight: int | None

@@ -11,9 +11,9 @@ value. The model and its loading are ``fairlane.config.settings``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings
 
@@ -22,8 +22,7 @@ from fairlane.config.sources import LoadContext, env_name, file_and_env_sources
 __all__ = ["Layer", "SettingOrigin", "describe", "layers", "source_of"]
 
 
-@dataclass(frozen=True)
-class SettingOrigin:
+class SettingOrigin(msgspec.Struct, frozen=True):
     """Where one leaf setting's value came from."""
 
     key: str
@@ -35,8 +34,7 @@ class SettingOrigin:
     ``"pyproject.toml [tool.fairlane]"``."""
 
 
-@dataclass(frozen=True)
-class Layer:
+class Layer(msgspec.Struct, frozen=True):
     """One source's raw values, with a way to name the origin of a path within it."""
 
     data: dict[str, Any]

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from fairlane.config.classes import read_pool
 from fairlane.config.files import ConfigError, TableReader, join_key, read_toml
 from fairlane.config.lanes import check_lane
@@ -74,8 +76,7 @@ _COEFFICIENT_KEYS = ("per_1k_tokens", "per_tool_call", "per_tool_second", "model
 _JITTERS = ("full", "equal", "none")
 
 
-@dataclass(frozen=True, slots=True)
-class RetrySettings:
+class RetrySettings(msgspec.Struct, frozen=True):
     """Retries of failed attempts, and the Retry-After of rejected submissions."""
 
     max_attempts: int = 6
@@ -100,8 +101,7 @@ class RetrySettings:
         return RetryAfterPolicy(self.base_seconds, self.max_seconds)
 
 
-@dataclass(frozen=True, slots=True)
-class Pool:
+class Pool(msgspec.Struct, frozen=True):
     """One lane: its slot class table and its admission config, declared together."""
 
     name: str

@@ -19,10 +19,10 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from pydantic import BaseModel
 from pydantic_settings import (
     BaseSettings,
@@ -55,8 +55,7 @@ PYPROJECT_FILE = "pyproject.toml"
 PYPROJECT_LABEL = "pyproject.toml [tool.fairlane]"
 
 
-@dataclass(frozen=True)
-class LoadContext:
+class LoadContext(msgspec.Struct, frozen=True):
     """The project directory and the environment one load of the settings reads."""
 
     project_dir: Path

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import msgspec
 
 __all__ = ["Bounds", "Decision", "PressureState", "Reading", "allowance", "decide", "reading_cap"]
 
@@ -79,13 +81,12 @@ class Bounds:
             raise ValueError(f"resume_band must be in [0, 1], got {self.resume_band}")
 
 
-@dataclass(frozen=True, slots=True)
-class PressureState:
+class PressureState(msgspec.Struct, frozen=True):
     """What the policy remembers between decisions."""
 
     fraction: float | None = None  # the smoothed cap; None before the first decision
     at: float | None = None  # time of the last decision (caller's clock, seconds)
-    stopped: frozenset[str] = field(default_factory=frozenset)
+    stopped: frozenset[str] = msgspec.field(default_factory=frozenset)
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import msgspec
+
 from fairlane.policy.startpredict import DEADLINE_SAFETY, unmeetable
 
 __all__ = [
@@ -95,8 +97,7 @@ DEFAULT_HORIZON_S = 300.0
 _SLACK = 1e-6
 
 
-@dataclass(frozen=True, slots=True)
-class DeadlineJob:
+class DeadlineJob(msgspec.Struct, frozen=True):
     """A job waiting to run with a deadline ``left_s`` seconds from now (negative: past);
     its learned length (seconds an attempt takes; None: nothing learned) and width."""
 
@@ -114,8 +115,7 @@ class Running:
     residual_s: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class Queued:
+class Queued(msgspec.Struct, frozen=True):
     """Jobs waiting in a class outside batch (one tenant's, or the tenants a read did
     not reach), with their learned slot-seconds each (None: nothing learned)."""
 
@@ -123,8 +123,7 @@ class Queued:
     slot_seconds: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class DeadlineNeed:
+class DeadlineNeed(msgspec.Struct, frozen=True):
     """The slots every deadline needs (whole, rounded up) and the figure before rounding;
     the jobs counted, those no capacity can bring in on time, and the time (seconds from
     now) where the bound is tightest (None: nothing to meet)."""
@@ -136,8 +135,7 @@ class DeadlineNeed:
     binding_s: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class HorizonNeed:
+class HorizonNeed(msgspec.Struct, frozen=True):
     """The slots that clear the backlog within the horizon (whole, rounded up), the figure
     before rounding, the work waiting (slot-seconds) and the jobs of no learned length."""
 

@@ -121,6 +121,8 @@ from datetime import timedelta
 from fractions import Fraction
 from typing import Literal
 
+import msgspec
+
 from fairlane.policy.retention import parse_duration
 
 __all__ = [
@@ -257,8 +259,7 @@ one borrowed job to finish. Guaranteed is restricted: only the tenants entitled 
 (``app.tenants.configure(tenant, classes=["guaranteed"])``) may use it."""
 
 
-@dataclass(frozen=True, slots=True)
-class Entitlement:
+class Entitlement(msgspec.Struct, frozen=True):
     """Which restricted classes a tenant may use, and the class its jobs take when
     neither the call nor the task names one. Kept in the store per tenant; the enqueue
     script is its twin (``lua/classes.lua``, ``classes.tenant_class``, called by the enqueue)."""
@@ -328,8 +329,7 @@ class ClassTable:
         raise KeyError(name)
 
 
-@dataclass(frozen=True, slots=True)
-class ClassView:
+class ClassView(msgspec.Struct, frozen=True):
     """One class in an ``Allocation``: its levels, its use, and the verdict on its head."""
 
     name: str
@@ -352,8 +352,7 @@ class ClassView:
         return self.reason in _STARTS
 
 
-@dataclass(frozen=True, slots=True)
-class Allocation:
+class Allocation(msgspec.Struct, frozen=True):
     """A snapshot of one decision: who may start, who is next, and why."""
 
     capacity: int

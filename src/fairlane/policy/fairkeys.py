@@ -78,8 +78,9 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Final
+
+import msgspec
 
 from fairlane.policy.deadlineorder import DEADLINE_SPAN
 
@@ -124,11 +125,10 @@ def present_order(scores: Iterable[float]) -> float | None:
     return None
 
 
-@dataclass
-class KeyTags:
+class KeyTags(msgspec.Struct):
     """``F_k`` of one tenant queue, and rule 1."""
 
-    next_tag: dict[str, float] = field(default_factory=dict)
+    next_tag: dict[str, float] = msgspec.field(default_factory=dict)
 
     def tag(self, key: str, weight: float, head: float | None, seq: int) -> float:
         """The order number of a keyed job entering the queue now (rule 1): ``head`` is
@@ -145,14 +145,13 @@ class KeyTags:
         return tag
 
 
-@dataclass
-class TenantOrder:
+class TenantOrder(msgspec.Struct):
     """One tenant's queue as dispatch sees it: jobs by ``(score, id)`` -- the order a
     sorted set gives equal scores -- with the keys' tags beside it."""
 
-    weights: Mapping[str, float] = field(default_factory=dict)
-    tags: KeyTags = field(default_factory=KeyTags)
-    queue: list[tuple[float, str]] = field(default_factory=list)
+    weights: Mapping[str, float] = msgspec.field(default_factory=dict)
+    tags: KeyTags = msgspec.field(default_factory=KeyTags)
+    queue: list[tuple[float, str]] = msgspec.field(default_factory=list)
 
     def head(self) -> float | None:
         return present_order(score for score, _ in self.queue)

@@ -41,7 +41,8 @@ Everything here is pure: no clock, no I/O; the shard loop passes what it knows.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+
+import msgspec
 
 from fairlane.policy.backpressure import Decision, allowance
 
@@ -61,8 +62,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class SlotCount:
+class SlotCount(msgspec.Struct, frozen=True):
     """A worker's slots at one moment: how many, held by running jobs, reserved by calls."""
 
     concurrency: int
@@ -90,8 +90,7 @@ class Wait(enum.Enum):
     SHARE = "share"
 
 
-@dataclass(frozen=True, slots=True)
-class FetchPlan:
+class FetchPlan(msgspec.Struct, frozen=True):
     """One turn's decision: ask for ``want`` slots, or wait for ``wait``."""
 
     want: int

@@ -77,7 +77,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 __all__ = [
     "EPSILON",
@@ -118,8 +119,7 @@ def slots_of(part: float, limit: int) -> int:
     return max(0, math.floor(part * limit + EPSILON))
 
 
-@dataclass(frozen=True, slots=True)
-class KeyReport:
+class KeyReport(msgspec.Struct, frozen=True):
     """One shard's report of one global key."""
 
     part: float  # its part in force
@@ -204,8 +204,7 @@ def _rate_targets(reports: Sequence[KeyReport]) -> list[float]:
     return [s / total for s in shares] if total > 1.0 else shares
 
 
-@dataclass(frozen=True, slots=True)
-class Order:
+class Order(msgspec.Struct, frozen=True):
     """A part to set on one shard for one key; ``paused_until`` lengthens its pause."""
 
     key: str
@@ -279,8 +278,7 @@ class ShardParts:
 _IDLE = KeyReport(0.0, 0, None, 0, 0.0, False)
 
 
-@dataclass(frozen=True, slots=True)
-class PassPlan:
+class PassPlan(msgspec.Struct, frozen=True):
     """A pass's first step, from every shard's report: the orders that lower parts (and
     lengthen pauses), by shard; what each key's shards hold before them; and the parts
     each key's shards want above what they hold."""

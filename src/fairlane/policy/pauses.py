@@ -36,9 +36,10 @@ Nothing here reads a clock: ``now`` is the server's, passed in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
+
+import msgspec
 
 __all__ = [
     "DEFAULT_REFUSAL_RETRY_S",
@@ -66,8 +67,7 @@ class ScopeKind(StrEnum):
     REFUSE = "refuse"  # a tenant's quarantine: its submissions are refused
 
 
-@dataclass(frozen=True, slots=True)
-class Scope:
+class Scope(msgspec.Struct, frozen=True):
     """What a pause names. ``cls`` only for a lane ('' = every class); ``key`` only for a
     fairness key (with its ``tenant``)."""
 
@@ -118,11 +118,10 @@ def refusal_retry_after(until_ms: int, now_ms: int) -> float:
     return max(1.0, (until_ms - now_ms) / 1000)
 
 
-@dataclass(slots=True)
-class PauseTable:
+class PauseTable(msgspec.Struct):
     """The pauses in force, by scope, each with its end (0: none)."""
 
-    entries: dict[Scope, int] = field(default_factory=dict)
+    entries: dict[Scope, int] = msgspec.field(default_factory=dict)
 
     def pause(self, scope: Scope, until_ms: int = 0) -> None:
         self.entries[scope] = until_ms

@@ -48,7 +48,7 @@ Choices (the contract's "Choices the Lua twin made", and where it is silent)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from fairlane.policy.rates import (
     Adaptive,
@@ -83,8 +83,7 @@ def key_cost(rate: Rate, units: float) -> float:
     return min(job_cost(rate, units), rate.capacity)
 
 
-@dataclass(slots=True)
-class RateCounters:
+class RateCounters(msgspec.Struct):
     """A rate key's counters since its state was created."""
 
     taken: float = 0.0

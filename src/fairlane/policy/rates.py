@@ -45,6 +45,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import msgspec
+
 __all__ = [
     "ADAPTIVE_CUT",
     "MAX_PUSHBACKS",
@@ -147,8 +149,7 @@ class Adaptive:
             )
 
 
-@dataclass(frozen=True, slots=True)
-class Bucket:
+class Bucket(msgspec.Struct, frozen=True):
     """A rate key's state: ``tokens`` as of ``stamp`` (ms), paused until ``paused_until``."""
 
     tokens: float

@@ -8,16 +8,16 @@ rule to reclaims (``att >= max`` -> dead).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 from fairlane.policy.backoff import Backoff
 
 __all__ = ["RetryDecision", "after_failure"]
 
 
-@dataclass(frozen=True, slots=True)
-class RetryDecision:
+class RetryDecision(msgspec.Struct, frozen=True):
     kind: Literal["retry", "dead"]
     delay: float = 0.0
 

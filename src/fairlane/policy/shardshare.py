@@ -72,7 +72,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+import msgspec
 
 __all__ = ["ShardShare", "cap", "entitlements", "turn_key"]
 
@@ -80,8 +81,7 @@ __all__ = ["ShardShare", "cap", "entitlements", "turn_key"]
 _EPSILON = 1e-9
 
 
-@dataclass(frozen=True, slots=True)
-class ShardShare:
+class ShardShare(msgspec.Struct, frozen=True):
     """One shard's standing at a worker."""
 
     weight: float  # waiting weight from its last exchange (0: none waiting, or not known)

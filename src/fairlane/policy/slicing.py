@@ -9,13 +9,12 @@ always runs, so every slice makes progress. Time is passed in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 __all__ = ["SliceBudget"]
 
 
-@dataclass(slots=True)
-class SliceBudget:
+class SliceBudget(msgspec.Struct):
     """One slice's budget: ``steps`` new steps or ``seconds`` from ``started``."""
 
     seconds: float

@@ -74,10 +74,10 @@ What moves the real start away from the estimate, and which way:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 __all__ = [
     "DEADLINE_SAFETY",
@@ -113,8 +113,7 @@ REST_CAP = 0.9
 DEADLINE_SAFETY = 1.25
 
 
-@dataclass(frozen=True, slots=True)
-class Backlog:
+class Backlog(msgspec.Struct, frozen=True):
     """A waiting tenant of the class: its weight, its waiting jobs and their mean
     slot-seconds (learned)."""
 
@@ -126,8 +125,7 @@ class Backlog:
     charge: float = 0.0  # units a start of its is charged (learned; 0 unknown)
 
 
-@dataclass(frozen=True, slots=True)
-class ClassLoad:
+class ClassLoad(msgspec.Struct, frozen=True):
     """A class of the lane: its declared share and floor, and its slots now."""
 
     name: str
@@ -142,8 +140,7 @@ class ClassLoad:
         return max(0, self.in_flight) + max(0, self.waiting)
 
 
-@dataclass(frozen=True, slots=True)
-class Situation:
+class Situation(msgspec.Struct, frozen=True):
     """What the store says of a waiting job's surroundings, at one moment."""
 
     capacity: int  # the lane's live slots
@@ -158,8 +155,7 @@ class Situation:
     charge_by_cost: bool = False  # the lane charges a start its cost, not one unit
 
 
-@dataclass(frozen=True, slots=True)
-class Prediction:
+class Prediction(msgspec.Struct, frozen=True):
     """How long until the job starts, and what the figure rests on."""
 
     wait_s: float
@@ -311,7 +307,7 @@ def per_job_wait(s: Situation) -> float:
     """What one more job of its own tenant ahead of it adds to a job's wait: the fluid
     wait's step, free slots left out (in a burst they are soon taken)."""
     here = predict(s, immediate=False)
-    behind = predict(dataclasses.replace(s, ahead=s.ahead + 1), immediate=False)
+    behind = predict(msgspec.structs.replace(s, ahead=s.ahead + 1), immediate=False)
     if here is None or behind is None:
         return 0.0
     return max(0.0, behind.wait_s - here.wait_s)

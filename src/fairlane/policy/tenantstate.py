@@ -46,8 +46,9 @@ same value for ``idle_ttl``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 from fairlane.policy.ceilings import RATE_BUCKETS, RATE_WIDTH_MS
 
@@ -75,8 +76,7 @@ REJECTION_WINDOW_MS: Final = 60_000
 SIGNAL_WINDOW_MS: Final = RATE_BUCKETS * RATE_WIDTH_MS
 
 
-@dataclass(frozen=True, slots=True)
-class StateKind:
+class StateKind(msgspec.Struct, frozen=True):
     """One kind of per-tenant state: where it lives and which rule removes it."""
 
     name: str

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
 
@@ -126,8 +125,7 @@ def check_fairness_key(key: object) -> str:
     return key
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
+class Placement(msgspec.Struct, frozen=True):
     """Where and when jobs go, checked once per enqueue call (a batch shares it)."""
 
     tenant: str

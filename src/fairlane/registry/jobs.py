@@ -18,8 +18,9 @@ import itertools
 import os
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Final
+
+import msgspec
 
 from fairlane.config.lanes import LaneTables, LimitValue
 from fairlane.payloads.offload import Payloads
@@ -80,8 +81,7 @@ def new_job_id() -> str:
     return base64.b64encode(raw).translate(_TO_SORTED).decode()
 
 
-@dataclass(frozen=True, slots=True)
-class Demand:
+class Demand(msgspec.Struct, frozen=True):
     """What jobs ask of their lane: a service class, a width in slots, throttle limits,
     rate keys and the declared cost."""
 
@@ -92,7 +92,7 @@ class Demand:
     """The caller's estimate in milli-units (the store may raise it to the learned cost)."""
     cost_key: str
     declared: bool
-    rates: list[tuple[str, Rate]] = field(default_factory=list)
+    rates: list[tuple[str, Rate]] = msgspec.field(default_factory=list)
     class_named: bool = True
     """Whether the call or the task named the class; if not, the store gives the job its
     tenant's default class where it has one (``app.tenants.configure``)."""
@@ -134,8 +134,7 @@ def _check_fits(rates: list[tuple[str, Rate]], declared_mu: int) -> None:
             )
 
 
-@dataclass(eq=False, slots=True)
-class JobFactory:
+class JobFactory(msgspec.Struct, eq=False):
     """What every task of one app makes its jobs with."""
 
     lane_tables: LaneTables

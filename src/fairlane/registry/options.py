@@ -10,8 +10,10 @@ those of the enqueue options.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
+
+import msgspec
 
 from fairlane.config.lanes import DEFAULT_CLASS, LimitValue, check_lane
 from fairlane.policy.backoff import Backoff
@@ -72,8 +74,7 @@ TASK_DEFAULTS: dict[str, Any] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class TaskOptions:
+class TaskOptions(msgspec.Struct, frozen=True):
     """A task's effective settings; ``defaults`` names those left at their default."""
 
     name: str
@@ -102,7 +103,7 @@ class TaskOptions:
     """Whether its jobs given a ``deadline=`` run earliest deadline first among their
     tenant's own jobs of one priority (``fairlane.policy.deadlineorder``); False: by
     priority, then in arrival order (unless their class orders by deadline)."""
-    defaults: frozenset[str] = field(default_factory=frozenset)
+    defaults: frozenset[str] = msgspec.field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         try:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+
+import msgspec
 
 from fairlane.policy.admission import (
     Coefficients,
@@ -26,13 +27,12 @@ from fairlane.store.keys import cost_key_name
 __all__ = ["Pricing", "cost_key"]
 
 
-@dataclass(frozen=True, slots=True)
-class Pricing:
+class Pricing(msgspec.Struct, frozen=True):
     """How a declared estimate becomes the milli-units the store reserves."""
 
-    coefficients: Coefficients = field(default_factory=Coefficients)
-    estimation: EstimationSettings = field(default_factory=EstimationSettings)
-    retry: RetryAfterPolicy = field(default_factory=RetryAfterPolicy)
+    coefficients: Coefficients = msgspec.field(default_factory=Coefficients)
+    estimation: EstimationSettings = msgspec.field(default_factory=EstimationSettings)
+    retry: RetryAfterPolicy = msgspec.field(default_factory=RetryAfterPolicy)
 
     def declared_milli(self, estimate: Estimate | float | None) -> int:
         """The caller's declared cost in milli-units (the store raises it to what this

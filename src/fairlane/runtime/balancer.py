@@ -25,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 from fairlane.policy.globalkeys import Order, is_pool_key, plan_pass
 from fairlane.runtime.lease import wait_or_stop
@@ -47,8 +48,7 @@ DEFAULT_INTERVAL: Final = 0.2
 _LEAD_PASSES: Final = 5
 
 
-@dataclass(frozen=True, slots=True)
-class PassResult:
+class PassResult(msgspec.Struct, frozen=True):
     """What one pass did."""
 
     epoch: int

@@ -43,8 +43,9 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 from fairlane.config.settings import LeaseSettings
 from fairlane.runtime.outage import Outage
@@ -59,8 +60,7 @@ _MAX_PASSES: Final = 20
 _JOIN_SLACK: Final = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class BeatShard:
+class BeatShard(msgspec.Struct, frozen=True):
     """A shard the worker serves, and until when (monotonic) its leases there can be live."""
 
     shard: int

@@ -13,7 +13,6 @@ the store in one call, with the app's durability.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -29,19 +28,18 @@ from fairlane.store.wire import NewJob
 __all__ = ["ChildCall", "start_children"]
 
 
-@dataclass(frozen=True, slots=True)
-class ChildCall:
+class ChildCall(msgspec.Struct, frozen=True):
     """A child job to start from a run (``ctx.call``), for ``ctx.gather``."""
 
     task: TaskDefinition[Any, Any]
     args: tuple[Any, ...]
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
     fairness_key: str | None = None  # None: the run's own
 
     def with_fairness_key(self, key: str) -> ChildCall:
         """This call with its own fairness key instead of the run's (checked when the
         child is made, as an enqueue checks it)."""
-        return replace(self, fairness_key=key)
+        return msgspec.structs.replace(self, fairness_key=key)
 
 
 def _child_job(

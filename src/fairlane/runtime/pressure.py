@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from fairlane.config.settings import PressureSettings
 from fairlane.config.units import parse_size
@@ -120,19 +122,18 @@ def default_sensors(config: PressureConfig) -> list[Sensor]:
 # -- the gauge ---------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class PressureGauge:
+class PressureGauge(msgspec.Struct):
     """Samples sensors and keeps the policy's decision; the worker asks it for room."""
 
     sensors: Sequence[Sensor]
     concurrency: int
-    bounds: Bounds = field(default_factory=Bounds)
+    bounds: Bounds = msgspec.field(default_factory=Bounds)
     interval: float = 0.5
-    state: PressureState = field(default_factory=PressureState)
+    state: PressureState = msgspec.field(default_factory=PressureState)
     readings: tuple[Reading, ...] = ()
     decision: Decision | None = None
     last_sample: float | None = None
-    _failing: set[str] = field(default_factory=set)
+    _failing: set[str] = msgspec.field(default_factory=set)
 
     def due(self, now: float) -> bool:
         return self.last_sample is None or now - self.last_sample >= self.interval

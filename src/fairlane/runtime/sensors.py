@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol, runtime_checkable
 
+import msgspec
 import psutil
 
 from fairlane.policy.backpressure import Reading
@@ -59,8 +59,7 @@ class Sensor(Protocol):
 # -- memory ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryLimit:
+class MemoryLimit(msgspec.Struct, frozen=True):
     """A memory limit in bytes and where it came from: setting, cgroup or ram."""
 
     bytes: int

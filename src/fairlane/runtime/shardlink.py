@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+
+import msgspec
 
 from fairlane.config.settings import LeaseSettings, TenantSettings
 from fairlane.payloads.offload import Payloads
@@ -32,8 +33,7 @@ log = logging.getLogger("fairlane.worker")
 _BURST_RECHECK = 0.05  # seconds an empty shard's loop waits for the others in burst mode
 
 
-@dataclass(frozen=True, slots=True)
-class LoopSettings:
+class LoopSettings(msgspec.Struct, frozen=True):
     """Who a shard loop fetches for, and how: the same for every shard of a worker."""
 
     worker_id: str
@@ -44,15 +44,14 @@ class LoopSettings:
     burst: bool = False
     payloads: Payloads | None = None  # whose sweep removes payloads of records gone
     # the tenant sweep's ttl and pace
-    tenants: TenantSettings = field(default_factory=TenantSettings)
+    tenants: TenantSettings = msgspec.field(default_factory=TenantSettings)
 
     @property
     def lease_ms(self) -> int:
         return round(self.lease.duration * 1000)
 
 
-@dataclass(slots=True)
-class Tally:
+class Tally(msgspec.Struct):
     """A worker's counters, added to by its shard loops and its attempts."""
 
     fetched: int = 0
@@ -109,8 +108,7 @@ class BurstWatch:
         self._settled = False
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerLink:
+class WorkerLink(msgspec.Struct, frozen=True):
     """The worker's side of its shard loops (see the module docstring)."""
 
     stopping: asyncio.Event

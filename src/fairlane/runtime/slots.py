@@ -29,6 +29,8 @@ import itertools
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
+import msgspec
+
 from fairlane.policy.backpressure import Decision
 from fairlane.policy.fetch import (
     FetchPlan,
@@ -44,8 +46,7 @@ from fairlane.runtime.pressure import PressureGauge
 __all__ = ["SlotPool", "SlotStats"]
 
 
-@dataclass(frozen=True, slots=True)
-class SlotStats:
+class SlotStats(msgspec.Struct, frozen=True):
     """A snapshot of a slot pool."""
 
     concurrency: int
@@ -58,8 +59,7 @@ class SlotStats:
     shares: tuple[ShardShare, ...] = ()
 
 
-@dataclass(slots=True)
-class _Standing:
+class _Standing(msgspec.Struct):
     """What the pool knows of one shard: its waiting weight, slots held, and whether its
     loop is fetching."""
 

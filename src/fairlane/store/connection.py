@@ -21,10 +21,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 from urllib.parse import quote, unquote
 
+import msgspec
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
@@ -61,8 +61,7 @@ _DEFAULT_PORT = 6379
 _DEFAULT_SENTINEL_PORT = 26379
 
 
-@dataclass(frozen=True, slots=True)
-class ServerAddress:
+class ServerAddress(msgspec.Struct, frozen=True):
     """What a URL names: the kind of deployment, its nodes and the data nodes' login."""
 
     kind: Kind
@@ -275,8 +274,7 @@ def _sentinel_kwargs(address: ServerAddress, kwargs: dict[str, Any]) -> dict[str
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class _Flavour:
+class _Flavour(msgspec.Struct, frozen=True):
     """The client classes of one side of redis-py (asyncio or blocking)."""
 
     standalone: Any  # (url, options) -> a client of one server

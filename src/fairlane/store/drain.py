@@ -22,8 +22,9 @@ instead.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 from fairlane.store.argv import DrainArg, argv
 from fairlane.store.base import StoreBase
@@ -51,8 +52,7 @@ CHUNK_BUDGET_US: Final = 500
 _TENANT_PAGE: Final = 1000
 
 
-@dataclass(frozen=True, slots=True)
-class DrainFilter:
+class DrainFilter(msgspec.Struct, frozen=True):
     """Which waiting jobs a drain takes: all those every given field matches (None:
     any). Times are the server's ms; a job enqueued at ``enqueued_before_ms`` is not
     taken, one at ``enqueued_after_ms`` is."""
@@ -75,8 +75,7 @@ class DrainFilter:
             )
 
 
-@dataclass(frozen=True, slots=True)
-class DrainSource:
+class DrainSource(msgspec.Struct, frozen=True):
     """One zset of waiting jobs of one shard; '' fields are the filter's to decide."""
 
     state: str
@@ -86,8 +85,7 @@ class DrainSource:
     parked: str = ""  # a queued source that is a pause's parked set: the pause's field
 
 
-@dataclass(frozen=True, slots=True)
-class DrainStep:
+class DrainStep(msgspec.Struct, frozen=True):
     """One call's answer: where the next call goes on, and what this one did."""
 
     cursor: str

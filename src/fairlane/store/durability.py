@@ -23,9 +23,9 @@ script did not run there, so nothing was written.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from redis.exceptions import AskError, ClusterDownError, ResponseError, TryAgainError
 
 from fairlane.errors import FairlaneError
@@ -40,8 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["Acknowledgement", "NotAcknowledged", "submit_acknowledged"]
 
 
-@dataclass(frozen=True, slots=True)
-class Acknowledgement:
+class Acknowledgement(msgspec.Struct, frozen=True):
     """What the server confirmed about an enqueue's write, against what was asked."""
 
     replicas: int

@@ -35,8 +35,7 @@ class Refused:
     seen: int
 
 
-@dataclass(frozen=True, slots=True)
-class ShardReport:
+class ShardReport(msgspec.Struct, frozen=True):
     """A shard's global keys as one pass read them."""
 
     keys: dict[str, KeyReport]

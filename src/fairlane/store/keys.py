@@ -205,9 +205,9 @@ is waiting on (only jobs whose ``w`` flag is set are published).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from typing import Final
 
+import msgspec
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 __all__ = [
@@ -284,8 +284,7 @@ def job_shard(job_id: str, count: int) -> int:
     return shard if shard < count else 0
 
 
-@dataclass(frozen=True, slots=True)
-class LaneKeys:
+class LaneKeys(msgspec.Struct, frozen=True):
     """The fixed keys of one lane."""
 
     state: str
@@ -298,8 +297,7 @@ class LaneKeys:
         return [self.state, self.cap, self.delayed, self.wake, self.idle]
 
 
-@dataclass(frozen=True, slots=True)
-class AppKeys:
+class AppKeys(msgspec.Struct, frozen=True):
     """The fixed keys of one app (one scheduling shard)."""
 
     prefix: str

@@ -9,8 +9,9 @@ to the scope it was made from.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Final
+
+import msgspec
 
 from fairlane.policy.pauses import LIFT_BUDGET, Scope, ScopeKind
 from fairlane.store.argv import PauseArg, ResumeArg, UnofferArg, argv
@@ -73,8 +74,7 @@ def field_scope(field: str) -> Scope:
     return Scope(kind, tenant=first)
 
 
-@dataclass(frozen=True, slots=True)
-class PauseSet:
+class PauseSet(msgspec.Struct, frozen=True):
     """What a pause call did on one shard."""
 
     new: bool  # False: the scope was paused already (its end and reason replaced)
@@ -82,8 +82,7 @@ class PauseSet:
     until_ms: int  # its end, server ms (0: until resumed)
 
 
-@dataclass(frozen=True, slots=True)
-class PauseEntry:
+class PauseEntry(msgspec.Struct, frozen=True):
     """A pause as the shard holds it."""
 
     scope: Scope

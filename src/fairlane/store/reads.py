@@ -18,8 +18,9 @@ their replies take their places in the batch's order. An empty batch costs nothi
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
+
+import msgspec
 
 from fairlane.store.connection import (
     AsyncClient,
@@ -36,13 +37,12 @@ _TIME: Final = "time"
 _HSCAN: Final = "hscan"
 
 
-@dataclass(frozen=True, slots=True)
-class Cmd:
+class Cmd(msgspec.Struct, frozen=True):
     """One command: a client method's name and its arguments."""
 
     name: str
     args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 def cmd(name: str, *args: Any, **kwargs: Any) -> Cmd:
@@ -65,8 +65,7 @@ Plan = Generator[list[Cmd], list[Any], T]
 _SPECIAL: Final = frozenset({_TIME, _HSCAN})
 
 
-@dataclass(frozen=True, slots=True)
-class _Done:
+class _Done(msgspec.Struct, frozen=True):
     value: Any
 
 

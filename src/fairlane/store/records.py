@@ -19,7 +19,6 @@ the attributes it did not read keep their defaults.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import msgspec
@@ -52,15 +51,14 @@ _MSGPACK: Final = msgspec.msgpack.Decoder()
 DEFAULT_CLASS: Final = RECORD_DEFAULTS["cls"]
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(msgspec.Struct, frozen=True):
     """One lifecycle event: server time (ms), kind and its detail fields.
 
     ``derived`` marks an event rebuilt from the job's record rather than logged."""
 
     ms: int
     kind: str
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: dict[str, Any] = msgspec.field(default_factory=dict)
     derived: bool = False
 
 
@@ -92,8 +90,7 @@ def decode_limits(raw: Any) -> dict[str, int]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class JobRecord:
+class JobRecord(msgspec.Struct, frozen=True):
     """A job's hash, typed. Text fields are ``""`` and numbers None when absent (or
     damaged); blobs (arguments, result, error) stay as stored."""
 
@@ -117,7 +114,7 @@ class JobRecord:
     result: bytes = b""
     error: bytes = b""
     cancel_requested: bool = False
-    limits: dict[str, int] = field(default_factory=dict)
+    limits: dict[str, int] = msgspec.field(default_factory=dict)
     kept_mu: int | None = None
     deferred_mu: int | None = None
     charged_mu: int | None = None

@@ -9,8 +9,9 @@ removed the job; an older one is simply not found.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 __all__ = ["Removal", "decode_removal"]
 
@@ -22,8 +23,7 @@ _WHY: dict[int, tuple[Literal["completed", "failed"], Literal["count", "age"]]] 
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Removal:
+class Removal(msgspec.Struct, frozen=True):
     """A job's record removed by retention: when, which outcome's bound, count or age."""
 
     ms: int

@@ -8,7 +8,6 @@ msgpack arrays ``[kind, name, status, value, ms, worker, end ms]`` (server time)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -55,8 +54,7 @@ class Checkpoint(msgspec.Struct, array_like=True, frozen=True):
     ended_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class SliceStart:
+class SliceStart(msgspec.Struct, frozen=True):
     """What a worker needs to resume a run."""
 
     service_class: str
@@ -64,8 +62,7 @@ class SliceStart:
     failures: dict[str, int]  # step name -> failed attempts so far
 
 
-@dataclass(frozen=True, slots=True)
-class WaitAnswer:
+class WaitAnswer(msgspec.Struct, frozen=True):
     """The store's answer to a durable wait: taken, over, or wait ``ms`` more."""
 
     kind: Literal["signal", "done", "wait", "fenced"]
@@ -73,8 +70,7 @@ class WaitAnswer:
     ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class LogEvent:
+class LogEvent(msgspec.Struct, frozen=True):
     """One entry of a run's log: a slice began, the run suspended, or it ended."""
 
     kind: str  # slice | suspend | end
@@ -83,8 +79,7 @@ class LogEvent:
     extra: int  # the attempt, the wake time, or 0
 
 
-@dataclass(frozen=True, slots=True)
-class RunHistory:
+class RunHistory(msgspec.Struct, frozen=True):
     """A run's checkpoints and log, for inspection."""
 
     steps: list[Checkpoint]

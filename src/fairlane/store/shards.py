@@ -16,8 +16,9 @@ raises when that confirmation fell short).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from fairlane.policy.admission.memory import DEFAULT_MEMORY_MARK
 from fairlane.policy.shards import check_shard_count, shard_of_tenant
@@ -53,8 +54,7 @@ async def submit(
     return await store.submit(lane, jobs, guard), None
 
 
-@dataclass(frozen=True, slots=True)
-class ShardMap:
+class ShardMap(msgspec.Struct, frozen=True):
     """An app's count of scheduling shards, and the shard of a tenant or a job id."""
 
     count: int

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from fairlane.policy.ceilings import TenantLimits
 from fairlane.policy.classes import Entitlement
@@ -59,8 +60,7 @@ def decode_entitlement(raw: bytes | str | None) -> Entitlement | None:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class TenantSweep:
+class TenantSweep(msgspec.Struct, frozen=True):
     """One pass of the tenant sweep: where the next pass goes on (``"0"``: this pass ended
     a cycle over every key), what it looked at and removed, and whether the server keeps
     key idle times (not under an LFU maxmemory-policy: idle state then stays)."""

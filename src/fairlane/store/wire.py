@@ -9,7 +9,6 @@ fails its whole batch.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any, Final
 
@@ -365,8 +364,7 @@ class FetchedJob(msgspec.Struct, array_like=True, frozen=True):
     fairness_key: str = ""  # its fairness key ('' none): a workflow's children inherit it
 
 
-@dataclass(frozen=True, slots=True)
-class Submitted:
+class Submitted(msgspec.Struct, frozen=True):
     """One job's answer from the enqueue script."""
 
     id: str
@@ -376,8 +374,7 @@ class Submitted:
     paused_ms: int | None = None  # TENANT_PAUSED: ms to the quarantine's end (0: none)
 
 
-@dataclass(frozen=True, slots=True)
-class TenantSignal:
+class TenantSignal(msgspec.Struct, frozen=True):
     """A tenant's concurrency limit now (None: no settings) and what it follows."""
 
     limit: int | None
@@ -387,13 +384,12 @@ class TenantSignal:
     load: int
 
 
-@dataclass(frozen=True, slots=True)
-class Fetched:
+class Fetched(msgspec.Struct, frozen=True):
     jobs: list[FetchedJob]
     next_due_ms: int | None  # time until the next scheduled job of the lanes, if any
     ack_codes: list[int]
     # (id, token) of leased rows the worker cannot read: to settle as dead, never to run
-    malformed: list[tuple[str, str]] = field(default_factory=list)
+    malformed: list[tuple[str, str]] = msgspec.field(default_factory=list)
     # the lanes' waiting weight as the exchange left it (None: it made no fetch)
     waiting: float | None = None
 

@@ -42,8 +42,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Literal
+
+import msgspec
 
 from fairlane.policy.admission.units import check_count
 
@@ -68,8 +69,7 @@ LANE_READ_EVERY = 16
 QueueReason = Literal["tenant_queue_full", "lane_queue_full"]
 
 
-@dataclass(frozen=True, slots=True)
-class QueueBounds:
+class QueueBounds(msgspec.Struct, frozen=True):
     """Most jobs queued per tenant (in one class queue) and per lane; None: unbounded."""
 
     tenant_max: int | None = DEFAULT_TENANT_MAX_QUEUED
@@ -128,8 +128,7 @@ def queue_refusal(
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class QueuedJob:
+class QueuedJob(msgspec.Struct, frozen=True):
     """What the rule needs of a new job: whose, which class, how wide, and whether it
     waits for a time (scheduled) or is ready now."""
 
@@ -139,13 +138,12 @@ class QueuedJob:
     scheduled: bool = False
 
 
-@dataclass(slots=True)
-class QueueCounts:
+class QueueCounts(msgspec.Struct):
     """A lane's queued counts as the store keeps them: ready slots per class, jobs per
     (class, tenant) queue, and scheduled jobs."""
 
-    ready_slots: dict[str, int] = field(default_factory=dict)
-    tenant_queues: dict[tuple[str, str], int] = field(default_factory=dict)
+    ready_slots: dict[str, int] = msgspec.field(default_factory=dict)
+    tenant_queues: dict[tuple[str, str], int] = msgspec.field(default_factory=dict)
     scheduled: int = 0
     marked_full: bool = False  # a lane_queue_full refusal since the last read with room
 

@@ -55,8 +55,9 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
+
+import msgspec
 
 from fairlane.policy.admission.cost import MIN_CHARGE_MILLI
 
@@ -83,8 +84,7 @@ def charge_units(milli_units: int) -> float:
     return max(milli_units, MIN_CHARGE_MILLI) / 1000
 
 
-@dataclass(frozen=True, slots=True)
-class Readmission(Generic[T]):
+class Readmission(msgspec.Struct, Generic[T], frozen=True):
     """A head a pass took out of the queue: admitted, or dropped (left uncharged)."""
 
     job_id: str
@@ -93,25 +93,23 @@ class Readmission(Generic[T]):
     admitted: bool
 
 
-@dataclass(slots=True)
-class _Entry(Generic[T]):
+class _Entry(msgspec.Struct, Generic[T]):
     seq: int
     job_id: str
     tenant: T
     milli_units: int
 
 
-@dataclass(slots=True)
-class DeferredQueue(Generic[T]):
+class DeferredQueue(msgspec.Struct, Generic[T]):
     """One class's deferred jobs: tenant groups, their tags, ``V`` and the pin."""
 
     v: float = 0.0
-    tags: dict[T, float] = field(default_factory=dict)
+    tags: dict[T, float] = msgspec.field(default_factory=dict)
     """Active tenants' start tags (their groups are non-empty)."""
-    finish: dict[T, float] = field(default_factory=dict)
+    finish: dict[T, float] = msgspec.field(default_factory=dict)
     """Idle tenants' finish tags, only those above ``v``."""
-    groups: dict[T, list[tuple[int, str]]] = field(default_factory=dict)
-    jobs: dict[str, _Entry[T]] = field(default_factory=dict)
+    groups: dict[T, list[tuple[int, str]]] = msgspec.field(default_factory=dict)
+    jobs: dict[str, _Entry[T]] = msgspec.field(default_factory=dict)
     pin: str | None = None
     overtakes: int = 0
 

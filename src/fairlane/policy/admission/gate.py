@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 from fairlane.policy.admission.units import check_count, check_number, milli_floor, to_milli
 from fairlane.policy.classes import ClassTable, ServiceClass, may_start
@@ -43,8 +45,7 @@ Reason = Literal[
 _WHEN_FULL: tuple[str, ...] = ("reject", "defer")
 
 
-@dataclass(frozen=True, slots=True)
-class AdmissionClass:
+class AdmissionClass(msgspec.Struct, frozen=True):
     """A class's queue bounds and floor in a pool (the shares are the lane table's)."""
 
     name: str
@@ -155,19 +156,18 @@ def unit_table(table: ClassTable, pool: PoolConfig) -> ClassTable:
     return ClassTable(classes)
 
 
-@dataclass(slots=True)
-class PoolState:
+class PoolState(msgspec.Struct):
     """What the store keeps per lane: reservations, admitted and deferred counts."""
 
-    reserved: dict[str, int] = field(default_factory=dict)
+    reserved: dict[str, int] = msgspec.field(default_factory=dict)
     """Reserved milli-units of admitted unfinished jobs, per class."""
-    admitted: dict[str, int] = field(default_factory=dict)
+    admitted: dict[str, int] = msgspec.field(default_factory=dict)
     """Admitted unfinished jobs, per class."""
-    tenant_admitted: dict[tuple[str, str], int] = field(default_factory=dict)
+    tenant_admitted: dict[tuple[str, str], int] = msgspec.field(default_factory=dict)
     """Admitted unfinished jobs, per (class, tenant)."""
-    tenant_reserved: dict[tuple[str, str], int] = field(default_factory=dict)
+    tenant_reserved: dict[tuple[str, str], int] = msgspec.field(default_factory=dict)
     """Reserved milli-units of admitted unfinished jobs, per (class, tenant)."""
-    deferred: dict[str, int] = field(default_factory=dict)
+    deferred: dict[str, int] = msgspec.field(default_factory=dict)
     """Deferred jobs, per class."""
 
     @property
@@ -303,8 +303,7 @@ def decide(
     return Decision("rejected", reason)
 
 
-@dataclass(frozen=True, slots=True)
-class DeferredJob:
+class DeferredJob(msgspec.Struct, frozen=True):
     """One entry of a class's deferred queue."""
 
     tenant: str

@@ -30,8 +30,9 @@ costs the store nothing (no server call is made), so the wait is short.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final, Literal
+
+import msgspec
 
 from fairlane.policy.admission.rejections import RetryAfterPolicy
 from fairlane.policy.admission.units import check_count, check_number
@@ -66,8 +67,7 @@ JOB_OVERHEAD_BYTES: Final = 2048
 _AT_LIMIT: Final = 4.0
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryReading:
+class MemoryReading(msgspec.Struct, frozen=True):
     """The server's memory: ``used`` bytes counted against ``maxmemory`` (0: no limit)."""
 
     used: int

@@ -9,7 +9,7 @@ rejected together do not come back together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from fairlane.policy.admission.units import check_count, check_number
 
@@ -19,8 +19,7 @@ __all__ = ["RetryAfterPolicy", "retry_after"]
 _MAX_EXPONENT = 16
 
 
-@dataclass(frozen=True, slots=True)
-class RetryAfterPolicy:
+class RetryAfterPolicy(msgspec.Struct, frozen=True):
     """Retry-After for rejected submissions: ``base_seconds`` doubling per recent rejection."""
 
     base_seconds: float = 2.0

@@ -27,7 +27,6 @@ import multiprocessing
 import signal
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
@@ -191,8 +190,7 @@ class Fault(enum.Enum):
     TIMED_OUT = enum.auto()
 
 
-@dataclass(eq=False)
-class Child:
+class Child(msgspec.Struct, eq=False):
     """A started child process and the parent's ends of its two pipes."""
 
     process: BaseProcess

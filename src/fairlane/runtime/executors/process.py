@@ -16,10 +16,11 @@ import logging
 import multiprocessing
 from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from multiprocessing.context import ForkServerContext, SpawnContext
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
+
+import msgspec
 
 from fairlane.runtime.executors.base import (
     ChildCrashed,
@@ -38,8 +39,7 @@ _CRASH_GRACE: Final = 1.0  # how long a child that closed its pipe gets to finis
 _MAX_RESTART_DELAY: Final = 5.0
 
 
-@dataclass(frozen=True)
-class ProcessPoolStats:
+class ProcessPoolStats(msgspec.Struct, frozen=True):
     """A snapshot of a ``ProcessExecutor``; ``restarts`` counts replacement children."""
 
     size: int

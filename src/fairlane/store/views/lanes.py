@@ -17,8 +17,9 @@ yet.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from fairlane.store.fields import field_int, field_text
 from fairlane.store.keys import AppKeys
@@ -34,8 +35,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class LaneState:
+class LaneState(msgspec.Struct, frozen=True):
     """A lane's cached capacity and its classes' slots and admission counters, and how
     many of its jobs are scheduled for later; counters are as the store holds them (a
     cached one may dip below zero for a moment: :meth:`clamped` reads those as 0)."""
@@ -43,9 +43,11 @@ class LaneState:
     capacity: int
     in_flight: dict[str, int]  # class -> slots of running jobs
     waiting: dict[str, int]  # class -> slots of jobs queued and ready
-    deferred: dict[str, int] = field(default_factory=dict)  # class -> jobs admission deferred
-    reserved_mu: dict[str, int] = field(default_factory=dict)  # class -> milli-units reserved
-    admitted: dict[str, int] = field(default_factory=dict)  # class -> admitted, reserving
+    # class -> jobs admission deferred
+    deferred: dict[str, int] = msgspec.field(default_factory=dict)
+    # class -> milli-units reserved
+    reserved_mu: dict[str, int] = msgspec.field(default_factory=dict)
+    admitted: dict[str, int] = msgspec.field(default_factory=dict)  # class -> admitted, reserving
     delayed: int = 0  # jobs scheduled for later (lane:<l>:delayed)
 
     def clamped(self) -> LaneState:

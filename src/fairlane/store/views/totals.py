@@ -15,8 +15,9 @@ each summed over the shards but for the lanes, kept per shard for the oldest-age
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from fairlane.store.fields import field_int, field_text
 from fairlane.store.keys import AppKeys
@@ -93,15 +94,14 @@ def summed(hashes: Sequence[Mapping[Any, Any]]) -> dict[str, int]:
     return total
 
 
-@dataclass(frozen=True, slots=True)
-class AppTotals:
+class AppTotals(msgspec.Struct, frozen=True):
     """The lanes of each shard, and the counters, decisions and throttle waiters of all."""
 
     lanes: list[dict[str, LaneState]]  # per shard, in shard order
     stats: dict[str, int]
     decisions: dict[DecisionKey, int]
     throttle_waiters: int
-    units: dict[UnitsKey, float] = field(default_factory=dict)
+    units: dict[UnitsKey, float] = msgspec.field(default_factory=dict)
 
 
 def app_totals(keys: Sequence[AppKeys], lanes: Sequence[str]) -> Plan[AppTotals]:

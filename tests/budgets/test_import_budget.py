@@ -1,0 +1,87 @@
+"""What ``import fairlane`` costs a worker's start-up: counts, in a fresh interpreter.
+
+A worker spawned to take a job spends most of its start-up importing (the start-up row of
+the README's Performance section). Two things made that import slow, and both are
+counted here, the same in every run:
+
+* Dataclasses. A frozen dataclass's class statement compiles five generated methods:
+  about 0.5 ms a class on the test machine, and the import made 125 of them, 43 % of
+  Fairlane's own import time. A ``msgspec.Struct`` is made in C, some 40 times faster,
+  and behaves the same for a value type (fields, defaults, ``__post_init__``, equality,
+  hashing when frozen). So Fairlane's internal value types are Structs; the types of the
+  public API stay dataclasses, which a user may ``dataclasses.replace``. The budget is
+  the dataclasses the import makes, as measured when it was set.
+* Features a worker may not use. Prometheus' client and the metrics collectors are
+  imported when a worker is given a metrics port, the process pool (and
+  ``multiprocessing``) when a task or a step runs in one, the HTTP server under
+  ``/health`` when it is given a health port: not with the package.
+
+Lower a budget when a change lowers its count.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# the dataclasses ``import fairlane`` makes: the public API's, and a few more that
+# documented types name (measured on the tree that set it)
+DATACLASS_BUDGET = 29
+# what ``import fairlane`` must leave out: each is imported by the feature that uses it
+NOT_IMPORTED = (
+    "prometheus_client",
+    "fairlane.metrics.recorder",
+    "fairlane.metrics.server",
+    "fairlane.metrics.store",
+    "multiprocessing",
+    "fairlane.runtime.executors.process",
+    "http.server",
+    "fairlane.gateway",
+    "fastapi",
+    "typer",
+    "rich",
+)
+
+_PROBE = """
+import dataclasses, json, sys
+made = []
+_process_class = dataclasses._process_class
+def counting(cls, *args, **kwargs):
+    made.append(f"{cls.__module__}.{cls.__qualname__}")
+    return _process_class(cls, *args, **kwargs)
+dataclasses._process_class = counting
+import fairlane
+print(json.dumps({
+    "dataclasses": [name for name in made if name.startswith("fairlane")],
+    "modules": sorted(sys.modules),
+}))
+"""
+
+
+def _import_fairlane() -> dict[str, list[str]]:
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, check=True, timeout=60
+    )
+    found: dict[str, list[str]] = json.loads(out.stdout)
+    return found
+
+
+def test_the_probe_counts_the_dataclasses_it_sees() -> None:
+    found = _import_fairlane()
+    # ServiceClass is a public dataclass the package imports: the probe must see it
+    assert "fairlane.policy.classes.ServiceClass" in found["dataclasses"]
+
+
+def test_importing_fairlane_makes_few_dataclasses() -> None:
+    made = _import_fairlane()["dataclasses"]
+    assert len(made) <= DATACLASS_BUDGET, (
+        f"import fairlane made {len(made)} dataclasses (budget {DATACLASS_BUDGET}): an "
+        "internal value type can be a msgspec.Struct\n" + "\n".join(made)
+    )
+
+
+def test_importing_fairlane_leaves_out_what_a_worker_may_not_use() -> None:
+    modules = set(_import_fairlane()["modules"])
+    imported = [m for m in NOT_IMPORTED if m in modules]
+    assert not imported, f"import fairlane imported {imported}"
