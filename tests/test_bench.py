@@ -11,13 +11,15 @@ import io
 import json
 import math
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 import redis.asyncio as aioredis
-from benchmarks import core, instructions, keyed, serverprofile, venvs, yardstick
+from benchmarks import core, imports, instructions, keyed, serverprofile, venvs, yardstick
 from benchmarks.config import LIMIT_MODES, SCENARIOS, Config
 from benchmarks.serverprofile import Attribution, parse_entry
 from rich.console import Console
@@ -432,3 +434,19 @@ def test_the_instruction_count_enqueues_the_shapes_the_readme_names() -> None:
     assert len(spread) == 10_000
     assert {len(c) for _, c in spread} == {2}
     assert len({t for t, _ in spread}) == 10_000
+
+
+@pytest.mark.parametrize("probe", sorted(imports.PROBES))
+def test_each_import_probe_runs_as_it_is_counted(probe: str) -> None:
+    # what callgrind counts is only worth a figure if the probe itself runs cleanly
+    env = imports.probe_environment()
+    done = subprocess.run(
+        [sys.executable, "-c", imports.PROBES[probe]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
