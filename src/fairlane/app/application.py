@@ -253,7 +253,9 @@ class App(Declaring):
         replaces the built-in sensors (``fairlane.runtime.pressure``) with your own.
         """
         owns_connection = not self._sharded.connected
-        await self.connect()
+        # the worker records the app's tasks and lanes itself, retrying through a restart,
+        # before it fetches: recorded here as well, they cost its start-up a round trip each
+        await self.connect(declare=False)
         settings = self.settings.worker
         try:
             worker = Worker(
