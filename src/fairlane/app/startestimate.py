@@ -9,7 +9,6 @@ gateway's job view and the dashboard take it when they are read.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Literal
 
@@ -68,8 +67,8 @@ async def estimate_submission(store: Store, job: NewJob, lane: str) -> StartEsti
     deadline = _deadline_ms(job.deadline, est.now_ms)
     if job.at_ms is not None or job.delay_ms:
         run_at = job.at_ms if job.at_ms is not None else est.now_ms + (job.delay_ms or 0)
-        est = dataclasses.replace(est, state="scheduled", run_at_ms=run_at)
-    return start_estimate(dataclasses.replace(est, deadline_ms=deadline))
+        est = msgspec.structs.replace(est, state="scheduled", run_at_ms=run_at)
+    return start_estimate(msgspec.structs.replace(est, deadline_ms=deadline))
 
 
 def refusing_late(job: NewJob, start: StartEstimate, on_unmeetable: OnUnmeetable) -> NewJob:

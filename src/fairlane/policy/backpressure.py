@@ -56,8 +56,7 @@ class Reading:
         return self.hard - band * (self.hard - self.soft)
 
 
-@dataclass(frozen=True, slots=True)
-class Bounds:
+class Bounds(msgspec.Struct, frozen=True):
     """The range a worker's fill may move in, and how fast it recovers."""
 
     min_fraction: float = 0.25
@@ -89,8 +88,7 @@ class PressureState(msgspec.Struct, frozen=True):
     stopped: frozenset[str] = msgspec.field(default_factory=frozenset)
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True):
     """The share of its slots a worker may hold now, and why."""
 
     fraction: float  # 0 while stopped

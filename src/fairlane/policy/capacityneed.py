@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import msgspec
 
@@ -106,8 +105,7 @@ class DeadlineJob(msgspec.Struct, frozen=True):
     slots: int = 1
 
 
-@dataclass(frozen=True, slots=True)
-class Running:
+class Running(msgspec.Struct, frozen=True):
     """Slots in flight in one class, and how long they are expected to stay held
     (None: unknown, held throughout)."""
 

@@ -30,8 +30,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
+
+import msgspec
 
 from fairlane.codec import encode_error
 from fairlane.runtime.deadlines import Deadlines, ServerClock
@@ -56,8 +57,7 @@ class Shard(Protocol):
     def settle(self, outcome: Outcome) -> None: ...
 
 
-@dataclass(slots=True)
-class Running:
+class Running(msgspec.Struct):
     """A job running on this worker, and the shard it was leased from."""
 
     job: FetchedJob

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from fairlane.policy.startpredict import (
     DURATION_ALPHA,
@@ -78,8 +79,7 @@ def task_field(task: str, tenant: str | None = None) -> str:
     return f"k\0{task}" if tenant is None else f"k\0{task}\0{tenant}"
 
 
-@dataclass(frozen=True, slots=True)
-class Estimated:
+class Estimated(msgspec.Struct, frozen=True):
     """What the store said of a job, for its start-time estimate."""
 
     now_ms: int

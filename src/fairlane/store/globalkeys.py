@@ -9,7 +9,6 @@ balancers never share one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
@@ -28,8 +27,7 @@ _UNPACK: Final = msgspec.msgpack.Decoder(list[list[Any]])
 REPORT_LIMIT: Final = 10_000
 
 
-@dataclass(frozen=True, slots=True)
-class Refused:
+class Refused(msgspec.Struct, frozen=True):
     """A shard refused a call: it has seen the newer epoch ``seen``."""
 
     seen: int

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
@@ -98,8 +97,7 @@ class AdmissionClass(msgspec.Struct, frozen=True):
         return None if units is None else to_milli(units)
 
 
-@dataclass(frozen=True, slots=True)
-class PoolConfig:
+class PoolConfig(msgspec.Struct, frozen=True):
     """A lane's admission settings: its capacity in units and its classes' bounds."""
 
     capacity_units: float
@@ -120,7 +118,7 @@ class PoolConfig:
         names = [c.name for c in items]
         if len(set(names)) != len(names):
             raise ValueError(f"class names must be unique: {names}")
-        object.__setattr__(self, "classes", items)
+        msgspec.structs.force_setattr(self, "classes", items)
 
     @property
     def capacity_milli(self) -> int:
@@ -204,8 +202,7 @@ class PoolState(msgspec.Struct):
         self.deferred[service_class] -= 1
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True):
     status: Literal["accepted", "deferred", "rejected"]
     reason: Reason | None = None
 
