@@ -50,7 +50,7 @@ def _command_line(first: list[str]) -> typer.Typer:
         from fairlane.cli.worker import worker  # noqa: PLC0415
 
         alone = fairlane_typer()
-        alone.callback()(_commands)  # a group still: the command is named, as in the whole
+        alone.callback()(_group)
         alone.command(no_args_is_help=True)(worker)
         return alone
     from fairlane.cli.commands import cli  # noqa: PLC0415
@@ -58,5 +58,6 @@ def _command_line(first: list[str]) -> typer.Typer:
     return cli
 
 
-def _commands() -> None:
-    """Fairlane: a fair, bounded, durable task queue on Redis or Valkey."""
+def _group() -> None:
+    """The worker command's group: Typer would run a lone command as the whole program,
+    and ``fairlane worker APP`` must parse as the whole command line does."""
