@@ -11,7 +11,7 @@ local settling = {}
 do
   local DEFAULT_CLASS, LEASES, TLIMITS = core.DEFAULT_CLASS, core.LEASES, core.TLIMITS
   local DEFAULT_LANE, DEFAULT_MAX, DEFAULT_TENANT = core.DEFAULT_LANE, core.DEFAULT_MAX, core.DEFAULT_TENANT
-  local WEIGHTS, job_key, lane_key, log_event = core.WEIGHTS, core.job_key, core.lane_key, core.log_event
+  local job_key, lane_key, log_event = core.job_key, core.lane_key, core.log_event
   local slots_of, wake = core.slots_of, core.wake
   local note_duration = throttle.note_duration
   local add_settled, flush_settled = fairqueue.add_settled, fairqueue.flush_settled
@@ -110,9 +110,7 @@ do
         for tenant, delta in pairs(k.tags) do
           -- a tenant charged what its jobs used has nothing to correct
           if delta ~= 0 then
-            local weight = core.any(fx, keys[WEIGHTS])
-              and tonumber(redis.call('HGET', keys[WEIGHTS], tenant)) or 1
-            adjust_tag(p, lane, cls, tenant, delta / weight)
+            adjust_tag(p, lane, cls, tenant, delta / core.tenant_weight(fx, keys, tenant))
           end
         end
       end

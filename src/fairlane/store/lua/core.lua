@@ -9,7 +9,8 @@
 --   DEFAULT_MAX, DEFAULT_TENANT, DEFAULT_TO, FENCE, FLEET,
 --   IDEM, LEASES, MEMO_MAX, PRIO_SPAN, STATS, TASKS, TERMINAL, THR, THRW, TLIMITS, WEIGHTS, WORKERS,
 --   any, arg, chunked, class_table, error_type, ev_key, int, job_key, lane_key, log_event, memoised,
---   now_arg, now_ms, num, order_score, prefix, read, sharded, slots_of, usual_cost_key, wake}
+--   now_arg, now_ms, num, order_score, prefix, read, sharded, slots_of, tenant_weight,
+--   usual_cost_key, wake}
 
 local core = {}
 
@@ -56,7 +57,6 @@ do
     local k = keys[FENCE]
     return string.sub(k, 1, #k - #FENCE_NAME)
   end
-
 
   local function lane_key(p, lane, what)
     return p .. 'lane:' .. lane .. ':' .. what
@@ -198,6 +198,12 @@ do
       fx.any[key] = v
     end
     return v
+  end
+
+  -- A tenant's fair-share weight (KEYS[WEIGHTS], set by control.lua's configure): 1 when
+  -- none is set, and no read at all in a call whose app sets none (`core.any`).
+  function core.tenant_weight(fx, keys, tenant)
+    return core.any(fx, keys[WEIGHTS]) and tonumber(redis.call('HGET', keys[WEIGHTS], tenant)) or 1
   end
 
   -- A job's width in slots from its record's `sl`: enqueue writes a whole number >= 1,

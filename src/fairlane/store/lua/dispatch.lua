@@ -4,14 +4,14 @@
 -- Keys: lane:<l>:state|delayed, lane:<l>:c:<c>:fair|vt, q:<lane>:<class>:<tenant>,
 --   job:<id>, trate, KEYS[TLIMITS], KEYS[WEIGHTS]
 -- Calls: core, classes, rates, throttle, pausetable, fairqueue, pauses, records, leasing
--- Entry points: dispatch.{FAIR_WINDOW, bytes_before, dispatch_lane, fair_head, fair_idle,
---   fair_moved, fair_tag, fetch, flush_fair, job_rates, lane_load, load_state,
+-- Entry points: dispatch.{FAIR_WINDOW, bytes_before, charged_units, dispatch_lane, fair_head,
+--   fair_idle, fair_moved, fair_tag, fetch, flush_fair, job_rates, lane_load, load_state,
 --   new_dispatch, pending, rate_units, state_fields, weight_of}
 
 local dispatch = {}
 
 do
-  local TLIMITS, WEIGHTS, job_key, lane_key = core.TLIMITS, core.WEIGHTS, core.job_key, core.lane_key
+  local TLIMITS, job_key, lane_key = core.TLIMITS, core.job_key, core.lane_key
   local log_event, slots_of, wake = core.log_event, core.slots_of, core.wake
   local DEFAULT_CLASSES, choose_class = classes.DEFAULT_CLASSES, classes.choose_class
   local class_levels = classes.class_levels
@@ -286,8 +286,7 @@ do
   function dispatch.weight_of(cx, tenant)
     local wt = cx.weights[tenant]
     if not wt then
-      wt = core.any(cx.tally, cx.keys[WEIGHTS])
-        and tonumber(redis.call('HGET', cx.keys[WEIGHTS], tenant)) or 1
+      wt = core.tenant_weight(cx.tally, cx.keys, tenant)
       cx.weights[tenant] = wt
     end
     return wt
@@ -444,6 +443,13 @@ do
     return rl
   end
 
+  -- The units a job is charged in its tenant's tag and in a wake: one, or in 'cost' mode
+  -- what it is expected to cost (its record's `cu`, in milli-units).
+  local function charged_units(cost_mode, cu)
+    return cost_mode and (core.num(cu) or 1) / 1000 or 1
+  end
+  dispatch.charged_units = charged_units
+
   -- What a job's rate keys counting units take: its `rmu`, else what its tenant is charged
   -- or admission reserved for it, else one unit.
   function dispatch.rate_units(p, id, f)
@@ -465,8 +471,7 @@ do
     if #limits == 0 and #rl == 0 and not offered then
       return true, NO_WAKES
     end
-    -- the charge of a wake: one unit, or in 'cost' mode what the job is expected to cost
-    local charge = cx.cost_mode and (core.num(f[14]) or 1) / 1000 or 1
+    local charge = charged_units(cx.cost_mode, f[14])
     local units = #rl > 0 and dispatch.rate_units(cx.p, id, f) or 1
     local token, wakes, blocker = thr_acquire(cx.keys, id, limits, f[12] or 0, f[13] or 0,
       f[6] or '', charge, rl, units, cx.now)
@@ -542,9 +547,7 @@ do
       if tag > v.value then
         v.value, v.dirty = tag, true
       end
-      -- one unit per job, or in 'cost' mode what the job is expected to cost
-      local units = cx.cost_mode and (core.num(f[14]) or 1) / 1000 or 1
-      tag = tag + units / dispatch.weight_of(cx, tenant)
+      tag = tag + charged_units(cx.cost_mode, f[14]) / dispatch.weight_of(cx, tenant)
     end
     if not run.ids[run.pos] then
       flush_run(cx, cls)

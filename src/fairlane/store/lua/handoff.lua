@@ -18,7 +18,7 @@
 local handoff = {}
 
 do
-  local WEIGHTS, lane_key = core.WEIGHTS, core.lane_key
+  local lane_key = core.lane_key
   local choose_class, class_index, class_levels = classes.choose_class, classes.class_index, classes.class_levels
   local class_key = fairqueue.class_key
 
@@ -68,8 +68,7 @@ do
       redis.call('HSET', vt, 'f:' .. tenant, start)
       return
     end
-    local weight = core.any(tally, keys[WEIGHTS])
-      and tonumber(redis.call('HGET', keys[WEIGHTS], tenant)) or 1
+    local weight = core.tenant_weight(tally, keys, tenant)
     if start > v then
       redis.call('HSET', vt, 'f:' .. tenant, start + units / weight, 'V', start)
     else
@@ -103,8 +102,7 @@ do
       charge_tenant(keys, p, lane, cls, tenant, nil, tally)
       return 'handed'
     end
-    charge_tenant(keys, p, lane, cls, tenant,
-      cost_mode and (core.num(jf[14]) or 1) / 1000 or 1, tally)
+    charge_tenant(keys, p, lane, cls, tenant, dispatch.charged_units(cost_mode, jf[14]), tally)
     redis.call('HINCRBY', lane_key(p, lane, 'state'), 'f:' .. cls, 1)
     records.count_start(tally, lane, cls, jf[9])
     redis.call('ZREM', lane_key(p, lane, 'idle'), member)
