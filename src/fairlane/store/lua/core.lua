@@ -8,9 +8,9 @@
 -- Entry points: core.{ALLOW_OOM, ARGS, DEAD, DEFAULT_BACKOFF, DEFAULT_CLASS, DEFAULT_LANE,
 --   DEFAULT_MAX, DEFAULT_TENANT, DEFAULT_TO, FENCE, FLEET,
 --   IDEM, LEASES, MEMO_MAX, PRIO_SPAN, STATS, TASKS, TERMINAL, THR, THRW, TLIMITS, WEIGHTS, WORKERS,
---   any, arg, chunked, class_table, error_type, ev_key, int, job_key, lane_key, log_event, memoised,
---   now_arg, now_ms, num, order_score, prefix, read, sharded, slots_of, tenant_weight,
---   usual_cost_key, wake}
+--   any, arg, chunked, class_table, error_type, ev_key, int, job_key, keep_large, lane_key,
+--   log_event, memoised, now_arg, now_ms, num, order_score, prefix, read, sharded, slots_of,
+--   tenant_weight, usual_cost_key, wake}
 
 local core = {}
 
@@ -198,6 +198,38 @@ do
       fx.any[key] = v
     end
     return v
+  end
+
+  -- A name no tenant, job or key can have (names are UTF-8, where byte 255 never occurs),
+  -- longer than the server keeps in a compact encoding (64 bytes by default). Made at
+  -- first use: a library's load has no string functions.
+  local LARGE_MEMBER = false
+
+  -- A sorted set or hash of up to 128 entries is a listpack to the server, where finding
+  -- a field, or a sorted set member's place, walks the entries from the head (parsing a
+  -- fractional score from text at each one): O(n) a lookup, and a field that is absent
+  -- walks them all. For a key the hot path reads and writes per job while it holds many
+  -- entries (a class's fair set, the throttle keys' hash) that walk was most of a call's
+  -- server time. A member too long for a listpack, added and removed at once, converts the
+  -- key to its large encoding (skiplist, hash table: O(log n) or O(1) a lookup), which the
+  -- server keeps until the key is deleted, so a key is converted once in its life. Asked
+  -- once per call and key (`fx`: the call's effects, records.lua).
+  function core.keep_large(fx, key, zset)
+    if fx.large[key] then
+      return
+    end
+    fx.large[key] = true
+    if redis.call('OBJECT', 'ENCODING', key) ~= 'listpack' then
+      return
+    end
+    LARGE_MEMBER = LARGE_MEMBER or string.rep('\255', 256)
+    if zset then
+      redis.call('ZADD', key, 0, LARGE_MEMBER)
+      redis.call('ZREM', key, LARGE_MEMBER)
+    else
+      redis.call('HSET', key, LARGE_MEMBER, '')
+      redis.call('HDEL', key, LARGE_MEMBER)
+    end
   end
 
   -- A tenant's fair-share weight (KEYS[WEIGHTS], set by control.lua's configure): 1 when

@@ -11,7 +11,7 @@
 local dispatch = {}
 
 do
-  local TLIMITS, job_key, lane_key = core.TLIMITS, core.job_key, core.lane_key
+  local THR, TLIMITS, job_key, lane_key = core.THR, core.TLIMITS, core.job_key, core.lane_key
   local log_event, slots_of, wake = core.log_event, core.slots_of, core.wake
   local DEFAULT_CLASSES, choose_class = classes.DEFAULT_CLASSES, classes.choose_class
   local class_levels = classes.class_levels
@@ -193,12 +193,16 @@ do
     local w = cx.wins[cls]
     if not w or w.i > w.n then
       dispatch.flush_fair(cx, cls)
-      local r = redis.call('ZRANGE', class_key(cx.p, cx.lane, cls, 'fair'), 0,
-        dispatch.FAIR_WINDOW - 1, 'WITHSCORES')
+      local fair = class_key(cx.p, cx.lane, cls, 'fair')
+      local r = redis.call('ZRANGE', fair, 0, dispatch.FAIR_WINDOW - 1, 'WITHSCORES')
       if #r == 0 then
         -- most classes of a lane have no tenant waiting: no window to build
         cx.wins[cls] = NO_WINDOW
         return nil
+      end
+      if #r > 2 then
+        -- re-tagging a tenant is a write per job taken (core.keep_large)
+        core.keep_large(cx.tally, fair, true)
       end
       w = {t = {}, s = {}, i = 1, n = #r / 2, full = #r / 2 >= dispatch.FAIR_WINDOW}
       for k = 1, w.n do
@@ -475,6 +479,9 @@ do
     local units = #rl > 0 and dispatch.rate_units(cx.p, id, f) or 1
     local token, wakes, blocker = thr_acquire(cx.keys, id, limits, f[12] or 0, f[13] or 0,
       f[6] or '', charge, rl, units, cx.now)
+    -- each job's keys are several lookups in their hash, and each holding two fields
+    -- (written by now: the first acquire makes the hash)
+    core.keep_large(cx.tally, cx.keys[THR])
     local jk = job_key(cx.p, id)
     if offered then
       redis.call('HDEL', jk, 'toff')

@@ -134,7 +134,7 @@ do
   -- costs one command per effect instead of one per job: counters, and finished jobs
   -- to add to each retention index.
   local function new_effects()
-    return {counts = {}, kept = {}, readmit = {}, any = {}, kept_keys = {}}
+    return {counts = {}, kept = {}, readmit = {}, any = {}, kept_keys = {}, large = {}}
   end
 
   local function count(fx, name, n)
