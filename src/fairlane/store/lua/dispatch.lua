@@ -2,7 +2,7 @@
 -- between tenants, throttle keys and rate keys.
 --
 -- Keys: lane:<l>:state|delayed, lane:<l>:c:<c>:fair|vt, q:<lane>:<class>:<tenant>,
---   job:<id>, trate, KEYS[TLIMITS], KEYS[WEIGHTS]
+--   job:<id>, trate, KEYS[THR], KEYS[TLIMITS], KEYS[WEIGHTS]
 -- Calls: core, classes, rates, throttle, pausetable, fairqueue, pauses, records, leasing
 -- Entry points: dispatch.{FAIR_WINDOW, bytes_before, charged_units, dispatch_lane, fair_head,
 --   fair_idle, fair_moved, fair_tag, fetch, flush_fair, job_rates, lane_load, load_state,
