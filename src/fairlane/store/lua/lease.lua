@@ -222,11 +222,14 @@ do
     {at = 23, name = 'rk', needed = false, ok = leasing.rates_ok, repeats = false},
     {at = 24, name = 'rmu', needed = false, ok = is_finite, repeats = false},
   }
-  -- the entries of the fields that do not repeat
-  local SOUND_OTHERS = {}
+  -- the entries of the fields that do not repeat; and those with the tenant's, in order
+  local SOUND_OTHERS, SOUND_TENANT = {}, {}
   for i = 1, #SOUND do
     if not SOUND[i].repeats then
       SOUND_OTHERS[#SOUND_OTHERS + 1] = SOUND[i]
+    end
+    if not SOUND[i].repeats or SOUND[i].at == 6 then
+      SOUND_TENANT[#SOUND_TENANT + 1] = SOUND[i]
     end
   end
 
@@ -244,14 +247,21 @@ do
 
   -- The repeating fields of the last sound record: a record holding the very same values
   -- has them sound too, so only its other fields are checked, in the same order (the
-  -- field named is the same). Most jobs of a batch repeat the one before.
+  -- field named is the same). Most jobs of a batch repeat the one before; between many
+  -- tenants, all but the tenant does, and only the tenant is checked with the others.
   local seen_task, seen_max, seen_to, seen_tenant, seen_bo, seen_sl, seen_cls, seen_prio, seen_cu
 
   local function unsound_field(f)
-    if f[2] == seen_task and f[4] == seen_max and f[5] == seen_to and f[6] == seen_tenant
-        and f[7] == seen_bo and f[10] == seen_sl and f[11] == seen_cls and f[12] == seen_prio
-        and f[14] == seen_cu then
-      return first_unsound(f, SOUND_OTHERS)
+    if f[2] == seen_task and f[4] == seen_max and f[5] == seen_to and f[7] == seen_bo
+        and f[10] == seen_sl and f[11] == seen_cls and f[12] == seen_prio and f[14] == seen_cu then
+      if f[6] == seen_tenant then
+        return first_unsound(f, SOUND_OTHERS)
+      end
+      local bad = first_unsound(f, SOUND_TENANT)
+      if not bad then
+        seen_tenant = f[6]
+      end
+      return bad
     end
     local bad = first_unsound(f, SOUND)
     if not bad then
