@@ -29,7 +29,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
-import psutil
 
 __all__ = [
     "DevServerStatus",
@@ -182,6 +181,8 @@ def _is_up(sock_path: Path) -> bool:
 
 def _process_gone(pid: int) -> bool:
     """True if ``pid`` no longer runs (a zombie nobody reaps counts as gone)."""
+    import psutil  # noqa: PLC0415 - a worker imports this module and seldom needs psutil
+
     try:
         return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
@@ -198,6 +199,8 @@ def _recorded_server_pid(state: Path) -> int | None:
         return None
     if pid <= 0 or _process_gone(pid):
         return None
+    import psutil  # noqa: PLC0415 - as _process_gone
+
     try:
         proc = psutil.Process(pid)
         name = proc.name()

@@ -15,6 +15,11 @@ counted here, the same in every run:
   imported when a worker is given a metrics port, the process pool (and
   ``multiprocessing``) when a task or a step runs in one, the HTTP server under
   ``/health`` when it is given a health port: not with the package.
+* psutil. Its import took about 20 ms (its named tuples); the built-in pressure sensors
+  read procfs on Linux instead, and import it where there is none. No module of
+  Fairlane's that ``import fairlane`` loads imports it at its top (a development
+  environment may still load it: the OpenTelemetry SDK, which Redis' client imports
+  when it is installed, does).
 * The other commands. ``fairlane worker`` imports the worker command alone, not the
   command line's every module (the gateway, the simulator, the narratives of
   ``explain``): a fifth of the import of a worker started from the command line.
@@ -24,6 +29,8 @@ Lower a budget when a change lowers its count.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import subprocess
 import sys
@@ -128,3 +135,25 @@ def test_the_worker_command_imports_no_other_command() -> None:
     assert "fairlane.cli.worker" in modules
     imported = [m for m in NOT_IMPORTED_BY_THE_WORKER_COMMAND if m in modules]
     assert not imported, f"fairlane worker imported {imported}"
+
+
+def _top_level_imports(module: str) -> set[str]:
+    """The modules ``module``'s source imports outside any function or class."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None
+    with open(spec.origin, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_no_module_a_worker_imports_imports_psutil_at_its_top() -> None:
+    ours = [m for m in _import_fairlane()["modules"] if m.split(".")[0] == "fairlane"]
+    assert "fairlane.runtime.sensors" in ours  # the probe sees the sensors' module
+    importers = [m for m in ours if "psutil" in _top_level_imports(m)]
+    assert not importers, f"these import psutil when fairlane is imported: {importers}"

@@ -323,3 +323,17 @@ async def test_a_plugged_in_sensor_holds_the_worker_back(
                 assert health["pressure"]["holding"] is False  # type: ignore[index]
             finally:
                 worker.stop()
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="no procfs here: psutil reads it")
+def test_the_machines_cpu_is_counted_as_psutil_counts_it() -> None:
+    # busy over total since boot, read from /proc/stat by the sensor and by psutil
+    from fairlane.runtime.sensors import _machine_cpu  # noqa: PLC0415 - the twin under test
+
+    ours = _machine_cpu()
+    times = psutil.cpu_times()
+    assert ours is not None
+    total = sum(times) - times.guest - times.guest_nice
+    theirs = (total - times.idle - times.iowait) / total
+    assert ours[0] / ours[1] == pytest.approx(theirs, abs=0.002)
+    assert psutil.virtual_memory().total == detect_memory_limit(None, []).bytes
