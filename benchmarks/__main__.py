@@ -46,6 +46,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=None, help="seed of the interleaving")
     parser.add_argument("--peers-dir", default=None, help="where the peers' environments live")
     parser.add_argument(
+        "--fairlane-env",
+        choices=("own", "suite"),
+        default=None,
+        help="Fairlane in an environment of its own (default) or the suite's interpreter",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -66,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         concurrency=args.concurrency,
         seed=args.seed,
         peers_dir=args.peers_dir,
+        fairlane_env=args.fairlane_env,
     )
 
 

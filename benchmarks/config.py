@@ -52,7 +52,11 @@ QUICK: dict[str, Any] = {
     "limit_tenants": 250,  # two jobs a tenant, as 20,000 jobs over 10,000
     "memory_jobs": 5_000,
     "startup_samples": 2,
+    # a smoke test does not make Fairlane's environment (venvs.py)
+    "fairlane_env": "suite",
 }
+#: where Fairlane runs: an environment of its own, as each peer (venvs.py), or the suite's
+FAIRLANE_ENVS = ("own", "suite")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +122,7 @@ class Config:
     timeout: float = 900.0  # longest wait for one scenario run
     seed: int | None = None  # of the shuffles (None: random)
     peers_dir: str | None = None
+    fairlane_env: str = "own"
     run_id: str = field(default_factory=lambda: os.urandom(3).hex())
 
     def __post_init__(self) -> None:
@@ -127,6 +132,8 @@ class Config:
         unknown = set(self.scenarios) - set(SCENARIOS)
         if unknown:
             raise ValueError(f"unknown phases {sorted(unknown)}; choose from {SCENARIOS}")
+        if self.fairlane_env not in FAIRLANE_ENVS:
+            raise ValueError(f"fairlane_env must be one of {FAIRLANE_ENVS}")
         if self.reps < 1 or self.jobs < 1 or self.concurrency < 1 or self.batch < 1:
             raise ValueError("reps, jobs, concurrency and batch must be >= 1")
 

@@ -616,7 +616,8 @@ async def run_suite(cfg: Config, progress: Progress | None = None) -> dict[str, 
     say = progress or (lambda _: None)
     pythons: dict[str, str] = {}
     for system in cfg.systems:
-        python = await asyncio.to_thread(ensure, system, cfg.peers_dir, say)
+        own = cfg.fairlane_env == "own"
+        python = await asyncio.to_thread(ensure, system, cfg.peers_dir, say, own=own)
         pythons[system] = str(python)
     meter = Meter(cfg.url)
     rng = random.Random(cfg.seed)

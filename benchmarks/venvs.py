@@ -6,8 +6,15 @@ peer gets a virtual environment of its own, made on first use with ``python -m v
 and pip from the pinned requirements below, then reused. Its directory name carries a
 hash of the requirements, so changing a pin makes a fresh one. The default home is
 ``benchmarks/results/.peers/`` (git-ignored with the results);
-``FAIRLANE_BENCH_PEERS_DIR`` or the ``peers_dir`` option moves it. Fairlane runs with
-the interpreter that runs the suite (the repository's ``.venv``).
+``FAIRLANE_BENCH_PEERS_DIR`` or the ``peers_dir`` option moves it.
+
+Fairlane gets one too (``fairlane_env="own"``, the default but for ``--quick``): this
+checkout installed editable, so the environment runs the code as it is now, with its
+runtime dependencies pinned at the versions the suite's environment holds (the lock), and
+nothing of the development extra. The development environment also holds, for instance,
+the OpenTelemetry SDK, which Redis' client imports when it finds it: a worker there
+imports more than a user's would (``benchmarks/imports.py`` counts it). With
+``fairlane_env="suite"`` Fairlane runs with the interpreter that runs the suite.
 """
 
 from __future__ import annotations
@@ -18,10 +25,17 @@ import subprocess
 import sys
 import venv
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from importlib import metadata
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 SUITE = Path(__file__).resolve().parent
+CHECKOUT = SUITE.parent
+#: what the Fairlane driver needs beyond the library (the upstream scenario's client)
+FAIRLANE_BENCH_EXTRAS = ("httpx",)
 DRIVERS = SUITE / "peers"
 DEFAULT_PEERS_DIR = SUITE / "results" / ".peers"
 PEERS_DIR_ENV = "FAIRLANE_BENCH_PEERS_DIR"
@@ -87,6 +101,46 @@ SYSTEMS: dict[str, System] = {
 PEERS: tuple[str, ...] = ("arq", "saq", "streaq", "taskiq")
 
 
+def _pinned_closure(roots: tuple[tuple[str, frozenset[str]], ...]) -> dict[str, str]:
+    """Name -> version, as installed here, of every distribution ``roots`` (name, extras)
+    need at run time, the roots included."""
+    pins: dict[str, str] = {}
+    todo = list(roots)
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        name, extras = todo.pop()
+        if (canonicalize_name(name), extras) in seen:
+            continue
+        seen.add((canonicalize_name(name), extras))
+        dist = metadata.distribution(name)
+        pins[canonicalize_name(dist.metadata["Name"])] = dist.version
+        for raw in dist.requires or ():
+            req = Requirement(raw)
+            wanted = extras or frozenset({""})
+            if req.marker and not any(req.marker.evaluate({"extra": e}) for e in wanted):
+                continue
+            todo.append((req.name, frozenset(req.extras)))
+    return pins
+
+
+def fairlane_requirements() -> tuple[str, ...]:
+    """What pip installs for Fairlane's own environment: this checkout, editable, and its
+    run-time dependencies (with the driver's extras) at the versions installed here."""
+    roots = (("fairlane", frozenset()), *((n, frozenset()) for n in FAIRLANE_BENCH_EXTRAS))
+    pins = _pinned_closure(roots)
+    pins.pop("fairlane", None)
+    return (*(f"{n}=={v}" for n, v in sorted(pins.items())), "-e", str(CHECKOUT))
+
+
+def own_system(name: str) -> System:
+    """``name``'s system with the requirements of its own environment (Fairlane's are
+    computed: ``fairlane_requirements``)."""
+    system = SYSTEMS[name]
+    if name == "fairlane":
+        return replace(system, requirements=fairlane_requirements())
+    return system
+
+
 def peers_dir(override: str | Path | None = None) -> Path:
     return Path(override or os.environ.get(PEERS_DIR_ENV) or DEFAULT_PEERS_DIR)
 
@@ -100,9 +154,10 @@ def _python(env: Path) -> Path:
     return env / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def ready_python(name: str, root: str | Path | None = None) -> Path | None:
-    """The Python of ``name``'s environment if it is already made, else None."""
-    system = SYSTEMS[name]
+def ready_python(name: str, root: str | Path | None = None, *, own: bool = False) -> Path | None:
+    """The Python of ``name``'s environment if it is already made, else None (``own``:
+    Fairlane's own environment rather than the suite's interpreter)."""
+    system = own_system(name) if own else SYSTEMS[name]
     if not system.requirements:
         return Path(sys.executable)
     env = venv_dir(system, root)
@@ -110,13 +165,17 @@ def ready_python(name: str, root: str | Path | None = None) -> Path | None:
 
 
 def ensure(
-    name: str, root: str | Path | None = None, say: Callable[[str], None] | None = None
+    name: str,
+    root: str | Path | None = None,
+    say: Callable[[str], None] | None = None,
+    *,
+    own: bool = False,
 ) -> Path:
     """The Python of ``name``'s environment, made (venv + pip, pinned) if it is not yet."""
-    found = ready_python(name, root)
+    found = ready_python(name, root, own=own)
     if found is not None:
         return found
-    system = SYSTEMS[name]
+    system = own_system(name) if own else SYSTEMS[name]
     env = venv_dir(system, root)
     if say:
         pins = " ".join(system.requirements)

@@ -92,6 +92,27 @@ def test_quick_sizes_and_overrides() -> None:
         Config.make("redis://x", peers=("celery",))
     with pytest.raises(ValueError, match="unknown phases"):
         Config.make("redis://x", scenarios=("idle",))
+    # a smoke run uses this interpreter; a full run gives Fairlane its own environment
+    assert cfg.fairlane_env == "suite"
+    assert Config.make("redis://x").fairlane_env == "own"
+    with pytest.raises(ValueError, match="fairlane_env"):
+        Config.make("redis://x", fairlane_env="system")
+
+
+def test_fairlanes_own_environment_holds_what_a_user_installs() -> None:
+    from importlib import metadata  # noqa: PLC0415 - this test's alone
+
+    wanted = venvs.fairlane_requirements()
+    assert wanted[-2:] == ("-e", str(venvs.CHECKOUT))
+    pins = dict(r.split("==") for r in wanted[:-2])
+    # the run-time dependencies, at the versions installed here
+    for name in ("redis", "msgspec", "pydantic", "hiredis", "uvloop", "httpx"):
+        assert pins[name] == metadata.version(name), name
+    # and nothing of the development extra
+    for name in ("opentelemetry-sdk", "opentelemetry-api", "pytest", "fastapi", "hypothesis"):
+        assert name not in pins, name
+    assert venvs.own_system("fairlane").requirements == wanted
+    assert venvs.own_system("arq") == venvs.SYSTEMS["arq"]
 
 
 def _entry(i: int, usec: int, args: list[str], client: str, name: str = "") -> list[Any]:

@@ -65,7 +65,8 @@ def run_bench(
     small sizes and one repetition. ``out`` is the JSON file to write, or a directory for
     ``<timestamp>.json``; by default ``benchmarks/results/``; the markdown table goes
     beside it (``.md``). ``options`` go to ``benchmarks.config.Config`` (e.g. ``jobs``,
-    ``concurrency``, ``latency_samples``, ``seed``, ``peers_dir``). Returns the figures.
+    ``concurrency``, ``latency_samples``, ``seed``, ``peers_dir``, ``fairlane_env``).
+    Returns the figures.
     """
     config, core, venvs = _load("config"), _load("core"), _load("venvs")
     if peers is True:
@@ -237,6 +238,13 @@ def bench(
     peers_dir: Annotated[
         str | None, typer.Option(help="Where the peers' environments live.")
     ] = None,
+    fairlane_env: Annotated[
+        str | None,
+        typer.Option(
+            help="Where Fairlane runs: 'own' (an environment of its own, as each peer's; "
+            "the default) or 'suite' (this interpreter)."
+        ),
+    ] = None,
     out: Annotated[
         Path | None, typer.Option(help="JSON file or directory; the .md table goes beside it.")
     ] = None,
@@ -262,6 +270,7 @@ def bench(
             concurrency=concurrency,
             seed=seed,
             peers_dir=peers_dir,
+            fairlane_env=fairlane_env,
         )
     except (RuntimeError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
