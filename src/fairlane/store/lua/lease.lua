@@ -222,14 +222,16 @@ do
     {at = 23, name = 'rk', needed = false, ok = leasing.rates_ok, repeats = false},
     {at = 24, name = 'rmu', needed = false, ok = is_finite, repeats = false},
   }
-  -- the entries of the fields that do not repeat; and those with the tenant's, in order
+  -- the entries of the fields that do not repeat; and those with the tenant's, in order.
+  -- There the tenant's is not memoised: between many tenants nearly every one is new,
+  -- and a memo that misses costs its table's growth on top of the check
   local SOUND_OTHERS, SOUND_TENANT = {}, {}
   for i = 1, #SOUND do
     if not SOUND[i].repeats then
       SOUND_OTHERS[#SOUND_OTHERS + 1] = SOUND[i]
-    end
-    if not SOUND[i].repeats or SOUND[i].at == 6 then
       SOUND_TENANT[#SOUND_TENANT + 1] = SOUND[i]
+    elseif SOUND[i].at == 6 then
+      SOUND_TENANT[#SOUND_TENANT + 1] = {at = 6, name = 'tenant', needed = false, ok = utf8_ok}
     end
   end
 
