@@ -103,7 +103,7 @@ PEERS: tuple[str, ...] = ("arq", "saq", "streaq", "taskiq")
 
 def _pinned_closure(roots: tuple[tuple[str, frozenset[str]], ...]) -> dict[str, str]:
     """Name -> version, as installed here, of every distribution ``roots`` (name, extras)
-    need at run time, the roots included."""
+    need at run time, the roots included ('' for one not installed here)."""
     pins: dict[str, str] = {}
     todo = list(roots)
     seen: set[tuple[str, frozenset[str]]] = set()
@@ -112,7 +112,11 @@ def _pinned_closure(roots: tuple[tuple[str, frozenset[str]], ...]) -> dict[str, 
         if (canonicalize_name(name), extras) in seen:
             continue
         seen.add((canonicalize_name(name), extras))
-        dist = metadata.distribution(name)
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            pins[canonicalize_name(name)] = ""  # not here to copy: pip chooses its version
+            continue
         pins[canonicalize_name(dist.metadata["Name"])] = dist.version
         for raw in dist.requires or ():
             req = Requirement(raw)
@@ -129,7 +133,8 @@ def fairlane_requirements() -> tuple[str, ...]:
     roots = (("fairlane", frozenset()), *((n, frozenset()) for n in FAIRLANE_BENCH_EXTRAS))
     pins = _pinned_closure(roots)
     pins.pop("fairlane", None)
-    return (*(f"{n}=={v}" for n, v in sorted(pins.items())), "-e", str(CHECKOUT))
+    wanted = (f"{n}=={v}" if v else n for n, v in sorted(pins.items()))
+    return (*wanted, "-e", str(CHECKOUT))
 
 
 def own_system(name: str) -> System:

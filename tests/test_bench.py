@@ -112,6 +112,8 @@ def test_fairlanes_own_environment_holds_what_a_user_installs() -> None:
     for name in ("opentelemetry-sdk", "opentelemetry-api", "pytest", "fastapi", "hypothesis"):
         assert name not in pins, name
     assert venvs.own_system("fairlane").requirements == wanted
+    # a driver's extra this interpreter lacks is left to pip, unpinned
+    assert venvs._pinned_closure((("no-such-dist-here", frozenset()),)) == {"no-such-dist-here": ""}
     assert venvs.own_system("arq") == venvs.SYSTEMS["arq"]
 
 
