@@ -209,7 +209,8 @@ do
     {at = 4, name = 'max', needed = false, ok = leasing.whole_ok, repeats = true},
     {at = 16, name = 'dl', needed = false, ok = whole, repeats = false},
     {at = 5, name = 'to', needed = false, ok = leasing.to_ok, repeats = true},
-    {at = 6, name = 'tenant', needed = false, ok = leasing.text_ok, repeats = true},
+    -- not memoised: between many tenants nearly every one is new (unsound_field)
+    {at = 6, name = 'tenant', needed = false, ok = utf8_ok, repeats = true},
     {at = 7, name = 'bo', needed = false, ok = leasing.backoff_ok, repeats = true},
     {at = 8, name = 'enq', needed = false, ok = leasing.whole_ok, repeats = false},
     {at = 9, name = 'att', needed = false, ok = leasing.whole_ok, repeats = false},
@@ -222,16 +223,14 @@ do
     {at = 23, name = 'rk', needed = false, ok = leasing.rates_ok, repeats = false},
     {at = 24, name = 'rmu', needed = false, ok = is_finite, repeats = false},
   }
-  -- the entries of the fields that do not repeat; and those with the tenant's, in order.
-  -- There the tenant's is not memoised: between many tenants nearly every one is new,
-  -- and a memo that misses costs its table's growth on top of the check
+  -- the entries of the fields that do not repeat; and those with the tenant's, in order
   local SOUND_OTHERS, SOUND_TENANT = {}, {}
   for i = 1, #SOUND do
     if not SOUND[i].repeats then
       SOUND_OTHERS[#SOUND_OTHERS + 1] = SOUND[i]
+    end
+    if not SOUND[i].repeats or SOUND[i].at == 6 then
       SOUND_TENANT[#SOUND_TENANT + 1] = SOUND[i]
-    elseif SOUND[i].at == 6 then
-      SOUND_TENANT[#SOUND_TENANT + 1] = {at = 6, name = 'tenant', needed = false, ok = utf8_ok}
     end
   end
 
