@@ -11,8 +11,9 @@ with the modules' bytecode written first:
   Fairlane, Redis' client, its declarations), what the ``startup`` phase spawns;
 * ``fairlane worker``: the command line as ``fairlane worker --help`` runs it (the
   worker command and its options, not a worker);
-* ``dependencies``: Redis' client, pydantic-settings and the rest of what Fairlane
-  imports, without Fairlane: the floor under the two above.
+* ``dependencies``: Redis' client, pydantic and the rest of what Fairlane imports,
+  without Fairlane: the floor under the two above (pydantic-settings was in it until
+  Fairlane stopped importing it).
 
 The same module measures another checkout: put that checkout's ``src`` first on
 ``PYTHONPATH``.
@@ -43,7 +44,8 @@ with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
 PROBES: dict[str, str] = {
     "interpreter": "pass",
     "dependencies": (
-        "import redis.asyncio, pydantic_settings, msgspec, cronsim, psutil, hiredis\n"
+        "import redis.asyncio, msgspec, cronsim, psutil, hiredis\n"
+        "from pydantic import BaseModel, TypeAdapter\n"
         "try:\n    import opentelemetry.trace\nexcept ImportError:\n    pass"
     ),
     "bench worker": "import benchmarks.fairlane_worker",

@@ -80,9 +80,46 @@ def test_defaults(tmp_path: Path) -> None:
     assert settings.server.binary is None
 
 
-def test_model_config_follows_pydantic_settings_conventions() -> None:
-    assert Settings.model_config["env_prefix"] == "FAIRLANE_"
-    assert Settings.model_config["env_nested_delimiter"] == "__"
+# variables as users write them, read by pydantic-settings' own source (the convention the
+# settings keep) and by Fairlane's: both must give the same settings
+_CONVENTION_CASES = [
+    {"FAIRLANE_LEASE__DURATION": "25"},
+    {"fairlane_lease__duration": "25", "FAIRLANE_REDIS_URL": "redis://h:1/2"},
+    {"FAIRLANE_LEASE": '{"duration": 40, "renew_interval": 9}'},
+    {"FAIRLANE_LEASE": '{"duration": 40}', "FAIRLANE_LEASE__DURATION": "41"},
+    # lanes as a comma list is Fairlane's own reading (test_comma_separated_lanes_from_env)
+    {"FAIRLANE_WORKER__LANES": '["a", "b"]', "FAIRLANE_WORKER__CONCURRENCY": "7"},
+    {"FAIRLANE_WORKER__PRESSURE__ENABLED": "false"},
+    {"FAIRLANE_WORKER": '{"concurrency": 3}', "FAIRLANE_WORKER__PRESSURE": '{"enabled": false}'},
+    {"FAIRLANE_FRONT_DOOR__TENANT_RATE": "none", "FAIRLANE_FRONT_DOOR__SEATS": "3"},
+    {"FAIRLANE_FRONT_DOOR__TENANTS": '{"acme": {"rate": 2, "burst": 4}}'},
+    {
+        "FAIRLANE_FRONT_DOOR__TENANTS__ACME__RATE": "5",
+        "FAIRLANE_FRONT_DOOR__TENANTS__B__BURST": "2",
+    },
+    {
+        "FAIRLANE_FRONT_DOOR__TENANTS": '{"x": {"rate": 2}}',
+        "FAIRLANE_FRONT_DOOR__TENANTS__X__BURST": "3",
+    },
+    {"FAIRLANE_QUEUES__TENANT_MAX_QUEUED": "none", "FAIRLANE_SHARDS": "4"},
+    {"FAIRLANE_HOME": "/srv", "OTHER": "1", "FAIRLANE_DEFAULT_LANE": "fast"},
+]
+
+
+@pytest.mark.parametrize("environ", _CONVENTION_CASES)
+def test_environment_is_read_as_pydantic_settings_reads_it(
+    tmp_path: Path, environ: dict[str, str]
+) -> None:
+    sources = pytest.importorskip("pydantic_settings.sources")
+    twin = sources.EnvSettingsSource(
+        Settings,  # type: ignore[arg-type]  # any model's fields; the options given here
+        case_sensitive=False,
+        env_prefix="FAIRLANE_",
+        env_nested_delimiter="__",
+    )
+    twin.env_vars = {k.lower(): v for k, v in environ.items()}
+    expected = Settings.model_validate(twin())
+    assert load_settings(project_dir=tmp_path, environ=environ) == expected
 
 
 def _described_fields(model: type[BaseModel]) -> set[str]:

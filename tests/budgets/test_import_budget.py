@@ -20,6 +20,11 @@ counted here, the same in every run:
   Fairlane's that ``import fairlane`` loads imports it at its top (a development
   environment may still load it: the OpenTelemetry SDK, which Redis' client imports
   when it is installed, does).
+* pydantic-settings. Its sources and providers (the command-line and secrets ones among
+  them) cost about 70 million instructions of a worker's import, a twentieth of it; the
+  settings are read by Fairlane's own sources (``fairlane.config.sources``), to the same
+  conventions, and the package is a development dependency only (the twin those sources
+  are tested against).
 * The other commands. ``fairlane worker`` imports the worker command alone, not the
   command line's every module (the gateway, the simulator, the narratives of
   ``explain``): a fifth of the import of a worker started from the command line.
@@ -51,6 +56,7 @@ NOT_IMPORTED = (
     "fastapi",
     "typer",
     "rich",
+    "pydantic_settings",
 )
 
 _PROBE = """

@@ -15,7 +15,6 @@ from typing import Any
 
 import msgspec
 from pydantic import BaseModel, ValidationError
-from pydantic_settings import BaseSettings
 
 from fairlane.config.sources import LoadContext, env_name, file_and_env_sources
 
@@ -50,15 +49,15 @@ def _as_data(value: Any) -> Any:
 
 
 def layers(
-    settings_cls: type[BaseSettings], ctx: LoadContext, overrides: Mapping[str, Any]
+    settings_cls: type[BaseModel], ctx: LoadContext, overrides: Mapping[str, Any]
 ) -> list[Layer]:
     """Every non-default source evaluated on its own, highest precedence first."""
     found = [Layer(_as_data(overrides), _constant("argument"))]
-    for label, source in file_and_env_sources(settings_cls, ctx):
+    for label, table in file_and_env_sources(settings_cls, ctx):
         if label == "env":
-            found.append(Layer(source(), lambda path: "env " + _env_var_for(path, ctx.environ)))
+            found.append(Layer(table, lambda path: "env " + _env_var_for(path, ctx.environ)))
         else:
-            found.append(Layer(source(), _constant(label)))
+            found.append(Layer(table, _constant(label)))
     return found
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_settings import NoDecode
 
+from fairlane.config.sources import NoDecode
 from fairlane.config.units import parse_size
 from fairlane.policy.admission.bounds import (
     DEFAULT_LANE_MAX_QUEUED,

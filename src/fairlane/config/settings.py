@@ -17,13 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    SettingsError,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fairlane.config.files import ConfigError
 from fairlane.config.frontdoor import FrontDoorSettings
@@ -39,14 +33,13 @@ from fairlane.config.sections import (
     WorkerSettings,
 )
 from fairlane.config.sources import (
-    ENV_NESTED_DELIMITER,
-    ENV_PREFIX,
     LoadContext,
     current_context,
     file_and_env_sources,
     leaf_paths,
     load_context,
     loading,
+    merged,
 )
 from fairlane.config.tenants import TenantSettings
 from fairlane.policy.capacityneed import DEFAULT_HORIZON_S
@@ -73,15 +66,16 @@ __all__ = [
 ]
 
 
-class Settings(BaseSettings):
-    """All Fairlane settings. Prefer ``load_settings`` to building this directly."""
+class Settings(BaseModel):
+    """All Fairlane settings. Prefer ``load_settings`` to building this directly: built
+    alone, it reads the sources of the working directory and the process's environment
+    under the values it is given, as ``load_settings`` does without its error report."""
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter=ENV_NESTED_DELIMITER,
-        extra="forbid",
-        pyproject_toml_table_header=("tool", "fairlane"),
-    )
+    model_config = ConfigDict(extra="forbid")
+
+    def __init__(self, **values: Any) -> None:
+        sources = file_and_env_sources(type(self), current_context())
+        super().__init__(**merged(values, *(table for _, table in sources)))
 
     redis_url: str | None = None
     """Redis/Valkey URL, e.g. redis://localhost:6379/0; None if not configured."""
@@ -128,19 +122,6 @@ class Settings(BaseSettings):
             return value
         return current_context().project_dir / value
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Arguments, then ``FAIRLANE_`` env, then ``fairlane.toml``, then ``pyproject.toml``."""
-        layers = file_and_env_sources(settings_cls, current_context())
-        return (init_settings, *(source for _, source in layers))
-
 
 def _load(ctx: LoadContext, overrides: dict[str, Any]) -> Settings:
     with loading(ctx):
@@ -148,9 +129,6 @@ def _load(ctx: LoadContext, overrides: dict[str, Any]) -> Settings:
             return Settings(**overrides)
         except ValidationError as exc:
             raise ConfigError(describe(exc, layers(Settings, ctx, overrides))) from exc
-        except SettingsError as exc:
-            cause = f": {exc.__cause__}" if exc.__cause__ else ""
-            raise ConfigError(f"invalid Fairlane settings: {exc}{cause}") from exc
 
 
 def load_settings(

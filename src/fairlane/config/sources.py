@@ -4,33 +4,38 @@ This module owns the sources of Fairlane's settings besides keyword arguments, h
 precedence first: ``FAIRLANE_...`` environment variables (nested with ``__``, e.g.
 ``FAIRLANE_LEASE__DURATION=20``; a misspelt one is refused with the setting it was
 probably meant to be), ``fairlane.toml`` in the project directory, and the
-``[tool.fairlane]`` table of the project's ``pyproject.toml``. They are
-pydantic-settings sources reading files through ``fairlane.config.files.read_toml``.
+``[tool.fairlane]`` table of the project's ``pyproject.toml``. Each source reads into a
+plain table; ``merged`` lays them over each other, table by table, and the model
+validates the result once.
+
+The environment is read as pydantic-settings reads it, whose conventions the settings
+kept when its source classes were replaced by these (they cost a worker about a twentieth
+of its start-up, in imports alone): names are case-insensitive; ``__`` nests into a
+section, or into a table setting's keys; a value whose setting is a section, list or
+table is JSON (``FAIRLANE_LEASE='{"duration": 20}'``) unless the setting is marked
+``NoDecode``, and the nested variables of a section win over its JSON.
 
 Which project directory and environment a load reads is a ``LoadContext``, set for the
-duration of one load (``loading``) so that the model's own hooks -- the source list, and
-anchoring a relative ``lanes_file`` to the project -- see the same one.
+duration of one load (``loading``) so that the model's own hooks -- reading the sources
+when it is built alone, and anchoring a relative ``lanes_file`` to the project -- see
+the same one.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import os
+import types
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import msgspec
 from pydantic import BaseModel
-from pydantic_settings import (
-    BaseSettings,
-    EnvSettingsSource,
-    PydanticBaseSettingsSource,
-    PyprojectTomlConfigSettingsSource,
-    TomlConfigSettingsSource,
-)
+from pydantic.fields import FieldInfo
 
 from fairlane.config.files import ConfigError, read_toml
 
@@ -40,12 +45,14 @@ __all__ = [
     "PYPROJECT_LABEL",
     "TOML_FILE",
     "LoadContext",
+    "NoDecode",
     "current_context",
     "env_name",
     "file_and_env_sources",
     "leaf_paths",
     "load_context",
     "loading",
+    "merged",
 ]
 
 ENV_PREFIX = "FAIRLANE_"
@@ -53,6 +60,12 @@ ENV_NESTED_DELIMITER = "__"
 TOML_FILE = "fairlane.toml"
 PYPROJECT_FILE = "pyproject.toml"
 PYPROJECT_LABEL = "pyproject.toml [tool.fairlane]"
+PYPROJECT_TABLE = ("tool", "fairlane")
+
+
+class NoDecode:
+    """Marks a list or table setting whose variable is not JSON: its own validator reads
+    the text (``Annotated[list[str], NoDecode]``)."""
 
 
 class LoadContext(msgspec.Struct, frozen=True):
@@ -89,51 +102,155 @@ def loading(ctx: LoadContext) -> Iterator[None]:
         _CONTEXT.reset(token)
 
 
-class _FairlaneEnvSource(EnvSettingsSource):
-    """The standard env source, reading a given mapping and refusing misspelt variables."""
-
-    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
-        self._environ = environ
-        super().__init__(settings_cls)
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        return {(k if self.case_sensitive else k.lower()): v for k, v in self._environ.items()}
-
-    def __call__(self) -> dict[str, Any]:
-        _reject_misspelt_env(self.settings_cls, self._environ)
-        return super().__call__()
-
-
-class _TomlSource(TomlConfigSettingsSource):
-    """``fairlane.toml``: its top-level table is the settings."""
-
-    def _read_file(self, file_path: Any) -> dict[str, Any]:
-        return read_toml(file_path)
-
-
-class _PyprojectSource(PyprojectTomlConfigSettingsSource):
-    """The ``[tool.fairlane]`` table of ``pyproject.toml``."""
-
-    def _read_file(self, file_path: Any) -> dict[str, Any]:
-        data = read_toml(file_path)
-        node: Any = data
-        for key in self.toml_table_header:
-            node = node.get(key, {})
-            if not isinstance(node, dict):
-                header = ".".join(self.toml_table_header)
-                raise ConfigError(f"[{header}] in {file_path} must be a table")
-        return data
+# -- the sources ------------------------------------------------------------------------
 
 
 def file_and_env_sources(
-    settings_cls: type[BaseSettings], ctx: LoadContext
-) -> list[tuple[str, PydanticBaseSettingsSource]]:
-    """The env and file sources, highest precedence first, each with its label."""
+    model: type[BaseModel], ctx: LoadContext
+) -> list[tuple[str, dict[str, Any]]]:
+    """What the env and file sources hold, highest precedence first, each with its label."""
     return [
-        ("env", _FairlaneEnvSource(settings_cls, ctx.environ)),
-        (TOML_FILE, _TomlSource(settings_cls, toml_file=ctx.project_dir / TOML_FILE)),
-        (PYPROJECT_LABEL, _PyprojectSource(settings_cls, ctx.project_dir / PYPROJECT_FILE)),
+        ("env", env_values(model, ctx.environ)),
+        (TOML_FILE, _toml_values(ctx.project_dir / TOML_FILE)),
+        (PYPROJECT_LABEL, _pyproject_values(ctx.project_dir / PYPROJECT_FILE)),
     ]
+
+
+def merged(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """``layers`` laid over each other, the first on top: tables merge key by key, any
+    other value replaces what lies under it."""
+    out: dict[str, Any] = {}
+    for layer in reversed(layers):
+        _lay(out, layer)
+    return out
+
+
+def _lay(under: dict[str, Any], over: Mapping[str, Any]) -> None:
+    for key, value in over.items():
+        below = under.get(key)
+        if isinstance(below, dict) and isinstance(value, Mapping):
+            below = dict(below)
+            _lay(below, value)
+            under[key] = below
+        else:
+            under[key] = dict(value) if isinstance(value, Mapping) else value
+
+
+def _toml_values(path: Path) -> dict[str, Any]:
+    """``fairlane.toml``: its top-level table is the settings."""
+    return read_toml(path) if path.is_file() else {}
+
+
+def _pyproject_values(path: Path) -> dict[str, Any]:
+    """The ``[tool.fairlane]`` table of ``pyproject.toml``."""
+    if not path.is_file():
+        return {}
+    node: Any = read_toml(path)
+    for key in PYPROJECT_TABLE:
+        node = node.get(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"[{'.'.join(PYPROJECT_TABLE)}] in {path} must be a table")
+    return dict(node)
+
+
+def env_values(model: type[BaseModel], environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings the ``FAIRLANE_`` variables of ``environ`` give, as a table."""
+    _reject_misspelt_env(model, environ)
+    fields = model.model_fields
+    found: dict[str, tuple[str, str]] = {}  # the lowered name after the prefix: (name, value)
+    for name, value in environ.items():
+        lower = name.lower()
+        if lower.startswith(ENV_PREFIX.lower()):
+            found[lower[len(ENV_PREFIX) :]] = (name, value)
+    whole: dict[str, Any] = {}
+    nested: dict[str, Any] = {}
+    for rest in sorted(found):
+        path = rest.split(ENV_NESTED_DELIMITER)
+        field = fields.get(path[0])
+        if field is None or any(not part for part in path):
+            continue  # not a setting's variable (a near miss was refused above)
+        if len(path) == 1:
+            whole[rest] = _decoded(found[rest], rest, field.annotation, list(field.metadata))
+        elif _is_complex(field.annotation, list(field.metadata)):
+            _place(nested, path, found[rest], field)
+    return merged(nested, whole)
+
+
+def _place(
+    table: dict[str, Any], path: list[str], variable: tuple[str, str], field: FieldInfo
+) -> None:
+    """Put a nested variable's value at ``path`` in ``table``, decoded as its setting's."""
+    annotation: Any = field.annotation
+    metadata: list[Any] = list(field.metadata)
+    for key in path[1:]:
+        annotation, metadata = _inner(annotation, key)
+    node = table
+    for key in path[:-1]:
+        below = node.get(key)
+        if not isinstance(below, dict):
+            below = node[key] = {}
+        node = below
+    node[path[-1]] = _decoded(variable, ".".join(path), annotation, metadata)
+
+
+def _inner(annotation: Any, key: str) -> tuple[Any, list[Any]]:
+    """The annotation of ``key`` within a section or table of ``annotation`` (None: not
+    known, the value is left as text)."""
+    for member in _members(annotation):
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            field = member.model_fields.get(key)
+            if field is not None:
+                return field.annotation, list(field.metadata)
+        elif get_origin(member) in (dict, Mapping) and len(get_args(member)) == 2:
+            return _split_annotated(get_args(member)[1])
+    return None, []
+
+
+def _decoded(variable: tuple[str, str], setting: str, annotation: Any, metadata: list[Any]) -> Any:
+    """A variable's value as its setting takes it: the text, or JSON for a complex one."""
+    name, raw = variable
+    if not _is_complex(annotation, metadata):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        if any(not _complex_member(m) for m in _members(annotation)):
+            return raw  # a setting that may also be a plain value, which its validator reads
+        raise ConfigError(
+            f"invalid Fairlane settings: {setting}: environment variable {name} is not "
+            f"valid JSON (the setting is a section, list or table): {exc}"
+        ) from None
+
+
+def _is_complex(annotation: Any, metadata: list[Any]) -> bool:
+    annotation, more = _split_annotated(annotation)
+    if any(m is NoDecode or isinstance(m, NoDecode) for m in (*metadata, *more)):
+        return False
+    return any(_complex_member(m) for m in _members(annotation))
+
+
+def _complex_member(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    origin = get_origin(annotation) or annotation
+    return origin in (dict, list, set, frozenset, tuple, Mapping)
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    annotation, _ = _split_annotated(annotation)
+    if get_origin(annotation) in (Union, types.UnionType):
+        return tuple(a for a in get_args(annotation) if a is not type(None))
+    return (annotation,)
+
+
+def _split_annotated(annotation: Any) -> tuple[Any, list[Any]]:
+    if get_origin(annotation) is Annotated:
+        inner, *metadata = get_args(annotation)
+        return inner, metadata
+    return annotation, []
+
+
+# -- the model's names ------------------------------------------------------------------
 
 
 def leaf_paths(model: type[BaseModel], parent: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
