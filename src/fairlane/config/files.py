@@ -11,9 +11,7 @@ can be pasted back into the file. It imports nothing of the project.
 
 from __future__ import annotations
 
-import difflib
 import math
-import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +32,8 @@ class ConfigError(ValueError):
 
 def read_toml(path: Path | str, what: str | None = None) -> dict[str, Any]:
     """A TOML file's contents; ``ConfigError`` naming the file (a ``what`` file) if unreadable."""
+    import tomllib  # noqa: PLC0415 - a worker with no files to read skips its 2 ms import
+
     try:
         with Path(path).open("rb") as handle:
             return tomllib.load(handle)
@@ -53,6 +53,8 @@ def join_key(path: str, key: str) -> str:
 
 def unknown_key(key: str, keys: tuple[str, ...]) -> str:
     """What to say of a key that is not one of ``keys``: the nearest one, and all of them."""
+    import difflib  # noqa: PLC0415 - only for a key that is wrong, off a worker's start-up
+
     close = difflib.get_close_matches(key, list(keys), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"unknown key{hint} (keys: {', '.join(keys)})"

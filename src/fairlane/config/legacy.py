@@ -11,7 +11,6 @@ lanes and the shape to write instead.
 
 from __future__ import annotations
 
-import difflib
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -55,6 +54,8 @@ def _entry(entry: object, where: str) -> ServiceClass:
         raise ConfigError(f"{where} must be a table")
     for key in entry:
         if key not in _FIELDS:
+            import difflib  # noqa: PLC0415 - only for a key that is wrong, off a start-up
+
             close = difflib.get_close_matches(str(key), list(_FIELDS), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{where}: unknown key {key!r}{hint} (keys: {', '.join(_FIELDS)})")

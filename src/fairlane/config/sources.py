@@ -23,7 +23,6 @@ the same one.
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import types
@@ -287,6 +286,8 @@ def _reject_misspelt_env(settings_cls: type[BaseModel], environ: Mapping[str, st
         rest = upper[len(ENV_PREFIX) :]
         if rest.split(ENV_NESTED_DELIMITER)[0] in top:
             continue
+        import difflib  # noqa: PLC0415 - only for a variable that is no setting
+
         close = difflib.get_close_matches(rest, list(spellings), n=1, cutoff=0.8)
         if close or ENV_NESTED_DELIMITER in rest:
             hint = f"; did you mean {spellings[close[0]]}?" if close else ""

@@ -11,7 +11,6 @@ charge mode, its admission pool -- are recorded where the scripts read them.
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
@@ -47,8 +46,6 @@ from fairlane.store.wire import NewJob, Submitted, as_text, parse_submitted
 __all__ = ["Submission"]
 
 _PACK: Final = msgspec.msgpack.Encoder()
-#: this library's version, named when it refuses data of another store layout
-_VERSION: Final = importlib.metadata.version("fairlane")
 
 
 class Submission(StoreBase):
@@ -175,7 +172,7 @@ class Submission(StoreBase):
         )
         if found != str(STORE_LAYOUT):
             raise StoreLayoutError(
-                self.keys.prefix, int(found) if found else 1, STORE_LAYOUT, _VERSION
+                self.keys.prefix, int(found) if found else 1, STORE_LAYOUT, _release()
             )
 
     async def declare_task(self, task: str, keep_completed: str, keep_failed: str) -> None:
@@ -193,3 +190,12 @@ class Submission(StoreBase):
             self._lane_keys([lane]),
             argv(DeclareLaneArg, lane=lane, table=encode_classes(classes), charge=charge),
         )
+
+
+def _release() -> str:
+    """This library's release, for the layout error: read where it is said, as finding
+    the distribution's metadata costs a worker's start-up milliseconds (every installed
+    distribution looked at, its metadata parsed as mail headers)."""
+    import importlib.metadata  # noqa: PLC0415 - see the docstring
+
+    return importlib.metadata.version("fairlane")
