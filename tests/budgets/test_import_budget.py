@@ -25,6 +25,10 @@ counted here, the same in every run:
   settings are read by Fairlane's own sources (``fairlane.config.sources``), to the same
   conventions, and the package is a development dependency only (the twin those sources
   are tested against).
+* The standard library's parsers a worker seldom needs: the TOML parser (its regular
+  expressions compile at import) where a configuration file is read, difflib where a
+  misspelt key is named, and the release's metadata (every installed distribution looked
+  at, its metadata parsed as mail headers) where a store of another layout is refused.
 * The other commands. ``fairlane worker`` imports the worker command alone, not the
   command line's every module (the gateway, the simulator, the narratives of
   ``explain``): a fifth of the import of a worker started from the command line.
@@ -57,6 +61,10 @@ NOT_IMPORTED = (
     "typer",
     "rich",
     "pydantic_settings",
+    # read where they are used: a file to parse, a misspelling to name, the layout error
+    "tomllib",
+    "difflib",
+    "email.parser",
 )
 
 _PROBE = """
