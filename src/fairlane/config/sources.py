@@ -58,8 +58,9 @@ ENV_PREFIX = "FAIRLANE_"
 ENV_NESTED_DELIMITER = "__"
 TOML_FILE = "fairlane.toml"
 PYPROJECT_FILE = "pyproject.toml"
-PYPROJECT_LABEL = "pyproject.toml [tool.fairlane]"
 PYPROJECT_TABLE = ("tool", "fairlane")
+_PYPROJECT_HEADER = f"[{'.'.join(PYPROJECT_TABLE)}]"
+PYPROJECT_LABEL = f"{PYPROJECT_FILE} {_PYPROJECT_HEADER}"
 
 
 class NoDecode:
@@ -148,7 +149,7 @@ def _pyproject_values(path: Path) -> dict[str, Any]:
     for key in PYPROJECT_TABLE:
         node = node.get(key, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"[{'.'.join(PYPROJECT_TABLE)}] in {path} must be a table")
+            raise ConfigError(f"{_PYPROJECT_HEADER} in {path} must be a table")
     return dict(node)
 
 
