@@ -80,6 +80,30 @@ def lua_parts(file: str, *names: str) -> str:
     return fill_constants("\n".join(parts)) + "\n"
 
 
+#: ``core.chunked`` for a stand-in ``core`` (``lua/writeback.lua`` writes a view back
+#: with it): one command per ``core.ARGS`` arguments
+CORE_CHUNKED = (
+    "core.ARGS = 4000\n"
+    "function core.chunked(cmd, key, list)\n"
+    "  for i = 1, #list, core.ARGS do\n"
+    "    redis.call(cmd, key, unpack(list, i, math.min(#list, i + core.ARGS - 1)))\n"
+    "  end\n"
+    "end\n"
+)
+
+
+#: the throttle's modules, in the library's order, for a test that runs them alone
+THROTTLE_MODULES = ("writeback.lua", "classes.lua", "rates.lua", "keyparts.lua", "throttle.lua")
+
+#: how a test's driver (Lua that defines ``drive()``) runs: each command at once, or
+#: through the views the worker's calls use (``lua/writeback.lua``), written back when the
+#: call returns
+DRIVER_RUNS = {
+    "direct": "return drive()\n",
+    "behind": "return writeback.behind(function() return drive() end)(KEYS, ARGV)\n",
+}
+
+
 def lua_modules(core: str, *files: str, expose: tuple[str, ...] = ()) -> str:
     """The modules of ``lua/<files>``, in order, on ``core`` (Lua that declares a stand-in
     ``core`` table: the fixed keys' indexes and helpers the test needs, a clock of its

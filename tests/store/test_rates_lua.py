@@ -32,9 +32,10 @@ import redis
 
 from fairlane.policy.rates import Adaptive, Rate
 from fairlane.policy.throttle import Acquired, Parked, Throttles, Wake
-from tests.store.harness import lua_modules
+from tests.store.harness import CORE_CHUNKED, DRIVER_RUNS, THROTTLE_MODULES, lua_modules
 
 _DRIVER = """
+local function drive()
 local op = ARGV[1]
 CLOCK.now = tonumber(ARGV[2])
 local now = CLOCK.now
@@ -55,7 +56,9 @@ elseif op == 'due' then
   return {0, throttle.thr_wake_due(KEYS, now), ''}
 end
 return {0, {}, tostring(throttle.thr_next_due(KEYS) or '')}
+end
 """
+
 
 TENANTS = ("x", "y", "z")
 WEIGHTS = {"x": 2.0}
@@ -68,26 +71,23 @@ KEY_SETS = (("a",), ("b",), ("a", "b"), ("a", "u:x"), ("b", "c"), ("a", "d"), ("
 COSTS = (0.0, 0.5, 1.0, 3.0, 12.0, 40.0)  # at most every units key's burst
 
 
-def _script() -> str:
+def _script(mode: str) -> str:
     core = (
         "local core = {THR = 1, THRW = 2, WEIGHTS = 3}\n"
         "function core.memoised(f) return f end\n"
         "function core.prefix(keys) return string.sub(keys[1], 1, #keys[1] - 3) end\n"
         "local CLOCK = {now = 0}\n"
-        "function core.now_ms() return CLOCK.now end\n"
+        "function core.now_ms() return CLOCK.now end\n" + CORE_CHUNKED
     )
     expose = ("throttle.thr_acquire", "throttle.thr_release", "throttle.thr_cancel")
-    return (
-        lua_modules(core, "classes.lua", "rates.lua", "keyparts.lua", "throttle.lua", expose=expose)
-        + _DRIVER
-    )
+    return lua_modules(core, *THROTTLE_MODULES, expose=expose) + _DRIVER + DRIVER_RUNS[mode]
 
 
-@pytest.fixture(scope="module")
-def lua(redis_url: str) -> Iterator[tuple[redis.Redis, Any]]:
+@pytest.fixture(scope="module", params=sorted(DRIVER_RUNS))
+def lua(redis_url: str, request: pytest.FixtureRequest) -> Iterator[tuple[redis.Redis, Any]]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        yield client, client.register_script(_script())
+        yield client, client.register_script(_script(request.param))
     finally:
         client.close()
 

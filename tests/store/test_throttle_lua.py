@@ -25,9 +25,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairlane.policy.throttle import Acquired, Throttles, Wake
-from tests.store.harness import lua_modules
+from tests.store.harness import CORE_CHUNKED, DRIVER_RUNS, THROTTLE_MODULES, lua_modules
 
 _DRIVER = """
+local function drive()
 local op, id = ARGV[1], ARGV[2]
 if op == 'acquire' then
   local token, wakes = thr_acquire(KEYS, id, cjson.decode(ARGV[3]), ARGV[4], ARGV[5], ARGV[6],
@@ -38,32 +39,31 @@ elseif op == 'release' then
 end
 local done, wakes = thr_cancel(KEYS, id)
 return {done and 1 or 0, wakes}
+end
 """
+
 
 KEYS = ("a", "b", "c", "d", "e")
 JOBS = [f"j{i}" for i in range(8)]
 TENANTS = ("t1", "t2", "t3")
 
 
-def _script() -> str:
+def _script(mode: str) -> str:
     # the keys' prefix is what the throttle hash's name holds before 'thr' (rate state)
     core = (
         "local core = {THR = 1, THRW = 2, WEIGHTS = 3, now_ms = function() return 0 end}\n"
         "function core.prefix(keys) return string.sub(keys[1], 1, #keys[1] - 3) end\n"
-        "function core.memoised(f) return f end\n"
+        "function core.memoised(f) return f end\n" + CORE_CHUNKED
     )
     expose = ("throttle.thr_acquire", "throttle.thr_release", "throttle.thr_cancel")
-    return (
-        lua_modules(core, "classes.lua", "rates.lua", "keyparts.lua", "throttle.lua", expose=expose)
-        + _DRIVER
-    )
+    return lua_modules(core, *THROTTLE_MODULES, expose=expose) + _DRIVER + DRIVER_RUNS[mode]
 
 
-@pytest.fixture(scope="module")
-def lua(redis_url: str) -> Iterator[tuple[redis.Redis, Any]]:
+@pytest.fixture(scope="module", params=sorted(DRIVER_RUNS))
+def lua(redis_url: str, request: pytest.FixtureRequest) -> Iterator[tuple[redis.Redis, Any]]:
     client = redis.Redis.from_url(redis_url)
     try:
-        yield client, client.register_script(_script())
+        yield client, client.register_script(_script(request.param))
     finally:
         client.close()
 

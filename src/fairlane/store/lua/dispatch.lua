@@ -3,7 +3,8 @@
 --
 -- Keys: lane:<l>:state|delayed, lane:<l>:c:<c>:fair|vt, q:<lane>:<class>:<tenant>,
 --   job:<id>, trate, KEYS[THR], KEYS[TLIMITS], KEYS[WEIGHTS]
--- Calls: core, classes, rates, throttle, pausetable, fairqueue, pauses, records, leasing
+-- Calls: core, classes, rates, throttle, keyruns, pausetable, fairqueue, pauses, records,
+--   leasing
 -- Entry points: dispatch.{FAIR_WINDOW, bytes_before, charged_units, dispatch_lane, fair_head,
 --   fair_idle, fair_moved, fair_tag, fetch, flush_fair, job_rates, lane_load, load_state,
 --   new_dispatch, pending, rate_units, state_fields, weight_of}
@@ -468,7 +469,31 @@ do
   -- a job a key woke converts its offers (its keys are the ones it parked with), any
   -- other is admitted on all its keys or parks. Returns whether it was admitted and the
   -- waiters woken on the way. A job without keys or offers costs nothing here.
+  -- The signature of a job's keys for a run of them (keyruns.lua): its own limits and
+  -- rates as stored, when it holds no offers and its tenant is known to have neither a
+  -- limit nor a rate of its own (those move from job to job); nil otherwise.
+  local function run_signature(cx, f)
+    if f[21] or cx.tlimits[f[6]] ~= false or cx.any_trate ~= false then
+      return nil
+    end
+    return (f[17] or '') .. '\0' .. (f[23] or '')
+  end
+
+  local function admitted(cx, id, token)
+    -- each job's keys are lookups in their hash, and each holding two fields (the hash
+    -- exists once a call with grants has returned: its view is written back then)
+    core.keep_large(cx.tally, cx.keys[THR])
+    redis.call('HSET', job_key(cx.p, id), 'ttok', token, 'x', '1')
+  end
+
   local function admit(cx, id, f)
+    local sig = run_signature(cx, f)
+    local units = f[23] and dispatch.rate_units(cx.p, id, f) or 1
+    local token = sig and keyruns.acquire(cx.keys, id, sig, units, cx.now)
+    if token then
+      admitted(cx, id, token)
+      return true, NO_WAKES
+    end
     local offered = f[21]
     local limits = offered and NO_WAKES or job_limits(cx, f)
     local rl = offered and NO_WAKES or dispatch.job_rates(cx, f)
@@ -476,21 +501,20 @@ do
       return true, NO_WAKES
     end
     local charge = charged_units(cx.cost_mode, f[14])
-    local units = #rl > 0 and dispatch.rate_units(cx.p, id, f) or 1
-    local token, wakes, blocker = thr_acquire(cx.keys, id, limits, f[12] or 0, f[13] or 0,
+    units = #rl > 0 and (f[23] and units or dispatch.rate_units(cx.p, id, f)) or 1
+    local wakes, blocker, names
+    token, wakes, blocker, names = thr_acquire(cx.keys, id, limits, f[12] or 0, f[13] or 0,
       f[6] or '', charge, rl, units, cx.now)
-    -- each job's keys are several lookups in their hash, and each holding two fields
-    -- (written by now: the first acquire makes the hash)
-    core.keep_large(cx.tally, cx.keys[THR])
-    local jk = job_key(cx.p, id)
     if offered then
-      redis.call('HDEL', jk, 'toff')
+      redis.call('HDEL', job_key(cx.p, id), 'toff')
     end
     if token then
-      redis.call('HSET', jk, 'ttok', token, 'x', '1')
+      keyruns.remember(cx.keys, sig, names, limits, rl, cx.now)
+      admitted(cx, id, token)
       return true, wakes
     end
-    redis.call('HSET', jk, 'st', 'throttled')
+    core.keep_large(cx.tally, cx.keys[THR])
+    redis.call('HSET', job_key(cx.p, id), 'st', 'throttled')
     log_event(cx.p, id, cx.now, 'parked', {key = blocker or ''})
     count(cx.tally, 'throttled')
     cx.parks = cx.parks + 1

@@ -31,10 +31,12 @@ leases set (running), or none (finished).
 --]]
 
 -- @include core.lua
+-- @include writeback.lua
 -- @include classes.lua
 -- @include rates.lua
 -- @include keyparts.lua
 -- @include throttle.lua
+-- @include keyruns.lua
 -- @include pausetable.lua
 
 -- @include deadlineorder.lua
@@ -76,9 +78,9 @@ leases set (running), or none (finished).
 -- settings, redrive) do not, and the server refuses them there before they start.
 redis.register_function{function_name = '__PREFIX__enqueue', callback = enqueuing.enqueue}
 redis.register_function{function_name = '__PREFIX__enqueue_as', callback = workers.enqueue_as}
-redis.register_function{function_name = '__PREFIX__exchange', callback = workers.exchange,
+redis.register_function{function_name = '__PREFIX__exchange', callback = writeback.behind(workers.exchange),
   flags = core.ALLOW_OOM}
-redis.register_function{function_name = '__PREFIX__ack', callback = workers.ack, flags = core.ALLOW_OOM}
+redis.register_function{function_name = '__PREFIX__ack', callback = writeback.behind(workers.ack), flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__leave', callback = workers.leave, flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__renew', callback = workers.renew, flags = core.ALLOW_OOM}
 redis.register_function{function_name = '__PREFIX__sweep', callback = workers.sweep, flags = core.ALLOW_OOM}

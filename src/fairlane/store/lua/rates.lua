@@ -14,10 +14,10 @@
 -- a job holding rate or adaptive keys.
 --
 -- Keys: rate:<key>, rates, ratedue; in KEYS[THR]: rp:<key>, ad:<key>, pz:<key>, c:<job>
--- Calls: core
+-- Calls: core, writeback
 -- Entry points: rates.{adaptive_bounds, adaptive_value, correct, cost, due_at, due_key,
---   encode, fits, fmt, grow, keep, level, note_wake, parse, pause, read, set_adaptive,
---   state_key, take}
+--   encode, fits, fmt, grow, keep, level, note_wake, parse, pause, read, same,
+--   set_adaptive, state_key, take}
 
 local rates = {UNLIMITED = __UNLIMITED__, IDLE_MS = 3600000, DUE_BATCH = __DUE_BATCH__,
   PARK_BUDGET = __PARK_BUDGET__,
@@ -47,8 +47,10 @@ do
       ((tonumber(rate[RateKey.UNITS]) or 0) == 1 and '1' or '0')
   end
 
-  -- {limit, per (ms), burst, units} or nil (absent, or damaged: then it limits nothing)
-  function rates.parse(spec)
+  -- {limit, per (ms), burst, units} or nil (absent, or damaged: then it limits nothing).
+  -- Memoised: a key's rate is read for every job that names it. Nothing writes into the
+  -- table it gives (keyparts.rate makes a new one).
+  rates.parse = core.memoised(function(spec)
     if not spec then
       return nil
     end
@@ -58,6 +60,17 @@ do
       return nil
     end
     return {limit = l, per = per, burst = b, units = u == '1'}
+  end)
+
+  -- Whether a job's rate entry is `rate` (parsed): what `encode` would write is then the
+  -- text `rate` was parsed from (encode writes each number so that it reads back as
+  -- itself), told without formatting numbers, which costs more than the rest of a job's
+  -- rate key.
+  function rates.same(rate, entry)
+    return rate ~= nil and rate.limit == tonumber(entry[RateKey.LIMIT])
+      and rate.per == tonumber(entry[RateKey.PER_MS])
+      and rate.burst == tonumber(entry[RateKey.BURST])
+      and rate.units == ((tonumber(entry[RateKey.UNITS]) or 0) == 1)
   end
 
   -- What a job of rate cost `units` takes: 1, or its units at most the burst (a burst
@@ -72,7 +85,7 @@ do
 
   -- The bucket of `key`: a key without state is full as of now.
   function rates.read(keys, key, rate, now)
-    local v = redis.call('HMGET', rates.state_key(keys, key), 't', 's', 'pu')
+    local v = writeback.mget(keys, rates.state_key(keys, key), {'t', 's', 'pu'})
     local b = {t = tonumber(v[1]), s = tonumber(v[2]), pu = tonumber(v[3]) or 0}
     if not b.t or not b.s then
       b.t, b.s, b.fresh = rate.burst, now, true
@@ -107,12 +120,9 @@ do
     if rate and b.t < rate.burst then
       ttl = math.max(ttl, math.ceil((rate.burst - b.t) * rate.per / rate.limit))
     end
-    if b.fresh then
-      redis.call('PEXPIRE', sk, ttl + rates.IDLE_MS)
-    else
-      -- never shortened: another fact of the key (a pause, a slow refill) may need longer
-      redis.call('PEXPIRE', sk, ttl + rates.IDLE_MS, 'GT')
-    end
+    -- never shortened once it exists: another fact of the key (a pause, a slow refill)
+    -- may need longer
+    writeback.pexpire(keys, sk, ttl + rates.IDLE_MS, not b.fresh)
     if b.fresh then
       redis.call('ZADD', prefix(keys) .. 'rates', now, key)
       b.fresh = false
@@ -124,8 +134,8 @@ do
     b.t = rates.level(rate, b, now) - cost
     b.s = math.max(now, b.s)
     local sk = rates.state_key(keys, key)
-    redis.call('HSET', sk, 't', rates.fmt(b.t), 's', b.s)
-    redis.call('HINCRBYFLOAT', sk, 'ta', rates.fmt(cost))
+    writeback.set(keys, sk, 't', b.t, 's', b.s)
+    writeback.addf(keys, sk, 'ta', cost)
     rates.keep(keys, key, rate, b, now)
   end
 
@@ -139,18 +149,18 @@ do
     end
     b.t, b.s = after, math.max(now, b.s)
     local sk = rates.state_key(keys, key)
-    redis.call('HSET', sk, 't', rates.fmt(b.t), 's', b.s)
+    writeback.set(keys, sk, 't', b.t, 's', b.s)
     if delta > 0 then
-      redis.call('HINCRBYFLOAT', sk, 'tr', rates.fmt(after - before))
+      writeback.addf(keys, sk, 'tr', after - before)
     elseif delta < 0 then
-      redis.call('HINCRBYFLOAT', sk, 'td', rates.fmt(-delta))
+      writeback.addf(keys, sk, 'td', -delta)
     end
     rates.keep(keys, key, rate, b, now)
   end
 
   -- An adaptive key's bounds in force {max, min}, or nil.
   function rates.adaptive_bounds(keys, key)
-    local raw = redis.call('HGET', keys[THR], 'ad:' .. key)
+    local raw = writeback.get(keys, keys[THR], 'ad:' .. key)
     if not raw then
       return nil
     end
@@ -160,15 +170,15 @@ do
 
   -- An adaptive key's value now, within its bounds (its max when it has none yet).
   function rates.adaptive_value(keys, key, hi, lo)
-    local a = tonumber(redis.call('HGET', rates.state_key(keys, key), 'a')) or hi
+    local a = tonumber(writeback.get(keys, rates.state_key(keys, key), 'a')) or hi
     return math.min(hi, math.max(lo, a))
   end
 
   -- Write an adaptive key's value; returns its limit (floor) and the limit it replaced.
   function rates.set_adaptive(keys, key, before, after, now)
     local sk = rates.state_key(keys, key)
-    local fresh = redis.call('EXISTS', sk) == 0
-    redis.call('HSET', sk, 'a', rates.fmt(after))
+    local fresh = not writeback.exists(keys, sk)
+    writeback.set(keys, sk, 'a', rates.fmt(after))
     rates.keep(keys, key, nil, {t = 0, pu = 0, fresh = fresh}, now)
     return math.floor(after), math.floor(before)
   end
@@ -177,14 +187,14 @@ do
   -- is a call the upstream refused). Returns whether it was cut.
   function rates.pause(keys, key, untl, now, cause)
     local sk = rates.state_key(keys, key)
-    local v = redis.call('HMGET', sk, 'pu', 't')
+    local v = writeback.mget(keys, sk, {'pu', 't'})
     local pu = tonumber(v[1]) or 0
-    local fresh = redis.call('EXISTS', sk) == 0
-    redis.call('HSET', sk, 'pu', math.max(pu, untl), 'pc', string.sub(cause or '', 1, 200))
+    local fresh = not writeback.exists(keys, sk)
+    writeback.set(keys, sk, 'pu', math.max(pu, untl), 'pc', string.sub(cause or '', 1, 200))
     -- what blocks arrivals on the key, rate or not, read with its room
-    redis.call('HSET', keys[THR], 'pz:' .. key, math.max(pu, untl))
-    redis.call('HINCRBY', sk, 'pn', 1)
-    local rate = rates.parse(redis.call('HGET', keys[THR], 'rp:' .. key))
+    writeback.set(keys, keys[THR], 'pz:' .. key, math.max(pu, untl))
+    writeback.add(keys, sk, 'pn', 1)
+    local rate = rates.parse(writeback.get(keys, keys[THR], 'rp:' .. key))
     local t = tonumber(v[2])
     rates.keep(keys, key, t and rate, {t = t or 0, pu = math.max(pu, untl), fresh = fresh}, now)
     local cut = false
@@ -192,7 +202,7 @@ do
     if range then
       local a = rates.adaptive_value(keys, key, range[1], range[2])
       local limit = rates.set_adaptive(keys, key, a, math.max(range[2], a * rates.CUT), now)
-      redis.call('HSET', keys[THR], 'l:' .. key, limit)
+      writeback.set(keys, keys[THR], 'l:' .. key, limit)
       cut = true
     end
     return cut
@@ -203,7 +213,7 @@ do
     local a = rates.adaptive_value(keys, key, range[1], range[2])
     local limit, before = rates.set_adaptive(keys, key, a, math.min(range[1], a + 1 / a), now)
     if limit ~= before then
-      redis.call('HSET', keys[THR], 'l:' .. key, limit)
+      writeback.set(keys, keys[THR], 'l:' .. key, limit)
     end
     return limit > before
   end
@@ -211,7 +221,7 @@ do
   -- A waiter woken on `key` after waiting `waited` ms.
   function rates.note_wake(keys, key, waited)
     local sk = rates.state_key(keys, key)
-    redis.call('HINCRBY', sk, 'wn', 1)
-    redis.call('HINCRBY', sk, 'wt', math.max(0, waited))
+    writeback.add(keys, sk, 'wn', 1)
+    writeback.add(keys, sk, 'wt', math.max(0, waited))
   end
 end

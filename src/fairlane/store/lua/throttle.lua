@@ -19,8 +19,9 @@
 --
 -- Keys: KEYS[THR], KEYS[THRW], <THR>:s:<key>, <THR>:f:<key>, ratedue, sig:<tenant>,
 --   KEYS[TLIMITS], KEYS[WEIGHTS]
--- Calls: core, classes, rates, keyparts
--- Entry points: throttle.{RATE_BUCKETS, RATE_WIDTH_MS, apply_given, note_duration,
+-- Calls: core, classes, rates, keyparts, writeback
+-- Entry points: throttle.{RATE_BUCKETS, RATE_WIDTH_MS, apply_given, fields_of, grant,
+--   key_state, note_duration,
 --   note_submissions, rate_in_force, rate_per_min, refund_rates, sig_key,
 --   take_rates, wake_keys,
 --   tenant_limit, thr_acquire, thr_cancel, thr_cancel_waiter, thr_next_due,
@@ -34,6 +35,23 @@ do
   local CLASS_EPS, floor_eps = classes.CLASS_EPS, classes.floor_eps
 
   local TAB = '\t'
+
+  -- The fields of a key in KEYS[THR], and the lists of them each read asks for, named once
+  -- per key rather than joined again for every job that names it (nothing writes into
+  -- them).
+  local fields_of = core.memoised(function(key)
+    local f = {}
+    for _, name in ipairs({'l', 'u', 'o', 'r', 'rp', 'pz', 'gf', 'ad'}) do
+      f[name] = name .. ':' .. key
+    end
+    f.room = {f.l, f.u, f.o, f.rp, f.pz, 'gs', f.gf}
+    f.rate = {f.rp, 'gs', f.gf}
+    f.held = {f.l, f.u, 'gs', f.gf}
+    f.given = {f.l, f.rp, 'gs', f.ad}
+    f.settle = {f.rp, f.ad, 'gs', f.gf}
+    return f
+  end)
+  throttle.fields_of = fields_of
 
   local function split_tabs(s)
     local out = {}
@@ -88,19 +106,25 @@ do
       units = tonumber(units) or 1, since = tonumber(since) or 0, names = split_tabs(rest)}
   end
 
-  -- A key's room, the rate in force on it (nil: none) and the end of a pause (nil: never
-  -- paused), in one read; a global key's, of this shard's part (keyparts.lua).
-  local function room(keys, key)
-    local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key, 'o:' .. key, 'rp:' .. key,
-      'pz:' .. key, 'gs', 'gf:' .. key)
+  -- A key's slots (its limit; of a global key, this shard's part of it), the slots held
+  -- and offered on it, the rate in force (nil: none) and the end of a pause (nil: never
+  -- paused), in one read (keyparts.lua).
+  function throttle.key_state(keys, key)
+    local v = writeback.mget(keys, keys[THR], fields_of(key).room)
     local part = keyparts.of(v[6], v[7], key)
-    return keyparts.limit(tonumber(v[1]) or 0, part) - (tonumber(v[2]) or 0) - (tonumber(v[3]) or 0),
+    return keyparts.limit(tonumber(v[1]) or 0, part), tonumber(v[2]) or 0, tonumber(v[3]) or 0,
       keyparts.rate(rates.parse(v[4]), part), tonumber(v[5])
+  end
+
+  -- A key's room, the rate in force on it and the end of a pause (throttle.key_state).
+  local function room(keys, key)
+    local slots, held, offered, rate, pz = throttle.key_state(keys, key)
+    return slots - held - offered, rate, pz
   end
 
   -- The rate in force on a key (nil: none), of this shard's part when it is global.
   local function rate_in_force(keys, key)
-    local v = redis.call('HMGET', keys[THR], 'rp:' .. key, 'gs', 'gf:' .. key)
+    local v = writeback.mget(keys, keys[THR], fields_of(key).rate)
     return keyparts.rate(rates.parse(v[1]), keyparts.of(v[2], v[3], key))
   end
   throttle.rate_in_force = rate_in_force
@@ -145,26 +169,26 @@ do
         any = true
       end
     end
-    return any and rates.fmt(units) or nil
+    return any and units or nil
   end
 
   -- Take a job's tokens on each rate key read by `first_full`; remember its rate cost.
   function throttle.take_rates(keys, id, names, units, now, seen, adaptive)
     local cost = take_tokens(keys, names, units, now, seen, adaptive)
     if cost then
-      redis.call('HSET', keys[THR], 'c:' .. id, cost)
+      writeback.set(keys, keys[THR], 'c:' .. id, cost)
     end
   end
 
   -- Give a job's tokens back on each of its rate keys (offers it will not use); `keep`
   -- keeps its rate cost (it parks again).
   function throttle.refund_rates(keys, id, names, now, keep)
-    local units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id))
+    local units = tonumber(writeback.get(keys, keys[THR], 'c:' .. id))
     if not units then
       return
     end
     if not keep then
-      redis.call('HDEL', keys[THR], 'c:' .. id)
+      writeback.del(keys, keys[THR], 'c:' .. id)
     end
     for _, key in ipairs(names) do
       local rate = rate_in_force(keys, key)
@@ -175,17 +199,17 @@ do
   end
 
   local function vtime(keys, key)
-    return tonumber(redis.call('HGET', keys[THR], 'v:' .. key)) or 0
+    return tonumber(writeback.get(keys, keys[THR], 'v:' .. key)) or 0
   end
 
   -- (`cost`: the job's rate cost to remember with the grant, take_tokens; one write.)
-  local function grant(keys, id, names, cost)
-    local token = redis.call('HINCRBY', keys[THR], 'tok', 1)
+  function throttle.grant(keys, id, names, cost)
+    local token = writeback.incr(keys, keys[THR], 'tok', 1)
     local held = token .. TAB .. table.concat(names, TAB)
     if cost then
-      redis.call('HSET', keys[THR], 'h:' .. id, held, 'c:' .. id, cost)
+      writeback.set(keys, keys[THR], 'h:' .. id, held, 'c:' .. id, cost)
     else
-      redis.call('HSET', keys[THR], 'h:' .. id, held)
+      writeback.set(keys, keys[THR], 'h:' .. id, held)
     end
     return token
   end
@@ -221,7 +245,7 @@ do
       end
       redis.call('ZADD', sk, start, w.tenant)
     end
-    redis.call('HSET', keys[THR], 'p:' .. id, table.concat(
+    writeback.set(keys, keys[THR], 'p:' .. id, table.concat(
       {w.at, w.prio, w.seq, w.tenant, w.charge, rates.fmt(w.units), w.since,
         table.concat(w.names, TAB)}, TAB))
     redis.call('ZADD', keys[THRW], 0, wait_member(w.at, w.tenant, w.prio, w.seq, id))
@@ -255,7 +279,7 @@ do
       end
       local tenant, tag = top[1], tonumber(top[2])
       local member, id = group_head(keys, key, tenant)
-      local w = parse_parked(redis.call('HGET', keys[THR], 'p:' .. id))
+      local w = parse_parked(writeback.get(keys, keys[THR], 'p:' .. id))
       local cost = rate and rates.cost(rate, w.units)
       if rate then
         local b = rates.read(keys, key, rate, now)
@@ -265,7 +289,7 @@ do
         end
       end
       redis.call('ZREM', keys[THRW], member)
-      redis.call('HDEL', keys[THR], 'p:' .. id)
+      writeback.del(keys, keys[THR], 'p:' .. id)
       local emptied = not group_head(keys, key, tenant)
       local seen = {}
       local blocker, blocked = first_full(keys, w.names, w.units, now, key, seen)
@@ -275,15 +299,15 @@ do
         end
         w.at = blocker
         enter_group(keys, id, w, blocked, now)
-        redis.call('HINCRBY', keys[THR], 'moves', 1)
+        writeback.add(keys, keys[THR], 'moves', 1)
       else
         for _, k in ipairs(w.names) do
-          redis.call('HINCRBY', keys[THR], 'o:' .. k, 1)
+          writeback.incr(keys, keys[THR], 'o:' .. k, 1)
         end
         throttle.take_rates(keys, id, w.names, w.units, now, seen, false)
-        redis.call('HSET', keys[THR], 'w:' .. id, table.concat(w.names, TAB))
+        writeback.set(keys, keys[THR], 'w:' .. id, table.concat(w.names, TAB))
         if tag > vtime(keys, key) then
-          redis.call('HSET', keys[THR], 'v:' .. key, tag)
+          writeback.set(keys, keys[THR], 'v:' .. key, tag)
           -- finish tags at or below V carry nothing
           redis.call('ZREMRANGEBYSCORE', tags_key(keys, key, 'f'), '-inf', tag)
         end
@@ -298,7 +322,7 @@ do
           rates.note_wake(keys, key, now - w.since)
         end
         out[#out + 1] = {id, key}
-        redis.call('HINCRBY', keys[THR], 'wakes', 1)
+        writeback.add(keys, keys[THR], 'wakes', 1)
       end
     end
   end
@@ -330,14 +354,14 @@ do
 
   local function unref(keys, names)
     for _, key in ipairs(names) do
-      if redis.call('HINCRBY', keys[THR], 'r:' .. key, -1) <= 0 then
-        redis.call('HDEL', keys[THR], 'r:' .. key, 'l:' .. key, 'u:' .. key, 'o:' .. key,
+      if writeback.incr(keys, keys[THR], fields_of(key).r, -1) <= 0 then
+        writeback.del(keys, keys[THR], 'r:' .. key, 'l:' .. key, 'u:' .. key, 'o:' .. key,
           'v:' .. key, 'rp:' .. key, 'ad:' .. key)
         redis.call('DEL', tags_key(keys, key, 's'), tags_key(keys, key, 'f'))
         -- a pause outlives the key's last job (the one pushed back comes back to it)
-        local pz = tonumber(redis.call('HGET', keys[THR], 'pz:' .. key))
+        local pz = tonumber(writeback.get(keys, keys[THR], 'pz:' .. key))
         if pz and pz <= now_ms() then
-          redis.call('HDEL', keys[THR], 'pz:' .. key)
+          writeback.del(keys, keys[THR], 'pz:' .. key)
         end
       end
     end
@@ -349,25 +373,25 @@ do
   -- thr_acquire.
   local function convert_offers(keys, id, offered, prio, seq, tenant, charge, units, now)
     local names = split_tabs(offered)
-    redis.call('HDEL', keys[THR], 'w:' .. id)
+    writeback.del(keys, keys[THR], 'w:' .. id)
     local ok = true
     for _, key in ipairs(names) do
-      local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'u:' .. key, 'gs', 'gf:' .. key)
+      local v = writeback.mget(keys, keys[THR], fields_of(key).held)
       if (tonumber(v[2]) or 0) >= keyparts.limit(tonumber(v[1]) or 0, keyparts.of(v[3], v[4], key)) then
         ok = false
         break
       end
     end
     for _, key in ipairs(names) do
-      redis.call('HINCRBY', keys[THR], 'o:' .. key, -1)
+      writeback.incr(keys, keys[THR], 'o:' .. key, -1)
       if ok then
-        redis.call('HINCRBY', keys[THR], 'u:' .. key, 1)
+        writeback.incr(keys, keys[THR], 'u:' .. key, 1)
       end
     end
     if ok then
-      return grant(keys, id, names), {}
+      return throttle.grant(keys, id, names), {}
     end
-    units = tonumber(redis.call('HGET', keys[THR], 'c:' .. id)) or units
+    units = tonumber(writeback.get(keys, keys[THR], 'c:' .. id)) or units
     throttle.refund_rates(keys, id, names, now, true)
     local blocker, blocked = first_full(keys, names, units, now)
     enter_group(keys, id, {at = blocker, prio = prio, seq = seq, tenant = tenant,
@@ -399,38 +423,42 @@ do
       local g = given[key]
       -- what is already in force is not written again: most jobs of a key give what
       -- the one before gave
-      local v = redis.call('HMGET', keys[THR], 'l:' .. key, 'rp:' .. key, 'gs', 'ad:' .. key)
+      local kf = fields_of(key)
+      local v = writeback.mget(keys, keys[THR], kf.given)
       local cur, limit = tonumber(v[1]), nil
       if g.lim and g.lim[Limit.MIN] then
         local hi, lo = tonumber(g.lim[Limit.LIMIT]), tonumber(g.lim[Limit.MIN])
         limit = math.floor(rates.adaptive_value(keys, key, hi, lo))
         local bounds = hi .. ',' .. lo
         if v[4] ~= bounds then
-          redis.call('HSET', keys[THR], 'ad:' .. key, bounds)
+          writeback.set(keys, keys[THR], 'ad:' .. key, bounds)
         end
         adaptive = true
       elseif g.lim then
         limit = tonumber(g.lim[Limit.LIMIT])
         -- a fixed limit makes the key fixed again
         if v[4] then
-          redis.call('HDEL', keys[THR], 'ad:' .. key)
+          writeback.del(keys, keys[THR], 'ad:' .. key)
         end
       elseif not cur then
         limit = rates.UNLIMITED
       end
-      local spec = g.rate and rates.encode(g.rate)
-      adaptive = adaptive or spec ~= nil
+      local spec = nil
+      if g.rate and not (v[2] and rates.same(rates.parse(v[2]), g.rate)) then
+        spec = rates.encode(g.rate)
+      end
+      adaptive = adaptive or g.rate ~= nil
       local changed = (limit and cur and limit > cur) or (spec and v[2] and spec ~= v[2])
       if changed and redis.call('ZCARD', tags_key(keys, key, 's')) > 0 then
         raised[#raised + 1] = key
       end
-      if limit and v[1] ~= tostring(limit) then
-        redis.call('HSET', keys[THR], 'l:' .. key, limit)
+      if limit and tonumber(v[1]) ~= limit then
+        writeback.set(keys, keys[THR], 'l:' .. key, limit)
       end
       if spec and v[2] ~= spec then
-        redis.call('HSET', keys[THR], 'rp:' .. key, spec)
+        writeback.set(keys, keys[THR], 'rp:' .. key, spec)
       end
-      if redis.call('HINCRBY', keys[THR], 'r:' .. key, 1) == 1 and v[3] then
+      if writeback.incr(keys, keys[THR], kf.r, 1) == 1 and v[3] then
         keyparts.first_use(keys, key)
       end
     end
@@ -441,10 +469,11 @@ do
   -- `limits` and `rlist` at once (apply_given), or park it in `tenant`'s group on its
   -- first blocking key (`charge`: what a wake charges its tenant; `units`: its rate cost;
   -- `now`: the server's ms). Returns the grant token (nil when parked), the waiters woken
-  -- on the way ({job, key}) and the key it parked on.
+  -- on the way ({job, key}), the key it parked on and, admitted on its keys (not by its
+  -- offers), the keys (sorted).
   local function thr_acquire(keys, id, limits, prio, seq, tenant, charge, rlist, units, now)
     units, now = tonumber(units) or 1, tonumber(now) or 0
-    local offered = redis.call('HGET', keys[THR], 'w:' .. id)
+    local offered = writeback.get(keys, keys[THR], 'w:' .. id)
     if offered then
       return convert_offers(keys, id, offered, prio, seq, tenant, charge, units, now)
     end
@@ -457,13 +486,14 @@ do
     local blocker, blocked = first_full(keys, names, units, now, nil, seen)
     if not blocker then
       for _, key in ipairs(names) do
-        redis.call('HINCRBY', keys[THR], 'u:' .. key, 1)
+        writeback.incr(keys, keys[THR], fields_of(key).u, 1)
       end
-      return grant(keys, id, names, take_tokens(keys, names, units, now, seen, adaptive)), wakes
+      return throttle.grant(keys, id, names, take_tokens(keys, names, units, now, seen, adaptive)),
+        wakes, nil, names
     end
     if adaptive then
       -- its wake and its release read it
-      redis.call('HSET', keys[THR], 'c:' .. id, rates.fmt(units))
+      writeback.set(keys, keys[THR], 'c:' .. id, units)
     end
     enter_group(keys, id, {at = blocker, prio = prio, seq = seq, tenant = tenant,
       charge = charge, units = units, since = now, names = names}, blocked, now)
@@ -476,7 +506,7 @@ do
   -- (`units`: the job's rate cost, as grant kept it.)
   local function settle_rates(keys, names, units, now, used, succeeded)
     for _, key in ipairs(names) do
-      local v = redis.call('HMGET', keys[THR], 'rp:' .. key, 'ad:' .. key, 'gs', 'gf:' .. key)
+      local v = writeback.mget(keys, keys[THR], fields_of(key).settle)
       local rate = keyparts.rate(rates.parse(v[1]), keyparts.of(v[3], v[4], key))
       local cost = rate and rates.cost(rate, units)
       if rate and rate.units and used and cost ~= used then
@@ -493,7 +523,7 @@ do
   -- nothing changes nothing. Returns the waiters woken. `quiet`: wake_all's, for the
   -- releases of one call.
   local function thr_release(keys, id, token, now, used, succeeded, quiet)
-    local v = redis.call('HMGET', keys[THR], 'h:' .. id, 'c:' .. id)
+    local v = writeback.mget(keys, keys[THR], {'h:' .. id, 'c:' .. id})
     local held = v[1]
     local wakes = {}
     if not held then
@@ -506,13 +536,13 @@ do
     now = tonumber(now) or 0
     local names, units = {unpack(parts, 2)}, tonumber(v[2])
     if units then
-      redis.call('HDEL', keys[THR], 'h:' .. id, 'c:' .. id)
+      writeback.del(keys, keys[THR], 'h:' .. id, 'c:' .. id)
       settle_rates(keys, names, units, now, tonumber(used), succeeded)
     else
-      redis.call('HDEL', keys[THR], 'h:' .. id)
+      writeback.del(keys, keys[THR], 'h:' .. id)
     end
     for _, key in ipairs(names) do
-      redis.call('HINCRBY', keys[THR], 'u:' .. key, -1)
+      writeback.incr(keys, keys[THR], fields_of(key).u, -1)
     end
     wake_all(keys, names, wakes, now, quiet)
     unref(keys, names)
@@ -523,7 +553,7 @@ do
   -- paused until `untl` (rates.pause, which may cut an adaptive key), and its waiters are
   -- due then. False when the job does not hold the key under that token.
   function throttle.thr_push_back(keys, id, token, key, untl, now, cause)
-    local held = redis.call('HGET', keys[THR], 'h:' .. id)
+    local held = writeback.get(keys, keys[THR], 'h:' .. id)
     local parts = held and split_tabs(held) or {}
     if parts[1] ~= tostring(token) then
       return false
@@ -548,30 +578,30 @@ do
   -- and the waiters woken.
   local function thr_cancel(keys, id, now)
     now = tonumber(now) or 0
-    local parked = redis.call('HGET', keys[THR], 'p:' .. id)
+    local parked = writeback.get(keys, keys[THR], 'p:' .. id)
     if parked then
       local w = parse_parked(parked)
       redis.call('ZREM', keys[THRW], wait_member(w.at, w.tenant, w.prio, w.seq, id))
-      redis.call('HDEL', keys[THR], 'p:' .. id, 'c:' .. id)
+      writeback.del(keys, keys[THR], 'p:' .. id, 'c:' .. id)
       if not group_head(keys, w.at, w.tenant) then
         idle_group(keys, w.at, w.tenant,
           tonumber(redis.call('ZSCORE', tags_key(keys, w.at, 's'), w.tenant)))
       end
-      if redis.call('HEXISTS', keys[THR], 'rp:' .. w.at) == 1 and
+      if writeback.get(keys, keys[THR], 'rp:' .. w.at) and
           redis.call('ZCARD', tags_key(keys, w.at, 's')) > 0 then
         redis.call('ZADD', rates.due_key(keys), 'LT', now, w.at)
       end
       unref(keys, w.names)
       return true, {}
     end
-    local offered = redis.call('HGET', keys[THR], 'w:' .. id)
+    local offered = writeback.get(keys, keys[THR], 'w:' .. id)
     if not offered then
       return false, {}
     end
-    redis.call('HDEL', keys[THR], 'w:' .. id)
+    writeback.del(keys, keys[THR], 'w:' .. id)
     local names, wakes = split_tabs(offered), {}
     for _, key in ipairs(names) do
-      redis.call('HINCRBY', keys[THR], 'o:' .. key, -1)
+      writeback.incr(keys, keys[THR], 'o:' .. key, -1)
     end
     throttle.refund_rates(keys, id, names, now)
     wake_all(keys, names, wakes, now)
@@ -582,7 +612,7 @@ do
   -- Take a parked job out of its group (a waiter's cancel wakes nobody); false when it
   -- was not waiting.
   local function thr_cancel_waiter(keys, id, now)
-    if redis.call('HEXISTS', keys[THR], 'p:' .. id) == 0 then
+    if not writeback.get(keys, keys[THR], 'p:' .. id) then
       return false
     end
     return (thr_cancel(keys, id, now))

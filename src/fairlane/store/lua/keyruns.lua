@@ -1,0 +1,94 @@
+-- Keys by the run: a dispatch call's jobs that name the same throttle and rate keys (the
+-- same `lim` and `rk` fields, no tenant limit or rate) pass them on what the run's first
+-- job found there, kept as numbers, instead of reading, parsing and deciding every key
+-- again for each job. What a job then changes is what throttle.thr_acquire would have
+-- changed for it: a slot held and a reference on each key, its tokens on each rate key,
+-- a grant.
+--
+-- Why that is the same decision: thr_acquire of such a job applies the limits and rates
+-- its run's first job applied (nothing to write but the references), and admits it when
+-- every key has room, no pause in force, and on a rate key no waiter and the tokens it
+-- costs. The first job was admitted, so no rate key had a waiter then; waiters, limits,
+-- rates, pauses, offers and held slots change only through writeback's functions, which
+-- move its epoch, and the run is dropped when the epoch has moved since it last wrote.
+-- Within the run, the slots and tokens are counted here exactly as thr_acquire counts
+-- them. A job that does not fit, or any doubt, takes thr_acquire's way, which decides it
+-- in full (and may park it). An adaptive key (its limit moves with each success) never
+-- starts a run.
+--
+-- Keys: KEYS[THR], rate:<key> (through writeback, throttle and rates)
+-- Calls: core, writeback, throttle, rates
+-- Entry points: keyruns.{acquire, remember}
+
+local keyruns = {}
+
+do
+  local THR = core.THR
+
+  -- the call's run: {keys, sig, epoch, names, costs (whether a grant keeps a rate cost),
+  -- vv, dirty (the throttle hash's view), ks = {{key, kf, slots, held, offered, refs,
+  -- rate, pz, bucket}, ..}}, or nil
+  local current = nil
+
+  -- Start a run on the keys `names` (sorted) that a job of signature `sig` was just
+  -- granted by thr_acquire, with its `limits` and `rlist` as it gave them. Nothing is
+  -- kept out of a call's views (writeback.fields) or for an adaptive key.
+  function keyruns.remember(keys, sig, names, limits, rlist, now)
+    current = nil
+    local vv, dirty = writeback.fields(keys, keys[THR])
+    if not (sig and vv) then
+      return
+    end
+    for _, kl in ipairs(limits) do
+      if kl[Limit.MIN] then
+        return
+      end
+    end
+    local ks = {}
+    for i, key in ipairs(names) do
+      local slots, held, offered, rate, pz = throttle.key_state(keys, key)
+      local kf = throttle.fields_of(key)
+      ks[i] = {key = key, kf = kf, slots = slots, held = held, offered = offered,
+        refs = tonumber(writeback.get(keys, keys[THR], kf.r)) or 0, rate = rate, pz = pz,
+        bucket = rate and rates.read(keys, key, rate, now)}
+    end
+    current = {keys = keys, sig = sig, epoch = writeback.epoch(), names = names,
+      costs = #rlist > 0, vv = vv, dirty = dirty, ks = ks}
+  end
+
+  -- Whether every key of the run lets a job of rate cost `units` start now.
+  local function fits(run, units, now)
+    for _, e in ipairs(run.ks) do
+      if e.slots - e.held - e.offered <= 0 or (e.pz and now < e.pz) then
+        return false
+      end
+      if e.rate and not rates.fits(e.rate, e.bucket, rates.cost(e.rate, units), now) then
+        return false
+      end
+    end
+    return true
+  end
+
+  -- Grant job `id` of signature `sig` (rate cost `units`) its keys as thr_acquire would,
+  -- when it is of the call's run and fits. Returns the grant token, or nil: then
+  -- thr_acquire decides.
+  function keyruns.acquire(keys, id, sig, units, now)
+    local run = current
+    if not (run and sig and run.keys == keys and run.sig == sig
+        and run.epoch == writeback.epoch() and fits(run, units, now)) then
+      return nil
+    end
+    local vv, dirty = run.vv, run.dirty
+    for _, e in ipairs(run.ks) do
+      e.held, e.refs = e.held + 1, e.refs + 1
+      vv[e.kf.u], vv[e.kf.r] = e.held, e.refs
+      dirty[e.kf.u], dirty[e.kf.r] = true, true
+      if e.rate then
+        rates.take(keys, e.key, e.rate, e.bucket, rates.cost(e.rate, units), now)
+      end
+    end
+    local token = throttle.grant(keys, id, run.names, run.costs and units or nil)
+    run.epoch = writeback.epoch()
+    return token
+  end
+end
