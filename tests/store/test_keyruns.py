@@ -4,10 +4,11 @@ pass them on what the run's first job found, and must decide exactly as
 
 Each case enqueues the same jobs into two apps on the real server and drains them two
 ways: one exchange asking for all of them (a run wherever jobs repeat their keys), and
-one exchange per job (every job decided in full, as the first of its call). Both must
-lease the same jobs in the same order and leave the same throttle state: slots held,
-offers, references, limits and rates in force, grant tokens, waiters and their groups,
-and the rate keys' tokens.
+one exchange per job (every job decided in full, as the first of its call); then they
+complete what was leased the same two ways (releases in a run, and each alone) and
+lease what that let start. Both must lease the same jobs in the same order and leave
+the same throttle state after each step: slots held, offers, references, limits and
+rates in force, grant tokens, waiters and their groups, and the rate keys' tokens.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from fairlane.store.api import Store
-from fairlane.store.wire import NewJob
+from fairlane.store.wire import FetchedJob, NewJob, Outcome
 
 pytestmark = pytest.mark.anyio
 
@@ -48,17 +49,28 @@ CASES = {
     "two tenants share the run": [("a", UP, PLENTY), ("b", UP, PLENTY)] * 5,
     "the keys change from job to job": [("t", UP, []), ("t", [], API), ("t", UP, API)] * 4,
     "a limit alone": [("t", [["solo", 3]], [])] * 6,
+    "every job fits, and the last release drops the keys": [("t", WIDE, PLENTY)] * 6,
     "a second run after a change": [("t", UP, PLENTY)] * 3 + [("t", [["up", 7]], PLENTY)] * 6,
 }
 
 
-async def _drain(store: Store, specs: Sequence[Spec], per_call: int) -> list[str]:
+async def _drain(store: Store, specs: Sequence[Spec], per_call: int) -> list[FetchedJob]:
     await store.enqueue("a", _jobs(specs))
-    leased: list[str] = []
+    leased: list[FetchedJob] = []
     for _ in range(len(specs) if per_call == 1 else 1):
         got = await store.exchange("w", ["a"], per_call, HOUR, slots=len(specs))
-        leased.extend(j.id for j in got.jobs)
+        leased.extend(got.jobs)
     return leased
+
+
+async def _settle(store: Store, jobs: Sequence[FetchedJob], per_call: int) -> list[FetchedJob]:
+    """Complete ``jobs``, ``per_call`` to an exchange that asks for nothing more; then
+    lease what their released keys let start."""
+    for i in range(0, len(jobs), per_call):
+        done = [Outcome(j.id, j.token, "ok", "1") for j in jobs[i : i + per_call]]
+        got = await store.exchange("w", ["a"], 0, HOUR, done, slots=len(jobs))
+        assert set(got.ack_codes) == {1}
+    return (await store.exchange("w", ["a"], len(jobs), HOUR, slots=len(jobs))).jobs
 
 
 async def _throttle_state(store: Store) -> dict[str, Any]:
@@ -85,7 +97,12 @@ async def test_a_run_decides_as_each_job_alone(
     try:
         in_one_call = await _drain(store, specs, per_call=len(specs))
         one_by_one = await _drain(alone, specs, per_call=1)
-        assert in_one_call == one_by_one
+        assert [j.id for j in in_one_call] == [j.id for j in one_by_one]
+        assert await _throttle_state(store) == await _throttle_state(alone)
+        # the releases: all in one call, and one to a call
+        after = await _settle(store, in_one_call, per_call=len(in_one_call))
+        after_alone = await _settle(alone, one_by_one, per_call=1)
+        assert [j.id for j in after] == [j.id for j in after_alone]
         assert await _throttle_state(store) == await _throttle_state(alone)
     finally:
         leftover = [k async for k in alone.client.scan_iter(match=alone.keys.match_all())]

@@ -35,7 +35,7 @@ if op == 'acquire' then
     tonumber(ARGV[7]))
   return {token or 0, wakes}
 elseif op == 'release' then
-  return {0, thr_release(KEYS, id, ARGV[3])}
+  return {0, (thr_release(KEYS, id, ARGV[3]))}
 end
 local done, wakes = thr_cancel(KEYS, id)
 return {done and 1 or 0, wakes}

@@ -3,7 +3,7 @@
 --
 -- Keys: q:<lane>:<class>:<tenant>, lane:<l>:c:<class>:fair|vt, lane:<l>:state, job:<id>,
 --   weights
--- Calls: core, classes, throttle, pausetable
+-- Calls: core, classes, throttle, keyruns, pausetable
 -- Entry points: fairqueue.{activate, add_settled, class_key, deactivate, enter_all_woken,
 --   flush_pushes, flush_queue, flush_settled, give_back_offers, lane_waiting, new_pushes,
 --   push_ready, release_grant, release_throttle, settle_running, take_back_offers, tenant_queue,
@@ -243,7 +243,14 @@ do
   -- (thr_release, as is `quiet`). Returns the waiters woken, for the caller to enter.
   local function release_grant(keys, p, id, token, now, used, succeeded, quiet)
     redis.call('HDEL', job_key(p, id), 'ttok')
-    return thr_release(keys, id, token, now, used, succeeded, quiet)
+    if keyruns.release(keys, id, token) then
+      return {}
+    end
+    local wakes, names = thr_release(keys, id, token, now, used, succeeded, quiet)
+    if names and #wakes == 0 then
+      keyruns.released(keys, names, quiet)
+    end
+    return wakes
   end
 
   -- Release a job's throttle grant, if it holds one, and enter the waiters that wakes.

@@ -16,9 +16,15 @@
 -- in full (and may park it). An adaptive key (its limit moves with each success) never
 -- starts a run.
 --
+-- Releases run the same way (`released`, `release`): the grants an ack call releases
+-- that hold the keys its last release held give back a slot and a reference on each,
+-- when thr_release would do nothing else -- no key has waiters to wake (the call's
+-- `quiet` knew none, and nobody has entered a group since: that moves the epoch), a rate
+-- counting units to correct or an adaptive limit to grow, or its last reference to drop.
+--
 -- Keys: KEYS[THR], rate:<key> (through writeback, throttle and rates)
 -- Calls: core, writeback, throttle, rates
--- Entry points: keyruns.{acquire, remember}
+-- Entry points: keyruns.{acquire, release, released, remember}
 
 local keyruns = {}
 
@@ -54,6 +60,78 @@ do
     end
     current = {keys = keys, sig = sig, epoch = writeback.epoch(), names = names,
       costs = #rlist > 0, vv = vv, dirty = dirty, ks = ks}
+  end
+
+  -- the call's release run: {keys, epoch, joined (the keys as a grant holds them), vv,
+  -- dirty, ks = {{kf, held, refs}, ..}}, or nil
+  local freed = nil
+
+  -- Whether thr_release of a grant of `key` does nothing but give back its slot and
+  -- reference: nobody waits on it, and it has no rate counting units (whose cost an
+  -- attempt's use corrects) nor an adaptive limit (which a success grows).
+  local function plain(keys, key, quiet)
+    if not throttle.quiet(quiet, key) then
+      return false
+    end
+    local v = writeback.mget(keys, keys[THR], throttle.fields_of(key).settle)
+    local rate = rates.parse(v[1])
+    return not (v[2] or (rate and rate.units))
+  end
+
+  -- Start a release run on `names`, whose grant thr_release just released with no one
+  -- woken (`quiet`: its call's).
+  function keyruns.released(keys, names, quiet)
+    freed = nil
+    local vv, dirty = writeback.fields(keys, keys[THR])
+    if not vv then
+      return
+    end
+    local ks = {}
+    for i, key in ipairs(names) do
+      if not plain(keys, key, quiet) then
+        return
+      end
+      local kf = throttle.fields_of(key)
+      local v = writeback.mget(keys, keys[THR], {kf.u, kf.r})
+      ks[i] = {kf = kf, held = tonumber(v[1]) or 0, refs = tonumber(v[2]) or 0}
+    end
+    freed = {keys = keys, epoch = writeback.epoch(), joined = table.concat(names, '\t'),
+      vv = vv, dirty = dirty, ks = ks}
+  end
+
+  -- Release job `id`'s grant `token` as thr_release would, when it holds the keys of the
+  -- call's release run and none of them would lose its last reference. Returns whether
+  -- it did; if not, thr_release decides.
+  function keyruns.release(keys, id, token)
+    local run = freed
+    if not (run and run.keys == keys and run.epoch == writeback.epoch()) then
+      return false
+    end
+    local v = writeback.mget(keys, keys[THR], {'h:' .. id, 'c:' .. id})
+    local held = v[1]
+    local tab = held and string.find(held, '\t', 1, true)
+    if not (tab and string.sub(held, tab + 1) == run.joined
+        and string.sub(held, 1, tab - 1) == tostring(token)) then
+      return false
+    end
+    for _, e in ipairs(run.ks) do
+      if e.refs <= 1 then
+        return false
+      end
+    end
+    if v[2] then
+      writeback.del(keys, keys[THR], 'h:' .. id, 'c:' .. id)
+    else
+      writeback.del(keys, keys[THR], 'h:' .. id)
+    end
+    local vv, dirty = run.vv, run.dirty
+    for _, e in ipairs(run.ks) do
+      e.held, e.refs = e.held - 1, e.refs - 1
+      vv[e.kf.u], vv[e.kf.r] = e.held, e.refs
+      dirty[e.kf.u], dirty[e.kf.r] = true, true
+    end
+    run.epoch = writeback.epoch()
+    return true
   end
 
   -- Whether every key of the run lets a job of rate cost `units` start now.

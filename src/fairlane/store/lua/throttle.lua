@@ -21,7 +21,7 @@
 --   KEYS[TLIMITS], KEYS[WEIGHTS]
 -- Calls: core, classes, rates, keyparts, writeback
 -- Entry points: throttle.{RATE_BUCKETS, RATE_WIDTH_MS, apply_given, fields_of, grant,
---   key_state, note_duration,
+--   key_state, note_duration, quiet,
 --   note_submissions, rate_in_force, rate_per_min, refund_rates, sig_key,
 --   take_rates, wake_keys,
 --   tenant_limit, thr_acquire, thr_cancel, thr_cancel_waiter, thr_next_due,
@@ -546,7 +546,13 @@ do
     end
     wake_all(keys, names, wakes, now, quiet)
     unref(keys, names)
-    return wakes
+    return wakes, names
+  end
+
+  -- Whether `quiet` (thr_release's, for the releases of one call) knows `key` to have
+  -- nobody waiting.
+  function throttle.quiet(quiet, key)
+    return quiet ~= nil and quiet[key] == entered
   end
 
   -- The upstream behind `key` pushed back on `id`'s attempt (grant `token`): the key is
