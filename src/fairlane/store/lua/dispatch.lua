@@ -479,11 +479,12 @@ do
     return (f[17] or '') .. '\0' .. (f[23] or '')
   end
 
-  local function admitted(cx, id, token)
+  -- The grant rides on the record's write when the job is leased (lease_jobs).
+  local function admitted(cx, f, token)
     -- each job's keys are lookups in their hash, and each holding two fields (the hash
     -- exists once a call with grants has returned: its view is written back then)
     core.keep_large(cx.tally, cx.keys[THR])
-    redis.call('HSET', job_key(cx.p, id), 'ttok', token, 'x', '1')
+    f.ttok = token
   end
 
   local function admit(cx, id, f)
@@ -491,7 +492,7 @@ do
     local units = f[23] and dispatch.rate_units(cx.p, id, f) or 1
     local token = sig and keyruns.acquire(cx.keys, id, sig, units, cx.now)
     if token then
-      admitted(cx, id, token)
+      admitted(cx, f, token)
       return true, NO_WAKES
     end
     local offered = f[21]
@@ -510,7 +511,7 @@ do
     end
     if token then
       keyruns.remember(cx.keys, sig, names, limits, rl, cx.now)
-      admitted(cx, id, token)
+      admitted(cx, f, token)
       return true, wakes
     end
     core.keep_large(cx.tally, cx.keys[THR])

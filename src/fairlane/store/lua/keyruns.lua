@@ -59,7 +59,7 @@ do
         bucket = rate and rates.read(keys, key, rate, now)}
     end
     current = {keys = keys, sig = sig, epoch = writeback.epoch(), names = names,
-      costs = #rlist > 0, vv = vv, dirty = dirty, ks = ks}
+      joined = table.concat(names, '\t'), costs = #rlist > 0, vv = vv, dirty = dirty, ks = ks}
   end
 
   -- the call's release run: {keys, epoch, joined (the keys as a grant holds them), vv,
@@ -165,7 +165,7 @@ do
         rates.take(keys, e.key, e.rate, e.bucket, rates.cost(e.rate, units), now)
       end
     end
-    local token = throttle.grant(keys, id, run.names, run.costs and units or nil)
+    local token = throttle.grant(keys, id, run.names, run.costs and units or nil, run.joined)
     run.epoch = writeback.epoch()
     return token
   end

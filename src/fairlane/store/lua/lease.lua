@@ -7,7 +7,7 @@
 -- Entry points: leasing.{NOT_ENTITLED_ERR, RUNNABLE, RUNNABLE_X, backoff_ok, finite_ok,
 --   hand_off, inbox_key, lease_jobs, limits_ok, lost_class, peek_idle_worker,
 --   promote_due, rates_ok, read_runnable, runnable, slots_ok, text_ok, to_ok, whole_ok,
---   worker_jobs}
+--   worker_jobs, write_keyed}
 
 local leasing = {}
 
@@ -277,6 +277,18 @@ do
   -- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns
   -- the rows a worker receives, in FetchedJob's places (`Row.*`; a place added goes
   -- last, so that a reader of the shorter row still decodes it).
+  -- The running record of a job dispatch admitted on its throttle keys: the grant it
+  -- holds (`ttok`, and `x`, the mark of optional fields) with the lease, in one write.
+  function leasing.write_keyed(jk, token, att, worker, start, qw, ttok)
+    if qw or att > 1 then
+      redis.call('HSET', jk, 'st', 'running', 'tok', token, 'att', core.arg(att), 'wk', worker,
+        'start', start, 'qw', qw or '', 'ttok', ttok, 'x', '1')
+    else
+      redis.call('HSET', jk, 'st', 'running', 'tok', token, 'att', '1', 'wk', worker,
+        'start', start, 'ttok', ttok, 'x', '1')
+    end
+  end
+
   local function lease_jobs(keys, p, popped, worker, lease, now)
     local jobs = {}
     if #popped == 0 then
@@ -302,7 +314,9 @@ do
       -- no event: start, wk and att say when and where. Why it waited (`qw`, dispatch's
       -- view) rides on this write, so it costs no command either; a first attempt with
       -- nothing to say writes none (a later one clears what an earlier one said)
-      if e[4] or att > 1 then
+      if f.ttok then
+        leasing.write_keyed(job_key(p, id), token, att, worker, start, e[4], f.ttok)
+      elseif e[4] or att > 1 then
         redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', token, 'att', core.arg(att),
           'wk', worker, 'start', start, 'qw', e[4] or '')
       else

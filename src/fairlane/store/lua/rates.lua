@@ -27,6 +27,9 @@ do
   local THR, prefix = core.THR, core.prefix
 
 
+  -- the fields of a bucket `read` asks for
+  local BUCKET = {'t', 's', 'pu'}
+
   function rates.fmt(x)
     return string.format('%.17g', x)
   end
@@ -83,10 +86,12 @@ do
     return 1
   end
 
-  -- The bucket of `key`: a key without state is full as of now.
+  -- The bucket of `key`: a key without state is full as of now. (`sk`: its state's key,
+  -- kept for the writes that follow.)
   function rates.read(keys, key, rate, now)
-    local v = writeback.mget(keys, rates.state_key(keys, key), {'t', 's', 'pu'})
-    local b = {t = tonumber(v[1]), s = tonumber(v[2]), pu = tonumber(v[3]) or 0}
+    local sk = rates.state_key(keys, key)
+    local v = writeback.mget(keys, sk, BUCKET)
+    local b = {t = tonumber(v[1]), s = tonumber(v[2]), pu = tonumber(v[3]) or 0, sk = sk}
     if not b.t or not b.s then
       b.t, b.s, b.fresh = rate.burst, now, true
     end
@@ -115,7 +120,7 @@ do
 
   -- Keep a key's state while it says more than a fresh key's would, and an hour more.
   function rates.keep(keys, key, rate, b, now)
-    local sk = rates.state_key(keys, key)
+    local sk = b.sk or rates.state_key(keys, key)
     local ttl = math.max(0, b.pu - now)
     if rate and b.t < rate.burst then
       ttl = math.max(ttl, math.ceil((rate.burst - b.t) * rate.per / rate.limit))
@@ -133,7 +138,7 @@ do
   function rates.take(keys, key, rate, b, cost, now)
     b.t = rates.level(rate, b, now) - cost
     b.s = math.max(now, b.s)
-    local sk = rates.state_key(keys, key)
+    local sk = b.sk
     writeback.set(keys, sk, 't', b.t, 's', b.s)
     writeback.addf(keys, sk, 'ta', cost)
     rates.keep(keys, key, rate, b, now)
@@ -148,7 +153,7 @@ do
       after = math.min(rate.burst, after)
     end
     b.t, b.s = after, math.max(now, b.s)
-    local sk = rates.state_key(keys, key)
+    local sk = b.sk
     writeback.set(keys, sk, 't', b.t, 's', b.s)
     if delta > 0 then
       writeback.addf(keys, sk, 'tr', after - before)

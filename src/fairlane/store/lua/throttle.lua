@@ -202,10 +202,11 @@ do
     return tonumber(writeback.get(keys, keys[THR], 'v:' .. key)) or 0
   end
 
-  -- (`cost`: the job's rate cost to remember with the grant, take_tokens; one write.)
-  function throttle.grant(keys, id, names, cost)
+  -- (`cost`: the job's rate cost to remember with the grant, take_tokens; one write.
+  -- `joined`: the names joined by tabs, when the caller has them.)
+  function throttle.grant(keys, id, names, cost, joined)
     local token = writeback.incr(keys, keys[THR], 'tok', 1)
-    local held = token .. TAB .. table.concat(names, TAB)
+    local held = token .. TAB .. (joined or table.concat(names, TAB))
     if cost then
       writeback.set(keys, keys[THR], 'h:' .. id, held, 'c:' .. id, cost)
     else
