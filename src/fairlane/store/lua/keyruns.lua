@@ -107,8 +107,7 @@ do
     if not (run and run.keys == keys and run.epoch == writeback.epoch()) then
       return false
     end
-    local v = writeback.mget(keys, keys[THR], {'h:' .. id, 'c:' .. id})
-    local held = v[1]
+    local held, cost = throttle.held(keys, id)
     local tab = held and string.find(held, '\t', 1, true)
     if not (tab and string.sub(held, tab + 1) == run.joined
         and string.sub(held, 1, tab - 1) == tostring(token)) then
@@ -119,7 +118,7 @@ do
         return false
       end
     end
-    if v[2] then
+    if cost then
       writeback.del(keys, keys[THR], 'h:' .. id, 'c:' .. id)
     else
       writeback.del(keys, keys[THR], 'h:' .. id)

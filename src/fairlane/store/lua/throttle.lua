@@ -21,7 +21,7 @@
 --   KEYS[TLIMITS], KEYS[WEIGHTS]
 -- Calls: core, classes, rates, keyparts, writeback
 -- Entry points: throttle.{RATE_BUCKETS, RATE_WIDTH_MS, apply_given, fields_of, grant,
---   key_state, note_duration, quiet,
+--   held, key_state, note_duration, quiet,
 --   note_submissions, rate_in_force, rate_per_min, refund_rates, sig_key,
 --   take_rates, wake_keys,
 --   tenant_limit, thr_acquire, thr_cancel, thr_cancel_waiter, thr_next_due,
@@ -523,9 +523,14 @@ do
   -- grant and the rate cost read, and dropped, together). A stale token or a job holding
   -- nothing changes nothing. Returns the waiters woken. `quiet`: wake_all's, for the
   -- releases of one call.
-  local function thr_release(keys, id, token, now, used, succeeded, quiet)
+  -- A job's grant, 'token<TAB>key..', and its rate cost (false: none kept), in one read.
+  function throttle.held(keys, id)
     local v = writeback.mget(keys, keys[THR], {'h:' .. id, 'c:' .. id})
-    local held = v[1]
+    return v[1], v[2]
+  end
+
+  local function thr_release(keys, id, token, now, used, succeeded, quiet)
+    local held, cost = throttle.held(keys, id)
     local wakes = {}
     if not held then
       return wakes
@@ -535,7 +540,7 @@ do
       return wakes
     end
     now = tonumber(now) or 0
-    local names, units = {unpack(parts, 2)}, tonumber(v[2])
+    local names, units = {unpack(parts, 2)}, tonumber(cost)
     if units then
       writeback.del(keys, keys[THR], 'h:' .. id, 'c:' .. id)
       settle_rates(keys, names, units, now, tonumber(used), succeeded)
