@@ -465,10 +465,6 @@ do
     return mu / 1000
   end
 
-  -- Pass a job popped from the fair queue, with its lane slot, through its throttle keys:
-  -- a job a key woke converts its offers (its keys are the ones it parked with), any
-  -- other is admitted on all its keys or parks. Returns whether it was admitted and the
-  -- waiters woken on the way. A job without keys or offers costs nothing here.
   -- The signature of a job's keys for a run of them (keyruns.lua): its own limits and
   -- rates as stored, when it holds no offers and its tenant is known to have neither a
   -- limit nor a rate of its own (those move from job to job); nil otherwise.
@@ -487,13 +483,20 @@ do
     f.ttok = token
   end
 
+  -- Pass a job popped from the fair queue, with its lane slot, through its throttle keys:
+  -- a job a key woke converts its offers (its keys are the ones it parked with), any
+  -- other is admitted on all its keys or parks. Returns whether it was admitted and the
+  -- waiters woken on the way. A job without keys or offers costs nothing here.
   local function admit(cx, id, f)
+    -- a job of the call's run on its keys: its own rates are its only ones
     local sig = run_signature(cx, f)
-    local units = f[23] and dispatch.rate_units(cx.p, id, f) or 1
-    local token = sig and keyruns.acquire(cx.keys, id, sig, units, cx.now)
-    if token then
-      admitted(cx, f, token)
-      return true, NO_WAKES
+    if sig then
+      local units = f[23] and dispatch.rate_units(cx.p, id, f) or 1
+      local token = keyruns.acquire(cx.keys, id, sig, units, cx.now)
+      if token then
+        admitted(cx, f, token)
+        return true, NO_WAKES
+      end
     end
     local offered = f[21]
     local limits = offered and NO_WAKES or job_limits(cx, f)
@@ -502,10 +505,9 @@ do
       return true, NO_WAKES
     end
     local charge = charged_units(cx.cost_mode, f[14])
-    units = #rl > 0 and (f[23] and units or dispatch.rate_units(cx.p, id, f)) or 1
-    local wakes, blocker, names
-    token, wakes, blocker, names = thr_acquire(cx.keys, id, limits, f[12] or 0, f[13] or 0,
-      f[6] or '', charge, rl, units, cx.now)
+    local units = #rl > 0 and dispatch.rate_units(cx.p, id, f) or 1
+    local token, wakes, blocker, names = thr_acquire(cx.keys, id, limits, f[12] or 0,
+      f[13] or 0, f[6] or '', charge, rl, units, cx.now)
     if offered then
       redis.call('HDEL', job_key(cx.p, id), 'toff')
     end

@@ -272,11 +272,6 @@ do
     return bad
   end
 
-  -- Lease popped jobs ({id, fields, lane} as `runnable` returns them) to `worker`: one
-  -- fencing token each, the attempt counted, one ZADD for all the leases; the classes'
-  -- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns
-  -- the rows a worker receives, in FetchedJob's places (`Row.*`; a place added goes
-  -- last, so that a reader of the shorter row still decodes it).
   -- The running record of a job dispatch admitted on its throttle keys: the grant it
   -- holds (`ttok`, and `x`, the mark of optional fields) with the lease, in one write.
   function leasing.write_keyed(jk, token, att, worker, start, qw, ttok)
@@ -289,6 +284,11 @@ do
     end
   end
 
+  -- Lease popped jobs ({id, fields, lane} as `runnable` returns them) to `worker`: one
+  -- fencing token each, the attempt counted, one ZADD for all the leases; the classes'
+  -- in-flight work grows (their in-flight slots grew when the jobs were taken). Returns
+  -- the rows a worker receives, in FetchedJob's places (`Row.*`; a place added goes
+  -- last, so that a reader of the shorter row still decodes it).
   local function lease_jobs(keys, p, popped, worker, lease, now)
     local jobs = {}
     if #popped == 0 then
