@@ -1,6 +1,6 @@
 -- The library's common ground: the app's fixed keys (by the names fairlane.lua's header
 -- gives them), the server's clock, the prefix and the keys derived from it, job events,
--- and the hot path's helpers (chunked commands, memoised parses, optional fields).
+-- and the hot path's helpers (chunked commands, memoised parses, a record read whole).
 --
 -- Keys: KEYS[FENCE] (the app's prefix comes from it), ev:<id>, lane:<l>:wake; the KEYS
 --   indexes (FENCE .. THRW) are named here
@@ -9,8 +9,8 @@
 --   DEFAULT_MAX, DEFAULT_TENANT, DEFAULT_TO, FENCE, FLEET,
 --   IDEM, LEASES, MEMO_MAX, PRIO_SPAN, STATS, TASKS, TERMINAL, THR, THRW, TLIMITS, WEIGHTS, WORKERS,
 --   any, arg, chunked, class_table, error_type, ev_key, int, job_key, keep_large, lane_key,
---   log_event, memoised, now_arg, now_ms, num, order_score, prefix, read, sharded, slots_of,
---   tenant_weight, usual_cost_key, wake}
+--   log_event, memoised, now_arg, now_ms, num, order_score, places, prefix, read, read_whole,
+--   sharded, slots_of, tenant_weight, usual_cost_key, wake}
 
 local core = {}
 
@@ -168,7 +168,9 @@ do
   -- does not hold costs a scan of the whole record, and these were most of what the hot
   -- path looked for. Whoever writes one of them sets `x` to '1' in the same command;
   -- enqueue writes '' when there are none, and a record without `x` (written before it
-  -- existed) may hold any. `common` ends with 'x'; the result holds the common fields in
+  -- existed) may hold any. `x` may instead name the one optional field the record holds,
+  -- as a lease that read the record whole writes it (leasing.write_keyed): that field
+  -- alone is read then. `common` ends with 'x'; the result holds the common fields in
   -- their places and the optional ones after them (nil when absent). pcall: a key of the
   -- wrong type reads as no record.
   function core.read(key, common, optional)
@@ -177,15 +179,59 @@ do
       return {}
     end
     local n = #common
-    if not f[n] or f[n] == '' then
-      f[n] = nil
-    else
+    local x = f[n]
+    f[n] = nil
+    if x == '1' then
       local o = redis.pcall('HMGET', key, unpack(optional))
       for i = 1, #optional do
         f[n - 1 + i] = not o.err and o[i] or nil
       end
+    elseif x and x ~= '' then
+      for i = 1, #optional do
+        if optional[i] == x then
+          f[n - 1 + i] = redis.call('HGET', key, x) or nil
+          break
+        end
+      end
     end
     return f
+  end
+
+  -- A record as dispatch reads it to lease the job: whole, in one HGETALL, each field
+  -- it asks for put in its place (`places`, core.places), the rest let go. The fields a
+  -- record leaves out (its defaults, and those few records hold) cost nothing here, where
+  -- an HMGET walked a small record's listpack to its end for each one absent: most of a
+  -- plain job's read, and all of a keyed job's second one (`x` set). A lease sends the
+  -- args on, so reading them costs no copy the job does not need; an ack does not, and
+  -- keeps core.read (a record of large args is a hash table to the server, where HMGET
+  -- finds a field in one step and HGETALL would copy the args for nothing). Absent
+  -- fields are nil. pcall: a key of the wrong type reads as no record.
+  function core.read_whole(key, places)
+    local r = redis.pcall('HGETALL', key)
+    if r.err then
+      return {}
+    end
+    -- sized for the longest list read (leasing.RUNNABLE), so that no place set below
+    -- grows the table
+    local f = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+      nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+    for i = 1, #r, 2 do
+      local at = places[r[i]]
+      if at then
+        f[at] = r[i + 1]
+      end
+    end
+    return f
+  end
+
+  -- The fields a reader of core.read_whole asks for, in their places: name -> place.
+  -- A numeric loop: it runs as the library loads, where `ipairs` is not yet a global.
+  function core.places(names)
+    local at = {}
+    for i = 1, #names do
+      at[names[i]] = i
+    end
+    return at
   end
 
   -- Whether a hash of tenant settings (weights, concurrency limits) holds any entry, asked

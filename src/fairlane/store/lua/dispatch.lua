@@ -456,13 +456,10 @@ do
   dispatch.charged_units = charged_units
 
   -- What a job's rate keys counting units take: its `rmu`, else what its tenant is charged
-  -- or admission reserved for it, else one unit.
-  function dispatch.rate_units(p, id, f)
-    local mu = tonumber(f[24]) or tonumber(f[14])
-    if not mu then
-      mu = tonumber(redis.call('HGET', job_key(p, id), 'emu')) or 1000
-    end
-    return mu / 1000
+  -- or admission reserved for it (`emu`), else one unit. `f`: the record as
+  -- leasing.read_runnable reads it.
+  function dispatch.rate_units(f)
+    return (tonumber(f[24]) or tonumber(f[14]) or tonumber(f[29]) or 1000) / 1000
   end
 
   -- The signature of a job's keys for a run of them (keyruns.lua): its own limits and
@@ -491,7 +488,7 @@ do
     -- a job of the call's run on its keys: its own rates are its only ones
     local sig = run_signature(cx, f)
     if sig then
-      local units = f[23] and dispatch.rate_units(cx.p, id, f) or 1
+      local units = f[23] and dispatch.rate_units(f) or 1
       local token = keyruns.acquire(cx.keys, id, sig, units, cx.now)
       if token then
         admitted(cx, f, token)
@@ -505,7 +502,7 @@ do
       return true, NO_WAKES
     end
     local charge = charged_units(cx.cost_mode, f[14])
-    local units = #rl > 0 and dispatch.rate_units(cx.p, id, f) or 1
+    local units = #rl > 0 and dispatch.rate_units(f) or 1
     local token, wakes, blocker, names = thr_acquire(cx.keys, id, limits, f[12] or 0,
       f[13] or 0, f[6] or '', charge, rl, units, cx.now)
     if offered then

@@ -3,8 +3,8 @@
 --
 -- Keys: job:<id>, inbox:<worker>, wj:<worker>, lane:<l>:delayed|idle|state,
 --   lane:<l>:c:<c>:vt, KEYS[FENCE] (tokens), KEYS[LEASES]
--- Calls: core, classes, fairqueue, fairkeys, admission, records, estimating
--- Entry points: leasing.{NOT_ENTITLED_ERR, RUNNABLE, RUNNABLE_X, backoff_ok, finite_ok,
+-- Calls: core, classes, fairqueue, fairkeys, admission, records, estimating, settling
+-- Entry points: leasing.{NOT_ENTITLED_ERR, RUNNABLE, backoff_ok, finite_ok,
 --   hand_off, inbox_key, lease_jobs, limits_ok, lost_class, peek_idle_worker,
 --   promote_due, rates_ok, read_runnable, runnable, slots_ok, text_ok, to_ok, whole_ok,
 --   worker_jobs, write_keyed}
@@ -273,14 +273,43 @@ do
   end
 
   -- The running record of a job dispatch admitted on its throttle keys: the grant it
-  -- holds (`ttok`, and `x`, the mark of optional fields) with the lease, in one write.
-  function leasing.write_keyed(jk, token, att, worker, start, qw, ttok)
+  -- holds (`ttok`) with the lease, in one write, and `x`, the mark of optional fields an
+  -- ack reads (core.read). The record was read whole (`f`, read_runnable): when it holds
+  -- none of the ack's other optional fields, `x` names the grant alone, which the ack
+  -- then reads by itself rather than with the six it would not find. A writer that adds
+  -- one later (a waiter, a workflow's run) sets `x` to '1' again.
+  local ack_others = false
+
+  -- The places in RUNNABLE (below) of those six, found at first use: a library's load
+  -- has no `error` to refuse a list that lacks one.
+  local function find_ack_others()
+    local places = {}
+    for i = 1, #settling.SETTLING_X do
+      local name = settling.SETTLING_X[i]
+      if name ~= 'ttok' then
+        places[#places + 1] = leasing.RUNNABLE[name] or error('leasing.RUNNABLE lacks ' .. name)
+      end
+    end
+    return places
+  end
+
+  local function ack_mark(f)
+    ack_others = ack_others or find_ack_others()
+    for i = 1, #ack_others do
+      if f[ack_others[i]] then
+        return '1'
+      end
+    end
+    return 'ttok'
+  end
+
+  function leasing.write_keyed(jk, token, att, worker, start, qw, ttok, f)
     if qw or att > 1 then
       redis.call('HSET', jk, 'st', 'running', 'tok', token, 'att', core.arg(att), 'wk', worker,
-        'start', start, 'qw', qw or '', 'ttok', ttok, 'x', '1')
+        'start', start, 'qw', qw or '', 'ttok', ttok, 'x', ack_mark(f))
     else
       redis.call('HSET', jk, 'st', 'running', 'tok', token, 'att', '1', 'wk', worker,
-        'start', start, 'ttok', ttok, 'x', '1')
+        'start', start, 'ttok', ttok, 'x', ack_mark(f))
     end
   end
 
@@ -315,7 +344,7 @@ do
       -- view) rides on this write, so it costs no command either; a first attempt with
       -- nothing to say writes none (a later one clears what an earlier one said)
       if f.ttok then
-        leasing.write_keyed(job_key(p, id), token, att, worker, start, e[4], f.ttok)
+        leasing.write_keyed(job_key(p, id), token, att, worker, start, e[4], f.ttok, f)
       elseif e[4] or att > 1 then
         redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', token, 'att', core.arg(att),
           'wk', worker, 'start', start, 'qw', e[4] or '')
@@ -410,14 +439,17 @@ do
   -- can run; settles it (and gives back any offers it held) and returns nil when it
   -- cannot (expired, malformed, or a stale entry).
   -- A record as `runnable` checks it: f[1..15] st, task, args, max, to, tenant, bo, enq,
-  -- att, sl, cls, prio, seq, cu, run; f[16..24] the optional dl, lim, ttok, tp, par, toff,
-  -- fk, rk, rmu (core.read).
-  leasing.RUNNABLE = {'st', 'task', 'args', 'max', 'to', 'tenant', 'bo', 'enq', 'att', 'sl', 'cls',
-    'prio', 'seq', 'cu', 'run', 'x'}
-  leasing.RUNNABLE_X = {'dl', 'lim', 'ttok', 'tp', 'par', 'toff', 'fk', 'rk', 'rmu'}
+  -- att, sl, cls, prio, seq, cu, run; f[16..24] the fields few records hold: dl, lim,
+  -- ttok, tp, par, toff, fk, rk, rmu; f[25..28] w, mu, wfr, idem, read only for the mark
+  -- an ack reads by (write_keyed); f[29] emu, what admission reserved, which a job's rate
+  -- keys counting units take when it has neither rmu nor cu (dispatch.rate_units)
+  -- (core.read_whole).
+  leasing.RUNNABLE = core.places{'st', 'task', 'args', 'max', 'to', 'tenant', 'bo', 'enq', 'att',
+    'sl', 'cls', 'prio', 'seq', 'cu', 'run', 'dl', 'lim', 'ttok', 'tp', 'par', 'toff', 'fk', 'rk',
+    'rmu', 'w', 'mu', 'wfr', 'idem', 'emu'}
 
   function leasing.read_runnable(p, id)
-    local f = core.read(job_key(p, id), leasing.RUNNABLE, leasing.RUNNABLE_X)
+    local f = core.read_whole(job_key(p, id), leasing.RUNNABLE)
     if f[1] then
       -- fields enqueue left out at their defaults (core.lua); an absent run is enq
       f[4], f[5], f[6] = f[4] or core.DEFAULT_MAX, f[5] or core.DEFAULT_TO, f[6] or core.DEFAULT_TENANT

@@ -1,0 +1,78 @@
+"""The mark an ack reads a keyed job's record by (``x``, lua core.read): a lease that read
+the record whole writes the name of the grant's field when the record holds none of the
+ack's other optional fields, and '1' when it holds one; a writer that adds one while
+the job runs sets '1' again. Whatever the mark, the ack must find what it needs: the
+grant it releases (the next job on the key starts), the waiter it answers, the deadline.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fairlane.store.api import Store
+from fairlane.store.wire import NewJob, Outcome
+
+pytestmark = pytest.mark.anyio
+
+HOUR = 3_600_000
+ONE_SLOT = [["solo", 1]]
+
+
+def _job(job_id: str, deadline: str = "") -> NewJob:
+    return NewJob(job_id, "t", 0, "mark.job", "[]", 3, "", 0, "0,0", "0,0",
+                  deadline=deadline, limits=ONE_SLOT)  # fmt: skip
+
+
+async def _mark(store: Store, job_id: str) -> bytes | None:
+    mark: bytes | None = await store.client.hget(store.keys.job(job_id), "x")
+    return mark
+
+
+async def _second_starts_when_the_first_is_done(store: Store, first: str, second: str) -> None:
+    got = await store.exchange("w", ["a"], 0, HOUR, slots=2)
+    # the key's one slot is held: nothing more starts before the first job is done
+    assert got.jobs == []
+    leased = await store.client.hget(store.keys.job(first), "tok")
+    assert leased is not None
+    done = [Outcome(first, leased.decode(), "ok", "1")]
+    got = await store.exchange("w", ["a"], 2, HOUR, done, slots=2)
+    assert got.ack_codes == [1]
+    assert [j.id for j in got.jobs] == [second]
+
+
+@pytest.mark.parametrize(
+    ("deadline", "mark"),
+    [("", b"ttok"), (f"+{HOUR}", b"1")],
+    ids=["the grant alone", "with a deadline"],
+)
+async def test_a_keyed_lease_marks_what_its_ack_reads(
+    store: Store, deadline: str, mark: bytes
+) -> None:
+    await store.enqueue("a", [_job("k1", deadline), _job("k2", deadline)])
+    got = await store.exchange("w", ["a"], 1, HOUR, slots=2)
+    assert [j.id for j in got.jobs] == ["k1"]
+    assert await _mark(store, "k1") == mark
+    await _second_starts_when_the_first_is_done(store, "k1", "k2")
+
+
+async def test_a_waiter_added_while_it_runs_widens_the_mark(store: Store) -> None:
+    await store.enqueue("a", [_job("k1"), _job("k2")])
+    got = await store.exchange("w", ["a"], 1, HOUR, slots=2)
+    assert [j.id for j in got.jobs] == ["k1"]
+    assert await _mark(store, "k1") == b"ttok"
+    assert await store.watch("k1") == [b"running"]
+    assert await _mark(store, "k1") == b"1"
+    pubsub = store.client.pubsub()
+    await pubsub.subscribe(store.keys.prefix + "done")
+    try:
+        await _second_starts_when_the_first_is_done(store, "k1", "k2")
+        # the ack read the waiter too: it tells those waiting that the job is done
+        heard = []
+        for _ in range(10):
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.5)
+            if message is not None:
+                heard.append(message["data"])
+                break
+        assert heard == [b"k1"]
+    finally:
+        await pubsub.aclose()
