@@ -205,8 +205,11 @@ do
   -- args on, so reading them costs no copy the job does not need; an ack does not, and
   -- keeps core.read (a record of large args is a hash table to the server, where HMGET
   -- finds a field in one step and HGETALL would copy the args for nothing). Absent
-  -- fields are nil. pcall: a key of the wrong type reads as no record.
-  function core.read_whole(key, places)
+  -- fields are nil. The optional fields are those in places `first` to `mark - 1`, `x`
+  -- in place `mark`: as core.read does, a record whose `x` says it holds none is read as
+  -- holding none (a field written into it by anything but the library is not read).
+  -- pcall: a key of the wrong type reads as no record.
+  function core.read_whole(key, places, first, mark)
     local r = redis.pcall('HGETALL', key)
     if r.err then
       return {}
@@ -214,11 +217,18 @@ do
     -- sized for the longest list read (leasing.RUNNABLE), so that no place set below
     -- grows the table
     local f = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-      nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+      nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+    local optional = false
     for i = 1, #r, 2 do
       local at = places[r[i]]
       if at then
         f[at] = r[i + 1]
+        optional = optional or at >= first
+      end
+    end
+    if optional and (not f[mark] or f[mark] == '') then
+      for i = first, mark do
+        f[i] = nil
       end
     end
     return f

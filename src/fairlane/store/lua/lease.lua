@@ -442,14 +442,15 @@ do
   -- att, sl, cls, prio, seq, cu, run; f[16..24] the fields few records hold: dl, lim,
   -- ttok, tp, par, toff, fk, rk, rmu; f[25..28] w, mu, wfr, idem, read only for the mark
   -- an ack reads by (write_keyed); f[29] emu, what admission reserved, which a job's rate
-  -- keys counting units take when it has neither rmu nor cu (dispatch.rate_units)
-  -- (core.read_whole).
+  -- keys counting units take when it has neither rmu nor cu (dispatch.rate_units); f[30]
+  -- x, the mark that any of f[16..29] may be there (core.read_whole).
   leasing.RUNNABLE = core.places{'st', 'task', 'args', 'max', 'to', 'tenant', 'bo', 'enq', 'att',
     'sl', 'cls', 'prio', 'seq', 'cu', 'run', 'dl', 'lim', 'ttok', 'tp', 'par', 'toff', 'fk', 'rk',
-    'rmu', 'w', 'mu', 'wfr', 'idem', 'emu'}
+    'rmu', 'w', 'mu', 'wfr', 'idem', 'emu', 'x'}
+  local RUNNABLE_OPTIONAL, RUNNABLE_MARK = 16, 30
 
   function leasing.read_runnable(p, id)
-    local f = core.read_whole(job_key(p, id), leasing.RUNNABLE)
+    local f = core.read_whole(job_key(p, id), leasing.RUNNABLE, RUNNABLE_OPTIONAL, RUNNABLE_MARK)
     if f[1] then
       -- fields enqueue left out at their defaults (core.lua); an absent run is enq
       f[4], f[5], f[6] = f[4] or core.DEFAULT_MAX, f[5] or core.DEFAULT_TO, f[6] or core.DEFAULT_TENANT
