@@ -326,6 +326,9 @@ do
     local tok = redis.call('INCRBY', keys[FENCE], #popped) - #popped
     local zargs, running, ids = {}, {}, {}
     local start, expiry = core.now_arg(now), core.int(now + lease)
+    -- the timeout, budget and width of the job before, as stored and as numbers: most
+    -- jobs of a call repeat them, and a comparison costs less than a call of core.num
+    local to_s, to_n, max_s, max_n, sl_s, sl_n = false, 0, false, nil, false, 1
     for i = 1, #popped do -- a numeric loop: ipairs costs a C call per job
       local e = popped[i]
       local id, f, lane = e[1], e[2], e[3]
@@ -339,7 +342,16 @@ do
       by_class[cls] = (by_class[cls] or 0) + work_of(f[14])
       tok = tok + 1
       local token = string.format('%d', tok)
-      local att = (core.num(f[9]) or 0) + 1
+      local att = f[9] and (core.num(f[9]) or 0) + 1 or 1
+      if f[5] ~= to_s then
+        to_s, to_n = f[5], core.num(f[5]) or 0
+      end
+      if f[4] ~= max_s then
+        max_s, max_n = f[4], core.num(f[4]) or nil
+      end
+      if f[10] ~= sl_s then
+        sl_s, sl_n = f[10], core.num(f[10]) or 1
+      end
       -- no event: start, wk and att say when and where. Why it waited (`qw`, dispatch's
       -- view) rides on this write, so it costs no command either; a first attempt with
       -- nothing to say writes none (a later one clears what an earlier one said)
@@ -357,10 +369,10 @@ do
       -- a trace context that is not valid UTF-8 is dropped: tracing never costs the job. An
       -- absent field is '' without a call: most jobs have none of the three
       jobs[i] = {[Row.ID] = id, [Row.TOKEN] = token, [Row.ATTEMPT] = att, [Row.TASK] = f[2],
-        [Row.ARGS] = f[3], [Row.TIMEOUT] = core.num(f[5]) or 0,
+        [Row.ARGS] = f[3], [Row.TIMEOUT] = to_n,
         [Row.DEADLINE_MS] = tonumber(f[16]) or 0, [Row.TENANT] = f[6] or '',
-        [Row.MAX_ATTEMPTS] = core.num(f[4]) or nil, [Row.BACKOFF] = f[7] or '',
-        [Row.ENQUEUED_MS] = core.num(f[8]) or 0, [Row.SLOTS] = core.num(f[10]) or 1,
+        [Row.MAX_ATTEMPTS] = max_n, [Row.BACKOFF] = f[7] or '',
+        [Row.ENQUEUED_MS] = core.num(f[8]) or 0, [Row.SLOTS] = sl_n,
         [Row.SERVICE_CLASS] = cls, [Row.TRACE_CONTEXT] = f[19] and utf8_ok(f[19]) and f[19] or '',
         [Row.PARENT] = f[20] and utf8_ok(f[20]) and f[20] or '',
         [Row.FAIRNESS_KEY] = f[22] and leasing.text_ok(f[22]) and f[22] or ''}
