@@ -166,13 +166,12 @@ do
   -- parent, an idempotency key, a reservation, a throttle grant or offers, a waiter, a
   -- run's keys) are read only from a record that may hold one: a field a listpack hash
   -- does not hold costs a scan of the whole record, and these were most of what the hot
-  -- path looked for. Whoever writes one of them sets `x` to '1' in the same command;
-  -- enqueue writes '' when there are none, and a record without `x` (written before it
-  -- existed) may hold any. `x` may instead name the one optional field the record holds,
-  -- as a lease that read the record whole writes it (leasing.write_keyed): that field
-  -- alone is read then. `common` ends with 'x'; the result holds the common fields in
-  -- their places and the optional ones after them (nil when absent). pcall: a key of the
-  -- wrong type reads as no record.
+  -- path looked for. Whoever writes one of them sets `x` to '1' in the same command; a
+  -- record without `x` (or with '') holds none. `x` may instead name the one optional
+  -- field the record holds, as a lease that read the record whole writes it
+  -- (leasing.write_keyed): that field alone is read then. `common` ends with 'x'; the
+  -- result holds the common fields in their places and the optional ones after them (nil
+  -- when absent). pcall: a key of the wrong type reads as no record.
   function core.read(key, common, optional)
     local f = redis.pcall('HMGET', key, unpack(common))
     if f.err then

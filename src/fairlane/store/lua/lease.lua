@@ -459,7 +459,7 @@ do
   leasing.RUNNABLE = core.places{'st', 'task', 'args', 'max', 'to', 'tenant', 'bo', 'enq', 'att',
     'sl', 'cls', 'prio', 'seq', 'cu', 'run', 'dl', 'lim', 'ttok', 'tp', 'par', 'toff', 'fk', 'rk',
     'rmu', 'w', 'mu', 'wfr', 'idem', 'emu', 'x'}
-  local RUNNABLE_OPTIONAL, RUNNABLE_MARK = 16, 30
+  local RUNNABLE_OPTIONAL, RUNNABLE_MARK = leasing.RUNNABLE.dl, leasing.RUNNABLE.x
 
   function leasing.read_runnable(p, id)
     local f = core.read_whole(job_key(p, id), leasing.RUNNABLE, RUNNABLE_OPTIONAL, RUNNABLE_MARK)
