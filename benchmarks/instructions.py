@@ -39,8 +39,9 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import redis.asyncio as aioredis
 
@@ -51,6 +52,8 @@ from fairlane.runtime.loop import run as run_loop
 from fairlane.store.wire import FetchedJob, Outcome
 
 NOOP = "bench.noop"
+
+T = TypeVar("T")
 
 
 def _free_port() -> int:
@@ -114,6 +117,12 @@ class Callgrind:
                 return int(line.split()[1])
         raise ValueError(f"no totals in {path.name}")
 
+    async def phase(self) -> int:
+        """The instructions since the last call (or ``-z``), the count then set to nought."""
+        done = self.dump()
+        self.control("-z")
+        return done
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -147,24 +156,24 @@ def batches(jobs: int, batch: int, tenants: int) -> Iterator[tuple[str, list[tup
 SPLIT_BATCH = 100
 
 
-async def split_drain(app: App, grind: Callgrind, total: int) -> tuple[int, int]:
-    """Instructions of fetching every job (nothing settled), then of settling them all."""
+async def split_drain(app: App, total: int, mark: Callable[[], Awaitable[T]]) -> tuple[T, T]:
+    """Fetch every job (nothing settled), then settle them all, calling ``mark`` before,
+    between and after: what its second and third calls give (what each phase did)."""
     store, lease_ms = app.store, 600_000
-    grind.control("-z")
+    await mark()
     leased: list[FetchedJob] = []
     while len(leased) < total:
         fetched = await store.exchange("split", ["default"], SPLIT_BATCH, lease_ms, slots=total)
         if not fetched.jobs:
             raise RuntimeError(f"only {len(leased)} of {total} jobs were fetched")
         leased.extend(fetched.jobs)
-    dispatch = grind.dump()
-    grind.control("-z")
+    dispatch = await mark()
     for i in range(0, len(leased), SPLIT_BATCH):
         done = [Outcome(j.id, j.token, "ok", "1", cost=0.001) for j in leased[i : i + SPLIT_BATCH]]
         settled = await store.exchange("split", ["default"], 0, lease_ms, done, slots=total)
         if set(settled.ack_codes) != {1}:
             raise RuntimeError(f"acks not applied: {settled.ack_codes}")
-    return dispatch, grind.dump()
+    return dispatch, await mark()
 
 
 async def idle_path(app: App, noop: Task[[int], int], grind: Callgrind, n: int) -> tuple[int, int]:
@@ -238,7 +247,7 @@ async def measure(  # noqa: PLR0917 - the run's own settings
                 total += len(calls)
             enqueue = grind.dump()
             if split:
-                dispatch, acks = await split_drain(app, grind, total)
+                dispatch, acks = await split_drain(app, total, grind.phase)
             else:
                 grind.control("-z")
                 await app.run_worker(concurrency=concurrency, burst=True)

@@ -19,12 +19,22 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
-from benchmarks import core, imports, instructions, keyed, serverprofile, venvs, yardstick
+from benchmarks import (
+    core,
+    imports,
+    instructions,
+    keyed,
+    luaprofile,
+    serverprofile,
+    venvs,
+    yardstick,
+)
 from benchmarks.config import LIMIT_MODES, SCENARIOS, Config
 from benchmarks.serverprofile import Attribution, parse_entry
 from rich.console import Console
 
 from fairlane.cli.bench import run_bench
+from fairlane.testing.server import RedisServer
 
 
 def _positive(value: Any) -> bool:
@@ -473,3 +483,35 @@ def test_each_import_probe_runs_as_it_is_counted(probe: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_lua_profile_wraps_what_a_module_exports() -> None:
+    text = """local mod = {}
+do
+  local function helper() end
+  local function fetch() end
+  function mod.read(k) end
+  mod.fetch = fetch
+  mod.LIMIT = limit
+end
+"""
+    assert luaprofile.exported(text) == ("mod", ["fetch", "read"])
+    assert luaprofile.exported("-- no module here\n") is None
+
+
+@pytest.mark.anyio
+async def test_the_lua_profile_times_the_library_from_inside() -> None:
+    # a server of its own: the timed library carries the release's name, and any app on
+    # the server runs it
+    with RedisServer() as server:
+        phases = await luaprofile.profile(server.url, jobs=200)
+    by_name = {p: {r.name: r for r in rows} for p, rows in phases.items()}
+    assert by_name["enqueue"]["enqueuing.enqueue"].calls == 1
+    assert by_name["fetch"]["leasing.lease_jobs"].calls == 2  # 200 jobs, 100 a call
+    assert by_name["settle"]["records.finish"].calls == 200
+    for rows in phases.values():
+        assert all(0 <= r.own <= r.inclusive + 1e-9 for r in rows)
+    # every second timed is some function's own: the selves add up to the one root's whole
+    for phase in ("fetch", "settle"):
+        root = by_name[phase]["workers.exchange"]
+        assert sum(r.own for r in phases[phase]) == pytest.approx(root.inclusive, rel=1e-6)

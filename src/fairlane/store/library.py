@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib.resources import files
 from typing import Final
 
@@ -70,6 +70,7 @@ __all__ = [
     "encode_admission",
     "encode_classes",
     "fill_constants",
+    "instrumented_code",
 ]
 
 _LUA = files("fairlane.store").joinpath("lua")
@@ -221,15 +222,30 @@ def fill_constants(source: str) -> str:
     return as_lists(_wire_names(source))
 
 
-def _assemble() -> str:
+def _assemble(module: Callable[[str, str], str] | None = None) -> str:
     main = _LUA.joinpath("fairlane.lua").read_text()
-    return fill_constants(_INCLUDE.sub(lambda m: _LUA.joinpath(m.group(1)).read_text(), main))
+
+    def include(m: re.Match[str]) -> str:
+        text = _LUA.joinpath(m.group(1)).read_text()
+        return text if module is None else module(m.group(1), text)
+
+    return fill_constants(_INCLUDE.sub(include, main))
+
+
+def _named(source: str) -> str:
+    return source.replace("__LIBRARY__", LIBRARY_NAME).replace("__PREFIX__", FUNCTION_PREFIX)
 
 
 _SOURCE: Final = _assemble()
 _VERSION: Final = hashlib.sha256(_SOURCE.encode()).hexdigest()[:10]
 FUNCTION_PREFIX: Final = f"fl{_VERSION}_"
 LIBRARY_NAME: Final = f"fairlane_{_VERSION}"
-LIBRARY_CODE: Final = _SOURCE.replace("__LIBRARY__", LIBRARY_NAME).replace(
-    "__PREFIX__", FUNCTION_PREFIX
-)
+LIBRARY_CODE: Final = _named(_SOURCE)
+
+
+def instrumented_code(module: Callable[[str, str], str]) -> str:
+    """The library under this release's name with each module's text as ``module(file,
+    text)`` rewrites it: a server that holds it runs it in place of ``LIBRARY_CODE`` (the
+    store loads a library only when none of its name is there). For measuring the
+    library from inside (``benchmarks/luaprofile.py``), never for serving."""
+    return _named(_assemble(module))
