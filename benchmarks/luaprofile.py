@@ -11,10 +11,11 @@ does -- every job fetched, nothing settled, then all settled -- and prints, for 
 enqueue, the fetch and the settle, each function's calls per job, its time per job with
 what it called (``incl``) and without (``self``).
 
-A timer costs about half a microsecond a call, and a function's ``self`` holds its
-callees' timers: the figures say where the time goes and what a change moved, not what
-an unwrapped library costs (``benchmarks.instructions`` counts that). Functions a module
-keeps local are counted in their caller's ``self``.
+A timer costs about as much as a small function: each dump first times wrapped calls of
+nothing against bare ones, and every figure is given less what its own timer and its
+timed callees' timers cost. The figures say where the time goes and what a change moved,
+not what an unwrapped library costs (``benchmarks.instructions`` counts that). Functions
+a module keeps local are counted in their caller's ``self``.
 
 The store loads its library only when the server holds none of its name, and the
 wrapped one carries the release's name, so the app runs it as it is.
@@ -41,48 +42,73 @@ __all__ = ["DUMP_FUNCTION", "Row", "exported", "profile", "profiled_code", "read
 
 #: the registered function that returns the timers' totals and sets them to nought
 DUMP_FUNCTION = "fairlane_profile_dump"
+#: wrapped calls of nothing a dump makes to tell what a timer costs
+CALIBRATION_CALLS = 20_000
 
 # The timers. Nothing runs at load but making closures: a library's load sees neither
 # `os` nor `type`, and some of its functions run while it loads (memoised tables), so a
-# wrapper times nothing until the first dump has switched the timers on.
+# wrapper times nothing until the first dump has switched the timers on. Each function's
+# totals: calls, seconds with its callees, seconds without, timed callees called
+# directly, timed callees in all.
 _PRELUDE = r"""
-local __prof = {totals = {}, child = {}, depth = 0, live = false}
+local __prof = {totals = {}, child = {}, kids = {}, below = {}, depth = 0, live = false}
 local function __prof_pack(...)
   return {n = select('#', ...), ...}
 end
-local function __prof_wrap(fn, name)
-  local e = {0, 0, 0}
-  __prof.totals[name] = e
+local function __prof_wrap(fn, name, totals)
+  local e = {0, 0, 0, 0, 0}
+  ;(totals or __prof.totals)[name] = e
   return function(...)
     local pr = __prof
     if not pr.live then
       return fn(...)
     end
     local depth = pr.depth + 1
-    pr.depth, pr.child[depth] = depth, 0
+    pr.depth, pr.child[depth], pr.kids[depth], pr.below[depth] = depth, 0, 0, 0
     local t0 = os.clock()
     local r = __prof_pack(fn(...))
     local dt = os.clock() - t0
     pr.depth = depth - 1
     if depth > 1 then
       pr.child[depth - 1] = pr.child[depth - 1] + dt
+      pr.kids[depth - 1] = pr.kids[depth - 1] + 1
+      pr.below[depth - 1] = pr.below[depth - 1] + 1 + pr.below[depth]
     end
     e[1], e[2], e[3] = e[1] + 1, e[2] + dt, e[3] + dt - pr.child[depth]
+    e[4], e[5] = e[4] + pr.kids[depth], e[5] + pr.below[depth]
     return unpack(r, 1, r.n)
   end
 end
 """
 
+# What a timer costs: a wrapped call that does nothing, against the bare call, in a
+# caller's time (`outer`) and in its own (`inner`). The first line of every dump.
 _DUMP = rf"""
 redis.register_function{{function_name = '{DUMP_FUNCTION}', callback = function()
   local out = {{}}
   for name, e in pairs(__prof.totals) do
     if e[1] > 0 then
-      out[#out + 1] = name .. ' ' .. e[1] .. ' ' .. string.format('%.6f %.6f', e[2], e[3])
+      out[#out + 1] = string.format('%s %d %.9f %.9f %d %d', name, e[1], e[2], e[3], e[4], e[5])
     end
-    e[1], e[2], e[3] = 0, 0, 0
+    e[1], e[2], e[3], e[4], e[5] = 0, 0, 0, 0, 0
   end
   __prof.depth, __prof.live = 0, true
+  local bare = function() end
+  local cal = {{}}
+  local timed = __prof_wrap(bare, 'timer', cal)
+  local n = {CALIBRATION_CALLS}
+  local t0 = os.clock()
+  for _ = 1, n do
+    bare()
+  end
+  local t1 = os.clock()
+  for _ = 1, n do
+    timed()
+  end
+  local t2 = os.clock()
+  __prof.depth = 0
+  table.insert(out, 1, string.format('timer %.12f %.12f', ((t2 - t1) - (t1 - t0)) / n,
+    cal.timer[2] / n))
   return out
 end}}
 """
@@ -124,7 +150,9 @@ def profiled_code() -> str:
 
 @dataclass(frozen=True)
 class Row:
-    """One function's totals over a phase, in seconds."""
+    """One function's totals over a phase, in seconds, less what its timer and its
+    timed callees' timers cost (so they may dip below nought for a function of a few
+    steps)."""
 
     name: str
     calls: int
@@ -134,10 +162,19 @@ class Row:
 
 async def read_profile(client: aioredis.Redis) -> list[Row]:
     """The totals since the last read (the first read switches the timers on)."""
+    raw = [line.decode().split() for line in await client.fcall(DUMP_FUNCTION, 0)]  # type: ignore[misc]
+    outer, inner = float(raw[0][1]), float(raw[0][2])
     rows = []
-    for raw in await client.fcall(DUMP_FUNCTION, 0):  # type: ignore[misc]
-        name, calls, inclusive, own = raw.decode().split()
-        rows.append(Row(name, int(calls), float(inclusive), float(own)))
+    for name, n, incl, own, kids, below in raw[1:]:
+        calls = int(n)
+        rows.append(
+            Row(
+                name,
+                calls,
+                float(incl) - calls * inner - int(below) * outer,
+                float(own) - calls * inner - int(kids) * (outer - inner),
+            )
+        )
     return rows
 
 

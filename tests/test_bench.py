@@ -509,9 +509,8 @@ async def test_the_lua_profile_times_the_library_from_inside() -> None:
     assert by_name["enqueue"]["enqueuing.enqueue"].calls == 1
     assert by_name["fetch"]["leasing.lease_jobs"].calls == 2  # 200 jobs, 100 a call
     assert by_name["settle"]["records.finish"].calls == 200
-    for rows in phases.values():
-        assert all(0 <= r.own <= r.inclusive + 1e-9 for r in rows)
-    # every second timed is some function's own: the selves add up to the one root's whole
+    # every second timed is some function's own, the timers' cost taken out of each
+    # alike: the selves add up to the one root's whole
     for phase in ("fetch", "settle"):
         root = by_name[phase]["workers.exchange"]
         assert sum(r.own for r in phases[phase]) == pytest.approx(root.inclusive, rel=1e-6)
