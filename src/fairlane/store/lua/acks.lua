@@ -316,6 +316,9 @@ do
     local fields, optional = settling.SETTLING, settling.SETTLING_X
     -- what the call gathers: lanes freed, tenants' limits read, ends to settle, costs
     local freed, limited, settled, costing = {}, {}, {}, {lanes = {}, samples = {}, usual = {}}
+    -- whether the grants of the acks left were read (the first job that holds one reads
+    -- them all: a plain batch reads none)
+    local grants = false
     -- numeric loops on the per-job paths: ipairs costs a C call per element
     for i = 1, #acks do
       local ack = acks[i]
@@ -335,6 +338,10 @@ do
         -- fences any later write of its token.
         local id, kind = ack[Ack.ID], ack[Ack.KIND]
         released[#released + 1] = id
+        if f[16] and not grants then
+          grants = true
+          throttle.read_grants(keys, acks, i)
+        end
         -- fields enqueue left out at their defaults (core.lua)
         f[7], f[8], f[9], f[11] = f[7] or DEFAULT_MAX, f[8] or DEFAULT_LANE, f[9] or DEFAULT_CLASS,
           f[11] or DEFAULT_TENANT

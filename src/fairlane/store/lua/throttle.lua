@@ -21,7 +21,7 @@
 --   KEYS[TLIMITS], KEYS[WEIGHTS]
 -- Calls: core, classes, rates, keyparts, writeback
 -- Entry points: throttle.{RATE_BUCKETS, RATE_WIDTH_MS, apply_given, fields_of, grant,
---   held, key_state, note_duration, quiet,
+--   held, key_state, note_duration, quiet, read_grants,
 --   note_submissions, rate_in_force, rate_per_min, refund_rates, sig_key,
 --   take_rates, wake_keys,
 --   tenant_limit, thr_acquire, thr_cancel, thr_cancel_waiter, thr_next_due,
@@ -527,6 +527,29 @@ do
   function throttle.held(keys, id)
     local v = writeback.mget(keys, keys[THR], {'h:' .. id, 'c:' .. id})
     return v[1], v[2]
+  end
+
+  -- The grants of the jobs `acks[from..]` name, read into the call's view in one read, for
+  -- `held` to find there: a batch of keyed jobs' acks would read them a command each.
+  -- The jobs that hold none are read absent (the view keeps that too).
+  function throttle.read_grants(keys, acks, from)
+    local fields = {}
+    for i = from, #acks do
+      local ack = acks[i]
+      if ack == nil then
+        break
+      end
+      local id = ack[Ack.ID]
+      if type(id) == 'string' then
+        fields[#fields + 1] = 'h:' .. id
+        fields[#fields + 1] = 'c:' .. id
+      end
+      -- in reads of core.ARGS fields at most (Lua's unpack)
+      if #fields >= core.ARGS or (#fields > 0 and acks[i + 1] == nil) then
+        writeback.mget(keys, keys[THR], fields)
+        fields = {}
+      end
+    end
   end
 
   local function thr_release(keys, id, token, now, used, succeeded, quiet)
