@@ -33,7 +33,7 @@ do
 
   -- the call's run: {keys, sig, epoch, names, costs (whether a grant keeps a rate cost),
   -- vv, dirty (the throttle hash's view), ks = {{key, kf, slots, held, offered, refs,
-  -- rate, pz, bucket}, ..}}, or nil
+  -- rate, pz, bucket, view (its state's: writeback.view_of)}, ..}}, or nil
   local current = nil
 
   -- Start a run on the keys `names` (sorted) that a job of signature `sig` was just
@@ -57,6 +57,10 @@ do
       ks[i] = {key = key, kf = kf, slots = slots, held = held, offered = offered,
         refs = tonumber(writeback.get(keys, keys[THR], kf.r)) or 0, rate = rate, pz = pz,
         bucket = rate and rates.read(keys, key, rate, now)}
+      if rate then
+        -- a fresh bucket's first take records the key (rates.keep): through `take`
+        ks[i].view = not ks[i].bucket.fresh and writeback.view_of(keys, ks[i].bucket.sk)
+      end
     end
     current = {keys = keys, sig = sig, epoch = writeback.epoch(), names = names,
       joined = table.concat(names, '\t'), costs = #rlist > 0, vv = vv, dirty = dirty, ks = ks}
@@ -160,7 +164,9 @@ do
       e.held, e.refs = e.held + 1, e.refs + 1
       vv[e.kf.u], vv[e.kf.r] = e.held, e.refs
       dirty[e.kf.u], dirty[e.kf.r] = true, true
-      if e.rate then
+      if e.view then
+        rates.take_viewed(e.view, e.rate, e.bucket, rates.cost(e.rate, units), now)
+      elseif e.rate then
         rates.take(keys, e.key, e.rate, e.bucket, rates.cost(e.rate, units), now)
       end
     end

@@ -17,7 +17,7 @@
 -- Calls: core, writeback
 -- Entry points: rates.{adaptive_bounds, adaptive_value, correct, cost, due_at, due_key,
 --   encode, fits, fmt, grow, keep, level, note_wake, parse, pause, read, same,
---   set_adaptive, state_key, take}
+--   set_adaptive, state_key, take, take_viewed}
 
 local rates = {UNLIMITED = __UNLIMITED__, IDLE_MS = 3600000, DUE_BATCH = __DUE_BATCH__,
   PARK_BUDGET = __PARK_BUDGET__,
@@ -142,6 +142,20 @@ do
     writeback.set(keys, sk, 't', b.t, 's', b.s)
     writeback.addf(keys, sk, 'ta', cost)
     rates.keep(keys, key, rate, b, now)
+  end
+
+  -- `take` on a bucket whose state exists, written through its view `v`
+  -- (writeback.view_of) in one step: the same writes, the same expiry (what `keep` gives
+  -- a state that exists), for a run's every job (keyruns.lua).
+  function rates.take_viewed(v, rate, b, cost, now)
+    local t = rates.level(rate, b, now) - cost
+    local s = math.max(now, b.s)
+    b.t, b.s = t, s
+    local ttl = math.max(0, b.pu - now)
+    if t < rate.burst then
+      ttl = math.max(ttl, math.ceil((rate.burst - t) * rate.per / rate.limit))
+    end
+    writeback.put(v, 't', t, 's', s, 'ta', cost, ttl + rates.IDLE_MS)
   end
 
   -- Give `delta` back (a refund, capped at the burst) or, negative, charge a debt.

@@ -26,7 +26,7 @@
 -- Keys: any hash named by its caller (KEYS[THR], rate:<key>)
 -- Calls: core
 -- Entry points: writeback.{add, addf, behind, del, epoch, exists, fields, get, incr, mget,
---   pexpire, set}
+--   pexpire, put, set, view_of}
 
 local writeback = {}
 
@@ -236,6 +236,33 @@ do
     if not gt then
       v.ttl = {set = true, ms = ms}
     elseif not ttl then
+      v.ttl = {set = false, ms = ms}
+    elseif ms > ttl.ms then
+      ttl.ms = ms
+    end
+  end
+
+  -- The view of hash `h` itself, for a caller that writes it many times in a call
+  -- (keyruns.lua's buckets) through `put`: nil out of a call's views.
+  function writeback.view_of(keys, h)
+    if scope ~= keys then
+      return nil
+    end
+    return views[h] or view(h)
+  end
+
+  -- What `set` of two fields, `addf` of one counter and `pexpire` with 'GT' do together,
+  -- on a view `view_of` gave: one call for a caller's every write of a step. The epoch
+  -- moves once, as for any write.
+  function writeback.put(v, f, x, f2, x2, counter, n, ms)
+    epoch = epoch + 1
+    local vv, dirty = v.v, v.dirty
+    vv[f], dirty[f], vv[f2], dirty[f2] = x, true, x2, true
+    local sums = v.floats or {}
+    v.floats = sums
+    sums[counter] = (sums[counter] or 0) + n
+    local ttl = v.ttl
+    if not ttl then
       v.ttl = {set = false, ms = ms}
     elseif ms > ttl.ms then
       ttl.ms = ms
