@@ -156,11 +156,13 @@ def batches(jobs: int, batch: int, tenants: int) -> Iterator[tuple[str, list[tup
 SPLIT_BATCH = 100
 
 
-async def split_drain(app: App, total: int, mark: Callable[[], Awaitable[T]]) -> tuple[T, T]:
-    """Fetch every job (nothing settled), then settle them all, calling ``mark`` before,
-    between and after: what its second and third calls give (what each phase did)."""
+async def split_drain(
+    app: App, total: int, start: Callable[[], object], mark: Callable[[], Awaitable[T]]
+) -> tuple[T, T]:
+    """Fetch every job (nothing settled), then settle them all: ``start`` before, ``mark``
+    after each phase, giving what that phase did."""
     store, lease_ms = app.store, 600_000
-    await mark()
+    start()
     leased: list[FetchedJob] = []
     while len(leased) < total:
         fetched = await store.exchange("split", ["default"], SPLIT_BATCH, lease_ms, slots=total)
@@ -247,7 +249,9 @@ async def measure(  # noqa: PLR0917 - the run's own settings
                 total += len(calls)
             enqueue = grind.dump()
             if split:
-                dispatch, acks = await split_drain(app, total, grind.phase)
+                dispatch, acks = await split_drain(
+                    app, total, lambda: grind.control("-z"), grind.phase
+                )
             else:
                 grind.control("-z")
                 await app.run_worker(concurrency=concurrency, burst=True)

@@ -1,8 +1,10 @@
 """The mark an ack reads a keyed job's record by (``x``, lua core.read): a lease that read
 the record whole writes the name of the grant's field when the record holds none of the
 ack's other optional fields, and '1' when it holds one; a writer that adds one while
-the job runs sets '1' again. Whatever the mark, the ack must find what it needs: the
-grant it releases (the next job on the key starts), the waiter it answers, the deadline.
+the job runs sets '1' again. An enqueue that writes optional fields none of which an ack
+reads (a fairness key alone) marks them '-', and the ack then reads what a plain job's
+reads. Whatever the mark, the ack must find what it needs: the grant it releases (the
+next job on the key starts), the waiter it answers, the deadline.
 """
 
 from __future__ import annotations
@@ -76,3 +78,36 @@ async def test_a_waiter_added_while_it_runs_widens_the_mark(store: Store) -> Non
         assert heard == [b"k1"]
     finally:
         await pubsub.aclose()
+
+
+async def _hmgets(store: Store) -> int:
+    stats = await store.client.info("commandstats")
+    calls: int = stats.get("cmdstat_hmget", {}).get("calls", 0)
+    return calls
+
+
+async def _ack_reads(store: Store, job_id: str, **options: str) -> tuple[bytes | None, int]:
+    """The mark of ``job_id``, enqueued with ``options``, and the HMGETs of settling it once
+    it runs."""
+    job = NewJob(job_id, "t", 0, "mark.job", "[]", 3, "", 0, "0,0", "0,0", **options)  # type: ignore[arg-type]
+    await store.enqueue("a", [job])
+    mark = await _mark(store, job_id)
+    got = await store.exchange("w", ["a"], 1, HOUR, slots=1)
+    assert [j.id for j in got.jobs] == [job_id]
+    before = await _hmgets(store)
+    done = [Outcome(job_id, got.jobs[0].token, "ok", "1")]
+    settled = await store.exchange("w", ["a"], 0, HOUR, done, slots=1)
+    assert settled.ack_codes == [1]
+    return mark, await _hmgets(store) - before
+
+
+async def test_an_enqueue_marks_whether_the_ack_reads_an_optional_field(store: Store) -> None:
+    # a fairness key is dispatch's alone: its record holds an optional field, none of
+    # them one the ack reads, and its ack reads what a plain job's does
+    mark, plain = await _ack_reads(store, "p1")
+    assert mark is None
+    assert await _ack_reads(store, "f1", fairness_key="user-1") == (b"-", plain)
+    # an idempotency key is one the ack reads
+    mark, reads = await _ack_reads(store, "i1", fairness_key="user-1", idempotency_key="once")
+    assert mark == b"1"
+    assert reads > plain

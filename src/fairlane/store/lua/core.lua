@@ -5,8 +5,8 @@
 -- Keys: KEYS[FENCE] (the app's prefix comes from it), ev:<id>, lane:<l>:wake; the KEYS
 --   indexes (FENCE .. THRW) are named here
 -- Calls: none
--- Entry points: core.{ALLOW_OOM, ARGS, DEAD, DEFAULT_BACKOFF, DEFAULT_CLASS, DEFAULT_LANE,
---   DEFAULT_MAX, DEFAULT_TENANT, DEFAULT_TO, FENCE, FLEET,
+-- Entry points: core.{ACK_NONE, ALLOW_OOM, ARGS, DEAD, DEFAULT_BACKOFF, DEFAULT_CLASS,
+--   DEFAULT_LANE, DEFAULT_MAX, DEFAULT_TENANT, DEFAULT_TO, FENCE, FLEET,
 --   IDEM, LEASES, MEMO_MAX, PRIO_SPAN, STATS, TASKS, TERMINAL, THR, THRW, TLIMITS, WEIGHTS, WORKERS,
 --   any, arg, chunked, class_table, error_type, ev_key, int, job_key, keep_large, lane_key,
 --   log_event, memoised, now_arg, now_ms, num, order_score, places, prefix, read, read_whole,
@@ -169,9 +169,12 @@ do
   -- path looked for. Whoever writes one of them sets `x` to '1' in the same command; a
   -- record without `x` (or with '') holds none. `x` may instead name the one optional
   -- field the record holds, as a lease that read the record whole writes it
-  -- (leasing.write_keyed): that field alone is read then. `common` ends with 'x'; the
+  -- (leasing.write_keyed): that field alone is read then; or be ACK_NONE, which names no
+  -- field: the record holds optional fields, none of them one an ack reads (an enqueue
+  -- that wrote a job's keys or fairness key alone writes it). `common` ends with 'x'; the
   -- result holds the common fields in their places and the optional ones after them (nil
   -- when absent). pcall: a key of the wrong type reads as no record.
+  core.ACK_NONE = '-'
   function core.read(key, common, optional)
     local f = redis.pcall('HMGET', key, unpack(common))
     if f.err then

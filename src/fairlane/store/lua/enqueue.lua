@@ -202,18 +202,20 @@ do
       end
       h[n + 1], h[n + 2], n, extra = 'rmu', rmu, n + 2, true
     end
+    -- whether an optional field the ack reads is written (core.read)
+    local acked = false
     if dl ~= '' then
-      h[n + 1], h[n + 2], n, extra = 'dl', dl, n + 2, true
+      h[n + 1], h[n + 2], n, extra, acked = 'dl', dl, n + 2, true, true
       -- the lane's deadline index, which the slots its deadlines need are read from, until
       -- the job finishes (records.finish): a job without a deadline writes nothing to it
       redis.call('ZADD', lane_key(p, lane, 'dl'), dl, id)
     end
     if idem ~= '' then
-      h[n + 1], h[n + 2], n, extra = 'idem', idem, n + 2, true
+      h[n + 1], h[n + 2], n, extra, acked = 'idem', idem, n + 2, true, true
       redis.call('HSET', call_keys[IDEM], idem, id)
     end
     if j[Job.PARENT] and j[Job.PARENT] ~= '' then
-      h[n + 1], h[n + 2], n, extra = 'par', j[Job.PARENT], n + 2, true
+      h[n + 1], h[n + 2], n, extra, acked = 'par', j[Job.PARENT], n + 2, true, true
     end
     -- only traced enqueues send a context: an untraced job carries no field for it
     if j[Job.TRACE_CONTEXT] and j[Job.TRACE_CONTEXT] ~= '' then
@@ -226,10 +228,11 @@ do
     if verdict == 'deferred' then
       h[n + 1], h[n + 2], n = 'dmu', mu, n + 2
     end
-    -- `x` (core.read): whether the record holds an optional field (a reservation,
-    -- written below, sets it itself)
+    -- `x` (core.read): whether the record holds an optional field, and, when it holds none
+    -- an ack reads (its keys or its fairness key alone), core.ACK_NONE, so that its ack
+    -- looks for none (a reservation, written below, sets '1' itself)
     if extra then
-      h[n + 1], h[n + 2], n = 'x', '1', n + 2
+      h[n + 1], h[n + 2], n = 'x', acked and '1' or core.ACK_NONE, n + 2
     end
     redis.call(unpack(h))
     if verdict == 'deferred' then
