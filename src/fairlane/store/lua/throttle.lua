@@ -205,7 +205,9 @@ do
   -- (`cost`: the job's rate cost to remember with the grant, take_tokens; one write.
   -- `joined`: the names joined by tabs, when the caller has them.)
   function throttle.grant(keys, id, names, cost, joined)
-    local token = writeback.incr(keys, keys[THR], 'tok', 1)
+    -- formatted once: the grant's text and the record's `ttok` (a number would be
+    -- formatted for each)
+    local token = string.format('%d', writeback.incr(keys, keys[THR], 'tok', 1))
     local held = token .. TAB .. (joined or table.concat(names, TAB))
     if cost then
       writeback.set(keys, keys[THR], 'h:' .. id, held, 'c:' .. id, cost)
