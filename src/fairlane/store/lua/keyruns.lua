@@ -123,9 +123,9 @@ do
       end
     end
     if cost then
-      writeback.del(keys, keys[THR], 'h:' .. id, 'c:' .. id)
+      writeback.drop(keys, keys[THR], 'h:' .. id, 'c:' .. id)
     else
-      writeback.del(keys, keys[THR], 'h:' .. id)
+      writeback.drop(keys, keys[THR], 'h:' .. id)
     end
     local vv, dirty = run.vv, run.dirty
     for _, e in ipairs(run.ks) do

@@ -210,9 +210,9 @@ do
     local token = string.format('%d', writeback.incr(keys, keys[THR], 'tok', 1))
     local held = token .. TAB .. (joined or table.concat(names, TAB))
     if cost then
-      writeback.set(keys, keys[THR], 'h:' .. id, held, 'c:' .. id, cost)
+      writeback.add_new(keys, keys[THR], 'h:' .. id, held, 'c:' .. id, cost)
     else
-      writeback.set(keys, keys[THR], 'h:' .. id, held)
+      writeback.add_new(keys, keys[THR], 'h:' .. id, held)
     end
     return token
   end
@@ -567,10 +567,10 @@ do
     now = tonumber(now) or 0
     local names, units = {unpack(parts, 2)}, tonumber(cost)
     if units then
-      writeback.del(keys, keys[THR], 'h:' .. id, 'c:' .. id)
+      writeback.drop(keys, keys[THR], 'h:' .. id, 'c:' .. id)
       settle_rates(keys, names, units, now, tonumber(used), succeeded)
     else
-      writeback.del(keys, keys[THR], 'h:' .. id)
+      writeback.drop(keys, keys[THR], 'h:' .. id)
     end
     for _, key in ipairs(names) do
       writeback.incr(keys, keys[THR], fields_of(key).u, -1)

@@ -25,8 +25,8 @@
 --
 -- Keys: any hash named by its caller (KEYS[THR], rate:<key>)
 -- Calls: core
--- Entry points: writeback.{add, addf, behind, del, epoch, exists, fields, get, incr, mget,
---   pexpire, put, set, view_of}
+-- Entry points: writeback.{add, add_new, addf, behind, del, drop, epoch, exists, fields, get,
+--   incr, mget, pexpire, put, set, view_of}
 
 local writeback = {}
 
@@ -64,6 +64,10 @@ do
   end
 
   local function write_view(h, v)
+    -- fields first written in the call (`add`): before the rest, which may change them
+    if v.adds then
+      core.chunked('HSET', h, v.adds)
+    end
     local sets, dels = {}, {}
     for f in pairs(v.dirty) do
       local x = v.v[f]
@@ -76,6 +80,16 @@ do
     end
     core.chunked('HSET', h, sets)
     core.chunked('HDEL', h, dels)
+    if v.drops then
+      local gone, vv = {}, v.v
+      for i = 1, v.ndrops do
+        local f = v.drops[i]
+        if vv[f] == false and not v.dirty[f] then
+          gone[#gone + 1] = f
+        end
+      end
+      core.chunked('HDEL', h, gone)
+    end
     for f, n in pairs(v.ints or {}) do
       redis.call('HINCRBY', h, f, n)
     end
@@ -162,6 +176,55 @@ do
     if f2 then
       v.v[f2], v.dirty[f2] = x2, true
     end
+  end
+
+  -- HSET of one or two fields a call writes once (a job's grant and its rate cost),
+  -- written back in one list ahead of what `set` and `del` write: without the
+  -- bookkeeping of a field that may be written again. A later `set` or `del` of one is
+  -- written after it, and stands.
+  function writeback.add_new(keys, h, f, x, f2, x2)
+    if scope ~= keys then
+      if f2 then
+        return redis.call('HSET', h, f, x, f2, x2)
+      end
+      return redis.call('HSET', h, f, x)
+    end
+    epoch = epoch + 1
+    local v = views[h] or view(h)
+    local adds, n = v.adds, v.nadds or 0
+    if not adds then
+      adds = {}
+      v.adds = adds
+    end
+    v.v[f], adds[n + 1], adds[n + 2] = x, f, x
+    if f2 then
+      v.v[f2], adds[n + 3], adds[n + 4], n = x2, f2, x2, n + 2
+    end
+    v.nadds = n + 2
+  end
+
+  -- HDEL of one or two fields a call deletes once (a released grant and its cost), in
+  -- one list written back last: a field written again since (through any function here)
+  -- is left as written.
+  function writeback.drop(keys, h, f, f2)
+    if scope ~= keys then
+      if f2 then
+        return redis.call('HDEL', h, f, f2)
+      end
+      return redis.call('HDEL', h, f)
+    end
+    epoch = epoch + 1
+    local v = views[h] or view(h)
+    local drops, n = v.drops, v.ndrops or 0
+    if not drops then
+      drops = {}
+      v.drops = drops
+    end
+    v.v[f], drops[n + 1] = false, f
+    if f2 then
+      v.v[f2], drops[n + 2], n = false, f2, n + 1
+    end
+    v.ndrops = n + 1
   end
 
   function writeback.del(keys, h, ...)
