@@ -82,7 +82,7 @@ do
     core.chunked('HDEL', h, dels)
     if v.drops then
       local gone, vv = {}, v.v
-      for i = 1, v.ndrops do
+      for i = 1, v.drops.n do
         local f = v.drops[i]
         if vv[f] == false and not v.dirty[f] then
           gone[#gone + 1] = f
@@ -162,13 +162,18 @@ do
     return x
   end
 
+  -- HSET of one or two fields at once, out of a call's views.
+  local function hset_now(h, f, x, f2, x2)
+    if f2 then
+      return redis.call('HSET', h, f, x, f2, x2)
+    end
+    return redis.call('HSET', h, f, x)
+  end
+
   -- HSET of one or two fields.
   function writeback.set(keys, h, f, x, f2, x2)
     if scope ~= keys then
-      if f2 then
-        return redis.call('HSET', h, f, x, f2, x2)
-      end
-      return redis.call('HSET', h, f, x)
+      return hset_now(h, f, x, f2, x2)
     end
     epoch = epoch + 1
     local v = views[h] or view(h)
@@ -178,29 +183,33 @@ do
     end
   end
 
+  -- The view's list `name` (its `adds` or `drops`), made at first use; `n` its length.
+  local function list(v, name)
+    local l = v[name]
+    if not l then
+      l = {n = 0}
+      v[name] = l
+    end
+    return l
+  end
+
   -- HSET of one or two fields a call writes once (a job's grant and its rate cost),
   -- written back in one list ahead of what `set` and `del` write: without the
   -- bookkeeping of a field that may be written again. A later `set` or `del` of one is
   -- written after it, and stands.
   function writeback.add_new(keys, h, f, x, f2, x2)
     if scope ~= keys then
-      if f2 then
-        return redis.call('HSET', h, f, x, f2, x2)
-      end
-      return redis.call('HSET', h, f, x)
+      return hset_now(h, f, x, f2, x2)
     end
     epoch = epoch + 1
     local v = views[h] or view(h)
-    local adds, n = v.adds, v.nadds or 0
-    if not adds then
-      adds = {}
-      v.adds = adds
-    end
+    local adds = list(v, 'adds')
+    local n = adds.n
     v.v[f], adds[n + 1], adds[n + 2] = x, f, x
     if f2 then
       v.v[f2], adds[n + 3], adds[n + 4], n = x2, f2, x2, n + 2
     end
-    v.nadds = n + 2
+    adds.n = n + 2
   end
 
   -- HDEL of one or two fields a call deletes once (a released grant and its cost), in
@@ -208,23 +217,18 @@ do
   -- is left as written.
   function writeback.drop(keys, h, f, f2)
     if scope ~= keys then
-      if f2 then
-        return redis.call('HDEL', h, f, f2)
-      end
-      return redis.call('HDEL', h, f)
+      return f2 and redis.call('HDEL', h, f, f2) or redis.call('HDEL', h, f)
     end
     epoch = epoch + 1
     local v = views[h] or view(h)
-    local drops, n = v.drops, v.ndrops or 0
-    if not drops then
-      drops = {}
-      v.drops = drops
-    end
-    v.v[f], drops[n + 1] = false, f
+    local drops = list(v, 'drops')
+    local n = drops.n + 1
+    drops[n], v.v[f] = f, false
     if f2 then
-      v.v[f2], drops[n + 2], n = false, f2, n + 1
+      n = n + 1
+      drops[n], v.v[f2] = f2, false
     end
-    v.ndrops = n + 1
+    drops.n = n
   end
 
   function writeback.del(keys, h, ...)
