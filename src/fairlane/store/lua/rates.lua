@@ -118,16 +118,21 @@ do
     return math.max(due, b.pu)
   end
 
-  -- Keep a key's state while it says more than a fresh key's would, and an hour more.
-  function rates.keep(keys, key, rate, b, now)
-    local sk = b.sk or rates.state_key(keys, key)
+  -- How long a key's state says more than a fresh key's would, and an hour more (ms).
+  local function kept_ms(rate, b, now)
     local ttl = math.max(0, b.pu - now)
     if rate and b.t < rate.burst then
       ttl = math.max(ttl, math.ceil((rate.burst - b.t) * rate.per / rate.limit))
     end
+    return ttl + rates.IDLE_MS
+  end
+
+  -- Keep a key's state while it says more than a fresh key's would, and an hour more.
+  function rates.keep(keys, key, rate, b, now)
+    local sk = b.sk or rates.state_key(keys, key)
     -- never shortened once it exists: another fact of the key (a pause, a slow refill)
     -- may need longer
-    writeback.pexpire(keys, sk, ttl + rates.IDLE_MS, not b.fresh)
+    writeback.pexpire(keys, sk, kept_ms(rate, b, now), not b.fresh)
     if b.fresh then
       redis.call('ZADD', prefix(keys) .. 'rates', now, key)
       b.fresh = false
@@ -148,14 +153,8 @@ do
   -- (writeback.view_of) in one step: the same writes, the same expiry (what `keep` gives
   -- a state that exists), for a run's every job (keyruns.lua).
   function rates.take_viewed(v, rate, b, cost, now)
-    local t = rates.level(rate, b, now) - cost
-    local s = math.max(now, b.s)
-    b.t, b.s = t, s
-    local ttl = math.max(0, b.pu - now)
-    if t < rate.burst then
-      ttl = math.max(ttl, math.ceil((rate.burst - t) * rate.per / rate.limit))
-    end
-    writeback.put(v, 't', t, 's', s, 'ta', cost, ttl + rates.IDLE_MS)
+    b.t, b.s = rates.level(rate, b, now) - cost, math.max(now, b.s)
+    writeback.put(v, 't', b.t, 's', b.s, 'ta', cost, kept_ms(rate, b, now))
   end
 
   -- Give `delta` back (a refund, capped at the burst) or, negative, charge a debt.

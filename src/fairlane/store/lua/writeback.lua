@@ -33,7 +33,8 @@ local writeback = {}
 do
   -- the KEYS table of the call whose views are open (nil: none)
   local scope = nil
-  -- hash -> {v = {field -> value or false}, dirty = {field -> true}, ints, floats, ttl}
+  -- hash -> {v = {field -> value or false}, dirty = {field -> true}, ints, floats, ttl,
+  -- adds, drops (add_new's and drop's lists)}
   local views = {}
   -- how many writes the call's views have taken through these functions: a caller that
   -- keeps what it derived from a view (keyruns.lua) knows it is still true while this
@@ -64,7 +65,7 @@ do
   end
 
   local function write_view(h, v)
-    -- fields first written in the call (`add`): before the rest, which may change them
+    -- fields written once in the call (`add_new`): before the rest, which may change them
     if v.adds then
       core.chunked('HSET', h, v.adds)
     end
