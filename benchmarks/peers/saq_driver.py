@@ -97,6 +97,9 @@ class Saq(Adapter):
         while True:
             job = await self.queue.job(handle.key)
             if job is not None and job.status in DONE:
+                if job.status != Status.COMPLETE:
+                    # a stamp that did not complete has no start to give: say why
+                    raise RuntimeError(f"job {handle.key} ended {job.status}: {job.error}")
                 return int(job.result)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {handle.key} not done after {timeout:.0f}s")
