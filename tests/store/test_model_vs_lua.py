@@ -628,14 +628,7 @@ class LuaVsModel(StoreMachine):
         self._ask_pauses(pipe, units)
         replies = iter(pipe.execute())
         snap = Snapshot()
-        for job_id in self.ids:
-            st_, att, max_, tok, ttok, cls, sl, lane, toff, seq = next(replies)
-            # fields the record leaves out at their defaults (store layout 3)
-            snap.jobs[job_id] = JobRow(
-                _s(st_), int(att or 0), int(max_ or RECORD_DEFAULTS["max"]), tok and int(tok),
-                ttok and int(ttok), _s(cls or DEFAULT_CLASS.encode()), int(sl or 1),
-                _s(lane or RECORD_DEFAULTS["lane"].encode()), toff is not None, float(seq),
-            )  # fmt: skip
+        self._read_jobs(snap, replies)
         for lane, cls in units:
             for tenant in TENANTS:
                 snap.queues[(lane, cls, tenant)] = [_s(i) for i in next(replies)]
@@ -669,6 +662,21 @@ class LuaVsModel(StoreMachine):
         self._read_throttles(snap, replies)
         self._read_pauses(snap, replies, units)
         return snap
+
+    def _read_jobs(self, snap: Snapshot, replies: Iterator[Any]) -> None:
+        """The jobs' records: their rows, and the grants the running ones hold."""
+        for job_id in self.ids:
+            st_, att, max_, tok, ttok, cls, sl, lane, toff, seq = next(replies)
+            # a running job's grant: 'token<TAB>rate cost<TAB>key..' (store layout 4)
+            grant = _s(ttok).split("\t") if ttok else None
+            if grant:
+                snap.grants[job_id] = "\t".join([grant[0], *grant[2:]])
+            # fields the record leaves out at their defaults (store layout 3)
+            snap.jobs[job_id] = JobRow(
+                _s(st_), int(att or 0), int(max_ or RECORD_DEFAULTS["max"]), tok and int(tok),
+                grant and int(grant[0]), _s(cls or DEFAULT_CLASS.encode()), int(sl or 1),
+                _s(lane or RECORD_DEFAULTS["lane"].encode()), toff is not None, float(seq),
+            )  # fmt: skip
 
     def _ask_throttles(self, pipe: Any) -> None:
         pipe.hgetall(self.keys.throttles)
@@ -877,7 +885,7 @@ class LuaVsModel(StoreMachine):
             waiter = thr.waiter(job_id)
             if waiter is not None:
                 parked[job_id] = (waiter[0], waiter[3], thr.wants(job_id))
-        assert {k[2:]: v for k, v in snap.thr.items() if k.startswith("h:")} == held
+        assert snap.grants == held, f"grants: lua {snap.grants}, model {held}"
         assert {k[2:]: v for k, v in snap.thr.items() if k.startswith("w:")} == offered
         lua_parked = {}
         for k, v in snap.thr.items():
@@ -964,6 +972,7 @@ class Snapshot:
     workers: dict[str, int] = field(default_factory=dict)
     fleet: dict[str, str] = field(default_factory=dict)
     thr: dict[str, str] = field(default_factory=dict)
+    grants: dict[str, str] = field(default_factory=dict)  # job -> its grant's token and keys
     waiters: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # key -> groups
     tags: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     key_tags: dict[tuple[str, str, str], dict[str, float]] = field(default_factory=dict)

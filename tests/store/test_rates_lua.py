@@ -34,23 +34,38 @@ from fairlane.policy.rates import Adaptive, Rate
 from fairlane.policy.throttle import Acquired, Parked, Throttles, Wake
 from tests.store.harness import CORE_CHUNKED, DRIVER_RUNS, THROTTLE_MODULES, lua_modules
 
+# KEYS[4] stands in for the job records: a grant is kept in its job's record while it runs
+# and dropped when released; a release or pushback under another token finds none
 _DRIVER = """
+local function held(id, token)
+  local grant = redis.call('HGET', KEYS[4], id)
+  return grant and throttle.grant_parts(grant) == token and grant or nil
+end
 local function drive()
 local op = ARGV[1]
 CLOCK.now = tonumber(ARGV[2])
 local now = CLOCK.now
 if op == 'acquire' then
-  local token, wakes, blocker = thr_acquire(KEYS, ARGV[3], cjson.decode(ARGV[4]), ARGV[5],
+  local grant, wakes, blocker = thr_acquire(KEYS, ARGV[3], cjson.decode(ARGV[4]), ARGV[5],
     ARGV[6], ARGV[7], ARGV[8], cjson.decode(ARGV[9]), ARGV[10], now)
-  return {token or 0, wakes, blocker or ''}
+  if grant then
+    redis.call('HSET', KEYS[4], ARGV[3], grant)
+  end
+  return {grant and throttle.grant_parts(grant) or 0, wakes, blocker or ''}
 elseif op == 'release' then
   local used = ARGV[5] ~= '' and ARGV[5] or nil
-  return {0, thr_release(KEYS, ARGV[3], ARGV[4], now, used, ARGV[6] == '1'), ''}
+  local grant = held(ARGV[3], ARGV[4])
+  if not grant then
+    return {0, {}, ''}
+  end
+  redis.call('HDEL', KEYS[4], ARGV[3])
+  return {0, thr_release(KEYS, grant, now, used, ARGV[6] == '1'), ''}
 elseif op == 'cancel' then
   local done, wakes = thr_cancel(KEYS, ARGV[3], now)
   return {done and 1 or 0, wakes, ''}
 elseif op == 'push' then
-  local ok = throttle.thr_push_back(KEYS, ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6]), now, 't')
+  local grant = held(ARGV[3], ARGV[4])
+  local ok = grant and throttle.thr_push_back(KEYS, grant, ARGV[5], tonumber(ARGV[6]), now, 't')
   return {ok and 1 or 0, {}, ''}
 elseif op == 'due' then
   return {0, throttle.thr_wake_due(KEYS, now), ''}
@@ -104,7 +119,7 @@ class Twins:
         self.script = script
         self.rng = random.Random(seed)
         tag = "{rt" + secrets.token_hex(4) + "}"
-        self.keys = [f"{tag}:thr", f"{tag}:thr:wait", f"{tag}:weights"]
+        self.keys = [f"{tag}:thr", f"{tag}:thr:wait", f"{tag}:weights", f"{tag}:records"]
         self.prefix = f"{tag}:"
         client.hset(self.keys[2], mapping=WEIGHTS)
         self.thr = Throttles(WEIGHTS)
@@ -265,6 +280,11 @@ class Twins:
                 got = c.zrange(f"{thr_key}:{which}:{key}", 0, -1, withscores=True)
                 if got:
                     tags[(key, which)] = dict(got)
+        # a grant, as its job's record keeps it: token, rate cost (empty: none) and keys
+        grants = {j: g.split("\t") for j, g in c.hgetall(self.keys[3]).items()}
+        rated = {f[2:]: float(v) for f, v in raw.items() if f.startswith("c:")}
+        assert not rated.keys() & grants.keys(), "a running job's rate cost left in the hash"
+        rated.update({j: float(g[1]) for j, g in grants.items() if g[1]})
         buckets = {}
         for key in ALL_KEYS:
             h = c.hgetall(f"{self.prefix}rate:{key}")
@@ -285,14 +305,14 @@ class Twins:
             "vtime": {k: float(raw.get(f"v:{k}", 0)) for k in live},
             "groups": groups,
             "tags": tags,
-            "held": {f[2:]: v for f, v in raw.items() if f.startswith("h:")},
+            "held": {j: "\t".join([g[0], *g[2:]]) for j, g in grants.items()},
             "offered": {f[2:]: v for f, v in raw.items() if f.startswith("w:")},
             "parked": {
                 f[2:]: tuple(v.split("\t")[i] for i in (0, 3))
                 for f, v in raw.items()
                 if f.startswith("p:")
             },
-            "rated": {f[2:]: float(v) for f, v in raw.items() if f.startswith("c:")},
+            "rated": rated,
             "buckets": buckets,
             "due": dict(c.zrange(f"{self.prefix}ratedue", 0, -1, withscores=True)),
             "counters": tuple(int(raw.get(f, 0)) for f in ("tok", "wakes", "moves")),

@@ -2,9 +2,8 @@
 themselves.
 
 One script runs a random sequence of hash operations (HGET, HMGET, HSET, HDEL, HINCRBY
-read back, counters added, PEXPIRE with and without GT, EXISTS; and HSET and HDEL as
-``add_new`` and ``drop`` write them, for fields written or deleted once) on two hashes,
-every operation's answer collected. Run once with each command sent at once and once inside
+read back, counters added, PEXPIRE with and without GT, EXISTS) on two hashes, every
+operation's answer collected. Run once with each command sent at once and once inside
 ``writeback.behind`` (the view read once and written back at the end), on fresh copies
 of the same starting hashes, both must give the same answers and leave the same
 fields, values and expiry.
@@ -40,10 +39,6 @@ local function drive()
       writeback.set(KEYS, h, f, op[4], op[5], op[6])
     elseif kind == 'del' then
       writeback.del(KEYS, h, f, op[4])
-    elseif kind == 'add_new' then
-      writeback.add_new(KEYS, h, f, op[4], op[5], op[6])
-    elseif kind == 'drop' then
-      writeback.drop(KEYS, h, f, op[4])
     elseif kind == 'incr' then
       r = writeback.incr(KEYS, h, f, op[4])
     elseif kind == 'add' then
@@ -108,15 +103,6 @@ operation = st.one_of(
         st.just("set"), hashes, st.sampled_from(WRITTEN), VALUES, st.sampled_from(WRITTEN), VALUES
     ),
     st.tuples(st.just("del"), hashes, st.sampled_from(READ), st.sampled_from(READ)),
-    st.tuples(
-        st.just("add_new"),
-        hashes,
-        st.sampled_from(WRITTEN),
-        VALUES,
-        st.sampled_from(WRITTEN),
-        VALUES,
-    ),
-    st.tuples(st.just("drop"), hashes, st.sampled_from(READ), st.sampled_from(READ)),
     st.tuples(st.just("incr"), hashes, st.just("c"), st.integers(-3, 3)),
     st.tuples(st.just("add"), hashes, st.just("n2"), st.integers(-3, 3)),
     st.tuples(st.just("addf"), hashes, st.just("n1"), st.sampled_from([0.5, 1.25, 3.0])),

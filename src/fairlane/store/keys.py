@@ -48,8 +48,8 @@ pattern (after the prefix)  type   holds                              written by
                                   (limit, held, offers, refs, V);
                                   rp:/ad:<key> rate and adaptive
                                   bounds in force; c:<job> its rate
-                                  cost (units) while it holds one;
-                                  h:/w:/p:<job> (grant, offers,
+                                  cost (units) while it waits or is
+                                  offered slots; w:/p:<job> (offers,
                                   parked); tok, wakes, moves
 ``thr:wait``               zset   throttle waiters, lex '<key>\0     fetch, ack, sweep, cancel
                                   <tenant>\0<order>\0<job>' (a
@@ -547,8 +547,9 @@ class AppKeys(msgspec.Struct, frozen=True):
 #: as), the FIFO counter ``fifo``. Data of another layout is refused,
 #: not misread. 3: also left out, a job's tenant, lane, attempt budget and timeout at the
 #: values of ``RECORD_DEFAULTS``, its class at ``standard``, and ``run`` when it equals
-#: ``enq``.
-STORE_LAYOUT: Final = 3
+#: ``enq``. 4: a running job's throttle grant kept whole in its record (``ttok``), not in
+#: the ``thr`` hash.
+STORE_LAYOUT: Final = 4
 
 #: What a record's ``tenant``, ``lane``, ``max``, ``to`` and ``cls`` read as when absent:
 #: the values most jobs have, left out of their records (a waiting job's hash is then
@@ -607,7 +608,8 @@ JOB_FIELDS: dict[str, str] = {
     "pb": "pushbacks (Throttled) it has taken without spending an attempt",
     "hb": "first hand-back, server ms: a worker that could not run it (task unknown, arguments "
     "that do not fit) handed it back; dead-lettered worker.deploy_window later (absent = none)",
-    "ttok": "token of the throttle grant it holds, only while leased (absent = none)",
+    "ttok": "the throttle grant it holds, only while leased: 'token<TAB>rate cost (units; "
+    "empty: none kept)<TAB>key<TAB>key..' (absent = none)",
     "toff": "1 while it holds offers a throttle key woke it with (queued; absent = none)",
     "mu": "milli-units admission reserved for it, while reserved",
     "emu": "milli-units admission reserved for it (kept)",

@@ -119,15 +119,15 @@ do
 
   -- The upstream behind a key pushed back on an attempt (kind 'throttle', payload
   -- '<key>\n<error JSON>'): the key is paused `delay` ms for everyone (thr_push_back) if
-  -- the job holds it. Returns the error, whether the pushback applied, and the key.
-  function settling.push_back_key(keys, id, token, payload, delay, now)
+  -- the job's `grant` holds it. Returns the error, whether the pushback applied, and the key.
+  function settling.push_back_key(keys, grant, payload, delay, now)
     local key, err = string.match(payload or '', '^([^\n]*)\n(.*)$')
     if not key then
       return payload, false
     end
     local ok, decoded = pcall(cjson.decode, err)
     local cause = ok and type(decoded) == 'table' and tostring(decoded.message or '') or ''
-    return err, token ~= nil and throttle.thr_push_back(keys, id, token, key, now + delay, now, cause),
+    return err, grant ~= nil and throttle.thr_push_back(keys, grant, key, now + delay, now, cause),
       key
   end
 
@@ -206,7 +206,7 @@ do
     local pushed, pushed_key = false, nil
     if kind == Kind.THROTTLE then
       payload, pushed, pushed_key =
-        settling.push_back_key(keys, id, f[16], payload, tonumber(ack[Ack.DELAY_MS]) or 0, now)
+        settling.push_back_key(keys, f[16], payload, tonumber(ack[Ack.DELAY_MS]) or 0, now)
     end
     if f[16] then
       -- a job handed back unstarted used nothing of what its rate keys gave it
@@ -316,9 +316,6 @@ do
     local fields, optional = settling.SETTLING, settling.SETTLING_X
     -- what the call gathers: lanes freed, tenants' limits read, ends to settle, costs
     local freed, limited, settled, costing = {}, {}, {}, {lanes = {}, samples = {}, usual = {}}
-    -- whether the grants of the acks left were read (the first job that holds one reads
-    -- them all: a plain batch reads none)
-    local grants = false
     -- numeric loops on the per-job paths: ipairs costs a C call per element
     for i = 1, #acks do
       local ack = acks[i]
@@ -338,10 +335,6 @@ do
         -- fences any later write of its token.
         local id, kind = ack[Ack.ID], ack[Ack.KIND]
         released[#released + 1] = id
-        if f[16] and not grants then
-          grants = true
-          throttle.read_grants(keys, acks, i)
-        end
         -- fields enqueue left out at their defaults (core.lua)
         f[7], f[8], f[9], f[11] = f[7] or DEFAULT_MAX, f[8] or DEFAULT_LANE, f[9] or DEFAULT_CLASS,
           f[11] or DEFAULT_TENANT

@@ -473,11 +473,11 @@ do
   end
 
   -- The grant rides on the record's write when the job is leased (lease_jobs).
-  local function admitted(cx, f, token)
-    -- each job's keys are lookups in their hash, and each holding two fields (the hash
-    -- exists once a call with grants has returned: its view is written back then)
+  local function admitted(cx, f, grant)
+    -- each job's keys are lookups in their hash (the hash exists once a call with grants
+    -- has returned: its view is written back then)
     core.keep_large(cx.tally, cx.keys[THR])
-    f.ttok = token
+    f.ttok = grant
   end
 
   -- Pass a job popped from the fair queue, with its lane slot, through its throttle keys:
@@ -489,9 +489,9 @@ do
     local sig = run_signature(cx, f)
     if sig then
       local units = f[23] and dispatch.rate_units(f) or 1
-      local token = keyruns.acquire(cx.keys, id, sig, units, cx.now)
-      if token then
-        admitted(cx, f, token)
+      local grant = keyruns.acquire(cx.keys, sig, units, cx.now)
+      if grant then
+        admitted(cx, f, grant)
         return true, NO_WAKES
       end
     end
@@ -503,14 +503,14 @@ do
     end
     local charge = charged_units(cx.cost_mode, f[14])
     local units = #rl > 0 and dispatch.rate_units(f) or 1
-    local token, wakes, blocker, names = thr_acquire(cx.keys, id, limits, f[12] or 0,
+    local grant, wakes, blocker, names = thr_acquire(cx.keys, id, limits, f[12] or 0,
       f[13] or 0, f[6] or '', charge, rl, units, cx.now)
     if offered then
       redis.call('HDEL', job_key(cx.p, id), 'toff')
     end
-    if token then
+    if grant then
       keyruns.remember(cx.keys, sig, names, limits, rl, cx.now)
-      admitted(cx, f, token)
+      admitted(cx, f, grant)
       return true, wakes
     end
     core.keep_large(cx.tally, cx.keys[THR])

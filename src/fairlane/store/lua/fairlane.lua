@@ -14,7 +14,7 @@ Keys. Every function receives the app's fixed keys first, in this order
   KEYS[8]  WEIGHTS  weights   hash    tenant -> fair-share weight (absent = 1)
   KEYS[9]  FLEET    fleet     hash    worker -> its slots and lanes ('slots|lane,lane')
   KEYS[10] TLIMITS  tlimits   hash    tenant -> concurrency 'floor,max,burst_floor,burst_pct'
-  KEYS[11] THR      thr       hash    throttle keys, grants, offers, parked jobs (throttle.lua)
+  KEYS[11] THR      thr       hash    throttle keys, offers, parked jobs (throttle.lua)
   KEYS[12] THRW     thr:wait  zset    throttle waiters, a lex range per key and tenant
 followed by the keys of the lanes the caller names (state, cap, delayed, wake, idle
 per lane). Per-job hashes (job:<id>), per-tenant queues (q:<lane>:<class>:<tenant>),

@@ -238,15 +238,16 @@ do
     return n > 0
   end
 
-  -- Release a job's throttle grant `token` and wake the keys; `used` (units the attempt
-  -- used, nil when unknown) corrects its rate keys, `succeeded` grows its adaptive ones
-  -- (thr_release, as is `quiet`). Returns the waiters woken, for the caller to enter.
-  local function release_grant(keys, p, id, token, now, used, succeeded, quiet)
+  -- Release a job's throttle `grant` (its record's `ttok`, dropped here) and wake the keys;
+  -- `used` (units the attempt used, nil when unknown) corrects its rate keys, `succeeded`
+  -- grows its adaptive ones (thr_release, as is `quiet`). Returns the waiters woken, for
+  -- the caller to enter.
+  local function release_grant(keys, p, id, grant, now, used, succeeded, quiet)
     redis.call('HDEL', job_key(p, id), 'ttok')
-    if keyruns.release(keys, id, token) then
+    if keyruns.release(keys, grant) then
       return {}
     end
-    local wakes, names = thr_release(keys, id, token, now, used, succeeded, quiet)
+    local wakes, names = thr_release(keys, grant, now, used, succeeded, quiet)
     if names and #wakes == 0 then
       keyruns.released(keys, names, quiet)
     end
@@ -254,9 +255,9 @@ do
   end
 
   -- Release a job's throttle grant, if it holds one, and enter the waiters that wakes.
-  local function release_throttle(keys, p, id, token, now, used, succeeded)
-    if token then
-      enter_all_woken(p, release_grant(keys, p, id, token, now, used, succeeded), now, keys)
+  local function release_throttle(keys, p, id, grant, now, used, succeeded)
+    if grant then
+      enter_all_woken(p, release_grant(keys, p, id, grant, now, used, succeeded), now, keys)
     end
   end
 

@@ -103,18 +103,16 @@ do
       vv = vv, dirty = dirty, ks = ks}
   end
 
-  -- Release job `id`'s grant `token` as thr_release would, when it holds the keys of the
-  -- call's release run and none of them would lose its last reference. Returns whether
-  -- it did; if not, thr_release decides.
-  function keyruns.release(keys, id, token)
+  -- Release a job's `grant` (its record's) as thr_release would, when it holds the keys
+  -- of the call's release run and none of them would lose its last reference. Returns
+  -- whether it did; if not, thr_release decides.
+  function keyruns.release(keys, grant)
     local run = freed
     if not (run and run.keys == keys and run.epoch == writeback.epoch()) then
       return false
     end
-    local held, cost = throttle.held(keys, id)
-    local tab = held and string.find(held, '\t', 1, true)
-    if not (tab and string.sub(held, tab + 1) == run.joined
-        and string.sub(held, 1, tab - 1) == tostring(token)) then
+    local _, _, joined = throttle.grant_parts(grant)
+    if joined ~= run.joined then
       return false
     end
     for _, e in ipairs(run.ks) do
@@ -122,18 +120,12 @@ do
         return false
       end
     end
-    if cost then
-      writeback.drop(keys, keys[THR], 'h:' .. id, 'c:' .. id)
-    else
-      writeback.drop(keys, keys[THR], 'h:' .. id)
-    end
     local vv, dirty = run.vv, run.dirty
     for _, e in ipairs(run.ks) do
       e.held, e.refs = e.held - 1, e.refs - 1
       vv[e.kf.u], vv[e.kf.r] = e.held, e.refs
       dirty[e.kf.u], dirty[e.kf.r] = true, true
     end
-    run.epoch = writeback.epoch()
     return true
   end
 
@@ -150,10 +142,10 @@ do
     return true
   end
 
-  -- Grant job `id` of signature `sig` (rate cost `units`) its keys as thr_acquire would,
-  -- when it is of the call's run and fits. Returns the grant token, or nil: then
-  -- thr_acquire decides.
-  function keyruns.acquire(keys, id, sig, units, now)
+  -- Grant a job of signature `sig` (rate cost `units`) its keys as thr_acquire would,
+  -- when it is of the call's run and fits. Returns the grant (throttle.grant), or nil:
+  -- then thr_acquire decides.
+  function keyruns.acquire(keys, sig, units, now)
     local run = current
     if not (run and sig and run.keys == keys and run.sig == sig
         and run.epoch == writeback.epoch() and fits(run, units, now)) then
@@ -170,8 +162,8 @@ do
         rates.take(keys, e.key, e.rate, e.bucket, rates.cost(e.rate, units), now)
       end
     end
-    local token = throttle.grant(keys, id, run.names, run.costs and units or nil, run.joined)
+    local grant = throttle.grant(keys, run.names, run.costs and units or nil, run.joined)
     run.epoch = writeback.epoch()
-    return token
+    return grant
   end
 end

@@ -4,15 +4,18 @@
 -- app's hash tag (fairlane/store/keys.py names it):
 --   KEYS[THR]  hash  l:<key> limit in force, u:<key> slots held, o:<key> offers out,
 --                    r:<key> jobs naming it, v:<key> its virtual time V, rp:/ad:<key> its
---                    rate and adaptive bounds in force (rates.lua); h:<job>
---                    'token<TAB>key..' held slots; w:<job> 'key<TAB>key..' offers of a
---                    woken job; c:<job> the rate cost of a job with rate or adaptive keys;
---                    p:<job> 'at<TAB>prio<TAB>seq<TAB>tenant<TAB>charge<TAB>units<TAB>
+--                    rate and adaptive bounds in force (rates.lua); w:<job>
+--                    'key<TAB>key..' offers of a woken job; c:<job> the rate cost of a
+--                    parked or woken job with rate or adaptive keys; p:<job> 'at<TAB>prio<TAB>seq<TAB>tenant<TAB>charge<TAB>units<TAB>
 --                    since<TAB>key..' a parked job; tok the grant counter; wakes, moves
 --   KEYS[THRW] zset  every waiter at score 0, member '<key>\0<tenant>\0<order>\0<job>',
 --                    so a tenant's group on a key is a lex range, its head the first
 --   <THR>:s:<key> zset  tenant with waiters on the key -> start tag S
 --   <THR>:f:<key> zset  idle tenant -> finish tag F, only while F > V
+-- A job's grant is not kept here but in its record (`ttok`, which lease.lua writes with
+-- the lease and an ack reads with the rest): 'token<TAB>cost<TAB>key..', its rate cost
+-- empty when it keeps none. A running job's record is read by its ack anyway, so the
+-- grant costs its release no read, and its dispatch no write, of this hash.
 -- room(k) = limit - held - offers. Nothing here polls: keys are woken when they gain
 -- room (a release, a raised limit, offers given back), and a key whose head waits for
 -- tokens or a pause's end is woken by fetch when it is due (rates.lua's timer).
@@ -21,7 +24,7 @@
 --   KEYS[TLIMITS], KEYS[WEIGHTS]
 -- Calls: core, classes, rates, keyparts, writeback
 -- Entry points: throttle.{RATE_BUCKETS, RATE_WIDTH_MS, apply_given, fields_of, grant,
---   held, key_state, note_duration, quiet, read_grants,
+--   grant_parts, key_state, note_duration, quiet,
 --   note_submissions, rate_in_force, rate_per_min, refund_rates, sig_key,
 --   take_rates, wake_keys,
 --   tenant_limit, thr_acquire, thr_cancel, thr_cancel_waiter, thr_next_due,
@@ -202,20 +205,33 @@ do
     return tonumber(writeback.get(keys, keys[THR], 'v:' .. key)) or 0
   end
 
-  -- (`cost`: the job's rate cost to remember with the grant, take_tokens; one write.
-  -- `joined`: the names joined by tabs, when the caller has them.)
-  function throttle.grant(keys, id, names, cost, joined)
-    -- formatted once: the grant's text and the record's `ttok` (a number would be
-    -- formatted for each)
-    local token = string.format('%d', writeback.incr(keys, keys[THR], 'tok', 1))
-    local held = token .. TAB .. (joined or table.concat(names, TAB))
-    if cost then
-      writeback.add_new(keys, keys[THR], 'h:' .. id, held, 'c:' .. id, cost)
-    else
-      writeback.add_new(keys, keys[THR], 'h:' .. id, held)
+  -- A number as the server writes one: integers without a point, others to 17 digits.
+  local function number_text(x)
+    if x == math.floor(x) and x > -9e15 and x < 9e15 then
+      return string.format('%d', x)
     end
-    return token
+    return string.format('%.17g', x)
   end
+
+  -- The grant of a job admitted on the keys `names`, as its record keeps it (`cost`: its
+  -- rate cost to remember, take_tokens; `joined`: the names joined by tabs, when the
+  -- caller has them).
+  function throttle.grant(keys, names, cost, joined)
+    return string.format('%d', writeback.incr(keys, keys[THR], 'tok', 1)) .. TAB ..
+      (cost and number_text(cost) or '') .. TAB .. (joined or table.concat(names, TAB))
+  end
+
+  -- A grant's token, its rate cost (nil: none kept) and its keys joined by tabs.
+  local function grant_parts(grant)
+    local a = string.find(grant, TAB, 1, true)
+    local b = a and string.find(grant, TAB, a + 1, true)
+    if not b then
+      return nil
+    end
+    return string.sub(grant, 1, a - 1), tonumber(string.sub(grant, a + 1, b - 1)),
+      string.sub(grant, b + 1)
+  end
+  throttle.grant_parts = grant_parts
 
   -- A tenant group left empty: its start tag stays as its finish tag while above V.
   local function idle_group(keys, key, tenant, tag)
@@ -392,7 +408,12 @@ do
       end
     end
     if ok then
-      return throttle.grant(keys, id, names), {}
+      -- its rate cost, kept while it waited, moves into the grant
+      local cost = tonumber(writeback.get(keys, keys[THR], 'c:' .. id))
+      if cost then
+        writeback.del(keys, keys[THR], 'c:' .. id)
+      end
+      return throttle.grant(keys, names, cost), {}
     end
     units = tonumber(writeback.get(keys, keys[THR], 'c:' .. id)) or units
     throttle.refund_rates(keys, id, names, now, true)
@@ -471,7 +492,7 @@ do
   -- Dispatch of `id` with its lane slot: convert its offers, or admit it on every key of
   -- `limits` and `rlist` at once (apply_given), or park it in `tenant`'s group on its
   -- first blocking key (`charge`: what a wake charges its tenant; `units`: its rate cost;
-  -- `now`: the server's ms). Returns the grant token (nil when parked), the waiters woken
+  -- `now`: the server's ms). Returns the grant (throttle.grant; nil when parked), the waiters woken
   -- on the way ({job, key}), the key it parked on and, admitted on its keys (not by its
   -- offers), the keys (sorted).
   local function thr_acquire(keys, id, limits, prio, seq, tenant, charge, rlist, units, now)
@@ -491,7 +512,7 @@ do
       for _, key in ipairs(names) do
         writeback.incr(keys, keys[THR], fields_of(key).u, 1)
       end
-      return throttle.grant(keys, id, names, take_tokens(keys, names, units, now, seen, adaptive)),
+      return throttle.grant(keys, names, take_tokens(keys, names, units, now, seen, adaptive)),
         wakes, nil, names
     end
     if adaptive then
@@ -521,56 +542,19 @@ do
     end
   end
 
-  -- Free the slots of `id`'s grant `token` and wake the keys, after settle_rates (the
-  -- grant and the rate cost read, and dropped, together). A stale token or a job holding
-  -- nothing changes nothing. Returns the waiters woken. `quiet`: wake_all's, for the
-  -- releases of one call.
-  -- A job's grant, 'token<TAB>key..', and its rate cost (false: none kept), in one read.
-  function throttle.held(keys, id)
-    local v = writeback.mget(keys, keys[THR], {'h:' .. id, 'c:' .. id})
-    return v[1], v[2]
-  end
-
-  -- The grants of the jobs `acks[from..]` name, read into the call's view in one read, for
-  -- `held` to find there: a batch of keyed jobs' acks would read them a command each.
-  -- The jobs that hold none are read absent (the view keeps that too).
-  function throttle.read_grants(keys, acks, from)
-    local fields = {}
-    for i = from, #acks do
-      local ack = acks[i]
-      if ack == nil then
-        break
-      end
-      local id = ack[Ack.ID]
-      if type(id) == 'string' then
-        fields[#fields + 1] = 'h:' .. id
-        fields[#fields + 1] = 'c:' .. id
-      end
-      -- in reads of core.ARGS fields at most (Lua's unpack)
-      if #fields >= core.ARGS or (#fields > 0 and acks[i + 1] == nil) then
-        writeback.mget(keys, keys[THR], fields)
-        fields = {}
-      end
-    end
-  end
-
-  local function thr_release(keys, id, token, now, used, succeeded, quiet)
-    local held, cost = throttle.held(keys, id)
+  -- Free the slots of a job's `grant` (its record's, which the caller drops) and wake the
+  -- keys, after settle_rates. Returns the waiters woken and the grant's keys (none for a
+  -- grant that does not parse). `quiet`: wake_all's, for the releases of one call.
+  local function thr_release(keys, grant, now, used, succeeded, quiet)
     local wakes = {}
-    if not held then
-      return wakes
-    end
-    local parts = split_tabs(held)
-    if parts[1] ~= tostring(token) then
+    local _, units, joined = grant_parts(grant)
+    if not joined then
       return wakes
     end
     now = tonumber(now) or 0
-    local names, units = {unpack(parts, 2)}, tonumber(cost)
+    local names = split_tabs(joined)
     if units then
-      writeback.drop(keys, keys[THR], 'h:' .. id, 'c:' .. id)
       settle_rates(keys, names, units, now, tonumber(used), succeeded)
-    else
-      writeback.drop(keys, keys[THR], 'h:' .. id)
     end
     for _, key in ipairs(names) do
       writeback.incr(keys, keys[THR], fields_of(key).u, -1)
@@ -586,18 +570,14 @@ do
     return quiet ~= nil and quiet[key] == entered
   end
 
-  -- The upstream behind `key` pushed back on `id`'s attempt (grant `token`): the key is
-  -- paused until `untl` (rates.pause, which may cut an adaptive key), and its waiters are
-  -- due then. False when the job does not hold the key under that token.
-  function throttle.thr_push_back(keys, id, token, key, untl, now, cause)
-    local held = writeback.get(keys, keys[THR], 'h:' .. id)
-    local parts = held and split_tabs(held) or {}
-    if parts[1] ~= tostring(token) then
-      return false
-    end
+  -- The upstream behind `key` pushed back on an attempt that holds `grant` (its record's):
+  -- the key is paused until `untl` (rates.pause, which may cut an adaptive key), and its
+  -- waiters are due then. False when the grant does not hold the key.
+  function throttle.thr_push_back(keys, grant, key, untl, now, cause)
+    local _, _, joined = grant_parts(grant)
     local holds = false
-    for i = 2, #parts do
-      holds = holds or parts[i] == key
+    for _, name in ipairs(joined and split_tabs(joined) or {}) do
+      holds = holds or name == key
     end
     if not holds then
       return false

@@ -25,16 +25,15 @@
 --
 -- Keys: any hash named by its caller (KEYS[THR], rate:<key>)
 -- Calls: core
--- Entry points: writeback.{add, add_new, addf, behind, del, drop, epoch, exists, fields, get,
---   incr, mget, pexpire, put, set, view_of}
+-- Entry points: writeback.{add, addf, behind, del, epoch, exists, fields, get, incr, mget,
+--   pexpire, put, set, view_of}
 
 local writeback = {}
 
 do
   -- the KEYS table of the call whose views are open (nil: none)
   local scope = nil
-  -- hash -> {v = {field -> value or false}, dirty = {field -> true}, ints, floats, ttl,
-  -- adds, drops (add_new's and drop's lists)}
+  -- hash -> {v = {field -> value or false}, dirty = {field -> true}, ints, floats, ttl}
   local views = {}
   -- how many writes the call's views have taken through these functions: a caller that
   -- keeps what it derived from a view (keyruns.lua) knows it is still true while this
@@ -65,10 +64,6 @@ do
   end
 
   local function write_view(h, v)
-    -- fields written once in the call (`add_new`): before the rest, which may change them
-    if v.adds then
-      core.chunked('HSET', h, v.adds)
-    end
     local sets, dels = {}, {}
     for f in pairs(v.dirty) do
       local x = v.v[f]
@@ -81,16 +76,6 @@ do
     end
     core.chunked('HSET', h, sets)
     core.chunked('HDEL', h, dels)
-    if v.drops then
-      local gone, vv = {}, v.v
-      for i = 1, v.drops.n do
-        local f = v.drops[i]
-        if vv[f] == false and not v.dirty[f] then
-          gone[#gone + 1] = f
-        end
-      end
-      core.chunked('HDEL', h, gone)
-    end
     for f, n in pairs(v.ints or {}) do
       redis.call('HINCRBY', h, f, n)
     end
@@ -163,18 +148,13 @@ do
     return x
   end
 
-  -- HSET of one or two fields at once, out of a call's views.
-  local function hset_now(h, f, x, f2, x2)
-    if f2 then
-      return redis.call('HSET', h, f, x, f2, x2)
-    end
-    return redis.call('HSET', h, f, x)
-  end
-
   -- HSET of one or two fields.
   function writeback.set(keys, h, f, x, f2, x2)
     if scope ~= keys then
-      return hset_now(h, f, x, f2, x2)
+      if f2 then
+        return redis.call('HSET', h, f, x, f2, x2)
+      end
+      return redis.call('HSET', h, f, x)
     end
     epoch = epoch + 1
     local v = views[h] or view(h)
@@ -182,54 +162,6 @@ do
     if f2 then
       v.v[f2], v.dirty[f2] = x2, true
     end
-  end
-
-  -- The view's list `name` (its `adds` or `drops`), made at first use; `n` its length.
-  local function list(v, name)
-    local l = v[name]
-    if not l then
-      l = {n = 0}
-      v[name] = l
-    end
-    return l
-  end
-
-  -- HSET of one or two fields a call writes once (a job's grant and its rate cost),
-  -- written back in one list ahead of what `set` and `del` write: without the
-  -- bookkeeping of a field that may be written again. A later `set` or `del` of one is
-  -- written after it, and stands.
-  function writeback.add_new(keys, h, f, x, f2, x2)
-    if scope ~= keys then
-      return hset_now(h, f, x, f2, x2)
-    end
-    epoch = epoch + 1
-    local v = views[h] or view(h)
-    local adds = list(v, 'adds')
-    local n = adds.n
-    v.v[f], adds[n + 1], adds[n + 2] = x, f, x
-    if f2 then
-      v.v[f2], adds[n + 3], adds[n + 4], n = x2, f2, x2, n + 2
-    end
-    adds.n = n + 2
-  end
-
-  -- HDEL of one or two fields a call deletes once (a released grant and its cost), in
-  -- one list written back last: a field written again since (through any function here)
-  -- is left as written.
-  function writeback.drop(keys, h, f, f2)
-    if scope ~= keys then
-      return f2 and redis.call('HDEL', h, f, f2) or redis.call('HDEL', h, f)
-    end
-    epoch = epoch + 1
-    local v = views[h] or view(h)
-    local drops = list(v, 'drops')
-    local n = drops.n + 1
-    drops[n], v.v[f] = f, false
-    if f2 then
-      n = n + 1
-      drops[n], v.v[f2] = f2, false
-    end
-    drops.n = n
   end
 
   function writeback.del(keys, h, ...)
