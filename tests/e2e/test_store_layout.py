@@ -102,7 +102,13 @@ async def test_a_shard_keeps_the_layout_it_was_written_in(redis_url: str, namesp
 
 
 @pytest.mark.parametrize(
-    ("layout", "who"), [(None, "an earlier"), ("2", "an earlier"), ("4", "a later")]
+    ("layout", "who"),
+    [
+        (None, "an earlier"),
+        ("2", "an earlier"),
+        (str(STORE_LAYOUT - 1), "an earlier"),
+        (str(STORE_LAYOUT + 1), "a later"),
+    ],
 )
 async def test_data_of_another_layout_is_refused_by_name(
     redis_url: str, namespace: str, layout: str | None, who: str
