@@ -1,10 +1,10 @@
-"""The mark an ack reads a keyed job's record by (``x``, lua core.read): a lease that read
-the record whole writes the name of the grant's field when the record holds none of the
-ack's other optional fields, and '1' when it holds one; a writer that adds one while
-the job runs sets '1' again. An enqueue that writes optional fields none of which an ack
-reads (a fairness key alone) marks them '-', and the ack then reads what a plain job's
-reads. Whatever the mark, the ack must find what it needs: the grant it releases (the
-next job on the key starts), the waiter it answers, the deadline.
+"""The mark an ack reads a job's record by (``x``, lua core.read). An enqueue that writes
+optional fields none of which an ack reads (keys, a fairness key) marks them '-', and
+the ack then reads what a plain job's reads; one that writes a field the ack reads marks
+'1', as does a writer that adds one while the job runs. A keyed job's lease adds its
+throttle grant (``ttok``) and leaves the mark as it was: the ack reads the grant with
+the common fields. Whatever the mark, the ack must find what it needs: the grant it
+releases (the next job on the key starts), the waiter it answers, the deadline.
 """
 
 from __future__ import annotations
@@ -44,24 +44,27 @@ async def _second_starts_when_the_first_is_done(store: Store, first: str, second
 
 @pytest.mark.parametrize(
     ("deadline", "mark"),
-    [("", b"ttok"), (f"+{HOUR}", b"1")],
+    [("", b"-"), (f"+{HOUR}", b"1")],
     ids=["the grant alone", "with a deadline"],
 )
-async def test_a_keyed_lease_marks_what_its_ack_reads(
+async def test_a_keyed_lease_leaves_the_mark_and_its_ack_finds_the_grant(
     store: Store, deadline: str, mark: bytes
 ) -> None:
     await store.enqueue("a", [_job("k1", deadline), _job("k2", deadline)])
     got = await store.exchange("w", ["a"], 1, HOUR, slots=2)
     assert [j.id for j in got.jobs] == ["k1"]
     assert await _mark(store, "k1") == mark
+    assert await store.client.hget(store.keys.job("k1"), "ttok") is not None
     await _second_starts_when_the_first_is_done(store, "k1", "k2")
+    # the release took the grant out of the record
+    assert await store.client.hget(store.keys.job("k1"), "ttok") is None
 
 
 async def test_a_waiter_added_while_it_runs_widens_the_mark(store: Store) -> None:
     await store.enqueue("a", [_job("k1"), _job("k2")])
     got = await store.exchange("w", ["a"], 1, HOUR, slots=2)
     assert [j.id for j in got.jobs] == ["k1"]
-    assert await _mark(store, "k1") == b"ttok"
+    assert await _mark(store, "k1") == b"-"
     assert await store.watch("k1") == [b"running"]
     assert await _mark(store, "k1") == b"1"
     pubsub = store.client.pubsub()

@@ -565,12 +565,11 @@ RECORD_DEFAULTS: Final[dict[str, str]] = {
 
 #: Fields of a job hash, as written by the Lua library.
 JOB_FIELDS: dict[str, str] = {
-    "x": "'1' when the record may hold optional fields (dl, lim, ttok, tp, par, toff, fk, rk, "
+    "x": "'1' when the record may hold optional fields (dl, lim, tp, par, toff, fk, rk, "
     "rmu, w, mu, wfr, idem); absent or '' when it holds none; every writer of one sets it. "
-    "A keyed job's lease writes 'ttok' instead when, of the fields its ack reads, the record "
-    "holds the grant alone; an enqueue writes '-' when it holds none of the fields an ack "
-    "reads (dl, ttok, par, idem, w, mu, wfr: its keys or fairness key alone) "
-    "(lua core.lua, core.read and core.read_whole)",
+    "An enqueue writes '-' when it holds none of the fields an ack reads (dl, par, idem, w, "
+    "mu, wfr: its keys or fairness key alone). A running job's grant (ttok) needs no mark: "
+    "the ack reads it with the common fields (lua core.lua, core.read and core.read_whole)",
     "task": "task name",
     "tenant": "tenant the job belongs to (absent = RECORD_DEFAULTS)",
     "lane": "lane that runs it (absent = RECORD_DEFAULTS)",

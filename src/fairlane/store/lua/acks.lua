@@ -174,12 +174,14 @@ do
     return core.int(math.floor(math.max(0, m))) .. ',' .. core.int(math.floor(math.max(0, t)))
   end
 
-  -- A running job's record as an ack reads it: f[1..14] st, tok, task, rc, rf, att, max,
-  -- lane, cls, sl, tenant, start, ck, cu; f[15..20] the optional w, ttok, mu, par, wfr,
-  -- idem (core.read).
+  -- A running job's record as an ack reads it: f[1..15] st, tok, task, rc, rf, att, max,
+  -- lane, cls, sl, tenant, start, ck, cu, ttok; f[16..21] the optional w, mu, par, wfr,
+  -- idem, dl (core.read). The grant (`ttok`) is read with the common fields: one field
+  -- more on a plain record's read costs the server less than a keyed record's second read
+  -- and the mark its lease would have to write for it.
   settling.SETTLING = {'st', 'tok', 'task', 'rc', 'rf', 'att', 'max', 'lane', 'cls', 'sl', 'tenant',
-    'start', 'ck', 'cu', 'x'}
-  settling.SETTLING_X = {'w', 'ttok', 'mu', 'par', 'wfr', 'idem', 'dl'}
+    'start', 'ck', 'cu', 'ttok', 'x'}
+  settling.SETTLING_X = {'w', 'mu', 'par', 'wfr', 'idem', 'dl'}
 
   -- What settling an attempt that ran does before its kind's own step: its slots leave its
   -- class's in-flight count (`settled`, and the call's `tally.ended` that dispatch reads in
@@ -206,14 +208,14 @@ do
     local pushed, pushed_key = false, nil
     if kind == Kind.THROTTLE then
       payload, pushed, pushed_key =
-        settling.push_back_key(keys, f[16], payload, tonumber(ack[Ack.DELAY_MS]) or 0, now)
+        settling.push_back_key(keys, f[15], payload, tonumber(ack[Ack.DELAY_MS]) or 0, now)
     end
-    if f[16] then
+    if f[15] then
       -- a job handed back unstarted used nothing of what its rate keys gave it
       local unstarted = kind == Kind.RELEASE or kind == Kind.HANDBACK
       local used = unstarted and 0 or (cost >= 0 and cost or nil)
       tally.quiet = tally.quiet or {}
-      local wakes = release_grant(keys, p, id, f[16], now, used, kind == Kind.OK, tally.quiet)
+      local wakes = release_grant(keys, p, id, f[15], now, used, kind == Kind.OK, tally.quiet)
       if #wakes > 0 then
         -- a tenant the waiters woken activate starts from its class's in-flight work:
         -- this batch's ends are settled first
@@ -340,7 +342,7 @@ do
           f[11] or DEFAULT_TENANT
         local payload, pushed, pushed_key, amu =
           account(keys, p, id, kind, ack, f, now, tally, settled, freed, limited, costing)
-        local meta = {f[3], f[4], f[5], f[15], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20],
+        local meta = {f[3], f[4], f[5], f[16], f[17], f[8], f[9], f[11], f[18], f[19], nil, f[20],
           f[21], use = kind ~= Kind.RELEASE and kind ~= Kind.HANDBACK
           -- an attempt that reported nothing sends neither place (wire.Outcome): no call
           and ack[Ack.MODEL_MS] ~= nil and reported(ack) or nil}

@@ -167,13 +167,12 @@ do
   -- run's keys) are read only from a record that may hold one: a field a listpack hash
   -- does not hold costs a scan of the whole record, and these were most of what the hot
   -- path looked for. Whoever writes one of them sets `x` to '1' in the same command; a
-  -- record without `x` (or with '') holds none. `x` may instead name the one optional
-  -- field the record holds, as a lease that read the record whole writes it
-  -- (leasing.write_keyed): that field alone is read then; or be ACK_NONE, which names no
-  -- field: the record holds optional fields, none of them one an ack reads (an enqueue
-  -- that wrote a job's keys or fairness key alone writes it). `common` ends with 'x'; the
-  -- result holds the common fields in their places and the optional ones after them (nil
-  -- when absent). pcall: a key of the wrong type reads as no record.
+  -- record without `x` (or with '') holds none. `x` may instead be ACK_NONE: the record
+  -- holds optional fields, none of them one an ack reads (an enqueue that wrote a job's
+  -- keys or fairness key alone writes it; a throttle grant, which a keyed job's lease
+  -- adds, the ack reads with the common fields). `common` ends with 'x'; the result
+  -- holds the common fields in their places and the optional ones after them (nil when
+  -- absent). pcall: a key of the wrong type reads as no record.
   core.ACK_NONE = '-'
   function core.read(key, common, optional)
     local f = redis.pcall('HMGET', key, unpack(common))
@@ -187,13 +186,6 @@ do
       local o = redis.pcall('HMGET', key, unpack(optional))
       for i = 1, #optional do
         f[n - 1 + i] = not o.err and o[i] or nil
-      end
-    elseif x and x ~= '' then
-      for i = 1, #optional do
-        if optional[i] == x then
-          f[n - 1 + i] = redis.call('HGET', key, x) or nil
-          break
-        end
       end
     end
     return f
@@ -219,7 +211,7 @@ do
     -- sized for the longest list read (leasing.RUNNABLE), so that no place set below
     -- grows the table
     local f = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-      nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+      nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
     local optional = false
     for i = 1, #r, 2 do
       local at = places[r[i]]

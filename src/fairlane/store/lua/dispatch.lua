@@ -459,7 +459,7 @@ do
   -- or admission reserved for it (`emu`), else one unit. `f`: the record as
   -- leasing.read_runnable reads it.
   function dispatch.rate_units(f)
-    return (tonumber(f[24]) or tonumber(f[14]) or tonumber(f[29]) or 1000) / 1000
+    return (tonumber(f[24]) or tonumber(f[14]) or tonumber(f[25]) or 1000) / 1000
   end
 
   -- The signature of a job's keys for a run of them (keyruns.lua): its own limits and

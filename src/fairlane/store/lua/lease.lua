@@ -273,43 +273,16 @@ do
   end
 
   -- The running record of a job dispatch admitted on its throttle keys: the grant it
-  -- holds (`ttok`) with the lease, in one write, and `x`, the mark of optional fields an
-  -- ack reads (core.read). The record was read whole (`f`, read_runnable): when it holds
-  -- none of the ack's other optional fields, `x` names the grant alone, which the ack
-  -- then reads by itself rather than with the six it would not find. A writer that adds
-  -- one later (a waiter, a workflow's run) sets `x` to '1' again.
-  local ack_others = false
-
-  -- The places in RUNNABLE (below) of those six, found at first use: a library's load
-  -- has no `error` to refuse a list that lacks one.
-  local function find_ack_others()
-    local places = {}
-    for i = 1, #settling.SETTLING_X do
-      local name = settling.SETTLING_X[i]
-      if name ~= 'ttok' then
-        places[#places + 1] = leasing.RUNNABLE[name] or error('leasing.RUNNABLE lacks ' .. name)
-      end
-    end
-    return places
-  end
-
-  local function ack_mark(f)
-    ack_others = ack_others or find_ack_others()
-    for i = 1, #ack_others do
-      if f[ack_others[i]] then
-        return '1'
-      end
-    end
-    return 'ttok'
-  end
-
-  function leasing.write_keyed(jk, token, att, worker, start, qw, ttok, f)
+  -- holds (`ttok`) with the lease, in one write. The ack reads the grant with the
+  -- record's common fields (settling.SETTLING), so the mark of optional fields an ack
+  -- reads (`x`, core.read) that the enqueue wrote stands.
+  function leasing.write_keyed(jk, token, att, worker, start, qw, ttok)
     if qw or att > 1 then
       redis.call('HSET', jk, 'st', 'running', 'tok', token, 'att', core.arg(att), 'wk', worker,
-        'start', start, 'qw', qw or '', 'ttok', ttok, 'x', ack_mark(f))
+        'start', start, 'qw', qw or '', 'ttok', ttok)
     else
       redis.call('HSET', jk, 'st', 'running', 'tok', token, 'att', '1', 'wk', worker,
-        'start', start, 'ttok', ttok, 'x', ack_mark(f))
+        'start', start, 'ttok', ttok)
     end
   end
 
@@ -356,7 +329,7 @@ do
       -- view) rides on this write, so it costs no command either; a first attempt with
       -- nothing to say writes none (a later one clears what an earlier one said)
       if f.ttok then
-        leasing.write_keyed(job_key(p, id), token, att, worker, start, e[4], f.ttok, f)
+        leasing.write_keyed(job_key(p, id), token, att, worker, start, e[4], f.ttok)
       elseif e[4] or att > 1 then
         redis.call('HSET', job_key(p, id), 'st', 'running', 'tok', token, 'att', core.arg(att),
           'wk', worker, 'start', start, 'qw', e[4] or '')
@@ -452,13 +425,12 @@ do
   -- cannot (expired, malformed, or a stale entry).
   -- A record as `runnable` checks it: f[1..15] st, task, args, max, to, tenant, bo, enq,
   -- att, sl, cls, prio, seq, cu, run; f[16..24] the fields few records hold: dl, lim,
-  -- ttok, tp, par, toff, fk, rk, rmu; f[25..28] w, mu, wfr, idem, read only for the mark
-  -- an ack reads by (write_keyed); f[29] emu, what admission reserved, which a job's rate
-  -- keys counting units take when it has neither rmu nor cu (dispatch.rate_units); f[30]
-  -- x, the mark that any of f[16..29] may be there (core.read_whole).
+  -- ttok, tp, par, toff, fk, rk, rmu; f[25] emu, what admission reserved, which a job's
+  -- rate keys counting units take when it has neither rmu nor cu (dispatch.rate_units);
+  -- f[26] x, the mark that any of f[16..25] may be there (core.read_whole).
   leasing.RUNNABLE = core.places{'st', 'task', 'args', 'max', 'to', 'tenant', 'bo', 'enq', 'att',
     'sl', 'cls', 'prio', 'seq', 'cu', 'run', 'dl', 'lim', 'ttok', 'tp', 'par', 'toff', 'fk', 'rk',
-    'rmu', 'w', 'mu', 'wfr', 'idem', 'emu', 'x'}
+    'rmu', 'emu', 'x'}
   local RUNNABLE_OPTIONAL, RUNNABLE_MARK = leasing.RUNNABLE.dl, leasing.RUNNABLE.x
 
   function leasing.read_runnable(p, id)
