@@ -667,14 +667,13 @@ class LuaVsModel(StoreMachine):
         """The jobs' records: their rows, and the grants the running ones hold."""
         for job_id in self.ids:
             st_, att, max_, tok, ttok, cls, sl, lane, toff, seq = next(replies)
-            # a running job's grant: 'token<TAB>rate cost<TAB>key..' (store layout 4)
-            grant = _s(ttok).split("\t") if ttok else None
-            if grant:
-                snap.grants[job_id] = "\t".join([grant[0], *grant[2:]])
+            # a running job's grant: 'rate cost<TAB>key..' (store layout 4)
+            if ttok:
+                snap.grants[job_id] = _s(ttok).split("\t", 1)[1]
             # fields the record leaves out at their defaults (store layout 3)
             snap.jobs[job_id] = JobRow(
                 _s(st_), int(att or 0), int(max_ or RECORD_DEFAULTS["max"]), tok and int(tok),
-                grant and int(grant[0]), _s(cls or DEFAULT_CLASS.encode()), int(sl or 1),
+                ttok is not None, _s(cls or DEFAULT_CLASS.encode()), int(sl or 1),
                 _s(lane or RECORD_DEFAULTS["lane"].encode()), toff is not None, float(seq),
             )  # fmt: skip
 
@@ -744,7 +743,7 @@ class LuaVsModel(StoreMachine):
             expected = {"queued": 0, "throttled": 1, "scheduled": 2, "running": 3}
             assert places[expected.get(row.status, 4)] == 1, f"{job_id} is {row.status}: {places}"
             # a throttle slot is held only by running work; offers only wait in a queue
-            assert row.ttok is None or row.status == "running", f"{job_id} holds while waiting"
+            assert not row.grant or row.status == "running", f"{job_id} holds while waiting"
             assert not row.toff or row.status == "queued", f"{job_id} offered while {row.status}"
             assert row.attempts <= row.max_attempts, f"{job_id}: over its attempt budget"
             # a finished job may keep its last token: its status alone fences that token
@@ -781,7 +780,8 @@ class LuaVsModel(StoreMachine):
             assert (row.status, row.attempts) == (job.status, job.attempts), f"{job_id}: {row}"
             assert row.status != "running" or row.token == job.token, f"{job_id} token: {job}"
             assert (row.cls, row.slots) == (job.cls, job.slots), f"{job_id} class: {row}"
-            assert row.ttok == job.ttok, f"{job_id} throttle grant: {row}, {job}"
+            # the store fences a grant by the job's lease, the policy by a grant token
+            assert row.grant == (job.ttok is not None), f"{job_id} throttle grant: {row}, {job}"
             offered = model.throttles.offered(job_id) is not None
             assert row.toff == offered, f"{job_id} offers: {row}"
             assert row.seq == job.seq, f"{job_id} order number: lua {row.seq}, model {job.seq}"
@@ -879,7 +879,7 @@ class LuaVsModel(StoreMachine):
         held, offered, parked = {}, {}, {}
         for job_id in self.model.jobs:
             if thr.holds(job_id) is not None:
-                held[job_id] = "\t".join([str(thr.token(job_id)), *(thr.holds(job_id) or ())])
+                held[job_id] = "\t".join(thr.holds(job_id) or ())
             if thr.offered(job_id) is not None:
                 offered[job_id] = "\t".join(thr.offered(job_id) or ())
             waiter = thr.waiter(job_id)
@@ -893,7 +893,6 @@ class LuaVsModel(StoreMachine):
                 at, _, _, tenant, _, _, _, *names = v.split("\t")
                 lua_parked[k[2:]] = (at, tenant, tuple(names))
         assert lua_parked == parked
-        assert int(snap.thr.get("tok", 0)) == stats.acquired
         assert int(snap.thr.get("wakes", 0)) == stats.wakes
         assert int(snap.thr.get("moves", 0)) == stats.moves
 
@@ -945,7 +944,7 @@ class JobRow:
     attempts: int
     max_attempts: int
     token: int | None
-    ttok: int | None
+    grant: bool
     cls: str
     slots: int
     lane: str
@@ -972,7 +971,7 @@ class Snapshot:
     workers: dict[str, int] = field(default_factory=dict)
     fleet: dict[str, str] = field(default_factory=dict)
     thr: dict[str, str] = field(default_factory=dict)
-    grants: dict[str, str] = field(default_factory=dict)  # job -> its grant's token and keys
+    grants: dict[str, str] = field(default_factory=dict)  # job -> its grant's keys
     waiters: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # key -> groups
     tags: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     key_tags: dict[tuple[str, str, str], dict[str, float]] = field(default_factory=dict)

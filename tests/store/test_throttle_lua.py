@@ -27,24 +27,28 @@ from hypothesis import strategies as st
 from fairlane.policy.throttle import Acquired, Throttles, Wake
 from tests.store.harness import CORE_CHUNKED, DRIVER_RUNS, THROTTLE_MODULES, lua_modules
 
-# KEYS[4] stands in for the job records: a grant is kept in its job's record while it runs
-# and dropped when released, so a release of a stale or repeated token finds none
+# KEYS[4] stands in for the job records, and their leases for the policy's grant tokens:
+# a grant is kept in its job's record while it runs, under a token the driver draws
+# ('#tok' counts them), and dropped when released, so a release under a stale or repeated
+# token finds none (the store's acks are fenced by the lease's token so)
 _DRIVER = """
 local function drive()
 local op, id = ARGV[1], ARGV[2]
 if op == 'acquire' then
   local grant, wakes = thr_acquire(KEYS, id, cjson.decode(ARGV[3]), ARGV[4], ARGV[5], ARGV[6],
     tonumber(ARGV[7]))
+  local token = 0
   if grant then
-    redis.call('HSET', KEYS[4], id, grant)
+    token = redis.call('HINCRBY', KEYS[4], '#tok', 1)
+    redis.call('HSET', KEYS[4], id, grant, 'tok:' .. id, token)
   end
-  return {grant and throttle.grant_parts(grant) or 0, wakes}
+  return {token, wakes}
 elseif op == 'release' then
-  local grant = redis.call('HGET', KEYS[4], id)
-  if not (grant and throttle.grant_parts(grant) == ARGV[3]) then
+  if redis.call('HGET', KEYS[4], 'tok:' .. id) ~= ARGV[3] then
     return {0, {}}
   end
-  redis.call('HDEL', KEYS[4], id)
+  local grant = redis.call('HGET', KEYS[4], id)
+  redis.call('HDEL', KEYS[4], id, 'tok:' .. id)
   return {0, (thr_release(KEYS, grant))}
 end
 local done, wakes = thr_cancel(KEYS, id)
@@ -104,6 +108,7 @@ operations = st.lists(
 
 def _state(client: redis.Redis, keys: list[str]) -> dict[str, Any]:
     raw = {k.decode(): v.decode() for k, v in client.hgetall(keys[0]).items()}
+    records = {k.decode(): v.decode() for k, v in client.hgetall(keys[3]).items()}
     groups: dict[str, dict[str, list[str]]] = {}
     for member in client.zrange(keys[1], 0, -1):
         key, tenant, _, job = member.decode().split("\0")
@@ -124,14 +129,22 @@ def _state(client: redis.Redis, keys: list[str]) -> dict[str, Any]:
         "vtime": {k: float(raw.get(f"v:{k}", 0)) for k in live},
         "groups": groups,
         "tags": tags,
-        "held": {k.decode(): v.decode() for k, v in client.hgetall(keys[3]).items()},
+        "held": {
+            job: f"{records['tok:' + job]}\t{grant}"
+            for job, grant in records.items()
+            if not job.startswith(("#", "tok:"))
+        },
         "offered": {f[2:]: v for f, v in raw.items() if f.startswith("w:")},
         "parked": {
             f[2:]: tuple(v.split("\t")[i] for i in (0, 3))
             for f, v in raw.items()
             if f.startswith("p:")
         },
-        "counters": (int(raw.get("tok", 0)), int(raw.get("wakes", 0)), int(raw.get("moves", 0))),
+        "counters": (
+            int(records.get("#tok", 0)),
+            int(raw.get("wakes", 0)),
+            int(raw.get("moves", 0)),
+        ),
     }
 
 

@@ -50,7 +50,7 @@ pattern (after the prefix)  type   holds                              written by
                                   bounds in force; c:<job> its rate
                                   cost (units) while it waits or is
                                   offered slots; w:/p:<job> (offers,
-                                  parked); tok, wakes, moves
+                                  parked); wakes, moves
 ``thr:wait``               zset   throttle waiters, lex '<key>\0     fetch, ack, sweep, cancel
                                   <tenant>\0<order>\0<job>' (a
                                   range per key and tenant group)
@@ -607,8 +607,8 @@ JOB_FIELDS: dict[str, str] = {
     "pb": "pushbacks (Throttled) it has taken without spending an attempt",
     "hb": "first hand-back, server ms: a worker that could not run it (task unknown, arguments "
     "that do not fit) handed it back; dead-lettered worker.deploy_window later (absent = none)",
-    "ttok": "the throttle grant it holds, only while leased: 'token<TAB>rate cost (units; "
-    "empty: none kept)<TAB>key<TAB>key..' (absent = none)",
+    "ttok": "the throttle grant it holds, only while leased: 'rate cost (units; empty: none "
+    "kept)<TAB>key<TAB>key..' (absent = none)",
     "toff": "1 while it holds offers a throttle key woke it with (queued; absent = none)",
     "mu": "milli-units admission reserved for it, while reserved",
     "emu": "milli-units admission reserved for it (kept)",

@@ -32,8 +32,9 @@ do
   local THR = core.THR
 
   -- the call's run: {keys, sig, epoch, names, costs (whether a grant keeps a rate cost),
-  -- vv, dirty (the throttle hash's view), ks = {{key, kf, slots, held, offered, refs,
-  -- rate, pz, bucket, view (its state's: writeback.view_of)}, ..}}, or nil
+  -- grant and cost (the last grant text made and its cost), vv, dirty (the throttle
+  -- hash's view), ks = {{key, kf, slots, held, offered, refs, rate, pz, bucket, view (its
+  -- state's: writeback.view_of)}, ..}}, or nil
   local current = nil
 
   -- Start a run on the keys `names` (sorted) that a job of signature `sig` was just
@@ -66,8 +67,9 @@ do
       joined = table.concat(names, '\t'), costs = #rlist > 0, vv = vv, dirty = dirty, ks = ks}
   end
 
-  -- the call's release run: {keys, epoch, joined (the keys as a grant holds them), vv,
-  -- dirty, ks = {{kf, held, refs}, ..}}, or nil
+  -- the call's release run: {keys, epoch, joined (the keys as a grant holds them), grant
+  -- (the last grant text found to hold them), vv, dirty, ks = {{kf, held, refs}, ..}}, or
+  -- nil
   local freed = nil
 
   -- Whether thr_release of a grant of `key` does nothing but give back its slot and
@@ -111,9 +113,13 @@ do
     if not (run and run.keys == keys and run.epoch == writeback.epoch()) then
       return false
     end
-    local _, _, joined = throttle.grant_parts(grant)
-    if joined ~= run.joined then
-      return false
+    -- the jobs of a run hold one text: parsed once
+    if grant ~= run.grant then
+      local _, joined = throttle.grant_parts(grant)
+      if joined ~= run.joined then
+        return false
+      end
+      run.grant = grant
     end
     for _, e in ipairs(run.ks) do
       if e.refs <= 1 then
@@ -162,8 +168,12 @@ do
         rates.take(keys, e.key, e.rate, e.bucket, rates.cost(e.rate, units), now)
       end
     end
-    local grant = throttle.grant(keys, run.names, run.costs and units or nil, run.joined)
+    -- the jobs of a run hold one text while their rate cost is the same
+    local cost = run.costs and units or nil
+    if not run.grant or cost ~= run.cost then
+      run.grant, run.cost = throttle.grant(run.names, cost, run.joined), cost
+    end
     run.epoch = writeback.epoch()
-    return grant
+    return run.grant
   end
 end

@@ -7,15 +7,18 @@
 --                    rate and adaptive bounds in force (rates.lua); w:<job>
 --                    'key<TAB>key..' offers of a woken job; c:<job> the rate cost of a
 --                    parked or woken job with rate or adaptive keys; p:<job> 'at<TAB>prio<TAB>seq<TAB>tenant<TAB>charge<TAB>units<TAB>
---                    since<TAB>key..' a parked job; tok the grant counter; wakes, moves
+--                    since<TAB>key..' a parked job; wakes, moves
 --   KEYS[THRW] zset  every waiter at score 0, member '<key>\0<tenant>\0<order>\0<job>',
 --                    so a tenant's group on a key is a lex range, its head the first
 --   <THR>:s:<key> zset  tenant with waiters on the key -> start tag S
 --   <THR>:f:<key> zset  idle tenant -> finish tag F, only while F > V
 -- A job's grant is not kept here but in its record (`ttok`, which lease.lua writes with
--- the lease and an ack reads with the rest): 'token<TAB>cost<TAB>key..', its rate cost
--- empty when it keeps none. A running job's record is read by its ack anyway, so the
--- grant costs its release no read, and its dispatch no write, of this hash.
+-- the lease and an ack reads with the rest): 'cost<TAB>key..', its rate cost empty when
+-- it keeps none. A running job's record is read by its ack anyway, so the grant costs
+-- its release no read, and its dispatch no write, of this hash. The policy fences a
+-- release by a grant token; here the record fences it: an ack reaches the grant only
+-- under the job's current lease, and the release deletes the grant with the lease's
+-- end, so a late or repeated release finds none. The jobs of a run hold one text.
 -- room(k) = limit - held - offers. Nothing here polls: keys are woken when they gain
 -- room (a release, a raised limit, offers given back), and a key whose head waits for
 -- tokens or a pause's end is woken by fetch when it is due (rates.lua's timer).
@@ -216,20 +219,17 @@ do
   -- The grant of a job admitted on the keys `names`, as its record keeps it (`cost`: its
   -- rate cost to remember, take_tokens; `joined`: the names joined by tabs, when the
   -- caller has them).
-  function throttle.grant(keys, names, cost, joined)
-    return string.format('%d', writeback.incr(keys, keys[THR], 'tok', 1)) .. TAB ..
-      (cost and number_text(cost) or '') .. TAB .. (joined or table.concat(names, TAB))
+  function throttle.grant(names, cost, joined)
+    return (cost and number_text(cost) or '') .. TAB .. (joined or table.concat(names, TAB))
   end
 
-  -- A grant's token, its rate cost (nil: none kept) and its keys joined by tabs.
+  -- A grant's rate cost (nil: none kept) and its keys joined by tabs.
   local function grant_parts(grant)
-    local a = string.find(grant, TAB, 1, true)
-    local b = a and string.find(grant, TAB, a + 1, true)
-    if not b then
+    local tab = string.find(grant, TAB, 1, true)
+    if not tab then
       return nil
     end
-    return string.sub(grant, 1, a - 1), tonumber(string.sub(grant, a + 1, b - 1)),
-      string.sub(grant, b + 1)
+    return tonumber(string.sub(grant, 1, tab - 1)), string.sub(grant, tab + 1)
   end
   throttle.grant_parts = grant_parts
 
@@ -413,7 +413,7 @@ do
       if cost then
         writeback.del(keys, keys[THR], 'c:' .. id)
       end
-      return throttle.grant(keys, names, cost), {}
+      return throttle.grant(names, cost), {}
     end
     units = tonumber(writeback.get(keys, keys[THR], 'c:' .. id)) or units
     throttle.refund_rates(keys, id, names, now, true)
@@ -512,7 +512,7 @@ do
       for _, key in ipairs(names) do
         writeback.incr(keys, keys[THR], fields_of(key).u, 1)
       end
-      return throttle.grant(keys, names, take_tokens(keys, names, units, now, seen, adaptive)),
+      return throttle.grant(names, take_tokens(keys, names, units, now, seen, adaptive)),
         wakes, nil, names
     end
     if adaptive then
@@ -547,7 +547,7 @@ do
   -- grant that does not parse). `quiet`: wake_all's, for the releases of one call.
   local function thr_release(keys, grant, now, used, succeeded, quiet)
     local wakes = {}
-    local _, units, joined = grant_parts(grant)
+    local units, joined = grant_parts(grant)
     if not joined then
       return wakes
     end
@@ -574,7 +574,7 @@ do
   -- the key is paused until `untl` (rates.pause, which may cut an adaptive key), and its
   -- waiters are due then. False when the grant does not hold the key.
   function throttle.thr_push_back(keys, grant, key, untl, now, cause)
-    local _, _, joined = grant_parts(grant)
+    local _, joined = grant_parts(grant)
     local holds = false
     for _, name in ipairs(joined and split_tabs(joined) or {}) do
       holds = holds or name == key
