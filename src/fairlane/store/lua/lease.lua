@@ -3,7 +3,7 @@
 --
 -- Keys: job:<id>, inbox:<worker>, wj:<worker>, lane:<l>:delayed|idle|state,
 --   lane:<l>:c:<c>:vt, KEYS[FENCE] (tokens), KEYS[LEASES]
--- Calls: core, classes, fairqueue, fairkeys, admission, records, estimating, settling
+-- Calls: core, classes, fairqueue, fairkeys, admission, records, estimating
 -- Entry points: leasing.{NOT_ENTITLED_ERR, RUNNABLE, backoff_ok, finite_ok,
 --   hand_off, inbox_key, lease_jobs, limits_ok, lost_class, peek_idle_worker,
 --   promote_due, rates_ok, read_runnable, runnable, slots_ok, text_ok, to_ok, whole_ok,
