@@ -98,6 +98,47 @@ THROTTLE_MODULES = ("writeback.lua", "classes.lua", "rates.lua", "keyparts.lua",
 #: how a test's driver (Lua that defines ``drive()``) runs: each command at once, or
 #: through the views the worker's calls use (``lua/writeback.lua``), written back when the
 #: call returns
+# The job records, as a throttle driver stands them in (KEYS[4]), with their leases
+# standing in for the policy's grant tokens: a grant is kept in its job's record while it
+# runs, under a token drawn here ('#tok' counts them), and dropped when released, so a
+# release or pushback under a stale or repeated token finds none (the store's acks are
+# fenced by the lease's token so). `keep_grant` returns the token (0 for no grant),
+# `held_grant` the grant under a token, `take_grant` it and drops it.
+GRANT_RECORDS = """
+local function keep_grant(id, grant)
+  if not grant then
+    return 0
+  end
+  local token = redis.call('HINCRBY', KEYS[4], '#tok', 1)
+  redis.call('HSET', KEYS[4], id, grant, 'tok:' .. id, token)
+  return token
+end
+local function held_grant(id, token)
+  if redis.call('HGET', KEYS[4], 'tok:' .. id) ~= token then
+    return nil
+  end
+  return redis.call('HGET', KEYS[4], id)
+end
+local function take_grant(id, token)
+  local grant = held_grant(id, token)
+  if grant then
+    redis.call('HDEL', KEYS[4], id, 'tok:' .. id)
+  end
+  return grant
+end
+"""
+
+
+def grant_records(records: dict[str, str]) -> tuple[dict[str, tuple[str, str]], int]:
+    """``GRANT_RECORDS``' hash, read: each job's (token, grant), and the tokens drawn."""
+    held = {
+        job: (records[f"tok:{job}"], grant)
+        for job, grant in records.items()
+        if not job.startswith(("#", "tok:"))
+    }
+    return held, int(records.get("#tok", 0))
+
+
 DRIVER_RUNS = {
     "direct": "return drive()\n",
     "behind": "return writeback.behind(function() return drive() end)(KEYS, ARGV)\n",

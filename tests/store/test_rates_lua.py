@@ -32,19 +32,16 @@ import redis
 
 from fairlane.policy.rates import Adaptive, Rate
 from fairlane.policy.throttle import Acquired, Parked, Throttles, Wake
-from tests.store.harness import CORE_CHUNKED, DRIVER_RUNS, THROTTLE_MODULES, lua_modules
+from tests.store.harness import (
+    CORE_CHUNKED,
+    DRIVER_RUNS,
+    GRANT_RECORDS,
+    THROTTLE_MODULES,
+    grant_records,
+    lua_modules,
+)
 
-# KEYS[4] stands in for the job records, and their leases for the policy's grant tokens:
-# a grant is kept in its job's record while it runs, under a token the driver draws
-# ('#tok' counts them), and dropped when released; a release or pushback under another
-# token finds none (the store's acks are fenced by the lease's token so)
 _DRIVER = """
-local function held(id, token)
-  if redis.call('HGET', KEYS[4], 'tok:' .. id) ~= token then
-    return nil
-  end
-  return redis.call('HGET', KEYS[4], id)
-end
 local function drive()
 local op = ARGV[1]
 CLOCK.now = tonumber(ARGV[2])
@@ -52,25 +49,19 @@ local now = CLOCK.now
 if op == 'acquire' then
   local grant, wakes, blocker = thr_acquire(KEYS, ARGV[3], cjson.decode(ARGV[4]), ARGV[5],
     ARGV[6], ARGV[7], ARGV[8], cjson.decode(ARGV[9]), ARGV[10], now)
-  local token = 0
-  if grant then
-    token = redis.call('HINCRBY', KEYS[4], '#tok', 1)
-    redis.call('HSET', KEYS[4], ARGV[3], grant, 'tok:' .. ARGV[3], token)
-  end
-  return {token, wakes, blocker or ''}
+  return {keep_grant(ARGV[3], grant), wakes, blocker or ''}
 elseif op == 'release' then
   local used = ARGV[5] ~= '' and ARGV[5] or nil
-  local grant = held(ARGV[3], ARGV[4])
+  local grant = take_grant(ARGV[3], ARGV[4])
   if not grant then
     return {0, {}, ''}
   end
-  redis.call('HDEL', KEYS[4], ARGV[3], 'tok:' .. ARGV[3])
   return {0, thr_release(KEYS, grant, now, used, ARGV[6] == '1'), ''}
 elseif op == 'cancel' then
   local done, wakes = thr_cancel(KEYS, ARGV[3], now)
   return {done and 1 or 0, wakes, ''}
 elseif op == 'push' then
-  local grant = held(ARGV[3], ARGV[4])
+  local grant = held_grant(ARGV[3], ARGV[4])
   local ok = grant and throttle.thr_push_back(KEYS, grant, ARGV[5], tonumber(ARGV[6]), now, 't')
   return {ok and 1 or 0, {}, ''}
 elseif op == 'due' then
@@ -101,7 +92,12 @@ def _script(mode: str) -> str:
         "function core.now_ms() return CLOCK.now end\n" + CORE_CHUNKED
     )
     expose = ("throttle.thr_acquire", "throttle.thr_release", "throttle.thr_cancel")
-    return lua_modules(core, *THROTTLE_MODULES, expose=expose) + _DRIVER + DRIVER_RUNS[mode]
+    return (
+        lua_modules(core, *THROTTLE_MODULES, expose=expose)
+        + GRANT_RECORDS
+        + _DRIVER
+        + DRIVER_RUNS[mode]
+    )
 
 
 @pytest.fixture(scope="module", params=sorted(DRIVER_RUNS))
@@ -288,12 +284,8 @@ class Twins:
                     tags[(key, which)] = dict(got)
         # a grant, as its job's record keeps it: rate cost (empty: none) and keys, and the
         # token the driver drew for it
-        records = c.hgetall(self.keys[3])
-        grants = {
-            j: [records[f"tok:{j}"], *g.split("\t")]
-            for j, g in records.items()
-            if not j.startswith(("#", "tok:"))
-        }
+        held, tokens = grant_records(c.hgetall(self.keys[3]))
+        grants = {j: [token, *g.split("\t")] for j, (token, g) in held.items()}
         rated = {f[2:]: float(v) for f, v in raw.items() if f.startswith("c:")}
         assert not rated.keys() & grants.keys(), "a running job's rate cost left in the hash"
         rated.update({j: float(g[1]) for j, g in grants.items() if g[1]})
@@ -327,10 +319,7 @@ class Twins:
             "rated": rated,
             "buckets": buckets,
             "due": dict(c.zrange(f"{self.prefix}ratedue", 0, -1, withscores=True)),
-            "counters": (
-                int(records.get("#tok", 0)),
-                *(int(raw.get(f, 0)) for f in ("wakes", "moves")),
-            ),
+            "counters": (tokens, *(int(raw.get(f, 0)) for f in ("wakes", "moves"))),
         }
 
     def model_state(self) -> dict[str, Any]:

@@ -25,31 +25,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairlane.policy.throttle import Acquired, Throttles, Wake
-from tests.store.harness import CORE_CHUNKED, DRIVER_RUNS, THROTTLE_MODULES, lua_modules
+from tests.store.harness import (
+    CORE_CHUNKED,
+    DRIVER_RUNS,
+    GRANT_RECORDS,
+    THROTTLE_MODULES,
+    grant_records,
+    lua_modules,
+)
 
-# KEYS[4] stands in for the job records, and their leases for the policy's grant tokens:
-# a grant is kept in its job's record while it runs, under a token the driver draws
-# ('#tok' counts them), and dropped when released, so a release under a stale or repeated
-# token finds none (the store's acks are fenced by the lease's token so)
 _DRIVER = """
 local function drive()
 local op, id = ARGV[1], ARGV[2]
 if op == 'acquire' then
   local grant, wakes = thr_acquire(KEYS, id, cjson.decode(ARGV[3]), ARGV[4], ARGV[5], ARGV[6],
     tonumber(ARGV[7]))
-  local token = 0
-  if grant then
-    token = redis.call('HINCRBY', KEYS[4], '#tok', 1)
-    redis.call('HSET', KEYS[4], id, grant, 'tok:' .. id, token)
-  end
-  return {token, wakes}
+  return {keep_grant(id, grant), wakes}
 elseif op == 'release' then
-  if redis.call('HGET', KEYS[4], 'tok:' .. id) ~= ARGV[3] then
-    return {0, {}}
-  end
-  local grant = redis.call('HGET', KEYS[4], id)
-  redis.call('HDEL', KEYS[4], id, 'tok:' .. id)
-  return {0, (thr_release(KEYS, grant))}
+  local grant = take_grant(id, ARGV[3])
+  return {0, grant and (thr_release(KEYS, grant)) or {}}
 end
 local done, wakes = thr_cancel(KEYS, id)
 return {done and 1 or 0, wakes}
@@ -70,7 +64,12 @@ def _script(mode: str) -> str:
         "function core.memoised(f) return f end\n" + CORE_CHUNKED
     )
     expose = ("throttle.thr_acquire", "throttle.thr_release", "throttle.thr_cancel")
-    return lua_modules(core, *THROTTLE_MODULES, expose=expose) + _DRIVER + DRIVER_RUNS[mode]
+    return (
+        lua_modules(core, *THROTTLE_MODULES, expose=expose)
+        + GRANT_RECORDS
+        + _DRIVER
+        + DRIVER_RUNS[mode]
+    )
 
 
 @pytest.fixture(scope="module", params=sorted(DRIVER_RUNS))
@@ -108,7 +107,9 @@ operations = st.lists(
 
 def _state(client: redis.Redis, keys: list[str]) -> dict[str, Any]:
     raw = {k.decode(): v.decode() for k, v in client.hgetall(keys[0]).items()}
-    records = {k.decode(): v.decode() for k, v in client.hgetall(keys[3]).items()}
+    held, tokens = grant_records(
+        {k.decode(): v.decode() for k, v in client.hgetall(keys[3]).items()}
+    )
     groups: dict[str, dict[str, list[str]]] = {}
     for member in client.zrange(keys[1], 0, -1):
         key, tenant, _, job = member.decode().split("\0")
@@ -129,22 +130,14 @@ def _state(client: redis.Redis, keys: list[str]) -> dict[str, Any]:
         "vtime": {k: float(raw.get(f"v:{k}", 0)) for k in live},
         "groups": groups,
         "tags": tags,
-        "held": {
-            job: f"{records['tok:' + job]}\t{grant}"
-            for job, grant in records.items()
-            if not job.startswith(("#", "tok:"))
-        },
+        "held": {job: f"{token}\t{grant}" for job, (token, grant) in held.items()},
         "offered": {f[2:]: v for f, v in raw.items() if f.startswith("w:")},
         "parked": {
             f[2:]: tuple(v.split("\t")[i] for i in (0, 3))
             for f, v in raw.items()
             if f.startswith("p:")
         },
-        "counters": (
-            int(records.get("#tok", 0)),
-            int(raw.get("wakes", 0)),
-            int(raw.get("moves", 0)),
-        ),
+        "counters": (tokens, int(raw.get("wakes", 0)), int(raw.get("moves", 0))),
     }
 
 

@@ -6,7 +6,8 @@
 --                    r:<key> jobs naming it, v:<key> its virtual time V, rp:/ad:<key> its
 --                    rate and adaptive bounds in force (rates.lua); w:<job>
 --                    'key<TAB>key..' offers of a woken job; c:<job> the rate cost of a
---                    parked or woken job with rate or adaptive keys; p:<job> 'at<TAB>prio<TAB>seq<TAB>tenant<TAB>charge<TAB>units<TAB>
+--                    parked or woken job with rate or adaptive keys; p:<job>
+--                    'at<TAB>prio<TAB>seq<TAB>tenant<TAB>charge<TAB>units<TAB>
 --                    since<TAB>key..' a parked job; wakes, moves
 --   KEYS[THRW] zset  every waiter at score 0, member '<key>\0<tenant>\0<order>\0<job>',
 --                    so a tenant's group on a key is a lex range, its head the first
@@ -208,19 +209,11 @@ do
     return tonumber(writeback.get(keys, keys[THR], 'v:' .. key)) or 0
   end
 
-  -- A number as the server writes one: integers without a point, others to 17 digits.
-  local function number_text(x)
-    if x == math.floor(x) and x > -9e15 and x < 9e15 then
-      return string.format('%d', x)
-    end
-    return string.format('%.17g', x)
-  end
-
   -- The grant of a job admitted on the keys `names`, as its record keeps it (`cost`: its
   -- rate cost to remember, take_tokens; `joined`: the names joined by tabs, when the
   -- caller has them).
   function throttle.grant(names, cost, joined)
-    return (cost and number_text(cost) or '') .. TAB .. (joined or table.concat(names, TAB))
+    return (cost and rates.fmt(cost) or '') .. TAB .. (joined or table.concat(names, TAB))
   end
 
   -- A grant's rate cost (nil: none kept) and its keys joined by tabs.
@@ -492,9 +485,9 @@ do
   -- Dispatch of `id` with its lane slot: convert its offers, or admit it on every key of
   -- `limits` and `rlist` at once (apply_given), or park it in `tenant`'s group on its
   -- first blocking key (`charge`: what a wake charges its tenant; `units`: its rate cost;
-  -- `now`: the server's ms). Returns the grant (throttle.grant; nil when parked), the waiters woken
-  -- on the way ({job, key}), the key it parked on and, admitted on its keys (not by its
-  -- offers), the keys (sorted).
+  -- `now`: the server's ms). Returns the grant (throttle.grant; nil when parked), the
+  -- waiters woken on the way ({job, key}), the key it parked on and, admitted on its keys
+  -- (not by its offers), the keys (sorted).
   local function thr_acquire(keys, id, limits, prio, seq, tenant, charge, rlist, units, now)
     units, now = tonumber(units) or 1, tonumber(now) or 0
     local offered = writeback.get(keys, keys[THR], 'w:' .. id)
